@@ -1,0 +1,192 @@
+"""Typed Python client for the Calispec public API (sync and asyncio).
+
+    with CalispecClient("127.0.0.1:50050") as client:
+        result = client.generate("def add(a, b):", max_new_tokens=32, mode="csd")
+        print(result.text, result.stats.acceptance_rate)
+        for chunk in client.generate_stream("Once upon a time", timeout=30):
+            print(chunk.text, end="")
+
+Errors arrive as `CalispecRpcError` with the gRPC status code name (`INVALID_ARGUMENT`,
+`DEADLINE_EXCEEDED`, ...). `timeout` is the request's deadline in seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, fields
+from typing import Any
+
+import grpc
+
+from calispec.generation import FinishReason, GenerationStats, Mode
+from calispec.grpc_server import make_aio_channel, make_channel
+from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc
+
+
+class CalispecRpcError(Exception):
+    """A failed call: `code` is the gRPC status name, `details` the server's message."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(f"{code}: {details}")
+        self.code = code
+        self.details = details
+
+    @classmethod
+    def from_rpc(cls, exc: grpc.RpcError) -> CalispecRpcError:
+        return cls(exc.code().name, exc.details() or "")
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "length", "eos" or "stop"
+    stats: GenerationStats
+    request_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats.to_dict(),
+            "request_id": self.request_id,
+        }
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    text: str
+    token_ids: list[int]
+    request_id: str
+    finish_reason: str | None = None  # set on the last chunk
+    stats: GenerationStats | None = None  # set on the last chunk
+
+
+def build_params(
+    *,
+    max_new_tokens: int = 0,
+    temperature: float = 0.0,
+    top_p: float = 0.0,
+    top_k: int = 0,
+    seed: int | None = None,
+    stop: list[str] | tuple[str, ...] = (),
+    num_speculative_tokens: int | None = None,
+    mode: str | Mode | None = None,
+    tau: float | None = None,
+    lambda_: int | None = None,
+) -> coordinator_pb2.GenerationParams:
+    """Request parameters; None / 0 leaves a field to the server's default."""
+    msg = coordinator_pb2.GenerationParams(
+        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, stop=list(stop)
+    )
+    if mode is not None:
+        msg.mode = int(Mode.parse(mode) if isinstance(mode, str) else mode)
+    for name, value in (
+        ("seed", seed),
+        ("num_speculative_tokens", num_speculative_tokens),
+        ("tau", tau),
+        ("lambda_", lambda_),
+    ):
+        if value is not None:
+            setattr(msg, name, value)
+    return msg
+
+
+def _finish_name(value: int) -> str | None:
+    return FinishReason(value).name.lower() if value else None
+
+
+def _stats(msg: coordinator_pb2.GenerationStats) -> GenerationStats:
+    return GenerationStats(**{f.name: getattr(msg, f.name) for f in fields(GenerationStats)})
+
+
+def _result(msg: coordinator_pb2.GenerateResponse) -> GenerationResult:
+    return GenerationResult(
+        msg.text, list(msg.token_ids), _finish_name(msg.finish_reason) or "", _stats(msg.stats), msg.request_id
+    )
+
+
+def _chunk(msg: coordinator_pb2.GenerateStreamResponse) -> StreamChunk:
+    last = msg.finish_reason != 0
+    return StreamChunk(
+        msg.text,
+        list(msg.token_ids),
+        msg.request_id,
+        _finish_name(msg.finish_reason),
+        _stats(msg.stats) if last else None,
+    )
+
+
+class CalispecClient:
+    """Blocking client; one channel, safe to share between threads."""
+
+    def __init__(self, address: str, timeout: float | None = None) -> None:
+        self.default_timeout = timeout
+        self._channel = make_channel(address)
+        self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
+
+    def generate(self, prompt: str, *, timeout: float | None = None, **params: Any) -> GenerationResult:
+        request = coordinator_pb2.GenerateRequest(prompt=prompt, params=build_params(**params))
+        try:
+            return _result(self._stub.Generate(request, timeout=timeout or self.default_timeout))
+        except grpc.RpcError as exc:
+            raise CalispecRpcError.from_rpc(exc) from None
+
+    def generate_stream(self, prompt: str, *, timeout: float | None = None, **params: Any) -> Iterator[StreamChunk]:
+        request = coordinator_pb2.GenerateStreamRequest(prompt=prompt, params=build_params(**params))
+        call = self._stub.GenerateStream(request, timeout=timeout or self.default_timeout)
+        try:
+            for msg in call:
+                yield _chunk(msg)
+        except grpc.RpcError as exc:
+            raise CalispecRpcError.from_rpc(exc) from None
+        finally:
+            call.cancel()  # no-op when finished; frees the server when the caller stops early
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> CalispecClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncCalispecClient:
+    """asyncio client; create and use it inside one running event loop."""
+
+    def __init__(self, address: str, timeout: float | None = None) -> None:
+        self.default_timeout = timeout
+        self._channel = make_aio_channel(address)
+        self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
+
+    async def generate(self, prompt: str, *, timeout: float | None = None, **params: Any) -> GenerationResult:
+        request = coordinator_pb2.GenerateRequest(prompt=prompt, params=build_params(**params))
+        try:
+            return _result(await self._stub.Generate(request, timeout=timeout or self.default_timeout))
+        except grpc.RpcError as exc:
+            raise CalispecRpcError.from_rpc(exc) from None
+
+    async def generate_stream(
+        self, prompt: str, *, timeout: float | None = None, **params: Any
+    ) -> AsyncIterator[StreamChunk]:
+        request = coordinator_pb2.GenerateStreamRequest(prompt=prompt, params=build_params(**params))
+        call = self._stub.GenerateStream(request, timeout=timeout or self.default_timeout)
+        try:
+            async for msg in call:
+                yield _chunk(msg)
+        except grpc.RpcError as exc:
+            raise CalispecRpcError.from_rpc(exc) from None
+        finally:
+            call.cancel()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncCalispecClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,7 @@
+"""Hard limits every service enforces the same way (requests beyond them are INVALID_ARGUMENT)."""
+
+MAX_SPECULATIVE_TOKENS = 16  # gamma; the paper uses 6
+MAX_NEW_TOKENS = 8192
+MAX_PROMPT_CHARS = 1_000_000
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256

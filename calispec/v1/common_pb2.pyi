@@ -1,0 +1,73 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
+from typing import ClassVar as _ClassVar, Optional as _Optional
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MODE_UNSPECIFIED: _ClassVar[Mode]
+    MODE_AR: _ClassVar[Mode]
+    MODE_SD: _ClassVar[Mode]
+    MODE_CSD: _ClassVar[Mode]
+    MODE_OCM_ONLY: _ClassVar[Mode]
+    MODE_SCG_ONLY: _ClassVar[Mode]
+MODE_UNSPECIFIED: Mode
+MODE_AR: Mode
+MODE_SD: Mode
+MODE_CSD: Mode
+MODE_OCM_ONLY: Mode
+MODE_SCG_ONLY: Mode
+
+class SamplingParams(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class RescueParams(_message.Message):
+    __slots__ = ("tau", "lambda_")
+    TAU_FIELD_NUMBER: _ClassVar[int]
+    LAMBDA__FIELD_NUMBER: _ClassVar[int]
+    tau: float
+    lambda_: int
+    def __init__(self, tau: _Optional[float] = ..., lambda_: _Optional[int] = ...) -> None: ...
+
+class Timing(_message.Message):
+    __slots__ = ("total_ns", "forward_ns", "verify_ns", "memory_ns")
+    TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_NS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_NS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_NS_FIELD_NUMBER: _ClassVar[int]
+    total_ns: int
+    forward_ns: int
+    verify_ns: int
+    memory_ns: int
+    def __init__(self, total_ns: _Optional[int] = ..., forward_ns: _Optional[int] = ..., verify_ns: _Optional[int] = ..., memory_ns: _Optional[int] = ...) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("model_id", "vocab_size", "tokenizer_fingerprint", "max_context", "dtype", "device", "eos_token_ids")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    vocab_size: int
+    tokenizer_fingerprint: str
+    max_context: int
+    dtype: str
+    device: str
+    eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, model_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...

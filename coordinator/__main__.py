@@ -1,0 +1,54 @@
+"""`python -m coordinator --draft-addr H:P --target-addr H:P --tokenizer DIR`: serve the public API."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from calispec.generation import Defaults, Mode
+from calispec.service_cli import add_server_args, configure_logging, serve_until_signalled
+from coordinator.config import CoordinatorConfig
+from coordinator.server import create_server
+
+
+def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]:
+    parser = argparse.ArgumentParser(prog="python -m coordinator", description=__doc__)
+    add_server_args(parser, default_port=50050)
+    parser.add_argument("--draft-addr", required=True, help="draft service HOST:PORT")
+    parser.add_argument(
+        "--target-addr", required=True, action="append", help="target service HOST:PORT; repeat for replicas"
+    )
+    parser.add_argument("--tokenizer", required=True, help="the target's tokenizer directory")
+    parser.add_argument("--default-mode", default="csd", choices=[m.name.lower() for m in Mode])
+    parser.add_argument("--default-max-new-tokens", type=int, default=Defaults.max_new_tokens)
+    parser.add_argument("--default-gamma", type=int, default=Defaults.num_speculative_tokens)
+    parser.add_argument(
+        "--connect-timeout", type=float, default=60.0, help="seconds to wait for draft and target at start-up"
+    )
+    args = parser.parse_args(argv)
+    defaults = Defaults(
+        max_new_tokens=args.default_max_new_tokens,
+        num_speculative_tokens=args.default_gamma,
+        mode=Mode.parse(args.default_mode),
+    )
+    config = CoordinatorConfig(
+        draft_address=args.draft_addr,
+        target_addresses=tuple(args.target_addr),
+        tokenizer=Path(args.tokenizer),
+        host=args.host,
+        port=args.port,
+        connect_timeout_s=args.connect_timeout,
+        defaults=defaults,
+    )
+    return config, args.log_level
+
+
+def main(argv: list[str] | None = None) -> None:
+    config, log_level = parse_config(argv)
+    configure_logging(log_level)
+    server, port = create_server(config)
+    serve_until_signalled(server, f"coordinator listening on {config.host}:{port}")
+
+
+if __name__ == "__main__":
+    main()

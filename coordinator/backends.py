@@ -1,0 +1,66 @@
+"""What the coordinator needs from the model services, as plain types (no gRPC here).
+
+`coordinator.clients` implements these over gRPC; tests may implement them in-process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from calispec.generation import Mode
+from calispec.sampling import SamplingConfig
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    model_id: str
+    vocab_size: int
+    tokenizer_fingerprint: str
+    max_context: int
+    eos_token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    token_ids: list[int]
+    probs: bytes  # float32 [len(token_ids), vocab_size] when sampling, else empty
+    vocab_size: int
+    service_ns: int
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted_count: int
+    rescued_positions: list[int]
+    next_token: int
+    next_is_bonus: bool
+    service_ns: int  # whole Verify handler inside the target service
+    memory_ns: int  # part of service_ns spent on the correction memory
+
+
+class DraftBackend(Protocol):
+    def info(self, timeout: float) -> ModelFacts: ...
+    def prefill(self, session_id: str, token_ids: list[int], sampling: SamplingConfig, timeout: float) -> int: ...
+    def propose(
+        self, session_id: str, num_tokens: int, rollback_to: int | None, append: list[int], timeout: float
+    ) -> Proposal: ...
+    def close(self, session_id: str, timeout: float) -> None: ...
+
+
+class TargetBackend(Protocol):
+    address: str
+
+    def info(self, timeout: float) -> ModelFacts: ...
+    def prefill(
+        self,
+        session_id: str,
+        token_ids: list[int],
+        sampling: SamplingConfig,
+        mode: Mode,
+        tau: float,
+        lambda_: int,
+        timeout: float,
+    ) -> int: ...
+    def verify(self, session_id: str, proposal: Proposal | None, timeout: float) -> Verdict: ...
+    def close(self, session_id: str, timeout: float) -> None: ...

@@ -1,0 +1,129 @@
+"""gRPC implementations of the coordinator's backends; downstream errors become domain errors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+import grpc
+
+from calispec import errors
+from calispec.generation import Mode
+from calispec.grpc_server import make_channel
+from calispec.protocol import sampling_to_pb
+from calispec.sampling import SamplingConfig
+from calispec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
+from coordinator.backends import ModelFacts, Proposal, Verdict
+
+T = TypeVar("T")
+
+# Downstream status -> what the coordinator's caller sees. A model service's INVALID_ARGUMENT on a
+# request the coordinator built is still the caller's input (e.g. a prompt too long for the context).
+_PASS_THROUGH: dict[grpc.StatusCode, type[errors.CalispecError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
+    grpc.StatusCode.DEADLINE_EXCEEDED: errors.DeadlineExceeded,
+    grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
+    # the service lost the session (restarted): retryable, not the caller's fault
+    grpc.StatusCode.NOT_FOUND: errors.Unavailable,
+}
+
+
+@contextmanager
+def _mapped(service: str) -> Iterator[None]:
+    try:
+        yield
+    except grpc.RpcError as exc:
+        code, details = exc.code(), exc.details()
+        error = _PASS_THROUGH.get(code)
+        if error is None:
+            raise errors.CalispecError(f"{service} failed with {code.name}: {details}") from exc
+        raise error(f"{service}: {details}") from exc
+
+
+def _facts(info: common_pb2.ModelInfo) -> ModelFacts:
+    return ModelFacts(
+        info.model_id, info.vocab_size, info.tokenizer_fingerprint, info.max_context, tuple(info.eos_token_ids)
+    )
+
+
+def _call(service: str, fn: Callable[..., T], request: object, timeout: float) -> T:
+    with _mapped(service):
+        return fn(request, timeout=timeout)
+
+
+class GrpcDraftBackend:
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.channel = make_channel(address)
+        self.stub = draft_pb2_grpc.DraftServiceStub(self.channel)
+
+    def info(self, timeout: float) -> ModelFacts:
+        return _facts(_call("draft", self.stub.GetModelInfo, draft_pb2.DraftModelInfoRequest(), timeout).info)
+
+    def prefill(self, session_id: str, token_ids: list[int], sampling: SamplingConfig, timeout: float) -> int:
+        request = draft_pb2.DraftPrefillRequest(
+            session_id=session_id, token_ids=token_ids, sampling=sampling_to_pb(sampling)
+        )
+        return _call("draft", self.stub.Prefill, request, timeout).timing.total_ns
+
+    def propose(
+        self, session_id: str, num_tokens: int, rollback_to: int | None, append: list[int], timeout: float
+    ) -> Proposal:
+        request = draft_pb2.ProposeRequest(
+            session_id=session_id, num_tokens=num_tokens, rollback_to=rollback_to, append_token_ids=append
+        )
+        response = _call("draft", self.stub.Propose, request, timeout)
+        return Proposal(list(response.token_ids), response.probs, response.vocab_size, response.timing.total_ns)
+
+    def close(self, session_id: str, timeout: float) -> None:
+        _call("draft", self.stub.Close, draft_pb2.DraftCloseRequest(session_id=session_id), timeout)
+
+
+class GrpcTargetBackend:
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.channel = make_channel(address)
+        self.stub = target_pb2_grpc.TargetServiceStub(self.channel)
+
+    def info(self, timeout: float) -> ModelFacts:
+        return _facts(_call("target", self.stub.GetModelInfo, target_pb2.TargetModelInfoRequest(), timeout).info)
+
+    def prefill(
+        self,
+        session_id: str,
+        token_ids: list[int],
+        sampling: SamplingConfig,
+        mode: Mode,
+        tau: float,
+        lambda_: int,
+        timeout: float,
+    ) -> int:
+        request = target_pb2.TargetPrefillRequest(
+            session_id=session_id,
+            token_ids=token_ids,
+            sampling=sampling_to_pb(sampling),
+            mode=int(mode),
+            rescue=common_pb2.RescueParams(tau=tau, lambda_=lambda_),
+        )
+        return _call("target", self.stub.Prefill, request, timeout).timing.total_ns
+
+    def verify(self, session_id: str, proposal: Proposal | None, timeout: float) -> Verdict:
+        request = target_pb2.VerifyRequest(session_id=session_id)
+        if proposal is not None:
+            request.draft_token_ids.extend(proposal.token_ids)
+            request.draft_probs = proposal.probs
+            request.draft_vocab_size = proposal.vocab_size
+        r = _call("target", self.stub.Verify, request, timeout)
+        return Verdict(
+            r.accepted_count,
+            list(r.rescued_positions),
+            r.next_token_id,
+            r.next_is_bonus,
+            r.timing.total_ns,
+            r.timing.memory_ns,
+        )
+
+    def close(self, session_id: str, timeout: float) -> None:
+        _call("target", self.stub.Close, target_pb2.TargetCloseRequest(session_id=session_id), timeout)

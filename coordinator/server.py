@@ -1,0 +1,122 @@
+"""gRPC servicer for the public API: protobuf -> Orchestrator -> protobuf."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from calispec.errors import CalispecError, FailedPrecondition
+from calispec.generation import Defaults, GenerationParams, GenerationStats, Mode
+from calispec.grpc_server import create_grpc_server, wait_for_ready
+from calispec.modeling import load_tokenizer, tokenizer_fingerprint
+from calispec.sampling import SamplingConfig
+from calispec.timing import Deadline
+from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc
+from coordinator.backends import ModelFacts
+from coordinator.clients import GrpcDraftBackend, GrpcTargetBackend
+from coordinator.config import CoordinatorConfig
+from coordinator.engine import Chunk, Orchestrator
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name
+
+
+def params_from_pb(msg: coordinator_pb2.GenerationParams, defaults: Defaults) -> GenerationParams:
+    """Apply server defaults to unset fields; validation happens in the orchestrator."""
+    sampling = SamplingConfig(msg.temperature, msg.top_p, msg.top_k, msg.seed if msg.HasField("seed") else None)
+    return GenerationParams(
+        max_new_tokens=msg.max_new_tokens or defaults.max_new_tokens,
+        sampling=sampling,
+        stop=tuple(msg.stop),
+        num_speculative_tokens=(
+            msg.num_speculative_tokens if msg.HasField("num_speculative_tokens") else defaults.num_speculative_tokens
+        ),
+        mode=Mode(msg.mode) if msg.mode else defaults.mode,
+        tau=msg.tau if msg.HasField("tau") else defaults.tau,
+        lambda_=msg.lambda_ if msg.HasField("lambda_") else defaults.lambda_,
+    )
+
+
+def stats_to_pb(stats: GenerationStats) -> coordinator_pb2.GenerationStats:
+    return coordinator_pb2.GenerationStats(**stats.to_dict())
+
+
+def chunk_to_pb(chunk: Chunk) -> coordinator_pb2.GenerateStreamResponse:
+    msg = coordinator_pb2.GenerateStreamResponse(
+        text=chunk.text, token_ids=chunk.token_ids, request_id=chunk.request_id
+    )
+    if chunk.finish_reason is not None:
+        msg.finish_reason = int(chunk.finish_reason)
+    if chunk.stats is not None:
+        msg.stats.CopyFrom(stats_to_pb(chunk.stats))
+    return msg
+
+
+class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
+    def __init__(self, orchestrator: Orchestrator, config: CoordinatorConfig) -> None:
+        self.orchestrator = orchestrator
+        self.config = config
+
+    def _chunks(self, request, context):
+        params = params_from_pb(request.params, self.config.defaults)
+        remaining = context.time_remaining()
+        deadline = Deadline(remaining if remaining is not None else self.config.rpc_timeout_s)
+        return self.orchestrator.generate(request.prompt, params, deadline, lambda: not context.is_active())
+
+    def Generate(self, request, context):
+        response = coordinator_pb2.GenerateResponse()
+        for chunk in self._chunks(request, context):
+            response.token_ids.extend(chunk.token_ids)
+            response.text += chunk.text
+            response.request_id = chunk.request_id
+            if chunk.finish_reason is not None:
+                response.finish_reason = int(chunk.finish_reason)
+                response.stats.CopyFrom(stats_to_pb(chunk.stats))
+        return response
+
+    def GenerateStream(self, request, context):
+        for chunk in self._chunks(request, context):
+            yield chunk_to_pb(chunk)
+
+
+def _check_pair(draft: ModelFacts, target: ModelFacts, local_fingerprint: str) -> None:
+    """Refuse a draft/target pair that does not share one tokenizer: token ids would not mean the same."""
+    if draft.tokenizer_fingerprint != target.tokenizer_fingerprint:
+        raise FailedPrecondition(
+            f"draft {draft.model_id!r} and target {target.model_id!r} use different tokenizers "
+            f"({draft.tokenizer_fingerprint[:12]} != {target.tokenizer_fingerprint[:12]}); "
+            "speculative decoding needs a pair that shares one"
+        )
+    if local_fingerprint != target.tokenizer_fingerprint:
+        raise FailedPrecondition("the coordinator's --tokenizer differs from the target model's tokenizer")
+
+
+def build_orchestrator(config: CoordinatorConfig) -> Orchestrator:
+    """Connect to the model services (waiting up to connect_timeout_s) and check the pair."""
+    draft = GrpcDraftBackend(config.draft_address)
+    targets = [GrpcTargetBackend(a) for a in config.target_addresses]
+    for backend in [draft, *targets]:
+        try:
+            wait_for_ready(backend.channel, config.connect_timeout_s)
+        except grpc.FutureTimeoutError as exc:
+            raise CalispecError(f"no service at {backend.address} after {config.connect_timeout_s}s") from exc
+    tokenizer = load_tokenizer(config.tokenizer)
+    draft_facts = draft.info(config.rpc_timeout_s)
+    target_facts = [t.info(config.rpc_timeout_s) for t in targets]
+    for facts in target_facts:
+        _check_pair(draft_facts, facts, tokenizer_fingerprint(tokenizer))
+    max_context = min([draft_facts.max_context, *(f.max_context for f in target_facts)])
+    return Orchestrator(tokenizer, draft, targets, target_facts[0].eos_token_ids, max_context)
+
+
+def create_server(config: CoordinatorConfig, orchestrator: Orchestrator | None = None) -> tuple[grpc.Server, int]:
+    """Build the coordinator server (port 0 allowed); returns (server, bound port)."""
+    servicer = CoordinatorServicer(orchestrator or build_orchestrator(config), config)
+    server, port, _ = create_grpc_server(
+        config.address,
+        [lambda s: coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, s)],
+        [SERVICE_NAME],
+        max_workers=config.max_workers,
+    )
+    return server, port

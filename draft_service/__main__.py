@@ -1,0 +1,32 @@
+"""`python -m draft_service --model DIR [--port N]`: serve a draft model."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from calispec.modeling import ModelSpec
+from calispec.service_cli import add_model_args, add_server_args, configure_logging, serve_until_signalled
+from draft_service.config import DraftConfig
+from draft_service.server import create_server
+
+
+def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
+    parser = argparse.ArgumentParser(prog="python -m draft_service", description=__doc__)
+    add_server_args(parser, default_port=50052)
+    add_model_args(parser)
+    args = parser.parse_args(argv)
+    spec = ModelSpec(Path(args.model), dtype=args.dtype, device=args.device)
+    config = DraftConfig(model=spec, host=args.host, port=args.port, max_sessions=args.max_sessions)
+    return config, args.log_level
+
+
+def main(argv: list[str] | None = None) -> None:
+    config, log_level = parse_config(argv)
+    configure_logging(log_level)
+    server, port = create_server(config)
+    serve_until_signalled(server, f"draft_service listening on {config.host}:{port} model={config.model.path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""Draft service configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from calispec.modeling import ModelSpec
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    model: ModelSpec
+    host: str = "127.0.0.1"
+    port: int = 50052
+    max_sessions: int = 256
+    max_workers: int = 16
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"

@@ -1,0 +1,65 @@
+"""gRPC servicer for the draft service: protobuf -> Proposer -> protobuf."""
+
+from __future__ import annotations
+
+import grpc
+
+from calispec.grpc_server import create_grpc_server
+from calispec.modeling import ModelRunner
+from calispec.protocol import model_info_to_pb, sampling_from_pb, timing_to_pb
+from calispec.timing import Stopwatch
+from calispec.v1 import draft_pb2, draft_pb2_grpc
+from draft_service.config import DraftConfig
+from draft_service.proposer import Proposer
+
+SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
+
+
+class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
+    def __init__(self, proposer: Proposer) -> None:
+        self.proposer = proposer
+
+    def Prefill(self, request, context):
+        watch = Stopwatch()
+        sampling = sampling_from_pb(request.sampling)
+        self.proposer.prefill(request.session_id, list(request.token_ids), sampling, watch)
+        return draft_pb2.DraftPrefillResponse(timing=timing_to_pb(watch))
+
+    def Propose(self, request, context):
+        watch = Stopwatch()
+        rollback_to = request.rollback_to if request.HasField("rollback_to") else None
+        proposal = self.proposer.propose(
+            request.session_id, request.num_tokens, rollback_to, list(request.append_token_ids), watch
+        )
+        probs = b"" if proposal.probs is None else proposal.probs.numpy().astype("<f4").tobytes()
+        return draft_pb2.ProposeResponse(
+            token_ids=proposal.token_ids,
+            token_probs=proposal.token_probs,
+            probs=probs,
+            vocab_size=self.proposer.runner.vocab_size,
+            timing=timing_to_pb(watch),
+        )
+
+    def Rollback(self, request, context):
+        length = self.proposer.rollback(request.session_id, request.length, list(request.append_token_ids))
+        return draft_pb2.RollbackResponse(length=length)
+
+    def Close(self, request, context):
+        self.proposer.close(request.session_id)
+        return draft_pb2.DraftCloseResponse()
+
+    def GetModelInfo(self, request, context):
+        return draft_pb2.DraftModelInfoResponse(info=model_info_to_pb(self.proposer.runner))
+
+
+def create_server(config: DraftConfig, runner: ModelRunner | None = None) -> tuple[grpc.Server, int]:
+    """Build the draft server on config.address (port 0 allowed); returns (server, bound port)."""
+    proposer = Proposer(runner or ModelRunner(config.model), config.max_sessions)
+    servicer = DraftServicer(proposer)
+    server, port, _ = create_grpc_server(
+        config.address,
+        [lambda s: draft_pb2_grpc.add_DraftServiceServicer_to_server(servicer, s)],
+        [SERVICE_NAME],
+        max_workers=config.max_workers,
+    )
+    return server, port

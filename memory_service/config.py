@@ -1,0 +1,41 @@
+"""Settings of the memory service; the CLI in `__main__` maps its flags onto these fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import platformdirs
+
+from memory_service.store import MAX_PAIRS_LIMIT
+
+
+def default_db_path() -> Path:
+    """Per-user data dir, so a bare `python -m memory_service` keeps its counts across restarts."""
+    return Path(platformdirs.user_data_dir("calispec")) / "memory.db"
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    host: str = "127.0.0.1"
+    port: int = 50053  # 0 lets the OS pick; create_server returns the bound port
+    # A factory, not a constant: the data dir is resolved when a config is made, not at import.
+    db_path: Path = field(default_factory=default_db_path)
+    # GetPairs with max_pairs = 0 returns at most this many pairs.
+    max_pairs_default: int = 65536
+    max_workers: int = 16
+
+    def __post_init__(self) -> None:
+        # Fail at startup, not on the first GetPairs that falls back to a bad default.
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if not 1 <= self.max_pairs_default <= MAX_PAIRS_LIMIT:
+            raise ValueError(f"max_pairs_default must be in [1, {MAX_PAIRS_LIMIT}], got {self.max_pairs_default}")
+        if self.max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {self.max_workers}")
+
+    @property
+    def address(self) -> str:
+        # IPv6 literals need brackets in a gRPC target ("[::1]:50053").
+        host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
+        return f"{host}:{self.port}"

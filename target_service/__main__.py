@@ -1,0 +1,50 @@
+"""`python -m target_service --model DIR [--memory-addr HOST:PORT]`: serve a target (verifier) model."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from calispec.modeling import ModelSpec
+from calispec.service_cli import add_model_args, add_server_args, configure_logging, serve_until_signalled
+from target_service.config import TargetConfig
+from target_service.server import create_server
+
+
+def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
+    parser = argparse.ArgumentParser(prog="python -m target_service", description=__doc__)
+    add_server_args(parser, default_port=50051)
+    add_model_args(parser)
+    parser.add_argument("--memory-addr", default=None, help="memory service HOST:PORT (omit: local counts only)")
+    parser.add_argument("--memory-namespace", default="default", help="correction-memory namespace of this pair")
+    parser.add_argument(
+        "--memory-sync-interval",
+        type=float,
+        default=1.0,
+        help="seconds between shipping events and refreshing the pair table",
+    )
+    args = parser.parse_args(argv)
+    config = TargetConfig(
+        model=ModelSpec(Path(args.model), dtype=args.dtype, device=args.device),
+        host=args.host,
+        port=args.port,
+        max_sessions=args.max_sessions,
+        memory_address=args.memory_addr,
+        memory_namespace=args.memory_namespace,
+        memory_sync_interval_s=args.memory_sync_interval,
+    )
+    return config, args.log_level
+
+
+def main(argv: list[str] | None = None) -> None:
+    config, log_level = parse_config(argv)
+    configure_logging(log_level)
+    server, port, link = create_server(config)
+    on_stop = link.stop if link is not None else None
+    serve_until_signalled(
+        server, f"target_service listening on {config.host}:{port} model={config.model.path}", on_stop
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""Target service configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from calispec.modeling import ModelSpec
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    model: ModelSpec
+    host: str = "127.0.0.1"
+    port: int = 50051
+    max_sessions: int = 256
+    max_workers: int = 16
+    memory_address: str | None = None  # None: no shared memory, local online counts only
+    memory_namespace: str = "default"
+    memory_sync_interval_s: float = 1.0  # how often events are shipped and the table refreshed
+    memory_max_pairs: int = 65536  # rescuable pairs fetched per refresh
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"

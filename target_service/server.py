@@ -1,0 +1,101 @@
+"""gRPC servicer for the target service: protobuf -> TargetEngine -> protobuf."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import torch
+
+from calispec.errors import InvalidArgument
+from calispec.grpc_server import create_grpc_server
+from calispec.modeling import ModelRunner
+from calispec.protocol import model_info_to_pb, sampling_from_pb, timing_to_pb
+from calispec.timing import Stopwatch
+from calispec.v1 import common_pb2, target_pb2, target_pb2_grpc
+from target_service.config import TargetConfig
+from target_service.engine import RescueConfig, TargetEngine
+from target_service.memory_link import MemoryLink
+from target_service.pair_table import PairTable
+from target_service.verifier import Mode
+
+SERVICE_NAME = target_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name
+
+
+def rescue_from_pb(request: target_pb2.TargetPrefillRequest) -> RescueConfig:
+    """Mode and τ/λ of a prefill; an absent `rescue` message means the paper's defaults."""
+    mode = request.mode or common_pb2.MODE_CSD
+    if mode not in Mode._value2member_map_:
+        raise InvalidArgument(f"unknown mode {mode}")
+    if not request.HasField("rescue"):
+        return RescueConfig(Mode(mode))
+    return RescueConfig(Mode(mode), request.rescue.tau, request.rescue.lambda_)
+
+
+def probs_from_pb(data: bytes, rows: int, vocab_size: int) -> torch.Tensor | None:
+    """Decode the draft's float32 [rows, vocab_size] distributions; empty bytes = none sent."""
+    if not data:
+        return None
+    if vocab_size == 0 or len(data) != rows * vocab_size * 4:
+        raise InvalidArgument(f"draft_probs has {len(data)} bytes, expected {rows} x {vocab_size} float32")
+    array = np.frombuffer(data, dtype="<f4").reshape(rows, vocab_size)
+    return torch.from_numpy(array.copy())
+
+
+class TargetServicer(target_pb2_grpc.TargetServiceServicer):
+    def __init__(self, engine: TargetEngine) -> None:
+        self.engine = engine
+
+    def Prefill(self, request, context):
+        watch = Stopwatch()
+        sampling = sampling_from_pb(request.sampling)
+        rescue = rescue_from_pb(request)
+        self.engine.prefill(request.session_id, list(request.token_ids), sampling, rescue, watch)
+        return target_pb2.TargetPrefillResponse(timing=timing_to_pb(watch))
+
+    def Verify(self, request, context):
+        watch = Stopwatch()
+        draft = list(request.draft_token_ids)
+        probs = probs_from_pb(request.draft_probs, len(draft), request.draft_vocab_size)
+        result = self.engine.verify(request.session_id, draft, probs, watch)
+        return target_pb2.VerifyResponse(
+            accepted_count=result.accepted_count,
+            rescued_positions=result.rescued_positions,
+            next_token_id=result.next_token,
+            next_is_bonus=result.next_is_bonus,
+            rejections=result.rejections,
+            timing=timing_to_pb(watch),
+        )
+
+    def Close(self, request, context):
+        self.engine.close(request.session_id)
+        return target_pb2.TargetCloseResponse()
+
+    def GetModelInfo(self, request, context):
+        return target_pb2.TargetModelInfoResponse(info=model_info_to_pb(self.engine.runner))
+
+
+def create_server(
+    config: TargetConfig, runner: ModelRunner | None = None
+) -> tuple[grpc.Server, int, MemoryLink | None]:
+    """Build the target server (port 0 allowed); the memory link, if any, is started and returned."""
+    runner = runner or ModelRunner(config.model)
+    table = PairTable(runner.vocab_size, runner.device)
+    link = None
+    if config.memory_address:
+        link = MemoryLink(
+            config.memory_address,
+            config.memory_namespace,
+            table,
+            sync_interval_s=config.memory_sync_interval_s,
+            max_pairs=config.memory_max_pairs,
+        )
+    servicer = TargetServicer(TargetEngine(runner, config.max_sessions, table))
+    server, port, _ = create_grpc_server(
+        config.address,
+        [lambda s: target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, s)],
+        [SERVICE_NAME],
+        max_workers=config.max_workers,
+    )
+    if link is not None:
+        link.start()
+    return server, port, link

@@ -1,0 +1,280 @@
+"""Verification of one speculative round for a batch of sessions: standard SD and Calibrated SD.
+
+A pure tensor module: no gRPC, no I/O, no Python loop over draft positions. It turns the
+target's logits for one forward pass over `prefix + draft` into the tokens the round emits.
+
+Vocabulary (p = target distribution, q = draft distribution, both after the request's
+temperature / top-k / top-p warping; z = the target's raw logits):
+
+- **draft token** x̃_i: the i-th token the draft proposed (i = 0..num_draft-1).
+- **target token** t*_i: the token standard speculative decoding would emit at position i if
+  it rejected x̃_i there — argmax z_i when greedy; when sampling, the *recovered* sample
+  drawn from norm(max(0, p_i − q_i)) (from p_i if that residual is all zero).
+- **accepted** token: a draft token kept by the standard rule — x̃_i == argmax z_i (greedy),
+  or the speculative-sampling coin min(1, p_i(x̃_i) / q_i(x̃_i)) came up heads
+  (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative Decoding";
+  Chen et al. 2023, "Accelerating Large Language Model Decoding with Speculative Sampling").
+- **rescued** token: a draft token the standard rule rejected but Calibrated Speculative
+  Decoding keeps (Zhou, Liu et al., "Calibrated Speculative Decoding", ACL 2026,
+  arXiv 2604.13634): the pair (x̃_i, t*_i) was seen more than λ times in the Online
+  Correction Memory (OCM) AND the Semantic Consistency Gate (SCG) passes,
+  z_i(x̃_i) − z_i(t*_i) >= log τ on the raw target logits. Verification then continues with
+  x̃_{i+1}: the single target pass already conditioned z_{i+1} on x̃_i, so no extra forward.
+  Modes OCM_ONLY / SCG_ONLY apply one test alone (ablations); AR / SD never rescue.
+- **recovered** token: t*_a at the first position a that is neither accepted nor rescued;
+  the round emits it and ends there.
+- **bonus** token: when every draft token is kept, one more token from position num_draft
+  (argmax z when greedy, a sample from p otherwise).
+- **rejection event**: a (x̃_i, t*_i) pair at a rescued position or at the final rejected
+  position; these feed the correction memory.
+
+The round emits `draft_tokens[b, :accepted_count[b]]` followed by `next_token[b]`. Greedy rows
+reproduce target-only greedy decoding exactly in mode SD; sampling rows in mode SD are
+lossless. CSD is lossy by design (rescued tokens are the draft's).
+
+Randomness (so that seeded requests reproduce and the slow reference in the tests can
+replicate it draw for draw): each *sampling* row (temperature > 0) draws, every round, exactly
+`u = torch.rand(2 * G + 1, generator=generators[b], device=logits.device)` (float32), where G is
+the batch's padded draft width `draft_tokens.shape[1]`:
+
+- `u[i]` for i in [0, G): the acceptance coin at position i (accept iff q > 0 and u·q < p);
+- `u[G + j]` for j in [0, G]: the inverse-CDF uniform of the token sampled at position j — the
+  recovered sample for j < num_draft, the bonus sample for j == num_draft (unused beyond).
+
+Greedy rows draw nothing. Consumption depends on G, not on num_draft: a seeded request
+reproduces when its batches are padded to the same G (e.g. the service's maximum γ). Every
+generator must live on the logits' device. Sampling uses the inverse CDF on a float32
+cumulative sum (resolution ~6e-8, like torch.multinomial), never a token of probability 0.
+
+Host syncs: one per call, reading which rows sample (to skip the sampling path for all-greedy
+batches and to draw each sampling row's uniforms); the verification math itself never leaves
+the device. When any row samples, the sampling path runs over the whole batch.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from calispec.errors import require
+from calispec.sampling import warp_probs
+
+PLACEHOLDER_TOKEN_ID = -1
+
+# (draft_ids [N] int64, target_ids [N] int64) -> counts [N] int64: the correction memory.
+PairCountFn = Callable[[Tensor, Tensor], Tensor]
+
+
+class Mode(enum.IntEnum):
+    """Per-request decoding mode; the same numbers as the proto enum calispec.v1.Mode."""
+
+    AR = 1  # target only: num_draft must be 0
+    SD = 2  # standard speculative decoding
+    CSD = 3  # OCM count test AND SCG gate
+    OCM_ONLY = 4  # count test alone (ablation)
+    SCG_ONLY = 5  # gate alone (ablation)
+
+
+@dataclass
+class VerifyInput:
+    """One round for B sessions, padded to G draft positions. All tensors on the logits' device."""
+
+    target_logits: Tensor  # [B, G+1, V] raw logits; position i predicts draft token i, num_draft[b] the bonus
+    draft_tokens: Tensor  # [B, G] int64, PLACEHOLDER_TOKEN_ID beyond num_draft[b]
+    num_draft: Tensor  # [B] int64 in [0, G]; 0 = plain decode step
+    draft_probs: Tensor | None  # [B, G, V_draft <= V] float q, warped like p; None if no row samples a draft
+    temperature: Tensor  # [B] float32; 0 = greedy
+    top_k: Tensor  # [B] int64; 0 = off
+    top_p: Tensor  # [B] float32; 0 or 1 = off
+    mode: Tensor  # [B] int64 Mode values
+    log_tau: Tensor  # [B] float32, log τ of the SCG gate
+    lambda_: Tensor  # [B] int64, OCM count threshold (rescuable iff count > λ)
+    generators: list[torch.Generator]  # [B], each on the logits' device
+
+    def check_shapes(self) -> None:
+        """Shape, dtype and device checks that need no host sync (verify() runs them)."""
+        require(self.target_logits.dim() == 3, "target_logits must be [B, G+1, V]")
+        batch, width, vocab = self.target_logits.shape
+        draft_width = width - 1
+        require(draft_width >= 0, "target_logits needs at least one position")
+        device = self.target_logits.device
+        require(self.draft_tokens.shape == (batch, draft_width), f"draft_tokens must be [{batch}, {draft_width}]")
+        for name in ("num_draft", "temperature", "top_k", "top_p", "mode", "log_tau", "lambda_"):
+            value: Tensor = getattr(self, name)
+            require(value.shape == (batch,), f"{name} must be [{batch}], got {list(value.shape)}")
+            require(value.device == device, f"{name} must be on {device}, got {value.device}")
+        require(self.draft_tokens.device == device, f"draft_tokens must be on {device}")
+        for name in ("draft_tokens", "num_draft", "top_k", "mode", "lambda_"):
+            require(getattr(self, name).dtype == torch.int64, f"{name} must be int64")
+        if self.draft_probs is not None:
+            shape = self.draft_probs.shape
+            require(
+                self.draft_probs.dim() == 3 and shape[:2] == (batch, draft_width) and shape[2] <= vocab,
+                f"draft_probs must be [{batch}, {draft_width}, <= {vocab}], got {list(shape)}",
+            )
+            require(self.draft_probs.device == device, f"draft_probs must be on {device}")
+        require(len(self.generators) == batch, f"need {batch} generators, got {len(self.generators)}")
+
+    def validate(self) -> VerifyInput:
+        """Value checks on top of check_shapes(); these sync with the device, so the service runs
+        them where the inputs are built (cheap on host tensors), not inside verify()."""
+        self.check_shapes()
+        draft_width = self.draft_tokens.shape[1]
+        vocab = self.target_logits.shape[2]
+        n = self.num_draft
+        require(bool(((n >= 0) & (n <= draft_width)).all()), f"num_draft must be in [0, {draft_width}]")
+        valid = torch.arange(draft_width, device=n.device).view(1, -1) < n.view(-1, 1)  # [B, G]
+        tokens = self.draft_tokens
+        require(bool(((tokens >= 0) & (tokens < vocab))[valid].all()), f"draft tokens must be in [0, {vocab})")
+        require(bool((tokens[~valid] == PLACEHOLDER_TOKEN_ID).all()), "padding must be PLACEHOLDER_TOKEN_ID")
+        require(bool(torch.isfinite(self.temperature).all() and (self.temperature >= 0).all()), "bad temperature")
+        require(bool((self.top_k >= 0).all()), "top_k must be >= 0")
+        require(bool(((self.top_p >= 0) & (self.top_p <= 1)).all()), "top_p must be in [0, 1]")
+        known = torch.tensor([int(m) for m in Mode], device=self.mode.device)
+        require(bool(torch.isin(self.mode, known).all()), "mode must be a Mode value")
+        require(bool((n[self.mode == Mode.AR] == 0).all()), "mode AR rows must have num_draft == 0")
+        require(not bool(torch.isnan(self.log_tau).any()), "log_tau must not be NaN")
+        require(bool((self.lambda_ >= 0).all()), "lambda_ must be >= 0")
+        if self.draft_probs is None:
+            samples_draft = (self.temperature > 0) & (n > 0)
+            require(not bool(samples_draft.any()), "draft_probs is required for sampling rows with drafts")
+        device = self.target_logits.device
+        for g in self.generators:
+            require(g.device == device, f"generators must be on {device}, got {g.device}")
+        return self
+
+
+@dataclass
+class VerifyOutput:
+    """What the round emits: draft_tokens[b, :accepted_count[b]] then next_token[b]."""
+
+    accepted_count: Tensor  # [B] int64 draft tokens kept (accepted + rescued), counted from the first
+    rescued: Tensor  # [B, G] bool, True at positions kept by the CSD rescue (all < accepted_count)
+    next_token: Tensor  # [B] int64 recovered token (position accepted_count) or bonus (all kept)
+    next_is_bonus: Tensor  # [B] bool
+    event_mask: Tensor  # [B, G] bool rejection events: rescued positions + the final rejected one
+    target_tokens: Tensor  # [B, G] int64 t* per position, PLACEHOLDER_TOKEN_ID beyond num_draft
+
+    def events(self, draft_tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """(draft_ids [E], target_ids [E]) of this round's rejection events, for the memory."""
+        return draft_tokens[self.event_mask], self.target_tokens[self.event_mask]
+
+
+def verify(inp: VerifyInput, pair_counts: PairCountFn) -> VerifyOutput:
+    """Verify one round for every row of the batch, from the logits of one target pass."""
+    inp.check_shapes()
+    logits = inp.target_logits  # [B, G+1, V]
+    draft_width = logits.shape[1] - 1
+    positions = torch.arange(draft_width + 1, device=logits.device)  # [G+1]
+    valid = positions[:draft_width].view(1, -1) < inp.num_draft.view(-1, 1)  # [B, G] real draft slots
+    draft = torch.where(valid, inp.draft_tokens, 0)  # [B, G] placeholders -> 0, safe to gather
+
+    target_tokens = logits.argmax(dim=-1)  # [B, G+1] greedy t*; also the greedy bonus
+    accepted = draft == target_tokens[:, :draft_width]  # [B, G]
+    sampling_rows = (inp.temperature > 0).tolist()  # the one host sync: which rows draw
+    if any(sampling_rows):
+        uniforms = _draw_uniforms(inp.generators, sampling_rows, draft_width, logits.device)  # [B, 2G+1]
+        coin_accepted, sampled = _speculative_sampling(inp, draft, valid, uniforms)
+        greedy = (inp.temperature <= 0).view(-1, 1)  # [B, 1]
+        accepted = torch.where(greedy, accepted, coin_accepted)
+        target_tokens = torch.where(greedy, target_tokens, sampled)
+    accepted &= valid
+    rejected = valid & ~accepted  # [B, G]
+
+    rescued = rejected & _rescue_mask(inp, draft, target_tokens[:, :draft_width], pair_counts)  # [B, G]
+    kept_prefix = (accepted | rescued).cumprod(dim=-1).bool()  # [B, G] kept, and so was everything before
+    accepted_count = kept_prefix.sum(dim=-1)  # [B]
+    rescued &= kept_prefix  # a rescue after the round ended never happened
+    final_rejection = positions[:draft_width].view(1, -1) == accepted_count.view(-1, 1)  # [B, G]
+    final_rejection &= valid  # no rejection when every draft token was kept (bonus instead)
+    return VerifyOutput(
+        accepted_count=accepted_count,
+        rescued=rescued,
+        next_token=target_tokens.gather(1, accepted_count.view(-1, 1)).view(-1),  # [B]
+        next_is_bonus=accepted_count == inp.num_draft,
+        event_mask=rescued | final_rejection,
+        target_tokens=torch.where(valid, target_tokens[:, :draft_width], PLACEHOLDER_TOKEN_ID),
+    )
+
+
+def _draw_uniforms(
+    generators: list[torch.Generator], sampling_rows: list[bool], draft_width: int, device: torch.device
+) -> Tensor:  # [B, 2G+1] float32; zeros on greedy rows
+    """Each sampling row's randomness for this round, from its own generator (see module doc)."""
+    size = 2 * draft_width + 1
+    zeros = torch.zeros(size, device=device)
+    rows = [
+        torch.rand(size, generator=g, device=device) if samples else zeros
+        for g, samples in zip(generators, sampling_rows, strict=True)
+    ]
+    return torch.stack(rows)
+
+
+def _speculative_sampling(
+    inp: VerifyInput,
+    draft: Tensor,  # [B, G] int64 draft tokens, placeholders replaced by 0
+    valid: Tensor,  # [B, G] bool
+    uniforms: Tensor,  # [B, 2G+1] float32
+) -> tuple[Tensor, Tensor]:  # accepted [B, G] bool, sampled tokens [B, G+1] int64
+    """Lossless speculative sampling: the acceptance coins and the token sampled at every position."""
+    logits = inp.target_logits  # [B, G+1, V]
+    draft_width, vocab = logits.shape[1] - 1, logits.shape[2]
+    p = warp_probs(logits, inp.temperature, inp.top_k, inp.top_p)  # [B, G+1, V]
+    p_draft = p[:, :draft_width]  # [B, G, V]
+    p_tok = p_draft.gather(-1, draft.unsqueeze(-1)).squeeze(-1)  # [B, G]
+    if inp.draft_probs is None:  # only rows without drafts sample; q is irrelevant there
+        q_tok = torch.zeros_like(p_tok)  # [B, G]
+        residual = p_draft  # [B, G, V]
+    else:
+        q = inp.draft_probs.float()  # [B, G, V_draft]
+        q = F.pad(q, (0, vocab - q.shape[-1]))  # [B, G, V] tokens the draft lacks have q = 0
+        q_tok = q.gather(-1, draft.unsqueeze(-1)).squeeze(-1)  # [B, G]
+        residual = (p_draft - q).clamp_(min=0)  # [B, G, V] unnormalised max(0, p - q)
+    # u < p/q without dividing; q == 0 is a rejection (the draft could not have proposed it).
+    accepted = (q_tok > 0) & (uniforms[:, :draft_width] * q_tok < p_tok)  # [B, G]
+
+    # Position j samples from the residual if it holds a draft token (and the residual has mass),
+    # otherwise from p: that is the bonus at j == num_draft.
+    use_residual = valid & (residual.sum(dim=-1) > 0)  # [B, G]
+    dist = p.clone()  # [B, G+1, V]
+    dist[:, :draft_width] = torch.where(use_residual.unsqueeze(-1), residual, p_draft)
+    sampled = _inverse_cdf(dist, uniforms[:, draft_width:])  # [B, G+1]
+    return accepted, sampled
+
+
+def _inverse_cdf(
+    weights: Tensor,  # [..., V] non-negative, not necessarily normalised, positive sum
+    uniforms: Tensor,  # [...] in [0, 1)
+) -> Tensor:  # [...] int64
+    """Sample index k with probability weights[k] / sum(weights), never one of weight 0."""
+    cdf = weights.cumsum(dim=-1)  # [..., V]
+    total = cdf[..., -1:].contiguous()  # [..., 1]
+    picked = torch.searchsorted(cdf, uniforms.unsqueeze(-1) * total, right=True)  # [..., 1]
+    # u * total can round up to total; the first index reaching the total is the last token with mass.
+    last = torch.searchsorted(cdf, total)  # [..., 1]
+    return torch.minimum(picked, last).squeeze(-1)
+
+
+def _rescue_mask(
+    inp: VerifyInput,
+    draft: Tensor,  # [B, G] int64 draft tokens, placeholders replaced by 0
+    target: Tensor,  # [B, G] int64 t* per position
+    pair_counts: PairCountFn,
+) -> Tensor:  # [B, G] bool: x̃_i would be rescued if rejected
+    """The CSD tests per row mode: OCM count > λ and/or SCG gate z(x̃) - z(t*) >= log τ."""
+    logits = inp.target_logits[:, : draft.shape[1]]  # [B, G, V] raw logits
+    z_draft = logits.gather(-1, draft.unsqueeze(-1)).squeeze(-1).float()  # [B, G]
+    z_target = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1).float()  # [B, G]
+    gate = z_draft - z_target >= inp.log_tau.view(-1, 1)  # [B, G]; NaN (-inf - -inf) fails
+    counts = pair_counts(draft.reshape(-1), target.reshape(-1)).view_as(draft)  # [B, G]
+    frequent = counts.to(draft.device) > inp.lambda_.view(-1, 1)  # [B, G]
+    mode = inp.mode.view(-1, 1)  # [B, 1]
+    csd = (mode == Mode.CSD) & frequent & gate
+    ocm_only = (mode == Mode.OCM_ONLY) & frequent
+    scg_only = (mode == Mode.SCG_ONLY) & gate
+    return csd | ocm_only | scg_only

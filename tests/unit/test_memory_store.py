@@ -1,0 +1,255 @@
+"""CorrectionStore: counts, versions, validation that changes nothing, concurrency, persistence."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import sqlite_utils
+
+from calispec.errors import InvalidArgument, ResourceExhausted, Unavailable
+from memory_service.store import MAX_EVENTS_PER_RECORD, MAX_TOTAL_EVENTS, CorrectionStore
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "memory.db"
+
+
+@pytest.fixture
+def store(db_path: Path) -> Iterator[CorrectionStore]:
+    with CorrectionStore(db_path) as s:
+        yield s
+
+
+def raw_counts(db_path: Path) -> dict[tuple[str, int, int], int]:
+    """Everything in pair_counts, read with a separate sqlite-utils connection (not the store's)."""
+    with sqlite_utils.Database(db_path) as db:
+        return {(r["namespace"], r["draft_token_id"], r["target_token_id"]): r["count"] for r in db["pair_counts"].rows}
+
+
+def raw_versions(db_path: Path) -> dict[str, tuple[int, int]]:
+    with sqlite_utils.Database(db_path) as db:
+        return {r["namespace"]: (r["version"], r["total_events"]) for r in db["namespace_versions"].rows}
+
+
+# -- correctness ----------------------------------------------------------------------------------
+
+
+def test_record_returns_sum_and_increments_version(store: CorrectionStore) -> None:
+    assert store.record("ns", [(1, 2, 3), (4, 5, 1)]) == (4, 1)
+    assert store.record("ns", [(1, 2, 2)]) == (2, 2)
+    assert store.stats("ns") == (6, 2, 2)
+
+
+def test_repeated_pairs_in_one_batch_add_up(store: CorrectionStore, db_path: Path) -> None:
+    store.record("ns", [(7, 8, 1), (7, 8, 2), (7, 8, 3)])
+    assert raw_counts(db_path) == {("ns", 7, 8): 6}
+    assert store.stats("ns") == (6, 1, 1)
+
+
+def test_pairs_ordered_by_count_desc_with_min_count_and_max_pairs(store: CorrectionStore) -> None:
+    store.record("ns", [(1, 1, 5), (2, 2, 9), (3, 3, 1), (4, 4, 5), (5, 5, 7)])
+    pairs, version = store.pairs("ns", min_count=0, max_pairs=100)
+    # Equal counts are ordered by ids, so snapshots are deterministic.
+    assert pairs == [(2, 2, 9), (5, 5, 7), (1, 1, 5), (4, 4, 5), (3, 3, 1)]
+    assert version == 1
+    assert store.pairs("ns", min_count=5, max_pairs=100)[0] == [(2, 2, 9), (5, 5, 7), (1, 1, 5), (4, 4, 5)]
+    assert store.pairs("ns", min_count=6, max_pairs=100)[0] == [(2, 2, 9), (5, 5, 7)]
+    assert store.pairs("ns", min_count=0, max_pairs=2)[0] == [(2, 2, 9), (5, 5, 7)]
+    assert store.pairs("ns", min_count=10, max_pairs=100) == ([], 1)
+    assert store.pairs("ns", min_count=2**64 - 1, max_pairs=100) == ([], 1)  # uint64 max is clamped
+
+
+def test_namespaces_are_independent(store: CorrectionStore) -> None:
+    store.record("a", [(1, 2, 3)])
+    store.record("a", [(1, 2, 3)])
+    store.record("b/task:1", [(1, 2, 10), (3, 4, 1)])
+    assert store.stats("a") == (6, 1, 2)
+    assert store.stats("b/task:1") == (11, 2, 1)
+    assert store.pairs("a", 0, 10) == ([(1, 2, 6)], 2)
+
+
+def test_unknown_namespace_is_empty_at_version_zero(store: CorrectionStore) -> None:
+    assert store.stats("never-written") == (0, 0, 0)
+    assert store.pairs("never-written", 0, 10) == ([], 0)
+
+
+def test_empty_batch_writes_nothing(store: CorrectionStore, db_path: Path) -> None:
+    store.record("ns", [(1, 2, 3)])
+    assert store.record("ns", []) == (0, 1)
+    assert store.record("other", []) == (0, 0)
+    assert raw_versions(db_path) == {"ns": (1, 3)}
+
+
+def test_database_is_in_wal_mode(store: CorrectionStore, db_path: Path) -> None:
+    with sqlite_utils.Database(db_path) as db:
+        assert db.journal_mode == "wal"
+
+
+def test_counts_persist_across_close_and_reopen(db_path: Path) -> None:
+    with CorrectionStore(db_path) as first:
+        first.record("ns", [(1, 2, 3), (4, 5, 6)])
+        first.record("ns", [(1, 2, 1)])
+    with CorrectionStore(db_path) as second:
+        assert second.stats("ns") == (10, 2, 2)
+        assert second.pairs("ns", 0, 10) == ([(4, 5, 6), (1, 2, 4)], 2)
+        assert second.record("ns", [(4, 5, 1)]) == (1, 3)  # versions continue, not restart
+
+
+def test_closed_store_raises_unavailable_and_close_is_idempotent(store: CorrectionStore) -> None:
+    store.close()
+    store.close()
+    with pytest.raises(Unavailable, match="closed"):
+        store.record("ns", [(1, 2, 3)])
+    with pytest.raises(Unavailable):
+        store.stats("ns")
+
+
+# -- validation: a rejected request changes nothing -----------------------------------------------
+
+BAD_RECORDS = [
+    pytest.param("", [(1, 2, 3)], InvalidArgument, "namespace", id="empty-namespace"),
+    pytest.param("x" * 129, [(1, 2, 3)], InvalidArgument, "namespace", id="long-namespace"),
+    pytest.param("has space", [(1, 2, 3)], InvalidArgument, "namespace", id="bad-char"),
+    pytest.param("ns\n", [(1, 2, 3)], InvalidArgument, "namespace", id="trailing-newline"),
+    pytest.param("ns", [(1, 2, 3), (-1, 2, 3)], InvalidArgument, r"events\[1\]\.draft", id="neg-draft"),
+    pytest.param("ns", [(1, -2, 3)], InvalidArgument, r"events\[0\]\.target", id="neg-target"),
+    pytest.param("ns", [(2**32, 2, 3)], InvalidArgument, "draft_token_id", id="draft-over-uint32"),
+    pytest.param("ns", [(1, 2, 3), (1, 2, 0)], InvalidArgument, r"events\[1\]\.count", id="zero-count"),
+    pytest.param("ns", [(1, 2, -4)], InvalidArgument, "count", id="negative-count"),
+    pytest.param("ns", [(1, 2, 2**40 + 1)], InvalidArgument, "count", id="huge-count"),
+    pytest.param("ns", [(1, 2, True)], InvalidArgument, "count", id="bool-count"),
+    pytest.param("ns", [(1, 2, 1)] * (MAX_EVENTS_PER_RECORD + 1), ResourceExhausted, "too many", id="too-many"),
+]
+
+
+@pytest.mark.parametrize(("namespace", "events", "error", "message"), BAD_RECORDS)
+def test_invalid_record_is_rejected_and_changes_nothing(
+    store: CorrectionStore,
+    db_path: Path,
+    namespace: str,
+    events: list[tuple[int, int, int]],
+    error: type[Exception],
+    message: str,
+) -> None:
+    store.record("ns", [(1, 2, 3)])
+    before = (raw_counts(db_path), raw_versions(db_path))
+    with pytest.raises(error, match=message):
+        store.record(namespace, events)
+    assert (raw_counts(db_path), raw_versions(db_path)) == before
+
+
+def test_largest_valid_values_are_accepted(store: CorrectionStore) -> None:
+    assert store.record("n" * 128, [(2**32 - 1, 0, 2**40)]) == (2**40, 1)
+    assert store.record("ns", [(1, 2, 1)] * MAX_EVENTS_PER_RECORD) == (MAX_EVENTS_PER_RECORD, 1)
+
+
+@pytest.mark.parametrize(
+    ("min_count", "max_pairs", "message"),
+    [(-1, 10, "min_count"), (0, 0, "max_pairs"), (0, -5, "max_pairs"), (0, 1_000_001, "max_pairs")],
+)
+def test_invalid_pairs_query(store: CorrectionStore, min_count: int, max_pairs: int, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        store.pairs("ns", min_count, max_pairs)
+
+
+def test_namespace_total_overflow_is_refused_and_changes_nothing(store: CorrectionStore, db_path: Path) -> None:
+    store.record("ns", [(1, 2, 3)])
+    with sqlite_utils.Database(db_path) as db:  # a namespace one batch away from int64 overflow
+        db.execute("UPDATE namespace_versions SET total_events = ?", (MAX_TOTAL_EVENTS - 3,))
+    before = (raw_counts(db_path), raw_versions(db_path))
+    with pytest.raises(ResourceExhausted, match="overflow"):
+        store.record("ns", [(1, 2, 2), (5, 6, 2)])
+    assert (raw_counts(db_path), raw_versions(db_path)) == before
+    assert store.record("ns", [(1, 2, 3)])[1] == 2  # exactly up to the cap still fits
+
+
+def test_failure_after_partial_write_rolls_back_the_whole_batch(store: CorrectionStore, db_path: Path) -> None:
+    store.record("ns", [(1, 2, 3)])
+    # Make the version bump (the batch's last statement) fail after the pair upserts ran.
+    with sqlite_utils.Database(db_path) as db:
+        db.execute(
+            "CREATE TRIGGER fail_bump BEFORE UPDATE ON namespace_versions "
+            "BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+        )
+    before = raw_counts(db_path)
+    with pytest.raises(sqlite3.IntegrityError, match="injected failure"):
+        store.record("ns", [(1, 2, 5), (9, 9, 1)])
+    assert raw_counts(db_path) == before
+    assert store.stats("ns") == (3, 1, 1)
+
+
+# -- concurrency ----------------------------------------------------------------------------------
+
+THREADS = 8
+BATCHES_PER_THREAD = 200
+
+
+def _batches(seed: int) -> list[list[tuple[int, int, int]]]:
+    """Random batches over a small pair space, so threads collide on the same rows."""
+    rng = random.Random(seed)
+    return [
+        [(rng.randrange(6), rng.randrange(6), rng.randint(1, 9)) for _ in range(rng.randint(1, 8))]
+        for _ in range(BATCHES_PER_THREAD)
+    ]
+
+
+def test_concurrent_records_give_exact_totals(store: CorrectionStore, db_path: Path) -> None:
+    work = [_batches(seed) for seed in range(THREADS)]
+    expected: Counter[tuple[str, int, int]] = Counter()
+    for batches in work:
+        for batch in batches:
+            for draft, target, count in batch:
+                expected["ns", draft, target] += count
+    start = threading.Barrier(THREADS)
+
+    def run(batches: list[list[tuple[int, int, int]]]) -> list[int]:
+        start.wait()
+        return [store.record("ns", batch)[1] for batch in batches]
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        versions = [v for result in pool.map(run, work) for v in result]
+
+    assert raw_counts(db_path) == dict(expected)
+    n_batches = THREADS * BATCHES_PER_THREAD
+    assert sorted(versions) == list(range(1, n_batches + 1))  # each batch got its own version
+    assert raw_versions(db_path) == {"ns": (n_batches, sum(expected.values()))}
+    assert store.stats("ns") == (sum(expected.values()), len(expected), n_batches)
+
+
+def test_snapshot_version_matches_its_pairs_under_concurrent_writes(store: CorrectionStore) -> None:
+    """Each write adds 1 to one pair, so a consistent snapshot at version v holds exactly v events."""
+    writes = 300
+    done = threading.Event()
+    mismatches: list[tuple[int, int]] = []
+
+    def write() -> None:
+        try:
+            for _ in range(writes):
+                store.record("ns", [(1, 1, 1)])
+        finally:
+            done.set()
+
+    def read() -> None:
+        while True:
+            finished = done.is_set()  # checked first, so the last read sees every write
+            pairs, version = store.pairs("ns", 0, 10)
+            total = sum(c for _, _, c in pairs)
+            if total != version:
+                mismatches.append((total, version))
+            if finished:
+                return
+
+    with ThreadPoolExecutor(2) as pool:
+        reader = pool.submit(read)
+        pool.submit(write).result()
+        reader.result()
+    assert mismatches == []
+    assert store.pairs("ns", 0, 10) == ([(1, 1, writes)], writes)
