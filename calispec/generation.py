@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import asdict, dataclass
 
-from calispec.errors import require
+from calispec.errors import InvalidArgument, require
 from calispec.limits import (
     MAX_NEW_TOKENS,
     MAX_PROMPT_CHARS,
@@ -24,6 +24,15 @@ class Mode(enum.IntEnum):
     CSD = 3  # calibrated speculative decoding (lossy)
     OCM_ONLY = 4  # ablation: memory count test only
     SCG_ONLY = 5  # ablation: logit gate only
+
+    @classmethod
+    def from_wire(cls, value: int, default: Mode) -> Mode:
+        """The proto enum value; 0 (unspecified) means `default`."""
+        if value == 0:
+            return default
+        if value not in cls._value2member_map_:
+            raise InvalidArgument(f"unknown mode {value}")
+        return cls(value)
 
     @classmethod
     def parse(cls, name: str) -> Mode:
@@ -106,6 +115,7 @@ class GenerationStats:
     coordinator_ms: float = 0.0
     total_ms: float = 0.0
     acceptance_rate: float = 0.0
+    rejections: int = 0  # rejection events recorded in the correction memory (includes rescued)
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)

@@ -63,6 +63,9 @@ def warp_probs(
     vocab = logits.shape[-1]
     temp = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
     scaled = logits.float() / temp.float().view(-1, 1, 1)  # [B, S, V]
+    truncates = ((top_k > 0) & (top_k < vocab)) | ((top_p > 0) & (top_p < 1))  # [B]
+    if not bool(truncates.any()):  # one host sync; skips a full-vocabulary sort (same result)
+        return scaled.softmax(dim=-1)
     sorted_logits, sorted_idx = scaled.sort(dim=-1, descending=True)  # [B, S, V]
     ranks = torch.arange(vocab, device=logits.device).view(1, 1, -1)  # [1, 1, V]
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).view(-1, 1, 1)  # [B, 1, 1]

@@ -35,6 +35,7 @@ class Verdict:
     rescued_positions: list[int]
     next_token: int
     next_is_bonus: bool
+    rejections: int  # rejection events this round (reported to the correction memory)
     service_ns: int  # whole Verify handler inside the target service
     memory_ns: int  # part of service_ns spent on the correction memory
 

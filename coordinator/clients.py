@@ -121,6 +121,7 @@ class GrpcTargetBackend:
             list(r.rescued_positions),
             r.next_token_id,
             r.next_is_bonus,
+            r.rejections,
             r.timing.total_ns,
             r.timing.memory_ns,
         )

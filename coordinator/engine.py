@@ -181,6 +181,7 @@ class Orchestrator:
         stats.rounds += 1
         stats.target_ms += ns_to_ms(verdict.service_ns - verdict.memory_ns)
         stats.memory_ms += ns_to_ms(verdict.memory_ns)
+        stats.rejections += verdict.rejections
         if proposal is not None:
             stats.drafted += len(proposal.token_ids)
             stats.accepted += verdict.accepted_count

@@ -32,7 +32,7 @@ def params_from_pb(msg: coordinator_pb2.GenerationParams, defaults: Defaults) ->
         num_speculative_tokens=(
             msg.num_speculative_tokens if msg.HasField("num_speculative_tokens") else defaults.num_speculative_tokens
         ),
-        mode=Mode(msg.mode) if msg.mode else defaults.mode,
+        mode=Mode.from_wire(msg.mode, defaults.mode),
         tau=msg.tau if msg.HasField("tau") else defaults.tau,
         lambda_=msg.lambda_ if msg.HasField("lambda_") else defaults.lambda_,
     )

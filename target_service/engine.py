@@ -14,12 +14,13 @@ from dataclasses import dataclass
 import torch
 
 from calispec.errors import InvalidArgument, require
+from calispec.generation import Mode
 from calispec.limits import MAX_SPECULATIVE_TOKENS
 from calispec.modeling import ModelRunner, Session, SessionRegistry, prefill_session
 from calispec.sampling import SamplingConfig, make_generator
 from calispec.timing import Stopwatch
 from target_service.pair_table import PairTable
-from target_service.verifier import PLACEHOLDER_TOKEN_ID, Mode, VerifyInput, verify
+from target_service.verifier import PLACEHOLDER_TOKEN_ID, VerifyInput, verify
 
 DEFAULT_TAU = 0.01
 DEFAULT_LAMBDA = 6

@@ -7,28 +7,26 @@ import numpy as np
 import torch
 
 from calispec.errors import InvalidArgument
+from calispec.generation import Mode
 from calispec.grpc_server import create_grpc_server
 from calispec.modeling import ModelRunner
 from calispec.protocol import model_info_to_pb, sampling_from_pb, timing_to_pb
 from calispec.timing import Stopwatch
-from calispec.v1 import common_pb2, target_pb2, target_pb2_grpc
+from calispec.v1 import target_pb2, target_pb2_grpc
 from target_service.config import TargetConfig
 from target_service.engine import RescueConfig, TargetEngine
 from target_service.memory_link import MemoryLink
 from target_service.pair_table import PairTable
-from target_service.verifier import Mode
 
 SERVICE_NAME = target_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name
 
 
 def rescue_from_pb(request: target_pb2.TargetPrefillRequest) -> RescueConfig:
     """Mode and τ/λ of a prefill; an absent `rescue` message means the paper's defaults."""
-    mode = request.mode or common_pb2.MODE_CSD
-    if mode not in Mode._value2member_map_:
-        raise InvalidArgument(f"unknown mode {mode}")
+    mode = Mode.from_wire(request.mode, default=Mode.CSD)
     if not request.HasField("rescue"):
-        return RescueConfig(Mode(mode))
-    return RescueConfig(Mode(mode), request.rescue.tau, request.rescue.lambda_)
+        return RescueConfig(mode)
+    return RescueConfig(mode, request.rescue.tau, request.rescue.lambda_)
 
 
 def probs_from_pb(data: bytes, rows: int, vocab_size: int) -> torch.Tensor | None:

@@ -98,7 +98,7 @@ def test_emitted_tokens_follow_the_target_distribution(temperature: float, top_k
     temp, k, p = _params(1, temperature, top_k, top_p)
     target = warp_probs(TARGET_LOGITS.unsqueeze(0), temp, k, p)[0]  # [G+1, V]
     draft = warp_probs(DRAFT_LOGITS.unsqueeze(0), temp, k, p)[0]  # [G, V]
-    assert 0.2 < out.accepted_count.float().mean() / GAMMA < 0.9  # the draft really differs
+    assert 0.1 < out.accepted_count.float().mean() / GAMMA < 0.9  # the draft really differs
     for tokens, position in _emitted(inp, out):
         statistic, dof = _chi_square(tokens, target[position])
         assert statistic < CHI2_CRITICAL_0_001[dof], (position, statistic, dof)

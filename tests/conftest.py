@@ -1,0 +1,38 @@
+"""Shared fixtures: the tiny offline model pair, loaded runners, in-process services on port 0."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import calispec.tiny_models as tiny_models
+from calispec.modeling import ModelRunner, ModelSpec
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class TinyPair:
+    draft: Path
+    target: Path
+
+
+@pytest.fixture(scope="session")
+def tiny_pair() -> TinyPair:
+    """Built once (about 20 s) and cached under .cache/, keyed by the builder's source."""
+    digest = hashlib.sha256(Path(tiny_models.__file__).read_bytes()).hexdigest()[:12]
+    target, draft = tiny_models.build_tiny_pair(REPO / ".cache" / f"tiny-{digest}")
+    return TinyPair(draft=draft, target=target)
+
+
+@pytest.fixture(scope="session")
+def target_runner(tiny_pair: TinyPair) -> ModelRunner:
+    return ModelRunner(ModelSpec(tiny_pair.target, dtype="float32", device="cpu"))
+
+
+@pytest.fixture(scope="session")
+def draft_runner(tiny_pair: TinyPair) -> ModelRunner:
+    return ModelRunner(ModelSpec(tiny_pair.draft, dtype="float32", device="cpu"))

@@ -1,0 +1,123 @@
+"""All four services as subprocesses over loopback, driven through the client SDK."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlite_utils
+
+from calispec.client import CalispecClient
+from calispec.grpc_server import make_channel
+from calispec.stack import LocalStack, StackConfig
+from calispec.v1 import memory_pb2, memory_pb2_grpc
+from tests.conftest import TinyPair
+from tests.helpers import wait_until
+
+PROMPTS = [
+    "def fibonacci(n):",
+    "Question: what is 12 plus 30?",
+    "The robot counted",
+    "A rectangle with sides",
+    "zebra quantum xylophone",  # out of the tiny corpus: the pair disagrees more
+]
+NAMESPACE = "default"
+
+
+def stack_config(tmp: Path, draft: Path, target: Path) -> StackConfig:
+    return StackConfig(
+        draft_model=draft,
+        target_model=target,
+        memory_db=tmp / "memory.db",
+        log_dir=tmp / "logs",
+        coordinator_port=0,
+        target_port=0,
+        draft_port=0,
+        memory_port=0,
+        dtype="float32",  # greedy SD == AR exactly holds in float32 (see README on bf16)
+        device="cpu",
+        memory_sync_interval_s=0.1,
+        start_timeout_s=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_pair: TinyPair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    with LocalStack(stack_config(tmp_path_factory.mktemp("stack"), tiny_pair.draft, tiny_pair.target)) as s:
+        yield s
+
+
+class CountingClient(CalispecClient):
+    """Sums the rejection events the stack reported, to compare with what the memory recorded."""
+
+    rejections = 0
+
+    def generate(self, prompt: str, **kwargs):  # type: ignore[override]
+        result = super().generate(prompt, **kwargs)
+        CountingClient.rejections += result.stats.rejections
+        return result
+
+
+@pytest.fixture(scope="module")
+def client(stack: LocalStack) -> Iterator[CountingClient]:
+    CountingClient.rejections = 0
+    with CountingClient(stack.coordinator_address, timeout=120) as c:
+        yield c
+
+
+def memory_total(address: str) -> int:
+    with make_channel(address) as channel:
+        stub = memory_pb2_grpc.MemoryServiceStub(channel)
+        return stub.GetStats(memory_pb2.GetStatsRequest(namespace=NAMESPACE), timeout=10).total_events
+
+
+def test_greedy_sd_equals_ar_token_for_token(client: CalispecClient) -> None:
+    for prompt in PROMPTS:
+        ar = client.generate(prompt, max_new_tokens=40, mode="ar")
+        for gamma in (1, 3, 6):
+            sd = client.generate(prompt, max_new_tokens=40, mode="sd", num_speculative_tokens=gamma)
+            assert sd.token_ids == ar.token_ids, (prompt, gamma)
+            assert sd.stats.drafted > 0
+
+
+def test_csd_rescues_with_permissive_thresholds_and_reports_it(client: CalispecClient) -> None:
+    kwargs = {"max_new_tokens": 40, "mode": "csd", "tau": 1e-9, "lambda_": 0}
+    first = [client.generate(p, **kwargs) for p in PROMPTS]
+    assert sum(r.stats.rejections for r in first) > 0  # the pair disagrees somewhere
+    # every rejected pair now has count >= 1 > λ = 0, and τ = 1e-9 passes any sane gate
+    again = [client.generate(p, **kwargs) for p in PROMPTS]
+    assert sum(r.stats.rescued for r in again) > 0
+    for r in again:
+        assert r.stats.accepted >= r.stats.rescued
+        assert r.stats.acceptance_rate == pytest.approx(r.stats.accepted / r.stats.drafted)
+
+
+def test_rejection_counts_reach_sqlite_and_survive_a_memory_restart(stack: LocalStack, client: CountingClient) -> None:
+    results = [client.generate(p, max_new_tokens=30, mode="sd", num_speculative_tokens=4) for p in PROMPTS]
+    assert sum(r.stats.rejections for r in results) > 0
+    memory = stack.services["memory_service"]
+    expected = client.rejections  # every request this module sent to the stack, sd and csd alike
+    # the target ships events in the background; wait for exactly that total, no more, no less
+    wait_until(lambda: memory_total(memory.address) == expected)
+    db_path = stack.config.memory_db
+    assert stack.stop_service("memory_service") == 0
+    in_file = (
+        sqlite_utils.Database(db_path)
+        .execute("select sum(count) from pair_counts where namespace = ?", [NAMESPACE])
+        .fetchone()[0]
+    )
+    assert in_file == expected
+    restarted = stack.restart_service("memory_service", ["--port", "0", "--db", str(db_path)])
+    assert memory_total(restarted.address) == expected
+
+
+def test_identical_draft_gives_full_acceptance(tiny_pair: TinyPair, tmp_path: Path) -> None:
+    with (
+        LocalStack(stack_config(tmp_path, tiny_pair.target, tiny_pair.target)) as same,
+        CalispecClient(same.coordinator_address, timeout=120) as c,
+    ):
+        for prompt in PROMPTS[:3]:
+            r = c.generate(prompt, max_new_tokens=30, mode="sd")
+            assert r.stats.drafted > 0
+            assert r.stats.accepted == r.stats.drafted and r.stats.acceptance_rate == 1.0

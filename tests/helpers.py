@@ -1,0 +1,48 @@
+"""Small test utilities."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import grpc
+import pytest
+import torch
+
+from calispec.modeling import ModelRunner
+
+T = TypeVar("T")
+
+
+def wait_until(probe: Callable[[], T], timeout_s: float = 30.0, interval_s: float = 0.05) -> T:
+    """Poll `probe` until it returns something truthy; fail the test after timeout_s.
+
+    For state another process reaches asynchronously (e.g. events flushed to the memory
+    service): the test waits on the condition itself, never on a fixed sleep.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout_s}s (last value: {value!r})")
+        time.sleep(interval_s)
+
+
+def rpc_code(fn: Callable[[], object]) -> grpc.StatusCode:
+    """Call fn, expecting a grpc.RpcError; return its status code."""
+    with pytest.raises(grpc.RpcError) as info:
+        fn()
+    return info.value.code()
+
+
+@torch.inference_mode()
+def reference_greedy(runner: ModelRunner, prompt_ids: list[int], n: int) -> list[int]:
+    """Target-only greedy decoding without any cache: the ground truth for SD equality."""
+    ids = list(prompt_ids)
+    for _ in range(n):
+        logits = runner.model(input_ids=torch.tensor([ids])).logits  # [1, S, V]
+        ids.append(int(logits[0, -1].argmax()))
+    return ids[len(prompt_ids) :]

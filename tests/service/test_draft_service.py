@@ -1,0 +1,141 @@
+"""Draft service in-process on port 0, over a real gRPC channel."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from calispec.grpc_server import make_channel
+from calispec.limits import MAX_SPECULATIVE_TOKENS
+from calispec.modeling import ModelRunner, ModelSpec
+from calispec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from draft_service.config import DraftConfig
+from draft_service.server import SERVICE_NAME, create_server
+from tests.conftest import TinyPair
+from tests.helpers import reference_greedy, rpc_code
+
+PROMPT = [5, 17, 42, 8, 99]
+
+
+@pytest.fixture(scope="module")
+def channel(tiny_pair: TinyPair, draft_runner: ModelRunner) -> Iterator[grpc.Channel]:
+    config = DraftConfig(model=ModelSpec(tiny_pair.draft, dtype="float32"), port=0, max_sessions=4)
+    server, port = create_server(config, runner=draft_runner)  # the session's runner: no reload
+    server.start()
+    with make_channel(f"127.0.0.1:{port}") as ch:
+        yield ch
+    server.stop(None)
+
+
+@pytest.fixture
+def stub(channel: grpc.Channel) -> draft_pb2_grpc.DraftServiceStub:
+    return draft_pb2_grpc.DraftServiceStub(channel)
+
+
+def prefill(stub, sid: str, tokens=PROMPT, **sampling) -> None:
+    stub.Prefill(
+        draft_pb2.DraftPrefillRequest(session_id=sid, token_ids=tokens, sampling=common_pb2.SamplingParams(**sampling))
+    )
+
+
+def test_health_and_info(channel: grpc.Channel, draft_runner: ModelRunner) -> None:
+    health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+    info = draft_pb2_grpc.DraftServiceStub(channel).GetModelInfo(draft_pb2.DraftModelInfoRequest()).info
+    assert info.vocab_size == draft_runner.vocab_size
+    assert info.tokenizer_fingerprint == draft_runner.fingerprint
+
+
+def test_greedy_proposal_is_the_drafts_own_greedy_continuation(stub, draft_runner: ModelRunner) -> None:
+    prefill(stub, "greedy")
+    first = stub.Propose(draft_pb2.ProposeRequest(session_id="greedy", num_tokens=4))
+    second = stub.Propose(draft_pb2.ProposeRequest(session_id="greedy", num_tokens=3))
+    assert list(first.token_ids) + list(second.token_ids) == reference_greedy(draft_runner, PROMPT, 7)
+    assert first.probs == b"" and list(first.token_probs) == [1.0] * 4
+    stub.Close(draft_pb2.DraftCloseRequest(session_id="greedy"))
+
+
+def test_rollback_then_propose_continues_from_the_kept_prefix(stub, draft_runner: ModelRunner) -> None:
+    prefill(stub, "rb")
+    proposed = list(stub.Propose(draft_pb2.ProposeRequest(session_id="rb", num_tokens=5)).token_ids)
+    # keep two drafts, then the "target" emits token 7 instead of the third
+    kept = [*PROMPT, *proposed[:2], 7]
+    fused = stub.Propose(
+        draft_pb2.ProposeRequest(session_id="rb", num_tokens=3, rollback_to=len(PROMPT) + 2, append_token_ids=[7])
+    )
+    assert list(fused.token_ids) == reference_greedy(draft_runner, kept, 3)
+    # the standalone Rollback RPC does the same
+    length = stub.Rollback(draft_pb2.RollbackRequest(session_id="rb", length=len(PROMPT) + 2, append_token_ids=[7]))
+    assert length.length == len(kept)
+    again = stub.Propose(draft_pb2.ProposeRequest(session_id="rb", num_tokens=3))
+    assert list(again.token_ids) == list(fused.token_ids)
+    stub.Close(draft_pb2.DraftCloseRequest(session_id="rb"))
+
+
+def test_sampling_returns_full_distributions_and_seeds_reproduce(stub, draft_runner: ModelRunner) -> None:
+    results = []
+    for sid in ("s1", "s2"):
+        prefill(stub, sid, temperature=0.9, top_k=50, seed=1234)
+        results.append(stub.Propose(draft_pb2.ProposeRequest(session_id=sid, num_tokens=4)))
+        stub.Close(draft_pb2.DraftCloseRequest(session_id=sid))
+    a, b = results
+    assert list(a.token_ids) == list(b.token_ids)
+    probs = np.frombuffer(a.probs, dtype="<f4").reshape(4, a.vocab_size)
+    assert a.vocab_size == draft_runner.vocab_size
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
+    assert ((probs > 0).sum(axis=1) <= 50).all()  # top-k applied to q
+    chosen = probs[np.arange(4), list(a.token_ids)]
+    np.testing.assert_allclose(chosen, list(a.token_probs), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("request_", "code"),
+    [
+        (draft_pb2.ProposeRequest(session_id="nope", num_tokens=2), grpc.StatusCode.NOT_FOUND),
+        (draft_pb2.ProposeRequest(session_id="bad", num_tokens=0), grpc.StatusCode.INVALID_ARGUMENT),
+        (
+            draft_pb2.ProposeRequest(session_id="bad", num_tokens=MAX_SPECULATIVE_TOKENS + 1),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+        (
+            draft_pb2.ProposeRequest(session_id="bad", num_tokens=2, append_token_ids=[10**6]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+        (draft_pb2.ProposeRequest(session_id="bad", num_tokens=2, rollback_to=999), grpc.StatusCode.INVALID_ARGUMENT),
+    ],
+)
+def test_bad_propose_is_rejected_and_leaves_the_session_intact(stub, draft_runner, request_, code) -> None:
+    prefill(stub, "bad")
+    try:
+        assert rpc_code(lambda: stub.Propose(request_)) == code
+        ok = stub.Propose(draft_pb2.ProposeRequest(session_id="bad", num_tokens=2))
+        assert list(ok.token_ids) == reference_greedy(draft_runner, PROMPT, 2)
+    finally:
+        stub.Close(draft_pb2.DraftCloseRequest(session_id="bad"))
+
+
+def test_bad_prefill_and_close(stub) -> None:
+    assert rpc_code(lambda: prefill(stub, "empty", tokens=[])) == grpc.StatusCode.INVALID_ARGUMENT
+    assert rpc_code(lambda: prefill(stub, "big", tokens=[1, 10**6])) == grpc.StatusCode.INVALID_ARGUMENT
+    assert rpc_code(lambda: prefill(stub, "", tokens=[1])) == grpc.StatusCode.INVALID_ARGUMENT
+    assert rpc_code(lambda: prefill(stub, "t", temperature=-1.0)) == grpc.StatusCode.INVALID_ARGUMENT
+    assert rpc_code(lambda: stub.Close(draft_pb2.DraftCloseRequest(session_id="never"))) == grpc.StatusCode.NOT_FOUND
+    prefill(stub, "dup")
+    assert rpc_code(lambda: prefill(stub, "dup")) == grpc.StatusCode.ALREADY_EXISTS
+    stub.Close(draft_pb2.DraftCloseRequest(session_id="dup"))
+
+
+def test_session_limit_is_resource_exhausted(stub) -> None:
+    for i in range(4):
+        prefill(stub, f"cap{i}")
+    try:
+        assert rpc_code(lambda: prefill(stub, "cap4")) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        for i in range(4):
+            stub.Close(draft_pb2.DraftCloseRequest(session_id=f"cap{i}"))
+    prefill(stub, "cap4")  # capacity is back once sessions close
+    stub.Close(draft_pb2.DraftCloseRequest(session_id="cap4"))

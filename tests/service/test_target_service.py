@@ -1,0 +1,127 @@
+"""Target service in-process on port 0: verification over a real gRPC channel, bad input."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+
+from calispec.grpc_server import make_channel
+from calispec.limits import MAX_SPECULATIVE_TOKENS
+from calispec.modeling import ModelRunner, ModelSpec
+from calispec.v1 import common_pb2, target_pb2, target_pb2_grpc
+from target_service.config import TargetConfig
+from target_service.server import create_server
+from tests.conftest import TinyPair
+from tests.helpers import reference_greedy, rpc_code
+
+PROMPT = [5, 17, 42, 8, 99]
+
+
+@pytest.fixture(scope="module")
+def stub(tiny_pair: TinyPair, target_runner: ModelRunner) -> Iterator[target_pb2_grpc.TargetServiceStub]:
+    config = TargetConfig(model=ModelSpec(tiny_pair.target, dtype="float32"), port=0, max_sessions=8)
+    server, port, link = create_server(config, runner=target_runner)
+    assert link is None  # no memory address: local counts only
+    server.start()
+    with make_channel(f"127.0.0.1:{port}") as channel:
+        yield target_pb2_grpc.TargetServiceStub(channel)
+    server.stop(None)
+
+
+def prefill(stub, sid: str, tokens=PROMPT, mode=common_pb2.MODE_SD, rescue=None, **sampling) -> None:
+    request = target_pb2.TargetPrefillRequest(
+        session_id=sid, token_ids=tokens, mode=mode, sampling=common_pb2.SamplingParams(**sampling)
+    )
+    if rescue is not None:
+        request.rescue.CopyFrom(rescue)
+    stub.Prefill(request)
+
+
+def verify(stub, sid: str, draft: list[int], probs: bytes = b"", vocab: int = 0) -> target_pb2.VerifyResponse:
+    return stub.Verify(
+        target_pb2.VerifyRequest(session_id=sid, draft_token_ids=draft, draft_probs=probs, draft_vocab_size=vocab)
+    )
+
+
+def close(stub, sid: str) -> None:
+    stub.Close(target_pb2.TargetCloseRequest(session_id=sid))
+
+
+def test_correct_drafts_are_all_accepted_with_a_bonus(stub, target_runner: ModelRunner) -> None:
+    truth = reference_greedy(target_runner, PROMPT, 9)
+    prefill(stub, "all")
+    first = verify(stub, "all", truth[:4])
+    assert (first.accepted_count, first.next_token_id, first.next_is_bonus) == (4, truth[4], True)
+    assert first.rejections == 0
+    second = verify(stub, "all", truth[5:8])  # the session continues after the bonus token
+    assert (second.accepted_count, second.next_token_id) == (3, truth[8])
+    close(stub, "all")
+
+
+def test_first_mismatch_ends_the_round_with_the_recovered_token(stub, target_runner: ModelRunner) -> None:
+    truth = reference_greedy(target_runner, PROMPT, 6)
+    wrong = (truth[2] + 1) % target_runner.vocab_size
+    prefill(stub, "mis")
+    r = verify(stub, "mis", [truth[0], truth[1], wrong, truth[3]])
+    assert (r.accepted_count, r.next_token_id, r.next_is_bonus, r.rejections) == (2, truth[2], False, 1)
+    # the rejected drafts were cropped from the cache: the next step continues the true sequence
+    r = verify(stub, "mis", truth[3:6])
+    assert (r.accepted_count, r.next_token_id) == (3, reference_greedy(target_runner, PROMPT, 7)[6])
+    close(stub, "mis")
+
+
+def test_empty_draft_is_one_plain_decoding_step(stub, target_runner: ModelRunner) -> None:
+    prefill(stub, "ar", mode=common_pb2.MODE_AR)
+    tokens = [verify(stub, "ar", []).next_token_id for _ in range(5)]
+    assert tokens == reference_greedy(target_runner, PROMPT, 5)
+    close(stub, "ar")
+
+
+def test_csd_rescues_a_repeated_pair_with_permissive_thresholds(stub, target_runner: ModelRunner) -> None:
+    truth = reference_greedy(target_runner, PROMPT, 3)
+    wrong = (truth[0] + 1) % target_runner.vocab_size
+    rescue = common_pb2.RescueParams(tau=1e-9, lambda_=0)
+    for sid in ("c1", "c2"):
+        prefill(stub, sid, mode=common_pb2.MODE_CSD, rescue=rescue)
+    first = verify(stub, "c1", [wrong, truth[1]])  # pair (wrong, truth[0]) seen once: count 1 > λ = 0 afterwards
+    assert first.accepted_count == 0 and list(first.rescued_positions) == []
+    second = verify(stub, "c2", [wrong])
+    assert list(second.rescued_positions) == [0] and second.accepted_count == 1 and second.rejections == 1
+    for sid in ("c1", "c2"):
+        close(stub, sid)
+
+
+def test_sampling_verification_needs_and_checks_draft_probs(stub, target_runner: ModelRunner) -> None:
+    vocab = target_runner.vocab_size
+    prefill(stub, "smp", temperature=1.0, seed=7)
+    assert rpc_code(lambda: verify(stub, "smp", [1, 2])) == grpc.StatusCode.INVALID_ARGUMENT
+    bad_len = np.full((2, vocab - 1), 1.0 / vocab, dtype="<f4").tobytes()
+    assert rpc_code(lambda: verify(stub, "smp", [1, 2], bad_len, vocab)) == grpc.StatusCode.INVALID_ARGUMENT
+    nan = np.full((2, vocab), np.nan, dtype="<f4").tobytes()
+    assert rpc_code(lambda: verify(stub, "smp", [1, 2], nan, vocab)) == grpc.StatusCode.INVALID_ARGUMENT
+    uniform = np.full((2, vocab), 1.0 / vocab, dtype="<f4").tobytes()
+    r = verify(stub, "smp", [1, 2], uniform, vocab)
+    assert 0 <= r.accepted_count <= 2 and 0 <= r.next_token_id < vocab
+    close(stub, "smp")
+
+
+def test_bad_input_gets_clear_statuses(stub, target_runner: ModelRunner) -> None:
+    vocab = target_runner.vocab_size
+    assert rpc_code(lambda: verify(stub, "ghost", [1])) == grpc.StatusCode.NOT_FOUND
+    assert rpc_code(lambda: prefill(stub, "e", tokens=[])) == grpc.StatusCode.INVALID_ARGUMENT
+    assert rpc_code(lambda: prefill(stub, "v", tokens=[vocab])) == grpc.StatusCode.INVALID_ARGUMENT
+    assert (
+        rpc_code(lambda: prefill(stub, "t", mode=common_pb2.MODE_CSD, rescue=common_pb2.RescueParams(tau=0.0)))
+        == grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert rpc_code(lambda: prefill(stub, "m", mode=42)) == grpc.StatusCode.INVALID_ARGUMENT
+    prefill(stub, "ok")
+    assert rpc_code(lambda: verify(stub, "ok", [vocab + 5])) == grpc.StatusCode.INVALID_ARGUMENT
+    too_many = [1] * (MAX_SPECULATIVE_TOKENS + 1)
+    assert rpc_code(lambda: verify(stub, "ok", too_many)) == grpc.StatusCode.INVALID_ARGUMENT
+    # none of that changed the session
+    assert verify(stub, "ok", []).next_token_id == reference_greedy(target_runner, PROMPT, 1)[0]
+    close(stub, "ok")
