@@ -46,9 +46,16 @@ reproduces when its batches are padded to the same G (e.g. the service's maximum
 generator must live on the logits' device. Sampling uses the inverse CDF on a float32
 cumulative sum (resolution ~6e-8, like torch.multinomial), never a token of probability 0.
 
-Host syncs: one per call, reading which rows sample (to skip the sampling path for all-greedy
-batches and to draw each sampling row's uniforms); the verification math itself never leaves
-the device. When any row samples, the sampling path runs over the whole batch.
+Sampling rows under CSD (the paper evaluates greedy only; our choices): t*_i is the
+recovered sample, the gate compares raw logits, so a rescued token may lie outside the
+top-k / top-p set. A coin-accepted position is no rejection (no event, no rescue test). In
+the unreachable-in-practice case where the recovered sample equals x̃_i (only if q(x̃_i) = 0
+or p_i == q_i), the position still counts as a rejection: rescue test, then t*_i ends the round.
+
+Host syncs: one read of two [B] flags — which rows sample (all-greedy batches skip the
+sampling path; each sampling row draws its uniforms) and which rows may rescue (AR/SD-only
+batches skip the memory lookup) — plus warp_probs' check whether any row truncates. The
+verification math itself stays on the device. Mixed batches run both paths over every row.
 """
 
 from __future__ import annotations
@@ -58,7 +65,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from calispec.errors import require
@@ -71,7 +77,10 @@ PairCountFn = Callable[[Tensor, Tensor], Tensor]
 
 
 class Mode(enum.IntEnum):
-    """Per-request decoding mode; the same numbers as the proto enum calispec.v1.Mode."""
+    """Per-request decoding mode; the same numbers as the proto enum calispec.v1.Mode.
+
+    The modes that may rescue are exactly those >= CSD (verify() relies on it).
+    """
 
     AR = 1  # target only: num_draft must be 0
     SD = 2  # standard speculative decoding
@@ -174,19 +183,15 @@ def verify(inp: VerifyInput, pair_counts: PairCountFn) -> VerifyOutput:
     valid = positions[:draft_width].view(1, -1) < inp.num_draft.view(-1, 1)  # [B, G] real draft slots
     draft = torch.where(valid, inp.draft_tokens, 0)  # [B, G] placeholders -> 0, safe to gather
 
-    target_tokens = logits.argmax(dim=-1)  # [B, G+1] greedy t*; also the greedy bonus
-    accepted = draft == target_tokens[:, :draft_width]  # [B, G]
-    sampling_rows = (inp.temperature > 0).tolist()  # the one host sync: which rows draw
-    if any(sampling_rows):
-        uniforms = _draw_uniforms(inp.generators, sampling_rows, draft_width, logits.device)  # [B, 2G+1]
-        coin_accepted, sampled = _speculative_sampling(inp, draft, valid, uniforms)
-        greedy = (inp.temperature <= 0).view(-1, 1)  # [B, 1]
-        accepted = torch.where(greedy, accepted, coin_accepted)
-        target_tokens = torch.where(greedy, target_tokens, sampled)
+    # The one host sync of the round: which rows sample, which may rescue (to skip unneeded paths).
+    sampling_rows, rescue_rows = torch.stack([inp.temperature > 0, inp.mode >= Mode.CSD]).tolist()
+    accepted, target_tokens = _standard_rule(inp, draft, valid, sampling_rows)  # [B, G], [B, G+1]
     accepted &= valid
     rejected = valid & ~accepted  # [B, G]
 
-    rescued = rejected & _rescue_mask(inp, draft, target_tokens[:, :draft_width], pair_counts)  # [B, G]
+    rescued = torch.zeros_like(rejected)  # [B, G]
+    if any(rescue_rows):
+        rescued = rejected & _rescue_mask(inp, draft, target_tokens[:, :draft_width], pair_counts)
     kept_prefix = (accepted | rescued).cumprod(dim=-1).bool()  # [B, G] kept, and so was everything before
     accepted_count = kept_prefix.sum(dim=-1)  # [B]
     rescued &= kept_prefix  # a rescue after the round ended never happened
@@ -200,6 +205,32 @@ def verify(inp: VerifyInput, pair_counts: PairCountFn) -> VerifyOutput:
         event_mask=rescued | final_rejection,
         target_tokens=torch.where(valid, target_tokens[:, :draft_width], PLACEHOLDER_TOKEN_ID),
     )
+
+
+def _standard_rule(
+    inp: VerifyInput,
+    draft: Tensor,  # [B, G] int64 draft tokens, placeholders replaced by 0
+    valid: Tensor,  # [B, G] bool
+    sampling_rows: list[bool],  # [B] temperature > 0, on the host
+) -> tuple[Tensor, Tensor]:  # accepted [B, G] bool (before masking), t* [B, G+1] int64
+    """Standard SD per row: greedy matching or speculative sampling; each path runs only if needed."""
+    if not any(sampling_rows):
+        return _greedy_rule(inp.target_logits, draft)
+    uniforms = _draw_uniforms(inp.generators, sampling_rows, draft.shape[1], draft.device)  # [B, 2G+1]
+    accepted, target_tokens = _speculative_sampling(inp, draft, valid, uniforms)
+    if all(sampling_rows):
+        return accepted, target_tokens
+    greedy_accepted, greedy_tokens = _greedy_rule(inp.target_logits, draft)
+    greedy = (inp.temperature <= 0).view(-1, 1)  # [B, 1]
+    return torch.where(greedy, greedy_accepted, accepted), torch.where(greedy, greedy_tokens, target_tokens)
+
+
+def _greedy_rule(
+    logits: Tensor,  # [B, G+1, V]
+    draft: Tensor,  # [B, G] int64
+) -> tuple[Tensor, Tensor]:  # accepted [B, G] bool, t* [B, G+1] int64 (position G: the bonus)
+    target_tokens = logits.argmax(dim=-1)  # [B, G+1]
+    return draft == target_tokens[:, : draft.shape[1]], target_tokens
 
 
 def _draw_uniforms(
@@ -223,28 +254,29 @@ def _speculative_sampling(
 ) -> tuple[Tensor, Tensor]:  # accepted [B, G] bool, sampled tokens [B, G+1] int64
     """Lossless speculative sampling: the acceptance coins and the token sampled at every position."""
     logits = inp.target_logits  # [B, G+1, V]
-    draft_width, vocab = logits.shape[1] - 1, logits.shape[2]
+    draft_width = logits.shape[1] - 1
     p = warp_probs(logits, inp.temperature, inp.top_k, inp.top_p)  # [B, G+1, V]
     p_draft = p[:, :draft_width]  # [B, G, V]
     p_tok = p_draft.gather(-1, draft.unsqueeze(-1)).squeeze(-1)  # [B, G]
+    residual = p_draft.clone()  # [B, G, V] becomes the unnormalised max(0, p - q)
     if inp.draft_probs is None:  # only rows without drafts sample; q is irrelevant there
         q_tok = torch.zeros_like(p_tok)  # [B, G]
-        residual = p_draft  # [B, G, V]
     else:
-        q = inp.draft_probs.float()  # [B, G, V_draft]
-        q = F.pad(q, (0, vocab - q.shape[-1]))  # [B, G, V] tokens the draft lacks have q = 0
-        q_tok = q.gather(-1, draft.unsqueeze(-1)).squeeze(-1)  # [B, G]
-        residual = (p_draft - q).clamp_(min=0)  # [B, G, V] unnormalised max(0, p - q)
+        q = inp.draft_probs.float()  # [B, G, V_draft]; tokens the draft lacks have q = 0
+        draft_vocab = q.shape[-1]
+        q_tok = q.gather(-1, draft.clamp(max=draft_vocab - 1).unsqueeze(-1)).squeeze(-1)  # [B, G]
+        q_tok = torch.where(draft < draft_vocab, q_tok, 0.0)
+        residual[..., :draft_vocab].sub_(q).clamp_(min=0)
     # u < p/q without dividing; q == 0 is a rejection (the draft could not have proposed it).
     accepted = (q_tok > 0) & (uniforms[:, :draft_width] * q_tok < p_tok)  # [B, G]
 
-    # Position j samples from the residual if it holds a draft token (and the residual has mass),
-    # otherwise from p: that is the bonus at j == num_draft.
+    # Position j < G samples from the residual if it holds a draft token and the residual has
+    # mass, otherwise from p: that is the bonus when j == num_draft. Position G: bonus only.
     use_residual = valid & (residual.sum(dim=-1) > 0)  # [B, G]
-    dist = p.clone()  # [B, G+1, V]
-    dist[:, :draft_width] = torch.where(use_residual.unsqueeze(-1), residual, p_draft)
-    sampled = _inverse_cdf(dist, uniforms[:, draft_width:])  # [B, G+1]
-    return accepted, sampled
+    weights = torch.where(use_residual.unsqueeze(-1), residual, p_draft, out=residual)  # [B, G, V]
+    recovered = _inverse_cdf(weights, uniforms[:, draft_width : 2 * draft_width])  # [B, G]
+    last_bonus = _inverse_cdf(p[:, draft_width:], uniforms[:, 2 * draft_width :])  # [B, 1]
+    return accepted, torch.cat([recovered, last_bonus], dim=1)
 
 
 def _inverse_cdf(

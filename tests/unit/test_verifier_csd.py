@@ -167,3 +167,11 @@ def test_pair_table_as_the_memory() -> None:
     assert verify(inp, table.counts).rescued.tolist() == [[False]]
     table.add_local(torch.tensor([3]), torch.tensor([1]))  # this verifier's own event counts at once
     assert verify(inp, table.counts).rescued.tolist() == [[True]]
+
+
+def test_modes_match_the_proto_enum() -> None:
+    from calispec.v1 import common_pb2
+
+    assert {m.name: m.value for m in Mode} == {
+        name.removeprefix("MODE_"): value for name, value in common_pb2.Mode.items() if name != "MODE_UNSPECIFIED"
+    }

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from calispec.sampling import warp_probs
-from target_service.verifier import PLACEHOLDER_TOKEN_ID, Mode, VerifyInput, VerifyOutput, verify
+from target_service.verifier import PLACEHOLDER_TOKEN_ID, Mode, PairCountFn, VerifyInput, VerifyOutput, verify
 
 VOCAB = 20
 DRAFT_VOCAB = 18  # the draft lacks the last two tokens: q is zero-padded
@@ -98,7 +98,9 @@ def _random_input(seed: int) -> tuple[VerifyInput, torch.Tensor]:
     top_k = torch.tensor(pick([0, 0, 5]))
     top_p = torch.tensor(pick([0.0, 1.0, 0.9]))
     modes = pick([Mode.AR, Mode.SD, Mode.CSD, Mode.CSD, Mode.OCM_ONLY, Mode.SCG_ONLY])
-    num_draft = torch.tensor([0 if m == Mode.AR else int(k) for m, k in zip(modes, pick(range(WIDTH + 1)), strict=True)])
+    num_draft = torch.tensor(
+        [0 if m == Mode.AR else int(k) for m, k in zip(modes, pick(range(WIDTH + 1)), strict=True)]
+    )
     draft_logits = logits[:, :WIDTH, :DRAFT_VOCAB] + torch.randn(BATCH, WIDTH, DRAFT_VOCAB, generator=g)
     q = warp_probs(draft_logits, temperature, top_k, top_p)  # [B, G, V_draft]
     sampled = torch.multinomial(q.view(-1, DRAFT_VOCAB), 1, generator=g).view(BATCH, WIDTH)
@@ -140,6 +142,10 @@ def _as_rows(out: VerifyOutput) -> list[RowResult]:
     ]
 
 
+def _memory(counts: torch.Tensor) -> PairCountFn:  # a dense [V, V] count matrix as the memory
+    return lambda draft, target: counts[draft, target]
+
+
 def _clone_generators(inp: VerifyInput) -> list[torch.Generator]:
     clones = []
     for g in inp.generators:
@@ -153,7 +159,7 @@ def _clone_generators(inp: VerifyInput) -> list[torch.Generator]:
 def test_verify_matches_the_reference(seed: int) -> None:
     inp, counts = _random_input(seed)
     reference_generators = _clone_generators(inp)
-    out = verify(inp, lambda d, t: counts[d, t])
+    out = verify(inp, _memory(counts))
     verify_generators, inp.generators = inp.generators, reference_generators
     p = warp_probs(inp.target_logits, inp.temperature, inp.top_k, inp.top_p)  # [B, G+1, V]
     expected = [_reference_row(inp, b, p[b], counts) for b in range(BATCH)]
@@ -167,7 +173,7 @@ def test_random_batches_exercise_every_branch() -> None:
     seen: set[tuple[bool, str]] = set()
     for seed in range(25):
         inp, counts = _random_input(seed)
-        out = verify(inp, lambda d, t: counts[d, t])
+        out = verify(inp, _memory(counts))
         for b, row in enumerate(_as_rows(out)):
             sampling = bool(inp.temperature[b] > 0)
             if any(row.rescued):

@@ -1,0 +1,96 @@
+"""In-process fakes of the model services: deterministic 'models' over a character vocabulary."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from calispec.errors import NotFound
+from calispec.generation import Mode
+from calispec.sampling import SamplingConfig
+from coordinator.backends import ModelFacts, Proposal, Verdict
+
+EOS = 0
+Model = Callable[[list[int]], int]  # sequence -> greedy next token
+
+
+class CharTokenizer:
+    """One token per ASCII character; id 0 is EOS (dropped by decode)."""
+
+    eos_token_id = EOS
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i) for i in ids if i != EOS)
+
+
+def facts() -> ModelFacts:
+    return ModelFacts("fake", 128, "fp", 4096, (EOS,))
+
+
+class FakeDraft:
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.sessions: dict[str, list[int]] = {}
+        self.proposals: list[list[int]] = []
+
+    def info(self, timeout: float) -> ModelFacts:
+        return facts()
+
+    def prefill(self, session_id: str, token_ids: list[int], sampling: SamplingConfig, timeout: float) -> int:
+        self.sessions[session_id] = list(token_ids)
+        return 1_000
+
+    def propose(self, session_id, num_tokens, rollback_to, append, timeout) -> Proposal:
+        seq = self.sessions[session_id]
+        if rollback_to is not None:
+            del seq[rollback_to:]
+        seq.extend(append)
+        proposed = []
+        for _ in range(num_tokens):
+            proposed.append(self.model(seq + proposed))
+        seq.extend(proposed)
+        self.proposals.append(proposed)
+        return Proposal(proposed, b"", 128, 2_000)
+
+    def close(self, session_id: str, timeout: float) -> None:
+        if self.sessions.pop(session_id, None) is None:
+            raise NotFound(session_id)
+
+
+class FakeTarget:
+    """Greedy exact-match verification against `model`, committing like the real target."""
+
+    address = "fake"
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.sessions: dict[str, list[int]] = {}
+        self.rejections = 0
+
+    def info(self, timeout: float) -> ModelFacts:
+        return facts()
+
+    def prefill(self, session_id, token_ids, sampling, mode: Mode, tau, lambda_, timeout) -> int:
+        self.sessions[session_id] = list(token_ids)
+        return 3_000
+
+    def verify(self, session_id: str, proposal: Proposal | None, timeout: float) -> Verdict:
+        seq = self.sessions[session_id]
+        draft = proposal.token_ids if proposal else []
+        accepted = 0
+        for token in draft:
+            if self.model(seq) != token:
+                break
+            seq.append(token)
+            accepted += 1
+        next_token = self.model(seq)
+        seq.append(next_token)
+        rejected = int(accepted < len(draft))
+        self.rejections += rejected
+        return Verdict(accepted, [], next_token, accepted == len(draft), rejected, 4_000, 100)
+
+    def close(self, session_id: str, timeout: float) -> None:
+        if self.sessions.pop(session_id, None) is None:
+            raise NotFound(session_id)

@@ -1,0 +1,140 @@
+"""The coordinator's round loop against in-process fakes: draft sync, clipping, stats, cleanup."""
+
+from __future__ import annotations
+
+import pytest
+
+from calispec.errors import Cancelled, DeadlineExceeded, InvalidArgument
+from calispec.generation import Defaults, FinishReason, GenerationParams, Mode
+from calispec.sampling import SamplingConfig
+from calispec.timing import Deadline
+from coordinator.engine import Orchestrator
+from tests.unit.fakes import EOS, CharTokenizer, FakeDraft, FakeTarget
+
+
+def alphabet_target(seq: list[int]) -> int:
+    """'a'..'z' cycling after the last character; EOS after 'z' when the prompt starts with '!'."""
+    last = seq[-1]
+    if seq[0] == ord("!") and last == ord("z"):
+        return EOS
+    return ord("a") + (last - ord("a") + 1) % 26 if ord("a") <= last <= ord("z") else ord("a")
+
+
+def sloppy_draft(seq: list[int]) -> int:
+    """Agrees with the target except after a vowel."""
+    guess = alphabet_target(seq)
+    return ord("#") if chr(seq[-1]) in "aeiou" else guess
+
+
+def params(**overrides) -> GenerationParams:
+    d = Defaults()
+    base = {
+        "max_new_tokens": 20,
+        "sampling": SamplingConfig(),
+        "stop": (),
+        "num_speculative_tokens": d.num_speculative_tokens,
+        "mode": Mode.SD,
+        "tau": d.tau,
+        "lambda_": d.lambda_,
+    }
+    return GenerationParams(**(base | overrides))
+
+
+def make(draft_model=sloppy_draft) -> tuple[Orchestrator, FakeDraft, FakeTarget]:
+    draft, target = FakeDraft(draft_model), FakeTarget(alphabet_target)
+    return Orchestrator(CharTokenizer(), draft, [target], (EOS,), max_context=4096), draft, target
+
+
+def run(orchestrator: Orchestrator, prompt: str, p: GenerationParams, **kw):
+    return list(orchestrator.generate(prompt, p, Deadline(60), **kw))
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 5, 16])
+def test_speculative_output_equals_the_targets_greedy_output(gamma: int) -> None:
+    orchestrator, draft, target = make()
+    chunks = run(orchestrator, "c", params(num_speculative_tokens=gamma))
+    text = "".join(c.text for c in chunks)
+    assert text == "defghijklmnopqrstuvw"
+    stats = chunks[-1].stats
+    assert chunks[-1].finish_reason == FinishReason.LENGTH and stats is not None
+    assert stats.emitted == 20 and stats.rounds == len(chunks)
+    assert 0 < stats.accepted < stats.drafted  # the sloppy draft is wrong after each vowel
+    assert stats.rejections == target.rejections > 0
+    assert stats.drafted == sum(len(p) for p in draft.proposals)
+    assert draft.sessions == {} and target.sessions == {}  # both sessions closed
+
+
+def test_draft_is_rolled_back_to_the_committed_sequence_before_each_proposal() -> None:
+    orchestrator, draft, _ = make()
+    committed: list[str] = []
+    original = draft.propose
+
+    def checking_propose(session_id, num_tokens, rollback_to, append, timeout):
+        proposal = original(session_id, num_tokens, rollback_to, append, timeout)
+        seq = draft.sessions[session_id][: -len(proposal.token_ids)]
+        assert "".join(map(chr, seq)) == "a" + "".join(committed)
+        return proposal
+
+    draft.propose = checking_propose
+    for chunk in orchestrator.generate("a", params(max_new_tokens=30, num_speculative_tokens=3), Deadline(60)):
+        committed.extend(map(chr, chunk.token_ids))
+    assert "".join(committed) == "bcdefghijklmnopqrstuvwxyzabcde"
+
+
+def test_eos_ends_the_request_and_is_kept_in_the_token_ids() -> None:
+    orchestrator, _, _ = make(draft_model=alphabet_target)
+    chunks = run(orchestrator, "!w", params(max_new_tokens=50))
+    ids = [t for c in chunks for t in c.token_ids]
+    assert ids[-1] == EOS and "".join(c.text for c in chunks) == "xyz"
+    assert chunks[-1].finish_reason == FinishReason.EOS
+    assert chunks[-1].stats.acceptance_rate == 1.0
+
+
+def test_max_new_tokens_one_never_drafts() -> None:
+    orchestrator, draft, _ = make()
+    chunks = run(orchestrator, "a", params(max_new_tokens=1))
+    assert [c.text for c in chunks] == ["b"] and draft.proposals == []
+
+
+def test_ar_mode_uses_no_draft_session() -> None:
+    orchestrator, draft, _ = make()
+    chunks = run(orchestrator, "a", params(mode=Mode.AR, max_new_tokens=5))
+    assert "".join(c.text for c in chunks) == "bcdef" and draft.proposals == []
+    assert chunks[-1].stats.rounds == 5 and chunks[-1].stats.drafted == 0
+
+
+def test_stop_string_cuts_text_and_finishes() -> None:
+    orchestrator, _, _ = make()
+    chunks = run(orchestrator, "a", params(stop=("fg",), max_new_tokens=20))
+    assert "".join(c.text for c in chunks) == "bcde" and chunks[-1].finish_reason == FinishReason.STOP
+
+
+def test_expired_deadline_raises_and_closes_sessions() -> None:
+    orchestrator, draft, target = make()
+    deadline = Deadline(0.0)
+    with pytest.raises(DeadlineExceeded):
+        list(orchestrator.generate("a", params(), deadline))
+    assert draft.sessions == {} and target.sessions == {}
+
+
+def test_cancellation_closes_sessions() -> None:
+    orchestrator, draft, target = make()
+    with pytest.raises(Cancelled):
+        run(orchestrator, "a", params(max_new_tokens=100, num_speculative_tokens=1), cancelled=lambda: True)
+    assert draft.sessions == {} and target.sessions == {}
+
+
+def test_a_consumer_that_stops_early_still_closes_sessions() -> None:
+    orchestrator, draft, target = make()
+    stream = orchestrator.generate("a", params(max_new_tokens=100, num_speculative_tokens=1), Deadline(60))
+    next(stream)
+    stream.close()
+    assert draft.sessions == {} and target.sessions == {}
+
+
+def test_prompt_that_fills_the_context_is_invalid() -> None:
+    draft, target = FakeDraft(sloppy_draft), FakeTarget(alphabet_target)
+    orchestrator = Orchestrator(CharTokenizer(), draft, [target], (EOS,), max_context=8)
+    with pytest.raises(InvalidArgument, match="no room"):
+        run(orchestrator, "abcdefgh", params())
+    assert target.sessions == {}
