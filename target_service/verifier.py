@@ -60,7 +60,6 @@ verification math itself stays on the device. Mixed batches run both paths over 
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -68,25 +67,13 @@ import torch
 from torch import Tensor
 
 from calispec.errors import require
+from calispec.generation import Mode  # modes that may rescue are exactly those >= CSD (verify() relies on it)
 from calispec.sampling import warp_probs
 
 PLACEHOLDER_TOKEN_ID = -1
 
 # (draft_ids [N] int64, target_ids [N] int64) -> counts [N] int64: the correction memory.
 PairCountFn = Callable[[Tensor, Tensor], Tensor]
-
-
-class Mode(enum.IntEnum):
-    """Per-request decoding mode; the same numbers as the proto enum calispec.v1.Mode.
-
-    The modes that may rescue are exactly those >= CSD (verify() relies on it).
-    """
-
-    AR = 1  # target only: num_draft must be 0
-    SD = 2  # standard speculative decoding
-    CSD = 3  # OCM count test AND SCG gate
-    OCM_ONLY = 4  # count test alone (ablation)
-    SCG_ONLY = 5  # gate alone (ablation)
 
 
 @dataclass
@@ -179,8 +166,8 @@ def verify(inp: VerifyInput, pair_counts: PairCountFn) -> VerifyOutput:
     inp.check_shapes()
     logits = inp.target_logits  # [B, G+1, V]
     draft_width = logits.shape[1] - 1
-    positions = torch.arange(draft_width + 1, device=logits.device)  # [G+1]
-    valid = positions[:draft_width].view(1, -1) < inp.num_draft.view(-1, 1)  # [B, G] real draft slots
+    positions = torch.arange(draft_width, device=logits.device)  # [G]
+    valid = positions.view(1, -1) < inp.num_draft.view(-1, 1)  # [B, G] real draft slots
     draft = torch.where(valid, inp.draft_tokens, 0)  # [B, G] placeholders -> 0, safe to gather
 
     # The one host sync of the round: which rows sample, which may rescue (to skip unneeded paths).
@@ -195,7 +182,7 @@ def verify(inp: VerifyInput, pair_counts: PairCountFn) -> VerifyOutput:
     kept_prefix = (accepted | rescued).cumprod(dim=-1).bool()  # [B, G] kept, and so was everything before
     accepted_count = kept_prefix.sum(dim=-1)  # [B]
     rescued &= kept_prefix  # a rescue after the round ended never happened
-    final_rejection = positions[:draft_width].view(1, -1) == accepted_count.view(-1, 1)  # [B, G]
+    final_rejection = positions.view(1, -1) == accepted_count.view(-1, 1)  # [B, G]
     final_rejection &= valid  # no rejection when every draft token was kept (bonus instead)
     return VerifyOutput(
         accepted_count=accepted_count,
@@ -287,7 +274,7 @@ def _inverse_cdf(
     cdf = weights.cumsum(dim=-1)  # [..., V]
     total = cdf[..., -1:].contiguous()  # [..., 1]
     picked = torch.searchsorted(cdf, uniforms.unsqueeze(-1) * total, right=True)  # [..., 1]
-    # u * total can round up to total; the first index reaching the total is the last token with mass.
+    # Defensive (u < 1 keeps u * total < total in float32): never step past the last token with mass.
     last = torch.searchsorted(cdf, total)  # [..., 1]
     return torch.minimum(picked, last).squeeze(-1)
 
@@ -303,7 +290,7 @@ def _rescue_mask(
     z_draft = logits.gather(-1, draft.unsqueeze(-1)).squeeze(-1).float()  # [B, G]
     z_target = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1).float()  # [B, G]
     gate = z_draft - z_target >= inp.log_tau.view(-1, 1)  # [B, G]; NaN (-inf - -inf) fails
-    counts = pair_counts(draft.reshape(-1), target.reshape(-1)).view_as(draft)  # [B, G]
+    counts = pair_counts(draft.reshape(-1), target.reshape(-1)).reshape(draft.shape)  # [B, G]
     frequent = counts.to(draft.device) > inp.lambda_.view(-1, 1)  # [B, G]
     mode = inp.mode.view(-1, 1)  # [B, 1]
     csd = (mode == Mode.CSD) & frequent & gate
