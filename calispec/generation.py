@@ -116,6 +116,7 @@ class GenerationStats:
     total_ms: float = 0.0
     acceptance_rate: float = 0.0
     rejections: int = 0  # rejection events recorded in the correction memory (includes rescued)
+    max_batch_size: int = 0  # largest target batch any round of the request ran in
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)

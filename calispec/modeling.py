@@ -106,6 +106,27 @@ class ModelRunner:
             out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
         return out.logits  # [1, logits_to_keep, V]
 
+    @torch.inference_mode()
+    def forward_batch(
+        self,
+        input_ids: torch.Tensor,  # [B, S] right-padded
+        attention_mask: torch.Tensor,  # [B, P + S] 1 on real cache entries and real inputs
+        position_ids: torch.Tensor,  # [B, S] each row's own positions
+        cache: DynamicCache,  # [B, H, P, D] per layer, left-padded
+        logits_to_keep: int,
+    ) -> torch.Tensor:  # [B, logits_to_keep, V]
+        """A padded multi-session forward (see target_service.batch_forward)."""
+        with self._lock:
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
+            )
+        return out.logits
+
     def check_token_ids(self, token_ids: list[int], what: str) -> None:
         bad = [t for t in token_ids if t >= self.vocab_size]
         require(

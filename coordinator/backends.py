@@ -36,6 +36,7 @@ class Verdict:
     next_token: int
     next_is_bonus: bool
     rejections: int  # rejection events this round (reported to the correction memory)
+    batch_size: int  # sessions in the target forward that verified this round
     service_ns: int  # whole Verify handler inside the target service
     memory_ns: int  # part of service_ns spent on the correction memory
 

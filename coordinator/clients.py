@@ -122,6 +122,7 @@ class GrpcTargetBackend:
             r.next_token_id,
             r.next_is_bonus,
             r.rejections,
+            r.batch_size,
             r.timing.total_ns,
             r.timing.memory_ns,
         )

@@ -15,6 +15,9 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
     parser = argparse.ArgumentParser(prog="python -m target_service", description=__doc__)
     add_server_args(parser, default_port=50051)
     add_model_args(parser)
+    parser.add_argument(
+        "--max-batch-size", type=int, default=8, help="sessions verified in one forward pass (1: no batching)"
+    )
     parser.add_argument("--memory-addr", default=None, help="memory service HOST:PORT (omit: local counts only)")
     parser.add_argument("--memory-namespace", default="default", help="correction-memory namespace of this pair")
     parser.add_argument(
@@ -29,6 +32,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
         host=args.host,
         port=args.port,
         max_sessions=args.max_sessions,
+        max_batch_size=args.max_batch_size,
         memory_address=args.memory_addr,
         memory_namespace=args.memory_namespace,
         memory_sync_interval_s=args.memory_sync_interval,
@@ -39,8 +43,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
 def main(argv: list[str] | None = None) -> None:
     config, log_level = parse_config(argv)
     configure_logging(log_level)
-    server, port, link = create_server(config)
-    on_stop = link.stop if link is not None else None
+    server, port, runtime = create_server(config)
+    on_stop = runtime.stop
     serve_until_signalled(
         server, f"target_service listening on {config.host}:{port} model={config.model.path}", on_stop
     )

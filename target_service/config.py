@@ -14,6 +14,7 @@ class TargetConfig:
     port: int = 50051
     max_sessions: int = 256
     max_workers: int = 16
+    max_batch_size: int = 8  # sessions verified in one forward pass (1 = no batching)
     memory_address: str | None = None  # None: no shared memory, local online counts only
     memory_namespace: str = "default"
     memory_sync_interval_s: float = 1.0  # how often events are shipped and the table refreshed

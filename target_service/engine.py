@@ -1,14 +1,16 @@
 """Target sessions and their verification rounds (no gRPC here).
 
-One `verify` call = one target forward over [pending tokens, draft tokens], then the pure
-verifier (`target_service.verifier`) decides what is kept, then the outcome is committed to
-the session: accepted drafts stay in the KV cache, the rest is cropped, and the emitted
-token becomes the next round's pending input.
+A round = one target forward over [pending tokens, draft tokens] for every session in the
+batch (`batch_forward`), then the pure verifier (`verifier.verify`) decides what each session
+keeps, then each outcome is committed: accepted drafts stay in the KV cache, the rest is
+cropped, and the emitted token becomes the session's next pending input. Concurrent `verify`
+calls are batched by `BatchScheduler`; a lone call is a batch of one.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +21,9 @@ from calispec.limits import MAX_SPECULATIVE_TOKENS
 from calispec.modeling import ModelRunner, Session, SessionRegistry, prefill_session
 from calispec.sampling import SamplingConfig, make_generator
 from calispec.timing import Stopwatch
+from target_service.batch_forward import forward_rows
 from target_service.pair_table import PairTable
+from target_service.scheduler import BatchScheduler
 from target_service.verifier import PLACEHOLDER_TOKEN_ID, VerifyInput, verify
 
 DEFAULT_TAU = 0.01
@@ -55,13 +59,25 @@ class VerifyResult:
     next_token: int
     next_is_bonus: bool
     rejections: int
+    batch_size: int
+
+
+@dataclass
+class _Row:
+    """One session's part of a batched round."""
+
+    state: TargetSession
+    draft: list[int]
+    draft_probs: torch.Tensor | None  # [k, V_draft] when the session samples
+    watch: Stopwatch
 
 
 class TargetEngine:
-    def __init__(self, runner: ModelRunner, max_sessions: int, table: PairTable) -> None:
+    def __init__(self, runner: ModelRunner, max_sessions: int, table: PairTable, max_batch: int = 8) -> None:
         self.runner = runner
         self.table = table  # MemoryLink (if any) ships its local events and refreshes it in the background
         self.sessions: SessionRegistry[TargetSession] = SessionRegistry(max_sessions)
+        self.scheduler: BatchScheduler[_Row, VerifyResult] = BatchScheduler(self._round, max_batch)
 
     def prefill(
         self, session_id: str, token_ids: list[int], sampling: SamplingConfig, rescue: RescueConfig, watch: Stopwatch
@@ -77,25 +93,47 @@ class TargetEngine:
     def close(self, session_id: str) -> None:
         self.sessions.remove(session_id)
 
+    def stop(self) -> None:
+        self.scheduler.stop()
+
     def verify(
         self, session_id: str, draft: list[int], draft_probs: torch.Tensor | None, watch: Stopwatch
     ) -> VerifyResult:
         """Verify `draft` (may be empty: one plain decoding step) and commit the outcome."""
         state = self.sessions.get(session_id)
-        session = state.session
-        with session.lock:
+        with state.session.lock:  # one round at a time per session
             self._check_draft(state, draft, draft_probs)
-            with watch.phase("forward"):
-                logits = self.runner.forward(session.pending() + draft, session.cache, len(draft) + 1)
-            with watch.phase("verify"):
-                out = verify(self._verify_input(state, draft, draft_probs, logits), self.table.counts)
-                accepted = int(out.accepted_count[0])  # one device sync per round, after the math
-                next_token = int(out.next_token[0])
-            with watch.phase("memory"):
-                rejections = self._record_events(draft, out.event_mask[0], out.target_tokens[0])
-            self._commit(session, draft, accepted, next_token)
-            rescued = out.rescued[0].nonzero().view(-1).tolist()
-            return VerifyResult(accepted, rescued, next_token, bool(out.next_is_bonus[0]), rejections)
+            return self.scheduler.submit(_Row(state, draft, draft_probs, watch))
+
+    def _round(self, rows: Sequence[_Row]) -> list[VerifyResult]:
+        """Runs on the scheduler thread: one forward and one verify for every row."""
+        watch = Stopwatch()
+        sessions = [r.state.session for r in rows]
+        with watch.phase("forward"):
+            inputs = [s.pending() + r.draft for s, r in zip(sessions, rows, strict=True)]
+            logits, caches = forward_rows(
+                self.runner, [s.cache for s in sessions], inputs, [len(r.draft) + 1 for r in rows]
+            )
+            for session, cache in zip(sessions, caches, strict=True):
+                session.cache = cache
+        with watch.phase("verify"):
+            batch = self._verify_input(rows, logits)
+            out = verify(batch, self.table.counts)
+            outcome = torch.stack(
+                [out.accepted_count, out.next_token, out.next_is_bonus.long(), out.event_mask.sum(dim=-1)]
+            ).tolist()  # the one device sync of the round, after the math
+            rescued = out.rescued.tolist()  # [B][G]
+        with watch.phase("memory"):
+            self._record_events(batch.draft_tokens[out.event_mask], out.target_tokens[out.event_mask])
+        results = []
+        for b, (row, accepted, next_token, bonus, rejections) in enumerate(zip(rows, *outcome, strict=True)):
+            self._commit(row.state.session, row.draft, accepted, next_token)
+            positions = [i for i, hit in enumerate(rescued[b]) if hit]
+            results.append(VerifyResult(accepted, positions, next_token, bool(bonus), rejections, len(rows)))
+        for row in rows:  # every row waited for the whole batched forward: each reports it
+            for phase in ("forward", "verify", "memory"):
+                row.watch.add(phase, watch.get(phase))
+        return results
 
     def _check_draft(self, state: TargetSession, draft: list[int], draft_probs: torch.Tensor | None) -> None:
         require(
@@ -115,41 +153,47 @@ class TargetEngine:
         )
         require(bool(torch.isfinite(draft_probs).all()), "draft_probs must be finite")
 
-    def _verify_input(
-        self, state: TargetSession, draft: list[int], draft_probs: torch.Tensor | None, logits: torch.Tensor
-    ) -> VerifyInput:
-        """A batch of one row; the verifier is batch-shaped so batching sessions changes only this."""
-        device = logits.device
-        sampling, rescue = state.sampling, state.rescue
-        gamma = len(draft)
-        tokens = torch.tensor([draft or [PLACEHOLDER_TOKEN_ID]], dtype=torch.long, device=device)[:, :gamma]
-        probs = None
-        if draft_probs is not None and not sampling.greedy and gamma:
-            probs = draft_probs.to(device=device, dtype=torch.float32).unsqueeze(0)  # [1, G, Vd]
+    def _verify_input(self, rows: Sequence[_Row], logits: list[torch.Tensor]) -> VerifyInput:
+        """Pad the rows to one batch: logits [B, G+1, V], drafts [B, G], q [B, G, V_draft]."""
+        device = logits[0].device
+        width = max(len(r.draft) for r in rows)
+        target_logits = torch.zeros(len(rows), width + 1, logits[0].shape[-1], dtype=logits[0].dtype, device=device)
+        tokens = torch.full((len(rows), width), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=device)
+        for b, (row, row_logits) in enumerate(zip(rows, logits, strict=True)):
+            target_logits[b, : len(row.draft) + 1] = row_logits
+            tokens[b, : len(row.draft)] = torch.tensor(row.draft, dtype=torch.long, device=device)
+        samplings = [r.state.sampling for r in rows]
+        rescues = [r.state.rescue for r in rows]
         return VerifyInput(
-            target_logits=logits,  # [1, G+1, V]
-            draft_tokens=tokens,  # [1, G]
-            num_draft=torch.tensor([gamma], device=device),  # [1]
-            draft_probs=probs,
-            temperature=torch.tensor([sampling.temperature], dtype=torch.float32, device=device),
-            top_k=torch.tensor([sampling.top_k], dtype=torch.long, device=device),
-            top_p=torch.tensor([sampling.top_p], dtype=torch.float32, device=device),
-            mode=torch.tensor([int(rescue.mode)], dtype=torch.long, device=device),
-            log_tau=torch.tensor([math.log(rescue.tau)], dtype=torch.float32, device=device),
-            lambda_=torch.tensor([rescue.lambda_], dtype=torch.long, device=device),
-            generators=[state.generator],
+            target_logits=target_logits,  # [B, G+1, V]
+            draft_tokens=tokens,  # [B, G]
+            num_draft=torch.tensor([len(r.draft) for r in rows], device=device),  # [B]
+            draft_probs=self._draft_probs(rows, width, device),  # [B, G, V_draft] or None
+            temperature=torch.tensor([s.temperature for s in samplings], dtype=torch.float32, device=device),
+            top_k=torch.tensor([s.top_k for s in samplings], dtype=torch.long, device=device),
+            top_p=torch.tensor([s.top_p for s in samplings], dtype=torch.float32, device=device),
+            mode=torch.tensor([int(r.mode) for r in rescues], dtype=torch.long, device=device),
+            log_tau=torch.tensor([math.log(r.tau) for r in rescues], dtype=torch.float32, device=device),
+            lambda_=torch.tensor([r.lambda_ for r in rescues], dtype=torch.long, device=device),
+            generators=[r.state.generator for r in rows],
         )
 
-    def _record_events(self, draft: list[int], event_mask: torch.Tensor, target_tokens: torch.Tensor) -> int:
-        """Count this round's rejections in the local table at once; MemoryLink ships them later."""
-        if not draft:
-            return 0
-        draft_ids = torch.tensor(draft, dtype=torch.long, device=event_mask.device)[event_mask]  # [E]
-        target_ids = target_tokens[event_mask]  # [E]
-        if draft_ids.numel() == 0:
-            return 0
-        self.table.add_local(draft_ids, target_ids)
-        return int(draft_ids.numel())
+    @staticmethod
+    def _draft_probs(rows: Sequence[_Row], width: int, device: torch.device) -> torch.Tensor | None:
+        sent = [(b, r.draft_probs) for b, r in enumerate(rows) if r.draft_probs is not None and r.draft]
+        sent = [(b, p) for b, p in sent if not rows[b].state.sampling.greedy]
+        if not sent:
+            return None
+        vocab = max(p.shape[1] for _, p in sent)
+        probs = torch.zeros(len(rows), width, vocab, dtype=torch.float32, device=device)  # [B, G, V_draft]
+        for b, p in sent:
+            probs[b, : p.shape[0], : p.shape[1]] = p.to(device=device, dtype=torch.float32)
+        return probs
+
+    def _record_events(self, draft_ids: torch.Tensor, target_ids: torch.Tensor) -> None:
+        """Count the round's rejection events ([E], [E]) in the local table at once; MemoryLink ships them."""
+        if draft_ids.numel():
+            self.table.add_local(draft_ids, target_ids)
 
     @staticmethod
     def _commit(session: Session, draft: list[int], accepted: int, next_token: int) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import grpc
 import numpy as np
 import torch
@@ -61,6 +63,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             next_token_id=result.next_token,
             next_is_bonus=result.next_is_bonus,
             rejections=result.rejections,
+            batch_size=result.batch_size,
             timing=timing_to_pb(watch),
         )
 
@@ -72,10 +75,22 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         return target_pb2.TargetModelInfoResponse(info=model_info_to_pb(self.engine.runner))
 
 
-def create_server(
-    config: TargetConfig, runner: ModelRunner | None = None
-) -> tuple[grpc.Server, int, MemoryLink | None]:
-    """Build the target server (port 0 allowed); the memory link, if any, is started and returned."""
+@dataclass
+class TargetRuntime:
+    """The target's background parts: the verify batcher and the memory link (if any)."""
+
+    engine: TargetEngine
+    link: MemoryLink | None
+
+    def stop(self) -> None:
+        """After server.stop(): finish queued rounds, then ship the last events."""
+        self.engine.stop()
+        if self.link is not None:
+            self.link.stop()
+
+
+def create_server(config: TargetConfig, runner: ModelRunner | None = None) -> tuple[grpc.Server, int, TargetRuntime]:
+    """Build the target server (port 0 allowed); its background parts are started and returned."""
     runner = runner or ModelRunner(config.model)
     table = PairTable(runner.vocab_size, runner.device)
     link = None
@@ -87,7 +102,8 @@ def create_server(
             sync_interval_s=config.memory_sync_interval_s,
             max_pairs=config.memory_max_pairs,
         )
-    servicer = TargetServicer(TargetEngine(runner, config.max_sessions, table))
+    engine = TargetEngine(runner, config.max_sessions, table, config.max_batch_size)
+    servicer = TargetServicer(engine)
     server, port, _ = create_grpc_server(
         config.address,
         [lambda s: target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, s)],
@@ -96,4 +112,4 @@ def create_server(
     )
     if link is not None:
         link.start()
-    return server, port, link
+    return server, port, TargetRuntime(engine, link)

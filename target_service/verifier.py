@@ -33,17 +33,17 @@ reproduce target-only greedy decoding exactly in mode SD; sampling rows in mode 
 lossless. CSD is lossy by design (rescued tokens are the draft's).
 
 Randomness (so that seeded requests reproduce and the slow reference in the tests can
-replicate it draw for draw): each *sampling* row (temperature > 0) draws, every round, exactly
-`u = torch.rand(2 * G + 1, generator=generators[b], device=logits.device)` (float32), where G is
-the batch's padded draft width `draft_tokens.shape[1]`:
+replicate it draw for draw): each *sampling* row (temperature > 0) with n = num_draft[b] draws,
+every round, exactly `u = torch.rand(2 * n + 1, generator=generators[b], device=logits.device)`
+(float32):
 
-- `u[i]` for i in [0, G): the acceptance coin at position i (accept iff q > 0 and u·q < p);
-- `u[G + j]` for j in [0, G]: the inverse-CDF uniform of the token sampled at position j — the
-  recovered sample for j < num_draft, the bonus sample for j == num_draft (unused beyond).
+- `u[i]` for i in [0, n): the acceptance coin at position i (accept iff q > 0 and u·q < p);
+- `u[n + j]` for j in [0, n]: the inverse-CDF uniform of the token sampled at position j — the
+  recovered sample for j < n, the bonus sample for j == n.
 
-Greedy rows draw nothing. Consumption depends on G, not on num_draft: a seeded request
-reproduces when its batches are padded to the same G (e.g. the service's maximum γ). Every
-generator must live on the logits' device. Sampling uses the inverse CDF on a float32
+Greedy rows draw nothing. Consumption depends only on the row itself, never on the batch it
+shares (its padded width or its neighbours), so a seeded request reproduces however the
+service batches it. Every generator must live on the logits' device. Sampling uses the inverse CDF on a float32
 cumulative sum (resolution ~6e-8, like torch.multinomial), never a token of probability 0.
 
 Sampling rows under CSD (the paper evaluates greedy only; our choices): t*_i is the
@@ -170,9 +170,11 @@ def verify(inp: VerifyInput, pair_counts: PairCountFn) -> VerifyOutput:
     valid = positions.view(1, -1) < inp.num_draft.view(-1, 1)  # [B, G] real draft slots
     draft = torch.where(valid, inp.draft_tokens, 0)  # [B, G] placeholders -> 0, safe to gather
 
-    # The one host sync of the round: which rows sample, which may rescue (to skip unneeded paths).
-    sampling_rows, rescue_rows = torch.stack([inp.temperature > 0, inp.mode >= Mode.CSD]).tolist()
-    accepted, target_tokens = _standard_rule(inp, draft, valid, sampling_rows)  # [B, G], [B, G+1]
+    # The one host sync of the round: which rows sample, which may rescue (to skip unneeded paths),
+    # and each row's draft length (how much randomness a sampling row draws).
+    sampling, rescuing, lengths = torch.stack([inp.temperature > 0, inp.mode >= Mode.CSD, inp.num_draft]).tolist()
+    sampling_rows, rescue_rows = [bool(s) for s in sampling], [bool(r) for r in rescuing]
+    accepted, target_tokens = _standard_rule(inp, draft, valid, sampling_rows, lengths)  # [B, G], [B, G+1]
     accepted &= valid
     rejected = valid & ~accepted  # [B, G]
 
@@ -199,11 +201,12 @@ def _standard_rule(
     draft: Tensor,  # [B, G] int64 draft tokens, placeholders replaced by 0
     valid: Tensor,  # [B, G] bool
     sampling_rows: list[bool],  # [B] temperature > 0, on the host
+    lengths: list[int],  # [B] num_draft, on the host
 ) -> tuple[Tensor, Tensor]:  # accepted [B, G] bool (before masking), t* [B, G+1] int64
     """Standard SD per row: greedy matching or speculative sampling; each path runs only if needed."""
     if not any(sampling_rows):
         return _greedy_rule(inp.target_logits, draft)
-    uniforms = _draw_uniforms(inp.generators, sampling_rows, draft.shape[1], draft.device)  # [B, 2G+1]
+    uniforms = _draw_uniforms(inp.generators, sampling_rows, lengths, draft.shape[1], draft.device)  # [B, 2G+1]
     accepted, target_tokens = _speculative_sampling(inp, draft, valid, uniforms)
     if all(sampling_rows):
         return accepted, target_tokens
@@ -221,16 +224,20 @@ def _greedy_rule(
 
 
 def _draw_uniforms(
-    generators: list[torch.Generator], sampling_rows: list[bool], draft_width: int, device: torch.device
-) -> Tensor:  # [B, 2G+1] float32; zeros on greedy rows
+    generators: list[torch.Generator],
+    sampling_rows: list[bool],
+    lengths: list[int],
+    draft_width: int,
+    device: torch.device,
+) -> Tensor:  # [B, 2G+1] float32: coins at [0, n), sample uniforms at [G, G+n]; zeros elsewhere
     """Each sampling row's randomness for this round, from its own generator (see module doc)."""
-    size = 2 * draft_width + 1
-    zeros = torch.zeros(size, device=device)
-    rows = [
-        torch.rand(size, generator=g, device=device) if samples else zeros
-        for g, samples in zip(generators, sampling_rows, strict=True)
-    ]
-    return torch.stack(rows)
+    uniforms = torch.zeros(len(generators), 2 * draft_width + 1, device=device)  # [B, 2G+1]
+    for b, (g, samples, n) in enumerate(zip(generators, sampling_rows, lengths, strict=True)):
+        if samples:
+            u = torch.rand(2 * n + 1, generator=g, device=device)  # [2n+1]: as many as the row needs
+            uniforms[b, :n] = u[:n]
+            uniforms[b, draft_width : draft_width + n + 1] = u[n:]
+    return uniforms
 
 
 def _speculative_sampling(

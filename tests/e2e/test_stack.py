@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -52,10 +54,12 @@ class CountingClient(CalispecClient):
     """Sums the rejection events the stack reported, to compare with what the memory recorded."""
 
     rejections = 0
+    _lock = threading.Lock()
 
     def generate(self, prompt: str, **kwargs):  # type: ignore[override]
         result = super().generate(prompt, **kwargs)
-        CountingClient.rejections += result.stats.rejections
+        with CountingClient._lock:
+            CountingClient.rejections += result.stats.rejections
         return result
 
 
@@ -79,6 +83,18 @@ def test_greedy_sd_equals_ar_token_for_token(client: CalispecClient) -> None:
             sd = client.generate(prompt, max_new_tokens=40, mode="sd", num_speculative_tokens=gamma)
             assert sd.token_ids == ar.token_ids, (prompt, gamma)
             assert sd.stats.drafted > 0
+
+
+def test_concurrent_greedy_sd_equals_ar_with_batching_on(client: CountingClient) -> None:
+    ar = {p: client.generate(p, max_new_tokens=40, mode="ar").token_ids for p in PROMPTS}
+    requests = PROMPTS * 2  # more requests than prompts: the target batches whatever is in flight
+    with ThreadPoolExecutor(len(requests)) as pool:
+        results = list(pool.map(
+            lambda p: client.generate(p, max_new_tokens=40, mode="sd", num_speculative_tokens=3), requests
+        ))  # fmt: skip
+    for prompt, result in zip(requests, results, strict=True):
+        assert result.token_ids == ar[prompt], prompt
+        assert 1 <= result.stats.max_batch_size <= 8  # the target's --max-batch-size default
 
 
 def test_csd_rescues_with_permissive_thresholds_and_reports_it(client: CalispecClient) -> None:

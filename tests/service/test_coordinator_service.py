@@ -33,7 +33,9 @@ class Services:
 @pytest.fixture(scope="module")
 def services(tiny_pair: TinyPair, draft_runner: ModelRunner, target_runner: ModelRunner) -> Iterator[Services]:
     draft, draft_port = create_draft(DraftConfig(ModelSpec(tiny_pair.draft), port=0), runner=draft_runner)
-    target, target_port, _ = create_target(TargetConfig(ModelSpec(tiny_pair.target), port=0), runner=target_runner)
+    target, target_port, runtime = create_target(
+        TargetConfig(ModelSpec(tiny_pair.target), port=0), runner=target_runner
+    )
     draft.start()
     target.start()
     config = CoordinatorConfig(
@@ -47,6 +49,7 @@ def services(tiny_pair: TinyPair, draft_runner: ModelRunner, target_runner: Mode
     yield Services(f"127.0.0.1:{port}", config.draft_address, config.target_addresses[0])
     for server in (coordinator, target, draft):
         server.stop(None)
+    runtime.stop()
 
 
 @pytest.fixture

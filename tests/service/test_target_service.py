@@ -23,12 +23,13 @@ PROMPT = [5, 17, 42, 8, 99]
 @pytest.fixture(scope="module")
 def stub(tiny_pair: TinyPair, target_runner: ModelRunner) -> Iterator[target_pb2_grpc.TargetServiceStub]:
     config = TargetConfig(model=ModelSpec(tiny_pair.target, dtype="float32"), port=0, max_sessions=8)
-    server, port, link = create_server(config, runner=target_runner)
-    assert link is None  # no memory address: local counts only
+    server, port, runtime = create_server(config, runner=target_runner)
+    assert runtime.link is None  # no memory address: local counts only
     server.start()
     with make_channel(f"127.0.0.1:{port}") as channel:
         yield target_pb2_grpc.TargetServiceStub(channel)
     server.stop(None)
+    runtime.stop()
 
 
 def prefill(stub, sid: str, tokens=PROMPT, mode=common_pb2.MODE_SD, rescue=None, **sampling) -> None:

@@ -89,7 +89,7 @@ class FakeTarget:
         seq.append(next_token)
         rejected = int(accepted < len(draft))
         self.rejections += rejected
-        return Verdict(accepted, [], next_token, accepted == len(draft), rejected, 4_000, 100)
+        return Verdict(accepted, [], next_token, accepted == len(draft), rejected, 1, 4_000, 100)
 
     def close(self, session_id: str, timeout: float) -> None:
         if self.sessions.pop(session_id, None) is None:

@@ -2,8 +2,8 @@
 
 Random batches mix modes, greedy and sampling rows, top-k / top-p and draft lengths. Both sides
 start from identical generator states and consume randomness the documented way (per sampling
-row, per round: u = rand(2G + 1); u[i] is the coin at position i, u[G + j] the inverse-CDF
-uniform at position j), so the outputs must be identical, not just close.
+row with n drafts, per round: u = rand(2n + 1); u[i] is the coin at position i, u[n + j] the
+inverse-CDF uniform at position j), so the outputs must be identical, not just close.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _reference_row(inp: VerifyInput, b: int, p: torch.Tensor, counts: torch.Tens
     """One row, one position at a time, exactly as the paper describes the round."""
     z, n = inp.target_logits[b], int(inp.num_draft[b])
     greedy = float(inp.temperature[b]) == 0.0
-    u = None if greedy else torch.rand(2 * WIDTH + 1, generator=inp.generators[b])
+    u = None if greedy else torch.rand(2 * n + 1, generator=inp.generators[b])
     q = torch.zeros(WIDTH, VOCAB)
     if inp.draft_probs is not None:
         q[:, :DRAFT_VOCAB] = inp.draft_probs[b]
@@ -60,9 +60,9 @@ def _reference_row(inp: VerifyInput, b: int, p: torch.Tensor, counts: torch.Tens
             return int(z[i].argmax())
         assert u is not None
         if i == n:
-            return _sample(p[i], u[WIDTH + i])
+            return _sample(p[i], u[n + i])
         residual = (p[i] - q[i]).clamp(min=0)
-        return _sample(residual if residual.sum() > 0 else p[i], u[WIDTH + i])
+        return _sample(residual if residual.sum() > 0 else p[i], u[n + i])
 
     targets = [target_token(i) for i in range(n)]
     rescued, events = [False] * WIDTH, [False] * WIDTH
@@ -180,3 +180,36 @@ def test_random_batches_exercise_every_branch() -> None:
                 seen.add((sampling, "rescue"))
             seen.add((sampling, "bonus" if row.next_is_bonus else "recovered"))
     assert seen == {(s, kind) for s in (False, True) for kind in ("rescue", "bonus", "recovered")}
+
+
+def test_a_seeded_row_gives_the_same_result_alone_and_in_any_batch() -> None:
+    """Randomness depends only on the row, so batching never changes a seeded request's output."""
+    inp, counts = _random_input(3)
+    sampling = [b for b in range(BATCH) if float(inp.temperature[b]) > 0 and 0 < int(inp.num_draft[b]) < WIDTH]
+    assert sampling, "the random batch has a sampling row narrower than the batch"
+    b = sampling[0]
+    n = int(inp.num_draft[b])
+    alone = VerifyInput(
+        target_logits=inp.target_logits[b : b + 1, : n + 1],
+        draft_tokens=inp.draft_tokens[b : b + 1, :n],
+        num_draft=inp.num_draft[b : b + 1],
+        draft_probs=None if inp.draft_probs is None else inp.draft_probs[b : b + 1, :n],
+        temperature=inp.temperature[b : b + 1],
+        top_k=inp.top_k[b : b + 1],
+        top_p=inp.top_p[b : b + 1],
+        mode=inp.mode[b : b + 1],
+        log_tau=inp.log_tau[b : b + 1],
+        lambda_=inp.lambda_[b : b + 1],
+        generators=[_clone(inp.generators[b])],
+    )
+    batched = verify(inp, lambda d, t: counts[d, t])
+    single = verify(alone, lambda d, t: counts[d, t])
+    assert int(single.accepted_count[0]) == int(batched.accepted_count[b])
+    assert int(single.next_token[0]) == int(batched.next_token[b])
+    assert single.rescued[0].tolist() == batched.rescued[b, :n].tolist()
+
+
+def _clone(g: torch.Generator) -> torch.Generator:
+    copy = torch.Generator(device=g.device)
+    copy.set_state(g.get_state())
+    return copy

@@ -1,0 +1,75 @@
+"""Batches concurrent Verify calls into one target forward (no gRPC here).
+
+Handler threads `submit` a row and block on its result; one worker thread takes whatever rows
+are waiting (up to `max_batch`) and runs them together. There is no batching window: an idle
+service runs a lone row at once, a busy one batches exactly what queued up during the previous
+forward — latency is never traded for batch size.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Generic, TypeVar
+
+from calispec.errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+Row = TypeVar("Row")
+Result = TypeVar("Result")
+
+_STOP = object()
+
+
+class BatchScheduler(Generic[Row, Result]):
+    def __init__(self, step: Callable[[Sequence[Row]], Sequence[Result]], max_batch: int) -> None:
+        self._step = step
+        self.max_batch = max_batch
+        self._queue: queue.Queue[tuple[Row, Future[Result]] | object] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="verify-batcher", daemon=True)
+        self._stopped = False
+        self._thread.start()
+
+    def submit(self, row: Row) -> Result:
+        """Run `row` in the next batch; returns its result or raises its error."""
+        if self._stopped:
+            raise Unavailable("the target is shutting down")
+        future: Future[Result] = Future()
+        self._queue.put((row, future))
+        return future.result()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._queue.put(_STOP)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is _STOP:
+                return
+            batch = [first]
+            while len(batch) < self.max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    self._queue.put(_STOP)  # finish this batch, then stop
+                    break
+                batch.append(item)
+            self._run_batch(batch)  # type: ignore[arg-type]
+
+    def _run_batch(self, batch: list[tuple[Row, Future[Result]]]) -> None:
+        try:
+            results = self._step([row for row, _ in batch])
+        except Exception as exc:  # the whole batch failed: every caller sees the error
+            for _, future in batch:
+                future.set_exception(exc)
+            return
+        for (_, future), result in zip(batch, results, strict=True):
+            future.set_result(result)

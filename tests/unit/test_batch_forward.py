@@ -1,0 +1,42 @@
+"""A batched multi-session forward equals one forward per session (float32)."""
+
+from __future__ import annotations
+
+import torch
+
+from calispec.modeling import ModelRunner, prefill_session
+from target_service.batch_forward import forward_rows
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20], [30, 31, 32]]  # different lengths, one with an empty cache
+DRAFTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+TOLERANCE = 1e-4  # float32 matmuls of different shapes round differently; argmax must not change
+
+
+def test_rows_match_unbatched_forwards_and_caches_continue(target_runner: ModelRunner) -> None:
+    alone = []
+    for i, (prompt, draft) in enumerate(zip(PROMPTS, DRAFTS, strict=True)):
+        s = prefill_session(target_runner, f"alone{i}", prompt)
+        alone.append(target_runner.forward(s.pending() + draft, s.cache, len(draft) + 1)[0])
+    sessions = [prefill_session(target_runner, f"batch{i}", p) for i, p in enumerate(PROMPTS)]
+    inputs = [s.pending() + d for s, d in zip(sessions, DRAFTS, strict=True)]
+    rows, caches = forward_rows(target_runner, [s.cache for s in sessions], inputs, [len(d) + 1 for d in DRAFTS])
+    for expected, got in zip(alone, rows, strict=True):
+        assert got.shape == expected.shape
+        assert torch.allclose(got, expected, atol=TOLERANCE)
+        assert torch.equal(got.argmax(-1), expected.argmax(-1))
+    assert [c.get_seq_length() for c in caches] == [
+        len(p) - 1 + len(d) + 1 for p, d in zip(PROMPTS, DRAFTS, strict=True)
+    ]
+
+    # each returned cache is that session's own: a further batched step equals a fresh prefill
+    rows2, _ = forward_rows(target_runner, caches, [[3]] * 3, [1, 1, 1])
+    for i, (prompt, draft) in enumerate(zip(PROMPTS, DRAFTS, strict=True)):
+        fresh = prefill_session(target_runner, f"fresh{i}", [*prompt, *draft, 3])
+        expected = target_runner.forward(fresh.pending(), fresh.cache, 1)[0]
+        assert torch.allclose(rows2[i], expected, atol=TOLERANCE)
+
+
+def test_single_row_uses_the_sessions_own_cache(target_runner: ModelRunner) -> None:
+    session = prefill_session(target_runner, "one", PROMPTS[0])
+    rows, caches = forward_rows(target_runner, [session.cache], [[*session.pending(), 1]], [2])
+    assert caches[0] is session.cache and rows[0].shape == (2, target_runner.vocab_size)

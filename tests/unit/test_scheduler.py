@@ -1,0 +1,63 @@
+"""The verify batcher: lone rows run at once, rows that queue during a forward run together."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+from target_service.scheduler import BatchScheduler
+from tests.helpers import wait_until
+
+
+class GatedStep:
+    """A step function whose first call blocks until released, recording every batch."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, rows: Sequence[int]) -> list[int]:
+        self.batches.append(list(rows))
+        if len(self.batches) == 1:
+            self.entered.set()
+            self.release.wait(timeout=30)
+        if -1 in rows:
+            raise RuntimeError("bad row")
+        return [r * 10 for r in rows]
+
+
+def test_rows_queued_during_a_forward_form_the_next_batch() -> None:
+    step = GatedStep()
+    scheduler = BatchScheduler(step, max_batch=3)
+    results: dict[int, int] = {}
+
+    def submit(row: int) -> None:
+        results[row] = scheduler.submit(row)
+
+    threads = [threading.Thread(target=submit, args=(0,))]
+    threads[0].start()
+    assert step.entered.wait(timeout=30)
+    for row in (1, 2, 3, 4):
+        threads.append(threading.Thread(target=submit, args=(row,)))
+        threads[-1].start()
+    wait_until(lambda: scheduler._queue.qsize() == 4)
+    step.release.set()
+    for t in threads:
+        t.join(timeout=30)
+    scheduler.stop()
+    assert step.batches[0] == [0]
+    assert sorted(len(b) for b in step.batches[1:]) == [1, 3]  # capped at max_batch
+    assert results == {r: r * 10 for r in range(5)}
+
+
+def test_a_failing_batch_fails_its_callers_and_the_scheduler_goes_on() -> None:
+    step = GatedStep()
+    step.release.set()
+    scheduler = BatchScheduler(step, max_batch=4)
+    with pytest.raises(RuntimeError, match="bad row"):
+        scheduler.submit(-1)
+    assert scheduler.submit(7) == 70
+    scheduler.stop()
