@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from calispec.sampling import warp_probs
-from target_service.verifier import Mode, VerifyInput, VerifyOutput, verify
+from target_service.verifier import PLACEHOLDER_TOKEN_ID, Mode, VerifyInput, VerifyOutput, verify
 
 VOCAB = 8
 ROWS = 20_000
@@ -118,16 +118,19 @@ def test_seeded_runs_reproduce_and_different_seeds_differ() -> None:
     assert not torch.equal(runs[0].target_tokens, runs[2].target_tokens)
 
 
-def test_each_sampling_row_draws_exactly_2g_plus_1_uniforms() -> None:
+def test_each_sampling_row_draws_exactly_2n_plus_1_uniforms() -> None:
+    """n is the row's own draft length, not the batch's padded width."""
     inp = _sampling_input(1.0, 0, 1.0, seed=5, rows=3)
     inp.temperature[1] = 0.0  # greedy row: draws nothing
+    inp.num_draft[2] = 1  # a shorter row in the same batch
+    inp.draft_tokens[2, 1:] = PLACEHOLDER_TOKEN_ID
     states = [g.get_state() for g in inp.generators]
     verify(inp, _no_counts)
     for b, (g, state) in enumerate(zip(inp.generators, states, strict=True)):
         replay = torch.Generator()
         replay.set_state(state)
         if b != 1:
-            torch.rand(2 * GAMMA + 1, generator=replay)
+            torch.rand(2 * int(inp.num_draft[b]) + 1, generator=replay)
         assert torch.equal(g.get_state(), replay.get_state())
 
 
