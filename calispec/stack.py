@@ -11,13 +11,18 @@ import logging
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from calispec.credentials import write_new_token
+from calispec.namespaces import pair_namespace
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,8 @@ class StackConfig:
     dtype: str = "auto"
     device: str = "auto"
     memory_sync_interval_s: float = 1.0
+    memory_flush_interval_s: float = 0.5  # the memory service's group commit (its crash-loss bound)
+    memory_namespace: str | None = None  # None: derived from the model pair (calispec/namespaces.py)
     start_timeout_s: float = 300.0
 
 
@@ -85,17 +92,27 @@ class LocalStack:
     def __init__(self, config: StackConfig) -> None:
         self.config = config
         self.services: dict[str, ServiceProcess] = {}
+        self._secrets_dir: Path | None = None
+        self.writer_token_file: Path | None = None  # this run's verifier credential (see credentials.py)
+        self.memory_namespace = config.memory_namespace or pair_namespace(config.draft_model, config.target_model)
 
     def start(self) -> LocalStack:
         c = self.config
         c.log_dir.mkdir(parents=True, exist_ok=True)
         try:
-            memory = self._spawn("memory_service", ["--port", str(c.memory_port), "--db", str(c.memory_db)])
+            # A fresh random writer token per run, in a private directory: only the target (the
+            # verifier) and the memory service get it, so clients of the stack cannot write counts.
+            self._secrets_dir = Path(tempfile.mkdtemp(prefix="calispec-secrets-"))
+            self.writer_token_file = self._secrets_dir / "writer-token"
+            write_new_token(self.writer_token_file)
+            memory = self._spawn("memory_service", self.memory_args(c.memory_port))
             model_args = ["--dtype", c.dtype, "--device", c.device]
             self._spawn("draft_service", ["--port", str(c.draft_port), "--model", str(c.draft_model), *model_args])
             self._spawn("target_service", [
                 "--port", str(c.target_port), "--model", str(c.target_model), *model_args,
                 "--memory-addr", memory.address, "--memory-sync-interval", str(c.memory_sync_interval_s),
+                "--memory-writer-token-file", str(self.writer_token_file),
+                "--memory-namespace", self.memory_namespace,
             ])  # fmt: skip
             self._spawn("coordinator", [
                 "--port", str(c.coordinator_port), "--tokenizer", str(c.target_model),
@@ -106,6 +123,14 @@ class LocalStack:
             self.stop()
             raise
         return self
+
+    def memory_args(self, port: int) -> list[str]:
+        """Arguments of the memory service (also for restarting it on another port)."""
+        c = self.config
+        return [
+            "--port", str(port), "--db", str(c.memory_db), "--flush-interval", str(c.memory_flush_interval_s),
+            "--writer-token-file", str(self.writer_token_file),
+        ]  # fmt: skip
 
     def _spawn(self, name: str, args: list[str]) -> ServiceProcess:
         c = self.config
@@ -147,6 +172,9 @@ class LocalStack:
         """Stop in reverse dependency order: coordinator first, memory last."""
         for name in reversed(list(self.services)):
             self.stop_service(name)
+        if self._secrets_dir is not None:
+            shutil.rmtree(self._secrets_dir, ignore_errors=True)
+            self._secrets_dir = None
 
     def __enter__(self) -> LocalStack:
         return self.start()

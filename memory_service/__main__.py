@@ -12,13 +12,16 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from calispec.credentials import read_writer_token
+from calispec.errors import CalispecError
 from memory_service.config import MemoryConfig
 from memory_service.server import create_server
+from memory_service.store import TableLimits
 
 log = logging.getLogger("memory_service")
 
 # In-flight RecordEvents get this long to finish before they are cancelled. A cancelled one
-# either committed or changed nothing: each request is one transaction.
+# either was accepted (and is committed by the final flush) or changed nothing.
 SHUTDOWN_GRACE_S = 5.0
 
 
@@ -30,8 +33,27 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
     parser.add_argument("--db", type=Path, default=defaults.db_path, help="SQLite file of the counts")
     parser.add_argument("--max-workers", type=int, default=defaults.max_workers)
     parser.add_argument("--max-pairs-default", type=int, default=defaults.max_pairs_default)
+    parser.add_argument(
+        "--flush-interval",
+        type=float,
+        default=defaults.flush_interval_s,
+        help="seconds between group commits; a kill -9 loses at most the events of the last interval",
+    )
+    parser.add_argument("--max-pairs", type=int, default=defaults.limits.max_pairs, help="cap per namespace")
+    parser.add_argument("--max-pairs-per-draft", type=int, default=defaults.limits.max_pairs_per_draft)
+    parser.add_argument("--half-life", type=float, default=0.0, help="count half-life in seconds (0: no decay)")
+    parser.add_argument("--writer-token-file", type=Path, help="file holding the verifiers' writer token")
+    parser.add_argument(
+        "--allow-unauthenticated-writes",
+        action="store_true",
+        help="accept writes without a token (a test bench only: any client could then poison the table)",
+    )
+    parser.add_argument("--writer-rate-limit", type=float, default=defaults.writer_events_per_s, help="events/s")
+    parser.add_argument("--writer-burst", type=float, default=None, help="events (default: 10 s of the rate)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
     args = parser.parse_args(argv)
+    if args.writer_token_file is None and not args.allow_unauthenticated_writes:
+        parser.error("give --writer-token-file (or, for a test bench, --allow-unauthenticated-writes)")
     try:
         config = MemoryConfig(
             host=args.host,
@@ -39,8 +61,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
             db_path=args.db,
             max_pairs_default=args.max_pairs_default,
             max_workers=args.max_workers,
+            flush_interval_s=args.flush_interval,
+            limits=TableLimits(args.max_pairs, args.max_pairs_per_draft, args.half_life),
+            writer_token=read_writer_token(args.writer_token_file),
+            writer_events_per_s=args.writer_rate_limit,
+            writer_burst_events=args.writer_burst,
         )
-    except ValueError as exc:
+    except (ValueError, CalispecError) as exc:
         parser.error(str(exc))
     return config, args.log_level
 
@@ -68,8 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop.wait()
     # Stop serving first, then close the store: close() waits for a transaction in progress,
     # so every acknowledged write is committed before the file is closed.
+    store.hub.close()  # ends Watch streams, which would otherwise hold the whole grace period
     server.stop(SHUTDOWN_GRACE_S).wait()
-    store.close()
+    store.close()  # commits what the last flush interval accepted
     log.info("memory_service stopped")
     return 0
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import platformdirs
 
-from memory_service.store import MAX_PAIRS_LIMIT
+from memory_service.store import MAX_PAIRS_LIMIT, TableLimits
 
 
 def default_db_path() -> Path:
@@ -23,7 +23,16 @@ class MemoryConfig:
     db_path: Path = field(default_factory=default_db_path)
     # GetPairs with max_pairs = 0 returns at most this many pairs.
     max_pairs_default: int = 65536
-    max_workers: int = 16
+    # Each Watch stream holds a worker thread for its lifetime: size this above the verifier count.
+    max_workers: int = 64
+    # Crash bound: a kill -9 loses at most the events acknowledged in the last flush interval.
+    flush_interval_s: float = 0.5
+    limits: TableLimits = field(default_factory=TableLimits)
+    # None: writes need no token. Only with an explicit opt-in (--allow-unauthenticated-writes).
+    writer_token: str | None = None
+    writer_events_per_s: float = 100_000.0  # per writer; 0 disables the limit
+    writer_burst_events: float | None = None  # None: 10 s worth of the rate
+    watch_heartbeat_s: float = 1.0
 
     def __post_init__(self) -> None:
         # Fail at startup, not on the first GetPairs that falls back to a bad default.
@@ -33,6 +42,12 @@ class MemoryConfig:
             raise ValueError(f"max_pairs_default must be in [1, {MAX_PAIRS_LIMIT}], got {self.max_pairs_default}")
         if self.max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {self.max_workers}")
+        if not 0 < self.flush_interval_s <= 60:
+            raise ValueError(f"flush_interval_s must be in (0, 60], got {self.flush_interval_s}")
+        if self.writer_events_per_s < 0:
+            raise ValueError(f"writer_events_per_s must be >= 0, got {self.writer_events_per_s}")
+        if self.watch_heartbeat_s <= 0:
+            raise ValueError(f"watch_heartbeat_s must be > 0, got {self.watch_heartbeat_s}")
 
     @property
     def address(self) -> str:

@@ -1,63 +1,128 @@
-"""gRPC face of the correction memory: proto in, `CorrectionStore` call, proto out.
+"""gRPC face of the correction memory: proto in, `CorrectionStore` / `WriterGate` call, proto out.
 
-Handlers hold no logic of their own; validation and errors live in the store and reach
-clients through the shared error interceptor of `calispec.grpc_server`.
+Handlers hold no logic of their own; validation and errors live in the domain modules and
+reach clients through the shared error interceptor of `calispec.grpc_server`.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import grpc
 
+from calispec.credentials import WRITER_ID_METADATA, WRITER_TOKEN_METADATA
 from calispec.grpc_server import create_grpc_server
 from calispec.v1 import memory_pb2, memory_pb2_grpc
+from memory_service.auth import WriterGate
 from memory_service.config import MemoryConfig
-from memory_service.store import CorrectionStore, Pair
+from memory_service.store import CorrectionStore, Pair, validate_events, validate_namespace
+from memory_service.watch import Update, UpdateKind, WatchHub, watch
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
+_KIND_TO_PB = {
+    UpdateKind.SNAPSHOT: memory_pb2.WATCH_UPDATE_KIND_SNAPSHOT,
+    UpdateKind.DELTA: memory_pb2.WATCH_UPDATE_KIND_DELTA,
+    UpdateKind.HEARTBEAT: memory_pb2.WATCH_UPDATE_KIND_HEARTBEAT,
+}
 
 
-def _pair_counts(pairs: list[Pair]) -> list[memory_pb2.PairCount]:
+def _pair_counts(pairs: list[Pair] | tuple[Pair, ...]) -> list[memory_pb2.PairCount]:
     return [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for d, t, c in pairs]
 
 
+def _update_to_pb(update: Update) -> memory_pb2.WatchResponse:
+    return memory_pb2.WatchResponse(
+        kind=_KIND_TO_PB[update.kind], version=update.version, pairs=_pair_counts(update.pairs), last_chunk=update.last
+    )
+
+
+def _writer(context: grpc.ServicerContext) -> tuple[str | None, str]:
+    """(presented token, writer id): the id a verifier claims, else its peer address."""
+    metadata = dict(context.invocation_metadata() or ())
+    return metadata.get(WRITER_TOKEN_METADATA), metadata.get(WRITER_ID_METADATA) or context.peer()
+
+
 class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
-    def __init__(self, store: CorrectionStore, max_pairs_default: int) -> None:
+    def __init__(self, store: CorrectionStore, gate: WriterGate, config: MemoryConfig) -> None:
         self._store = store
-        self._max_pairs_default = max_pairs_default
+        self._gate = gate
+        self._config = config
 
     def RecordEvents(
         self, request: memory_pb2.RecordEventsRequest, context: grpc.ServicerContext
     ) -> memory_pb2.RecordEventsResponse:
+        # Order matters: strangers learn nothing (auth first); bad requests do not use up a
+        # writer's budget (validation before the rate limit); nothing is buffered before both.
+        token, writer = _writer(context)
+        self._gate.authenticate(token)
         events = [(e.draft_token_id, e.target_token_id, e.count) for e in request.events]
-        recorded, version = self._store.record(request.namespace, events)
-        return memory_pb2.RecordEventsResponse(recorded=recorded, version=version)
+        validate_namespace(request.namespace)
+        self._gate.charge(writer, validate_events(events))
+        recorded, version = self._store.record(request.namespace, events, durable=request.wait_durable)
+        return memory_pb2.RecordEventsResponse(recorded=recorded, version=version, durable=request.wait_durable)
 
     def GetPairs(
         self, request: memory_pb2.GetPairsRequest, context: grpc.ServicerContext
     ) -> memory_pb2.GetPairsResponse:
-        max_pairs = request.max_pairs or self._max_pairs_default  # 0 = server default cap
+        max_pairs = request.max_pairs or self._config.max_pairs_default  # 0 = server default cap
         pairs, version = self._store.pairs(request.namespace, request.min_count, max_pairs)
         return memory_pb2.GetPairsResponse(pairs=_pair_counts(pairs), version=version)
 
     def GetStats(
         self, request: memory_pb2.GetStatsRequest, context: grpc.ServicerContext
     ) -> memory_pb2.GetStatsResponse:
-        total, distinct, version = self._store.stats(request.namespace)
-        return memory_pb2.GetStatsResponse(total_events=total, distinct_pairs=distinct, version=version)
+        s = self._store.table_stats(request.namespace, request.top_k)
+        limits = self._store.limits
+        return memory_pb2.GetStatsResponse(
+            total_events=s.total_events,
+            distinct_pairs=s.distinct_pairs,
+            version=s.version,
+            table_events=s.table_events,
+            top_pairs=_pair_counts(s.top_pairs),
+            top20_share=s.top_share,
+            count_histogram=[
+                memory_pb2.CountBucket(min_count=b.min_count, max_count=b.max_count, pairs=b.pairs, events=b.events)
+                for b in s.histogram
+            ],
+            db_bytes=s.db_bytes,
+            max_pairs=limits.max_pairs,
+            max_pairs_per_draft=limits.max_pairs_per_draft,
+            half_life_s=limits.half_life_s,
+        )
+
+    def Watch(
+        self, request: memory_pb2.WatchRequest, context: grpc.ServicerContext
+    ) -> Iterator[memory_pb2.WatchResponse]:
+        namespace = validate_namespace(request.namespace)
+        resume = request.resume_version if request.HasField("resume_version") else None
+        updates = watch(
+            namespace,
+            resume,
+            self._store.hub,
+            read_snapshot=lambda: self._store.snapshot(namespace),
+            committed_version=lambda: self._store.committed_version(namespace),
+            is_active=context.is_active,
+            heartbeat_s=self._config.watch_heartbeat_s,
+        )
+        for update in updates:
+            yield _update_to_pb(update)
 
 
 def create_server(config: MemoryConfig) -> tuple[grpc.Server, int, CorrectionStore]:
     """Open the store and build a server bound to config.host:config.port (not started).
 
     Returns the bound port (config.port may be 0) and the store, which the caller closes
-    after `server.stop()` so that no handler writes to a closed store.
+    after `server.stop()` so that no handler writes to a closed store. Close `store.hub`
+    before `server.stop()` so that Watch streams end instead of holding the grace period.
     """
-    store = CorrectionStore(config.db_path)
-    servicer = MemoryServicer(store, config.max_pairs_default)
+    store = CorrectionStore(
+        config.db_path, flush_interval_s=config.flush_interval_s, limits=config.limits, hub=WatchHub()
+    )
+    gate = WriterGate(config.writer_token, config.writer_events_per_s, config.writer_burst_events)
+    servicer = MemoryServicer(store, gate, config)
     try:
         server, port, _health = create_grpc_server(
             config.address,

@@ -3,53 +3,87 @@
 Domain code only (no gRPC): bad input raises `calispec.errors` types that the service's
 error interceptor maps to a status.
 
-Storage is one SQLite file through sqlite-utils, in WAL mode with synchronous=FULL, because the
-contract says RecordEvents is durable on return. One connection serves every thread, guarded by
-one lock: writes to a SQLite file are serialised anyway, and a single writer makes read-modify-
-write batches exactly additive without retry loops. Every request runs in a single transaction,
-so a request that fails changes nothing.
+Writes are *group-committed*. `record()` validates a request, adds it to an in-memory open
+batch and returns at once; a flusher thread commits the open batch every `flush_interval_s`
+in ONE SQLite transaction (WAL, synchronous=FULL: one fsync per flush, not per request).
+Crash bound: a `kill -9` loses at most the events acknowledged since the last commit, i.e.
+within the last flush interval plus the duration of the flush in progress. A request may ask
+for `durable=True` to wait for its commit (calibration and imports do). A clean shutdown
+(`close()`) commits everything. Because each request lands in exactly one flush, a request
+is all-or-nothing; additions under one lock make concurrent totals exact.
 
-Versions: each namespace has a version that counts its committed write batches (0 = never
-written). Reads return the version from the same transaction as the data, so a reader knows
-exactly which writes a snapshot reflects; a later watch stream can send a snapshot at version v
-and then the deltas of v+1, v+2, ... .
+Versions: each namespace has a version that counts the committed flushes that changed it
+(0 = never written). `record()` returns the version whose snapshot will contain the request
+(assigned when the batch is taken, so it is known at once). Reads return the version from
+the same transaction as the data. After each commit the store publishes, per namespace, the
+pairs that changed (absolute counts; 0 = removed) to its `WatchHub`, which feeds Watch streams.
+
+Bounds (`TableLimits`), applied in the same transaction as the write that overflowed them:
+- rank of a pair = (count desc, version of its last update desc, draft id asc, target id asc);
+- a draft token keeps at most `max_pairs_per_draft` targets, a namespace at most `max_pairs`
+  pairs; the lowest-ranked pairs beyond a cap are deleted. So among equal counts the pair not
+  updated for the longest goes first, and a brand-new pair loses against any pair counted more.
+- decay (optional): every `half_life_s` of wall time every count is halved (integer division;
+  pairs reaching 0 are deleted). Halving in whole steps keeps counts exact integers and the
+  rule testable; missed steps (downtime) are applied together on the next flush. The time of
+  the last step is stored in the database, so restarts do not reset the clock.
+`total_events` stays the number of events ever recorded; `table_events` is what the table
+holds now (after decay and eviction).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import re
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import sqlite_utils
 
-from calispec.errors import FailedPrecondition, ResourceExhausted, Unavailable, require
+from calispec.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable, require
+from memory_service.watch import Delta, WatchHub
 
-NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
+log = logging.getLogger(__name__)
+
+NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9._:/+-]{1,128}")
 MAX_TOKEN_ID = 2**32 - 1  # ids travel as uint32 on the wire
 MAX_EVENT_COUNT = 2**40  # one event this large is already a client bug, not a real tally
 MAX_EVENTS_PER_RECORD = 100_000
 MAX_PAIRS_LIMIT = 1_000_000  # keeps a GetPairs reply well under the 64 MiB message cap
 # SQLite integers are signed 64-bit; a namespace's total is capped there so no count can overflow.
 MAX_TOTAL_EVENTS = 2**63 - 1
-SCHEMA_VERSION = 1  # PRAGMA user_version; bump with a migration when the tables change
+SCHEMA_VERSION = 2  # PRAGMA user_version; bump with a migration when the tables change
 BUSY_TIMEOUT_S = 5.0  # only another process (an inspector, a backup) can hold the write lock
+DURABLE_WAIT_S = 30.0  # a durable record gives up (UNAVAILABLE) if no flush commits in this time
+TOP_SHARE_FRACTION = 0.2  # the paper: the top 20% of pairs cover ~69% of rejections
 
 Event = tuple[int, int, int]  # (draft_token_id, target_token_id, count)
 Pair = tuple[int, int, int]  # (draft_token_id, target_token_id, count)
+Key = tuple[int, int]  # (draft_token_id, target_token_id)
 
 _UPSERT_PAIR = """
-INSERT INTO pair_counts (namespace, draft_token_id, target_token_id, "count") VALUES (?, ?, ?, ?)
-ON CONFLICT (namespace, draft_token_id, target_token_id) DO UPDATE SET "count" = "count" + excluded."count"
+INSERT INTO pair_counts (namespace, draft_token_id, target_token_id, "count", last_version) VALUES (?, ?, ?, ?, ?)
+ON CONFLICT (namespace, draft_token_id, target_token_id)
+DO UPDATE SET "count" = "count" + excluded."count", last_version = excluded.last_version
 """
-_BUMP_VERSION = """
-INSERT INTO namespace_versions (namespace, version, total_events) VALUES (?, 1, ?)
-ON CONFLICT (namespace) DO UPDATE
-SET version = version + 1, total_events = total_events + excluded.total_events
-RETURNING version
+_CHUNK = 500  # ids per IN (...) list, under SQLite's bound-parameter limit
+_SELECT_DRAFTS = """
+SELECT draft_token_id, target_token_id, "count" FROM pair_counts WHERE namespace = ? AND draft_token_id IN ({marks})
+"""
+_OVER_CAP = """
+SELECT draft_token_id FROM pair_counts WHERE namespace = ? AND draft_token_id IN ({marks})
+GROUP BY draft_token_id HAVING COUNT(*) > ?
+"""
+_SET_VERSION = """
+INSERT INTO namespace_versions (namespace, version, total_events) VALUES (?, ?, ?)
+ON CONFLICT (namespace) DO UPDATE SET version = excluded.version, total_events = total_events + excluded.total_events
 """
 _SELECT_VERSION = "SELECT version, total_events FROM namespace_versions WHERE namespace = ?"
 # Ties are broken by ids so equal snapshots always list pairs in the same order.
@@ -59,7 +93,28 @@ WHERE namespace = ? AND "count" >= ?
 ORDER BY "count" DESC, draft_token_id, target_token_id
 LIMIT ?
 """
+_SELECT_COUNTS = 'SELECT "count" FROM pair_counts WHERE namespace = ? ORDER BY "count" DESC'
 _COUNT_PAIRS = "SELECT COUNT(*) FROM pair_counts WHERE namespace = ?"
+_DECAY = """
+UPDATE pair_counts SET "count" = "count" >> ? WHERE namespace = ?
+RETURNING draft_token_id, target_token_id, "count"
+"""
+_DROP_ZEROS = 'DELETE FROM pair_counts WHERE namespace = ? AND "count" <= 0'
+# The eviction rank (see module doc): keep the first `cap`, delete the rest.
+_EVICT_DRAFT = """
+DELETE FROM pair_counts WHERE rowid IN (
+  SELECT rowid FROM pair_counts WHERE namespace = ? AND draft_token_id = ?
+  ORDER BY "count" DESC, last_version DESC, draft_token_id, target_token_id LIMIT -1 OFFSET ?)
+RETURNING draft_token_id, target_token_id
+"""
+_EVICT_GLOBAL = """
+DELETE FROM pair_counts WHERE rowid IN (
+  SELECT rowid FROM pair_counts WHERE namespace = ?
+  ORDER BY "count" ASC, last_version ASC, draft_token_id DESC, target_token_id DESC LIMIT ?)
+RETURNING draft_token_id, target_token_id
+"""
+_META_GET = "SELECT value FROM store_meta WHERE key = ?"
+_META_SET = "INSERT INTO store_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 
 
 def _is_int(value: object) -> bool:
@@ -71,7 +126,7 @@ def validate_namespace(namespace: object) -> str:
     assert isinstance(namespace, str)  # for the type checker; require() raised otherwise
     require(
         NAMESPACE_PATTERN.fullmatch(namespace) is not None,
-        f"namespace must be 1-128 characters of [A-Za-z0-9._:/-], got {namespace[:140]!r}",
+        f"namespace must be 1-128 characters of [A-Za-z0-9._:/+-], got {namespace[:140]!r}",
     )
     return namespace
 
@@ -97,39 +152,147 @@ def validate_events(events: Sequence[Event]) -> int:
     return total
 
 
-class CorrectionStore:
-    """Thread-safe counts of rejected (draft, target) pairs, one SQLite file, versioned per namespace."""
+@dataclass(frozen=True)
+class TableLimits:
+    """Caps per namespace and decay; see the module doc for the eviction rule."""
 
-    def __init__(self, db_path: Path | str) -> None:
+    max_pairs: int = 65_536  # = the verifiers' default snapshot size, so they always see the whole table
+    max_pairs_per_draft: int = 64
+    half_life_s: float = 0.0  # 0: no decay
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_pairs <= MAX_PAIRS_LIMIT:
+            raise InvalidArgument(f"max_pairs must be in [1, {MAX_PAIRS_LIMIT}], got {self.max_pairs}")
+        if self.max_pairs_per_draft < 1:
+            raise InvalidArgument(f"max_pairs_per_draft must be >= 1, got {self.max_pairs_per_draft}")
+        if not self.half_life_s >= 0 or math.isinf(self.half_life_s):
+            raise InvalidArgument(f"half_life_s must be a finite number >= 0, got {self.half_life_s}")
+
+
+@dataclass(frozen=True)
+class CountBucket:
+    min_count: int  # inclusive
+    max_count: int  # inclusive
+    pairs: int
+    events: int
+
+
+@dataclass(frozen=True)
+class TableStats:
+    total_events: int  # ever recorded
+    distinct_pairs: int  # in the table now
+    version: int
+    table_events: int  # sum of the counts in the table now
+    top_pairs: list[Pair]
+    top_share: float  # share of table_events held by the top 20% of pairs (0 for an empty table)
+    histogram: list[CountBucket]  # power-of-two buckets: 1, 2-3, 4-7, ...
+    db_bytes: int  # database file plus WAL: the whole store, all namespaces
+
+
+@dataclass
+class _Batch:
+    """Requests accepted since the last take; committed as one transaction."""
+
+    events: dict[str, Counter[Key]] = field(default_factory=dict)
+    totals: Counter[str] = field(default_factory=Counter)
+    versions: dict[str, int] = field(default_factory=dict)  # set when taken
+    decay_steps: int = 0
+    decay_until: float = 0.0
+    seq: int = 0
+
+
+class CorrectionStore:
+    """Thread-safe, group-committed counts of rejected pairs, one SQLite file, versioned per namespace."""
+
+    def __init__(
+        self,
+        db_path: Path | str,
+        *,
+        flush_interval_s: float = 0.5,
+        limits: TableLimits | None = None,
+        hub: WatchHub | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """flush_interval_s 0 means no flusher thread: callers flush (tests, tools)."""
+        require(flush_interval_s >= 0, f"flush_interval_s must be >= 0, got {flush_interval_s}")
         self.db_path = Path(db_path)
-        self._lock = threading.Lock()
-        self._db: sqlite_utils.Database | None = _open_database(self.db_path)
+        self.flush_interval_s = flush_interval_s
+        self.limits = limits or TableLimits()
+        self.hub = hub or WatchHub()
+        self._clock = clock
+        self._db_lock = threading.Lock()  # the connection
+        self._flush_lock = threading.Lock()  # one flush at a time
+        self._cond = threading.Condition()  # open batch, assigned versions, commit progress
+        self._db: sqlite_utils.Database | None = _open_database(self.db_path, clock())
+        self._versions, self._totals, self._last_decay = self._load_state()
+        self._committed = dict(self._versions)
+        self._open = _Batch()
+        self._taken: _Batch | None = None  # taken but not committed yet (retried after a failure)
+        self._assigned_seq = 0
+        self._committed_seq = 0
+        self._closed = False
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+        if flush_interval_s > 0:
+            self._flusher = threading.Thread(target=self._flush_loop, name="memory-flusher", daemon=True)
+            self._flusher.start()
 
     # -- writes ---------------------------------------------------------------------------------
 
-    def record(self, namespace: str, events: Sequence[Event]) -> tuple[int, int]:
-        """Add `events` to the namespace's counts in one transaction; returns (sum of counts, version).
+    def record(self, namespace: str, events: Sequence[Event], durable: bool = False) -> tuple[int, int]:
+        """Accept `events` into the open batch; returns (sum of counts, version that will hold them).
 
-        Pairs may repeat within a batch (their counts add up). An empty batch writes nothing
-        and returns the current version: versions move only when counts do.
+        Pairs may repeat within a batch (their counts add up). An empty batch writes nothing and
+        returns the namespace's current version. durable=True returns only after the commit.
         """
         validate_namespace(namespace)
         recorded = validate_events(events)
-        if not events:
-            return 0, self.stats(namespace)[2]
-        with self._transaction(write=True) as db:
-            _, total = _version_row(db, namespace)
-            if total + recorded > MAX_TOTAL_EVENTS:
+        with self._cond:
+            self._check_open()
+            if not events:
+                return 0, self._versions.get(namespace, 0)
+            if self._totals.get(namespace, 0) + recorded > MAX_TOTAL_EVENTS:
                 raise ResourceExhausted(f"namespace {namespace!r} is full: its total count would overflow")
-            db.conn.executemany(_UPSERT_PAIR, [(namespace, d, t, c) for d, t, c in events])
-            # fetchall, not fetchone: a RETURNING statement left unfinished would block COMMIT.
-            version = db.execute(_BUMP_VERSION, (namespace, recorded)).fetchall()[0][0]
+            self._totals[namespace] = self._totals.get(namespace, 0) + recorded
+            counter = self._open.events.setdefault(namespace, Counter())
+            for draft, target, count in events:
+                counter[draft, target] += count
+            self._open.totals[namespace] += recorded
+            version = self._versions.get(namespace, 0) + 1  # the next take assigns exactly this
+            seq = self._assigned_seq + 1
+        if durable:
+            self._wait_committed(seq)
         return recorded, version
+
+    def flush(self) -> bool:
+        """Commit the open batch (and a due decay step) now; True if something was written.
+
+        On failure the taken batch is kept and retried by the next flush, with the same versions.
+        """
+        with self._flush_lock:
+            if self._taken is None:
+                self._taken = self._take()
+            batch = self._taken
+            if batch is None:
+                return False
+            with self._transaction(write=True) as db:
+                deltas = [self._write_namespace(db, batch, ns, v) for ns, v in batch.versions.items()]
+                if batch.decay_steps:
+                    db.execute(_META_SET, ("last_decay", repr(batch.decay_until)))
+            self._taken = None
+            with self._cond:
+                self._committed.update(batch.versions)
+                self._committed_seq = batch.seq
+                if batch.decay_steps:
+                    self._last_decay = batch.decay_until
+                self._cond.notify_all()
+            self.hub.publish(deltas)  # under the flush lock, so watchers see versions in order
+        return True
 
     # -- reads ----------------------------------------------------------------------------------
 
     def pairs(self, namespace: str, min_count: int, max_pairs: int) -> tuple[list[Pair], int]:
-        """The at most `max_pairs` most frequent pairs with count >= min_count, and their version."""
+        """The at most `max_pairs` most frequent committed pairs with count >= min_count, and their version."""
         validate_namespace(namespace)
         require(_is_int(min_count) and min_count >= 0, f"min_count must be >= 0, got {min_count!r}")
         require(
@@ -143,22 +306,64 @@ class CorrectionStore:
             version, _ = _version_row(db, namespace)
         return [(d, t, c) for d, t, c in rows], version
 
+    def snapshot(self, namespace: str) -> tuple[list[Pair], int]:
+        """Every committed pair of a namespace (bounded by the caps) and its version: what Watch sends first."""
+        return self.pairs(namespace, 1, MAX_PAIRS_LIMIT)
+
+    def committed_version(self, namespace: str) -> int:
+        with self._cond:
+            return self._committed.get(namespace, 0)
+
     def stats(self, namespace: str) -> tuple[int, int, int]:
-        """(total_events, distinct_pairs, version) of a namespace; all 0 for one never written."""
+        """(total_events, distinct_pairs, version) of committed data; all 0 for a namespace never written."""
         validate_namespace(namespace)
         with self._transaction(write=False) as db:
             distinct = db.execute(_COUNT_PAIRS, (namespace,)).fetchone()[0]
             version, total = _version_row(db, namespace)
         return total, distinct, version
 
+    def table_stats(self, namespace: str, top_k: int = 20) -> TableStats:
+        """The insight report: top pairs, top-20% share, count distribution, sizes."""
+        validate_namespace(namespace)
+        require(_is_int(top_k) and 0 <= top_k <= 10_000, f"top_k must be in [0, 10000], got {top_k!r}")
+        with self._transaction(write=False) as db:
+            counts = [row[0] for row in db.execute(_SELECT_COUNTS, (namespace,)).fetchall()]
+            top = db.execute(_SELECT_PAIRS, (namespace, 1, max(top_k, 1))).fetchall()[:top_k]
+            version, total = _version_row(db, namespace)
+        table_events = sum(counts)
+        head = counts[: math.ceil(len(counts) * TOP_SHARE_FRACTION)]
+        return TableStats(
+            total_events=total,
+            distinct_pairs=len(counts),
+            version=version,
+            table_events=table_events,
+            top_pairs=[(d, t, c) for d, t, c in top],
+            top_share=sum(head) / table_events if table_events else 0.0,
+            histogram=_histogram(counts),
+            db_bytes=sum(p.stat().st_size for p in _db_files(self.db_path)),
+        )
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the database; waits for a request in progress. Idempotent; later calls raise Unavailable."""
-        with self._lock:
+        """Stop the flusher, commit what is pending, close the file. Idempotent; later calls raise Unavailable."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join()
+        try:
+            self.flush()
+        except Exception:
+            log.exception("final flush failed: the events accepted since the last commit are lost")
+        with self._db_lock:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+        with self._cond:
+            self._cond.notify_all()  # durable waiters: give up now
 
     def __enter__(self) -> CorrectionStore:
         return self
@@ -166,14 +371,106 @@ class CorrectionStore:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    # -- internals ------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Unavailable("correction store is closed")
+
+    def _flush_loop(self) -> None:
+        # Flushes *start* every interval (not interval after the last one ended), which is what
+        # bounds the age of an acknowledged, uncommitted event.
+        next_at = time.monotonic() + self.flush_interval_s
+        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+            next_at += self.flush_interval_s
+            try:
+                self.flush()
+            except Exception:
+                log.exception("flush failed; retrying with the next interval")
+            next_at = max(next_at, time.monotonic())  # a slow flush does not cause a burst of catch-ups
+
+    def _take(self) -> _Batch | None:
+        """Close the open batch and assign its versions; None when there is nothing to write."""
+        with self._cond:
+            steps, until = self._due_decay()
+            if not self._open.events and not steps:
+                return None
+            batch, self._open = self._open, _Batch()
+            namespaces = set(batch.events) | (set(self._versions) if steps else set())
+            for ns in sorted(namespaces):
+                self._versions[ns] = self._versions.get(ns, 0) + 1
+                batch.versions[ns] = self._versions[ns]
+            self._assigned_seq += 1
+            batch.seq = self._assigned_seq
+            batch.decay_steps, batch.decay_until = steps, until
+            return batch
+
+    def _due_decay(self) -> tuple[int, float]:
+        """(whole half-lives elapsed since the last step, time of the step after applying them)."""
+        half_life = self.limits.half_life_s
+        if half_life <= 0:
+            return 0, self._last_decay
+        steps = int((self._clock() - self._last_decay) // half_life)
+        return max(steps, 0), self._last_decay + max(steps, 0) * half_life
+
+    def _write_namespace(self, db: sqlite_utils.Database, batch: _Batch, ns: str, version: int) -> Delta:
+        changed: dict[Key, int] = {}
+        if batch.decay_steps:
+            shift = min(batch.decay_steps, 62)
+            changed.update({(d, t): c for d, t, c in db.execute(_DECAY, (shift, ns)).fetchall()})
+            db.execute(_DROP_ZEROS, (ns,))
+        events = batch.events.get(ns, Counter())
+        # executemany + one read-back per chunk of drafts: per-pair statements cost ~10x more in Python.
+        db.conn.executemany(_UPSERT_PAIR, [(ns, d, t, c, version) for (d, t), c in events.items()])
+        drafts = sorted({d for d, _ in events})
+        for chunk in (drafts[i : i + _CHUNK] for i in range(0, len(drafts), _CHUNK)):
+            marks = ",".join("?" * len(chunk))
+            rows = db.execute(_SELECT_DRAFTS.format(marks=marks), (ns, *chunk)).fetchall()
+            changed.update({(d, t): c for d, t, c in rows if (d, t) in events})
+        # Decay only lowers counts, so only drafts with new events can have gone over their cap.
+        for key in self._evict(db, ns, drafts):
+            changed[key] = 0
+        db.execute(_SET_VERSION, (ns, version, batch.totals.get(ns, 0)))
+        return Delta(ns, version, tuple((d, t, c) for (d, t), c in sorted(changed.items())))
+
+    def _evict(self, db: sqlite_utils.Database, ns: str, drafts: list[int]) -> list[Key]:
+        """Apply the caps after a write; returns the evicted pairs."""
+        evicted: list[Key] = []
+        cap = self.limits.max_pairs_per_draft
+        over: list[int] = []
+        for chunk in (drafts[i : i + _CHUNK] for i in range(0, len(drafts), _CHUNK)):
+            marks = ",".join("?" * len(chunk))
+            over += [row[0] for row in db.execute(_OVER_CAP.format(marks=marks), (ns, *chunk, cap)).fetchall()]
+        for draft in over:
+            rows = db.execute(_EVICT_DRAFT, (ns, draft, self.limits.max_pairs_per_draft)).fetchall()
+            evicted += [(d, t) for d, t in rows]
+        excess = db.execute(_COUNT_PAIRS, (ns,)).fetchone()[0] - self.limits.max_pairs
+        if excess > 0:
+            evicted += [(d, t) for d, t in db.execute(_EVICT_GLOBAL, (ns, excess)).fetchall()]
+        return evicted
+
+    def _wait_committed(self, seq: int) -> None:
+        if self._flusher is None:
+            self.flush()
+        with self._cond:
+            done = self._cond.wait_for(lambda: self._committed_seq >= seq or self._closed, DURABLE_WAIT_S)
+            if not done or self._committed_seq < seq:
+                raise Unavailable("the write was accepted but not committed in time; it may still be committed")
+
+    def _load_state(self) -> tuple[dict[str, int], dict[str, int], float]:
+        with self._transaction(write=False) as db:
+            rows = db.execute("SELECT namespace, version, total_events FROM namespace_versions").fetchall()
+            last_decay = float(db.execute(_META_GET, ("last_decay",)).fetchone()[0])
+        return {ns: v for ns, v, _ in rows}, {ns: t for ns, _, t in rows}, last_decay
+
     @contextmanager
     def _transaction(self, write: bool) -> Iterator[sqlite_utils.Database]:
-        """One transaction under the lock: committed if the block returns, rolled back if it raises.
+        """One transaction under the connection lock: committed if the block returns, rolled back if it raises.
 
         Writes take the write lock up front (BEGIN IMMEDIATE) so a second process on the same
         file makes us wait (busy timeout) rather than fail mid-transaction on a lock upgrade.
         """
-        with self._lock:
+        with self._db_lock:
             if self._db is None:
                 raise Unavailable("correction store is closed")
             db = self._db
@@ -186,13 +483,27 @@ class CorrectionStore:
                 raise
 
 
+def _histogram(counts: list[int]) -> list[CountBucket]:
+    buckets: dict[int, list[int]] = {}
+    for c in counts:
+        buckets.setdefault(c.bit_length() - 1, [0, 0])
+        buckets[c.bit_length() - 1][0] += 1
+        buckets[c.bit_length() - 1][1] += c
+    return [CountBucket(1 << b, (2 << b) - 1, n, e) for b, (n, e) in sorted(buckets.items())]
+
+
+def _db_files(path: Path) -> list[Path]:
+    candidates = [path, path.with_name(path.name + "-wal")]
+    return [p for p in candidates if p.exists()]
+
+
 def _version_row(db: sqlite_utils.Database, namespace: str) -> tuple[int, int]:
     """(version, total_events) of a namespace, (0, 0) if it was never written."""
     row = db.execute(_SELECT_VERSION, (namespace,)).fetchone()
     return (row[0], row[1]) if row else (0, 0)
 
 
-def _open_database(path: Path) -> sqlite_utils.Database:
+def _open_database(path: Path, now: float) -> sqlite_utils.Database:
     path.parent.mkdir(parents=True, exist_ok=True)
     # check_same_thread=False: the gRPC worker threads share this connection, serialised by our lock.
     conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, check_same_thread=False)
@@ -200,29 +511,34 @@ def _open_database(path: Path) -> sqlite_utils.Database:
         # No plugins: nothing but our own SQL runs on this connection.
         db = sqlite_utils.Database(conn, execute_plugins=False)
         db.enable_wal()
-        db.execute("PRAGMA synchronous=FULL")  # fsync each commit: durable on return
+        db.execute("PRAGMA synchronous=FULL")  # fsync each commit: a committed flush survives power loss
         with db.atomic():
-            _create_schema(db)
+            _create_schema(db, now)
     except BaseException:
         conn.close()
         raise
     return db
 
 
-def _create_schema(db: sqlite_utils.Database) -> None:
+def _create_schema(db: sqlite_utils.Database, now: float) -> None:
     found = db.execute("PRAGMA user_version").fetchone()[0]
     if found > SCHEMA_VERSION:
         raise FailedPrecondition(f"database schema version {found} is newer than this server's {SCHEMA_VERSION}")
     # STRICT makes SQLite refuse a non-integer count rather than silently store a float.
     strict = db.supports_strict
-    db.create_table(
-        "pair_counts",
-        {"namespace": str, "draft_token_id": int, "target_token_id": int, "count": int},
-        pk=("namespace", "draft_token_id", "target_token_id"),
-        not_null=("namespace", "draft_token_id", "target_token_id", "count"),
-        if_not_exists=True,
-        strict=strict,
-    )
+    if not db["pair_counts"].exists():
+        db.create_table(
+            "pair_counts",
+            {"namespace": str, "draft_token_id": int, "target_token_id": int, "count": int, "last_version": int},
+            pk=("namespace", "draft_token_id", "target_token_id"),
+            not_null=("namespace", "draft_token_id", "target_token_id", "count", "last_version"),
+            defaults={"last_version": 0},
+            strict=strict,
+        )
+    elif "last_version" not in db["pair_counts"].columns_dict:  # migration 1 -> 2
+        db.execute("ALTER TABLE pair_counts ADD COLUMN last_version INTEGER NOT NULL DEFAULT 0")
+    # Serves the global eviction (lowest rank first) and the count-ordered reads.
+    db.execute('CREATE INDEX IF NOT EXISTS pair_counts_rank ON pair_counts (namespace, "count", last_version)')
     # total_events is kept with the version so stats are O(1) and the overflow guard is exact.
     db.create_table(
         "namespace_versions",
@@ -232,5 +548,8 @@ def _create_schema(db: sqlite_utils.Database) -> None:
         if_not_exists=True,
         strict=strict,
     )
+    db.create_table("store_meta", {"key": str, "value": str}, pk="key", if_not_exists=True, strict=strict)
+    # The decay clock starts when the database is created and survives restarts.
+    db.execute("INSERT OR IGNORE INTO store_meta (key, value) VALUES ('last_decay', ?)", (repr(now),))
     if found < SCHEMA_VERSION:
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -26,6 +26,12 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
         default=1.0,
         help="seconds between shipping events and refreshing the pair table",
     )
+    parser.add_argument(
+        "--memory-writer-token-file",
+        type=Path,
+        default=None,
+        help="file holding the writer token the memory service requires of verifiers",
+    )
     args = parser.parse_args(argv)
     config = TargetConfig(
         model=ModelSpec(Path(args.model), dtype=args.dtype, device=args.device),
@@ -36,6 +42,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
         memory_address=args.memory_addr,
         memory_namespace=args.memory_namespace,
         memory_sync_interval_s=args.memory_sync_interval,
+        memory_writer_token_file=args.memory_writer_token_file,
     )
     return config, args.log_level
 

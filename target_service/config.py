@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from calispec.modeling import ModelSpec
 
@@ -18,7 +19,8 @@ class TargetConfig:
     memory_address: str | None = None  # None: no shared memory, local online counts only
     memory_namespace: str = "default"
     memory_sync_interval_s: float = 1.0  # how often events are shipped and the table refreshed
-    memory_max_pairs: int = 65536  # rescuable pairs fetched per refresh
+    memory_max_pairs: int = 65536  # unused since the Watch stream (the memory service caps its tables)
+    memory_writer_token_file: Path | None = None  # the verifiers' credential for RecordEvents
 
     @property
     def address(self) -> str:

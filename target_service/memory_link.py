@@ -1,24 +1,58 @@
-"""The target's link to the memory service: ships rejection events, refreshes the pair table.
+"""The target's link to the memory service: ships rejection events, follows the table by Watch.
 
-Runs in one background thread, so verification never waits on it: each sync first sends the
-table's unflushed events (RecordEvents), then fetches a fresh snapshot (GetPairs). Doing both
-in one thread, in that order, means a snapshot is never fetched while a batch is in flight,
-which is what keeps `PairTable` free of double counting. If the memory service is down the
-verifier keeps serving with its last table plus its own local counts, and retries.
+Two background threads, so verification never waits on the memory service:
+- the *flusher* sends the table's unflushed events every `sync_interval_s` (RecordEvents, with
+  the writer token: only verifiers may write);
+- the *watcher* holds a Watch stream: a full snapshot, then one delta per committed write of
+  the namespace, applied to a mirror of the table and installed into the `PairTable`. When the
+  stream breaks it reconnects with the version it holds and resumes (or gets a new snapshot).
+
+Installing a snapshot and handling a RecordEvents reply exclude each other (one lock), so a
+snapshot never lands between "the service recorded a batch" and "we learnt its version", the
+window in which `PairTable` would count that batch twice.
+
+If the memory service is down the verifier keeps serving with its last table plus its own
+local counts; `connected` turns false, the health service reports the sub-service
+`MEMORY_HEALTH_SERVICE` as NOT_SERVING (the target's own health stays SERVING), and
+`status()` gives the figures for metrics.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
+from grpc_health.v1 import health, health_pb2
 
+from calispec.credentials import read_writer_token, writer_metadata
+from calispec.errors import CalispecError, FailedPrecondition
 from calispec.grpc_server import make_channel
 from calispec.v1 import memory_pb2, memory_pb2_grpc
 from target_service.pair_table import PairTable
 
+if TYPE_CHECKING:
+    from target_service.config import TargetConfig
+
 log = logging.getLogger(__name__)
+
+MEMORY_HEALTH_SERVICE = "calispec.v1.TargetService/memory"
+MAX_BACKOFF_S = 5.0
+
+Key = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class LinkStatus:
+    connected: bool
+    version: int  # version of the table the watcher installed last (-1: none yet)
+    seconds_since_update: float | None  # since the last message on the watch stream
+    reconnects: int
+    flush_failures: int
 
 
 class MemoryLink:
@@ -28,40 +62,184 @@ class MemoryLink:
         namespace: str,
         table: PairTable,
         sync_interval_s: float = 1.0,
-        max_pairs: int = 65536,
         rpc_timeout_s: float = 5.0,
+        writer_token: str | None = None,
+        writer_id: str | None = None,
     ) -> None:
         self.address = address
         self.namespace = namespace
         self.table = table
         self.sync_interval_s = sync_interval_s
-        self.max_pairs = max_pairs
         self.rpc_timeout_s = rpc_timeout_s
-        self.connected = False  # outcome of the last sync; reported in logs (metrics: later issue)
+        self._metadata = writer_metadata(writer_token, writer_id)
         self._channel = make_channel(address)
         self._stub = memory_pb2_grpc.MemoryServiceStub(self._channel)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="memory-link", daemon=True)
+        self._install_lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._flush_loop, name="memory-flush", daemon=True),
+            threading.Thread(target=self._watch_loop, name="memory-watch", daemon=True),
+        ]
+        self._call: grpc.Future | None = None  # the live Watch call, cancelled by stop()
+        self._mirror: dict[Key, int] | None = None  # the service's table as of self._version
+        self._version = -1
+        self._chunks: list[tuple[int, int, int]] = []  # snapshot chunks received so far
+        self._watch_ok = False
+        self._flush_ok = True
+        self._last_message: float | None = None
+        self._reconnects = 0
+        self._flush_failures = 0
+        self._on_status: Callable[[bool], None] | None = None
+        self.connected = False
+
+    @classmethod
+    def from_config(cls, config: TargetConfig, table: PairTable) -> MemoryLink:
+        """The link a target's config asks for (its credential is read here, once per process)."""
+        assert config.memory_address is not None
+        return cls(
+            config.memory_address,
+            config.memory_namespace,
+            table,
+            sync_interval_s=config.memory_sync_interval_s,
+            writer_token=read_writer_token(config.memory_writer_token_file),
+            writer_id=config.address,
+        )
+
+    def report_health(self, health_servicer: health.HealthServicer) -> None:
+        """Publish `connected` as the health of MEMORY_HEALTH_SERVICE (NOT_SERVING until the first table)."""
+        serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+        self._on_status = lambda ok: health_servicer.set(MEMORY_HEALTH_SERVICE, serving if ok else not_serving)
+        self._on_status(self.connected)
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
-        """Stop syncing, then make one last attempt to ship what is left (bounded by the RPC timeout)."""
+        """Stop both threads, then make one last attempt to ship what is left (bounded by the RPC timeout)."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        call = self._call
+        if call is not None:
+            call.cancel()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join()
         self.flush()
         self._channel.close()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sync()
-            self._stop.wait(self.sync_interval_s)
+    def status(self) -> LinkStatus:
+        last = self._last_message
+        return LinkStatus(
+            connected=self.connected,
+            version=self._version,
+            seconds_since_update=None if last is None else time.monotonic() - last,
+            reconnects=self._reconnects,
+            flush_failures=self._flush_failures,
+        )
 
-    def sync(self) -> bool:
-        """Flush, then refresh; True when both reached the memory service."""
-        ok = self.flush() and self.refresh()
+    # -- flusher --------------------------------------------------------------------------------
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.sync_interval_s):
+            self.flush()
+
+    def flush(self) -> bool:
+        """Send the unflushed events; True when there was nothing to send or the service took them."""
+        with self._install_lock:
+            ok = self._flush_locked()
+        self._flush_ok = ok
+        self._flush_failures += not ok
+        self._update_connected()
+        return ok
+
+    def _flush_locked(self) -> bool:
+        batch = self.table.take_unflushed()
+        if batch is None:
+            return True
+        events = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for d, t, c in batch.pairs()]
+        request = memory_pb2.RecordEventsRequest(namespace=self.namespace, events=events)
+        try:
+            response = self._stub.RecordEvents(request, timeout=self.rpc_timeout_s, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            self.table.mark_failed(batch.batch_id)
+            log.log(
+                logging.ERROR if exc.code() == grpc.StatusCode.UNAUTHENTICATED else logging.DEBUG,
+                "RecordEvents failed: %s %s",
+                exc.code(),
+                exc.details(),
+            )
+            return False
+        self.table.mark_flushed(batch.batch_id, response.version)
+        return True
+
+    # -- watcher --------------------------------------------------------------------------------
+
+    def _watch_loop(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                self._watch_once()
+                failures = 0  # the server ended the stream cleanly (shutdown): reconnect at once
+            except grpc.RpcError as exc:
+                if self._stop.is_set():
+                    return
+                failures += 1
+                log.debug("watch stream broke: %s", exc.code())
+            except CalispecError as exc:  # a table this verifier cannot use (e.g. wrong namespace)
+                failures += 1
+                self._mirror = None  # possibly half-applied: start over from a snapshot
+                log.error("memory table rejected: %s", exc)
+            self._watch_ok = False
+            self._update_connected()
+            self._reconnects += 1
+            self._stop.wait(min(MAX_BACKOFF_S, self.sync_interval_s * 2 ** min(failures, 8)) if failures else 0.05)
+
+    def _watch_once(self) -> None:
+        resume = self._version if self._mirror is not None else None
+        request = memory_pb2.WatchRequest(namespace=self.namespace, resume_version=resume)
+        self._chunks = []
+        call = self._stub.Watch(request)
+        self._call = call
+        if self._stop.is_set():  # stop() ran before the call existed
+            call.cancel()
+        for message in call:
+            self._apply(message)
+
+    def _apply(self, message: memory_pb2.WatchResponse) -> None:
+        self._last_message = time.monotonic()
+        pairs = [(p.draft_token_id, p.target_token_id, p.count) for p in message.pairs]
+        if message.kind == memory_pb2.WATCH_UPDATE_KIND_SNAPSHOT:
+            self._chunks.extend(pairs)
+            if not message.last_chunk:
+                return
+            mirror = {(d, t): c for d, t, c in self._chunks}
+            self._chunks = []
+        elif message.kind == memory_pb2.WATCH_UPDATE_KIND_DELTA:
+            if self._mirror is None:
+                raise FailedPrecondition("delta before snapshot")  # a protocol error: reconnect for a snapshot
+            mirror = self._mirror
+            for d, t, c in pairs:
+                if c:
+                    mirror[d, t] = c
+                else:
+                    mirror.pop((d, t), None)
+        else:  # heartbeat: nothing changed, the stream is alive
+            self._watch_ok = True
+            self._update_connected()
+            return
+        self._install(mirror, message.version)
+
+    def _install(self, mirror: dict[Key, int], version: int) -> None:
+        pairs = [(d, t, c) for (d, t), c in mirror.items()]
+        with self._install_lock:
+            # An older version than ours means the service lost its last flush (crash): it is the truth now.
+            self.table.replace_snapshot(pairs, version, force=version < self.table.version)
+        self._mirror, self._version = mirror, version
+        self._watch_ok = True
+        self._update_connected()
+
+    def _update_connected(self) -> None:
+        ok = self._watch_ok and self._flush_ok
         if ok != self.connected:
             log.log(
                 logging.INFO if ok else logging.WARNING,
@@ -69,32 +247,6 @@ class MemoryLink:
                 self.address,
                 "reachable" if ok else "unreachable: serving with the last table and local counts",
             )
-        self.connected = ok
-        return ok
-
-    def flush(self) -> bool:
-        batch = self.table.take_unflushed()
-        if batch is None:
-            return True
-        events = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for d, t, c in batch.pairs()]
-        request = memory_pb2.RecordEventsRequest(namespace=self.namespace, events=events)
-        try:
-            response = self._stub.RecordEvents(request, timeout=self.rpc_timeout_s)
-        except grpc.RpcError as exc:
-            self.table.mark_failed(batch.batch_id)
-            log.debug("RecordEvents failed: %s", exc)
-            return False
-        self.table.mark_flushed(batch.batch_id, response.version)
-        return True
-
-    def refresh(self) -> bool:
-        # min_count 1: λ is per request (it may be 0), so the table must hold every recorded pair
-        request = memory_pb2.GetPairsRequest(namespace=self.namespace, min_count=1, max_pairs=self.max_pairs)
-        try:
-            response = self._stub.GetPairs(request, timeout=self.rpc_timeout_s)
-        except grpc.RpcError as exc:
-            log.debug("GetPairs failed: %s", exc)
-            return False
-        pairs = [(p.draft_token_id, p.target_token_id, p.count) for p in response.pairs]
-        self.table.replace_snapshot(pairs, response.version)
-        return True
+            self.connected = ok
+            if self._on_status is not None:
+                self._on_status(ok)

@@ -201,11 +201,15 @@ class PairTable:
 
     # -- refresher ------------------------------------------------------------------------------
 
-    def replace_snapshot(self, pairs: Sequence[Pair] | PairTensors, version: int) -> bool:
-        """Install the memory service's pairs at `version`; False (ignored) if older than the installed."""
+    def replace_snapshot(self, pairs: Sequence[Pair] | PairTensors, version: int, force: bool = False) -> bool:
+        """Install the memory service's pairs at `version`; False (ignored) if older than the installed.
+
+        force=True installs an older version too: the memory service's version went backwards
+        (it lost its last flush in a crash), and its table is now the truth.
+        """
         snapshot = self._snapshot_counts(pairs)  # the expensive part, outside the lock
         with self._lock:
-            if version < self._view.version:
+            if version < self._view.version and not force:
                 return False
             self._install(snapshot, version)
         return True

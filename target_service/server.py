@@ -93,23 +93,16 @@ def create_server(config: TargetConfig, runner: ModelRunner | None = None) -> tu
     """Build the target server (port 0 allowed); its background parts are started and returned."""
     runner = runner or ModelRunner(config.model)
     table = PairTable(runner.vocab_size, runner.device)
-    link = None
-    if config.memory_address:
-        link = MemoryLink(
-            config.memory_address,
-            config.memory_namespace,
-            table,
-            sync_interval_s=config.memory_sync_interval_s,
-            max_pairs=config.memory_max_pairs,
-        )
+    link = MemoryLink.from_config(config, table) if config.memory_address else None
     engine = TargetEngine(runner, config.max_sessions, table, config.max_batch_size)
     servicer = TargetServicer(engine)
-    server, port, _ = create_grpc_server(
+    server, port, health = create_grpc_server(
         config.address,
         [lambda s: target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, s)],
         [SERVICE_NAME],
         max_workers=config.max_workers,
     )
     if link is not None:
+        link.report_health(health)
         link.start()
     return server, port, TargetRuntime(engine, link)

@@ -1,10 +1,22 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class WatchUpdateKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WATCH_UPDATE_KIND_UNSPECIFIED: _ClassVar[WatchUpdateKind]
+    WATCH_UPDATE_KIND_SNAPSHOT: _ClassVar[WatchUpdateKind]
+    WATCH_UPDATE_KIND_DELTA: _ClassVar[WatchUpdateKind]
+    WATCH_UPDATE_KIND_HEARTBEAT: _ClassVar[WatchUpdateKind]
+WATCH_UPDATE_KIND_UNSPECIFIED: WatchUpdateKind
+WATCH_UPDATE_KIND_SNAPSHOT: WatchUpdateKind
+WATCH_UPDATE_KIND_DELTA: WatchUpdateKind
+WATCH_UPDATE_KIND_HEARTBEAT: WatchUpdateKind
 
 class PairCount(_message.Message):
     __slots__ = ("draft_token_id", "target_token_id", "count")
@@ -17,20 +29,24 @@ class PairCount(_message.Message):
     def __init__(self, draft_token_id: _Optional[int] = ..., target_token_id: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class RecordEventsRequest(_message.Message):
-    __slots__ = ("namespace", "events")
+    __slots__ = ("namespace", "events", "wait_durable")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_DURABLE_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     events: _containers.RepeatedCompositeFieldContainer[PairCount]
-    def __init__(self, namespace: _Optional[str] = ..., events: _Optional[_Iterable[_Union[PairCount, _Mapping]]] = ...) -> None: ...
+    wait_durable: bool
+    def __init__(self, namespace: _Optional[str] = ..., events: _Optional[_Iterable[_Union[PairCount, _Mapping]]] = ..., wait_durable: _Optional[bool] = ...) -> None: ...
 
 class RecordEventsResponse(_message.Message):
-    __slots__ = ("recorded", "version")
+    __slots__ = ("recorded", "version", "durable")
     RECORDED_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_FIELD_NUMBER: _ClassVar[int]
     recorded: int
     version: int
-    def __init__(self, recorded: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+    durable: bool
+    def __init__(self, recorded: _Optional[int] = ..., version: _Optional[int] = ..., durable: _Optional[bool] = ...) -> None: ...
 
 class GetPairsRequest(_message.Message):
     __slots__ = ("namespace", "min_count", "max_pairs")
@@ -51,17 +67,67 @@ class GetPairsResponse(_message.Message):
     def __init__(self, pairs: _Optional[_Iterable[_Union[PairCount, _Mapping]]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
-    __slots__ = ("namespace",)
+    __slots__ = ("namespace", "top_k")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
     namespace: str
-    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+    top_k: int
+    def __init__(self, namespace: _Optional[str] = ..., top_k: _Optional[int] = ...) -> None: ...
+
+class CountBucket(_message.Message):
+    __slots__ = ("min_count", "max_count", "pairs", "events")
+    MIN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MAX_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PAIRS_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    min_count: int
+    max_count: int
+    pairs: int
+    events: int
+    def __init__(self, min_count: _Optional[int] = ..., max_count: _Optional[int] = ..., pairs: _Optional[int] = ..., events: _Optional[int] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("total_events", "distinct_pairs", "version")
+    __slots__ = ("total_events", "distinct_pairs", "version", "table_events", "top_pairs", "top20_share", "count_histogram", "db_bytes", "max_pairs", "max_pairs_per_draft", "half_life_s")
     TOTAL_EVENTS_FIELD_NUMBER: _ClassVar[int]
     DISTINCT_PAIRS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    TABLE_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    TOP_PAIRS_FIELD_NUMBER: _ClassVar[int]
+    TOP20_SHARE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_HISTOGRAM_FIELD_NUMBER: _ClassVar[int]
+    DB_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_PAIRS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PAIRS_PER_DRAFT_FIELD_NUMBER: _ClassVar[int]
+    HALF_LIFE_S_FIELD_NUMBER: _ClassVar[int]
     total_events: int
     distinct_pairs: int
     version: int
-    def __init__(self, total_events: _Optional[int] = ..., distinct_pairs: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+    table_events: int
+    top_pairs: _containers.RepeatedCompositeFieldContainer[PairCount]
+    top20_share: float
+    count_histogram: _containers.RepeatedCompositeFieldContainer[CountBucket]
+    db_bytes: int
+    max_pairs: int
+    max_pairs_per_draft: int
+    half_life_s: float
+    def __init__(self, total_events: _Optional[int] = ..., distinct_pairs: _Optional[int] = ..., version: _Optional[int] = ..., table_events: _Optional[int] = ..., top_pairs: _Optional[_Iterable[_Union[PairCount, _Mapping]]] = ..., top20_share: _Optional[float] = ..., count_histogram: _Optional[_Iterable[_Union[CountBucket, _Mapping]]] = ..., db_bytes: _Optional[int] = ..., max_pairs: _Optional[int] = ..., max_pairs_per_draft: _Optional[int] = ..., half_life_s: _Optional[float] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("namespace", "resume_version")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    RESUME_VERSION_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    resume_version: int
+    def __init__(self, namespace: _Optional[str] = ..., resume_version: _Optional[int] = ...) -> None: ...
+
+class WatchResponse(_message.Message):
+    __slots__ = ("kind", "version", "pairs", "last_chunk")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PAIRS_FIELD_NUMBER: _ClassVar[int]
+    LAST_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    kind: WatchUpdateKind
+    version: int
+    pairs: _containers.RepeatedCompositeFieldContainer[PairCount]
+    last_chunk: bool
+    def __init__(self, kind: _Optional[_Union[WatchUpdateKind, str]] = ..., version: _Optional[int] = ..., pairs: _Optional[_Iterable[_Union[PairCount, _Mapping]]] = ..., last_chunk: _Optional[bool] = ...) -> None: ...

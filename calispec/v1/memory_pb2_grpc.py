@@ -49,13 +49,19 @@ class MemoryServiceStub:
                 request_serializer=calispec_dot_v1_dot_memory__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=calispec_dot_v1_dot_memory__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.Watch = channel.unary_stream(
+                '/calispec.v1.MemoryService/Watch',
+                request_serializer=calispec_dot_v1_dot_memory__pb2.WatchRequest.SerializeToString,
+                response_deserializer=calispec_dot_v1_dot_memory__pb2.WatchResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def RecordEvents(self, request, context):
-        """Adds rejection events to the counts of a namespace. Durable on return.
+        """Adds rejection events to the counts of a namespace. Group-committed: accepted on return,
+        durable within the service's flush interval (or on return with wait_durable).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -70,6 +76,13 @@ class MemoryServiceServicer:
 
     def GetStats(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Watch(self, request, context):
+        """The namespace's whole table as a snapshot, then a delta per committed write, forever.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -91,6 +104,11 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=calispec_dot_v1_dot_memory__pb2.GetStatsRequest.FromString,
                     response_serializer=calispec_dot_v1_dot_memory__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=calispec_dot_v1_dot_memory__pb2.WatchRequest.FromString,
+                    response_serializer=calispec_dot_v1_dot_memory__pb2.WatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -174,6 +192,33 @@ class MemoryService:
             '/calispec.v1.MemoryService/GetStats',
             calispec_dot_v1_dot_memory__pb2.GetStatsRequest.SerializeToString,
             calispec_dot_v1_dot_memory__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/calispec.v1.MemoryService/Watch',
+            calispec_dot_v1_dot_memory__pb2.WatchRequest.SerializeToString,
+            calispec_dot_v1_dot_memory__pb2.WatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

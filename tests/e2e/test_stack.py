@@ -24,7 +24,6 @@ PROMPTS = [
     "A rectangle with sides",
     "zebra quantum xylophone",  # out of the tiny corpus: the pair disagrees more
 ]
-NAMESPACE = "default"
 
 
 def stack_config(tmp: Path, draft: Path, target: Path) -> StackConfig:
@@ -70,10 +69,10 @@ def client(stack: LocalStack) -> Iterator[CountingClient]:
         yield c
 
 
-def memory_total(address: str) -> int:
+def memory_total(address: str, namespace: str) -> int:
     with make_channel(address) as channel:
         stub = memory_pb2_grpc.MemoryServiceStub(channel)
-        return stub.GetStats(memory_pb2.GetStatsRequest(namespace=NAMESPACE), timeout=10).total_events
+        return stub.GetStats(memory_pb2.GetStatsRequest(namespace=namespace), timeout=10).total_events
 
 
 def test_greedy_sd_equals_ar_token_for_token(client: CalispecClient) -> None:
@@ -115,17 +114,19 @@ def test_rejection_counts_reach_sqlite_and_survive_a_memory_restart(stack: Local
     memory = stack.services["memory_service"]
     expected = client.rejections  # every request this module sent to the stack, sd and csd alike
     # the target ships events in the background; wait for exactly that total, no more, no less
-    wait_until(lambda: memory_total(memory.address) == expected)
+    namespace = stack.memory_namespace  # derived from the model pair
+    assert namespace.startswith("pair/")
+    wait_until(lambda: memory_total(memory.address, namespace) == expected)
     db_path = stack.config.memory_db
     assert stack.stop_service("memory_service") == 0
     in_file = (
         sqlite_utils.Database(db_path)
-        .execute("select sum(count) from pair_counts where namespace = ?", [NAMESPACE])
+        .execute("select sum(count) from pair_counts where namespace = ?", [namespace])
         .fetchone()[0]
     )
     assert in_file == expected
-    restarted = stack.restart_service("memory_service", ["--port", "0", "--db", str(db_path)])
-    assert memory_total(restarted.address) == expected
+    restarted = stack.restart_service("memory_service", stack.memory_args(0))
+    assert memory_total(restarted.address, namespace) == expected
 
 
 def test_identical_draft_gives_full_acceptance(tiny_pair: TinyPair, tmp_path: Path) -> None:

@@ -15,17 +15,44 @@ import sqlite_utils
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from calispec.credentials import writer_metadata
 from calispec.grpc_server import make_channel, wait_for_ready
 from calispec.v1 import memory_pb2, memory_pb2_grpc
 from memory_service.config import MemoryConfig
 from memory_service.server import SERVICE_NAME, create_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "test-writer-token-0123456789"
+WRITER = writer_metadata(TOKEN, "test-writer")
+
+
+class WriterStub:
+    """The stub as a verifier uses it: writer token attached; writes wait for their commit so reads see them."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self._stub = memory_pb2_grpc.MemoryServiceStub(channel)
+
+    def RecordEvents(self, request: memory_pb2.RecordEventsRequest, **kwargs: object) -> object:
+        request.wait_durable = True
+        return self._stub.RecordEvents(request, metadata=WRITER, **kwargs)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stub, name)
 
 
 @pytest.fixture
 def channel(tmp_path: Path) -> Iterator[grpc.Channel]:
-    config = MemoryConfig(host="127.0.0.1", port=0, db_path=tmp_path / "memory.db", max_pairs_default=3)
+    config = MemoryConfig(
+        host="127.0.0.1",
+        port=0,
+        db_path=tmp_path / "memory.db",
+        max_pairs_default=3,
+        flush_interval_s=0.05,
+        writer_token=TOKEN,
+        writer_events_per_s=1000,
+        writer_burst_events=200_000,
+        watch_heartbeat_s=0.2,
+    )
     server, port, store = create_server(config)
     server.start()
     channel = make_channel(f"127.0.0.1:{port}")
@@ -40,7 +67,7 @@ def channel(tmp_path: Path) -> Iterator[grpc.Channel]:
 
 @pytest.fixture
 def stub(channel: grpc.Channel) -> memory_pb2_grpc.MemoryServiceStub:
-    return memory_pb2_grpc.MemoryServiceStub(channel)
+    return WriterStub(channel)  # type: ignore[return-value]
 
 
 def events(*triples: tuple[int, int, int]) -> list[memory_pb2.PairCount]:
@@ -134,9 +161,23 @@ def test_reflection_lists_the_service(channel: grpc.Channel) -> None:
 
 def test_cli_serves_and_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
     db_path = tmp_path / "cli.db"
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "memory_service", "--port", "0", "--db", str(db_path), "--log-level", "WARNING"],
+        [
+            sys.executable,
+            "-m",
+            "memory_service",
+            "--port",
+            "0",
+            "--db",
+            str(db_path),
+            "--log-level",
+            "WARNING",
+            "--writer-token-file",
+            str(token_file),
+        ],
         cwd=REPO_ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -151,7 +192,7 @@ def test_cli_serves_and_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
         with make_channel(address) as channel:
             stub = memory_pb2_grpc.MemoryServiceStub(channel)
             reply = stub.RecordEvents(
-                memory_pb2.RecordEventsRequest(namespace="cli", events=events((3, 4, 5))), timeout=10
+                memory_pb2.RecordEventsRequest(namespace="cli", events=events((3, 4, 5))), timeout=10, metadata=WRITER
             )
             assert reply.version == 1
         proc.send_signal(signal.SIGTERM)
@@ -164,5 +205,67 @@ def test_cli_serves_and_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
         proc.stderr.close()
     with sqlite_utils.Database(db_path) as db:  # the acknowledged write survived shutdown
         assert list(db["pair_counts"].rows) == [
-            {"namespace": "cli", "draft_token_id": 3, "target_token_id": 4, "count": 5}
+            {"namespace": "cli", "draft_token_id": 3, "target_token_id": 4, "count": 5, "last_version": 1}
         ]
+
+
+# -- only verifiers write -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("metadata", [(), writer_metadata("not-the-token-at-all"), (("authorization", TOKEN),)])
+def test_write_without_the_writer_token_is_unauthenticated_and_changes_nothing(
+    channel: grpc.Channel, stub: memory_pb2_grpc.MemoryServiceStub, metadata: tuple[tuple[str, str], ...]
+) -> None:
+    stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 2, 3))))
+    raw = memory_pb2_grpc.MemoryServiceStub(channel)
+    request = memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 2, 5)), wait_durable=True)
+    with pytest.raises(grpc.RpcError) as info:
+        raw.RecordEvents(request, metadata=metadata)
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    stats = stub.GetStats(memory_pb2.GetStatsRequest(namespace="ns"))
+    assert (stats.total_events, stats.version) == (3, 1)
+
+
+def test_a_writer_over_its_rate_limit_gets_resource_exhausted(stub: memory_pb2_grpc.MemoryServiceStub) -> None:
+    stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 2, 199_000))))
+    with pytest.raises(grpc.RpcError) as info:  # burst is 200k events, refilled at 1000/s
+        stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 2, 5_000))))
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    stats = stub.GetStats(memory_pb2.GetStatsRequest(namespace="ns"))
+    assert stats.total_events == 199_000
+
+
+# -- insight and watch ----------------------------------------------------------------------------
+
+
+def test_stats_rpc_reports_top_pairs_share_and_distribution(stub: memory_pb2_grpc.MemoryServiceStub) -> None:
+    triples = [(1, 1, 60), (2, 2, 20), (3, 3, 10), (4, 4, 5), (5, 5, 2), (6, 6, 1), (7, 7, 1), (8, 8, 1)]
+    stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events(*triples)))
+    stats = stub.GetStats(memory_pb2.GetStatsRequest(namespace="ns", top_k=2))
+    assert as_triples(stats.top_pairs) == [(1, 1, 60), (2, 2, 20)]
+    assert stats.top20_share == pytest.approx(80 / 100)  # top 20% of 8 pairs = 2 pairs
+    assert (stats.table_events, stats.distinct_pairs) == (100, 8)
+    assert [(b.min_count, b.pairs) for b in stats.count_histogram] == [(1, 3), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1)]
+    assert stats.db_bytes > 0 and stats.max_pairs == 65_536
+
+
+def test_watch_sends_snapshot_then_deltas_and_resumes(stub: memory_pb2_grpc.MemoryServiceStub) -> None:
+    stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 2, 3))))
+    stream = stub.Watch(memory_pb2.WatchRequest(namespace="ns"), timeout=10)
+    first = next(stream)
+    assert (first.kind, first.version, as_triples(first.pairs), first.last_chunk) == (
+        memory_pb2.WATCH_UPDATE_KIND_SNAPSHOT, 1, [(1, 2, 3)], True
+    )  # fmt: skip
+    stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 2, 1), (5, 6, 7))))
+    update = next(u for u in stream if u.kind != memory_pb2.WATCH_UPDATE_KIND_HEARTBEAT)
+    assert (update.kind, update.version, as_triples(update.pairs)) == (
+        memory_pb2.WATCH_UPDATE_KIND_DELTA, 2, [(1, 2, 4), (5, 6, 7)]
+    )  # fmt: skip
+    stream.cancel()
+    stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((9, 9, 1))))
+    resumed = stub.Watch(memory_pb2.WatchRequest(namespace="ns", resume_version=2), timeout=10)
+    update = next(resumed)  # the missed write, not a snapshot
+    assert (update.kind, update.version, as_triples(update.pairs)) == (
+        memory_pb2.WATCH_UPDATE_KIND_DELTA, 3, [(9, 9, 1)]
+    )  # fmt: skip
+    resumed.cancel()

@@ -1,0 +1,127 @@
+"""Change feed of the correction memory (domain code: no gRPC).
+
+Every committed write batch of a namespace has a version; the store publishes the pairs it
+changed (absolute counts, 0 = removed) as a `Delta` to the `WatchHub`, which keeps the last
+`history` deltas per namespace in memory. A watcher gets a full snapshot, then the deltas
+after it; a watcher that reconnects with the version it holds resumes from the hub's history
+when it still covers that version, and gets a fresh snapshot otherwise (history overflowed,
+the service restarted, or the service's version went backwards after a crash).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from enum import Enum
+
+Pair = tuple[int, int, int]  # (draft_token_id, target_token_id, count)
+SNAPSHOT_CHUNK_PAIRS = 65_536  # keeps each stream message ~1 MB
+
+
+@dataclass(frozen=True)
+class Delta:
+    namespace: str
+    version: int
+    changes: tuple[Pair, ...]  # absolute counts after the write; 0 = the pair was removed
+
+
+class UpdateKind(Enum):
+    SNAPSHOT = 1  # a chunk of a full table; `last` marks the final chunk of one snapshot
+    DELTA = 2
+    HEARTBEAT = 3  # nothing changed; lets both ends notice a dead peer and confirms the version
+
+
+@dataclass(frozen=True)
+class Update:
+    kind: UpdateKind
+    version: int
+    pairs: tuple[Pair, ...] = ()
+    last: bool = True
+
+
+class WatchHub:
+    """Recent deltas per namespace, and a condition watchers wait on. Thread-safe."""
+
+    def __init__(self, history: int = 1024) -> None:
+        self._history = history
+        self._cond = threading.Condition()
+        self._deltas: dict[str, deque[Delta]] = {}
+        self._closed = False
+
+    def publish(self, deltas: Iterable[Delta]) -> None:
+        with self._cond:
+            for delta in deltas:
+                self._deltas.setdefault(delta.namespace, deque(maxlen=self._history)).append(delta)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Wake every watcher; their streams end (server shutdown)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def covers(self, namespace: str, version: int, committed: int) -> bool:
+        """True if the history holds every delta in (version, committed], so a resume is exact."""
+        if version > committed:
+            return False  # the watcher saw writes this store no longer has (lost in a crash): resync
+        if version == committed:
+            return True
+        with self._cond:
+            deltas = self._deltas.get(namespace)
+            return bool(deltas) and deltas[0].version <= version + 1 and deltas[-1].version >= committed
+
+    def since(self, namespace: str, version: int, timeout_s: float) -> list[Delta] | None:
+        """Deltas newer than `version`, waiting up to timeout_s for one; None if history has a gap."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed or self._latest(namespace) > version, timeout_s)
+            newer = [d for d in self._deltas.get(namespace, ()) if d.version > version]
+        if newer and newer[0].version != version + 1:
+            return None
+        return newer
+
+    def _latest(self, namespace: str) -> int:
+        deltas = self._deltas.get(namespace)
+        return deltas[-1].version if deltas else -1
+
+
+def snapshot_updates(pairs: list[Pair], version: int) -> Iterator[Update]:
+    """A snapshot as one or more chunks (an empty table is one empty chunk)."""
+    chunks = [pairs[i : i + SNAPSHOT_CHUNK_PAIRS] for i in range(0, len(pairs), SNAPSHOT_CHUNK_PAIRS)] or [[]]
+    for i, chunk in enumerate(chunks):
+        yield Update(UpdateKind.SNAPSHOT, version, tuple(chunk), last=i == len(chunks) - 1)
+
+
+def watch(
+    namespace: str,
+    resume_version: int | None,
+    hub: WatchHub,
+    read_snapshot: Callable[[], tuple[list[Pair], int]],
+    committed_version: Callable[[], int],
+    is_active: Callable[[], bool],
+    heartbeat_s: float = 1.0,
+) -> Iterator[Update]:
+    """The update stream of one watcher: snapshot (unless resuming exactly), then deltas, forever.
+
+    Ends when the hub closes or `is_active()` turns false (the client went away).
+    """
+    version = resume_version
+    if version is None or not hub.covers(namespace, version, committed_version()):
+        pairs, version = read_snapshot()
+        yield from snapshot_updates(pairs, version)
+    while is_active() and not hub.closed:
+        deltas = hub.since(namespace, version, heartbeat_s)
+        if deltas is None:  # fell behind the history: start over from a snapshot
+            pairs, version = read_snapshot()
+            yield from snapshot_updates(pairs, version)
+        elif deltas:
+            for delta in deltas:
+                yield Update(UpdateKind.DELTA, delta.version, delta.changes)
+            version = deltas[-1].version
+        elif not hub.closed:
+            yield Update(UpdateKind.HEARTBEAT, version)

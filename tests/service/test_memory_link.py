@@ -1,0 +1,145 @@
+"""A verifier's MemoryLink against a real memory service: watch, ship with the token, survive outages."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2
+
+from calispec.credentials import writer_metadata
+from calispec.grpc_server import make_channel
+from calispec.v1 import memory_pb2, memory_pb2_grpc
+from memory_service.config import MemoryConfig
+from memory_service.server import create_server
+from memory_service.store import CorrectionStore
+from target_service.memory_link import MEMORY_HEALTH_SERVICE, MemoryLink
+from target_service.pair_table import PairTable
+from tests.helpers import wait_until
+
+TOKEN = "link-test-writer-token-0123456789"
+FLUSH_S = 0.05
+LAMBDA = 6
+
+
+@dataclass
+class Memory:
+    server: grpc.Server
+    port: int
+    store: CorrectionStore
+
+    def stop(self) -> None:
+        self.store.hub.close()
+        self.server.stop(None).wait()
+        self.store.close()
+
+
+def start_memory(db: Path, port: int = 0) -> Memory:
+    config = MemoryConfig(port=port, db_path=db, flush_interval_s=FLUSH_S, writer_token=TOKEN, watch_heartbeat_s=0.2)
+    server, bound, store = create_server(config)
+    server.start()
+    return Memory(server, bound, store)
+
+
+class FakeHealth:
+    def __init__(self) -> None:
+        self.status: dict[str, int] = {}
+
+    def set(self, name: str, status: int) -> None:
+        self.status[name] = status
+
+
+@pytest.fixture
+def memory(tmp_path: Path) -> Iterator[Memory]:
+    m = start_memory(tmp_path / "memory.db")
+    yield m
+    m.stop()
+
+
+def count(table: PairTable, draft: int, target: int) -> int:
+    return int(table.counts(torch.tensor([draft]), torch.tensor([target]))[0])
+
+
+def record_elsewhere(port: int, *triples: tuple[int, int, int]) -> None:
+    """Another verifier's writes."""
+    with make_channel(f"127.0.0.1:{port}") as channel:
+        events = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for d, t, c in triples]
+        memory_pb2_grpc.MemoryServiceStub(channel).RecordEvents(
+            memory_pb2.RecordEventsRequest(namespace="ns", events=events), metadata=writer_metadata(TOKEN, "other")
+        )
+
+
+def make_link(port: int, table: PairTable, token: str | None = TOKEN) -> tuple[MemoryLink, FakeHealth]:
+    link = MemoryLink(f"127.0.0.1:{port}", "ns", table, sync_interval_s=0.05, writer_token=token, writer_id="t1")
+    health = FakeHealth()
+    link.report_health(health)  # type: ignore[arg-type]
+    link.start()
+    return link, health
+
+
+def test_pair_becomes_rescuable_within_one_refresh(memory: Memory) -> None:
+    table = PairTable(vocab_size=100)
+    link, health = make_link(memory.port, table)
+    try:
+        wait_until(lambda: link.connected)
+        assert health.status[MEMORY_HEALTH_SERVICE] == health_pb2.HealthCheckResponse.SERVING
+        record_elsewhere(memory.port, (5, 7, LAMBDA + 1))
+        start = time.monotonic()
+        wait_until(lambda: count(table, 5, 7) > LAMBDA, timeout_s=5, interval_s=0.005)
+        elapsed = time.monotonic() - start
+        print(f"pair visible to the verifier {elapsed * 1000:.0f} ms after RecordEvents returned")
+        assert elapsed < FLUSH_S + 1.0  # one flush interval plus delivery, not a polling period
+    finally:
+        link.stop()
+
+
+def test_local_events_are_shipped_with_the_token_and_not_double_counted(memory: Memory) -> None:
+    table = PairTable(vocab_size=100)
+    link, _ = make_link(memory.port, table)
+    try:
+        table.add_local(torch.tensor([1, 1, 2]), torch.tensor([3, 3, 4]))
+        wait_until(lambda: memory.store.stats("ns")[0] == 3)
+        wait_until(lambda: table.stats().local_events == 0)  # covered by the installed table now
+        assert (count(table, 1, 3), count(table, 2, 4)) == (2, 1)
+    finally:
+        link.stop()
+
+
+def test_verifier_without_the_token_cannot_write_and_says_so(memory: Memory) -> None:
+    table = PairTable(vocab_size=100)
+    link, _health = make_link(memory.port, table, token=None)
+    try:
+        table.add_local(torch.tensor([1]), torch.tensor([3]))
+        wait_until(lambda: link.status().flush_failures > 0)
+        assert not link.connected
+        assert memory.store.stats("ns")[0] == 0
+        assert count(table, 1, 3) == 1  # still counted locally, retried later
+    finally:
+        link.stop()
+
+
+def test_outage_keeps_the_last_table_reports_it_and_resumes(tmp_path: Path) -> None:
+    memory = start_memory(tmp_path / "memory.db")
+    table = PairTable(vocab_size=100)
+    link, health = make_link(memory.port, table)
+    try:
+        record_elsewhere(memory.port, (5, 7, 9))
+        wait_until(lambda: count(table, 5, 7) == 9)
+        memory.stop()
+        wait_until(lambda: not link.connected)
+        assert health.status[MEMORY_HEALTH_SERVICE] == health_pb2.HealthCheckResponse.NOT_SERVING
+        table.add_local(torch.tensor([5]), torch.tensor([7]))  # verification goes on during the outage
+        assert count(table, 5, 7) == 10
+        memory = start_memory(tmp_path / "memory.db", port=memory.port)
+        wait_until(lambda: link.connected, timeout_s=15)
+        wait_until(lambda: memory.store.stats("ns")[0] == 10)  # the outage's events were shipped
+        wait_until(lambda: count(table, 5, 7) == 10 and table.stats().local_events == 0)
+        assert health.status[MEMORY_HEALTH_SERVICE] == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        link.stop()
+        memory.stop()

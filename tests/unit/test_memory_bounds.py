@@ -1,0 +1,114 @@
+"""Caps, eviction order and decay of the correction memory, and the watch hub (see store.py's doc)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from calispec.errors import InvalidArgument, ResourceExhausted, Unauthenticated
+from memory_service.auth import WriterGate
+from memory_service.store import CorrectionStore, TableLimits
+from memory_service.watch import Delta, UpdateKind, WatchHub, watch
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def table(store: CorrectionStore, ns: str = "ns") -> dict[tuple[int, int], int]:
+    return {(d, t): c for d, t, c in store.snapshot(ns)[0]}
+
+
+def test_per_draft_cap_keeps_highest_counts_then_most_recent(tmp_path: Path) -> None:
+    with CorrectionStore(tmp_path / "m.db", flush_interval_s=0, limits=TableLimits(100, 2)) as store:
+        store.record("ns", [(1, 10, 5), (1, 11, 2)], durable=True)  # version 1
+        store.record("ns", [(1, 12, 2)], durable=True)  # version 2: ties with (1, 11) on count, newer
+        assert table(store) == {(1, 10): 5, (1, 12): 2}  # (1, 11) was updated longest ago
+        store.record("ns", [(1, 13, 1), (2, 20, 1)], durable=True)  # a new count-1 pair loses at once
+        assert table(store) == {(1, 10): 5, (1, 12): 2, (2, 20): 1}
+
+
+def test_global_cap_evicts_lowest_rank_and_reports_removals(tmp_path: Path) -> None:
+    hub = WatchHub()
+    with CorrectionStore(tmp_path / "m.db", flush_interval_s=0, limits=TableLimits(3, 10), hub=hub) as store:
+        store.record("ns", [(1, 1, 4), (2, 2, 1), (3, 3, 1)], durable=True)  # version 1
+        store.record("ns", [(4, 4, 2)], durable=True)  # version 2: 4 pairs > 3
+        assert table(store) == {(1, 1): 4, (4, 4): 2, (2, 2): 1}  # tie at count 1 and version: larger ids go
+        delta = hub.since("ns", 1, timeout_s=0)
+        assert delta == [Delta("ns", 2, ((3, 3, 0), (4, 4, 2)))]  # count 0 = removed
+        assert store.stats("ns") == (8, 3, 2)  # total_events counts every event ever recorded
+
+
+def test_decay_halves_every_half_life_and_drops_zeros(tmp_path: Path) -> None:
+    clock = Clock()
+    limits = TableLimits(half_life_s=60)
+    with CorrectionStore(tmp_path / "m.db", flush_interval_s=0, limits=limits, clock=clock) as store:
+        store.record("ns", [(1, 1, 9), (2, 2, 1)], durable=True)
+        clock.now += 59
+        store.flush()
+        assert table(store) == {(1, 1): 9, (2, 2): 1}  # not a whole half-life yet
+        clock.now += 1
+        assert store.flush()  # a decay step alone is a write: a new version for every namespace
+        assert table(store) == {(1, 1): 4}
+        clock.now += 120  # two half-lives at once (e.g. downtime)
+        store.record("ns", [(3, 3, 5)], durable=True)  # decay applies first, new events are not halved
+        assert table(store) == {(1, 1): 1, (3, 3): 5}
+        assert store.snapshot("ns")[1] == 3
+
+
+def test_decay_clock_survives_restart(tmp_path: Path) -> None:
+    clock = Clock()
+    limits = TableLimits(half_life_s=60)
+    with CorrectionStore(tmp_path / "m.db", flush_interval_s=0, limits=limits, clock=clock) as store:
+        store.record("ns", [(1, 1, 8)], durable=True)
+    clock.now += 61
+    with CorrectionStore(tmp_path / "m.db", flush_interval_s=0, limits=limits, clock=clock) as store:
+        store.flush()
+        assert table(store) == {(1, 1): 4}
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [({"max_pairs": 0}, "max_pairs"), ({"half_life_s": -1}, "half")])
+def test_bad_limits_are_refused(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        TableLimits(**kwargs)  # type: ignore[arg-type]
+
+
+def test_watch_resumes_from_history_or_falls_back_to_a_snapshot() -> None:
+    hub = WatchHub(history=2)
+    hub.publish([Delta("ns", v, ((1, 1, v),)) for v in (1, 2, 3)])
+    snapshots = []
+
+    def read_snapshot() -> tuple[list[tuple[int, int, int]], int]:
+        snapshots.append(1)
+        return [(1, 1, 3)], 3
+
+    def take(resume: int | None, n: int) -> list[tuple[UpdateKind, int]]:
+        active = iter([True] * n + [False])
+        updates = watch("ns", resume, hub, read_snapshot, lambda: 3, lambda: next(active), heartbeat_s=0.01)
+        return [(u.kind, u.version) for u in updates]
+
+    assert take(2, 1) == [(UpdateKind.DELTA, 3)]  # history holds version 3: exact resume
+    assert take(0, 1)[0] == (UpdateKind.SNAPSHOT, 3)  # versions 1-2 fell out of the history
+    assert take(7, 1)[0] == (UpdateKind.SNAPSHOT, 3)  # watcher is ahead: the service lost writes
+    assert take(3, 1) == [(UpdateKind.HEARTBEAT, 3)]
+    assert len(snapshots) == 2
+
+
+def test_writer_gate_token_and_rate_limit() -> None:
+    clock = Clock(0.0)
+    gate = WriterGate("s3cret-token-0123456789", events_per_s=10, burst_events=20, clock=clock)
+    with pytest.raises(Unauthenticated):
+        gate.admit(None, "a", 1)
+    with pytest.raises(Unauthenticated):
+        gate.admit("wrong", "a", 1)
+    gate.admit("s3cret-token-0123456789", "a", 20)
+    with pytest.raises(ResourceExhausted, match="rate limit"):
+        gate.admit("s3cret-token-0123456789", "a", 1)
+    gate.admit("s3cret-token-0123456789", "b", 5)  # limits are per writer
+    clock.now += 1.0  # refills 10 events
+    gate.admit("s3cret-token-0123456789", "a", 10)
