@@ -1,0 +1,68 @@
+"""Eval reports: coverage curve, variants, the paper-style summary, JSON and PNG writers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from calispec.eval import report
+from calispec.eval.rejections import analyse, coverage_curve, share_at
+from calispec.eval.runner import variants
+
+
+def test_coverage_curve_of_a_skewed_table() -> None:
+    counts = [70, 10, 5, 5, 4, 3, 1, 1, 1, 0]  # zero counts are not pairs
+    curve = coverage_curve(counts, points=9)
+    assert curve[-1] == (1.0, 1.0)
+    assert share_at(curve, 1 / 9) == pytest.approx(0.7)  # the top pair holds 70 of 100 events
+    assert all(b >= a for (_, a), (_, b) in itertools.pairwise(curve))
+    assert coverage_curve([]) == []
+
+
+def test_analyse_labels_top_pairs_and_says_what_is_missing() -> None:
+    a = analyse([(1, 2, 3), (5, 6, 30), (7, 8, 1)], decode=lambda t: f"<{t}>")
+    assert a["events"] == 34 and a["distinct_pairs"] == 3
+    assert a["top_pairs"][0] == {"draft_token_id": 5, "target_token_id": 6, "count": 30,
+                                 "draft_text": "<5>", "target_text": "<6>"}  # fmt: skip
+    assert "not available" in a["probability_ratio"]
+
+
+def test_variants_add_the_tau_lambda_grid() -> None:
+    v = variants(["ar", "csd"], [0.01, 0.1], [6])
+    assert [x.label for x in v] == ["ar", "csd", "csd τ=0.01 λ=6", "csd τ=0.1 λ=6"]
+    assert len(variants(["ar"], [], [2, 6])) == 3
+
+
+def row(variant: str, kind: str, correct: bool, emitted: int, total_ms: float, accepted: int = 0) -> dict:
+    stats = {"drafted": 0 if variant == "ar" else 12, "accepted": accepted, "rescued": 1 if variant == "csd" else 0,
+             "rounds": 4, "emitted": emitted, "total_ms": total_ms, "rejections": 2}  # fmt: skip
+    return {"task": "t", "kind": kind, "variant": variant, "correct": correct, "error": None, "stats": stats}
+
+
+def summary() -> dict:
+    rows = [row("ar", "code", True, 10, 1000), row("ar", "math", False, 10, 1000),
+            row("csd", "code", True, 10, 500, 9), row("csd", "math", True, 10, 500, 9)]  # fmt: skip
+    return report.summarize(rows)
+
+
+def test_summary_speedup_and_accuracy() -> None:
+    s = summary()
+    assert s["ar"]["accuracy"] == 0.5 and s["csd"]["accuracy"] == 1.0
+    assert s["csd"]["accuracy_by_kind"] == {"code": 1.0, "math": 1.0}
+    assert s["csd"]["speedup_vs_ar"] == pytest.approx(2.0)
+    assert s["csd"]["acceptance_rate"] == pytest.approx(18 / 24)
+    table = report.format_table(s)
+    assert "2.00×" in table and table.splitlines()[0].startswith("variant")
+
+
+def test_json_and_png(tmp_path) -> None:
+    analysis = analyse([(1, 2, 3), (5, 6, 30)])
+    path = report.write_json(tmp_path / "eval.json", {"summary": summary(), "rejections": analysis, "rows": []})
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == report.SCHEMA and doc["summary"]["ar"]["acceptance_rate"] is None
+    assert doc["rejections"]["coverage_curve"][-1] == {"pair_share": 1.0, "event_share": 1.0}
+    pytest.importorskip("matplotlib")
+    png = report.plot_rejections(tmp_path / "rejections.png", analysis)
+    assert png.read_bytes()[:4] == b"\x89PNG"
