@@ -8,9 +8,7 @@ out. Mode `ar` skips the draft: each round is one plain target step.
 
 from __future__ import annotations
 
-import itertools
 import logging
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ from calispec.generation import FinishReason, GenerationParams, GenerationStats,
 from calispec.timing import Deadline, Stopwatch, ns_to_ms
 from coordinator.backends import DraftBackend, Proposal, TargetBackend, Verdict
 from coordinator.detokenizer import IncrementalDetokenizer
+from coordinator.replicas import ReplicaSet
 
 log = logging.getLogger(__name__)
 
@@ -67,18 +66,16 @@ class Orchestrator:
         self,
         tokenizer: PreTrainedTokenizerBase,
         draft: DraftBackend,
-        targets: list[TargetBackend],
+        targets: list[TargetBackend] | ReplicaSet,  # a ReplicaSet may change while serving
         eos_token_ids: tuple[int, ...],
         max_context: int,
     ) -> None:
         require(len(targets) > 0, "at least one target replica is required")
         self.tokenizer = tokenizer
         self.draft = draft
-        self.targets = targets
+        self.replicas = targets if isinstance(targets, ReplicaSet) else ReplicaSet(targets)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_context = max_context
-        self._next_target = itertools.cycle(range(len(targets)))
-        self._lock = threading.Lock()
 
     def generate(
         self,
@@ -105,8 +102,7 @@ class Orchestrator:
             raise InvalidArgument(
                 f"prompt of {len(prompt_ids)} tokens leaves no room in the context ({self.max_context})"
             )
-        with self._lock:
-            target = self.targets[next(self._next_target)]
+        target = self.replicas.pick()
         request = _Request(uuid.uuid4().hex, prompt_ids, params, min(params.max_new_tokens, room), deadline, target)
         request.stats.prompt_tokens = len(prompt_ids)
         return request

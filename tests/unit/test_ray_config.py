@@ -1,0 +1,43 @@
+"""The Ray deployment config and CLI parsing (no cluster needed)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+
+from calispec import cli_ray
+from calispec.deploy_ray import RayDeployConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_example_config_loads() -> None:
+    config = RayDeployConfig.load(REPO / "deploy" / "ray" / "calispec.yaml")
+    assert config.target_replicas == 2 and config.target.num_gpus == 1 and config.target.resources == {"big_gpu": 1}
+    options = config.target.actor_options("target-0", config.namespace)
+    assert options["lifetime"] == "detached" and options["namespace"] == "calispec"
+
+
+def test_toml_and_bad_configs(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[models]\ndraft = "/d"\ntarget = "/t"\n[target]\nreplicas = 3\nnum_cpus = 2\n')
+    assert RayDeployConfig.load(path).target_replicas == 3
+    with pytest.raises(ValueError, match="unknown"):
+        RayDeployConfig.from_dict({"models": {"draft": "/d", "target": "/t"}, "targt": {}})
+    with pytest.raises(ValueError, match="models"):
+        RayDeployConfig.from_dict({})
+    with pytest.raises(ValueError, match=">= 1"):
+        RayDeployConfig.from_dict({"models": {"draft": "/d", "target": "/t"}, "target": {"replicas": 0}})
+
+
+def test_cli_registers_its_commands() -> None:
+    parser = argparse.ArgumentParser()
+    cli_ray.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["ray", "scale", "target=3", "--address", "auto"])
+    assert args.func is cli_ray._scale and args.spec == "target=3"
+    with pytest.raises(SystemExit):
+        cli_ray.main(["scale", "draft=2"])
