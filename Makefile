@@ -3,28 +3,32 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.calispec-installed
-PROMPT ?= def fibonacci(n):
+# empty PROMPT: the pair's built-in coding prompt (chat-formatted for the Qwen coder pair)
+PROMPT ?=
+PAIR   ?= qwen-coder
 MODE   ?= csd
 
-.PHONY: install run test test-slow lint format proto bench-verifier clean
+.PHONY: install run test test-slow lint format proto bench-verifier bench-pair clean
 
 # torch is pinned here (the CPU wheel these machines carry); an unpinned torch pulls a CUDA build.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -e ".[dev,bench,deploy]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
 run: install
-	$(BIN)/calispec demo --prompt "$(PROMPT)" --mode $(MODE) --max-new-tokens 64
+	$(BIN)/calispec demo --pair $(PAIR) $(if $(PROMPT),--prompt "$(PROMPT)") --mode $(MODE) --max-new-tokens 160
 
 test: install
 	$(BIN)/python -m pytest
 
+# slow tests: the real model pair (pulled if needed) and a Ray cluster in a network namespace
 test-slow: install
+	$(BIN)/pip install --quiet -e ".[ray]"
 	$(BIN)/python -m pytest -m slow
 
 lint: install
@@ -40,6 +44,9 @@ proto: install
 
 bench-verifier: install
 	$(BIN)/python -m target_service.bench_verifier
+
+bench-pair: install
+	$(BIN)/python -m calispec.bench_pair --pair $(PAIR)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache *.egg-info

