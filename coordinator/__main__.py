@@ -1,4 +1,8 @@
-"""`python -m coordinator --draft-addr H:P --target-addr H:P --tokenizer DIR`: serve the public API."""
+"""`python -m coordinator --draft-addr H:P --target-addr H:P --tokenizer DIR`: serve the public API.
+
+Target replicas are either fixed (`--target-addr`, repeatable) or discovered by DNS
+(`--target-dns`, every address of the name is a replica, re-resolved while serving).
+"""
 
 from __future__ import annotations
 
@@ -15,9 +19,14 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     parser = argparse.ArgumentParser(prog="python -m coordinator", description=__doc__)
     add_server_args(parser, default_port=50050)
     parser.add_argument("--draft-addr", required=True, help="draft service HOST:PORT")
-    parser.add_argument(
-        "--target-addr", required=True, action="append", help="target service HOST:PORT; repeat for replicas"
+    targets = parser.add_mutually_exclusive_group(required=True)
+    targets.add_argument("--target-addr", action="append", help="target service HOST:PORT; repeat for replicas")
+    targets.add_argument(
+        "--target-dns",
+        help="HOST:PORT whose every DNS address is a target replica, re-resolved while serving "
+        "(e.g. a Kubernetes headless Service)",
     )
+    parser.add_argument("--target-refresh", type=float, default=10.0, help="seconds between --target-dns lookups")
     parser.add_argument("--tokenizer", required=True, help="the target's tokenizer directory")
     parser.add_argument("--default-mode", default="csd", choices=[m.name.lower() for m in Mode])
     parser.add_argument("--default-max-new-tokens", type=int, default=Defaults.max_new_tokens)
@@ -33,7 +42,9 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     )
     config = CoordinatorConfig(
         draft_address=args.draft_addr,
-        target_addresses=tuple(args.target_addr),
+        target_addresses=tuple(args.target_addr or ()),
+        target_dns=args.target_dns,
+        target_refresh_s=args.target_refresh,
         tokenizer=Path(args.tokenizer),
         host=args.host,
         port=args.port,

@@ -11,7 +11,7 @@ from calispec.generation import Defaults
 @dataclass(frozen=True)
 class CoordinatorConfig:
     draft_address: str
-    target_addresses: tuple[str, ...]
+    target_addresses: tuple[str, ...]  # fixed replicas; empty when target_dns is set
     tokenizer: Path  # the target's tokenizer directory (usually the target model directory)
     host: str = "127.0.0.1"
     port: int = 50050
@@ -19,6 +19,8 @@ class CoordinatorConfig:
     rpc_timeout_s: float = 60.0  # per downstream call, when the client set no deadline
     connect_timeout_s: float = 60.0  # waiting for draft/target at start-up
     defaults: Defaults = field(default_factory=Defaults)
+    target_dns: str | None = None  # HOST:PORT whose every address is a replica (headless Service)
+    target_refresh_s: float = 10.0  # how often target_dns is re-resolved
 
     @property
     def address(self) -> str:

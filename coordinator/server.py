@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import grpc
 
-from calispec.errors import CalispecError, FailedPrecondition
+from calispec.errors import CalispecError, DeadlineExceeded, FailedPrecondition
 from calispec.generation import Defaults, GenerationParams, GenerationStats, Mode
 from calispec.grpc_server import create_grpc_server, wait_for_ready
 from calispec.modeling import load_tokenizer, tokenizer_fingerprint
@@ -16,7 +17,9 @@ from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc
 from coordinator.backends import ModelFacts
 from coordinator.clients import GrpcDraftBackend, GrpcTargetBackend
 from coordinator.config import CoordinatorConfig
+from coordinator.discovery import DnsReplicaWatcher, replica_addresses
 from coordinator.engine import Chunk, Orchestrator
+from coordinator.replicas import ReplicaSet, checked_connector
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name
@@ -92,10 +95,28 @@ def _check_pair(draft: ModelFacts, target: ModelFacts, local_fingerprint: str) -
         raise FailedPrecondition("the coordinator's --tokenizer differs from the target model's tokenizer")
 
 
+def _initial_target_addresses(config: CoordinatorConfig) -> list[str]:
+    """The fixed replicas, or what --target-dns resolves to now (retried until connect_timeout_s)."""
+    if config.target_dns is None:
+        return list(config.target_addresses)
+    deadline = Deadline(config.connect_timeout_s)
+    while True:
+        try:
+            addresses = replica_addresses(config.target_dns)
+            if addresses:
+                return addresses
+        except OSError as exc:
+            log.info("waiting for %s to resolve: %s", config.target_dns, exc)
+        try:
+            time.sleep(min(1.0, deadline.remaining()))  # start-up wait for DNS, not test synchronisation
+        except DeadlineExceeded as exc:
+            raise CalispecError(f"{config.target_dns} did not resolve within {config.connect_timeout_s}s") from exc
+
+
 def build_orchestrator(config: CoordinatorConfig) -> Orchestrator:
     """Connect to the model services (waiting up to connect_timeout_s) and check the pair."""
     draft = GrpcDraftBackend(config.draft_address)
-    targets = [GrpcTargetBackend(a) for a in config.target_addresses]
+    targets = [GrpcTargetBackend(a) for a in _initial_target_addresses(config)]
     for backend in [draft, *targets]:
         try:
             wait_for_ready(backend.channel, config.connect_timeout_s)
@@ -107,7 +128,11 @@ def build_orchestrator(config: CoordinatorConfig) -> Orchestrator:
     for facts in target_facts:
         _check_pair(draft_facts, facts, tokenizer_fingerprint(tokenizer))
     max_context = min([draft_facts.max_context, *(f.max_context for f in target_facts)])
-    return Orchestrator(tokenizer, draft, targets, target_facts[0].eos_token_ids, max_context)
+    replicas = ReplicaSet(targets)
+    if config.target_dns is not None:
+        connect = checked_connector(target_facts[0], config.connect_timeout_s)
+        DnsReplicaWatcher(config.target_dns, replicas, connect, config.target_refresh_s).start()
+    return Orchestrator(tokenizer, draft, replicas, target_facts[0].eos_token_ids, max_context)
 
 
 def create_server(config: CoordinatorConfig, orchestrator: Orchestrator | None = None) -> tuple[grpc.Server, int]:

@@ -115,6 +115,7 @@ def test_args_ports_and_probes_match_the_services_flags(docs: list[Doc], tmp_pat
 def _addresses(config: Any) -> list[str]:
     """Peer addresses a config points at (coordinator -> draft/target, target -> memory)."""
     out = [getattr(config, "draft_address", None), getattr(config, "memory_address", None)]
+    out.append(getattr(config, "target_dns", None))
     return [a for a in [*out, *getattr(config, "target_addresses", ())] if a]
 
 
