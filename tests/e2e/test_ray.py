@@ -15,7 +15,6 @@ import pytest
 
 from tests.conftest import TinyPair
 
-pytest.importorskip("ray")
 SCENARIO = Path(__file__).with_name("ray_scenario.py")
 REPO = SCENARIO.parents[2]
 
@@ -31,6 +30,7 @@ def _can_unshare() -> bool:
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not _can_unshare(), reason="needs `unshare -n` (root or user namespaces) and `ip`")
 def test_ray_up_scale_down(tiny_pair: TinyPair) -> None:
+    pytest.importorskip("ray", reason="`make test-slow` installs the ray extra")
     # A short path: Ray's unix sockets live under its temp dir and have a ~107-byte limit.
     work = Path(tempfile.mkdtemp(prefix="cr-", dir="/tmp"))
     script = f"ip link set lo up && exec {sys.executable} {SCENARIO} {tiny_pair.draft} {tiny_pair.target} {work}"
