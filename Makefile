@@ -7,8 +7,9 @@ STAMP  := $(VENV)/.calispec-installed
 PROMPT ?=
 PAIR   ?= qwen-coder
 MODE   ?= csd
+DTYPE  ?= auto
 
-.PHONY: install run test test-slow lint format proto bench-verifier bench-pair clean
+.PHONY: install run test test-slow lint format proto bench-verifier bench-memory bench-pair clean
 
 # torch is pinned here (the CPU wheel these machines carry); an unpinned torch pulls a CUDA build.
 $(STAMP): pyproject.toml
@@ -46,7 +47,10 @@ bench-verifier: install
 	$(BIN)/python -m target_service.bench_verifier
 
 bench-pair: install
-	$(BIN)/python -m calispec.bench_pair --pair $(PAIR)
+	$(BIN)/python -m calispec.bench_pair --pair $(PAIR) --dtype $(DTYPE)
+
+bench-memory: install
+	$(BIN)/python -m memory_service.bench
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache *.egg-info
