@@ -52,8 +52,8 @@ def add_target_args(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--address", help="coordinator HOST:PORT of a running stack")
     where.add_argument("--local", action="store_true", help="start a local stack on free ports for this run")
-    parser.add_argument("--draft", help="--local: draft model dir (default: the tiny offline pair)")
-    parser.add_argument("--target", help="--local: target model dir (default: the tiny offline pair)")
+    parser.add_argument("--draft", help="--local, eval --ratio-analysis: draft model dir (default: the tiny pair)")
+    parser.add_argument("--target", help="--local, eval --ratio-analysis: target model dir (default: the tiny pair)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto")
     parser.add_argument("--memory-address", help="memory service HOST:PORT (with --address; --local knows it)")
@@ -65,33 +65,47 @@ def add_target_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
 
 
-@contextmanager
-def endpoints(args: argparse.Namespace) -> Iterator[Endpoints]:
-    """The coordinator to drive; with --local, a fresh stack (fresh memory DB) that stops afterwards."""
-    if not args.local:
-        tokenizer = Path(args.tokenizer) if args.tokenizer else None
-        yield Endpoints(args.address, args.memory_address, args.memory_namespace, tokenizer)
-        return
+def model_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
+    """(draft, target) from --draft/--target, else the tiny offline pair (built on first use)."""
     from calispec.cli import ensure_tiny_pair
-    from calispec.stack import LocalStack, StackConfig
 
     if bool(args.draft) != bool(args.target):
         raise SystemExit("give both --draft and --target, or neither (the tiny pair)")
     if args.draft:
-        draft, target = Path(args.draft), Path(args.target)
-    else:
-        target, draft = ensure_tiny_pair()
+        return Path(args.draft), Path(args.target)
+    target, draft = ensure_tiny_pair()
+    return draft, target
+
+
+@contextmanager
+def local_stack(args: argparse.Namespace, namespace: str | None = None) -> Iterator[Endpoints]:
+    """A fresh stack on free ports with a fresh memory DB in a temporary directory; stopped afterwards.
+    `namespace` None: the one the stack derives from the pair."""
+    from calispec.stack import LocalStack, StackConfig
+
+    draft, target = model_dirs(args)
     with tempfile.TemporaryDirectory(prefix="calispec-local-") as tmp:
         config = StackConfig(
             draft_model=draft, target_model=target, memory_db=Path(tmp) / "memory.db", log_dir=Path(tmp) / "logs",
             coordinator_port=0, target_port=0, draft_port=0, memory_port=0, dtype=args.dtype, device=args.device,
             memory_sync_interval_s=0.2,  # rescues in a short run need the shared counts soon
+            memory_namespace=namespace,
         )  # fmt: skip
         print(f"starting a local stack (draft {draft}, target {target})...", file=sys.stderr)
         with LocalStack(config) as stack:
-            # the stack derives the namespace from the pair (calispec/namespaces.py); older stacks used "default"
-            namespace = getattr(stack, "memory_namespace", None) or args.memory_namespace
-            yield Endpoints(stack.coordinator_address, stack.services["memory_service"].address, namespace, target)
+            memory = stack.services["memory_service"].address
+            yield Endpoints(stack.coordinator_address, memory, stack.memory_namespace, target)
+
+
+@contextmanager
+def endpoints(args: argparse.Namespace) -> Iterator[Endpoints]:
+    """The coordinator to drive; with --local, a fresh stack (fresh memory DB) that stops afterwards."""
+    if args.local:
+        with local_stack(args) as ep:
+            yield ep
+        return
+    tokenizer = Path(args.tokenizer) if args.tokenizer else None
+    yield Endpoints(args.address, args.memory_address, args.memory_namespace, tokenizer)
 
 
 def out_dir(args: argparse.Namespace, command: str) -> Path:
@@ -175,6 +189,20 @@ def add_eval_parser(sub: Any) -> None:
     p.add_argument("--prompt-format", default="raw", choices=PROMPT_FORMATS, help="qwen-chat for instruct pairs")
     p.add_argument("--timeout", type=float, default=300.0, help="per-request deadline, seconds")
     p.add_argument("--sandbox-timeout", type=float, default=10.0, help="per code task, seconds")
+    p.add_argument(
+        "--ratio-analysis", action="store_true",
+        help="also load the pair in this process (--draft/--target, or the tiny pair) and measure the target "
+        "probability ratio p(draft)/p(target) of every rejection under greedy SD over the tasks",
+    )  # fmt: skip
+    p.add_argument("--ratio-top", type=int, default=15, help="pairs in the ratio report (most frequent first)")
+    p.add_argument(
+        "--calibration-study", action="store_true",
+        help="with --local: csd on three fresh stacks: no calibration, calibrated on general prose, on task prompts",
+    )  # fmt: skip
+    p.add_argument(
+        "--calibration-limit", type=int, default=None,
+        help="calibration prompts per task kind (general: as many in all; default: --limit, else every prompt)",
+    )  # fmt: skip
     p.set_defaults(func=cmd_eval)
 
 
@@ -191,23 +219,59 @@ def _decoder(tokenizer_dir: Path | None) -> Any:
     return lambda token_id: tok.decode([token_id])
 
 
+def _check_eval_args(args: argparse.Namespace) -> None:
+    if args.calibration_study and not args.local:
+        raise SystemExit("--calibration-study starts a fresh stack per variant: use it with --local")
+    if args.ratio_analysis and not args.local and not (args.draft and args.target):
+        raise SystemExit("--ratio-analysis loads the pair in this process: give --draft and --target (or --local)")
+
+
+def _ratio_analysis(args: argparse.Namespace, tasks: list[Any], config: Any) -> dict[str, Any]:
+    """Offline: both models in this process, greedy SD over the tasks (after any stack has stopped)."""
+    from calispec.eval import ratios
+    from calispec.eval.tasks import render
+
+    draft, target = model_dirs(args)
+    print(f"ratio analysis: greedy SD in process over {len(tasks)} tasks...", file=sys.stderr)
+    sd = ratios.SdConfig(gamma=args.gamma or ratios.SdConfig.gamma, max_new_tokens=config.max_new_tokens)
+    prompts = [render(t, config.prompt_format) for t in tasks]
+    return ratios.run(draft, target, prompts, sd, args.dtype, args.device, top=args.ratio_top)
+
+
+def _calibration_study(args: argparse.Namespace, tasks: list[Any], config: Any, progress: Any) -> dict[str, Any]:
+    from calispec.eval.calibration import StudyEndpoints, run_study
+
+    @contextmanager
+    def fresh_stack(variant: str) -> Iterator[StudyEndpoints]:
+        # a fresh DB per variant already isolates it; the namespace names it in the JSON and the logs
+        with local_stack(args, namespace=f"calibration-study/{variant}") as ep:
+            assert ep.memory is not None
+            yield StudyEndpoints(ep.coordinator, ep.memory, ep.namespace)
+
+    per_kind = args.calibration_limit if args.calibration_limit is not None else args.limit
+    return run_study(fresh_stack, tasks, config, per_kind, progress)
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from calispec.eval import report
-    from calispec.eval.rejections import analyse
+    from calispec.eval.calibration import STUDY_MODES, STUDY_VARIANTS
+    from calispec.eval.rejections import PROBABILITY_RATIO_NOTE, analyse
     from calispec.eval.runner import EvalConfig, fetch_pairs, memory_events, run_eval, variants, wait_for_events
     from calispec.eval.tasks import load_tasks
 
+    _check_eval_args(args)
     tasks = load_tasks([k.strip() for k in args.tasks.split(",") if k.strip()], limit=args.limit)
     variant_list = variants(args.modes, args.sweep_tau, args.sweep_lambda)
     config = EvalConfig(args.max_new_tokens, args.gamma, args.prompt_format, args.timeout, args.sandbox_timeout)
     out = out_dir(args, "eval")
-    total = len(tasks) * len(variant_list)
+    total = len(tasks) * (len(variant_list) + (len(STUDY_VARIANTS) * len(STUDY_MODES) if args.calibration_study else 0))
     done = 0
 
     def progress(row: dict[str, Any]) -> None:
         nonlocal done
         done += 1
-        print(f"\r[{done}/{total}] {row['task']} {row['variant']}: {row['status']}".ljust(70), end="", file=sys.stderr)
+        label = f"{row.get('calibration', '')} {row['variant']}".strip()
+        print(f"\r[{done}/{total}] {row['task']} {label}: {row['status']}".ljust(70), end="", file=sys.stderr)
 
     with endpoints(args) as ep:
         before = memory_events(ep.memory, ep.namespace) if ep.memory else 0
@@ -218,20 +282,34 @@ def cmd_eval(args: argparse.Namespace) -> int:
             expected = before + sum(r["stats"]["rejections"] for r in rows if r["stats"])
             wait_for_events(ep.memory, ep.namespace, expected)
             analysis = analyse(fetch_pairs(ep.memory, ep.namespace), _decoder(ep.tokenizer))
+    study = _calibration_study(args, tasks, config, progress) if args.calibration_study else None
+    if study is not None:
+        print(file=sys.stderr)
+    ratios = _ratio_analysis(args, tasks, config) if args.ratio_analysis else None
+    if ratios is not None or analysis is not None:
+        analysis = {**(analysis or {}), "probability_ratio": ratios or PROBABILITY_RATIO_NOTE}
     summary = report.summarize(rows)
     print(report.format_table(summary))
-    if analysis is not None:
+    if analysis is not None and "events" in analysis:
         print("\n" + report.format_rejections(analysis))
+    if ratios is not None:
+        print("\n" + report.format_ratios(ratios))
+    if study is not None:
+        print("\ncalibration study (csd; speedup vs ar on the same fresh stack):")
+        print(report.format_study(study["summary"]))
     doc = {
         "config": {**config.to_dict(), "address": ep.coordinator, "local": args.local, "tasks": args.tasks,
                    "limit": args.limit, "variants": [v.label for v in variant_list], "argv": sys.argv[1:],
                    "order": "per task, every variant in turn (the memory learns online across the run)"},
         "summary": summary, "rejections": analysis, "memory_namespace": ep.namespace,
-        "calibration_study": "not implemented", "rows": rows,
+        "calibration_study": study or "not run (--calibration-study)", "rows": rows,
     }  # fmt: skip
     written = [report.write_json(out / "eval.json", doc)]
-    if analysis is not None and not args.no_plots:
-        written.append(report.plot_rejections(out / "rejections.png", analysis))
+    if not args.no_plots:
+        if analysis is not None and "events" in analysis:
+            written.append(report.plot_rejections(out / "rejections.png", analysis))
+        if ratios is not None:
+            written.append(report.plot_ratios(out / "ratios.png", ratios, args.ratio_top))
     print("\nwrote " + ", ".join(str(p) for p in written), file=sys.stderr)
     return 0 if any(r["error"] is None for r in rows) else 1
 

@@ -10,11 +10,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-# What the paper also shows but this system cannot: the per-event target probability ratio
-# p(x̃)/p(t*) is computed inside the verifier and never leaves it (RecordEvents carries counts only).
+# What the paper also shows, the per-event target probability ratio p(x̃)/p(t*), never leaves the verifier
+# (RecordEvents carries counts only); `calispec eval --ratio-analysis` measures it offline (eval/ratios.py).
 PROBABILITY_RATIO_NOTE = (
-    "not available: the target's per-event probability ratio p(draft)/p(target) is not exposed by any "
-    "service API (RecordEvents/GetPairs carry counts only); exposing it needs a verifier change"
+    "not measured: the services export counts only; run `calispec eval --ratio-analysis` for the offline, "
+    "in-process analysis of p(draft)/p(target) per pair"
 )
 
 

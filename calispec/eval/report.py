@@ -11,6 +11,7 @@ from typing import Any
 from calispec.bench.report import _pyplot, _save, jsonable
 
 SCHEMA = "calispec.eval/1"
+LN10 = math.log(10.0)
 
 
 def _ratio(num: float, den: float) -> float:
@@ -104,3 +105,70 @@ def plot_rejections(path: Path, analysis: dict[str, Any]) -> Path:
     axes[1].barh(names[::-1], [p["count"] for p in top][::-1])
     axes[1].set(title="most frequent rejected pairs (draft→target)", xlabel="count")
     return _save(fig, path, plt)
+
+
+# --- probability-ratio spread (calispec/eval/ratios.py) ------------------------------------------
+
+
+def format_ratios(ratios: dict[str, Any], top: int = 5) -> str:
+    """One line overall, then the top pairs: count, log10 ratio range and median, share passing the gate."""
+    overall = ratios["overall_log_ratio"]
+    if overall is None:
+        return f"probability ratios: no rejection events over {ratios.get('prompts', '?')} prompts"
+    lines = [
+        f"probability ratio p(draft)/p(target), log10 (gate at {math.log10(ratios['tau']):g}): "
+        f"{ratios['events']} events, {ratios['distinct_pairs']} pairs, range "
+        f"[{overall['min'] / LN10:.2f}, {overall['max'] / LN10:.2f}], "
+        f"{_cell(ratios['overall_gate_pass_share'], '.1%')} pass the gate"
+    ]
+    for p in ratios["top_pairs"][:top]:
+        s = p["log_ratio"]
+        lines.append(
+            f"  #{p['rank']} {_pair_name(p)} ×{p['count']}: [{s['min'] / LN10:.2f}, {s['max'] / LN10:.2f}] "
+            f"median {s['q50'] / LN10:.2f}, gate pass {p['gate_pass_share']:.0%}"
+        )
+    return "\n".join(lines)
+
+
+def _hboxplot(ax: Any, values: list[list[float]]) -> None:
+    try:  # matplotlib >= 3.10; `vert` is deprecated there, but the extra allows 3.8
+        ax.boxplot(values, orientation="horizontal", widths=0.6, showfliers=False)
+    except TypeError:
+        ax.boxplot(values, vert=False, widths=0.6, showfliers=False)
+
+
+def plot_ratios(path: Path, ratios: dict[str, Any], top: int = 15) -> Path:
+    """Per top pair (most frequent at the top): a box of log10 p(draft)/p(target) with every event as a dot,
+    and the SCG gate log10 τ as a dashed line; a pair spread across the line is context-dependent."""
+    plt = _pyplot()
+    pairs = ratios["top_pairs"][:top][::-1]
+    fig, ax = plt.subplots(figsize=(10, max(3.0, 0.45 * len(pairs) + 1.5)))
+    values = [[v / LN10 for v in p["log_ratios"]] for p in pairs]
+    if pairs:
+        _hboxplot(ax, values)
+        for i, vals in enumerate(values, start=1):
+            ax.scatter(vals, [i] * len(vals), s=10, alpha=0.6, color="tab:blue", zorder=3)
+        ax.set_yticks(range(1, len(pairs) + 1), [f"{_pair_name(p)} ×{p['count']}" for p in pairs])
+    gate = math.log10(ratios["tau"])
+    ax.axvline(gate, color="tab:red", linestyle="--", linewidth=1, label=f"gate τ={ratios['tau']:g}")
+    ax.set(title="target probability ratio of the most frequent rejected pairs",
+           xlabel="log10 p_target(draft) / p_target(target)")  # fmt: skip
+    ax.legend(loc="lower left")
+    ax.grid(axis="x", alpha=0.3)
+    return _save(fig, path, plt)
+
+
+# --- calibration study (calispec/eval/calibration.py) ---------------------------------------------
+
+
+def format_study(study: dict[str, dict[str, Any]]) -> str:
+    head = ["calibration".ljust(12), "prompts", " events", "accuracy", "accept", "rescue", "  ×ar"]
+    lines = ["  ".join(head)]
+    for label, s in study.items():
+        cells = [
+            label.ljust(12), str(s["calibration_prompts"]).rjust(7), str(s["calibration_events"]).rjust(7),
+            _cell(s["accuracy"], ".1%").rjust(8), _cell(s["acceptance_rate"], ".1%").rjust(6),
+            _cell(s["rescue_rate"], ".1%").rjust(6), (_cell(s["speedup_vs_ar"], ".2f") + "×").rjust(5),
+        ]  # fmt: skip
+        lines.append("  ".join(cells))
+    return "\n".join(lines)

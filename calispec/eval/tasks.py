@@ -48,7 +48,7 @@ def _task(kind: str, row: dict) -> Task:
     return Task(row["id"], kind, row["question"], answer=float(row["answer"]))
 
 
-def _qwen_chat(text: str) -> str:
+def qwen_chat(text: str) -> str:
     return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -60,7 +60,7 @@ def render(task: Task, prompt_format: str = "raw") -> tuple[str, tuple[str, ...]
         if prompt_format == "raw":
             return task.prompt, CODE_STOPS
         ask = f"Complete this Python function. Reply with the whole function in one code block.\n\n{task.prompt}"
-        return _qwen_chat(ask), ()
+        return qwen_chat(ask), ()
     if prompt_format == "raw":
         return f"Question: {task.prompt}\nAnswer:", MATH_STOPS
-    return _qwen_chat(f"{task.prompt}\nGive the final answer as a single number on the last line."), ()
+    return qwen_chat(f"{task.prompt}\nGive the final answer as a single number on the last line."), ()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,3 +95,46 @@ def test_eval_table_and_rejection_analysis(
         assert not HAVE_MATPLOTLIB or (out / "rejections.png").stat().st_size > 0
     printed = capsys.readouterr().out
     assert printed.startswith("variant") and "rejections:" in printed
+
+
+def test_eval_ratio_analysis_json_and_png(stack: LocalStack, tmp_path: Path) -> None:
+    """--ratio-analysis loads the pair in process: greedy SD over the 2 tasks, ratios per pair."""
+    out = tmp_path / "eval-ratios"
+    argv = ["eval", "--address", stack.coordinator_address, "--modes", "ar", "--limit", "1",
+            "--max-new-tokens", "32", "--ratio-analysis", "--draft", str(stack.config.draft_model),
+            "--target", str(stack.config.target_model), "--dtype", "float32", "--device", "cpu",
+            "--out", str(out)]  # fmt: skip
+    argv += [] if HAVE_MATPLOTLIB else ["--no-plots"]
+    assert main(argv) == 0
+    ratios = json.loads((out / "eval.json").read_text())["rejections"]["probability_ratio"]
+    assert ratios["prompts"] == 2 and ratios["events"] > 0 and ratios["top_pairs"]
+    counts = [p["count"] for p in ratios["top_pairs"]]
+    assert counts == sorted(counts, reverse=True) and sum(counts) <= ratios["events"]
+    for pair in ratios["top_pairs"]:
+        assert len(pair["log_ratios"]) == pair["count"] and isinstance(pair["draft_text"], str)
+        assert all(math.isfinite(v) and v <= 0 for v in pair["log_ratios"])  # greedy: z(draft) <= z(argmax)
+        assert pair["log_ratio"]["min"] <= pair["log_ratio"]["q50"] <= pair["log_ratio"]["max"] <= 0
+    if HAVE_MATPLOTLIB:
+        assert (out / "ratios.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow  # four tiny stacks one after another: about 100 s on 2 cores
+def test_eval_calibration_study(tiny_pair: TinyPair, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Three fresh stacks (none, general, task), each its own memory: csd and ar on the 2 tasks."""
+    out = tmp_path / "eval-study"
+    argv = ["eval", "--local", "--draft", str(tiny_pair.draft), "--target", str(tiny_pair.target), "--dtype",
+            "float32", "--device", "cpu", "--modes", "ar", "--limit", "1", "--calibration-limit", "2",
+            "--max-new-tokens", "16", "--calibration-study", "--no-plots", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    study = json.loads((out / "eval.json").read_text())["calibration_study"]
+    assert list(study["summary"]) == ["none", "general", "task"]
+    calibration = study["calibration"]
+    assert [calibration[v]["prompts"] for v in ("none", "general", "task")] == [0, 4, 4]
+    assert calibration["none"]["events"] == 0 and calibration["general"]["events"] > 0
+    assert calibration["task"]["events"] > 0  # the memory received the calibration's events
+    assert len({c["namespace"] for c in calibration.values()}) == 3
+    assert len(study["rows"]) == 3 * 2 * 2  # variants × tasks × (ar, csd)
+    assert all(r["error"] is None for r in study["rows"])
+    for s in study["summary"].values():
+        assert 0 <= s["acceptance_rate"] <= 1 and s["speedup_vs_ar"] > 0
+    assert "calibration study" in capsys.readouterr().out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
+from calispec import cli
 from calispec.client import CalispecClient
 from calispec.grpc_server import make_channel
 from calispec.stack import LocalStack, StackConfig
@@ -106,6 +109,23 @@ def test_csd_rescues_with_permissive_thresholds_and_reports_it(client: CalispecC
     for r in again:
         assert r.stats.accepted >= r.stats.rescued
         assert r.stats.acceptance_rate == pytest.approx(r.stats.accepted / r.stats.drafted)
+
+
+def test_calibrate_seeds_the_memory_with_every_rejection(
+    stack: LocalStack, client: CountingClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = tmp_path / "calibration.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in PROMPTS) + "\n")
+    memory = stack.services["memory_service"].address
+    args = ["calibrate", "--prompts", str(prompts), "--namespace", stack.memory_namespace,
+            "--address", stack.coordinator_address, "--memory-addr", memory, "--max-new-tokens", "30"]  # fmt: skip
+    assert cli.main(args) == 0
+    summary = re.search(r"(\d+) prompts, (\d+) rejection events, (\d+) recorded", capsys.readouterr().out)
+    assert summary is not None
+    prompts_run, rejections, recorded = map(int, summary.groups())
+    assert prompts_run == len(PROMPTS) and rejections > 0 and recorded >= rejections
+    with CountingClient._lock:  # these went through the stack too: the restart test counts them
+        CountingClient.rejections += rejections
 
 
 def test_rejection_counts_reach_sqlite_and_survive_a_memory_restart(stack: LocalStack, client: CountingClient) -> None:

@@ -26,7 +26,7 @@ def test_analyse_labels_top_pairs_and_says_what_is_missing() -> None:
     assert a["events"] == 34 and a["distinct_pairs"] == 3
     assert a["top_pairs"][0] == {"draft_token_id": 5, "target_token_id": 6, "count": 30,
                                  "draft_text": "<5>", "target_text": "<6>"}  # fmt: skip
-    assert "not available" in a["probability_ratio"]
+    assert "--ratio-analysis" in a["probability_ratio"]
 
 
 def test_variants_add_the_tau_lambda_grid() -> None:
