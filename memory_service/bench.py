@@ -1,8 +1,8 @@
 """`python -m memory_service.bench [--seconds S] [--writers N]`: what the correction memory costs.
 
 Prints (nothing about time is asserted):
-1. events/s the memory service absorbs over gRPC on this machine: N verifier-like writers
-   (writer token, 256 aggregated pairs per RecordEvents, counts 1-3) for S seconds against an
+1. events/s the memory service absorbs over gRPC on this machine: N verifier-like writer
+   processes (writer token, 256 aggregated pairs per RecordEvents, counts 1-3) for S seconds against an
    in-process server with group commit (flush interval 0.5 s, synchronous=FULL), rate limit off;
    events counted only once committed (checked in SQLite at the end);
 2. the verifier-side lookup of one round: `PairTable.counts` for B x γ pairs on a table of
@@ -13,10 +13,11 @@ Prints (nothing about time is asserted):
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import random
 import tempfile
-import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -34,42 +35,40 @@ TOKEN = "bench-writer-token-0123456789abcdef"
 TABLE_PAIRS = 65_536
 
 
+def _write_until(port: int, seed: int, deadline: float) -> int:
+    """One verifier-like writer (its own process): RecordEvents until the wall-clock deadline."""
+    rng = random.Random(seed)
+    sent = 0
+    with make_channel(f"127.0.0.1:{port}") as channel:
+        stub = memory_pb2_grpc.MemoryServiceStub(channel)
+        metadata = writer_metadata(TOKEN, f"bench-{seed}")
+        while time.time() < deadline:
+            pairs = {(rng.randrange(2000), rng.randrange(2000)) for _ in range(256)}
+            events = [
+                memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=rng.randint(1, 3)) for d, t in pairs
+            ]
+            stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="bench", events=events), metadata=metadata)
+            sent += 1
+    return sent
+
+
 def absorb(seconds: float, writers: int, db: Path) -> tuple[float, float]:
-    """(committed events/s, RecordEvents/s)."""
+    """(committed events/s, RecordEvents/s); writers are separate processes, as verifiers are."""
     config = MemoryConfig(port=0, db_path=db, writer_token=TOKEN, writer_events_per_s=0, flush_interval_s=0.5)
     server, port, store = create_server(config)
     server.start()
-    requests = [0]
-    lock = threading.Lock()
-    deadline = time.monotonic() + seconds
-
-    def writer(seed: int) -> None:
-        rng = random.Random(seed)
-        with make_channel(f"127.0.0.1:{port}") as channel:
-            stub = memory_pb2_grpc.MemoryServiceStub(channel)
-            metadata = writer_metadata(TOKEN, f"bench-{seed}")
-            while time.monotonic() < deadline:
-                pairs = {(rng.randrange(2000), rng.randrange(2000)) for _ in range(256)}
-                events = [
-                    memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=rng.randint(1, 3)) for d, t in pairs
-                ]
-                stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="bench", events=events), metadata=metadata)
-                with lock:
-                    requests[0] += 1
-
     start = time.monotonic()
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(writers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    deadline = time.time() + seconds
+    # spawn, not fork: a forked child would inherit this process's gRPC state
+    with ProcessPoolExecutor(writers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        requests = sum(pool.map(_write_until, [port] * writers, range(writers), [deadline] * writers))
     store.hub.close()
     server.stop(None).wait()
     store.close()  # commits the tail, so every acknowledged event is counted
     elapsed = time.monotonic() - start
     with CorrectionStore(db, flush_interval_s=0) as reopened:
         total = reopened.stats("bench")[0]
-    return total / elapsed, requests[0] / elapsed
+    return total / elapsed, requests / elapsed
 
 
 def lookup_share(batch: int, gamma: int, reps: int) -> tuple[float, float]:
