@@ -9,7 +9,7 @@ PAIR   ?= qwen-coder
 MODE   ?= csd
 DTYPE  ?= auto
 
-.PHONY: install run test test-slow lint format proto bench-verifier bench-memory bench-pair clean
+.PHONY: install run test test-slow lint format proto bench-verifier bench-forward bench-memory bench-pair clean
 
 # torch is pinned here (the CPU wheel these machines carry); an unpinned torch pulls a CUDA build.
 $(STAMP): pyproject.toml
@@ -48,6 +48,9 @@ bench-verifier: install
 
 bench-pair: install
 	$(BIN)/python -m calispec.bench_pair --pair $(PAIR) --dtype $(DTYPE)
+
+bench-forward: install
+	$(BIN)/python -m calispec.bench_forward --pair $(PAIR) --dtype $(DTYPE)
 
 bench-memory: install
 	$(BIN)/python -m memory_service.bench
