@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
@@ -13,6 +17,7 @@ import torch
 from calispec.modeling import ModelRunner
 
 T = TypeVar("T")
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def wait_until(probe: Callable[[], T], timeout_s: float = 30.0, interval_s: float = 0.05) -> T:
@@ -46,3 +51,17 @@ def reference_greedy(runner: ModelRunner, prompt_ids: list[int], n: int) -> list
         logits = runner.model(input_ids=torch.tensor([ids])).logits  # [1, S, V]
         ids.append(int(logits[0, -1].argmax()))
     return ids[len(prompt_ids) :]
+
+
+def spawn_memory_service(
+    db: Path, token_file: Path, *extra: str, stderr: int = subprocess.PIPE
+) -> tuple[subprocess.Popen[str], str]:
+    """`python -m memory_service` on port 0; returns the process and its readiness line (read, so it serves)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memory_service", "--port", "0", "--db", str(db), "--log-level", "WARNING",
+         "--writer-token-file", str(token_file), *extra],
+        cwd=REPO_ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE, stderr=stderr, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline()  # blocks until the server listens (or the process dies: "")

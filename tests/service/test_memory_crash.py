@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -18,6 +16,7 @@ import grpc
 from calispec.credentials import writer_metadata
 from calispec.grpc_server import make_channel
 from calispec.v1 import memory_pb2, memory_pb2_grpc
+from tests.helpers import spawn_memory_service
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "crash-test-writer-token-0123456789"
@@ -29,32 +28,8 @@ WRITERS = 4
 
 
 def start_service(db: Path, token_file: Path) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "memory_service",
-            "--port",
-            "0",
-            "--db",
-            str(db),
-            "--log-level",
-            "WARNING",
-            "--flush-interval",
-            str(FLUSH_INTERVAL_S),
-            "--writer-token-file",
-            str(token_file),
-            "--writer-rate-limit",
-            "0",
-        ],
-        cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
+    extra = ["--flush-interval", str(FLUSH_INTERVAL_S), "--writer-rate-limit", "0"]
+    proc, line = spawn_memory_service(db, token_file, *extra, stderr=subprocess.DEVNULL)  # nobody reads it
     assert line.startswith("memory_service listening on"), line
     return proc, line.split()[3]
 

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +17,7 @@ from calispec.grpc_server import make_channel, wait_for_ready
 from calispec.v1 import memory_pb2, memory_pb2_grpc
 from memory_service.config import MemoryConfig
 from memory_service.server import SERVICE_NAME, create_server
+from tests.helpers import spawn_memory_service
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "test-writer-token-0123456789"
@@ -163,29 +161,8 @@ def test_cli_serves_and_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
     db_path = tmp_path / "cli.db"
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "memory_service",
-            "--port",
-            "0",
-            "--db",
-            str(db_path),
-            "--log-level",
-            "WARNING",
-            "--writer-token-file",
-            str(token_file),
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc, line = spawn_memory_service(db_path, token_file)
     try:
-        line = proc.stdout.readline()  # blocks until the server is listening (or the process dies)
         assert line.startswith("memory_service listening on 127.0.0.1:"), line + proc.stderr.read()
         address, db = line.split()[3], line.split()[4]
         assert db == f"db={db_path}"
