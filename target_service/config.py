@@ -19,7 +19,6 @@ class TargetConfig:
     memory_address: str | None = None  # None: no shared memory, local online counts only
     memory_namespace: str = "default"
     memory_sync_interval_s: float = 1.0  # how often events are shipped and the table refreshed
-    memory_max_pairs: int = 65536  # unused since the Watch stream (the memory service caps its tables)
     memory_writer_token_file: Path | None = None  # the verifiers' credential for RecordEvents
 
     @property
