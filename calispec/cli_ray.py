@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from calispec.ray_config import DEFAULT_NAMESPACE
+
 if TYPE_CHECKING:
     from types import ModuleType
 
-DEFAULT_NAMESPACE = "calispec"  # deploy_ray.DEFAULT_NAMESPACE, without importing Ray here
 SCALE_SPEC = re.compile(r"^target=(\d+)$")
 
 

@@ -7,10 +7,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ray")
-
 from calispec import cli_ray
-from calispec.deploy_ray import RayDeployConfig
+from calispec.ray_config import RayDeployConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
