@@ -53,8 +53,12 @@ def _namespace(args: argparse.Namespace) -> str:
 
 def _deploy_ray() -> ModuleType:
     """Imported on use, so `calispec --help` works where Ray (the `ray` extra) is not installed."""
-    from calispec import deploy_ray
-
+    try:
+        from calispec import deploy_ray
+    except ModuleNotFoundError as exc:
+        if exc.name != "ray":
+            raise
+        raise SystemExit("Ray is not installed: pip install -e '.[ray]' (the `ray` extra)") from None
     return deploy_ray
 
 
@@ -73,10 +77,10 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _scale(args: argparse.Namespace) -> int:
-    deploy_ray = _deploy_ray()
-    match = SCALE_SPEC.match(args.spec)
+    match = SCALE_SPEC.match(args.spec)  # bad input fails before anything connects
     if match is None:
         raise SystemExit(f"scale takes target=N, got {args.spec!r}")
+    deploy_ray = _deploy_ray()
     deploy_ray.connect(args.address, _namespace(args))
     _print(deploy_ray.scale(int(match.group(1)), _namespace(args)))
     return 0

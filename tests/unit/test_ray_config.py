@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,10 @@ def test_cli_registers_its_commands() -> None:
     assert args.func is cli_ray._scale and args.spec == "target=3"
     with pytest.raises(SystemExit):
         cli_ray.main(["scale", "draft=2"])
+
+
+def test_ray_commands_without_ray_say_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails, as without the extra
+    monkeypatch.delitem(sys.modules, "calispec.deploy_ray", raising=False)
+    with pytest.raises(SystemExit, match=r"pip install -e '\.\[ray\]'"):
+        cli_ray.main(["status"])
