@@ -256,8 +256,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from calispec.eval import report
     from calispec.eval.calibration import STUDY_MODES, STUDY_VARIANTS
     from calispec.eval.rejections import PROBABILITY_RATIO_NOTE, analyse
-    from calispec.eval.runner import EvalConfig, fetch_pairs, memory_events, run_eval, variants, wait_for_events
+    from calispec.eval.runner import EvalConfig, run_eval, variants
     from calispec.eval.tasks import load_tasks
+    from calispec.memory_reads import fetch_pairs, memory_events, wait_for_events
 
     _check_eval_args(args)
     tasks = load_tasks([k.strip() for k in args.tasks.split(",") if k.strip()], limit=args.limit)

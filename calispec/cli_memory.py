@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -21,6 +20,7 @@ from calispec.credentials import read_writer_token, writer_metadata
 from calispec.errors import CalispecError
 from calispec.grpc_server import make_channel
 from calispec.memory_file import MemoryFileError, dump_export, load_export
+from calispec.memory_reads import memory_events, wait_for_events
 from calispec.v1 import memory_pb2, memory_pb2_grpc
 
 DEFAULT_COORDINATOR = "127.0.0.1:50050"
@@ -91,10 +91,6 @@ def read_prompts(path: Path) -> list[str]:
     return prompts
 
 
-def _total_events(stub: memory_pb2_grpc.MemoryServiceStub, namespace: str) -> int:
-    return stub.GetStats(memory_pb2.GetStatsRequest(namespace=namespace), timeout=10).total_events
-
-
 def cmd_calibrate(args: argparse.Namespace) -> int:
     try:
         prompts = read_prompts(args.prompts)
@@ -102,25 +98,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return _fail(f"cannot read prompts: {exc}")
     if not prompts:
         return _fail(f"{args.prompts} holds no prompts")
-    channel, stub = _stub(args.memory_addr)
-    with channel:
-        before = _total_events(stub, args.namespace)
-        rejections = 0
-        with CalispecClient(args.address) as client:
-            for i, prompt in enumerate(prompts, 1):
-                try:
-                    result = client.generate(
-                        prompt, mode="sd", max_new_tokens=args.max_new_tokens,
-                        num_speculative_tokens=args.gamma, timeout=args.timeout,
-                    )  # fmt: skip
-                except CalispecRpcError as exc:
-                    return _fail(f"prompt {i}: {exc}")
-                rejections += result.stats.rejections
-                print(f"[{i}/{len(prompts)}] rejections {result.stats.rejections}", file=sys.stderr)
-        # The target ships its events in the background: wait until the memory holds them all.
-        deadline = time.monotonic() + 30
-        while (seeded := _total_events(stub, args.namespace) - before) < rejections and time.monotonic() < deadline:
-            time.sleep(0.2)
+    before = memory_events(args.memory_addr, args.namespace)
+    rejections = 0
+    with CalispecClient(args.address) as client:
+        for i, prompt in enumerate(prompts, 1):
+            try:
+                result = client.generate(
+                    prompt, mode="sd", max_new_tokens=args.max_new_tokens,
+                    num_speculative_tokens=args.gamma, timeout=args.timeout,
+                )  # fmt: skip
+            except CalispecRpcError as exc:
+                return _fail(f"prompt {i}: {exc}")
+            rejections += result.stats.rejections
+            print(f"[{i}/{len(prompts)}] rejections {result.stats.rejections}", file=sys.stderr)
+    # The target ships its events in the background: wait until the memory holds them all.
+    seeded = wait_for_events(args.memory_addr, args.namespace, before + rejections, timeout_s=30) - before
     print(f"calibration: {len(prompts)} prompts, {rejections} rejection events, {seeded} recorded in {args.namespace}")
     if seeded < rejections:
         return _fail("not every event reached the memory: is --namespace the one the stack's target writes to?")

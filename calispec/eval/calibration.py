@@ -20,8 +20,9 @@ from typing import Any
 from calispec.bench.prompts import BUILTIN_DIR, Prompt, load_jsonl
 from calispec.client import CalispecClient
 from calispec.eval.report import summarize
-from calispec.eval.runner import EvalConfig, Variant, memory_events, run_eval, wait_for_events
+from calispec.eval.runner import EvalConfig, Variant, run_eval
 from calispec.eval.tasks import Task, qwen_chat
+from calispec.memory_reads import memory_events, wait_for_events
 
 STUDY_VARIANTS = ("none", "general", "task")
 GENERAL_SET = "prose"  # the shipped summarisation-style prose stands in for a general corpus

@@ -21,10 +21,10 @@ import ray
 
 from calispec import deploy_ray
 from calispec.client import CalispecClient
-from calispec.grpc_server import make_channel
-from calispec.v1 import memory_pb2, memory_pb2_grpc
+from calispec.memory_reads import memory_events
 
-NAMESPACE = "calispec-test"
+NAMESPACE = "calispec-test"  # the Ray namespace
+MEMORY_NAMESPACE = "default"  # the deployment's correction-memory namespace (memory_namespace in the config)
 PROMPTS = ["zebra quantum xylophone", "The robot counted", "def fibonacci(n):", "A rectangle with sides"]
 MODEL_ARGS = ["--dtype", "float32", "--device", "cpu"]
 
@@ -78,16 +78,11 @@ class Load:
         self._pool.shutdown()
 
 
-def memory_events(address: str) -> int:
-    stub = memory_pb2_grpc.MemoryServiceStub(make_channel(address))
-    return stub.GetStats(memory_pb2.GetStatsRequest(namespace="default"), timeout=10).total_events
-
-
 def settled(stats: dict, memory_address: str) -> bool:
     """Every replica shipped all it counted, and the memory holds exactly the sum."""
     targets = [s for s in stats.values() if s["kind"] == "target"]
     flushed = all(s["events_unshipped"] == 0 and s["batches_in_flight"] == 0 for s in targets)
-    return flushed and memory_events(memory_address) == sum(s["events_counted"] for s in targets)
+    return flushed and memory_events(memory_address, MEMORY_NAMESPACE) == sum(s["events_counted"] for s in targets)
 
 
 def wait_for(probe, timeout_s: float = 30.0) -> None:
@@ -128,7 +123,7 @@ def main(draft: str, target: str, work: Path) -> dict:
         assert all(picks.get(s["address"], 0) > 0 for s in replicas.values()), (picks, replicas)
         assert all(s["events_counted"] > 0 for s in replicas.values()), replicas
         result.update(picks=picks, events={n: s["events_counted"] for n, s in replicas.items()})
-        result["memory_events"] = memory_events(memory)
+        result["memory_events"] = memory_events(memory, MEMORY_NAMESPACE)
 
         load = Load(coordinator)  # scale down under load: the removed replica drains, nothing fails
         time.sleep(0.5)

@@ -14,9 +14,8 @@ import sqlite_utils
 
 from calispec import cli
 from calispec.client import CalispecClient
-from calispec.grpc_server import make_channel
+from calispec.memory_reads import memory_events
 from calispec.stack import LocalStack, StackConfig
-from calispec.v1 import memory_pb2, memory_pb2_grpc
 from tests.conftest import TinyPair
 from tests.helpers import wait_until
 
@@ -70,12 +69,6 @@ def client(stack: LocalStack) -> Iterator[CountingClient]:
     CountingClient.rejections = 0
     with CountingClient(stack.coordinator_address, timeout=120) as c:
         yield c
-
-
-def memory_total(address: str, namespace: str) -> int:
-    with make_channel(address) as channel:
-        stub = memory_pb2_grpc.MemoryServiceStub(channel)
-        return stub.GetStats(memory_pb2.GetStatsRequest(namespace=namespace), timeout=10).total_events
 
 
 def test_greedy_sd_equals_ar_token_for_token(client: CalispecClient) -> None:
@@ -136,7 +129,7 @@ def test_rejection_counts_reach_sqlite_and_survive_a_memory_restart(stack: Local
     # the target ships events in the background; wait for exactly that total, no more, no less
     namespace = stack.memory_namespace  # derived from the model pair
     assert namespace.startswith("pair/")
-    wait_until(lambda: memory_total(memory.address, namespace) == expected)
+    wait_until(lambda: memory_events(memory.address, namespace) == expected)
     db_path = stack.config.memory_db
     assert stack.stop_service("memory_service") == 0
     in_file = (
@@ -146,7 +139,7 @@ def test_rejection_counts_reach_sqlite_and_survive_a_memory_restart(stack: Local
     )
     assert in_file == expected
     restarted = stack.restart_service("memory_service", stack.memory_args(0))
-    assert memory_total(restarted.address, namespace) == expected
+    assert memory_events(restarted.address, namespace) == expected
 
 
 def test_identical_draft_gives_full_acceptance(tiny_pair: TinyPair, tmp_path: Path) -> None:
