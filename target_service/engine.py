@@ -124,7 +124,7 @@ class TargetEngine:
             ).tolist()  # the one device sync of the round, after the math
             rescued = out.rescued.tolist()  # [B][G]
         with watch.phase("memory"):
-            self._record_events(batch.draft_tokens[out.event_mask], out.target_tokens[out.event_mask])
+            self._record_events(*out.events(batch.draft_tokens))
         results = []
         for b, (row, accepted, next_token, bonus, rejections) in enumerate(zip(rows, *outcome, strict=True)):
             self._commit(row.state.session, row.draft, accepted, next_token)
@@ -180,8 +180,11 @@ class TargetEngine:
 
     @staticmethod
     def _draft_probs(rows: Sequence[_Row], width: int, device: torch.device) -> torch.Tensor | None:
-        sent = [(b, r.draft_probs) for b, r in enumerate(rows) if r.draft_probs is not None and r.draft]
-        sent = [(b, p) for b, p in sent if not rows[b].state.sampling.greedy]
+        sent = [
+            (b, r.draft_probs)
+            for b, r in enumerate(rows)
+            if r.draft_probs is not None and r.draft and not r.state.sampling.greedy
+        ]
         if not sent:
             return None
         vocab = max(p.shape[1] for _, p in sent)
