@@ -19,6 +19,8 @@ ENV PATH=/opt/venv/bin:$PATH
 RUN pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"
 COPY pyproject.toml README.md ./
 COPY calispec ./calispec
+COPY calispec_core ./calispec_core
+COPY calispec_tools ./calispec_tools
 COPY coordinator ./coordinator
 COPY draft_service ./draft_service
 COPY target_service ./target_service

@@ -44,16 +44,16 @@ proto: install
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/calispec/v1/*.proto
 
 bench-verifier: install
-	$(BIN)/python -m target_service.bench_verifier
+	$(BIN)/python -m calispec_tools.bench.verifier
 
 bench-pair: install
-	$(BIN)/python -m calispec.bench_pair --pair $(PAIR) --dtype $(DTYPE)
+	$(BIN)/python -m calispec_tools.bench.pair --pair $(PAIR) --dtype $(DTYPE)
 
 bench-forward: install
-	$(BIN)/python -m calispec.bench_forward --pair $(PAIR) --dtype $(DTYPE)
+	$(BIN)/python -m calispec_tools.bench.forward --pair $(PAIR) --dtype $(DTYPE)
 
 bench-memory: install
-	$(BIN)/python -m memory_service.bench
+	$(BIN)/python -m calispec_tools.bench.memory
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache *.egg-info

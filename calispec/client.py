@@ -18,9 +18,9 @@ from typing import Any
 
 import grpc
 
-from calispec.generation import FinishReason, GenerationStats, Mode
-from calispec.grpc_server import make_aio_channel, make_channel
 from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc
+from calispec_core.generation import FinishReason, GenerationStats, Mode
+from calispec_core.grpc_server import make_aio_channel, make_channel
 
 
 class CalispecRpcError(Exception):

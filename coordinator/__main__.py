@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from calispec.generation import Defaults, Mode
-from calispec.service_cli import add_server_args, configure_logging, serve_until_signalled
+from calispec_core.generation import Defaults, Mode
+from calispec_core.service_cli import add_server_args, configure_logging, serve_until_signalled
 from coordinator.config import CoordinatorConfig
 from coordinator.server import create_server
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from calispec.generation import Mode
-from calispec.sampling import SamplingConfig
+from calispec_core.generation import Mode
+from calispec_core.sampling import SamplingConfig
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ from typing import TypeVar
 
 import grpc
 
-from calispec import errors
-from calispec.generation import Mode
-from calispec.grpc_server import make_channel
-from calispec.protocol import sampling_to_pb
-from calispec.sampling import SamplingConfig
 from calispec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
+from calispec_core import errors
+from calispec_core.generation import Mode
+from calispec_core.grpc_server import make_channel
+from calispec_core.protocol import sampling_to_pb
+from calispec_core.sampling import SamplingConfig
 from coordinator.backends import ModelFacts, Proposal, Verdict
 
 T = TypeVar("T")

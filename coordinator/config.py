@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calispec.generation import Defaults
+from calispec_core.generation import Defaults
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from calispec.errors import InvalidArgument
+from calispec_core.errors import InvalidArgument
 from coordinator.replicas import Connect, ReplicaSet
 
 log = logging.getLogger(__name__)

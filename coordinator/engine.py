@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
-from calispec.errors import Cancelled, InvalidArgument, require
-from calispec.generation import FinishReason, GenerationParams, GenerationStats, Mode, validate_prompt
-from calispec.timing import Deadline, Stopwatch, ns_to_ms
+from calispec_core.errors import Cancelled, InvalidArgument, require
+from calispec_core.generation import FinishReason, GenerationParams, GenerationStats, Mode, validate_prompt
+from calispec_core.timing import Deadline, Stopwatch, ns_to_ms
 from coordinator.backends import DraftBackend, Proposal, TargetBackend, Verdict
 from coordinator.detokenizer import IncrementalDetokenizer
 from coordinator.replicas import ReplicaSet

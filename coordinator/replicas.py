@@ -16,8 +16,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from calispec.errors import FailedPrecondition, Unavailable
-from calispec.grpc_server import wait_for_ready
+from calispec_core.errors import FailedPrecondition, Unavailable
+from calispec_core.grpc_server import wait_for_ready
 from coordinator.backends import ModelFacts, TargetBackend
 
 log = logging.getLogger(__name__)

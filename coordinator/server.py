@@ -7,13 +7,13 @@ import time
 
 import grpc
 
-from calispec.errors import CalispecError, DeadlineExceeded, FailedPrecondition
-from calispec.generation import Defaults, GenerationParams, GenerationStats, Mode
-from calispec.grpc_server import create_grpc_server, wait_for_ready
-from calispec.modeling import load_tokenizer, tokenizer_fingerprint
-from calispec.sampling import SamplingConfig
-from calispec.timing import Deadline
 from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc
+from calispec_core.errors import CalispecError, DeadlineExceeded, FailedPrecondition
+from calispec_core.generation import Defaults, GenerationParams, GenerationStats, Mode
+from calispec_core.grpc_server import create_grpc_server, wait_for_ready
+from calispec_core.modeling import load_tokenizer, tokenizer_fingerprint
+from calispec_core.sampling import SamplingConfig
+from calispec_core.timing import Deadline
 from coordinator.backends import ModelFacts
 from coordinator.clients import GrpcDraftBackend, GrpcTargetBackend
 from coordinator.config import CoordinatorConfig

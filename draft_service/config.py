@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from calispec.modeling import ModelSpec
+from calispec_core.modeling import ModelSpec
 
 
 @dataclass(frozen=True)

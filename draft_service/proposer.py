@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from calispec.errors import require
-from calispec.limits import MAX_SPECULATIVE_TOKENS
-from calispec.modeling import ModelRunner, Session, SessionRegistry, prefill_session
-from calispec.sampling import SamplingConfig, make_generator, warp_probs
-from calispec.timing import Stopwatch
+from calispec_core.errors import require
+from calispec_core.limits import MAX_SPECULATIVE_TOKENS
+from calispec_core.modeling import ModelRunner, Session, SessionRegistry, prefill_session
+from calispec_core.sampling import SamplingConfig, make_generator, warp_probs
+from calispec_core.timing import Stopwatch
 
 
 @dataclass

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import grpc
 
-from calispec.grpc_server import create_grpc_server
-from calispec.modeling import ModelRunner
-from calispec.protocol import model_info_to_pb, sampling_from_pb, timing_to_pb
-from calispec.timing import Stopwatch
 from calispec.v1 import draft_pb2, draft_pb2_grpc
+from calispec_core.grpc_server import create_grpc_server
+from calispec_core.modeling import ModelRunner
+from calispec_core.protocol import model_info_to_pb, sampling_from_pb, timing_to_pb
+from calispec_core.timing import Stopwatch
 from draft_service.config import DraftConfig
 from draft_service.proposer import Proposer
 

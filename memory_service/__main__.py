@@ -12,8 +12,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from calispec.credentials import read_writer_token
-from calispec.errors import CalispecError
+from calispec_core.credentials import read_writer_token
+from calispec_core.errors import CalispecError
 from memory_service.config import MemoryConfig
 from memory_service.server import create_server
 from memory_service.store import TableLimits

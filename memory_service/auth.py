@@ -1,7 +1,7 @@
 """Who may write to the correction memory, and how fast (domain code: no gRPC).
 
 Only verifiers write: a write must present the shared writer token (see
-`calispec.credentials`). Each writer (its claimed id, else its peer address) has a token
+`calispec_core.credentials`). Each writer (its claimed id, else its peer address) has a token
 bucket of events per second, so one misbehaving replica cannot flood the table; a write over
 the limit is refused whole (RESOURCE_EXHAUSTED) and changes nothing.
 """
@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from calispec.credentials import token_matches
-from calispec.errors import ResourceExhausted, Unauthenticated
+from calispec_core.credentials import token_matches
+from calispec_core.errors import ResourceExhausted, Unauthenticated
 
 MAX_TRACKED_WRITERS = 10_000  # buckets kept; the idlest are forgotten beyond this (they were full anyway)
 

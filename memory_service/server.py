@@ -1,7 +1,7 @@
 """gRPC face of the correction memory: proto in, `CorrectionStore` / `WriterGate` call, proto out.
 
 Handlers hold no logic of their own; validation and errors live in the domain modules and
-reach clients through the shared error interceptor of `calispec.grpc_server`.
+reach clients through the shared error interceptor of `calispec_core.grpc_server`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import grpc
 
-from calispec.credentials import WRITER_ID_METADATA, WRITER_TOKEN_METADATA
-from calispec.grpc_server import create_grpc_server
 from calispec.v1 import memory_pb2, memory_pb2_grpc
+from calispec_core.credentials import WRITER_ID_METADATA, WRITER_TOKEN_METADATA
+from calispec_core.grpc_server import create_grpc_server
 from memory_service.auth import WriterGate
 from memory_service.config import MemoryConfig
 from memory_service.store import CorrectionStore, Pair, validate_events, validate_namespace

@@ -1,6 +1,6 @@
 """The Online Correction Memory's storage: per-namespace counts of rejected (draft, target) pairs.
 
-Domain code only (no gRPC): bad input raises `calispec.errors` types that the service's
+Domain code only (no gRPC): bad input raises `calispec_core.errors` types that the service's
 error interceptor maps to a status.
 
 Writes are *group-committed*. `record()` validates a request, adds it to an in-memory open
@@ -47,7 +47,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from calispec.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable, require
+from calispec_core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable, require
 from memory_service.watch import Delta, WatchHub
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from calispec.modeling import ModelSpec
-from calispec.service_cli import add_model_args, add_server_args, configure_logging, serve_until_signalled
+from calispec_core.modeling import ModelSpec
+from calispec_core.service_cli import add_model_args, add_server_args, configure_logging, serve_until_signalled
 from target_service.config import TargetConfig
 from target_service.server import create_server
 

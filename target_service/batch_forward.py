@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from calispec.modeling import ModelRunner
+from calispec_core.modeling import ModelRunner
 
 
 def forward_rows(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from calispec.modeling import ModelSpec
+from calispec_core.modeling import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from calispec.errors import InvalidArgument, require
-from calispec.generation import Mode
-from calispec.limits import MAX_SPECULATIVE_TOKENS
-from calispec.modeling import ModelRunner, Session, SessionRegistry, prefill_session
-from calispec.sampling import SamplingConfig, make_generator
-from calispec.timing import Stopwatch
+from calispec_core.errors import InvalidArgument, require
+from calispec_core.generation import Mode
+from calispec_core.limits import MAX_SPECULATIVE_TOKENS
+from calispec_core.modeling import ModelRunner, Session, SessionRegistry, prefill_session
+from calispec_core.sampling import SamplingConfig, make_generator
+from calispec_core.timing import Stopwatch
 from target_service.batch_forward import forward_rows
 from target_service.pair_table import PairTable
 from target_service.scheduler import BatchScheduler

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 import grpc
 from grpc_health.v1 import health, health_pb2
 
-from calispec.credentials import read_writer_token, writer_metadata
-from calispec.errors import CalispecError, FailedPrecondition
-from calispec.grpc_server import make_channel
 from calispec.v1 import memory_pb2, memory_pb2_grpc
+from calispec_core.credentials import read_writer_token, writer_metadata
+from calispec_core.errors import CalispecError, FailedPrecondition
+from calispec_core.grpc_server import make_channel
 from target_service.pair_table import PairTable
 
 if TYPE_CHECKING:

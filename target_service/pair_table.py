@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from calispec.errors import InvalidArgument, require
+from calispec_core.errors import InvalidArgument, require
 
 Pair = tuple[int, int, int]  # (draft_token_id, target_token_id, count)
 PairTensors = tuple[Tensor, Tensor, Tensor]  # draft_ids [N], target_ids [N], counts [N]

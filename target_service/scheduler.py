@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Generic, TypeVar
 
-from calispec.errors import Unavailable
+from calispec_core.errors import Unavailable
 
 log = logging.getLogger(__name__)
 

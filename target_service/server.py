@@ -8,13 +8,13 @@ import grpc
 import numpy as np
 import torch
 
-from calispec.errors import InvalidArgument
-from calispec.generation import Mode
-from calispec.grpc_server import create_grpc_server
-from calispec.modeling import ModelRunner
-from calispec.protocol import model_info_to_pb, sampling_from_pb, timing_to_pb
-from calispec.timing import Stopwatch
 from calispec.v1 import target_pb2, target_pb2_grpc
+from calispec_core.errors import InvalidArgument
+from calispec_core.generation import Mode
+from calispec_core.grpc_server import create_grpc_server
+from calispec_core.modeling import ModelRunner
+from calispec_core.protocol import model_info_to_pb, sampling_from_pb, timing_to_pb
+from calispec_core.timing import Stopwatch
 from target_service.config import TargetConfig
 from target_service.engine import RescueConfig, TargetEngine
 from target_service.memory_link import MemoryLink

@@ -66,9 +66,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from calispec.errors import require
-from calispec.generation import Mode  # modes that may rescue are exactly those >= CSD (verify() relies on it)
-from calispec.sampling import warp_probs
+from calispec_core.errors import require
+from calispec_core.generation import Mode  # modes that may rescue are exactly those >= CSD (verify() relies on it)
+from calispec_core.sampling import warp_probs
 
 PLACEHOLDER_TOKEN_ID = -1
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import calispec.tiny_models as tiny_models
-from calispec.modeling import ModelRunner, ModelSpec
+import calispec_tools.models.tiny as tiny_models
+from calispec_core.modeling import ModelRunner, ModelSpec
 
 REPO = Path(__file__).resolve().parent.parent
 

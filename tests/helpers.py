@@ -14,7 +14,7 @@ import grpc
 import pytest
 import torch
 
-from calispec.modeling import ModelRunner
+from calispec_core.modeling import ModelRunner
 
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ import coordinator.__main__ as coordinator_cli
 import draft_service.__main__ as draft_cli
 import memory_service.__main__ as memory_cli
 import target_service.__main__ as target_cli
-from calispec.deploy_k8s import Doc, containers, pod_spec, render
+from calispec_tools.deploy.k8s import Doc, containers, pod_spec, render
 from coordinator.server import SERVICE_NAME as COORDINATOR
 from draft_service.server import SERVICE_NAME as DRAFT
 from memory_service.server import SERVICE_NAME as MEMORY

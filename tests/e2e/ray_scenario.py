@@ -19,9 +19,9 @@ from pathlib import Path
 
 import ray
 
-from calispec import deploy_ray
 from calispec.client import CalispecClient
-from calispec.memory_reads import memory_events
+from calispec_tools.deploy import ray_actors as deploy_ray
+from calispec_tools.memory_reads import memory_events
 
 NAMESPACE = "calispec-test"  # the Ray namespace
 MEMORY_NAMESPACE = "default"  # the deployment's correction-memory namespace (memory_namespace in the config)
@@ -132,7 +132,7 @@ def main(draft: str, target: str, work: Path) -> dict:
         assert len(status["targets"]) == 1 and not load.errors, (status, load.errors)
         result["requests_during_scale_down"] = load.done
 
-        cli = [sys.executable, "-m", "calispec.cli_ray", "down", "--address", context.address_info["gcs_address"]]
+        cli = [sys.executable, "-m", "calispec_tools.cli_ray", "down", "--address", context.address_info["gcs_address"]]
         down = subprocess.run([*cli, "--namespace", NAMESPACE], capture_output=True, text=True, timeout=120)
         assert down.returncode == 0, down.stderr[-2000:]
         assert not ray.util.list_named_actors(), ray.util.list_named_actors()

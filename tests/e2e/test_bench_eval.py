@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from calispec.cli_bench import main
+from calispec_tools.cli_bench import main
 
 try:
     import matplotlib  # noqa: F401
@@ -17,7 +17,7 @@ try:
     HAVE_MATPLOTLIB = True
 except ImportError:  # the `bench` extra is not installed: exercise everything but the PNGs
     HAVE_MATPLOTLIB = False
-from calispec.stack import LocalStack
+from calispec_tools.stack import LocalStack
 from tests.conftest import TinyPair
 from tests.e2e.test_stack import stack_config
 

@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from calispec.eval.ratios import SdConfig, SdPair, collect_events
-from calispec.modeling import ModelRunner, prefill_session
+from calispec_core.modeling import ModelRunner, prefill_session
+from calispec_tools.eval.ratios import SdConfig, SdPair, collect_events
 
 
 def target_greedy(target: ModelRunner, prompt_ids: list[int], max_new_tokens: int) -> list[int]:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from calispec.cli import cache_dir
 from calispec.client import CalispecClient
-from calispec.models import PAIRS, chat_prompt, pulled
-from calispec.stack import LocalStack, StackConfig
+from calispec_tools.cli import cache_dir
+from calispec_tools.models.registry import PAIRS, chat_prompt, pulled
+from calispec_tools.stack import LocalStack, StackConfig
 
 pytestmark = pytest.mark.slow
 

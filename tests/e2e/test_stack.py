@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from calispec import cli
 from calispec.client import CalispecClient
-from calispec.memory_reads import memory_events
-from calispec.stack import LocalStack, StackConfig
+from calispec_tools import cli
+from calispec_tools.memory_reads import memory_events
+from calispec_tools.stack import LocalStack, StackConfig
 from tests.conftest import TinyPair
 from tests.helpers import wait_until
 

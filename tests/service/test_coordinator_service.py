@@ -10,9 +10,9 @@ import grpc
 import pytest
 
 from calispec.client import AsyncCalispecClient, CalispecClient, CalispecRpcError
-from calispec.errors import Unavailable
-from calispec.limits import MAX_NEW_TOKENS, MAX_SPECULATIVE_TOKENS
-from calispec.modeling import ModelRunner, ModelSpec
+from calispec_core.errors import Unavailable
+from calispec_core.limits import MAX_NEW_TOKENS, MAX_SPECULATIVE_TOKENS
+from calispec_core.modeling import ModelRunner, ModelSpec
 from coordinator.config import CoordinatorConfig
 from coordinator.server import create_server as create_coordinator
 from draft_service.config import DraftConfig
@@ -139,8 +139,8 @@ def test_bad_requests_are_invalid_argument(client: CalispecClient, prompt: str, 
 
 
 def test_unknown_mode_is_invalid_argument(services: Services) -> None:
-    from calispec.grpc_server import make_channel
     from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc
+    from calispec_core.grpc_server import make_channel
 
     with make_channel(services.address) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from calispec.grpc_server import make_channel
-from calispec.limits import MAX_SPECULATIVE_TOKENS
-from calispec.modeling import ModelRunner, ModelSpec
 from calispec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from calispec_core.grpc_server import make_channel
+from calispec_core.limits import MAX_SPECULATIVE_TOKENS
+from calispec_core.modeling import ModelRunner, ModelSpec
 from draft_service.config import DraftConfig
 from draft_service.server import SERVICE_NAME, create_server
 from tests.conftest import TinyPair

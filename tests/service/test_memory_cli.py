@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from calispec import cli_memory
+from calispec_tools import cli_memory
 from memory_service.config import MemoryConfig
 from memory_service.server import create_server
 from memory_service.store import CorrectionStore

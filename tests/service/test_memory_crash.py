@@ -13,9 +13,9 @@ from pathlib import Path
 
 import grpc
 
-from calispec.credentials import writer_metadata
-from calispec.grpc_server import make_channel
 from calispec.v1 import memory_pb2, memory_pb2_grpc
+from calispec_core.credentials import writer_metadata
+from calispec_core.grpc_server import make_channel
 from tests.helpers import spawn_memory_service
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -11,9 +11,9 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2
 
-from calispec.credentials import writer_metadata
-from calispec.grpc_server import make_channel
 from calispec.v1 import memory_pb2, memory_pb2_grpc
+from calispec_core.credentials import writer_metadata
+from calispec_core.grpc_server import make_channel
 from memory_service.config import MemoryConfig
 from memory_service.server import create_server
 from memory_service.store import CorrectionStore

@@ -12,9 +12,9 @@ import sqlite_utils
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from calispec.credentials import writer_metadata
-from calispec.grpc_server import make_channel, wait_for_ready
 from calispec.v1 import memory_pb2, memory_pb2_grpc
+from calispec_core.credentials import writer_metadata
+from calispec_core.grpc_server import make_channel, wait_for_ready
 from memory_service.config import MemoryConfig
 from memory_service.server import SERVICE_NAME, create_server
 from tests.helpers import spawn_memory_service

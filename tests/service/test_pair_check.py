@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
-from calispec.errors import FailedPrecondition
-from calispec.modeling import ModelRunner, ModelSpec, tokenizer_fingerprint
-from calispec.tiny_models import build_tokenizer
+from calispec_core.errors import FailedPrecondition
+from calispec_core.modeling import ModelRunner, ModelSpec, tokenizer_fingerprint
+from calispec_tools.models.tiny import build_tokenizer
 from coordinator.config import CoordinatorConfig
 from coordinator.server import create_server as create_coordinator
 from draft_service.config import DraftConfig

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from calispec.grpc_server import make_channel
-from calispec.modeling import ModelRunner, ModelSpec
 from calispec.v1 import common_pb2, target_pb2, target_pb2_grpc
+from calispec_core.grpc_server import make_channel
+from calispec_core.modeling import ModelRunner, ModelSpec
 from target_service.config import TargetConfig
 from target_service.server import create_server
 from tests.conftest import TinyPair

@@ -8,10 +8,10 @@ import grpc
 import numpy as np
 import pytest
 
-from calispec.grpc_server import make_channel
-from calispec.limits import MAX_SPECULATIVE_TOKENS
-from calispec.modeling import ModelRunner, ModelSpec
 from calispec.v1 import common_pb2, target_pb2, target_pb2_grpc
+from calispec_core.grpc_server import make_channel
+from calispec_core.limits import MAX_SPECULATIVE_TOKENS
+from calispec_core.modeling import ModelRunner, ModelSpec
 from target_service.config import TargetConfig
 from target_service.server import create_server
 from tests.conftest import TinyPair

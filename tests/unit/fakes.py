@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from calispec.errors import NotFound
-from calispec.generation import Mode
-from calispec.sampling import SamplingConfig
+from calispec_core.errors import NotFound
+from calispec_core.generation import Mode
+from calispec_core.sampling import SamplingConfig
 from coordinator.backends import ModelFacts, Proposal, Verdict
 
 EOS = 0

@@ -7,9 +7,9 @@ import statistics
 
 import pytest
 
-from calispec.bench.arrivals import arrival_times, gamma_gaps
-from calispec.bench.prompts import builtin_sets, load_jsonl, load_prompts
-from calispec.bench.runner import LoadConfig, Plan
+from calispec_tools.bench.arrivals import arrival_times, gamma_gaps
+from calispec_tools.bench.prompts import builtin_sets, load_jsonl, load_prompts
+from calispec_tools.bench.runner import LoadConfig, Plan
 
 
 def test_poisson_mean_gap_is_one_over_rate() -> None:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from calispec.bench.metrics import (
+from calispec_tools.bench.metrics import (
     RequestRecord,
     acceptance_by_position,
     percentile,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from calispec.bench import report
-from calispec.bench.metrics import summarize_level
+from calispec_tools.bench import report
+from calispec_tools.bench.metrics import summarize_level
 from tests.unit.test_bench_metrics import record
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from calispec.errors import InvalidArgument
+from calispec_core.errors import InvalidArgument
 from coordinator.discovery import DnsReplicaWatcher, replica_addresses
 from coordinator.replicas import ReplicaSet
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from calispec.eval import report
-from calispec.eval.calibration import calibration_prompts, summarize_study
+from calispec_tools.eval import report
+from calispec_tools.eval.calibration import calibration_prompts, summarize_study
 
 
 def test_calibration_sets_are_the_same_size_and_differ_in_text() -> None:

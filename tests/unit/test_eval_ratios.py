@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from calispec.eval import report
-from calispec.eval.ratios import RatioEvent, aggregate, quantile, rank_pairs, round_events
+from calispec_tools.eval import report
+from calispec_tools.eval.ratios import RatioEvent, aggregate, quantile, rank_pairs, round_events
 
 LN10 = math.log(10.0)
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from calispec.eval import report
-from calispec.eval.rejections import analyse, coverage_curve, share_at
-from calispec.eval.runner import variants
+from calispec_tools.eval import report
+from calispec_tools.eval.rejections import analyse, coverage_curve, share_at
+from calispec_tools.eval.runner import variants
 
 
 def test_coverage_curve_of_a_skewed_table() -> None:

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from calispec.eval.scorers import SandboxLimits, build_program, extract_final_number, score, score_code, score_math
-from calispec.eval.tasks import load_tasks, render
+from calispec_tools.eval.scorers import (
+    SandboxLimits,
+    build_program,
+    extract_final_number,
+    score,
+    score_code,
+    score_math,
+)
+from calispec_tools.eval.tasks import load_tasks, render
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from calispec.errors import InvalidArgument, ResourceExhausted, Unauthenticated
+from calispec_core.errors import InvalidArgument, ResourceExhausted, Unauthenticated
 from memory_service.auth import WriterGate
 from memory_service.store import CorrectionStore, TableLimits
 from memory_service.watch import Delta, UpdateKind, WatchHub, watch

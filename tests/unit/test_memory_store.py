@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from calispec.errors import InvalidArgument, ResourceExhausted, Unavailable
+from calispec_core.errors import InvalidArgument, ResourceExhausted, Unavailable
 from memory_service.store import MAX_EVENTS_PER_RECORD, MAX_TOTAL_EVENTS, CorrectionStore
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import calispec.models as models
-from calispec.models import GgufSource, ModelPullError, PairSpec, pair_root, pull_pair, stage_done
-from calispec.tiny_models import build_tokenizer
+import calispec_tools.models.registry as models
+from calispec_tools.models.registry import GgufSource, ModelPullError, PairSpec, pair_root, pull_pair, stage_done
+from calispec_tools.models.tiny import build_tokenizer
 
 VERSION = "1.0.0"
 

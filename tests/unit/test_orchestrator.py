@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from calispec.errors import Cancelled, DeadlineExceeded, InvalidArgument
-from calispec.generation import Defaults, FinishReason, GenerationParams, Mode
-from calispec.sampling import SamplingConfig
-from calispec.timing import Deadline
+from calispec_core.errors import Cancelled, DeadlineExceeded, InvalidArgument
+from calispec_core.generation import Defaults, FinishReason, GenerationParams, Mode
+from calispec_core.sampling import SamplingConfig
+from calispec_core.timing import Deadline
 from coordinator.engine import Orchestrator
 from tests.unit.fakes import EOS, CharTokenizer, FakeDraft, FakeTarget
 

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
-from calispec.errors import InvalidArgument
+from calispec_core.errors import InvalidArgument
 from target_service.pair_table import NO_SNAPSHOT, FlushBatch, PairTable
 
 VOCAB = 5

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from calispec import cli_ray
-from calispec.ray_config import RayDeployConfig
+from calispec_tools import cli_ray
+from calispec_tools.deploy.ray_config import RayDeployConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,6 +44,6 @@ def test_cli_registers_its_commands() -> None:
 
 def test_ray_commands_without_ray_say_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails, as without the extra
-    monkeypatch.delitem(sys.modules, "calispec.deploy_ray", raising=False)
+    monkeypatch.delitem(sys.modules, "calispec_tools.deploy.ray_actors", raising=False)
     with pytest.raises(SystemExit, match=r"pip install -e '\.\[ray\]'"):
         cli_ray.main(["status"])

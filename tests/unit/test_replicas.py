@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from calispec.errors import Unavailable
-from calispec.timing import Deadline
+from calispec_core.errors import Unavailable
+from calispec_core.timing import Deadline
 from coordinator.engine import Orchestrator
 from coordinator.replicas import ReplicaSet
 from tests.unit.fakes import EOS, CharTokenizer, FakeDraft, FakeTarget

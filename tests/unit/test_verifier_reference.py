@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from calispec.sampling import warp_probs
+from calispec_core.sampling import warp_probs
 from target_service.verifier import PLACEHOLDER_TOKEN_ID, Mode, PairCountFn, VerifyInput, VerifyOutput, verify
 
 VOCAB = 20

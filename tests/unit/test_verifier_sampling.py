@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from calispec.sampling import warp_probs
+from calispec_core.sampling import warp_probs
 from target_service.verifier import PLACEHOLDER_TOKEN_ID, Mode, VerifyInput, VerifyOutput, verify
 
 VOCAB = 8

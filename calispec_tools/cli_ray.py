@@ -1,0 +1,112 @@
+"""`calispec ray up|scale|status|down`: Calispec on a Ray cluster (see calispec_tools/deploy/ray_actors.py).
+
+Wired into `calispec` by `register(subparsers)`; also runs alone: `python -m calispec_tools.cli_ray up ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from calispec_tools.deploy.ray_config import DEFAULT_NAMESPACE
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+SCALE_SPEC = re.compile(r"^target=(\d+)$")
+
+
+def register(subparsers: Any) -> None:
+    """Add the `ray` command (with its own subcommands) to an argparse subparsers object."""
+    ray_parser = subparsers.add_parser("ray", help="deploy on a Ray cluster (up, scale, status, down)")
+    add_commands(ray_parser)
+
+
+def add_commands(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="ray_command", required=True)
+    up = commands.add_parser("up", help="place memory, draft, target replicas and coordinator as Ray actors")
+    up.add_argument("--config", type=Path, required=True, help="deployment config (YAML or TOML)")
+    _common(up)
+    up.set_defaults(func=_up)
+    scale = commands.add_parser("scale", help="change the number of target replicas while serving")
+    scale.add_argument("spec", help="target=N")
+    _common(scale)
+    scale.set_defaults(func=_scale)
+    for name, func, text in [("status", _status, "addresses of the services"), ("down", _down, "stop everything")]:
+        sub = commands.add_parser(name, help=text)
+        _common(sub)
+        sub.set_defaults(func=func)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS or a local one)")
+    parser.add_argument("--namespace", default=None, help="Ray namespace of the deployment (default: from config)")
+
+
+def _namespace(args: argparse.Namespace) -> str:
+    return args.namespace or DEFAULT_NAMESPACE
+
+
+def _deploy_ray() -> ModuleType:
+    """Imported on use, so `calispec --help` works where Ray (the `ray` extra) is not installed."""
+    try:
+        from calispec_tools.deploy import ray_actors as deploy_ray
+    except ModuleNotFoundError as exc:
+        if exc.name != "ray":
+            raise
+        raise SystemExit("Ray is not installed: pip install -e '.[ray]' (the `ray` extra)") from None
+    return deploy_ray
+
+
+def _print(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True), flush=True)
+
+
+def _up(args: argparse.Namespace) -> int:
+    deploy_ray = _deploy_ray()
+    config = deploy_ray.RayDeployConfig.load(args.config)
+    if args.namespace:
+        config = deploy_ray.RayDeployConfig(**{**config.__dict__, "namespace": args.namespace})
+    deploy_ray.connect(args.address, config.namespace)
+    _print(deploy_ray.up(config))
+    return 0
+
+
+def _scale(args: argparse.Namespace) -> int:
+    match = SCALE_SPEC.match(args.spec)  # bad input fails before anything connects
+    if match is None:
+        raise SystemExit(f"scale takes target=N, got {args.spec!r}")
+    deploy_ray = _deploy_ray()
+    deploy_ray.connect(args.address, _namespace(args))
+    _print(deploy_ray.scale(int(match.group(1)), _namespace(args)))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    deploy_ray = _deploy_ray()
+    deploy_ray.connect(args.address, _namespace(args))
+    _print(deploy_ray.status(_namespace(args)))
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    deploy_ray = _deploy_ray()
+    deploy_ray.connect(args.address, _namespace(args))
+    deploy_ray.down(_namespace(args))
+    print("down", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="calispec ray", description=__doc__)
+    add_commands(parser)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

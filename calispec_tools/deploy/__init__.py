@@ -1,0 +1,1 @@
+"""Deployment helpers: Ray actors and config, Kubernetes manifests."""

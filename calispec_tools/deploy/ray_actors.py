@@ -1,0 +1,346 @@
+"""Calispec on a Ray cluster: each service is a Ray actor running the service in-process.
+
+Layout (all actors detached and named in one Ray namespace, so `calispec ray scale|down`
+from any machine finds them):
+
+- `controller`: owns the deployment (config, replica list) and does up/scale/down;
+- `memory`, `draft`, `target-<k>` (k = 0, 1, ...), `coordinator`: `ServiceActor`s, each with the
+  resource requests of its section of the config (num_cpus, num_gpus, custom resources).
+
+Each service actor builds its config with the service's own CLI parser (`parse_config` /
+`parse_args`), so the deployment speaks the services' real flags, then calls the service's
+`create_server`. The coordinator is told the replica set by the controller (`set_targets`,
+a push through Ray, no extra RPC in the public API) and keeps it in a `ReplicaSet`. Scaling
+down takes a replica out of the coordinator's rotation first, then waits until its open
+sessions reach 0 (or `drain_timeout_s`) before stopping it: requests finish, or fail with
+UNAVAILABLE after the drain timeout; none hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from calispec_tools.deploy.ray_config import DEFAULT_NAMESPACE, RayDeployConfig, ServiceSpec
+
+log = logging.getLogger(__name__)
+
+CONTROLLER = "controller"
+STOP_GRACE_S = 5.0
+
+
+# -- one service, in-process in an actor --------------------------------------------------------
+
+
+class ServiceHost:
+    """Runs one Calispec service inside this actor process (the gRPC server has its own threads)."""
+
+    def __init__(self) -> None:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.kind = ""
+        self.address = ""
+        self._stop: list[Any] = []  # callables, run in order by stop()
+        self._secrets = Path(tempfile.mkdtemp(prefix="calispec-secrets-"))
+        self._replicas: Any = None  # the coordinator's ReplicaSet
+        self._connect: Any = None
+        self._engine: Any = None  # the target's engine (open sessions for draining)
+        self._events_counted = 0  # rejection events this target counted (a test/metrics figure)
+        self._table: Any = None
+
+    def start(self, kind: str, host: str, port: int, args: list[str], writer_token: str | None = None) -> str:
+        """Start the service; returns its HOST:PORT once it serves."""
+        host = ray.util.get_node_ip_address() if host == "auto" else host
+        argv = ["--host", host, "--port", str(port), *args]
+        if writer_token is not None:
+            token_file = self._secrets / "writer-token"
+            token_file.touch(mode=0o600)
+            token_file.write_text(writer_token + "\n", encoding="utf-8")
+            flag = "--writer-token-file" if kind == "memory" else "--memory-writer-token-file"
+            argv += [flag, str(token_file)]
+        bound = getattr(self, f"_start_{kind}")(argv)
+        self.kind, self.address = kind, f"{host}:{bound}"
+        log.info("%s listening on %s", kind, self.address)
+        return self.address
+
+    def _start_memory(self, argv: list[str]) -> int:
+        import memory_service.__main__ as cli
+        from memory_service.server import create_server
+
+        config, _ = _parsed(cli.parse_args, argv)
+        server, port, store = create_server(config)
+        server.start()
+        # The order of the service's own shutdown: end Watch streams, stop serving, then commit and close.
+        self._stop = [store.hub.close, lambda: server.stop(STOP_GRACE_S).wait(), store.close]
+        return port
+
+    def _start_draft(self, argv: list[str]) -> int:
+        import draft_service.__main__ as cli
+        from draft_service.server import create_server
+
+        config, _ = _parsed(cli.parse_config, argv)
+        server, port = create_server(config)
+        server.start()
+        self._stop = [lambda: server.stop(STOP_GRACE_S).wait()]
+        return port
+
+    def _start_target(self, argv: list[str]) -> int:
+        import target_service.__main__ as cli
+        from target_service.server import create_server
+
+        config, _ = _parsed(cli.parse_config, argv)
+        server, port, runtime = create_server(config)
+        self._engine, self._table = runtime.engine, runtime.engine.table
+        self._count_events(self._table)
+        server.start()
+        # runtime.stop() after the server: finish queued rounds, then ship the last events to memory.
+        self._stop = [lambda: server.stop(STOP_GRACE_S).wait(), runtime.stop]
+        return port
+
+    def _count_events(self, table: Any) -> None:
+        """Count the rejection events this replica records (to show that every replica wrote to memory)."""
+        add_local = table.add_local
+
+        def counted(draft_ids: Any, target_ids: Any) -> None:
+            add_local(draft_ids, target_ids)
+            self._events_counted += int(draft_ids.numel())
+
+        table.add_local = counted
+
+    def _start_coordinator(self, argv: list[str]) -> int:
+        import coordinator.__main__ as cli
+        from coordinator.replicas import checked_connector
+        from coordinator.server import build_orchestrator, create_server
+
+        config, _ = _parsed(cli.parse_config, argv)
+        orchestrator = build_orchestrator(config)
+        self._replicas = orchestrator.replicas
+        reference = self._replicas.backends()[0].info(config.rpc_timeout_s)
+        self._connect = checked_connector(reference, config.connect_timeout_s)
+        server, port = create_server(config, orchestrator)
+        server.start()
+        self._stop = [lambda: server.stop(STOP_GRACE_S).wait()]
+        return port
+
+    # -- control --------------------------------------------------------------------------------
+
+    def set_targets(self, addresses: list[str]) -> list[str]:
+        """Coordinator only: serve exactly these target replicas (new ones are connected and checked)."""
+        self._replicas.update(addresses, self._connect)
+        return self._replicas.addresses()
+
+    def open_sessions(self) -> int:
+        """Target/draft: sessions open now (0 means a removed replica may be stopped)."""
+        return len(self._engine.sessions) if self._engine is not None else 0
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "address": self.address, "pid": os.getpid()}
+        if self._replicas is not None:
+            out["picks"] = dict(self._replicas.picks)
+            out["targets"] = self._replicas.addresses()
+        if self._table is not None:
+            table = self._table.stats()
+            out.update(
+                open_sessions=self.open_sessions(),
+                events_counted=self._events_counted,
+                events_unshipped=table.local_events,
+                batches_in_flight=table.in_flight_batches,
+            )
+        return out
+
+    def stop(self) -> None:
+        for step in self._stop:
+            try:
+                step()
+            except Exception:  # stopping must go on: the next step may still save data
+                log.exception("stopping %s", self.kind)
+        self._stop = []
+
+
+def _parsed(parse: Any, argv: list[str]) -> Any:
+    """Run a service's argparse parser; its usage errors (SystemExit) become a readable exception."""
+    try:
+        return parse(argv)
+    except SystemExit as exc:
+        raise ValueError(f"bad service flags {argv!r} (see the actor's log for argparse's message)") from exc
+
+
+ServiceActor = ray.remote(ServiceHost)
+
+
+# -- the controller ------------------------------------------------------------------------------
+
+
+class Controller:
+    """Owns one deployment. Its methods run one at a time (Ray's default actor concurrency)."""
+
+    def __init__(self, config: RayDeployConfig) -> None:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.config = config
+        # One random writer token per deployment, handed only to the memory service and the verifiers.
+        self.writer_token = secrets.token_urlsafe(32)
+        self.actors: dict[str, Any] = {}  # name -> handle, in start order
+        self.addresses: dict[str, str] = {}
+        self.targets: list[str] = []  # target actor names, in rotation order
+        self._next_target = 0
+
+    def up(self) -> dict[str, Any]:
+        c = self.config
+        try:
+            memory = self._start("memory", c.memory, ["--db", c.memory_db, *c.memory.args], self.writer_token)
+            self._start("draft", c.draft, self._model_args(c.draft_model, c.draft))
+            for _ in range(c.target_replicas):
+                self.targets.append(self._start_target(memory))
+            self._start(
+                "coordinator",
+                c.coordinator,
+                [
+                    "--tokenizer", c.target_model, "--draft-addr", self.addresses["draft"],
+                    *[a for name in self.targets for a in ("--target-addr", self.addresses[name])],
+                    *c.coordinator.args,
+                ],
+            )  # fmt: skip
+        except BaseException:
+            self.down()
+            raise
+        return self.status()
+
+    def _model_args(self, model: str, spec: ServiceSpec) -> list[str]:
+        return ["--model", model, *spec.args]
+
+    def _start_target(self, memory_address: str) -> str:
+        name = f"target-{self._next_target}"
+        self._next_target += 1
+        args = [
+            *self._model_args(self.config.target_model, self.config.target),
+            "--memory-addr", memory_address, "--memory-namespace", self.config.memory_namespace,
+        ]  # fmt: skip
+        self._start(name, self.config.target, args, self.writer_token)
+        return name
+
+    def _start(self, name: str, spec: ServiceSpec, args: list[str], token: str | None = None) -> str:
+        actor = ServiceActor.options(**spec.actor_options(name, self.config.namespace)).remote()
+        self.actors[name] = actor
+        kind = name.split("-")[0]
+        ref = actor.start.remote(kind, self.config.host, spec.port, args, token)
+        self.addresses[name] = ray.get(ref, timeout=self.config.start_timeout_s)
+        return self.addresses[name]
+
+    def scale(self, replicas: int) -> dict[str, Any]:
+        """Add or remove target replicas while serving (removal drains first)."""
+        if replicas < 1:
+            raise ValueError("at least one target replica must stay")
+        while len(self.targets) < replicas:
+            name = self._start_target(self.addresses["memory"])
+            self.targets.append(name)
+            self._push_targets()
+        while len(self.targets) > replicas:
+            name = self.targets.pop()  # the newest goes first
+            self._push_targets()
+            self._drain(name)
+            self._stop_actor(name)
+        return self.status()
+
+    def _push_targets(self) -> None:
+        ray.get(self.actors["coordinator"].set_targets.remote([self.addresses[n] for n in self.targets]))
+
+    def _drain(self, name: str) -> None:
+        """Wait until the replica (already out of rotation) has no open sessions, or the drain timeout."""
+        actor = self.actors[name]
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        idle_polls = 0
+        time.sleep(0.2)  # a request that picked it just before the push is about to open its session
+        while time.monotonic() < deadline:
+            idle_polls = idle_polls + 1 if ray.get(actor.open_sessions.remote()) == 0 else 0
+            if idle_polls >= 2:
+                return
+            time.sleep(0.2)
+        log.warning("%s still has sessions after %.0fs; stopping it (they fail UNAVAILABLE)", name, deadline)
+
+    def _stop_actor(self, name: str) -> None:
+        actor = self.actors.pop(name)
+        self.addresses.pop(name, None)
+        try:
+            ray.get(actor.stop.remote(), timeout=STOP_GRACE_S + 30)
+        except Exception:
+            log.exception("stopping %s", name)
+        ray.kill(actor)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "namespace": self.config.namespace,
+            "coordinator": self.addresses.get("coordinator"),
+            "addresses": dict(self.addresses),
+            "targets": [self.addresses[n] for n in self.targets if n in self.addresses],
+        }
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        return dict(zip(self.actors, ray.get([a.stats.remote() for a in self.actors.values()]), strict=True))
+
+    def down(self) -> None:
+        """Stop in reverse start order: coordinator first (no new requests), memory last (it flushes)."""
+        for name in reversed(list(self.actors)):
+            self._stop_actor(name)
+        self.targets = []
+
+
+ControllerActor = ray.remote(Controller)
+
+
+# -- driver side (what the CLI calls) ------------------------------------------------------------
+
+
+def connect(address: str | None, namespace: str = DEFAULT_NAMESPACE) -> None:
+    """Join the cluster as a driver (once per process)."""
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=namespace, log_to_driver=False)
+
+
+def up(config: RayDeployConfig) -> dict[str, Any]:
+    try:
+        ray.get_actor(CONTROLLER, namespace=config.namespace)
+    except ValueError:
+        pass
+    else:
+        raise RuntimeError(f"a deployment already runs in namespace {config.namespace!r}; `calispec ray down` first")
+    controller = ControllerActor.options(
+        name=CONTROLLER, namespace=config.namespace, lifetime="detached", num_cpus=0
+    ).remote(config)
+    try:
+        return ray.get(controller.up.remote())
+    except BaseException:
+        ray.kill(controller)
+        raise
+
+
+def controller(namespace: str = DEFAULT_NAMESPACE) -> Any:
+    try:
+        return ray.get_actor(CONTROLLER, namespace=namespace)
+    except ValueError:
+        raise RuntimeError(f"no Calispec deployment in Ray namespace {namespace!r}") from None
+
+
+def scale(replicas: int, namespace: str = DEFAULT_NAMESPACE) -> dict[str, Any]:
+    return ray.get(controller(namespace).scale.remote(replicas))
+
+
+def status(namespace: str = DEFAULT_NAMESPACE) -> dict[str, Any]:
+    return ray.get(controller(namespace).status.remote())
+
+
+def stats(namespace: str = DEFAULT_NAMESPACE) -> dict[str, dict[str, Any]]:
+    return ray.get(controller(namespace).stats.remote())
+
+
+def down(namespace: str = DEFAULT_NAMESPACE) -> None:
+    ctl = controller(namespace)
+    try:
+        ray.get(ctl.down.remote())
+    finally:
+        ray.kill(ctl)

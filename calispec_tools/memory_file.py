@@ -1,0 +1,90 @@
+"""The correction-memory export file: versioned JSON, validated as a whole before anything is written.
+
+    {"format": "calispec-correction-memory", "format_version": 1, "namespace": "...",
+     "version": 42, "exported_at": "2026-...Z", "pairs": [[draft, target, count], ...],
+     "sha256": "<hex of the canonical JSON of pairs>"}
+
+Domain code (no gRPC). `load_export` raises `MemoryFileError` with a message that says what is
+wrong; callers write nothing unless it returns.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from calispec_core.errors import InvalidArgument
+
+FORMAT = "calispec-correction-memory"
+FORMAT_VERSION = 1
+MAX_TOKEN_ID = 2**32 - 1
+MAX_COUNT = 2**40  # the memory service's per-event cap
+
+Pair = tuple[int, int, int]
+
+
+class MemoryFileError(InvalidArgument):
+    """The file is not a valid export for this namespace; nothing was changed."""
+
+
+def _checksum(pairs: list[list[int]]) -> str:
+    return hashlib.sha256(json.dumps(pairs, separators=(",", ":")).encode()).hexdigest()
+
+
+def dump_export(path: Path, namespace: str, version: int, pairs: list[Pair]) -> None:
+    rows = [[d, t, c] for d, t, c in sorted(pairs)]
+    document = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "namespace": namespace,
+        "version": version,
+        "exported_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "pairs": rows,
+        "sha256": _checksum(rows),
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(document, separators=(",", ":")) + "\n", encoding="utf-8")
+    tmp.replace(path)  # a reader never sees a half-written export
+
+
+def load_export(path: Path, namespace: str) -> list[Pair]:
+    """The pairs of a valid export of `namespace`, or MemoryFileError."""
+    try:
+        document: Any = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise MemoryFileError(f"cannot read {path}: {exc.strerror}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MemoryFileError(f"{path} is not a Calispec memory export (not JSON: {exc})") from exc
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise MemoryFileError(f"{path} is not a Calispec memory export (format is not {FORMAT!r})")
+    if document.get("format_version") != FORMAT_VERSION:
+        raise MemoryFileError(
+            f"{path} has format version {document.get('format_version')!r}; this calispec reads {FORMAT_VERSION}"
+        )
+    if document.get("namespace") != namespace:
+        raise MemoryFileError(
+            f"{path} holds namespace {document.get('namespace')!r}, not {namespace!r}: its token ids belong to "
+            "another model pair"
+        )
+    rows = document.get("pairs")
+    if not isinstance(rows, list) or document.get("sha256") != _checksum(rows):
+        raise MemoryFileError(f"{path} is corrupted: its pairs do not match its sha256")
+    return [_pair(i, row) for i, row in enumerate(rows)]
+
+
+def _pair(i: int, row: object) -> Pair:
+    ok = (
+        isinstance(row, list)
+        and len(row) == 3
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in row)
+        and 0 <= row[0] <= MAX_TOKEN_ID
+        and 0 <= row[1] <= MAX_TOKEN_ID
+        and 1 <= row[2] <= MAX_COUNT
+    )
+    if not ok:
+        raise MemoryFileError(f"pairs[{i}] must be [draft id, target id, count >= 1], got {row!r}")
+    assert isinstance(row, list)
+    return row[0], row[1], row[2]

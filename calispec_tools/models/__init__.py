@@ -1,0 +1,1 @@
+"""Model pairs: the registry and pull of real pairs, and the tiny offline pair."""

@@ -1,0 +1,183 @@
+"""A local stack: the four services as subprocesses on loopback, started in dependency order.
+
+Used by `calispec up`, `calispec demo` and the end-to-end tests. Each service prints one
+readiness line (`<name> listening on HOST:PORT ...`) once it serves; ports may be 0, and
+the bound port is read from that line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from calispec_core.credentials import write_new_token
+from calispec_tools.namespaces import pair_namespace
+
+log = logging.getLogger(__name__)
+
+BANNER = re.compile(r"^(\w+) listening on (\S+):(\d+)")
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    draft_model: Path
+    target_model: Path
+    memory_db: Path
+    log_dir: Path
+    host: str = "127.0.0.1"
+    coordinator_port: int = 50050
+    target_port: int = 50051
+    draft_port: int = 50052
+    memory_port: int = 50053
+    dtype: str = "auto"
+    device: str = "auto"
+    memory_sync_interval_s: float = 1.0
+    memory_flush_interval_s: float = 0.5  # the memory service's group commit (its crash-loss bound)
+    memory_namespace: str | None = None  # None: derived from the model pair (calispec_tools/namespaces.py)
+    start_timeout_s: float = 300.0
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    process: subprocess.Popen[str]
+    log_path: Path
+    port: int = 0
+    _lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def pump(self, stream: IO[str]) -> None:
+        """Forward the child's stdout to the queue until it closes (runs in a thread)."""
+        for line in stream:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        while True:
+            try:
+                line = self._lines.get(timeout=timeout_s)
+            except queue.Empty:
+                raise TimeoutError(f"{self.name} not ready after {timeout_s}s; see {self.log_path}") from None
+            if line is None:
+                raise RuntimeError(f"{self.name} exited with {self.process.wait()}; log:\n{self.log_tail()}")
+            match = BANNER.match(line)
+            if match:
+                self.port = int(match.group(3))
+                return
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+class LocalStack:
+    """Start with `start()` (or a `with` block); `stop()` sends SIGTERM to all and waits."""
+
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.services: dict[str, ServiceProcess] = {}
+        self._secrets_dir: Path | None = None
+        self.writer_token_file: Path | None = None  # this run's verifier credential (see credentials.py)
+        self.memory_namespace = config.memory_namespace or pair_namespace(config.draft_model, config.target_model)
+
+    def start(self) -> LocalStack:
+        c = self.config
+        c.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            # A fresh random writer token per run, in a private directory: only the target (the
+            # verifier) and the memory service get it, so clients of the stack cannot write counts.
+            self._secrets_dir = Path(tempfile.mkdtemp(prefix="calispec-secrets-"))
+            self.writer_token_file = self._secrets_dir / "writer-token"
+            write_new_token(self.writer_token_file)
+            memory = self._spawn("memory_service", self.memory_args(c.memory_port))
+            model_args = ["--dtype", c.dtype, "--device", c.device]
+            self._spawn("draft_service", ["--port", str(c.draft_port), "--model", str(c.draft_model), *model_args])
+            self._spawn("target_service", [
+                "--port", str(c.target_port), "--model", str(c.target_model), *model_args,
+                "--memory-addr", memory.address, "--memory-sync-interval", str(c.memory_sync_interval_s),
+                "--memory-writer-token-file", str(self.writer_token_file),
+                "--memory-namespace", self.memory_namespace,
+            ])  # fmt: skip
+            self._spawn("coordinator", [
+                "--port", str(c.coordinator_port), "--tokenizer", str(c.target_model),
+                "--draft-addr", self.services["draft_service"].address,
+                "--target-addr", self.services["target_service"].address,
+            ])  # fmt: skip
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def memory_args(self, port: int) -> list[str]:
+        """Arguments of the memory service (also for restarting it on another port)."""
+        c = self.config
+        return [
+            "--port", str(port), "--db", str(c.memory_db), "--flush-interval", str(c.memory_flush_interval_s),
+            "--writer-token-file", str(self.writer_token_file),
+        ]  # fmt: skip
+
+    def _spawn(self, name: str, args: list[str]) -> ServiceProcess:
+        c = self.config
+        log_path = c.log_dir / f"{name}.log"
+        cmd = [sys.executable, "-m", name, "--host", c.host, *args]
+        with open(log_path, "w") as log_file:
+            process = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=log_file, text=True, env=os.environ.copy(),
+                start_new_session=True,  # Ctrl-C reaches us, and we stop the children in order
+            )  # fmt: skip
+        service = ServiceProcess(name, process, log_path)
+        self.services[name] = service
+        assert process.stdout is not None
+        threading.Thread(target=service.pump, args=(process.stdout,), daemon=True, name=f"pump-{name}").start()
+        service.wait_ready(c.start_timeout_s)
+        log.info("%s ready on %s", name, service.address)
+        return service
+
+    @property
+    def coordinator_address(self) -> str:
+        return self.services["coordinator"].address
+
+    def stop_service(self, name: str, timeout_s: float = 30.0) -> int:
+        """SIGTERM one service (graceful: the memory service flushes and closes its DB); returns its exit code."""
+        service = self.services.pop(name)
+        if service.process.poll() is None:
+            service.process.send_signal(signal.SIGTERM)
+        try:
+            return service.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            service.process.kill()
+            return service.process.wait()
+
+    def restart_service(self, name: str, args: list[str]) -> ServiceProcess:
+        """Start a (stopped) service again with explicit arguments."""
+        return self._spawn(name, args)
+
+    def stop(self) -> None:
+        """Stop in reverse dependency order: coordinator first, memory last."""
+        for name in reversed(list(self.services)):
+            self.stop_service(name)
+        if self._secrets_dir is not None:
+            shutil.rmtree(self._secrets_dir, ignore_errors=True)
+            self._secrets_dir = None
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
