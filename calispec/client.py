@@ -7,7 +7,8 @@
             print(chunk.text, end="")
 
 Errors arrive as `CalispecRpcError` with the gRPC status code name (`INVALID_ARGUMENT`,
-`DEADLINE_EXCEEDED`, ...). `timeout` is the request's deadline in seconds.
+`DEADLINE_EXCEEDED`, ...). `timeout` is the request's deadline in seconds; without one the
+server applies its own (the coordinator's `--rpc-timeout`, 60 s by default).
 """
 
 from __future__ import annotations

@@ -34,6 +34,9 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     parser.add_argument(
         "--connect-timeout", type=float, default=60.0, help="seconds to wait for draft and target at start-up"
     )
+    parser.add_argument(
+        "--rpc-timeout", type=float, default=60.0, help="seconds a request may take when its client set no deadline"
+    )
     args = parser.parse_args(argv)
     defaults = Defaults(
         max_new_tokens=args.default_max_new_tokens,
@@ -49,6 +52,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         host=args.host,
         port=args.port,
         connect_timeout_s=args.connect_timeout,
+        rpc_timeout_s=args.rpc_timeout,
         defaults=defaults,
     )
     return config, args.log_level

@@ -16,7 +16,7 @@ class CoordinatorConfig:
     host: str = "127.0.0.1"
     port: int = 50050
     max_workers: int = 32
-    rpc_timeout_s: float = 60.0  # per downstream call, when the client set no deadline
+    rpc_timeout_s: float = 60.0  # a request's deadline when its client set none
     connect_timeout_s: float = 60.0  # waiting for draft/target at start-up
     defaults: Defaults = field(default_factory=Defaults)
     target_dns: str | None = None  # HOST:PORT whose every address is a replica (headless Service)

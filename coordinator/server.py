@@ -23,6 +23,15 @@ from coordinator.replicas import ReplicaSet, checked_connector
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name
+# gRPC servers report a call without a deadline as ~9.2e18 s remaining; anything this long is "none"
+NO_CLIENT_DEADLINE_S = 1e9
+
+
+def request_timeout(client_remaining: float | None, default_s: float) -> float:
+    """The client's deadline when it set one (shorter or longer than the default), else `default_s`."""
+    if client_remaining is None or client_remaining >= NO_CLIENT_DEADLINE_S:
+        return default_s
+    return client_remaining
 
 
 def params_from_pb(msg: coordinator_pb2.GenerationParams, defaults: Defaults) -> GenerationParams:
@@ -63,8 +72,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
     def _chunks(self, request, context):
         params = params_from_pb(request.params, self.config.defaults)
-        remaining = context.time_remaining()
-        deadline = Deadline(remaining if remaining is not None else self.config.rpc_timeout_s)
+        deadline = Deadline(request_timeout(context.time_remaining(), self.config.rpc_timeout_s))
         return self.orchestrator.generate(request.prompt, params, deadline, lambda: not context.is_active())
 
     def Generate(self, request, context):

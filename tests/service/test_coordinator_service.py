@@ -163,3 +163,18 @@ def test_sessions_are_closed_on_every_service_after_a_request(services: Services
     for backend in (GrpcDraftBackend(services.draft_address), GrpcTargetBackend(services.target_address)):
         with pytest.raises(Unavailable, match="unknown session"):  # NOT_FOUND, as the coordinator maps it
             backend.close(result.request_id, timeout=10)
+
+
+def test_a_request_without_a_deadline_gets_the_server_default(services: Services) -> None:
+    """gRPC reports "no deadline" as ~9e18 s remaining; passed downstream it failed every such request at once."""
+    from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc
+    from calispec_core.grpc_server import make_channel
+
+    with make_channel(services.address) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        params = coordinator_pb2.GenerationParams(max_new_tokens=4, mode=2)
+        response = stub.Generate(coordinator_pb2.GenerateRequest(prompt="hi", params=params))  # no timeout
+        chunks = list(stub.GenerateStream(coordinator_pb2.GenerateStreamRequest(prompt="hi", params=params)))
+    assert len(response.token_ids) == 4 and [t for c in chunks for t in c.token_ids] == list(response.token_ids)
+    with CalispecClient(services.address) as sdk:  # the SDK's documented default: no timeout
+        assert sdk.generate("hi", max_new_tokens=4, mode="sd").token_ids == list(response.token_ids)
