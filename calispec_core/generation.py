@@ -117,6 +117,13 @@ class GenerationStats:
     acceptance_rate: float = 0.0
     rejections: int = 0  # rejection events recorded in the correction memory (includes rescued)
     max_batch_size: int = 0  # largest target batch any round of the request ran in
+    draft_unavailable_rounds: int = 0  # rounds run target-only because the draft was unavailable
+    target_failovers: int = 0  # times the request moved to another target replica
+
+    @property
+    def degraded(self) -> bool:
+        """Served despite a failed service: some rounds without the draft, or moved to another replica."""
+        return self.draft_unavailable_rounds > 0 or self.target_failovers > 0
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)

@@ -24,6 +24,9 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # a restarted service is found again within ~2 s (gRPC's default backoff grows to 120 s, and
+    # calls on a channel in backoff fail at once, so a long outage would outlast the restart)
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
 

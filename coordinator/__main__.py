@@ -37,6 +37,12 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     parser.add_argument(
         "--rpc-timeout", type=float, default=60.0, help="seconds a request may take when its client set no deadline"
     )
+    parser.add_argument(
+        "--draft-timeout", type=float, default=10.0, help="seconds after which a draft call counts as an outage"
+    )
+    parser.add_argument(
+        "--draft-max-backoff", type=float, default=10.0, help="longest wait between probes of a draft that is down"
+    )
     args = parser.parse_args(argv)
     defaults = Defaults(
         max_new_tokens=args.default_max_new_tokens,
@@ -53,6 +59,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         port=args.port,
         connect_timeout_s=args.connect_timeout,
         rpc_timeout_s=args.rpc_timeout,
+        draft_timeout_s=args.draft_timeout,
+        draft_max_backoff_s=args.draft_max_backoff,
         defaults=defaults,
     )
     return config, args.log_level

@@ -18,6 +18,8 @@ class CoordinatorConfig:
     max_workers: int = 32
     rpc_timeout_s: float = 60.0  # a request's deadline when its client set none
     connect_timeout_s: float = 60.0  # waiting for draft/target at start-up
+    draft_timeout_s: float = 10.0  # a slower draft call counts as a draft outage: rounds run target-only
+    draft_max_backoff_s: float = 10.0  # longest wait between probes of a draft that is down
     defaults: Defaults = field(default_factory=Defaults)
     target_dns: str | None = None  # HOST:PORT whose every address is a replica (headless Service)
     target_refresh_s: float = 10.0  # how often target_dns is re-resolved

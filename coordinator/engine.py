@@ -4,27 +4,36 @@ Per round: the draft proposes γ tokens (after rolling back to what the target k
 round and appending the token the target emitted), the target verifies them in one
 forward pass and commits the outcome to its own session, and the new tokens are handed
 out. Mode `ar` skips the draft: each round is one plain target step.
+
+Failures of one service end no request by themselves. The draft is optional: while it is
+unavailable (a circuit breaker probes it again after a backoff) rounds run target-only and
+the stats count them. A target replica that is gone mid-request is replaced by another one,
+opened from the prompt plus the tokens already emitted, so the stream neither repeats nor
+loses a token; UNAVAILABLE only when no replica is left.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
-from calispec_core.errors import Cancelled, InvalidArgument, require
+from calispec_core.errors import Cancelled, DeadlineExceeded, InvalidArgument, Unavailable, require
 from calispec_core.generation import FinishReason, GenerationParams, GenerationStats, Mode, validate_prompt
 from calispec_core.timing import Deadline, Stopwatch, ns_to_ms
 from coordinator.backends import DraftBackend, Proposal, TargetBackend, Verdict
+from coordinator.circuit import CircuitBreaker
 from coordinator.detokenizer import IncrementalDetokenizer
 from coordinator.replicas import ReplicaSet
 
 log = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 5.0
+DRAFT_TIMEOUT_S = 10.0  # a draft call taking longer counts as a draft outage (the round runs target-only)
 
 
 @dataclass
@@ -45,18 +54,32 @@ class _Request:
     params: GenerationParams
     max_new_tokens: int
     deadline: Deadline
-    target: TargetBackend
     watch: Stopwatch = field(default_factory=Stopwatch)
     stats: GenerationStats = field(default_factory=GenerationStats)
     generated: list[int] = field(default_factory=list)
+    target: TargetBackend | None = None  # the replica holding target_session
+    target_session: str = ""
+    failed_targets: set[str] = field(default_factory=set)  # replicas this request must not use again
+    draft_session: str | None = None  # None: not open, or lost with the draft
     # what the draft must do before its next proposal to match the committed sequence
     draft_rollback_to: int | None = None
     draft_append: list[int] = field(default_factory=list)
-    opened: list[DraftBackend | TargetBackend] = field(default_factory=list)  # sessions to close
+    opened: list[tuple[DraftBackend | TargetBackend, str]] = field(default_factory=list)  # sessions to close
+    _sessions_per_service: Counter[str] = field(default_factory=Counter)
 
     @property
     def use_draft(self) -> bool:
         return self.params.mode != Mode.AR
+
+    @property
+    def committed_ids(self) -> list[int]:
+        return [*self.prompt_ids, *self.generated]
+
+    def next_session_id(self, service: str) -> str:
+        """The request id for its first session on a service, then `<id>-1`, `<id>-2`... for reopened ones."""
+        n = self._sessions_per_service[service]
+        self._sessions_per_service[service] += 1
+        return self.request_id if n == 0 else f"{self.request_id}-{n}"
 
 
 class Orchestrator:
@@ -69,6 +92,8 @@ class Orchestrator:
         targets: list[TargetBackend] | ReplicaSet,  # a ReplicaSet may change while serving
         eos_token_ids: tuple[int, ...],
         max_context: int,
+        draft_circuit: CircuitBreaker | None = None,
+        draft_timeout_s: float = DRAFT_TIMEOUT_S,
     ) -> None:
         require(len(targets) > 0, "at least one target replica is required")
         self.tokenizer = tokenizer
@@ -76,6 +101,8 @@ class Orchestrator:
         self.replicas = targets if isinstance(targets, ReplicaSet) else ReplicaSet(targets)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_context = max_context
+        self.draft_circuit = draft_circuit or CircuitBreaker()  # shared by all requests
+        self.draft_timeout_s = draft_timeout_s
 
     def generate(
         self,
@@ -102,22 +129,45 @@ class Orchestrator:
             raise InvalidArgument(
                 f"prompt of {len(prompt_ids)} tokens leaves no room in the context ({self.max_context})"
             )
-        target = self.replicas.pick()
-        request = _Request(uuid.uuid4().hex, prompt_ids, params, min(params.max_new_tokens, room), deadline, target)
+        request = _Request(uuid.uuid4().hex, prompt_ids, params, min(params.max_new_tokens, room), deadline)
         request.stats.prompt_tokens = len(prompt_ids)
         return request
 
     def _prefill(self, request: _Request) -> None:
+        """Open the target session; the draft session opens with the first proposal."""
+        self._open_target(request)
+
+    def _open_target(self, request: _Request) -> None:
+        """Open a target session from prompt + emitted tokens on a replica that has not failed this request."""
         p = request.params
-        ns = request.target.prefill(
-            request.request_id, request.prompt_ids, p.sampling, p.mode, p.tau, p.lambda_, request.deadline.remaining()
+        while True:
+            target = self.replicas.pick(exclude=request.failed_targets)  # UNAVAILABLE when none is left
+            session_id = request.next_session_id("target")
+            try:
+                ns = target.prefill(
+                    session_id,
+                    request.committed_ids,
+                    p.sampling,
+                    p.mode,
+                    p.tau,
+                    p.lambda_,
+                    request.deadline.remaining(),
+                )
+            except Unavailable as exc:
+                self._target_failed(request, target, exc)
+                continue
+            request.target, request.target_session = target, session_id
+            request.opened.append((target, session_id))
+            request.stats.target_ms += ns_to_ms(ns)
+            return
+
+    @staticmethod
+    def _target_failed(request: _Request, target: TargetBackend, exc: Exception) -> None:
+        log.warning(
+            "target %s failed request %s (%s); moving it to another replica", target.address, request.request_id, exc
         )
-        request.opened.append(request.target)
-        request.stats.target_ms += ns_to_ms(ns)
-        if request.use_draft:
-            ns = self.draft.prefill(request.request_id, request.prompt_ids, p.sampling, request.deadline.remaining())
-            request.opened.append(self.draft)
-            request.stats.draft_ms += ns_to_ms(ns)
+        request.failed_targets.add(target.address)
+        request.stats.target_failovers += 1
 
     def _rounds(self, request: _Request, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         detok = IncrementalDetokenizer(self.tokenizer, request.params.stop)
@@ -144,7 +194,7 @@ class Orchestrator:
         remaining = request.max_new_tokens - len(request.generated)
         gamma = min(request.params.num_speculative_tokens, remaining - 1) if request.use_draft else 0
         proposal = self._propose(request, gamma) if gamma > 0 else None
-        verdict = request.target.verify(request.request_id, proposal, request.deadline.remaining())
+        verdict = self._verify(request, proposal)
         self._account(request, proposal, verdict)
         drafted = proposal.token_ids[: verdict.accepted_count] if proposal else []
         new_tokens = [*drafted, verdict.next_token]
@@ -152,16 +202,57 @@ class Orchestrator:
             self._sync_draft_later(request, proposal, verdict)
         return new_tokens
 
-    def _propose(self, request: _Request, gamma: int) -> Proposal:
+    def _propose(self, request: _Request, gamma: int) -> Proposal | None:
+        """γ draft tokens, or None while the draft is unavailable: the round then runs target-only."""
+        if not self.draft_circuit.allow():
+            request.stats.draft_unavailable_rounds += 1
+            return None
+        try:
+            proposal = self._draft_tokens(request, gamma)
+        except (Unavailable, DeadlineExceeded) as exc:
+            request.deadline.remaining()  # raises if it was the request's own deadline that ran out
+            log.warning("draft unavailable for request %s (%s); running target-only", request.request_id, exc)
+            self.draft_circuit.failed()
+            request.draft_session = None  # reopened from the committed sequence once the draft is back
+            request.stats.draft_unavailable_rounds += 1
+            return None
+        self.draft_circuit.succeeded()
+        return proposal
+
+    def _draft_tokens(self, request: _Request, gamma: int) -> Proposal:
+        if request.draft_session is None:
+            self._open_draft(request)
+        timeout = min(request.deadline.remaining(), self.draft_timeout_s)
         proposal = self.draft.propose(
-            request.request_id, gamma, request.draft_rollback_to, request.draft_append, request.deadline.remaining()
+            request.draft_session, gamma, request.draft_rollback_to, request.draft_append, timeout
         )
         request.draft_rollback_to, request.draft_append = None, []
         return proposal
 
+    def _open_draft(self, request: _Request) -> None:
+        session_id = request.next_session_id("draft")
+        timeout = min(request.deadline.remaining(), self.draft_timeout_s)
+        ns = self.draft.prefill(session_id, request.committed_ids, request.params.sampling, timeout)
+        request.draft_session = session_id
+        request.opened.append((self.draft, session_id))
+        request.draft_rollback_to, request.draft_append = None, []
+        request.stats.draft_ms += ns_to_ms(ns)
+
+    def _verify(self, request: _Request, proposal: Proposal | None) -> Verdict:
+        """The target's verdict; a replica that is gone is replaced and the same proposal verified there."""
+        while True:
+            assert request.target is not None
+            try:
+                return request.target.verify(request.target_session, proposal, request.deadline.remaining())
+            except Unavailable as exc:
+                self._target_failed(request, request.target, exc)
+                self._open_target(request)
+
     @staticmethod
     def _sync_draft_later(request: _Request, proposal: Proposal | None, verdict: Verdict) -> None:
         """The draft learns the round's outcome with its next Propose, saving a round trip."""
+        if request.draft_session is None:
+            return  # nothing to sync: the next draft session starts from the committed sequence
         committed = len(request.prompt_ids) + len(request.generated)  # before this round's tokens
         if proposal is not None:
             request.draft_rollback_to = committed + verdict.accepted_count
@@ -207,8 +298,8 @@ class Orchestrator:
 
     def _close(self, request: _Request) -> None:
         """Best effort: a session left behind only costs memory until the service restarts."""
-        for backend in request.opened:
+        for backend, session_id in request.opened:
             try:
-                backend.close(request.request_id, CLOSE_TIMEOUT_S)
+                backend.close(session_id, CLOSE_TIMEOUT_S)
             except Exception as exc:  # closing must not mask the request's outcome
-                log.warning("closing session %s failed: %s", request.request_id, exc)
+                log.warning("closing session %s failed: %s", session_id, exc)

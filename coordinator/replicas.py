@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 
 from calispec_core.errors import FailedPrecondition, Unavailable
@@ -50,12 +50,14 @@ class ReplicaSet:
     def backends(self) -> list[TargetBackend]:
         return list(self._replicas)
 
-    def pick(self) -> TargetBackend:
-        """The next replica; UNAVAILABLE (not a hang) when the set is empty, e.g. mid-redeploy."""
+    def pick(self, exclude: Set[str] = frozenset()) -> TargetBackend:
+        """The next replica not in `exclude`; UNAVAILABLE (not a hang) when there is none, e.g. mid-redeploy."""
         with self._lock:
-            if not self._replicas:
-                raise Unavailable("no target replica is serving")
-            replica = self._replicas[self._cursor % len(self._replicas)]
+            usable = [r for r in self._replicas if r.address not in exclude]
+            if not usable:
+                left = f" (failed for this request: {', '.join(sorted(exclude))})" if exclude else ""
+                raise Unavailable(f"no target replica is serving{left}")
+            replica = usable[self._cursor % len(usable)]
             self._cursor += 1
             self.picks[replica.address] += 1
             return replica

@@ -15,6 +15,7 @@ from calispec_core.modeling import load_tokenizer, tokenizer_fingerprint
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
 from coordinator.backends import ModelFacts
+from coordinator.circuit import CircuitBreaker
 from coordinator.clients import GrpcDraftBackend, GrpcTargetBackend
 from coordinator.config import CoordinatorConfig
 from coordinator.discovery import DnsReplicaWatcher, replica_addresses
@@ -140,7 +141,10 @@ def build_orchestrator(config: CoordinatorConfig) -> Orchestrator:
     if config.target_dns is not None:
         connect = checked_connector(target_facts[0], config.connect_timeout_s)
         DnsReplicaWatcher(config.target_dns, replicas, connect, config.target_refresh_s).start()
-    return Orchestrator(tokenizer, draft, replicas, target_facts[0].eos_token_ids, max_context)
+    circuit = CircuitBreaker(max_backoff_s=config.draft_max_backoff_s)
+    return Orchestrator(
+        tokenizer, draft, replicas, target_facts[0].eos_token_ids, max_context, circuit, config.draft_timeout_s
+    )
 
 
 def create_server(config: CoordinatorConfig, orchestrator: Orchestrator | None = None) -> tuple[grpc.Server, int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from calispec_core.errors import NotFound
+from calispec_core.errors import NotFound, Unavailable
 from calispec_core.generation import Mode
 from calispec_core.sampling import SamplingConfig
 from coordinator.backends import ModelFacts, Proposal, Verdict
@@ -29,20 +29,44 @@ def facts() -> ModelFacts:
     return ModelFacts("fake", 128, "fp", 4096, (EOS,))
 
 
-class FakeDraft:
+class _Killable:
+    """`kill()` makes every call fail UNAVAILABLE and drops the sessions, like a dead process; `revive()` restarts."""
+
+    down = False
+    failed_calls = 0
+    sessions: dict[str, list[int]]
+
+    def kill(self) -> None:
+        self.down = True
+        self.sessions.clear()
+
+    def revive(self) -> None:
+        self.down = False
+
+    def _check_up(self) -> None:
+        if self.down:
+            self.failed_calls += 1
+            raise Unavailable("connection refused")
+
+
+class FakeDraft(_Killable):
     def __init__(self, model: Model) -> None:
         self.model = model
         self.sessions: dict[str, list[int]] = {}
         self.proposals: list[list[int]] = []
+        self.prefills: list[list[int]] = []
 
     def info(self, timeout: float) -> ModelFacts:
         return facts()
 
     def prefill(self, session_id: str, token_ids: list[int], sampling: SamplingConfig, timeout: float) -> int:
+        self._check_up()
         self.sessions[session_id] = list(token_ids)
+        self.prefills.append(list(token_ids))
         return 1_000
 
     def propose(self, session_id, num_tokens, rollback_to, append, timeout) -> Proposal:
+        self._check_up()
         seq = self.sessions[session_id]
         if rollback_to is not None:
             del seq[rollback_to:]
@@ -55,11 +79,12 @@ class FakeDraft:
         return Proposal(proposed, b"", 128, 2_000)
 
     def close(self, session_id: str, timeout: float) -> None:
+        self._check_up()
         if self.sessions.pop(session_id, None) is None:
             raise NotFound(session_id)
 
 
-class FakeTarget:
+class FakeTarget(_Killable):
     """Greedy exact-match verification against `model`, committing like the real target."""
 
     address = "fake"
@@ -68,15 +93,19 @@ class FakeTarget:
         self.model = model
         self.sessions: dict[str, list[int]] = {}
         self.rejections = 0
+        self.prefills: list[list[int]] = []
 
     def info(self, timeout: float) -> ModelFacts:
         return facts()
 
     def prefill(self, session_id, token_ids, sampling, mode: Mode, tau, lambda_, timeout) -> int:
+        self._check_up()
         self.sessions[session_id] = list(token_ids)
+        self.prefills.append(list(token_ids))
         return 3_000
 
     def verify(self, session_id: str, proposal: Proposal | None, timeout: float) -> Verdict:
+        self._check_up()
         seq = self.sessions[session_id]
         draft = proposal.token_ids if proposal else []
         accepted = 0
@@ -92,5 +121,6 @@ class FakeTarget:
         return Verdict(accepted, [], next_token, accepted == len(draft), rejected, 1, 4_000, 100)
 
     def close(self, session_id: str, timeout: float) -> None:
+        self._check_up()
         if self.sessions.pop(session_id, None) is None:
             raise NotFound(session_id)

@@ -1,0 +1,56 @@
+"""A circuit breaker for a shared backend (the draft): skip it while it is down, probe it after a backoff.
+
+Closed: every call goes through. After a failure it opens: callers skip the backend (the
+request runs target-only) until the backoff has passed; then exactly one caller probes it
+(half-open) while the others keep skipping. A success closes it; a failure reopens it with a
+doubled backoff (capped), so a dead draft costs one failed call per backoff period, not one
+per round.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+
+class CircuitBreaker:
+    def __init__(
+        self, backoff_s: float = 0.5, max_backoff_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._lock = threading.Lock()
+        self._initial_backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._backoff_s = backoff_s
+        self._clock = clock
+        self._open = False
+        self._probing = False
+        self._retry_at = 0.0
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    def allow(self) -> bool:
+        """May the caller use the backend now? While open, True once per backoff period (the probe)."""
+        with self._lock:
+            if not self._open:
+                return True
+            now = self._clock()
+            if now < self._retry_at:
+                return False
+            self._retry_at = now + self._backoff_s  # the others skip while this caller probes
+            self._probing = True
+            return True
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self._open = self._probing = False
+            self._backoff_s = self._initial_backoff_s
+
+    def failed(self) -> None:
+        with self._lock:
+            if self._probing:  # a failed probe waits longer next time; calls already in flight do not
+                self._backoff_s = min(self._backoff_s * 2, self._max_backoff_s)
+            self._open, self._probing = True, False
+            self._retry_at = self._clock() + self._backoff_s

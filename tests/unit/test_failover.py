@@ -1,0 +1,125 @@
+"""The round loop when a service dies: target-only rounds without the draft, another replica for a lost target."""
+
+from __future__ import annotations
+
+import pytest
+
+from calispec_core.errors import DeadlineExceeded, Unavailable
+from calispec_core.generation import Mode
+from calispec_core.timing import Deadline
+from coordinator.circuit import CircuitBreaker
+from coordinator.engine import Orchestrator
+from tests.unit.fakes import EOS, CharTokenizer, FakeDraft, FakeTarget
+from tests.unit.test_circuit import Clock
+from tests.unit.test_orchestrator import alphabet_target, params, sloppy_draft
+
+EXPECTED = "defghijklmnopqrstuvw"  # the target's greedy continuation of "c" (20 tokens)
+
+
+def target(address: str) -> FakeTarget:
+    backend = FakeTarget(alphabet_target)
+    backend.address = address  # type: ignore[misc]
+    return backend
+
+
+def make(targets: list[FakeTarget], clock: Clock | None = None) -> tuple[Orchestrator, FakeDraft]:
+    draft = FakeDraft(sloppy_draft)
+    circuit = CircuitBreaker(backoff_s=1.0, clock=clock or Clock())
+    return Orchestrator(CharTokenizer(), draft, targets, (EOS,), 4096, circuit), draft
+
+
+def test_a_dead_draft_degrades_to_target_only_and_is_probed_once_per_backoff() -> None:
+    clock = Clock()
+    orchestrator, draft = make([target("t:1")], clock)
+    draft.kill()
+    for _ in range(3):
+        chunks = list(orchestrator.generate("c", params(num_speculative_tokens=4), Deadline(60)))
+        assert "".join(c.text for c in chunks) == EXPECTED
+        stats = chunks[-1].stats
+        assert stats.drafted == 0 and stats.rounds == 20 and stats.degraded
+        assert stats.draft_unavailable_rounds == 19  # the last round drafts nothing anyway (one token left)
+    assert draft.failed_calls == 1  # one failed call, then skipped until the backoff passes
+    clock.now = 1.0
+    list(orchestrator.generate("c", params(), Deadline(60)))
+    assert draft.failed_calls == 2  # the probe
+
+
+def test_speculation_resumes_mid_request_when_the_draft_is_back() -> None:
+    clock = Clock()
+    orchestrator, draft = make([target("t:1")], clock)
+    stream = orchestrator.generate("c", params(num_speculative_tokens=2), Deadline(60))
+    text = next(stream).text
+    draft.kill()
+    text += next(stream).text + next(stream).text
+    draft.revive()
+    clock.now = 1.0
+    chunks = list(stream)
+    text += "".join(c.text for c in chunks)
+    assert text == EXPECTED
+    stats = chunks[-1].stats
+    assert stats.draft_unavailable_rounds == 2 and stats.drafted > 0
+    committed = "c" + EXPECTED[: len(draft.prefills[1]) - 1]
+    assert "".join(map(chr, draft.prefills[1])) == committed  # reopened from prompt + emitted tokens
+    assert draft.sessions == {}
+
+
+def test_a_lost_target_replica_is_replaced_without_repeating_or_losing_tokens() -> None:
+    a, b = target("a:1"), target("b:1")
+    orchestrator, draft = make([a, b])
+    stream = orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60))
+    first = next(stream)
+    a.kill()
+    chunks = [first, *stream]
+    assert "".join(c.text for c in chunks) == EXPECTED
+    assert [t for c in chunks for t in c.token_ids] == [ord(ch) for ch in EXPECTED]
+    assert chunks[-1].stats.target_failovers == 1 and chunks[-1].stats.drafted > 0
+    assert b.prefills == [[ord("c"), *first.token_ids]]  # prompt + what was already emitted
+    assert b.sessions == {} and draft.sessions == {}
+
+
+@pytest.mark.parametrize("mode", [Mode.AR, Mode.SD])
+def test_a_request_routed_to_a_dead_replica_runs_on_another(mode: Mode) -> None:
+    a, b = target("a:1"), target("b:1")
+    orchestrator, _ = make([a, b])
+    a.kill()
+    for _ in range(2):  # round-robin sends one of them to the dead replica first
+        chunks = list(orchestrator.generate("c", params(mode=mode), Deadline(60)))
+        assert "".join(c.text for c in chunks) == EXPECTED
+    assert b.sessions == {}
+
+
+def test_unavailable_only_when_no_replica_is_left() -> None:
+    a, b = target("a:1"), target("b:1")
+    orchestrator, draft = make([a, b])
+    stream = orchestrator.generate("c", params(), Deadline(60))
+    next(stream)
+    a.kill()
+    b.kill()
+    with pytest.raises(Unavailable, match="no target replica"):
+        list(stream)
+    assert draft.sessions == {}
+
+
+class ManualDeadline(Deadline):
+    def __init__(self) -> None:
+        super().__init__(60)
+        self.expired = False
+
+    def remaining(self) -> float:
+        if self.expired:
+            raise DeadlineExceeded("deadline exceeded")
+        return super().remaining()
+
+
+def test_the_requests_own_deadline_is_not_a_draft_outage() -> None:
+    orchestrator, draft = make([target("t:1")])
+    deadline = ManualDeadline()
+
+    def propose_until_the_deadline(*args, **kwargs):
+        deadline.expired = True
+        raise DeadlineExceeded("draft: Deadline Exceeded")
+
+    draft.propose = propose_until_the_deadline  # type: ignore[method-assign]
+    with pytest.raises(DeadlineExceeded):
+        list(orchestrator.generate("c", params(), deadline))
+    assert not orchestrator.draft_circuit.is_open
