@@ -6,6 +6,9 @@
         for chunk in client.generate_stream("Once upon a time", timeout=30):
             print(chunk.text, end="")
 
+Secured coordinators: `CalispecClient(address, token=KEY, tls_ca="ca.pem")`, or set
+CALISPEC_TOKEN and CALISPEC_TLS_CA (see docs/security.md).
+
 Errors arrive as `CalispecRpcError` with the gRPC status code name (`INVALID_ARGUMENT`,
 `DEADLINE_EXCEEDED`, ...). `timeout` is the request's deadline in seconds; without one the
 server applies its own (the coordinator's `--rpc-timeout`, 60 s by default).
@@ -15,13 +18,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import grpc
 
+from calispec._channel import ClientAuth
 from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc
 from calispec_core.generation import FinishReason, GenerationStats, Mode
-from calispec_core.grpc_server import make_aio_channel, make_channel
 
 
 class CalispecRpcError(Exception):
@@ -122,21 +126,32 @@ def _chunk(msg: coordinator_pb2.GenerateStreamResponse) -> StreamChunk:
 class CalispecClient:
     """Blocking client; one channel, safe to share between threads."""
 
-    def __init__(self, address: str, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        timeout: float | None = None,
+        *,
+        token: str | None = None,
+        tls_ca: str | Path | None = None,
+        tls_server_name: str | None = None,
+    ) -> None:
+        """`token` (API key) and `tls_ca` default to CALISPEC_TOKEN / CALISPEC_TLS_CA; no CA: plaintext."""
         self.default_timeout = timeout
-        self._channel = make_channel(address)
+        auth = ClientAuth.resolve(token, tls_ca, tls_server_name)
+        self._metadata = auth.metadata
+        self._channel = auth.channel(address)
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
 
     def generate(self, prompt: str, *, timeout: float | None = None, **params: Any) -> GenerationResult:
         request = coordinator_pb2.GenerateRequest(prompt=prompt, params=build_params(**params))
         try:
-            return _result(self._stub.Generate(request, timeout=timeout or self.default_timeout))
+            return _result(self._stub.Generate(request, timeout=timeout or self.default_timeout, metadata=self._metadata))
         except grpc.RpcError as exc:
             raise CalispecRpcError.from_rpc(exc) from None
 
     def generate_stream(self, prompt: str, *, timeout: float | None = None, **params: Any) -> Iterator[StreamChunk]:
         request = coordinator_pb2.GenerateStreamRequest(prompt=prompt, params=build_params(**params))
-        call = self._stub.GenerateStream(request, timeout=timeout or self.default_timeout)
+        call = self._stub.GenerateStream(request, timeout=timeout or self.default_timeout, metadata=self._metadata)
         try:
             for msg in call:
                 yield _chunk(msg)
@@ -158,15 +173,26 @@ class CalispecClient:
 class AsyncCalispecClient:
     """asyncio client; create and use it inside one running event loop."""
 
-    def __init__(self, address: str, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        timeout: float | None = None,
+        *,
+        token: str | None = None,
+        tls_ca: str | Path | None = None,
+        tls_server_name: str | None = None,
+    ) -> None:
+        """`token` (API key) and `tls_ca` default to CALISPEC_TOKEN / CALISPEC_TLS_CA; no CA: plaintext."""
         self.default_timeout = timeout
-        self._channel = make_aio_channel(address)
+        auth = ClientAuth.resolve(token, tls_ca, tls_server_name)
+        self._metadata = auth.metadata
+        self._channel = auth.aio_channel(address)
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
 
     async def generate(self, prompt: str, *, timeout: float | None = None, **params: Any) -> GenerationResult:
         request = coordinator_pb2.GenerateRequest(prompt=prompt, params=build_params(**params))
         try:
-            return _result(await self._stub.Generate(request, timeout=timeout or self.default_timeout))
+            return _result(await self._stub.Generate(request, timeout=timeout or self.default_timeout, metadata=self._metadata))
         except grpc.RpcError as exc:
             raise CalispecRpcError.from_rpc(exc) from None
 
@@ -174,7 +200,7 @@ class AsyncCalispecClient:
         self, prompt: str, *, timeout: float | None = None, **params: Any
     ) -> AsyncIterator[StreamChunk]:
         request = coordinator_pb2.GenerateStreamRequest(prompt=prompt, params=build_params(**params))
-        call = self._stub.GenerateStream(request, timeout=timeout or self.default_timeout)
+        call = self._stub.GenerateStream(request, timeout=timeout or self.default_timeout, metadata=self._metadata)
         try:
             async for msg in call:
                 yield _chunk(msg)

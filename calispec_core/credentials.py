@@ -9,7 +9,9 @@ PATH`; the file, not the command line, holds the secret so that it does not show
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 
 from calispec_core.errors import FailedPrecondition
@@ -58,3 +60,61 @@ def writer_metadata(token: str | None, writer_id: str | None = None) -> tuple[tu
 def token_matches(expected: str, presented: str | None) -> bool:
     """Constant-time comparison, so response timing does not leak the token."""
     return presented is not None and hmac.compare_digest(expected.encode(), presented.encode())
+
+
+# -- transport security ------------------------------------------------------------------------
+#
+# Every service has one identity: a certificate whose CN (and a DNS SAN) is its role name. It
+# serves that certificate and presents it on its outbound calls (mutual TLS), and peers check the
+# role name whatever address they dial (pod IPs, Ray node IPs): `grpc.ssl_target_name_override`.
+
+COORDINATOR, DRAFT, TARGET, MEMORY = "coordinator", "draft", "target", "memory"
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """PEM files of one process. No cert: plaintext, allowed on a loopback bind or with `plaintext`."""
+
+    cert: Path | None = None  # this process's certificate (served, and presented on outbound calls)
+    key: Path | None = None
+    ca: Path | None = None  # the CA bundle that signs its peers' certificates
+    plaintext: bool = False  # explicit opt-in to plaintext on a non-loopback bind (e.g. a mesh does TLS)
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert is not None
+
+    def check(self, host: str) -> None:
+        """Refuse half-given files, and plaintext on a non-loopback bind unless asked for explicitly."""
+        given = [f is not None for f in (self.cert, self.key, self.ca)]
+        if any(given) and not all(given):
+            raise FailedPrecondition("TLS needs all three of --tls-cert, --tls-key and --tls-ca")
+        if self.enabled and self.plaintext:
+            raise FailedPrecondition("--plaintext contradicts --tls-cert: give one or the other")
+        if not self.enabled and not self.plaintext and not is_loopback(host):
+            raise FailedPrecondition(
+                f"refusing to serve plaintext on {host}: give --tls-cert/--tls-key/--tls-ca "
+                "(`calispec certs dev DIR` makes a local set), bind 127.0.0.1, or pass --plaintext"
+            )
+
+    def read(self) -> tuple[bytes, bytes, bytes]:
+        """(cert, key, ca) PEM bytes; read once when a server or channel is built."""
+        assert self.cert is not None and self.key is not None and self.ca is not None
+        return _read_pem(self.cert), _read_pem(self.key), _read_pem(self.ca)
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _read_pem(path: Path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise FailedPrecondition(f"cannot read {path}: {exc.strerror}") from exc

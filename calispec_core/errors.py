@@ -49,6 +49,10 @@ class Unauthenticated(CalispecError):
     code = "UNAUTHENTICATED"
 
 
+class PermissionDenied(CalispecError):
+    code = "PERMISSION_DENIED"
+
+
 def require(condition: bool, message: str) -> None:
     """Raise InvalidArgument(message) unless condition holds."""
     if not condition:

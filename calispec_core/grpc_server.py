@@ -1,7 +1,8 @@
 """gRPC plumbing shared by every service: server factory, error interceptor, channels.
 
-Credentials will be read here and only here (TLS/mTLS is a later issue): every server
-binds through `bind_port` and every client connects through `make_channel`.
+Transport credentials are applied here and only here: every server binds through `bind_port`
+and every client connects through `make_channel`, each given the process's `TlsConfig`
+(None or no certificate: plaintext, which `TlsConfig.check` allows on loopback only).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError
 
 log = logging.getLogger(__name__)
@@ -87,14 +89,21 @@ def create_grpc_server(
     registrars: Sequence[Registrar],
     service_names: Sequence[str],
     max_workers: int = 16,
+    tls: TlsConfig | None = None,
+    require_client_cert: bool = True,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
+    health_port: int | None = None,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     """Build a server with our services, grpc.health.v1, reflection and the error interceptor.
 
     `address` may use port 0; the bound port is returned. The server is not started.
+    `interceptors` (access control) run inside the error interceptor, so the domain errors they
+    raise get their status. `health_port`: also serve grpc.health.v1 alone, plaintext, there
+    (the kubelet's gRPC probe speaks no TLS); the returned server starts and stops both.
     """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
-        interceptors=[ErrorInterceptor()],
+        interceptors=[ErrorInterceptor(), *interceptors],
         options=CHANNEL_OPTIONS,
     )
     for register in registrars:
@@ -104,20 +113,46 @@ def create_grpc_server(
     for name in [*service_names, ""]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    port = bind_port(server, address)
+    port = bind_port(server, address, tls, require_client_cert)
+    if health_port is not None:
+        server = _with_health_port(server, health_servicer, address.rpartition(":")[0], health_port)
     return server, port, health_servicer
 
 
-def bind_port(server: grpc.Server, address: str) -> int:
-    """Bind `address` (host:port, port may be 0); returns the bound port."""
-    port = server.add_insecure_port(address)
+def bind_port(server: grpc.Server, address: str, tls: TlsConfig | None = None, require_client_cert: bool = True) -> int:
+    """Bind `address` (host:port, port may be 0); returns the bound port.
+
+    With TLS, `require_client_cert` makes it mutual: peers must present a certificate of the CA.
+    """
+    tls = tls or TlsConfig()
+    tls.check(address.rpartition(":")[0])
+    if tls.enabled:
+        cert, key, ca = tls.read()
+        credentials = grpc.ssl_server_credentials([(key, cert)], ca, require_client_auth=require_client_cert)
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"could not bind {address}")
     return port
 
 
-def make_channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+def _channel_options(server_name: str | None) -> list[tuple[str, Any]]:
+    # The peer's certificate must name its role (e.g. "target"), whatever address we dial.
+    return [*CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", server_name)] if server_name else CHANNEL_OPTIONS
+
+
+def channel_credentials(tls: TlsConfig) -> grpc.ChannelCredentials:
+    """Trust the CA; present this process's certificate (mutual TLS)."""
+    cert, key, ca = tls.read()
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+def make_channel(address: str, tls: TlsConfig | None = None, server_name: str | None = None) -> grpc.Channel:
+    """A channel to `address`; with TLS, the server must prove `server_name` (default: the address's host)."""
+    if tls is None or not tls.enabled:
+        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.secure_channel(address, channel_credentials(tls), options=_channel_options(server_name))
 
 
 def make_aio_channel(address: str) -> grpc.aio.Channel:
@@ -127,3 +162,42 @@ def make_aio_channel(address: str) -> grpc.aio.Channel:
 def wait_for_ready(channel: grpc.Channel, timeout: float) -> None:
     """Block until the channel connects, or raise grpc.FutureTimeoutError."""
     grpc.channel_ready_future(channel).result(timeout=timeout)
+
+
+class _ServerWithHealthPort(grpc.Server):
+    """The service's server plus a plaintext health-only server; starts and stops both."""
+
+    def __init__(self, main: grpc.Server, health_only: grpc.Server) -> None:
+        self._main, self._health = main, health_only
+
+    def start(self) -> None:
+        self._main.start()
+        self._health.start()
+
+    def stop(self, grace: float | None) -> Any:
+        event = self._main.stop(grace)
+        self._health.stop(None)  # after the main server: probes see SERVING until it stops
+        return event
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        return self._main.wait_for_termination(timeout)
+
+    def add_generic_rpc_handlers(self, generic_rpc_handlers: Any) -> None:
+        self._main.add_generic_rpc_handlers(generic_rpc_handlers)
+
+    def add_registered_method_handlers(self, service_name: str, method_handlers: Any) -> None:
+        self._main.add_registered_method_handlers(service_name, method_handlers)
+
+    def add_insecure_port(self, address: str) -> int:
+        return self._main.add_insecure_port(address)
+
+    def add_secure_port(self, address: str, server_credentials: grpc.ServerCredentials) -> int:
+        return self._main.add_secure_port(address, server_credentials)
+
+
+def _with_health_port(main: grpc.Server, servicer: health.HealthServicer, host: str, port: int) -> grpc.Server:
+    health_only = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, health_only)
+    if health_only.add_insecure_port(f"{host}:{port}") == 0:
+        raise OSError(f"could not bind the health port {host}:{port}")
+    return _ServerWithHealthPort(main, health_only)

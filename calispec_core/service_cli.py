@@ -7,8 +7,12 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
+
+from calispec_core.credentials import TlsConfig
+from calispec_core.errors import CalispecError
 
 log = logging.getLogger(__name__)
 
@@ -17,6 +21,32 @@ def add_server_args(parser: argparse.ArgumentParser, default_port: int) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: %(default)s)")
     parser.add_argument("--port", type=int, default=default_port, help="port; 0 picks a free one")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_tls_args(parser)
+
+
+def add_tls_args(parser: argparse.ArgumentParser) -> None:
+    """Transport security: mutual TLS with these files, else plaintext (loopback, or --plaintext)."""
+    group = parser.add_argument_group("transport security (docs/security.md)")
+    group.add_argument("--tls-cert", type=Path, help="this service's certificate (PEM); also its client certificate")
+    group.add_argument("--tls-key", type=Path, help="its private key (PEM)")
+    group.add_argument("--tls-ca", type=Path, help="CA bundle (PEM) that signs the certificates of its peers")
+    group.add_argument(
+        "--plaintext",
+        action="store_true",
+        help="serve plaintext on a non-loopback host (only behind a mesh that does TLS); loopback needs no flag",
+    )
+    group.add_argument(
+        "--health-port", type=int, default=None, help="also serve grpc.health.v1 alone, plaintext, on this port"
+    )
+
+
+def tls_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> TlsConfig:
+    tls = TlsConfig(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca, plaintext=args.plaintext)
+    try:
+        tls.check(args.host)
+    except CalispecError as exc:
+        parser.error(str(exc))
+    return tls
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:

@@ -7,12 +7,15 @@ Target replicas are either fixed (`--target-addr`, repeatable) or discovered by 
 from __future__ import annotations
 
 import argparse
+import signal
 from pathlib import Path
 
+from calispec_core.access import ApiKeys, Quota
+from calispec_core.errors import CalispecError
 from calispec_core.generation import Defaults, Mode
-from calispec_core.service_cli import add_server_args, configure_logging, serve_until_signalled
+from calispec_core.service_cli import add_server_args, configure_logging, serve_until_signalled, tls_from_args
 from coordinator.config import CoordinatorConfig
-from coordinator.server import create_server
+from coordinator.server import check_access, create_server
 
 
 def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]:
@@ -43,6 +46,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     parser.add_argument(
         "--draft-max-backoff", type=float, default=10.0, help="longest wait between probes of a draft that is down"
     )
+    add_access_args(parser)
     args = parser.parse_args(argv)
     defaults = Defaults(
         max_new_tokens=args.default_max_new_tokens,
@@ -62,14 +66,41 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         draft_timeout_s=args.draft_timeout,
         draft_max_backoff_s=args.draft_max_backoff,
         defaults=defaults,
+        tls=tls_from_args(parser, args),
+        api_keys_file=args.api_keys_file,
+        allow_anonymous=args.allow_anonymous,
+        quota=Quota(args.quota_rpm, args.quota_burst, args.quota_concurrent),
+        health_port=args.health_port,
     )
+    try:
+        check_access(config)
+    except CalispecError as exc:
+        parser.error(str(exc))
     return config, args.log_level
+
+
+def add_access_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("client access (docs/security.md)")
+    group.add_argument(
+        "--api-keys-file",
+        type=Path,
+        help="`NAME SHA256HEX` lines (calispec keys add); reloaded when it changes and on SIGHUP",
+    )
+    group.add_argument(
+        "--allow-anonymous", action="store_true", help="serve a non-loopback host without API keys (explicit)"
+    )
+    group.add_argument("--quota-rpm", type=float, default=0.0, help="requests per minute per API key (0: no limit)")
+    group.add_argument("--quota-burst", type=float, default=None, help="requests at once (default: a minute's worth)")
+    group.add_argument("--quota-concurrent", type=int, default=0, help="requests in flight per API key (0: no limit)")
 
 
 def main(argv: list[str] | None = None) -> None:
     config, log_level = parse_config(argv)
     configure_logging(log_level)
-    server, port = create_server(config)
+    keys = ApiKeys(config.api_keys_file) if config.api_keys_file else None
+    if keys is not None:
+        signal.signal(signal.SIGHUP, lambda *_: keys.reload())
+    server, port = create_server(config, keys=keys)
     serve_until_signalled(server, f"coordinator listening on {config.host}:{port}")
 
 

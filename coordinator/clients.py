@@ -10,6 +10,7 @@ import grpc
 
 from calispec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 from calispec_core import errors
+from calispec_core.credentials import DRAFT, TARGET, TlsConfig
 from calispec_core.generation import Mode
 from calispec_core.grpc_server import make_channel
 from calispec_core.protocol import sampling_to_pb
@@ -54,9 +55,9 @@ def _call(service: str, fn: Callable[..., T], request: object, timeout: float) -
 
 
 class GrpcDraftBackend:
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: TlsConfig | None = None) -> None:
         self.address = address
-        self.channel = make_channel(address)
+        self.channel = make_channel(address, tls, server_name=DRAFT)
         self.stub = draft_pb2_grpc.DraftServiceStub(self.channel)
 
     def info(self, timeout: float) -> ModelFacts:
@@ -82,9 +83,9 @@ class GrpcDraftBackend:
 
 
 class GrpcTargetBackend:
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: TlsConfig | None = None) -> None:
         self.address = address
-        self.channel = make_channel(address)
+        self.channel = make_channel(address, tls, server_name=TARGET)
         self.stub = target_pb2_grpc.TargetServiceStub(self.channel)
 
     def info(self, timeout: float) -> ModelFacts:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from calispec_core.access import Quota
+from calispec_core.credentials import TlsConfig
 from calispec_core.generation import Defaults
 
 
@@ -23,6 +25,12 @@ class CoordinatorConfig:
     defaults: Defaults = field(default_factory=Defaults)
     target_dns: str | None = None  # HOST:PORT whose every address is a replica (headless Service)
     target_refresh_s: float = 10.0  # how often target_dns is re-resolved
+    # Clients: TLS (server-side only; they authenticate with API keys) and mutual TLS to draft/target.
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    api_keys_file: Path | None = None  # `NAME SHA256HEX` lines; None: no authentication (loopback only)
+    allow_anonymous: bool = False  # serve without API keys on a non-loopback host (explicit opt-in)
+    quota: Quota = field(default_factory=Quota)  # per API key (per address when anonymous)
+    health_port: int | None = None
 
     @property
     def address(self) -> str:

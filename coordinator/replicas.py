@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 
+from calispec_core.credentials import TlsConfig
 from calispec_core.errors import FailedPrecondition, Unavailable
 from calispec_core.grpc_server import wait_for_ready
 from coordinator.backends import ModelFacts, TargetBackend
@@ -76,12 +77,12 @@ class ReplicaSet:
         return change
 
 
-def checked_connector(reference: ModelFacts, timeout_s: float) -> Connect:
+def checked_connector(reference: ModelFacts, timeout_s: float, tls: TlsConfig | None = None) -> Connect:
     """A `connect` that opens a gRPC backend and refuses a replica whose model cannot join the set."""
     from coordinator.clients import GrpcTargetBackend  # gRPC only where a real connection is made
 
     def connect(address: str) -> TargetBackend:
-        backend = GrpcTargetBackend(address)
+        backend = GrpcTargetBackend(address, tls)
         wait_for_ready(backend.channel, timeout_s)
         facts = backend.info(timeout_s)
         if facts.tokenizer_fingerprint != reference.tokenizer_fingerprint:

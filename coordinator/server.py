@@ -8,6 +8,8 @@ import time
 import grpc
 
 from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc
+from calispec_core.access import ApiKeyInterceptor, ApiKeys, QuotaBook, QuotaInterceptor
+from calispec_core.credentials import is_loopback
 from calispec_core.errors import CalispecError, DeadlineExceeded, FailedPrecondition
 from calispec_core.generation import Defaults, GenerationParams, GenerationStats, Mode
 from calispec_core.grpc_server import create_grpc_server, wait_for_ready
@@ -124,8 +126,8 @@ def _initial_target_addresses(config: CoordinatorConfig) -> list[str]:
 
 def build_orchestrator(config: CoordinatorConfig) -> Orchestrator:
     """Connect to the model services (waiting up to connect_timeout_s) and check the pair."""
-    draft = GrpcDraftBackend(config.draft_address)
-    targets = [GrpcTargetBackend(a) for a in _initial_target_addresses(config)]
+    draft = GrpcDraftBackend(config.draft_address, config.tls)
+    targets = [GrpcTargetBackend(a, config.tls) for a in _initial_target_addresses(config)]
     for backend in [draft, *targets]:
         try:
             wait_for_ready(backend.channel, config.connect_timeout_s)
@@ -139,7 +141,7 @@ def build_orchestrator(config: CoordinatorConfig) -> Orchestrator:
     max_context = min([draft_facts.max_context, *(f.max_context for f in target_facts)])
     replicas = ReplicaSet(targets)
     if config.target_dns is not None:
-        connect = checked_connector(target_facts[0], config.connect_timeout_s)
+        connect = checked_connector(target_facts[0], config.connect_timeout_s, config.tls)
         DnsReplicaWatcher(config.target_dns, replicas, connect, config.target_refresh_s).start()
     circuit = CircuitBreaker(max_backoff_s=config.draft_max_backoff_s)
     return Orchestrator(
@@ -147,13 +149,43 @@ def build_orchestrator(config: CoordinatorConfig) -> Orchestrator:
     )
 
 
-def create_server(config: CoordinatorConfig, orchestrator: Orchestrator | None = None) -> tuple[grpc.Server, int]:
-    """Build the coordinator server (port 0 allowed); returns (server, bound port)."""
+def access_interceptors(config: CoordinatorConfig, keys: ApiKeys | None) -> list[grpc.ServerInterceptor]:
+    """API keys (when configured), then per-key quotas (when set): UNAUTHENTICATED before RESOURCE_EXHAUSTED."""
+    interceptors: list[grpc.ServerInterceptor] = [] if keys is None else [ApiKeyInterceptor(keys)]
+    if config.quota.limited:
+        interceptors.append(QuotaInterceptor(QuotaBook(config.quota), keys))
+    return interceptors
+
+
+def create_server(
+    config: CoordinatorConfig, orchestrator: Orchestrator | None = None, keys: ApiKeys | None = None
+) -> tuple[grpc.Server, int]:
+    """Build the coordinator server (port 0 allowed); returns (server, bound port).
+
+    `keys`: the loaded API keys (the caller keeps them to reload on SIGHUP); loaded from
+    config.api_keys_file when not given.
+    """
+    check_access(config)
+    if keys is None and config.api_keys_file is not None:
+        keys = ApiKeys(config.api_keys_file)
     servicer = CoordinatorServicer(orchestrator or build_orchestrator(config), config)
     server, port, _ = create_grpc_server(
         config.address,
         [lambda s: coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, s)],
         [SERVICE_NAME],
         max_workers=config.max_workers,
+        tls=config.tls,
+        require_client_cert=False,  # public clients authenticate with API keys, not certificates
+        interceptors=access_interceptors(config, keys),
+        health_port=config.health_port,
     )
     return server, port
+
+
+def check_access(config: CoordinatorConfig) -> None:
+    """Anyone who reaches an open coordinator may generate: only on loopback, or when asked explicitly."""
+    if config.api_keys_file is None and not config.allow_anonymous and not is_loopback(config.host):
+        raise FailedPrecondition(
+            f"refusing to serve {config.host} without API keys: give --api-keys-file "
+            "(`calispec keys add NAME --file F`), bind 127.0.0.1, or pass --allow-anonymous"
+        )

@@ -6,7 +6,13 @@ import argparse
 from pathlib import Path
 
 from calispec_core.modeling import ModelSpec
-from calispec_core.service_cli import add_model_args, add_server_args, configure_logging, serve_until_signalled
+from calispec_core.service_cli import (
+    add_model_args,
+    add_server_args,
+    configure_logging,
+    serve_until_signalled,
+    tls_from_args,
+)
 from draft_service.config import DraftConfig
 from draft_service.server import create_server
 
@@ -17,7 +23,14 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
     add_model_args(parser)
     args = parser.parse_args(argv)
     spec = ModelSpec(Path(args.model), dtype=args.dtype, device=args.device)
-    config = DraftConfig(model=spec, host=args.host, port=args.port, max_sessions=args.max_sessions)
+    config = DraftConfig(
+        model=spec,
+        host=args.host,
+        port=args.port,
+        max_sessions=args.max_sessions,
+        tls=tls_from_args(parser, args),
+        health_port=args.health_port,
+    )
     return config, args.log_level
 
 

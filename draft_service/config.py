@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from calispec_core.credentials import COORDINATOR, TlsConfig
 from calispec_core.modeling import ModelSpec
 
 
@@ -14,6 +15,9 @@ class DraftConfig:
     port: int = 50052
     max_sessions: int = 256
     max_workers: int = 16
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    allowed_clients: tuple[str, ...] = (COORDINATOR,)  # certificate roles that may call it (under TLS)
+    health_port: int | None = None
 
     @property
     def address(self) -> str:

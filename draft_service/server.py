@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 
 from calispec.v1 import draft_pb2, draft_pb2_grpc
+from calispec_core.access import PeerAllowlistInterceptor
 from calispec_core.grpc_server import create_grpc_server
 from calispec_core.modeling import ModelRunner
 from calispec_core.protocol import model_info_to_pb, sampling_from_pb, timing_to_pb
@@ -61,5 +62,8 @@ def create_server(config: DraftConfig, runner: ModelRunner | None = None) -> tup
         [lambda s: draft_pb2_grpc.add_DraftServiceServicer_to_server(servicer, s)],
         [SERVICE_NAME],
         max_workers=config.max_workers,
+        tls=config.tls,
+        interceptors=[PeerAllowlistInterceptor(set(config.allowed_clients))] if config.tls.enabled else [],
+        health_port=config.health_port,
     )
     return server, port

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from calispec_core.credentials import read_writer_token
 from calispec_core.errors import CalispecError
+from calispec_core.service_cli import add_tls_args, tls_from_args
 from memory_service.config import MemoryConfig
 from memory_service.server import create_server
 from memory_service.store import TableLimits
@@ -51,6 +52,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
     parser.add_argument("--writer-rate-limit", type=float, default=defaults.writer_events_per_s, help="events/s")
     parser.add_argument("--writer-burst", type=float, default=None, help="events (default: 10 s of the rate)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
+    add_tls_args(parser)
     args = parser.parse_args(argv)
     if args.writer_token_file is None and not args.allow_unauthenticated_writes:
         parser.error("give --writer-token-file (or, for a test bench, --allow-unauthenticated-writes)")
@@ -66,6 +68,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
             writer_token=read_writer_token(args.writer_token_file),
             writer_events_per_s=args.writer_rate_limit,
             writer_burst_events=args.writer_burst,
+            tls=tls_from_args(parser, args),
+            health_port=args.health_port,
         )
     except (ValueError, CalispecError) as exc:
         parser.error(str(exc))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import platformdirs
 
+from calispec_core.credentials import TARGET, TlsConfig
 from memory_service.store import MAX_PAIRS_LIMIT, TableLimits
 
 
@@ -33,6 +34,9 @@ class MemoryConfig:
     writer_events_per_s: float = 100_000.0  # per writer; 0 disables the limit
     writer_burst_events: float | None = None  # None: 10 s worth of the rate
     watch_heartbeat_s: float = 1.0
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    allowed_writers: tuple[str, ...] = (TARGET,)  # certificate roles that may RecordEvents (under TLS)
+    health_port: int | None = None
 
     def __post_init__(self) -> None:
         # Fail at startup, not on the first GetPairs that falls back to a bad default.

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import grpc
 
 from calispec.v1 import memory_pb2, memory_pb2_grpc
+from calispec_core.access import PeerAllowlistInterceptor, caller_identity
 from calispec_core.credentials import WRITER_ID_METADATA, WRITER_TOKEN_METADATA
 from calispec_core.grpc_server import create_grpc_server
 from memory_service.auth import WriterGate
@@ -40,9 +41,13 @@ def _update_to_pb(update: Update) -> memory_pb2.WatchResponse:
 
 
 def _writer(context: grpc.ServicerContext) -> tuple[str | None, str]:
-    """(presented token, writer id): the id a verifier claims, else its peer address."""
+    """(presented token, writer id): rate limits are keyed on the writer's identity, from
+    `caller_identity` (its certificate under mutual TLS) plus the replica it claims to be, else
+    the claimed id or its peer address."""
     metadata = dict(context.invocation_metadata() or ())
-    return metadata.get(WRITER_TOKEN_METADATA), metadata.get(WRITER_ID_METADATA) or context.peer()
+    claimed = metadata.get(WRITER_ID_METADATA) or context.peer()
+    identity = caller_identity(context)
+    return metadata.get(WRITER_TOKEN_METADATA), f"{identity}/{claimed}" if identity else claimed
 
 
 class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
@@ -111,6 +116,13 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
             yield _update_to_pb(update)
 
 
+def _writers_only(config: MemoryConfig) -> list[grpc.ServerInterceptor]:
+    """Under mutual TLS only verifiers' certificates may write (the writer token is checked as well)."""
+    if not config.tls.enabled:
+        return []
+    return [PeerAllowlistInterceptor(set(config.allowed_writers), f"/{SERVICE_NAME}/RecordEvents")]
+
+
 def create_server(config: MemoryConfig) -> tuple[grpc.Server, int, CorrectionStore]:
     """Open the store and build a server bound to config.host:config.port (not started).
 
@@ -129,6 +141,9 @@ def create_server(config: MemoryConfig) -> tuple[grpc.Server, int, CorrectionSto
             [lambda s: memory_pb2_grpc.add_MemoryServiceServicer_to_server(servicer, s)],
             [SERVICE_NAME],
             max_workers=config.max_workers,
+            tls=config.tls,
+            interceptors=_writers_only(config),
+            health_port=config.health_port,
         )
     except BaseException:
         store.close()  # a failed bind must not leave the database open

@@ -6,7 +6,13 @@ import argparse
 from pathlib import Path
 
 from calispec_core.modeling import ModelSpec
-from calispec_core.service_cli import add_model_args, add_server_args, configure_logging, serve_until_signalled
+from calispec_core.service_cli import (
+    add_model_args,
+    add_server_args,
+    configure_logging,
+    serve_until_signalled,
+    tls_from_args,
+)
 from target_service.config import TargetConfig
 from target_service.server import create_server
 
@@ -43,6 +49,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
         memory_namespace=args.memory_namespace,
         memory_sync_interval_s=args.memory_sync_interval,
         memory_writer_token_file=args.memory_writer_token_file,
+        tls=tls_from_args(parser, args),
+        health_port=args.health_port,
     )
     return config, args.log_level
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from calispec_core.credentials import COORDINATOR, TlsConfig
 from calispec_core.modeling import ModelSpec
 
 
@@ -20,6 +21,9 @@ class TargetConfig:
     memory_namespace: str = "default"
     memory_sync_interval_s: float = 1.0  # how often events are shipped and the table refreshed
     memory_writer_token_file: Path | None = None  # the verifiers' credential for RecordEvents
+    tls: TlsConfig = field(default_factory=TlsConfig)  # served, and used to call the memory service
+    allowed_clients: tuple[str, ...] = (COORDINATOR,)  # certificate roles that may call it (under TLS)
+    health_port: int | None = None
 
     @property
     def address(self) -> str:

@@ -30,7 +30,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 
 from calispec.v1 import memory_pb2, memory_pb2_grpc
-from calispec_core.credentials import read_writer_token, writer_metadata
+from calispec_core.credentials import MEMORY, TlsConfig, read_writer_token, writer_metadata
 from calispec_core.errors import CalispecError, FailedPrecondition
 from calispec_core.grpc_server import make_channel
 from target_service.pair_table import PairTable
@@ -65,6 +65,7 @@ class MemoryLink:
         rpc_timeout_s: float = 5.0,
         writer_token: str | None = None,
         writer_id: str | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.address = address
         self.namespace = namespace
@@ -72,7 +73,7 @@ class MemoryLink:
         self.sync_interval_s = sync_interval_s
         self.rpc_timeout_s = rpc_timeout_s
         self._metadata = writer_metadata(writer_token, writer_id)
-        self._channel = make_channel(address)
+        self._channel = make_channel(address, tls, server_name=MEMORY)
         self._stub = memory_pb2_grpc.MemoryServiceStub(self._channel)
         self._stop = threading.Event()
         self._install_lock = threading.Lock()
@@ -103,6 +104,7 @@ class MemoryLink:
             sync_interval_s=config.memory_sync_interval_s,
             writer_token=read_writer_token(config.memory_writer_token_file),
             writer_id=config.address,
+            tls=config.tls,
         )
 
     def report_health(self, health_servicer: health.HealthServicer) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from calispec.v1 import target_pb2, target_pb2_grpc
+from calispec_core.access import PeerAllowlistInterceptor
 from calispec_core.errors import InvalidArgument
 from calispec_core.generation import Mode
 from calispec_core.grpc_server import create_grpc_server
@@ -101,6 +102,9 @@ def create_server(config: TargetConfig, runner: ModelRunner | None = None) -> tu
         [lambda s: target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, s)],
         [SERVICE_NAME],
         max_workers=config.max_workers,
+        tls=config.tls,
+        interceptors=[PeerAllowlistInterceptor(set(config.allowed_clients))] if config.tls.enabled else [],
+        health_port=config.health_port,
     )
     if link is not None:
         link.report_health(health)

@@ -1,0 +1,59 @@
+"""Client-side channels and credentials of the SDK (grpcio only: no serving code).
+
+A client reaches the coordinator over TLS when it is given a CA bundle (`tls_ca`, or the
+CALISPEC_TLS_CA environment variable), else plaintext; it presents an API key (`token`, or
+CALISPEC_TOKEN) as `authorization: Bearer <key>` metadata on every call.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+TOKEN_ENV = "CALISPEC_TOKEN"
+TLS_CA_ENV = "CALISPEC_TLS_CA"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES), ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+
+
+@dataclass(frozen=True)
+class ClientAuth:
+    token: str | None = None  # API key
+    tls_ca: Path | None = None  # CA bundle that signs the coordinator's certificate; None: plaintext
+    tls_server_name: str | None = None  # name the certificate must carry (default: the address's host)
+
+    @classmethod
+    def resolve(
+        cls, token: str | None = None, tls_ca: str | Path | None = None, tls_server_name: str | None = None
+    ) -> ClientAuth:
+        """Explicit arguments win; else CALISPEC_TOKEN / CALISPEC_TLS_CA from the environment."""
+        token = token or os.environ.get(TOKEN_ENV) or None
+        ca = tls_ca or os.environ.get(TLS_CA_ENV) or None
+        return cls(token, Path(ca) if ca else None, tls_server_name)
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+    def _secure(self) -> tuple[grpc.ChannelCredentials, list[tuple[str, Any]]] | None:
+        if self.tls_ca is None:
+            return None
+        credentials = grpc.ssl_channel_credentials(root_certificates=self.tls_ca.read_bytes())
+        options = [*_OPTIONS, ("grpc.ssl_target_name_override", self.tls_server_name)] if self.tls_server_name else _OPTIONS
+        return credentials, options
+
+    def channel(self, address: str) -> grpc.Channel:
+        secure = self._secure()
+        if secure is None:
+            return grpc.insecure_channel(address, options=_OPTIONS)
+        return grpc.secure_channel(address, secure[0], options=secure[1])
+
+    def aio_channel(self, address: str) -> grpc.aio.Channel:
+        secure = self._secure()
+        if secure is None:
+            return grpc.aio.insecure_channel(address, options=_OPTIONS)
+        return grpc.aio.secure_channel(address, secure[0], options=secure[1])

@@ -1,0 +1,189 @@
+"""A TLS stack with API keys and quotas: who may call what, over real gRPC with `certs dev` certificates."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from calispec.client import CalispecClient, CalispecRpcError
+from calispec.v1 import memory_pb2, memory_pb2_grpc, target_pb2, target_pb2_grpc
+from calispec_core.access import Quota, key_line
+from calispec_core.credentials import writer_metadata
+from calispec_core.grpc_server import make_channel
+from calispec_core.modeling import ModelRunner, ModelSpec
+from calispec_tools.certs import DevCerts, make_dev_certs
+from coordinator.config import CoordinatorConfig
+from coordinator.server import create_server as create_coordinator
+from draft_service.config import DraftConfig
+from draft_service.server import create_server as create_draft
+from memory_service.config import MemoryConfig
+from memory_service.server import create_server as create_memory
+from target_service.config import TargetConfig
+from target_service.server import create_server as create_target
+from tests.conftest import TinyPair
+from tests.helpers import reference_greedy, rpc_code
+
+KEYS = {name: f"csk_test-key-of-{name}-0123456789" for name in ("alice", "quota", "reload")}
+TOKEN = "test-writer-token-0123456789"
+
+
+@dataclass
+class Stack:
+    certs: DevCerts
+    address: str
+    target_address: str
+    health_port: int
+    keys_file: Path
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> DevCerts:
+    return make_dev_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture(scope="module")
+def stack(
+    tmp_path_factory: pytest.TempPathFactory,
+    certs: DevCerts,
+    tiny_pair: TinyPair,
+    draft_runner: ModelRunner,
+    target_runner: ModelRunner,
+) -> Iterator[Stack]:
+    keys_file = tmp_path_factory.mktemp("keys") / "api-keys"
+    keys_file.write_text("# test keys\n" + "".join(key_line(n, k) for n, k in KEYS.items() if n != "reload"))
+    draft, draft_port = create_draft(
+        DraftConfig(ModelSpec(tiny_pair.draft), port=0, tls=certs.tls("draft")), runner=draft_runner
+    )
+    target, target_port, runtime = create_target(
+        TargetConfig(ModelSpec(tiny_pair.target), port=0, tls=certs.tls("target")), runner=target_runner
+    )
+    draft.start()
+    target.start()
+    health_port = _free_port()
+    config = CoordinatorConfig(
+        draft_address=f"127.0.0.1:{draft_port}",
+        target_addresses=(f"127.0.0.1:{target_port}",),
+        tokenizer=tiny_pair.target,
+        port=0,
+        tls=certs.tls("coordinator"),
+        api_keys_file=keys_file,
+        quota=Quota(requests_per_minute=0.001, burst=3),  # 3 requests per key, then (practically) no refill
+        health_port=health_port,
+    )
+    coordinator, port = create_coordinator(config)
+    coordinator.start()
+    yield Stack(certs, f"127.0.0.1:{port}", f"127.0.0.1:{target_port}", health_port, keys_file)
+    for server in (coordinator, target, draft):
+        server.stop(None)
+    runtime.stop()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _generate(stack: Stack, token: str | None, ca: Path | None = None) -> list[int]:
+    with CalispecClient(stack.address, timeout=30, token=token, tls_ca=ca or stack.certs.ca) as client:
+        return client.generate("hello", max_new_tokens=4, mode="sd").token_ids
+
+
+def test_a_tls_stack_serves_an_authenticated_client(stack: Stack, target_runner: ModelRunner) -> None:
+    ids = _generate(stack, KEYS["alice"])  # coordinator -> draft/target over mutual TLS
+    prompt = target_runner.tokenizer("hello")["input_ids"]
+    assert ids == reference_greedy(target_runner, prompt, 4)
+
+
+def test_plaintext_and_wrong_ca_clients_are_refused(stack: Stack, tmp_path: Path) -> None:
+    with CalispecClient(stack.address, timeout=10, token=KEYS["alice"]) as plaintext:
+        with pytest.raises(CalispecRpcError) as info:
+            plaintext.generate("hello", max_new_tokens=1)
+    assert info.value.code == "UNAVAILABLE"
+    other_ca = make_dev_certs(tmp_path / "other").ca
+    with pytest.raises(CalispecRpcError) as info:
+        _generate(stack, KEYS["alice"], ca=other_ca)
+    assert info.value.code == "UNAVAILABLE"
+
+
+@pytest.mark.parametrize("token", [None, "csk_not-a-key-0123456789"])
+def test_a_request_without_a_valid_key_is_unauthenticated(stack: Stack, token: str | None) -> None:
+    with pytest.raises(CalispecRpcError) as info:
+        _generate(stack, token)
+    assert info.value.code == "UNAUTHENTICATED"
+
+
+def test_a_key_over_its_quota_gets_resource_exhausted(stack: Stack) -> None:
+    for _ in range(3):
+        _generate(stack, KEYS["quota"])
+    with pytest.raises(CalispecRpcError) as info:
+        _generate(stack, KEYS["quota"])
+    assert info.value.code == "RESOURCE_EXHAUSTED"
+    assert _generate(stack, KEYS["alice"])  # another key's budget is untouched
+
+
+def test_a_key_added_to_the_file_is_accepted_without_a_restart(stack: Stack) -> None:
+    with pytest.raises(CalispecRpcError):
+        _generate(stack, KEYS["reload"])
+    with stack.keys_file.open("a") as f:
+        f.write(key_line("reload", KEYS["reload"]))
+    # the file is re-read at most once a second: wait for the reload, not for a fixed time
+    from tests.helpers import wait_until
+
+    wait_until(lambda: _accepted(stack, KEYS["reload"]), timeout_s=20)
+
+
+def _accepted(stack: Stack, token: str) -> bool:
+    try:
+        return bool(_generate(stack, token))
+    except CalispecRpcError as exc:
+        assert exc.code == "UNAUTHENTICATED"
+        return False
+
+
+def test_the_target_serves_the_coordinator_only(stack: Stack) -> None:
+    request = target_pb2.TargetPrefillRequest(session_id="direct", token_ids=[1, 2, 3])
+    with make_channel(stack.target_address, stack.certs.tls("client"), server_name="target") as channel:
+        stub = target_pb2_grpc.TargetServiceStub(channel)
+        assert rpc_code(lambda: stub.Prefill(request, timeout=10)) == grpc.StatusCode.PERMISSION_DENIED
+    with make_channel(stack.target_address, stack.certs.tls("coordinator"), server_name="target") as channel:
+        info = target_pb2_grpc.TargetServiceStub(channel).GetModelInfo(target_pb2.TargetModelInfoRequest(), timeout=10)
+        assert info.info.vocab_size > 0
+    with make_channel(stack.target_address) as channel:  # no certificate at all: the handshake fails
+        stub = target_pb2_grpc.TargetServiceStub(channel)
+        assert rpc_code(lambda: stub.Prefill(request, timeout=10)) == grpc.StatusCode.UNAVAILABLE
+
+
+def test_probes_reach_the_plaintext_health_port(stack: Stack) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{stack.health_port}") as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_memory_takes_writes_from_verifiers_only(certs: DevCerts, tmp_path: Path) -> None:
+    config = MemoryConfig(port=0, db_path=tmp_path / "memory.db", writer_token=TOKEN, tls=certs.tls("memory"))
+    server, port, store = create_memory(config)
+    server.start()
+    request = memory_pb2.RecordEventsRequest(
+        namespace="ns", events=[memory_pb2.PairCount(draft_token_id=1, target_token_id=2, count=1)]
+    )
+    try:
+        for role in ("client", "coordinator"):  # valid certificates of the CA, but not verifiers
+            with make_channel(f"127.0.0.1:{port}", certs.tls(role), server_name="memory") as channel:
+                stub = memory_pb2_grpc.MemoryServiceStub(channel)
+                write = lambda s=stub: s.RecordEvents(request, metadata=writer_metadata(TOKEN, "w"), timeout=10)  # noqa: E731
+                assert rpc_code(write) == grpc.StatusCode.PERMISSION_DENIED
+                assert stub.GetPairs(memory_pb2.GetPairsRequest(namespace="ns"), timeout=10).version == 0  # reads open
+        with make_channel(f"127.0.0.1:{port}", certs.tls("target"), server_name="memory") as channel:
+            stub = memory_pb2_grpc.MemoryServiceStub(channel)
+            assert stub.RecordEvents(request, metadata=writer_metadata(TOKEN, "w"), timeout=10).recorded == 1
+    finally:
+        server.stop(None)
+        store.close()
