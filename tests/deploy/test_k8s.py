@@ -104,8 +104,10 @@ def test_args_ports_and_probes_match_the_services_flags(docs: list[Doc], tmp_pat
         config, _ = parse(_resolved_args(docs, container, token_file))  # argparse exits on an unknown flag
         port = container["ports"][0]["containerPort"]
         assert config.port == port and container["ports"][0]["name"] == "grpc"
-        assert container["readinessProbe"]["grpc"] == {"port": port, "service": health_name}
-        assert container["livenessProbe"]["grpc"]["port"] == port  # overall health ("")
+        # the kubelet's gRPC probes speak no TLS: they go to the plaintext health-only port
+        assert container["ports"][1] == {"name": "health", "containerPort": config.health_port}
+        assert container["readinessProbe"]["grpc"] == {"port": config.health_port, "service": health_name}
+        assert container["livenessProbe"]["grpc"]["port"] == config.health_port  # overall health ("")
         service = services[container["name"]]["spec"]
         assert service["ports"][0]["port"] == port and service["ports"][0]["targetPort"] == "grpc"
         for address in _addresses(config):
@@ -118,6 +120,27 @@ def _addresses(config: Any) -> list[str]:
     out = [getattr(config, "draft_address", None), getattr(config, "memory_address", None)]
     out.append(getattr(config, "target_dns", None))
     return [a for a in [*out, *getattr(config, "target_addresses", ())] if a]
+
+
+def test_every_service_serves_mutual_tls_from_its_secret(docs: list[Doc], tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("x" * 32)
+    for doc in docs:
+        spec = pod_spec(doc)
+        if spec is None:
+            continue
+        container = spec["containers"][0]
+        parse, _ = SERVICES[container["name"]]
+        config, _ = parse(_resolved_args(docs, container, token_file))
+        assert config.tls.enabled and not config.tls.plaintext, container["name"]
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "tls")
+        assert config.tls.cert.parent == config.tls.key.parent == config.tls.ca.parent == Path(mount["mountPath"])
+        volume = next(v for v in spec["volumes"] if v["name"] == "tls")
+        assert volume["secret"]["secretName"] == f"calispec-tls-{container['name']}"
+    coordinator = pod_spec(find(docs, "Deployment", "coordinator"))
+    assert coordinator is not None
+    config, _ = coordinator_cli.parse_config(_resolved_args(docs, coordinator["containers"][0], token_file))
+    assert config.api_keys_file is not None and not config.allow_anonymous and config.quota.limited
 
 
 def test_only_verifiers_reach_memory_and_only_the_coordinator_is_public(docs: list[Doc]) -> None:
