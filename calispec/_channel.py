@@ -43,7 +43,9 @@ class ClientAuth:
         if self.tls_ca is None:
             return None
         credentials = grpc.ssl_channel_credentials(root_certificates=self.tls_ca.read_bytes())
-        options = [*_OPTIONS, ("grpc.ssl_target_name_override", self.tls_server_name)] if self.tls_server_name else _OPTIONS
+        options = (
+            [*_OPTIONS, ("grpc.ssl_target_name_override", self.tls_server_name)] if self.tls_server_name else _OPTIONS
+        )
         return credentials, options
 
     def channel(self, address: str) -> grpc.Channel:

@@ -145,7 +145,9 @@ class CalispecClient:
     def generate(self, prompt: str, *, timeout: float | None = None, **params: Any) -> GenerationResult:
         request = coordinator_pb2.GenerateRequest(prompt=prompt, params=build_params(**params))
         try:
-            return _result(self._stub.Generate(request, timeout=timeout or self.default_timeout, metadata=self._metadata))
+            return _result(
+                self._stub.Generate(request, timeout=timeout or self.default_timeout, metadata=self._metadata)
+            )
         except grpc.RpcError as exc:
             raise CalispecRpcError.from_rpc(exc) from None
 
@@ -192,7 +194,9 @@ class AsyncCalispecClient:
     async def generate(self, prompt: str, *, timeout: float | None = None, **params: Any) -> GenerationResult:
         request = coordinator_pb2.GenerateRequest(prompt=prompt, params=build_params(**params))
         try:
-            return _result(await self._stub.Generate(request, timeout=timeout or self.default_timeout, metadata=self._metadata))
+            return _result(
+                await self._stub.Generate(request, timeout=timeout or self.default_timeout, metadata=self._metadata)
+            )
         except grpc.RpcError as exc:
             raise CalispecRpcError.from_rpc(exc) from None
 

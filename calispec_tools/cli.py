@@ -9,6 +9,7 @@ calispec models list             # known pairs, what is cached, sizes and hashes
 calispec calibrate / memory ...  # seed, inspect, export and import the correction memory
 calispec bench / eval            # load tests and accuracy/speed tables per mode
 calispec ray up|scale|status|down  # deploy on a Ray cluster
+calispec certs dev DIR / keys add  # TLS certificates and API keys (docs/security.md)
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 
 from calispec.client import CalispecClient, CalispecRpcError, GenerationResult
 from calispec_core.generation import Mode
-from calispec_tools import cli_bench, cli_memory, cli_ray
+from calispec_tools import cli_auth, cli_bench, cli_memory, cli_ray
 from calispec_tools.models.registry import PAIRS, ModelPullError, describe_pairs, pull_pair, pulled
 from calispec_tools.stack import LocalStack, StackConfig
 
@@ -161,8 +163,8 @@ def print_result(result: GenerationResult, as_json: bool) -> None:
     )
 
 
-def run_request(address: str, args: argparse.Namespace) -> int:
-    with CalispecClient(address) as client:
+def run_request(address: str, args: argparse.Namespace, **auth: Any) -> int:
+    with CalispecClient(address, **(auth or cli_auth.client_auth(args))) as client:
         try:
             result = client.generate(args.prompt, timeout=args.timeout, **request_kwargs(args))
         except CalispecRpcError as exc:
@@ -245,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="send one request to a running coordinator")
     gen.add_argument("--address", default=DEFAULT_ADDRESS, help="coordinator HOST:PORT")
+    cli_auth.add_client_auth_args(gen)
     add_request_args(gen, prompt_required=True)
     gen.set_defaults(func=cmd_generate)
 
@@ -268,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_memory.register(sub)  # calibrate, memory stats / export / import
     cli_bench.register(sub)  # bench, eval
     cli_ray.register(sub)  # ray up / scale / status / down
+    cli_auth.register(sub)  # certs dev, keys add
     return parser
 
 

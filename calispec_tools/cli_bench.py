@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from calispec_core.generation import Mode
+from calispec_tools.cli_auth import add_client_auth_args, client_auth
 
 MODE_NAMES = [m.name.lower() for m in Mode]
 
@@ -65,6 +66,7 @@ def add_target_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", help="output directory (default: ./calispec-<command>-<time>)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
+    add_client_auth_args(parser)
 
 
 def model_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
@@ -158,7 +160,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )  # fmt: skip
     out = out_dir(args, "bench")
     with endpoints(args) as ep:
-        results = asyncio.run(run_sweep(ep.coordinator, prompts, config, levels))
+        auth = client_auth(args) if not args.local else {}
+        results = asyncio.run(run_sweep(ep.coordinator, prompts, config, levels, client_options=auth))
     print(report.format_table(results))
     full_config = {
         "load": config.to_dict(), "levels": [lv.__dict__ for lv in levels], "address": ep.coordinator,
@@ -278,7 +281,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     with endpoints(args) as ep:
         before = memory_events(ep.memory, ep.namespace) if ep.memory else 0
-        rows = run_eval(ep.coordinator, tasks, variant_list, config, progress)
+        auth = client_auth(args) if not args.local else {}
+        rows = run_eval(ep.coordinator, tasks, variant_list, config, progress, client_options=auth)
         print(file=sys.stderr)
         analysis = None
         if ep.memory:

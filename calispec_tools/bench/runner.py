@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
@@ -206,8 +206,14 @@ async def run_level(
 
 
 async def run_sweep(
-    address: str, prompts: Sequence[Prompt], config: LoadConfig, levels: Sequence[Level], progress: TextIO | None = None
+    address: str,
+    prompts: Sequence[Prompt],
+    config: LoadConfig,
+    levels: Sequence[Level],
+    progress: TextIO | None = None,
+    client_options: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
+    """`client_options`: AsyncCalispecClient's token / tls_ca / tls_server_name."""
     plan = Plan(prompts, config)
-    async with AsyncCalispecClient(address, timeout=config.timeout_s) as client:
+    async with AsyncCalispecClient(address, timeout=config.timeout_s, **(client_options or {})) as client:
         return [await run_level(client, plan, level, progress) for level in levels]

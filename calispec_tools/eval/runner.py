@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -80,9 +80,11 @@ def run_eval(
     variant_list: Sequence[Variant],
     config: EvalConfig,
     on_done: Callable[[dict[str, Any]], None] = lambda row: None,
+    client_options: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
+    """`client_options`: CalispecClient's token / tls_ca / tls_server_name."""
     rows = []
-    with CalispecClient(address, timeout=config.timeout_s) as client:
+    with CalispecClient(address, timeout=config.timeout_s, **(client_options or {})) as client:
         for task in tasks:
             for variant in variant_list:
                 row = run_one(client, task, variant, config)

@@ -103,9 +103,11 @@ def test_a_tls_stack_serves_an_authenticated_client(stack: Stack, target_runner:
 
 
 def test_plaintext_and_wrong_ca_clients_are_refused(stack: Stack, tmp_path: Path) -> None:
-    with CalispecClient(stack.address, timeout=10, token=KEYS["alice"]) as plaintext:
-        with pytest.raises(CalispecRpcError) as info:
-            plaintext.generate("hello", max_new_tokens=1)
+    with (
+        CalispecClient(stack.address, timeout=10, token=KEYS["alice"]) as plaintext,
+        pytest.raises(CalispecRpcError) as info,
+    ):
+        plaintext.generate("hello", max_new_tokens=1)
     assert info.value.code == "UNAVAILABLE"
     other_ca = make_dev_certs(tmp_path / "other").ca
     with pytest.raises(CalispecRpcError) as info:

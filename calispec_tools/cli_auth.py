@@ -1,0 +1,81 @@
+"""Security commands and client flags of the CLI (docs/security.md).
+
+calispec certs dev DIR            # a local CA and one certificate per service (mutual TLS)
+calispec keys add NAME --file F   # a new API key: printed once, its SHA-256 appended to F
+
+Every command that talks to a coordinator takes `--token` and `--tls-ca` (default: the
+CALISPEC_TOKEN and CALISPEC_TLS_CA environment variables, read by the SDK).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from calispec_core.access import key_line, new_api_key
+
+
+def add_client_auth_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("coordinator access")
+    group.add_argument("--token", help="API key (default: $CALISPEC_TOKEN)")
+    group.add_argument(
+        "--tls-ca", help="CA bundle of the coordinator's certificate: use TLS (default: $CALISPEC_TLS_CA)"
+    )
+    group.add_argument("--tls-server-name", help="name the coordinator's certificate carries (default: the host)")
+
+
+def client_auth(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments of CalispecClient / AsyncCalispecClient from the flags above."""
+    return {"token": args.token, "tls_ca": args.tls_ca, "tls_server_name": args.tls_server_name}
+
+
+def add_api_key(file: Path, name: str) -> str:
+    """Append a new key's hash line to `file` (created 0600); returns the key (shown once, never stored)."""
+    key = new_api_key()
+    line = key_line(name, key)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    if not file.exists():
+        file.touch(mode=0o600)
+    with file.open("a", encoding="utf-8") as f:
+        f.write(line)
+    return key
+
+
+def cmd_certs_dev(args: argparse.Namespace) -> int:
+    from calispec_tools.certs import ROLES, make_dev_certs
+
+    certs = make_dev_certs(Path(args.dir), namespace=args.namespace)
+    print(f"CA: {certs.ca}")
+    for role in ROLES:
+        print(f"{role:12s} --tls-cert {certs.cert(role)} --tls-key {certs.key(role)} --tls-ca {certs.ca}")
+    print("clients of the coordinator need only the CA: --tls-ca (or CALISPEC_TLS_CA)", file=sys.stderr)
+    return 0
+
+
+def cmd_keys_add(args: argparse.Namespace) -> int:
+    try:
+        key = add_api_key(Path(args.file), args.name)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(key)
+    print(f"added key {args.name!r} to {args.file} (only its SHA-256 is stored: keep the key now)", file=sys.stderr)
+    return 0
+
+
+def register(sub: Any) -> None:
+    certs = sub.add_parser("certs", help="TLS certificates")
+    certs_sub = certs.add_subparsers(dest="certs_command", required=True)
+    dev = certs_sub.add_parser("dev", help="a local CA and per-service certificates (development, tests)")
+    dev.add_argument("dir", help="output directory")
+    dev.add_argument("--namespace", default="calispec", help="Kubernetes namespace for the SANs (default calispec)")
+    dev.set_defaults(func=cmd_certs_dev)
+
+    keys = sub.add_parser("keys", help="API keys of the coordinator")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    add = keys_sub.add_parser("add", help="make a key, print it once, append its hash to the keys file")
+    add.add_argument("name", help="who the key is for (one word; quotas and logs use it)")
+    add.add_argument("--file", required=True, help="the coordinator's --api-keys-file")
+    add.set_defaults(func=cmd_keys_add)
