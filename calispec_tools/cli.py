@@ -15,10 +15,12 @@ calispec certs dev DIR / keys add  # TLS certificates and API keys (docs/securit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -178,20 +180,43 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return run_request(args.address, args)
 
 
+def up_security(args: argparse.Namespace, secrets_dir: Path) -> tuple[Path | None, Path | None, str | None]:
+    """(certs dir, keys file, dev key) of `calispec up`: certs with --tls, a fresh key unless --open."""
+    tls_dir = None
+    if args.tls:
+        from calispec_tools.certs import make_dev_certs
+
+        tls_dir = Path(args.tls_dir) if args.tls_dir else data_dir() / "tls"
+        if not (tls_dir / "ca.pem").exists():
+            make_dev_certs(tls_dir)
+    if args.open:
+        return tls_dir, None, None
+    keys_file = secrets_dir / "api-keys"
+    return tls_dir, keys_file, cli_auth.add_api_key(keys_file, "dev")
+
+
 def cmd_up(args: argparse.Namespace) -> int:
-    config = stack_config(args, (args.port, args.target_port, args.draft_port, args.memory_port))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with LocalStack(config) as stack:
-        for name, service in stack.services.items():
-            print(f"{name:15s} {service.address}  log: {service.log_path}")
-        print(
-            f"memory db: {config.memory_db}\nready: calispec generate --prompt '...' "
-            f"--address {stack.coordinator_address}   (Ctrl-C stops the stack)",
-            flush=True,
-        )
-        stop.wait()
+    with tempfile.TemporaryDirectory(prefix="calispec-up-") as secrets_dir:
+        tls_dir, keys_file, key = up_security(args, Path(secrets_dir))
+        config = stack_config(args, (args.port, args.target_port, args.draft_port, args.memory_port))
+        config = dataclasses.replace(config, tls_dir=tls_dir, api_keys_file=keys_file)
+        with LocalStack(config) as stack:
+            for name, service in stack.services.items():
+                print(f"{name:15s} {service.address}  log: {service.log_path}")
+            client_env = "".join(
+                f"export {var}={value}\n"
+                for var, value in (("CALISPEC_TOKEN", key), ("CALISPEC_TLS_CA", tls_dir and tls_dir / "ca.pem"))
+                if value
+            )
+            print(
+                f"memory db: {config.memory_db}\n{client_env}ready: calispec generate --prompt '...' "
+                f"--address {stack.coordinator_address}   (Ctrl-C stops the stack)",
+                flush=True,
+            )
+            stop.wait()
         print("stopping...", file=sys.stderr)
     return 0
 
@@ -243,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--target-port", type=int, default=50051)
     up.add_argument("--draft-port", type=int, default=50052)
     up.add_argument("--memory-port", type=int, default=50053)
+    up.add_argument("--tls", action="store_true", help="mutual TLS between all services, TLS for clients")
+    up.add_argument("--tls-dir", help="certificates (`calispec certs dev`; default: user data dir/tls, made once)")
+    up.add_argument("--open", action="store_true", help="no API key: anyone on this machine may generate")
     up.set_defaults(func=cmd_up)
 
     gen = sub.add_parser("generate", help="send one request to a running coordinator")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO
 
 from calispec_core.credentials import write_new_token
+from calispec_tools.certs import DevCerts
 from calispec_tools.namespaces import pair_namespace
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ class StackConfig:
     memory_flush_interval_s: float = 0.5  # the memory service's group commit (its crash-loss bound)
     memory_namespace: str | None = None  # None: derived from the model pair (calispec_tools/namespaces.py)
     start_timeout_s: float = 300.0
+    tls_dir: Path | None = None  # `calispec certs dev` output: mutual TLS between all four; None: plaintext
+    api_keys_file: Path | None = None  # the coordinator's API keys; None: open (loopback only)
 
 
 @dataclass
@@ -107,14 +110,19 @@ class LocalStack:
             write_new_token(self.writer_token_file)
             memory = self._spawn("memory_service", self.memory_args(c.memory_port))
             model_args = ["--dtype", c.dtype, "--device", c.device]
-            self._spawn("draft_service", ["--port", str(c.draft_port), "--model", str(c.draft_model), *model_args])
+            self._spawn("draft_service", [
+                "--port", str(c.draft_port), "--model", str(c.draft_model), *model_args, *self.tls_args("draft"),
+            ])  # fmt: skip
             self._spawn("target_service", [
+                *self.tls_args("target"),
                 "--port", str(c.target_port), "--model", str(c.target_model), *model_args,
                 "--memory-addr", memory.address, "--memory-sync-interval", str(c.memory_sync_interval_s),
                 "--memory-writer-token-file", str(self.writer_token_file),
                 "--memory-namespace", self.memory_namespace,
             ])  # fmt: skip
+            keys = ["--api-keys-file", str(c.api_keys_file)] if c.api_keys_file else []
             self._spawn("coordinator", [
+                *self.tls_args("coordinator"), *keys,
                 "--port", str(c.coordinator_port), "--tokenizer", str(c.target_model),
                 "--draft-addr", self.services["draft_service"].address,
                 "--target-addr", self.services["target_service"].address,
@@ -129,8 +137,15 @@ class LocalStack:
         c = self.config
         return [
             "--port", str(port), "--db", str(c.memory_db), "--flush-interval", str(c.memory_flush_interval_s),
-            "--writer-token-file", str(self.writer_token_file),
+            "--writer-token-file", str(self.writer_token_file), *self.tls_args("memory"),
         ]  # fmt: skip
+
+    def tls_args(self, role: str) -> list[str]:
+        """The service's certificate flags from the stack's `certs dev` directory (none: plaintext loopback)."""
+        if self.config.tls_dir is None:
+            return []
+        certs = DevCerts(self.config.tls_dir)
+        return ["--tls-cert", str(certs.cert(role)), "--tls-key", str(certs.key(role)), "--tls-ca", str(certs.ca)]
 
     def _spawn(self, name: str, args: list[str]) -> ServiceProcess:
         c = self.config
