@@ -54,10 +54,18 @@ class ServiceHost:
         self._events_counted = 0  # rejection events this target counted (a test/metrics figure)
         self._table: Any = None
 
-    def start(self, kind: str, host: str, port: int, args: list[str], writer_token: str | None = None) -> str:
-        """Start the service; returns its HOST:PORT once it serves."""
+    def start(
+        self,
+        kind: str,
+        host: str,
+        port: int,
+        args: list[str],
+        writer_token: str | None = None,
+        tls: dict[str, str] | None = None,
+    ) -> str:
+        """Start the service; returns its HOST:PORT once it serves. `tls`: its PEMs (cert, key, ca)."""
         host = ray.util.get_node_ip_address() if host == "auto" else host
-        argv = ["--host", host, "--port", str(port), *args]
+        argv = ["--host", host, "--port", str(port), *args, *self._tls_args(tls)]
         if writer_token is not None:
             token_file = self._secrets / "writer-token"
             token_file.touch(mode=0o600)
@@ -65,9 +73,22 @@ class ServiceHost:
             flag = "--writer-token-file" if kind == "memory" else "--memory-writer-token-file"
             argv += [flag, str(token_file)]
         bound = getattr(self, f"_start_{kind}")(argv)
+        # Peers check the role name in the certificate (calispec_core.credentials), not the node IP.
         self.kind, self.address = kind, f"{host}:{bound}"
         log.info("%s listening on %s", kind, self.address)
         return self.address
+
+    def _tls_args(self, tls: dict[str, str] | None) -> list[str]:
+        """Write the PEMs to this actor's private directory (0600) and point the service's flags at them."""
+        if tls is None:
+            return []
+        flags = []
+        for part in ("cert", "key", "ca"):
+            path = self._secrets / f"tls-{part}.pem"
+            path.touch(mode=0o600)
+            path.write_text(tls[part], encoding="utf-8")
+            flags += [f"--tls-{part}", str(path)]
+        return flags
 
     def _start_memory(self, argv: list[str]) -> int:
         import memory_service.__main__ as cli
@@ -122,7 +143,7 @@ class ServiceHost:
         orchestrator = build_orchestrator(config)
         self._replicas = orchestrator.replicas
         reference = self._replicas.backends()[0].info(config.rpc_timeout_s)
-        self._connect = checked_connector(reference, config.connect_timeout_s)
+        self._connect = checked_connector(reference, config.connect_timeout_s, config.tls)
         server, port = create_server(config, orchestrator)
         server.start()
         self._stop = [lambda: server.stop(STOP_GRACE_S).wait()]
@@ -180,9 +201,10 @@ ServiceActor = ray.remote(ServiceHost)
 class Controller:
     """Owns one deployment. Its methods run one at a time (Ray's default actor concurrency)."""
 
-    def __init__(self, config: RayDeployConfig) -> None:
+    def __init__(self, config: RayDeployConfig, tls: dict[str, dict[str, str]] | None = None) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         self.config = config
+        self.tls = tls or {}  # service -> its PEMs, read by the driver from config.tls_dir
         # One random writer token per deployment, handed only to the memory service and the verifiers.
         self.writer_token = secrets.token_urlsafe(32)
         self.actors: dict[str, Any] = {}  # name -> handle, in start order
@@ -228,7 +250,7 @@ class Controller:
         actor = ServiceActor.options(**spec.actor_options(name, self.config.namespace)).remote()
         self.actors[name] = actor
         kind = name.split("-")[0]
-        ref = actor.start.remote(kind, self.config.host, spec.port, args, token)
+        ref = actor.start.remote(kind, self.config.host, spec.port, args, token, self.tls.get(kind))
         self.addresses[name] = ray.get(ref, timeout=self.config.start_timeout_s)
         return self.addresses[name]
 
@@ -311,7 +333,7 @@ def up(config: RayDeployConfig) -> dict[str, Any]:
         raise RuntimeError(f"a deployment already runs in namespace {config.namespace!r}; `calispec ray down` first")
     controller = ControllerActor.options(
         name=CONTROLLER, namespace=config.namespace, lifetime="detached", num_cpus=0
-    ).remote(config)
+    ).remote(config, config.tls_bundle())
     try:
         return ray.get(controller.up.remote())
     except BaseException:

@@ -51,6 +51,9 @@ class RayDeployConfig:
     draft: ServiceSpec = field(default_factory=ServiceSpec)
     target: ServiceSpec = field(default_factory=ServiceSpec)
     coordinator: ServiceSpec = field(default_factory=lambda: ServiceSpec(port=50050))
+    # `calispec certs dev` layout (ca.pem, <service>.pem, <service>-key.pem), read on the driver:
+    # each actor gets its own service's PEMs through Ray. None: plaintext (loopback hosts only).
+    tls_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.target_replicas < 1:
@@ -66,7 +69,7 @@ class RayDeployConfig:
         replicas = data.pop("target_replicas", None)
         if replicas is None:  # `target: {replicas: N}` reads better in a config file
             replicas = specs["target"][1]
-        known = {"namespace", "host", "drain_timeout_s", "start_timeout_s", "memory_db", "memory_namespace"}
+        known = {"namespace", "host", "drain_timeout_s", "start_timeout_s", "memory_db", "memory_namespace", "tls_dir"}
         if unknown := set(data) - known:
             raise ValueError(f"unknown config keys: {sorted(unknown)}")
         try:
@@ -81,6 +84,21 @@ class RayDeployConfig:
             **data,
             **{name: spec for name, (spec, _) in specs.items()},
         )
+
+    def tls_bundle(self) -> dict[str, dict[str, str]]:
+        """{service: {"cert", "key", "ca"}: PEM text} from tls_dir; empty without one."""
+        if self.tls_dir is None:
+            return {}
+        directory = Path(self.tls_dir)
+        ca = (directory / "ca.pem").read_text(encoding="utf-8")
+        return {
+            name: {
+                "cert": (directory / f"{name}.pem").read_text(encoding="utf-8"),
+                "key": (directory / f"{name}-key.pem").read_text(encoding="utf-8"),
+                "ca": ca,
+            }
+            for name in SERVICES
+        }
 
     @classmethod
     def load(cls, path: Path) -> RayDeployConfig:

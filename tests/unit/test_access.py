@@ -1,0 +1,120 @@
+"""Access control pieces without a server: plaintext policy, API keys, quotas, dev certificates."""
+
+from __future__ import annotations
+
+import ipaddress
+import stat
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+import coordinator.__main__ as coordinator_cli
+import draft_service.__main__ as draft_cli
+from calispec_core.access import ApiKeys, Quota, QuotaBook, key_line
+from calispec_core.credentials import TlsConfig
+from calispec_core.errors import FailedPrecondition, ResourceExhausted
+from calispec_tools.certs import make_dev_certs
+from calispec_tools.cli import main as calispec_main
+from calispec_tools.deploy.ray_config import RayDeployConfig
+
+TLS_FLAGS = ["--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-ca", "ca.pem"]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "[::1]"])
+def test_plaintext_is_fine_on_loopback(host: str) -> None:
+    TlsConfig().check(host)
+
+
+def test_plaintext_on_a_public_bind_needs_tls_or_an_explicit_flag() -> None:
+    with pytest.raises(FailedPrecondition, match="refusing to serve plaintext"):
+        TlsConfig().check("0.0.0.0")
+    TlsConfig(plaintext=True).check("0.0.0.0")
+    TlsConfig(Path("c"), Path("k"), Path("ca")).check("0.0.0.0")
+    with pytest.raises(FailedPrecondition, match="all three"):
+        TlsConfig(cert=Path("c"), key=Path("k")).check("127.0.0.1")
+    with pytest.raises(FailedPrecondition, match="contradicts"):
+        TlsConfig(Path("c"), Path("k"), Path("ca"), plaintext=True).check("127.0.0.1")
+
+
+def test_service_parsers_apply_the_policy() -> None:
+    with pytest.raises(SystemExit):
+        draft_cli.parse_config(["--host", "0.0.0.0", "--model", "m"])
+    config, _ = draft_cli.parse_config(["--host", "0.0.0.0", "--model", "m", "--plaintext"])
+    assert config.tls.plaintext and not config.tls.enabled
+    config, _ = draft_cli.parse_config(["--host", "0.0.0.0", "--model", "m", *TLS_FLAGS])
+    assert config.tls.enabled and config.tls.cert == Path("c.pem")
+
+
+def test_an_open_coordinator_needs_loopback_or_an_explicit_flag() -> None:
+    base = ["--host", "0.0.0.0", "--draft-addr", "d:1", "--target-addr", "t:1", "--tokenizer", "tok", *TLS_FLAGS]
+    with pytest.raises(SystemExit):
+        coordinator_cli.parse_config(base)
+    assert coordinator_cli.parse_config([*base, "--allow-anonymous"])[0].allow_anonymous
+    config, _ = coordinator_cli.parse_config([*base, "--api-keys-file", "keys", "--quota-rpm", "60"])
+    assert config.api_keys_file == Path("keys") and config.quota == Quota(60.0, None, 0)
+
+
+def test_api_keys_are_hashed_at_rest_and_reloaded_when_the_file_changes(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_text("# comment\n" + key_line("alice", "csk_alice-secret"))
+    assert "csk_alice-secret" not in path.read_text()
+    keys = ApiKeys(path, check_every_s=0)
+    assert keys.identify("csk_alice-secret") == "alice"
+    assert keys.identify("csk_bob-secret") is None and keys.identify(None) is None
+    path.write_text(key_line("bob", "csk_bob-secret"))  # alice revoked, bob added
+    assert keys.identify("csk_bob-secret") == "bob" and keys.identify("csk_alice-secret") is None
+    path.write_text("bob not-a-hash\n")  # a broken edit keeps the keys in force
+    assert keys.identify("csk_bob-secret") == "bob"
+    with pytest.raises(FailedPrecondition, match="SHA256HEX"):
+        ApiKeys(path)  # but a broken file at startup is an error
+
+
+def test_quota_limits_rate_and_concurrency_per_caller() -> None:
+    now = [0.0]
+    book = QuotaBook(Quota(requests_per_minute=2, burst=2, max_concurrent=1), clock=lambda: now[0])
+    for _ in range(2):
+        with book.admit("alice"), pytest.raises(ResourceExhausted, match="in flight"), book.admit("alice"):
+            pass
+    with pytest.raises(ResourceExhausted, match="requests/minute"), book.admit("alice"):
+        pass
+    with book.admit("bob"):  # another caller has its own bucket
+        pass
+    now[0] = 30.0  # 2/min: one request's worth refilled
+    with book.admit("alice"):
+        pass
+    with pytest.raises(ResourceExhausted), book.admit("alice"):
+        pass
+
+
+def test_dev_certificates_name_each_role_for_both_directions(tmp_path: Path) -> None:
+    certs = make_dev_certs(tmp_path, namespace="prod")
+    cert = x509.load_pem_x509_certificate(certs.cert("target").read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    names = set(sans.get_values_for_type(x509.DNSName))
+    assert {"target", "target-pods", "target.prod.svc", "target-pods.prod.svc.cluster.local", "localhost"} <= names
+    assert ipaddress.ip_address("127.0.0.1") in sans.get_values_for_type(x509.IPAddress)
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH} <= set(usages)
+    assert stat.S_IMODE(certs.key("target").stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "ca-key.pem").stat().st_mode) == 0o600
+
+
+def test_keys_add_prints_the_key_once_and_stores_its_hash(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "keys"
+    assert calispec_main(["keys", "add", "ci-bot", "--file", str(path)]) == 0
+    key = capsys.readouterr().out.strip()
+    assert key.startswith("csk_") and key not in path.read_text()
+    assert ApiKeys(path).identify(key) == "ci-bot"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_ray_ships_each_service_its_own_pems(tmp_path: Path) -> None:
+    certs = make_dev_certs(tmp_path)
+    config = RayDeployConfig.from_dict({"models": {"draft": "/d", "target": "/t"}, "tls_dir": str(tmp_path)})
+    bundle = config.tls_bundle()
+    assert bundle["draft"]["cert"] == certs.cert("draft").read_text()
+    assert bundle["memory"]["key"] == certs.key("memory").read_text()
+    assert {b["ca"] for b in bundle.values()} == {certs.ca.read_text()}
+    assert RayDeployConfig.from_dict({"models": {"draft": "/d", "target": "/t"}}).tls_bundle() == {}
