@@ -12,14 +12,11 @@ import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 
-from calispec_core.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted, require
-
-S = TypeVar("S")
+from calispec_core.errors import InvalidArgument, require
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -161,50 +158,6 @@ class Session:
         excess = self.cached_len - length
         if excess > 0:
             self.cache.crop(-excess)
-
-
-class SessionRegistry(Generic[S]):
-    """Thread-safe id -> session-state map with a capacity limit."""
-
-    def __init__(self, max_sessions: int) -> None:
-        self.max_sessions = max_sessions
-        self._sessions: dict[str, S] = {}
-        self._lock = threading.Lock()
-
-    def check_capacity(self) -> None:
-        """Fail fast, before an expensive prefill; `add` checks again under the lock."""
-        if len(self) >= self.max_sessions:
-            raise ResourceExhausted(f"session limit reached ({self.max_sessions}); retry later")
-
-    def add(self, session_id: str, state: S) -> None:
-        with self._lock:
-            if session_id in self._sessions:
-                raise AlreadyExists(f"session {session_id!r} already exists")
-            if len(self._sessions) >= self.max_sessions:
-                raise ResourceExhausted(f"session limit reached ({self.max_sessions}); retry later")
-            self._sessions[session_id] = state
-
-    def get(self, session_id: str) -> S:
-        with self._lock:
-            state = self._sessions.get(session_id)
-        if state is None:
-            raise NotFound(f"unknown session {session_id!r}")
-        return state
-
-    def remove(self, session_id: str) -> S:
-        with self._lock:
-            state = self._sessions.pop(session_id, None)
-        if state is None:
-            raise NotFound(f"unknown session {session_id!r}")
-        return state
-
-    def __contains__(self, session_id: str) -> bool:
-        with self._lock:
-            return session_id in self._sessions
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._sessions)
 
 
 def prefill_session(runner: ModelRunner, session_id: str, token_ids: list[int]) -> Session:

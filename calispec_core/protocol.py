@@ -5,6 +5,7 @@ from __future__ import annotations
 from calispec.v1 import common_pb2
 from calispec_core.modeling import ModelRunner
 from calispec_core.sampling import SamplingConfig
+from calispec_core.sessions import SessionStats
 from calispec_core.timing import Stopwatch
 
 
@@ -42,4 +43,13 @@ def model_info_to_pb(runner: ModelRunner) -> common_pb2.ModelInfo:
         dtype=str(runner.dtype).removeprefix("torch."),
         device=str(runner.device),
         eos_token_ids=runner.eos_token_ids,
+    )
+
+
+def session_stats_to_pb(stats: SessionStats) -> common_pb2.SessionStats:
+    return common_pb2.SessionStats(
+        open_sessions=stats.open_sessions,
+        max_sessions=stats.max_sessions,
+        idle_ttl_s=stats.idle_ttl_s,
+        reaped_sessions=stats.reaped_sessions,
     )

@@ -13,6 +13,7 @@ import grpc
 
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError
+from calispec_core.sessions import DEFAULT_IDLE_TTL_S
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,12 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--max-sessions", type=int, default=256, help="open sessions before RESOURCE_EXHAUSTED")
+    parser.add_argument(
+        "--session-idle-ttl-s",
+        type=float,
+        default=DEFAULT_IDLE_TTL_S,
+        help="close a session unused for this many seconds (0: never; default: %(default)s)",
+    )
 
 
 def configure_logging(level: str) -> None:

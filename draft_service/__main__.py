@@ -30,6 +30,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
         max_sessions=args.max_sessions,
         tls=tls_from_args(parser, args),
         health_port=args.health_port,
+        session_idle_ttl_s=args.session_idle_ttl_s,
     )
     return config, args.log_level
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from calispec_core.credentials import COORDINATOR, TlsConfig
 from calispec_core.modeling import ModelSpec
+from calispec_core.sessions import DEFAULT_IDLE_TTL_S
 
 
 @dataclass(frozen=True)
@@ -14,6 +15,7 @@ class DraftConfig:
     host: str = "127.0.0.1"
     port: int = 50052
     max_sessions: int = 256
+    session_idle_ttl_s: float = DEFAULT_IDLE_TTL_S  # an unused session is closed after this (0: never)
     max_workers: int = 16
     tls: TlsConfig = field(default_factory=TlsConfig)
     allowed_clients: tuple[str, ...] = (COORDINATOR,)  # certificate roles that may call it (under TLS)

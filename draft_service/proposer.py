@@ -8,8 +8,9 @@ import torch
 
 from calispec_core.errors import require
 from calispec_core.limits import MAX_SPECULATIVE_TOKENS
-from calispec_core.modeling import ModelRunner, Session, SessionRegistry, prefill_session
+from calispec_core.modeling import ModelRunner, Session, prefill_session
 from calispec_core.sampling import SamplingConfig, make_generator, warp_probs
+from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
 from calispec_core.timing import Stopwatch
 
 
@@ -30,9 +31,12 @@ class Proposal:
 class Proposer:
     """Keeps draft sessions and proposes tokens autoregressively, one forward per token."""
 
-    def __init__(self, runner: ModelRunner, max_sessions: int) -> None:
+    def __init__(self, runner: ModelRunner, max_sessions: int, idle_ttl_s: float = DEFAULT_IDLE_TTL_S) -> None:
         self.runner = runner
-        self.sessions: SessionRegistry[DraftSession] = SessionRegistry(max_sessions)
+        # A session whose lock is held is mid-call: never reaped, however long the call takes.
+        self.sessions: SessionRegistry[DraftSession] = SessionRegistry(
+            max_sessions, idle_ttl_s, is_busy=lambda state: state.session.lock.locked()
+        )
 
     def prefill(self, session_id: str, token_ids: list[int], sampling: SamplingConfig, watch: Stopwatch) -> None:
         sampling.validate(self.runner.vocab_size)

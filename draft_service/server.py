@@ -8,7 +8,7 @@ from calispec.v1 import draft_pb2, draft_pb2_grpc
 from calispec_core.access import PeerAllowlistInterceptor
 from calispec_core.grpc_server import create_grpc_server
 from calispec_core.modeling import ModelRunner
-from calispec_core.protocol import model_info_to_pb, sampling_from_pb, timing_to_pb
+from calispec_core.protocol import model_info_to_pb, sampling_from_pb, session_stats_to_pb, timing_to_pb
 from calispec_core.timing import Stopwatch
 from draft_service.config import DraftConfig
 from draft_service.proposer import Proposer
@@ -52,10 +52,14 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     def GetModelInfo(self, request, context):
         return draft_pb2.DraftModelInfoResponse(info=model_info_to_pb(self.proposer.runner))
 
+    def GetStats(self, request, context):
+        return draft_pb2.DraftStatsResponse(sessions=session_stats_to_pb(self.proposer.sessions.stats()))
+
 
 def create_server(config: DraftConfig, runner: ModelRunner | None = None) -> tuple[grpc.Server, int]:
     """Build the draft server on config.address (port 0 allowed); returns (server, bound port)."""
-    proposer = Proposer(runner or ModelRunner(config.model), config.max_sessions)
+    proposer = Proposer(runner or ModelRunner(config.model), config.max_sessions, config.session_idle_ttl_s)
+    proposer.sessions.start_reaper()
     servicer = DraftServicer(proposer)
     server, port, _ = create_grpc_server(
         config.address,

@@ -44,6 +44,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
         host=args.host,
         port=args.port,
         max_sessions=args.max_sessions,
+        session_idle_ttl_s=args.session_idle_ttl_s,
         max_batch_size=args.max_batch_size,
         memory_address=args.memory_addr,
         memory_namespace=args.memory_namespace,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from calispec_core.credentials import COORDINATOR, TlsConfig
 from calispec_core.modeling import ModelSpec
+from calispec_core.sessions import DEFAULT_IDLE_TTL_S
 
 
 @dataclass(frozen=True)
@@ -15,6 +16,7 @@ class TargetConfig:
     host: str = "127.0.0.1"
     port: int = 50051
     max_sessions: int = 256
+    session_idle_ttl_s: float = DEFAULT_IDLE_TTL_S  # an unused session is closed after this (0: never)
     max_workers: int = 16
     max_batch_size: int = 8  # sessions verified in one forward pass (1 = no batching)
     memory_address: str | None = None  # None: no shared memory, local online counts only

@@ -18,8 +18,9 @@ import torch
 from calispec_core.errors import InvalidArgument, require
 from calispec_core.generation import Mode
 from calispec_core.limits import MAX_SPECULATIVE_TOKENS
-from calispec_core.modeling import ModelRunner, Session, SessionRegistry, prefill_session
+from calispec_core.modeling import ModelRunner, Session, prefill_session
 from calispec_core.sampling import SamplingConfig, make_generator
+from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
 from calispec_core.timing import Stopwatch
 from target_service.batch_forward import forward_rows
 from target_service.pair_table import PairTable
@@ -73,10 +74,20 @@ class _Row:
 
 
 class TargetEngine:
-    def __init__(self, runner: ModelRunner, max_sessions: int, table: PairTable, max_batch: int = 8) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        max_sessions: int,
+        table: PairTable,
+        max_batch: int = 8,
+        idle_ttl_s: float = DEFAULT_IDLE_TTL_S,
+    ) -> None:
         self.runner = runner
         self.table = table  # MemoryLink (if any) ships its local events and refreshes it in the background
-        self.sessions: SessionRegistry[TargetSession] = SessionRegistry(max_sessions)
+        # A session whose lock is held is mid-round: never reaped, however long the round takes.
+        self.sessions: SessionRegistry[TargetSession] = SessionRegistry(
+            max_sessions, idle_ttl_s, is_busy=lambda state: state.session.lock.locked()
+        )
         self.scheduler: BatchScheduler[_Row, VerifyResult] = BatchScheduler(self._round, max_batch)
 
     def prefill(

@@ -37,10 +37,16 @@ batches it holds). A refresher that skips fetching while `in_flight()` avoids it
 
 Snapshots filtered by GetPairs(min_count, max_pairs) stay correct for rescue decisions as
 long as min_count <= λ + 1 and max_pairs covers every pair with count > λ.
+
+A snapshot pair this verifier cannot use (a token id outside its vocabulary: another model
+pair wrote to the namespace, or a writer from before namespaces recorded their vocabulary)
+is skipped and counted (`PairTableStats.skipped_pairs`), never a reason to refuse the rest:
+one bad pair must not cut every verifier off the shared memory.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +55,8 @@ import torch
 from torch import Tensor
 
 from calispec_core.errors import InvalidArgument, require
+
+log = logging.getLogger(__name__)
 
 Pair = tuple[int, int, int]  # (draft_token_id, target_token_id, count)
 PairTensors = tuple[Tensor, Tensor, Tensor]  # draft_ids [N], target_ids [N], counts [N]
@@ -93,6 +101,7 @@ class _View:
     snapshot: _Counts
     local: _Counts
     version: int
+    skipped: int = 0  # pairs of the snapshot left out: ids outside the vocabulary
 
 
 @dataclass
@@ -121,6 +130,7 @@ class PairTableStats:
     local_pairs: int
     local_events: int  # events counted locally, not yet reflected in the installed snapshot
     in_flight_batches: int  # taken for sending, not yet acknowledged
+    skipped_pairs: int = 0  # pairs of the installed snapshot left out: ids outside the vocabulary
 
 
 class PairTable:
@@ -160,7 +170,7 @@ class PairTable:
         with self._lock:
             self._open = self._open.plus(new)
             view = self._view
-            self._view = _View(view.snapshot, view.local.plus(new), view.version)
+            self._view = _View(view.snapshot, view.local.plus(new), view.version, view.skipped)
 
     # -- flusher --------------------------------------------------------------------------------
 
@@ -184,7 +194,7 @@ class PairTable:
             require(batch.acked_version is None, f"batch {batch_id} was already acknowledged")
             batch.acked_version = version
             if version <= self._view.version:
-                self._install(self._view.snapshot, self._view.version)
+                self._install(self._view.snapshot, self._view.version, self._view.skipped)
 
     def mark_failed(self, batch_id: int) -> None:
         """Sending the batch failed: its events go back to the open batch (still counted locally)."""
@@ -207,11 +217,18 @@ class PairTable:
         force=True installs an older version too: the memory service's version went backwards
         (it lost its last flush in a crash), and its table is now the truth.
         """
-        snapshot = self._snapshot_counts(pairs)  # the expensive part, outside the lock
+        snapshot, skipped = self._snapshot_counts(pairs)  # the expensive part, outside the lock
         with self._lock:
             if version < self._view.version and not force:
                 return False
-            self._install(snapshot, version)
+            self._install(snapshot, version, skipped)
+        if skipped:
+            log.warning(
+                "memory snapshot v%d: skipped %d pair(s) with token ids outside this vocabulary [0, %d)",
+                version,
+                skipped,
+                self.vocab_size,
+            )
         return True
 
     def stats(self) -> PairTableStats:
@@ -224,6 +241,7 @@ class PairTable:
             local_pairs=view.local.keys.numel(),
             local_events=int(view.local.counts.sum()),
             in_flight_batches=in_flight,
+            skipped_pairs=view.skipped,
         )
 
     @property
@@ -245,22 +263,23 @@ class PairTable:
         assert batch is not None  # for the type checker
         return batch
 
-    def _install(self, snapshot: _Counts, version: int) -> None:
+    def _install(self, snapshot: _Counts, version: int, skipped: int) -> None:
         """Under the lock: install (snapshot, version); keep local only what it does not cover."""
         self._batches = {i: b for i, b in self._batches.items() if b.acked_version is None or b.acked_version > version}
         local = self._open.plus(*(b.events for b in self._batches.values()))
-        self._view = _View(snapshot, local, version)
+        self._view = _View(snapshot, local, version, skipped)
 
-    def _snapshot_counts(self, pairs: Sequence[Pair] | PairTensors) -> _Counts:
+    def _snapshot_counts(self, pairs: Sequence[Pair] | PairTensors) -> tuple[_Counts, int]:
+        """The usable pairs as counts, and how many were skipped (ids outside the vocabulary)."""
         if len(pairs) == 3 and all(isinstance(x, Tensor) for x in pairs):
             draft, target, counts = (torch.as_tensor(x, dtype=torch.int64).reshape(-1) for x in pairs)
         else:
             rows = torch.tensor(list(pairs), dtype=torch.int64).reshape(-1, 3)  # [N, 3]
             draft, target, counts = rows.unbind(dim=1)
         require(draft.shape == target.shape == counts.shape, "snapshot tensors must have the same length")
-        keys = self._keys(draft, target)  # [N]
+        keys = self._keys(draft, target)  # [N], -1 where an id is outside the vocabulary
         counts = counts.to(self.device)
-        if bool((keys < 0).any()):
-            raise InvalidArgument(f"snapshot token ids must be in [0, {self.vocab_size}): wrong namespace?")
         require(not bool((counts < 0).any()), "snapshot counts must be >= 0")
-        return _Counts.from_keys(keys, counts)
+        usable = keys >= 0  # [N]
+        skipped = int((~usable).sum())
+        return _Counts.from_keys(keys[usable], counts[usable]), skipped

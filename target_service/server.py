@@ -14,7 +14,7 @@ from calispec_core.errors import InvalidArgument
 from calispec_core.generation import Mode
 from calispec_core.grpc_server import create_grpc_server
 from calispec_core.modeling import ModelRunner
-from calispec_core.protocol import model_info_to_pb, sampling_from_pb, timing_to_pb
+from calispec_core.protocol import model_info_to_pb, sampling_from_pb, session_stats_to_pb, timing_to_pb
 from calispec_core.timing import Stopwatch
 from target_service.config import TargetConfig
 from target_service.engine import RescueConfig, TargetEngine
@@ -75,6 +75,15 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
     def GetModelInfo(self, request, context):
         return target_pb2.TargetModelInfoResponse(info=model_info_to_pb(self.engine.runner))
 
+    def GetStats(self, request, context):
+        table = self.engine.table.stats()
+        return target_pb2.TargetStatsResponse(
+            sessions=session_stats_to_pb(self.engine.sessions.stats()),
+            memory_version=table.version,
+            memory_pairs=table.snapshot_pairs,
+            memory_pairs_skipped=table.skipped_pairs,
+        )
+
 
 @dataclass
 class TargetRuntime:
@@ -85,6 +94,7 @@ class TargetRuntime:
 
     def stop(self) -> None:
         """After server.stop(): finish queued rounds, then ship the last events."""
+        self.engine.sessions.stop_reaper()
         self.engine.stop()
         if self.link is not None:
             self.link.stop()
@@ -95,7 +105,8 @@ def create_server(config: TargetConfig, runner: ModelRunner | None = None) -> tu
     runner = runner or ModelRunner(config.model)
     table = PairTable(runner.vocab_size, runner.device)
     link = MemoryLink.from_config(config, table) if config.memory_address else None
-    engine = TargetEngine(runner, config.max_sessions, table, config.max_batch_size)
+    engine = TargetEngine(runner, config.max_sessions, table, config.max_batch_size, config.session_idle_ttl_s)
+    engine.sessions.start_reaper()
     servicer = TargetServicer(engine)
     server, port, health = create_grpc_server(
         config.address,

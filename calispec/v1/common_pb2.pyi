@@ -71,3 +71,15 @@ class ModelInfo(_message.Message):
     device: str
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, model_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SessionStats(_message.Message):
+    __slots__ = ("open_sessions", "max_sessions", "idle_ttl_s", "reaped_sessions")
+    OPEN_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    REAPED_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    open_sessions: int
+    max_sessions: int
+    idle_ttl_s: float
+    reaped_sessions: int
+    def __init__(self, open_sessions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., idle_ttl_s: _Optional[float] = ..., reaped_sessions: _Optional[int] = ...) -> None: ...

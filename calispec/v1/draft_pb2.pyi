@@ -84,3 +84,13 @@ class DraftModelInfoResponse(_message.Message):
     INFO_FIELD_NUMBER: _ClassVar[int]
     info: _common_pb2.ModelInfo
     def __init__(self, info: _Optional[_Union[_common_pb2.ModelInfo, _Mapping]] = ...) -> None: ...
+
+class DraftStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DraftStatsResponse(_message.Message):
+    __slots__ = ("sessions",)
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    sessions: _common_pb2.SessionStats
+    def __init__(self, sessions: _Optional[_Union[_common_pb2.SessionStats, _Mapping]] = ...) -> None: ...

@@ -59,6 +59,11 @@ class DraftServiceStub:
                 request_serializer=calispec_dot_v1_dot_draft__pb2.DraftModelInfoRequest.SerializeToString,
                 response_deserializer=calispec_dot_v1_dot_draft__pb2.DraftModelInfoResponse.FromString,
                 _registered_method=True)
+        self.GetStats = channel.unary_unary(
+                '/calispec.v1.DraftService/GetStats',
+                request_serializer=calispec_dot_v1_dot_draft__pb2.DraftStatsRequest.SerializeToString,
+                response_deserializer=calispec_dot_v1_dot_draft__pb2.DraftStatsResponse.FromString,
+                _registered_method=True)
 
 
 class DraftServiceServicer:
@@ -97,6 +102,13 @@ class DraftServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStats(self, request, context):
+        """Open sessions and their limits.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DraftServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -124,6 +136,11 @@ def add_DraftServiceServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=calispec_dot_v1_dot_draft__pb2.DraftModelInfoRequest.FromString,
                     response_serializer=calispec_dot_v1_dot_draft__pb2.DraftModelInfoResponse.SerializeToString,
+            ),
+            'GetStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStats,
+                    request_deserializer=calispec_dot_v1_dot_draft__pb2.DraftStatsRequest.FromString,
+                    response_serializer=calispec_dot_v1_dot_draft__pb2.DraftStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -261,6 +278,33 @@ class DraftService:
             '/calispec.v1.DraftService/GetModelInfo',
             calispec_dot_v1_dot_draft__pb2.DraftModelInfoRequest.SerializeToString,
             calispec_dot_v1_dot_draft__pb2.DraftModelInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/calispec.v1.DraftService/GetStats',
+            calispec_dot_v1_dot_draft__pb2.DraftStatsRequest.SerializeToString,
+            calispec_dot_v1_dot_draft__pb2.DraftStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

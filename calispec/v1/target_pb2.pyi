@@ -76,3 +76,19 @@ class TargetModelInfoResponse(_message.Message):
     INFO_FIELD_NUMBER: _ClassVar[int]
     info: _common_pb2.ModelInfo
     def __init__(self, info: _Optional[_Union[_common_pb2.ModelInfo, _Mapping]] = ...) -> None: ...
+
+class TargetStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TargetStatsResponse(_message.Message):
+    __slots__ = ("sessions", "memory_version", "memory_pairs", "memory_pairs_skipped")
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_PAIRS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_PAIRS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    sessions: _common_pb2.SessionStats
+    memory_version: int
+    memory_pairs: int
+    memory_pairs_skipped: int
+    def __init__(self, sessions: _Optional[_Union[_common_pb2.SessionStats, _Mapping]] = ..., memory_version: _Optional[int] = ..., memory_pairs: _Optional[int] = ..., memory_pairs_skipped: _Optional[int] = ...) -> None: ...

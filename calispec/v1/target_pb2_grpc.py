@@ -54,6 +54,11 @@ class TargetServiceStub:
                 request_serializer=calispec_dot_v1_dot_target__pb2.TargetModelInfoRequest.SerializeToString,
                 response_deserializer=calispec_dot_v1_dot_target__pb2.TargetModelInfoResponse.FromString,
                 _registered_method=True)
+        self.GetStats = channel.unary_unary(
+                '/calispec.v1.TargetService/GetStats',
+                request_serializer=calispec_dot_v1_dot_target__pb2.TargetStatsRequest.SerializeToString,
+                response_deserializer=calispec_dot_v1_dot_target__pb2.TargetStatsResponse.FromString,
+                _registered_method=True)
 
 
 class TargetServiceServicer:
@@ -86,6 +91,13 @@ class TargetServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStats(self, request, context):
+        """Open sessions and their limits, and the state of the correction-memory table.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TargetServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -108,6 +120,11 @@ def add_TargetServiceServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=calispec_dot_v1_dot_target__pb2.TargetModelInfoRequest.FromString,
                     response_serializer=calispec_dot_v1_dot_target__pb2.TargetModelInfoResponse.SerializeToString,
+            ),
+            'GetStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStats,
+                    request_deserializer=calispec_dot_v1_dot_target__pb2.TargetStatsRequest.FromString,
+                    response_serializer=calispec_dot_v1_dot_target__pb2.TargetStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -218,6 +235,33 @@ class TargetService:
             '/calispec.v1.TargetService/GetModelInfo',
             calispec_dot_v1_dot_target__pb2.TargetModelInfoRequest.SerializeToString,
             calispec_dot_v1_dot_target__pb2.TargetModelInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/calispec.v1.TargetService/GetStats',
+            calispec_dot_v1_dot_target__pb2.TargetStatsRequest.SerializeToString,
+            calispec_dot_v1_dot_target__pb2.TargetStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

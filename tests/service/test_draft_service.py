@@ -139,3 +139,19 @@ def test_session_limit_is_resource_exhausted(stub) -> None:
             stub.Close(draft_pb2.DraftCloseRequest(session_id=f"cap{i}"))
     prefill(stub, "cap4")  # capacity is back once sessions close
     stub.Close(draft_pb2.DraftCloseRequest(session_id="cap4"))
+
+
+def test_stats_show_open_sessions_and_the_idle_ttl(stub) -> None:
+    before = stub.GetStats(draft_pb2.DraftStatsRequest()).sessions
+    assert (before.max_sessions, before.idle_ttl_s) == (4, 120.0)
+    prefill(stub, "stats")
+    assert stub.GetStats(draft_pb2.DraftStatsRequest()).sessions.open_sessions == before.open_sessions + 1
+    stub.Close(draft_pb2.DraftCloseRequest(session_id="stats"))
+    assert stub.GetStats(draft_pb2.DraftStatsRequest()).sessions.open_sessions == before.open_sessions
+
+
+def test_cli_sets_the_session_idle_ttl() -> None:
+    from draft_service.__main__ import parse_config
+
+    config, _ = parse_config(["--model", "m", "--session-idle-ttl-s", "0"])
+    assert config.session_idle_ttl_s == 0

@@ -126,3 +126,23 @@ def test_bad_input_gets_clear_statuses(stub, target_runner: ModelRunner) -> None
     # none of that changed the session
     assert verify(stub, "ok", []).next_token_id == reference_greedy(target_runner, PROMPT, 1)[0]
     close(stub, "ok")
+
+
+def test_stats_show_open_sessions_and_the_idle_ttl(stub) -> None:
+    before = stub.GetStats(target_pb2.TargetStatsRequest()).sessions
+    assert (before.max_sessions, before.idle_ttl_s) == (8, 120.0)
+    prefill(stub, "stats-1")
+    prefill(stub, "stats-2")
+    assert stub.GetStats(target_pb2.TargetStatsRequest()).sessions.open_sessions == before.open_sessions + 2
+    close(stub, "stats-1")
+    close(stub, "stats-2")
+    after = stub.GetStats(target_pb2.TargetStatsRequest())
+    assert after.sessions.open_sessions == before.open_sessions
+    assert after.memory_version == -1 and after.memory_pairs_skipped == 0  # no memory service: no table
+
+
+def test_cli_sets_the_session_idle_ttl() -> None:
+    from target_service.__main__ import parse_config
+
+    config, _ = parse_config(["--model", "m", "--session-idle-ttl-s", "7.5"])
+    assert config.session_idle_ttl_s == 7.5

@@ -1,0 +1,144 @@
+"""Open sessions of a model service: a capacity, an idle TTL and a reaper (no gRPC here).
+
+A session holds a KV cache, so an abandoned one (its client crashed, or never meant to
+close it) would hold a slot and memory for good: 256 of them and every Prefill is
+RESOURCE_EXHAUSTED. Every use of a session (`get`) touches it; a session idle for longer
+than `idle_ttl_s` is closed by `reap()`, which runs on a background thread
+(`start_reaper`) and before every capacity check, so a full registry of stale sessions
+still admits a new one. A session its owner is using right now (`is_busy`) is never reaped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from calispec_core.errors import AlreadyExists, NotFound, ResourceExhausted, require
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S")
+
+DEFAULT_IDLE_TTL_S = 120.0  # far above one round (milliseconds), far below "abandoned"
+
+
+@dataclass(frozen=True)
+class SessionStats:
+    open_sessions: int
+    max_sessions: int
+    idle_ttl_s: float  # 0: sessions never expire
+    reaped_sessions: int  # closed by the reaper since start
+
+
+@dataclass
+class _Entry(Generic[S]):
+    state: S
+    last_used: float
+
+
+class SessionRegistry(Generic[S]):
+    """Thread-safe id -> session-state map with a capacity limit and an idle TTL."""
+
+    def __init__(
+        self,
+        max_sessions: int,
+        idle_ttl_s: float = DEFAULT_IDLE_TTL_S,
+        *,
+        is_busy: Callable[[S], bool] = lambda _state: False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        require(max_sessions >= 1, f"max_sessions must be >= 1, got {max_sessions}")
+        require(idle_ttl_s >= 0, f"session idle TTL must be >= 0 (0: never expire), got {idle_ttl_s}")
+        self.max_sessions = max_sessions
+        self.idle_ttl_s = idle_ttl_s
+        self._is_busy = is_busy
+        self._clock = clock
+        self._sessions: dict[str, _Entry[S]] = {}
+        self._lock = threading.Lock()
+        self._reaped = 0
+        self._stop = threading.Event()
+        self._reaper: threading.Thread | None = None
+
+    def check_capacity(self) -> None:
+        """Fail fast, before an expensive prefill; `add` checks again under the lock."""
+        self.reap()
+        if len(self) >= self.max_sessions:
+            raise ResourceExhausted(f"session limit reached ({self.max_sessions}); retry later")
+
+    def add(self, session_id: str, state: S) -> None:
+        self.reap()
+        with self._lock:
+            if session_id in self._sessions:
+                raise AlreadyExists(f"session {session_id!r} already exists")
+            if len(self._sessions) >= self.max_sessions:
+                raise ResourceExhausted(f"session limit reached ({self.max_sessions}); retry later")
+            self._sessions[session_id] = _Entry(state, self._clock())
+
+    def get(self, session_id: str) -> S:
+        """The session's state; counts as a use (resets its idle time)."""
+        with self._lock:
+            entry = self._sessions.get(session_id)
+            if entry is not None:
+                entry.last_used = self._clock()
+        if entry is None:
+            raise NotFound(f"unknown session {session_id!r} (closed, expired after idling, or never opened)")
+        return entry.state
+
+    def remove(self, session_id: str) -> S:
+        with self._lock:
+            entry = self._sessions.pop(session_id, None)
+        if entry is None:
+            raise NotFound(f"unknown session {session_id!r}")
+        return entry.state
+
+    def reap(self) -> list[str]:
+        """Close every session idle for longer than the TTL and not busy; returns their ids."""
+        if self.idle_ttl_s <= 0:
+            return []
+        with self._lock:
+            deadline = self._clock() - self.idle_ttl_s
+            expired = [
+                sid for sid, e in self._sessions.items() if e.last_used < deadline and not self._is_busy(e.state)
+            ]
+            for sid in expired:
+                del self._sessions[sid]
+            self._reaped += len(expired)
+        if expired:
+            log.info("closed %d session(s) idle for more than %gs: %s", len(expired), self.idle_ttl_s, expired[:8])
+        return expired
+
+    def stats(self) -> SessionStats:
+        with self._lock:
+            return SessionStats(len(self._sessions), self.max_sessions, self.idle_ttl_s, self._reaped)
+
+    def start_reaper(self) -> None:
+        """Reap on a daemon thread, a few times per TTL, until `stop_reaper`."""
+        if self.idle_ttl_s <= 0 or self._reaper is not None:
+            return
+        interval = max(self.idle_ttl_s / 4, 0.05)
+        self._reaper = threading.Thread(target=self._reap_loop, args=(interval,), name="session-reaper", daemon=True)
+        self._reaper.start()
+
+    def stop_reaper(self) -> None:
+        self._stop.set()
+        if self._reaper is not None:
+            self._reaper.join()
+
+    def _reap_loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.reap()
+            except Exception:  # a bug in is_busy must not end reaping for good
+                log.exception("session reaper failed; retrying")
+
+    def __contains__(self, session_id: str) -> bool:
+        with self._lock:
+            return session_id in self._sessions
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._sessions)

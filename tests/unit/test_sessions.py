@@ -1,0 +1,81 @@
+"""The session registry of the model services: capacity, idle TTL, reaper (a fake clock, no sleeps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from calispec_core.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
+from calispec_core.sessions import SessionRegistry, SessionStats
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def registry(max_sessions: int = 2, ttl: float = 10.0, busy: set[str] | None = None):
+    clock = FakeClock()
+    busy = busy if busy is not None else set()
+    reg: SessionRegistry[str] = SessionRegistry(max_sessions, ttl, is_busy=lambda state: state in busy, clock=clock)
+    return reg, clock
+
+
+def test_idle_sessions_are_reaped_after_the_ttl_and_used_ones_are_kept() -> None:
+    reg, clock = registry()
+    reg.add("a", "a")
+    reg.add("b", "b")
+    clock.now += 6
+    reg.get("a")  # a use resets the idle time
+    clock.now += 6  # b idle 12 s > 10 s, a idle 6 s
+    assert reg.reap() == ["b"]
+    assert "a" in reg and "b" not in reg
+    with pytest.raises(NotFound):
+        reg.get("b")
+    assert reg.stats() == SessionStats(open_sessions=1, max_sessions=2, idle_ttl_s=10.0, reaped_sessions=1)
+
+
+def test_a_full_registry_of_abandoned_sessions_admits_new_ones() -> None:
+    """The reported outage: clients vanished with their sessions open, every Prefill RESOURCE_EXHAUSTED."""
+    reg, clock = registry()
+    reg.add("abandoned-1", "x")
+    reg.add("abandoned-2", "y")
+    with pytest.raises(ResourceExhausted):
+        reg.check_capacity()
+    clock.now += 10.5
+    reg.check_capacity()  # reaps first: no background thread needed for the limit to recover
+    reg.add("new", "z")
+    assert len(reg) == 1 and reg.stats().reaped_sessions == 2
+
+
+def test_a_busy_session_is_never_reaped() -> None:
+    busy = {"long-call"}
+    reg, clock = registry(busy=busy)
+    reg.add("s", "long-call")
+    clock.now += 100
+    assert reg.reap() == []
+    busy.clear()
+    assert reg.reap() == ["s"]
+
+
+def test_ttl_zero_never_expires_and_bad_settings_are_refused() -> None:
+    reg, clock = registry(ttl=0)
+    reg.add("s", "s")
+    clock.now += 1e9
+    assert reg.reap() == [] and "s" in reg
+    with pytest.raises(InvalidArgument):
+        SessionRegistry(2, -1.0)
+    with pytest.raises(InvalidArgument):
+        SessionRegistry(0)
+
+
+def test_duplicate_and_unknown_ids() -> None:
+    reg, _ = registry()
+    reg.add("s", "s")
+    with pytest.raises(AlreadyExists):
+        reg.add("s", "t")
+    with pytest.raises(NotFound):
+        reg.remove("nope")
+    assert reg.remove("s") == "s" and len(reg) == 0
