@@ -65,8 +65,11 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         self._gate.authenticate(token)
         events = [(e.draft_token_id, e.target_token_id, e.count) for e in request.events]
         validate_namespace(request.namespace)
-        self._gate.charge(writer, validate_events(events))
-        recorded, version = self._store.record(request.namespace, events, durable=request.wait_durable)
+        vocab = self._store.vocab_limit(request.namespace, request.vocab_size)
+        self._gate.charge(writer, validate_events(events, vocab))
+        recorded, version = self._store.record(
+            request.namespace, events, durable=request.wait_durable, vocab_size=request.vocab_size
+        )
         return memory_pb2.RecordEventsResponse(recorded=recorded, version=version, durable=request.wait_durable)
 
     def GetPairs(
@@ -96,12 +99,14 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
             max_pairs=limits.max_pairs,
             max_pairs_per_draft=limits.max_pairs_per_draft,
             half_life_s=limits.half_life_s,
+            vocab_size=s.vocab_size,
         )
 
     def Watch(
         self, request: memory_pb2.WatchRequest, context: grpc.ServicerContext
     ) -> Iterator[memory_pb2.WatchResponse]:
         namespace = validate_namespace(request.namespace)
+        self._store.declare_vocab(namespace, request.vocab_size)
         resume = request.resume_version if request.HasField("resume_version") else None
         updates = watch(
             namespace,

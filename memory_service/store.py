@@ -29,6 +29,12 @@ Bounds (`TableLimits`), applied in the same transaction as the write that overfl
   the last step is stored in the database, so restarts do not reset the clock.
 `total_events` stays the number of events ever recorded; `table_events` is what the table
 holds now (after decay and eviction).
+
+Vocabulary: a namespace holds the token ids of one model pair. The first writer or watcher
+that declares a vocabulary size fixes it for the namespace (stored, survives restarts); from
+then on a write with an id outside [0, vocab_size) is refused whole (INVALID_ARGUMENT) and a
+client declaring another size is refused (FAILED_PRECONDITION). A namespace nobody declared
+accepts any uint32 id, as before.
 """
 
 from __future__ import annotations
@@ -113,6 +119,7 @@ DELETE FROM pair_counts WHERE rowid IN (
   ORDER BY "count" ASC, last_version ASC, draft_token_id DESC, target_token_id DESC LIMIT ?)
 RETURNING draft_token_id, target_token_id
 """
+_VOCAB_SET = "INSERT INTO namespace_vocab (namespace, vocab_size) VALUES (?, ?) ON CONFLICT (namespace) DO NOTHING"
 _META_GET = "SELECT value FROM store_meta WHERE key = ?"
 _META_SET = "INSERT INTO store_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 
@@ -131,8 +138,12 @@ def validate_namespace(namespace: object) -> str:
     return namespace
 
 
-def validate_events(events: Sequence[Event]) -> int:
-    """Check a batch before anything is written; returns the sum of its counts."""
+def validate_events(events: Sequence[Event], vocab_size: int | None = None) -> int:
+    """Check a batch before anything is written; returns the sum of its counts.
+
+    vocab_size: the namespace's vocabulary (ids must be below it); None: any uint32 id.
+    """
+    max_id = MAX_TOKEN_ID if vocab_size is None else vocab_size - 1
     if len(events) > MAX_EVENTS_PER_RECORD:
         raise ResourceExhausted(
             f"too many events in one request: {len(events)} > {MAX_EVENTS_PER_RECORD}; split the batch"
@@ -141,8 +152,8 @@ def validate_events(events: Sequence[Event]) -> int:
     for i, (draft, target, count) in enumerate(events):
         for name, token in (("draft_token_id", draft), ("target_token_id", target)):
             require(
-                _is_int(token) and 0 <= token <= MAX_TOKEN_ID,
-                f"events[{i}].{name} must be an integer in [0, {MAX_TOKEN_ID}], got {token!r}",
+                _is_int(token) and 0 <= token <= max_id,
+                f"events[{i}].{name} must be an integer in [0, {max_id}] (the namespace's vocabulary), got {token!r}",
             )
         require(
             _is_int(count) and 1 <= count <= MAX_EVENT_COUNT,
@@ -187,6 +198,7 @@ class TableStats:
     top_share: float  # share of table_events held by the top 20% of pairs (0 for an empty table)
     histogram: list[CountBucket]  # power-of-two buckets: 1, 2-3, 4-7, ...
     db_bytes: int  # database file plus WAL: the whole store, all namespaces
+    vocab_size: int = 0  # the namespace's declared vocabulary, 0: none declared
 
 
 @dataclass
@@ -225,6 +237,8 @@ class CorrectionStore:
         self._cond = threading.Condition()  # open batch, assigned versions, commit progress
         self._db: sqlite_utils.Database | None = _open_database(self.db_path, clock())
         self._versions, self._totals, self._last_decay = self._load_state()
+        self._vocab_lock = threading.Lock()  # declarations: check and store as one step
+        self._vocab = self._load_vocab()
         self._committed = dict(self._versions)
         self._open = _Batch()
         self._taken: _Batch | None = None  # taken but not committed yet (retried after a failure)
@@ -239,14 +253,18 @@ class CorrectionStore:
 
     # -- writes ---------------------------------------------------------------------------------
 
-    def record(self, namespace: str, events: Sequence[Event], durable: bool = False) -> tuple[int, int]:
+    def record(
+        self, namespace: str, events: Sequence[Event], durable: bool = False, vocab_size: int = 0
+    ) -> tuple[int, int]:
         """Accept `events` into the open batch; returns (sum of counts, version that will hold them).
 
         Pairs may repeat within a batch (their counts add up). An empty batch writes nothing and
         returns the namespace's current version. durable=True returns only after the commit.
+        vocab_size > 0 declares the writer's vocabulary (see the module doc); 0 declares none.
         """
         validate_namespace(namespace)
-        recorded = validate_events(events)
+        recorded = validate_events(events, self.vocab_limit(namespace, vocab_size))
+        self.declare_vocab(namespace, vocab_size)  # only once the whole request is known to be valid
         with self._cond:
             self._check_open()
             if not events:
@@ -288,6 +306,35 @@ class CorrectionStore:
                 self._cond.notify_all()
             self.hub.publish(deltas)  # under the flush lock, so watchers see versions in order
         return True
+
+    def vocab_limit(self, namespace: str, declared: int = 0) -> int | None:
+        """The vocabulary ids of `namespace` must fit: its stored one, else `declared`; None: any id.
+
+        Raises FailedPrecondition if `declared` contradicts the stored vocabulary.
+        """
+        require(_is_int(declared) and 0 <= declared <= MAX_TOKEN_ID + 1, f"vocab_size out of range: {declared!r}")
+        stored = self._vocab.get(namespace)
+        if stored is not None and declared and declared != stored:
+            raise FailedPrecondition(
+                f"namespace {namespace!r} holds token ids of a vocabulary of {stored}, not {declared}: "
+                "another model pair's namespace?"
+            )
+        return stored or declared or None
+
+    def declare_vocab(self, namespace: str, vocab_size: int) -> None:
+        """Fix the namespace's vocabulary if none is stored yet (0: declare nothing)."""
+        validate_namespace(namespace)
+        self.vocab_limit(namespace, vocab_size)
+        if not vocab_size or namespace in self._vocab:
+            return
+        with self._vocab_lock:
+            self.vocab_limit(namespace, vocab_size)  # again: another caller may have declared meanwhile
+            if namespace in self._vocab:
+                return
+            with self._transaction(write=True) as db:
+                db.execute(_VOCAB_SET, (namespace, vocab_size))
+            self._vocab[namespace] = vocab_size
+        log.info("namespace %r: vocabulary of %d tokens declared", namespace, vocab_size)
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -341,6 +388,7 @@ class CorrectionStore:
             top_share=sum(head) / table_events if table_events else 0.0,
             histogram=_histogram(counts),
             db_bytes=sum(p.stat().st_size for p in _db_files(self.db_path)),
+            vocab_size=self._vocab.get(namespace, 0),
         )
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -463,6 +511,10 @@ class CorrectionStore:
             last_decay = float(db.execute(_META_GET, ("last_decay",)).fetchone()[0])
         return {ns: v for ns, v, _ in rows}, {ns: t for ns, _, t in rows}, last_decay
 
+    def _load_vocab(self) -> dict[str, int]:
+        with self._transaction(write=False) as db:
+            return dict(db.execute("SELECT namespace, vocab_size FROM namespace_vocab").fetchall())
+
     @contextmanager
     def _transaction(self, write: bool) -> Iterator[sqlite_utils.Database]:
         """One transaction under the connection lock: committed if the block returns, rolled back if it raises.
@@ -545,6 +597,15 @@ def _create_schema(db: sqlite_utils.Database, now: float) -> None:
         {"namespace": str, "version": int, "total_events": int},
         pk="namespace",
         not_null=("namespace", "version", "total_events"),
+        if_not_exists=True,
+        strict=strict,
+    )
+    # Added after schema 2 without a version bump: a new table that older servers simply ignore.
+    db.create_table(
+        "namespace_vocab",
+        {"namespace": str, "vocab_size": int},
+        pk="namespace",
+        not_null=("namespace", "vocab_size"),
         if_not_exists=True,
         strict=strict,
     )

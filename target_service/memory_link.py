@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 MEMORY_HEALTH_SERVICE = "calispec.v1.TargetService/memory"
 MAX_BACKOFF_S = 5.0
+# Refusals that retrying will not cure: a wrong token, or a namespace of another vocabulary.
+_CONFIG_ERRORS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
 
 Key = tuple[int, int]
 
@@ -159,13 +161,15 @@ class MemoryLink:
         if batch is None:
             return True
         events = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for d, t, c in batch.pairs()]
-        request = memory_pb2.RecordEventsRequest(namespace=self.namespace, events=events)
+        request = memory_pb2.RecordEventsRequest(
+            namespace=self.namespace, events=events, vocab_size=self.table.vocab_size
+        )
         try:
             response = self._stub.RecordEvents(request, timeout=self.rpc_timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
             self.table.mark_failed(batch.batch_id)
             log.log(
-                logging.ERROR if exc.code() == grpc.StatusCode.UNAUTHENTICATED else logging.DEBUG,
+                logging.ERROR if exc.code() in _CONFIG_ERRORS else logging.DEBUG,
                 "RecordEvents failed: %s %s",
                 exc.code(),
                 exc.details(),
@@ -186,7 +190,8 @@ class MemoryLink:
                 if self._stop.is_set():
                     return
                 failures += 1
-                log.debug("watch stream broke: %s", exc.code())
+                level = logging.ERROR if exc.code() in _CONFIG_ERRORS else logging.DEBUG
+                log.log(level, "watch stream broke: %s %s", exc.code(), exc.details())
             except CalispecError as exc:  # a table this verifier cannot use (e.g. wrong namespace)
                 failures += 1
                 self._mirror = None  # possibly half-applied: start over from a snapshot
@@ -198,7 +203,9 @@ class MemoryLink:
 
     def _watch_once(self) -> None:
         resume = self._version if self._mirror is not None else None
-        request = memory_pb2.WatchRequest(namespace=self.namespace, resume_version=resume)
+        request = memory_pb2.WatchRequest(
+            namespace=self.namespace, resume_version=resume, vocab_size=self.table.vocab_size
+        )
         self._chunks = []
         call = self._stub.Watch(request)
         self._call = call

@@ -29,14 +29,16 @@ class PairCount(_message.Message):
     def __init__(self, draft_token_id: _Optional[int] = ..., target_token_id: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class RecordEventsRequest(_message.Message):
-    __slots__ = ("namespace", "events", "wait_durable")
+    __slots__ = ("namespace", "events", "wait_durable", "vocab_size")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     WAIT_DURABLE_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     events: _containers.RepeatedCompositeFieldContainer[PairCount]
     wait_durable: bool
-    def __init__(self, namespace: _Optional[str] = ..., events: _Optional[_Iterable[_Union[PairCount, _Mapping]]] = ..., wait_durable: _Optional[bool] = ...) -> None: ...
+    vocab_size: int
+    def __init__(self, namespace: _Optional[str] = ..., events: _Optional[_Iterable[_Union[PairCount, _Mapping]]] = ..., wait_durable: _Optional[bool] = ..., vocab_size: _Optional[int] = ...) -> None: ...
 
 class RecordEventsResponse(_message.Message):
     __slots__ = ("recorded", "version", "durable")
@@ -87,7 +89,7 @@ class CountBucket(_message.Message):
     def __init__(self, min_count: _Optional[int] = ..., max_count: _Optional[int] = ..., pairs: _Optional[int] = ..., events: _Optional[int] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("total_events", "distinct_pairs", "version", "table_events", "top_pairs", "top20_share", "count_histogram", "db_bytes", "max_pairs", "max_pairs_per_draft", "half_life_s")
+    __slots__ = ("total_events", "distinct_pairs", "version", "table_events", "top_pairs", "top20_share", "count_histogram", "db_bytes", "max_pairs", "max_pairs_per_draft", "half_life_s", "vocab_size")
     TOTAL_EVENTS_FIELD_NUMBER: _ClassVar[int]
     DISTINCT_PAIRS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +101,7 @@ class GetStatsResponse(_message.Message):
     MAX_PAIRS_FIELD_NUMBER: _ClassVar[int]
     MAX_PAIRS_PER_DRAFT_FIELD_NUMBER: _ClassVar[int]
     HALF_LIFE_S_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     total_events: int
     distinct_pairs: int
     version: int
@@ -110,15 +113,18 @@ class GetStatsResponse(_message.Message):
     max_pairs: int
     max_pairs_per_draft: int
     half_life_s: float
-    def __init__(self, total_events: _Optional[int] = ..., distinct_pairs: _Optional[int] = ..., version: _Optional[int] = ..., table_events: _Optional[int] = ..., top_pairs: _Optional[_Iterable[_Union[PairCount, _Mapping]]] = ..., top20_share: _Optional[float] = ..., count_histogram: _Optional[_Iterable[_Union[CountBucket, _Mapping]]] = ..., db_bytes: _Optional[int] = ..., max_pairs: _Optional[int] = ..., max_pairs_per_draft: _Optional[int] = ..., half_life_s: _Optional[float] = ...) -> None: ...
+    vocab_size: int
+    def __init__(self, total_events: _Optional[int] = ..., distinct_pairs: _Optional[int] = ..., version: _Optional[int] = ..., table_events: _Optional[int] = ..., top_pairs: _Optional[_Iterable[_Union[PairCount, _Mapping]]] = ..., top20_share: _Optional[float] = ..., count_histogram: _Optional[_Iterable[_Union[CountBucket, _Mapping]]] = ..., db_bytes: _Optional[int] = ..., max_pairs: _Optional[int] = ..., max_pairs_per_draft: _Optional[int] = ..., half_life_s: _Optional[float] = ..., vocab_size: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("namespace", "resume_version")
+    __slots__ = ("namespace", "resume_version", "vocab_size")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     RESUME_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     resume_version: int
-    def __init__(self, namespace: _Optional[str] = ..., resume_version: _Optional[int] = ...) -> None: ...
+    vocab_size: int
+    def __init__(self, namespace: _Optional[str] = ..., resume_version: _Optional[int] = ..., vocab_size: _Optional[int] = ...) -> None: ...
 
 class WatchResponse(_message.Message):
     __slots__ = ("kind", "version", "pairs", "last_chunk")

@@ -142,3 +142,18 @@ def test_outage_keeps_the_last_table_reports_it_and_resumes(tmp_path: Path) -> N
     finally:
         link.stop()
         memory.stop()
+
+
+def test_one_out_of_vocabulary_pair_does_not_cut_the_verifier_off(memory: Memory) -> None:
+    """A namespace written before it had a vocabulary may hold ids this verifier cannot use: skip them."""
+    record_elsewhere(memory.port, (5, 7, LAMBDA + 1), (5, 2**32 - 1, 3))  # no vocabulary declared yet
+    memory.store.flush()
+    table = PairTable(vocab_size=100)
+    link, health = make_link(memory.port, table)
+    try:
+        wait_until(lambda: link.connected and count(table, 5, 7) > LAMBDA)
+        assert health.status[MEMORY_HEALTH_SERVICE] == health_pb2.HealthCheckResponse.SERVING
+        assert table.stats().skipped_pairs == 1
+        assert memory.store.table_stats("ns").vocab_size == 100  # the watcher declared its vocabulary
+    finally:
+        link.stop()

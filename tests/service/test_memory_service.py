@@ -246,3 +246,29 @@ def test_watch_sends_snapshot_then_deltas_and_resumes(stub: memory_pb2_grpc.Memo
         memory_pb2.WATCH_UPDATE_KIND_DELTA, 3, [(9, 9, 1)]
     )  # fmt: skip
     resumed.cancel()
+
+
+def test_the_first_declared_vocabulary_bounds_every_later_write(channel: grpc.Channel, tmp_path: Path) -> None:
+    """One out-of-range pair used to reach every verifier's table; now it is refused at the door."""
+    stub = WriterStub(channel)
+    stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 2, 3)), vocab_size=100))
+    with pytest.raises(grpc.RpcError) as info:  # a later writer that declares nothing: still bounded
+        stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((4, 5, 1), (7, 100, 1))))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "[0, 99]" in info.value.details()
+    with pytest.raises(grpc.RpcError) as info:  # another model pair's vocabulary
+        stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((4, 5, 1)), vocab_size=50))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(grpc.RpcError) as info:
+        next(iter(stub.Watch(memory_pb2.WatchRequest(namespace="ns", vocab_size=50), timeout=5)))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    stats = stub.GetStats(memory_pb2.GetStatsRequest(namespace="ns"))
+    assert (stats.total_events, stats.distinct_pairs, stats.vocab_size) == (3, 1, 100)  # nothing changed
+
+
+def test_a_refused_first_write_declares_no_vocabulary(stub: memory_pb2_grpc.MemoryServiceStub) -> None:
+    with pytest.raises(grpc.RpcError):
+        stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 200, 1)), vocab_size=100))
+    assert stub.GetStats(memory_pb2.GetStatsRequest(namespace="ns")).vocab_size == 0
+    stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 200, 1)), vocab_size=300))
+    assert stub.GetStats(memory_pb2.GetStatsRequest(namespace="ns")).vocab_size == 300

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from calispec_core.errors import InvalidArgument, ResourceExhausted, Unavailable
+from calispec_core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
 from memory_service.store import MAX_EVENTS_PER_RECORD, MAX_TOTAL_EVENTS, CorrectionStore
 
 
@@ -282,3 +282,16 @@ def test_snapshot_at_version_v_holds_exactly_the_records_promised_v(db_path: Pat
     for total, version in reads:
         assert total == sum(v <= version for v in promised), (total, version)
     assert len({v for _, v in reads}) > 1
+
+
+def test_a_namespace_vocabulary_survives_restarts_and_bounds_imports(db_path: Path) -> None:
+    with CorrectionStore(db_path, flush_interval_s=0) as store:
+        store.declare_vocab("ns", 10)
+        store.declare_vocab("ns", 0)  # declaring nothing is always fine
+    with CorrectionStore(db_path, flush_interval_s=0) as store:
+        with pytest.raises(InvalidArgument):  # an import (durable record) of another vocabulary's ids
+            store.record("ns", [(1, 2, 1), (3, 10, 1)], durable=True)
+        with pytest.raises(FailedPrecondition):
+            store.declare_vocab("ns", 11)
+        assert store.record("other", [(3, 10, 1)]) == (1, 1)  # other namespaces are not affected
+        assert store.stats("ns") == (0, 0, 0) and store.table_stats("ns").vocab_size == 10
