@@ -7,6 +7,7 @@ All functions are vectorised over a leading batch dimension with per-row paramet
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -14,16 +15,37 @@ import torch
 from calispec_core.errors import require
 
 MAX_TEMPERATURE = 100.0
+# A positive temperature below MIN_TEMPERATURE means greedy: softmax(z / T) is one-hot there for any
+# logit gap above ~1e-4 anyway, and z / T overflows float32 (inf, then NaN) as T nears 1e-38.
+MIN_TEMPERATURE = 1e-5
+# A positive top-p below MIN_TOP_P counts as MIN_TOP_P (keep only the most likely token): smaller
+# values would round to 0 in float32, which means "top-p off".
+MIN_TOP_P = 1e-6
+
+# Names of the services' random streams (see stream_seed): never the same for two services.
+DRAFT_STREAM = "draft"
+TARGET_STREAM = "target"
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Per-request sampling parameters. temperature == 0 means greedy."""
+    """Per-request sampling parameters. temperature == 0 means greedy.
+
+    Tiny positive values are normalised on construction (numerically safe, documented in
+    docs/robustness.md): temperature < MIN_TEMPERATURE becomes 0 (greedy), top_p < MIN_TOP_P
+    becomes MIN_TOP_P. Other values are kept as given; validate() refuses out-of-range ones.
+    """
 
     temperature: float = 0.0
     top_p: float = 1.0  # 0 or 1 disables
     top_k: int = 0  # 0 disables
     seed: int | None = None
+
+    def __post_init__(self) -> None:  # frozen: normalise through object.__setattr__
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)
+        if 0.0 < self.top_p < MIN_TOP_P:
+            object.__setattr__(self, "top_p", MIN_TOP_P)
 
     @property
     def greedy(self) -> bool:
@@ -43,25 +65,38 @@ class SamplingConfig:
         return self
 
 
-def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
-    """A per-request generator: seeded requests reproduce exactly, unseeded ones do not repeat."""
+def stream_seed(seed: int, stream: str) -> int:
+    """The 63-bit seed of one service's random stream for a request seed: blake2b-64("seed:stream") >> 1.
+
+    The draft and the target must not seed their generators alike: the draft's token draws would
+    then be correlated with the target's acceptance coins, and seeded sampling would no longer
+    follow the target distribution (lossless speculative sampling needs independent draws).
+    """
+    digest = hashlib.blake2b(f"{seed}:{stream}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def make_generator(seed: int | None, stream: str, device: torch.device | str = "cpu") -> torch.Generator:
+    """A per-request generator for one service's stream: seeded requests reproduce exactly,
+    unseeded ones do not repeat."""
     generator = torch.Generator(device=device)
     if seed is None:
         generator.seed()
     else:
-        generator.manual_seed(seed)
+        generator.manual_seed(stream_seed(seed, stream))
     return generator
 
 
 def warp_probs(
     logits: torch.Tensor,  # [B, S, V] raw logits
-    temperature: torch.Tensor,  # [B] float; rows with 0 are treated as 1 (callers handle greedy)
+    temperature: torch.Tensor,  # [B] float; 0 is treated as 1 (callers handle greedy); clamped to >= MIN_TEMPERATURE
     top_k: torch.Tensor,  # [B] int; 0 = disabled
     top_p: torch.Tensor,  # [B] float; 0 or 1 = disabled
 ) -> torch.Tensor:  # [B, S, V] float32 probabilities
     """Softmax of logits / temperature restricted to the top-k and top-p (nucleus) set."""
     vocab = logits.shape[-1]
-    temp = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    # Clamped: a tiny temperature must not turn logits into inf / NaN (SamplingConfig makes it greedy).
+    temp = torch.where(temperature > 0, temperature.clamp(min=MIN_TEMPERATURE), torch.ones_like(temperature))
     scaled = logits.float() / temp.float().view(-1, 1, 1)  # [B, S, V]
     truncates = ((top_k > 0) & (top_k < vocab)) | ((top_p > 0) & (top_p < 1))  # [B]
     if not bool(truncates.any()):  # one host sync; skips a full-vocabulary sort (same result)

@@ -9,7 +9,7 @@ import torch
 from calispec_core.errors import require
 from calispec_core.limits import MAX_SPECULATIVE_TOKENS
 from calispec_core.modeling import ModelRunner, Session, prefill_session
-from calispec_core.sampling import SamplingConfig, make_generator, warp_probs
+from calispec_core.sampling import DRAFT_STREAM, SamplingConfig, make_generator, warp_probs
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
 from calispec_core.timing import Stopwatch
 
@@ -43,7 +43,7 @@ class Proposer:
         self.sessions.check_capacity()
         with watch.phase("forward"):
             session = prefill_session(self.runner, session_id, token_ids)
-        generator = make_generator(sampling.seed, self.runner.device)
+        generator = make_generator(sampling.seed, DRAFT_STREAM, self.runner.device)
         self.sessions.add(session_id, DraftSession(session, sampling, generator))
 
     def rollback(self, session_id: str, length: int, append: list[int]) -> int:

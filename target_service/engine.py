@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from calispec_core.errors import InvalidArgument, require
+from calispec_core.errors import CalispecError, InvalidArgument, require
 from calispec_core.generation import Mode
 from calispec_core.limits import MAX_SPECULATIVE_TOKENS
 from calispec_core.modeling import ModelRunner, Session, prefill_session
-from calispec_core.sampling import SamplingConfig, make_generator
+from calispec_core.sampling import TARGET_STREAM, SamplingConfig, make_generator
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
 from calispec_core.timing import Stopwatch
 from target_service.batch_forward import forward_rows
@@ -29,6 +29,7 @@ from target_service.verifier import PLACEHOLDER_TOKEN_ID, VerifyInput, verify
 
 DEFAULT_TAU = 0.01
 DEFAULT_LAMBDA = 6
+DRAFT_PROBS_TOLERANCE = 1e-3  # |sum(q) - 1| allowed per row: float32 softmax over 150k tokens is far closer
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class TargetEngine:
         self.sessions.check_capacity()
         with watch.phase("forward"):
             session = prefill_session(self.runner, session_id, token_ids)
-        generator = make_generator(sampling.seed, self.runner.device)
+        generator = make_generator(sampling.seed, TARGET_STREAM, self.runner.device)
         self.sessions.add(session_id, TargetSession(session, sampling, rescue, generator))
 
     def close(self, session_id: str) -> None:
@@ -117,27 +118,38 @@ class TargetEngine:
             return self.scheduler.submit(_Row(state, draft, draft_probs, watch))
 
     def _round(self, rows: Sequence[_Row]) -> list[VerifyResult]:
-        """Runs on the scheduler thread: one forward and one verify for every row."""
+        """Runs on the scheduler thread: one forward and one verify for every row, then the commits.
+
+        All or nothing: no session changes (cache, tokens, generator) until every row is verified,
+        so when the round raises the scheduler can rerun its rows one by one and only a faulty
+        row fails its own request.
+        """
         watch = Stopwatch()
         sessions = [r.state.session for r in rows]
-        with watch.phase("forward"):
-            inputs = [s.pending() + r.draft for s, r in zip(sessions, rows, strict=True)]
-            logits, caches = forward_rows(
-                self.runner, [s.cache for s in sessions], inputs, [len(r.draft) + 1 for r in rows]
-            )
-            for session, cache in zip(sessions, caches, strict=True):
-                session.cache = cache
-        with watch.phase("verify"):
-            batch = self._verify_input(rows, logits)
-            out = verify(batch, self.table.counts)
-            outcome = torch.stack(
-                [out.accepted_count, out.next_token, out.next_is_bonus.long(), out.event_mask.sum(dim=-1)]
-            ).tolist()  # the one device sync of the round, after the math
-            rescued = out.rescued.tolist()  # [B][G]
-        with watch.phase("memory"):
-            self._record_events(*out.events(batch.draft_tokens))
+        cached = [s.cached_len for s in sessions]
+        generator_states = [r.state.generator.get_state() for r in rows]
+        try:
+            with watch.phase("forward"):
+                inputs = [s.pending() + r.draft for s, r in zip(sessions, rows, strict=True)]
+                logits, caches = forward_rows(
+                    self.runner, [s.cache for s in sessions], inputs, [len(r.draft) + 1 for r in rows]
+                )
+            with watch.phase("verify"):
+                batch = self._verify_input(rows, logits)
+                out = verify(batch, self.table.counts)
+                outcome = torch.stack(
+                    [out.accepted_count, out.next_token, out.next_is_bonus.long(), out.event_mask.sum(dim=-1)]
+                ).tolist()  # the one device sync of the round, after the math
+                rescued = out.rescued.tolist()  # [B][G]
+                self._check_emitted(rows, outcome[1])
+            with watch.phase("memory"):
+                self._record_events(*out.events(batch.draft_tokens))
+        except BaseException:
+            self._undo(rows, cached, generator_states)
+            raise
         results = []
         for b, (row, accepted, next_token, bonus, rejections) in enumerate(zip(rows, *outcome, strict=True)):
+            row.state.session.cache = caches[b]
             self._commit(row.state.session, row.draft, accepted, next_token)
             positions = [i for i, hit in enumerate(rescued[b]) if hit]
             results.append(VerifyResult(accepted, positions, next_token, bool(bonus), rejections, len(rows)))
@@ -145,6 +157,24 @@ class TargetEngine:
             for phase in ("forward", "verify", "memory"):
                 row.watch.add(phase, watch.get(phase))
         return results
+
+    def _check_emitted(self, rows: Sequence[_Row], next_tokens: list[int]) -> None:
+        """Never commit a token outside the vocabulary (it would break every later batched forward)."""
+        for row, token in zip(rows, next_tokens, strict=True):
+            if not 0 <= token < self.runner.vocab_size:
+                raise CalispecError(
+                    f"session {row.state.session.session_id!r}: verification emitted token {token} "
+                    f"outside the vocabulary (size {self.runner.vocab_size})"
+                )
+
+    @staticmethod
+    def _undo(rows: Sequence[_Row], cached: list[int], generator_states: list[torch.Tensor]) -> None:
+        """Back to the state before a failed round: a lone row's forward extended its cache in place."""
+        for row, length, state in zip(rows, cached, generator_states, strict=True):
+            row.state.generator.set_state(state)
+            excess = row.state.session.cached_len - length
+            if excess > 0:
+                row.state.session.cache.crop(-excess)
 
     def _check_draft(self, state: TargetSession, draft: list[int], draft_probs: torch.Tensor | None) -> None:
         require(
@@ -157,12 +187,22 @@ class TargetEngine:
             return
         if draft_probs is None:
             raise InvalidArgument("draft_probs are required when the session samples (temperature > 0)")
+        self._check_draft_probs(draft_probs, len(draft))
+
+    def _check_draft_probs(self, probs: torch.Tensor, rows: int) -> None:
+        """q must be a real distribution per draft token, over exactly the target's vocabulary: a
+        faulty q would silently break lossless sampling."""
+        vocab = self.runner.vocab_size
         require(
-            draft_probs.shape[0] == len(draft) and draft_probs.shape[1] <= self.runner.vocab_size,
-            f"draft_probs shape {tuple(draft_probs.shape)} does not match {len(draft)} tokens "
-            f"and a vocabulary of at most {self.runner.vocab_size}",
+            tuple(probs.shape) == (rows, vocab),
+            f"draft_probs must be [{rows}, {vocab}] (one row per draft token over the target's vocabulary), "
+            f"got {list(probs.shape)}",
         )
-        require(bool(torch.isfinite(draft_probs).all()), "draft_probs must be finite")
+        require(bool(torch.isfinite(probs).all()), "draft_probs must be finite")
+        require(bool((probs >= 0).all()), "draft_probs must be >= 0")
+        sums = probs.double().sum(dim=-1)  # [rows]
+        worst = float((sums - 1).abs().max())
+        require(worst <= DRAFT_PROBS_TOLERANCE, f"each draft_probs row must sum to 1 (off by {worst:.3g})")
 
     def _verify_input(self, rows: Sequence[_Row], logits: list[torch.Tensor]) -> VerifyInput:
         """Pad the rows to one batch: logits [B, G+1, V], drafts [B, G], q [B, G, V_draft]."""

@@ -4,6 +4,10 @@ Handler threads `submit` a row and block on its result; one worker thread takes 
 are waiting (up to `max_batch`) and runs them together. There is no batching window: an idle
 service runs a lone row at once, a busy one batches exactly what queued up during the previous
 forward — latency is never traded for batch size.
+
+A failed batch never fails its honest rows: the step must change nothing when it raises (the
+target's round commits only after every row is verified), so each row of a failed batch is
+run again alone and only the rows that still fail see an error.
 """
 
 from __future__ import annotations
@@ -67,9 +71,15 @@ class BatchScheduler(Generic[Row, Result]):
     def _run_batch(self, batch: list[tuple[Row, Future[Result]]]) -> None:
         try:
             results = self._step([row for row, _ in batch])
-        except Exception as exc:  # the whole batch failed: every caller sees the error
-            for _, future in batch:
-                future.set_exception(exc)
+        except Exception as exc:
+            if len(batch) == 1:
+                batch[0][1].set_exception(exc)
+                return
+            log.warning(
+                "a batch of %d rows failed (%s: %s); running each row alone", len(batch), type(exc).__name__, exc
+            )
+            for item in batch:  # isolate the failing row(s): the others complete
+                self._run_batch([item])
             return
         for (_, future), result in zip(batch, results, strict=True):
             future.set_result(result)

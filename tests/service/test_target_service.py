@@ -146,3 +146,22 @@ def test_cli_sets_the_session_idle_ttl() -> None:
 
     config, _ = parse_config(["--model", "m", "--session-idle-ttl-s", "7.5"])
     assert config.session_idle_ttl_s == 7.5
+
+
+def test_faulty_draft_distributions_are_refused_and_change_nothing(stub, target_runner: ModelRunner) -> None:
+    vocab = target_runner.vocab_size
+    uniform = np.full((2, vocab), 1.0 / vocab, dtype="<f4")
+    negative = uniform.copy()
+    negative[0, :2] = [-0.5, 0.5 + 2.0 / vocab]  # still sums to 1
+    narrower = np.full((2, vocab - 1), 1.0 / (vocab - 1), dtype="<f4")  # a distribution, but not over the vocabulary
+    faulty = [(negative, vocab), (np.zeros_like(uniform), vocab), (uniform * 1e30, vocab), (narrower, vocab - 1)]
+    for sid in ("faulty", "twin"):
+        prefill(stub, sid, mode=common_pb2.MODE_SD, temperature=1.0, seed=5)
+    for probs, width in faulty:
+        code = rpc_code(lambda p=probs, w=width: verify(stub, "faulty", [1, 2], p.tobytes(), w))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (probs[0, :3], width)
+    outcomes = [verify(stub, sid, [1, 2], uniform.tobytes(), vocab) for sid in ("faulty", "twin")]
+    fields = [(r.accepted_count, r.next_token_id, r.next_is_bonus, list(r.rescued_positions)) for r in outcomes]
+    assert fields[0] == fields[1]  # the refused calls touched neither the cache nor the random stream
+    for sid in ("faulty", "twin"):
+        close(stub, sid)

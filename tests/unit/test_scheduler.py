@@ -61,3 +61,31 @@ def test_a_failing_batch_fails_its_callers_and_the_scheduler_goes_on() -> None:
         scheduler.submit(-1)
     assert scheduler.submit(7) == 70
     scheduler.stop()
+
+
+def test_a_failing_row_fails_only_its_own_caller_and_the_rest_of_its_batch_completes() -> None:
+    step = GatedStep()
+    scheduler = BatchScheduler(step, max_batch=4)
+    results: dict[int, int | Exception] = {}
+
+    def submit(row: int) -> None:
+        try:
+            results[row] = scheduler.submit(row)
+        except RuntimeError as exc:
+            results[row] = exc
+
+    threads = [threading.Thread(target=submit, args=(0,))]
+    threads[0].start()
+    assert step.entered.wait(timeout=30)
+    for row in (1, -1, 2):
+        threads.append(threading.Thread(target=submit, args=(row,)))
+        threads[-1].start()
+    wait_until(lambda: scheduler._queue.qsize() == 3)
+    step.release.set()
+    for t in threads:
+        t.join(timeout=30)
+    scheduler.stop()
+    assert sorted(step.batches[1]) == [-1, 1, 2]  # they did share a batch, which failed
+    assert sorted(b[0] for b in step.batches[2:]) == [-1, 1, 2]  # then each row ran alone
+    assert isinstance(results.pop(-1), RuntimeError)
+    assert results == {0: 0, 1: 10, 2: 20}
