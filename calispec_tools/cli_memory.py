@@ -4,6 +4,7 @@ calispec calibrate --prompts FILE --namespace NS       # standard SD over a cali
 calispec memory stats --namespace NS [--tokenizer DIR]  # top pairs as text, top-20% share, distribution
 calispec memory export --namespace NS --out FILE
 calispec memory import --namespace NS --file FILE --writer-token-file PATH   # adds the file's counts
+(a memory service under mutual TLS: --memory-tls-cert/-key/-ca; imports need a verifier's, i.e. target, certificate)
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import grpc
 
 from calispec.client import CalispecClient, CalispecRpcError
 from calispec.v1 import memory_pb2, memory_pb2_grpc
-from calispec_core.credentials import read_writer_token, writer_metadata
+from calispec_core.credentials import MEMORY, TlsConfig, read_writer_token, writer_metadata
 from calispec_core.errors import CalispecError
 from calispec_core.grpc_server import make_channel
+from calispec_tools.cli_auth import add_client_auth_args, client_auth
 from calispec_tools.memory_file import MemoryFileError, dump_export, load_export
 from calispec_tools.memory_reads import memory_events, wait_for_events
 
@@ -38,6 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     calibrate.add_argument("--max-new-tokens", type=int, default=128)
     calibrate.add_argument("--gamma", type=int, default=None, help="speculative tokens per round")
     calibrate.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
+    add_client_auth_args(calibrate)
+    _add_memory_tls_args(calibrate)
     calibrate.set_defaults(func=cmd_calibrate)
 
     memory = subparsers.add_parser("memory", help="inspect and move correction-memory tables")
@@ -62,10 +66,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--memory-addr", default=DEFAULT_MEMORY, help="memory service HOST:PORT")
+    _add_memory_tls_args(parser)
 
 
-def _stub(address: str) -> tuple[grpc.Channel, memory_pb2_grpc.MemoryServiceStub]:
-    channel = make_channel(address)
+def _add_memory_tls_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("memory service over mutual TLS (docs/security.md)")
+    group.add_argument("--memory-tls-cert", type=Path, help="client certificate (e.g. certs dev's client.pem)")
+    group.add_argument("--memory-tls-key", type=Path, help="its private key")
+    group.add_argument("--memory-tls-ca", type=Path, help="CA bundle of the memory service's certificate")
+
+
+def _memory_tls(args: argparse.Namespace) -> TlsConfig | None:
+    files = (args.memory_tls_cert, args.memory_tls_key, args.memory_tls_ca)
+    if not any(files):
+        return None
+    if not all(files):
+        raise SystemExit("error: give all three of --memory-tls-cert, --memory-tls-key and --memory-tls-ca")
+    return TlsConfig(*files)
+
+
+def _stub(args: argparse.Namespace) -> tuple[grpc.Channel, memory_pb2_grpc.MemoryServiceStub]:
+    channel = make_channel(args.memory_addr, _memory_tls(args), server_name=MEMORY)
     return channel, memory_pb2_grpc.MemoryServiceStub(channel)
 
 
@@ -98,9 +119,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return _fail(f"cannot read prompts: {exc}")
     if not prompts:
         return _fail(f"{args.prompts} holds no prompts")
-    before = memory_events(args.memory_addr, args.namespace)
+    before = memory_events(args.memory_addr, args.namespace, tls=_memory_tls(args))
     rejections = 0
-    with CalispecClient(args.address) as client:
+    with CalispecClient(args.address, **client_auth(args)) as client:
         for i, prompt in enumerate(prompts, 1):
             try:
                 result = client.generate(
@@ -112,7 +133,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             rejections += result.stats.rejections
             print(f"[{i}/{len(prompts)}] rejections {result.stats.rejections}", file=sys.stderr)
     # The target ships its events in the background: wait until the memory holds them all.
-    seeded = wait_for_events(args.memory_addr, args.namespace, before + rejections, timeout_s=30) - before
+    tls = _memory_tls(args)
+    seeded = wait_for_events(args.memory_addr, args.namespace, before + rejections, timeout_s=30, tls=tls) - before
     print(f"calibration: {len(prompts)} prompts, {rejections} rejection events, {seeded} recorded in {args.namespace}")
     if seeded < rejections:
         return _fail("not every event reached the memory: is --namespace the one the stack's target writes to?")
@@ -132,7 +154,7 @@ def _decoder(tokenizer_dir: Path | None):  # -> Callable[[int], str]
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    channel, stub = _stub(args.memory_addr)
+    channel, stub = _stub(args)
     with channel:
         try:
             s = stub.GetStats(memory_pb2.GetStatsRequest(namespace=args.namespace, top_k=args.top), timeout=30)
@@ -159,7 +181,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    channel, stub = _stub(args.memory_addr)
+    channel, stub = _stub(args)
     with channel:
         try:
             reply = stub.GetPairs(
@@ -184,7 +206,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         return _fail(f"{len(pairs)} pairs exceed one atomic import ({MAX_IMPORT_PAIRS}); nothing was imported")
     events = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for d, t, c in pairs]
     request = memory_pb2.RecordEventsRequest(namespace=args.namespace, events=events, wait_durable=True)
-    channel, stub = _stub(args.memory_addr)
+    channel, stub = _stub(args)
     with channel:
         try:
             reply = stub.RecordEvents(request, timeout=120, metadata=writer_metadata(token, "calispec-import"))

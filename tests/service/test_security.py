@@ -189,3 +189,29 @@ def test_memory_takes_writes_from_verifiers_only(certs: DevCerts, tmp_path: Path
     finally:
         server.stop(None)
         store.close()
+
+
+def test_memory_tools_speak_mutual_tls(certs: DevCerts, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+    import json
+
+    from calispec_tools import cli_memory
+
+    config = MemoryConfig(port=0, db_path=tmp_path / "memory.db", writer_token=TOKEN, tls=certs.tls("memory"))
+    server, port, store = create_memory(config)
+    server.start()
+    store.record("ns", [(1, 2, 7)], durable=True)
+    parser = argparse.ArgumentParser()
+    cli_memory.register(parser.add_subparsers(dest="command", required=True))
+    base = ["memory", "stats", "--namespace", "ns", "--memory-addr", f"127.0.0.1:{port}", "--json"]
+    client = ["--memory-tls-cert", str(certs.cert("client")), "--memory-tls-key", str(certs.key("client"))]
+    try:
+        args = parser.parse_args([*base, *client, "--memory-tls-ca", str(certs.ca)])
+        assert args.func(args) == 0
+        assert json.loads(capsys.readouterr().out)["total_events"] == "7"  # int64 in proto JSON
+        with pytest.raises(SystemExit, match="all three"):
+            args = parser.parse_args([*base, *client])
+            args.func(args)
+    finally:
+        server.stop(None)
+        store.close()

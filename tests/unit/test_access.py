@@ -118,3 +118,16 @@ def test_ray_ships_each_service_its_own_pems(tmp_path: Path) -> None:
     assert bundle["memory"]["key"] == certs.key("memory").read_text()
     assert {b["ca"] for b in bundle.values()} == {certs.ca.read_text()}
     assert RayDeployConfig.from_dict({"models": {"draft": "/d", "target": "/t"}}).tls_bundle() == {}
+
+
+def test_the_sdk_takes_its_credentials_from_the_environment_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    from calispec._channel import ClientAuth
+
+    monkeypatch.setenv("CALISPEC_TOKEN", "csk_from-env")
+    monkeypatch.setenv("CALISPEC_TLS_CA", "/etc/ca.pem")
+    auth = ClientAuth.resolve()
+    assert auth.metadata == (("authorization", "Bearer csk_from-env"),) and auth.tls_ca == Path("/etc/ca.pem")
+    assert ClientAuth.resolve(token="csk_given").metadata == (("authorization", "Bearer csk_given"),)
+    monkeypatch.delenv("CALISPEC_TOKEN")
+    monkeypatch.delenv("CALISPEC_TLS_CA")
+    assert ClientAuth.resolve() == ClientAuth()  # plaintext, no metadata
