@@ -25,7 +25,9 @@ COPY coordinator ./coordinator
 COPY draft_service ./draft_service
 COPY target_service ./target_service
 COPY memory_service ./memory_service
-RUN pip install --no-cache-dir .
+# the project itself with its `serve` extra (the base install is the light client); not a PyPI package to pin
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir ".[serve]"
 
 # -- runtime: the venv on the chosen base (CPU slim, or CUDA runtime), as a non-root user -------
 FROM ${BASE_IMAGE} AS runtime

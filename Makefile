@@ -11,12 +11,13 @@ DTYPE  ?= auto
 
 .PHONY: install run test test-slow lint format proto bench-verifier bench-forward bench-memory bench-pair clean
 
-# torch is pinned here (the CPU wheel these machines carry); an unpinned torch pulls a CUDA build.
+# torch is pinned here and installed first (the CPU wheel these machines carry); an unpinned torch
+# pulls a CUDA build. The base install is the light client; `serve` brings what the services need.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[dev,bench,deploy]"
+	$(BIN)/pip install --quiet -e ".[serve,dev,bench,deploy]"
 	touch $(STAMP)
 
 install: $(STAMP)

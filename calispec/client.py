@@ -24,8 +24,8 @@ from typing import Any
 import grpc
 
 from calispec._channel import ClientAuth
+from calispec.types import FinishReason, GenerationStats, Mode
 from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc
-from calispec_core.generation import FinishReason, GenerationStats, Mode
 
 
 class CalispecRpcError(Exception):

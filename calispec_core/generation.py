@@ -1,10 +1,15 @@
-"""Request-level types of the public API, shared by the coordinator and the client SDK."""
+"""Request-level types of the serving side: parameters with defaults and validation.
+
+Mode, FinishReason and GenerationStats live in the SDK (calispec.types) and are re-exported here.
+"""
 
 from __future__ import annotations
 
-import enum
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
+from calispec.types import FinishReason as FinishReason  # re-exported for the services
+from calispec.types import GenerationStats as GenerationStats
+from calispec.types import Mode
 from calispec_core.errors import InvalidArgument, require
 from calispec_core.limits import (
     MAX_NEW_TOKENS,
@@ -16,39 +21,13 @@ from calispec_core.limits import (
 from calispec_core.sampling import SamplingConfig
 
 
-class Mode(enum.IntEnum):
-    """Decoding modes; values equal the proto enum calispec.v1.Mode."""
-
-    AR = 1  # target only
-    SD = 2  # standard speculative decoding (lossless)
-    CSD = 3  # calibrated speculative decoding (lossy)
-    OCM_ONLY = 4  # ablation: memory count test only
-    SCG_ONLY = 5  # ablation: logit gate only
-
-    @classmethod
-    def from_wire(cls, value: int, default: Mode) -> Mode:
-        """The proto enum value; 0 (unspecified) means `default`."""
-        if value == 0:
-            return default
-        if value not in cls._value2member_map_:
-            raise InvalidArgument(f"unknown mode {value}")
-        return cls(value)
-
-    @classmethod
-    def parse(cls, name: str) -> Mode:
-        try:
-            return cls[name.upper()]
-        except KeyError:
-            choices = ", ".join(m.name.lower() for m in cls)
-            raise ValueError(f"unknown mode {name!r}; choose one of {choices}") from None
-
-
-class FinishReason(enum.IntEnum):
-    """Values equal the proto enum calispec.v1.FinishReason."""
-
-    LENGTH = 1
-    EOS = 2
-    STOP = 3
+def mode_from_wire(value: int, default: Mode) -> Mode:
+    """The proto enum value; 0 (unspecified) means `default`."""
+    if value == 0:
+        return default
+    if value not in Mode._value2member_map_:
+        raise InvalidArgument(f"unknown mode {value}")
+    return Mode(value)
 
 
 @dataclass(frozen=True)
@@ -97,33 +76,3 @@ class GenerationParams:
 def validate_prompt(prompt: str) -> None:
     require(len(prompt) > 0, "prompt must not be empty")
     require(len(prompt) <= MAX_PROMPT_CHARS, f"prompt longer than {MAX_PROMPT_CHARS} characters")
-
-
-@dataclass
-class GenerationStats:
-    """Where a request's tokens and milliseconds went."""
-
-    prompt_tokens: int = 0
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0  # includes rescued
-    rescued: int = 0
-    emitted: int = 0
-    draft_ms: float = 0.0
-    target_ms: float = 0.0
-    memory_ms: float = 0.0
-    coordinator_ms: float = 0.0
-    total_ms: float = 0.0
-    acceptance_rate: float = 0.0
-    rejections: int = 0  # rejection events recorded in the correction memory (includes rescued)
-    max_batch_size: int = 0  # largest target batch any round of the request ran in
-    draft_unavailable_rounds: int = 0  # rounds run target-only because the draft was unavailable
-    target_failovers: int = 0  # times the request moved to another target replica
-
-    @property
-    def degraded(self) -> bool:
-        """Served despite a failed service: some rounds without the draft, or moved to another replica."""
-        return self.draft_unavailable_rounds > 0 or self.target_failovers > 0
-
-    def to_dict(self) -> dict[str, float]:
-        return asdict(self)

@@ -10,14 +10,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError
+
+if TYPE_CHECKING:
+    from grpc_health.v1 import health
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,10 @@ def create_grpc_server(
     )
     for register in registrars:
         register(server)
+    # imported here: tools (and the light client install) use this module's channels without them
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection
+
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in [*service_names, ""]:
@@ -196,6 +201,8 @@ class _ServerWithHealthPort(grpc.Server):
 
 
 def _with_health_port(main: grpc.Server, servicer: health.HealthServicer, host: str, port: int) -> grpc.Server:
+    from grpc_health.v1 import health_pb2_grpc
+
     health_only = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     health_pb2_grpc.add_HealthServicer_to_server(servicer, health_only)
     if health_only.add_insecure_port(f"{host}:{port}") == 0:

@@ -23,15 +23,17 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import platformdirs
 
 from calispec.client import CalispecClient, CalispecRpcError, GenerationResult
-from calispec_core.generation import Mode
+from calispec.types import Mode
 from calispec_tools import cli_auth, cli_bench, cli_memory, cli_ray
 from calispec_tools.models.registry import PAIRS, ModelPullError, describe_pairs, pull_pair, pulled
-from calispec_tools.stack import LocalStack, StackConfig
+
+if TYPE_CHECKING:
+    from calispec_tools.stack import StackConfig
 
 DEFAULT_ADDRESS = "127.0.0.1:50050"
 DEMO_PROMPT = "def fibonacci(n):"
@@ -86,6 +88,8 @@ def resolve_pair(args: argparse.Namespace) -> tuple[Path, Path]:
 
 
 def stack_config(args: argparse.Namespace, ports: tuple[int, int, int, int]) -> StackConfig:
+    from calispec_tools.stack import StackConfig  # the serving stack: not on the light CLI's import path
+
     draft, target = resolve_pair(args)
     return StackConfig(
         draft_model=draft,
@@ -203,6 +207,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         tls_dir, keys_file, key = up_security(args, Path(secrets_dir))
         config = stack_config(args, (args.port, args.target_port, args.draft_port, args.memory_port))
         config = dataclasses.replace(config, tls_dir=tls_dir, api_keys_file=keys_file)
+        from calispec_tools.stack import LocalStack
+
         with LocalStack(config) as stack:
             for name, service in stack.services.items():
                 print(f"{name:15s} {service.address}  log: {service.log_path}")
@@ -227,6 +233,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         args.prompt = PAIRS[args.pair].demo_prompt if args.pair in PAIRS and not explicit else DEMO_PROMPT
     config = stack_config(args, (0, 0, 0, 0))
     print(f"starting the stack (draft {config.draft_model}, target {config.target_model})...", file=sys.stderr)
+    from calispec_tools.stack import LocalStack  # the serving stack: not on the light CLI's import path
+
     with LocalStack(config) as stack:
         print(f"prompt: {args.prompt!r}  mode: {args.mode or 'csd'}\n", file=sys.stderr)
         return run_request(stack.coordinator_address, args)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from calispec_core.generation import Mode
+from calispec.types import Mode
 from calispec_tools.cli_auth import add_client_auth_args, client_auth
 
 MODE_NAMES = [m.name.lower() for m in Mode]

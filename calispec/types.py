@@ -1,0 +1,69 @@
+"""The SDK's request-level types: decoding modes, finish reasons, per-request statistics.
+
+Enum values are the proto enums' (calispec.v1.Mode, calispec.v1.FinishReason); the serving
+core re-exports these types, so the client and the services share one definition.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+
+from calispec.v1 import common_pb2, coordinator_pb2
+
+
+class Mode(enum.IntEnum):
+    """Decoding modes."""
+
+    AR = common_pb2.MODE_AR  # target only
+    SD = common_pb2.MODE_SD  # standard speculative decoding (lossless)
+    CSD = common_pb2.MODE_CSD  # calibrated speculative decoding (lossy)
+    OCM_ONLY = common_pb2.MODE_OCM_ONLY  # ablation: memory count test only
+    SCG_ONLY = common_pb2.MODE_SCG_ONLY  # ablation: logit gate only
+
+    @classmethod
+    def parse(cls, name: str) -> Mode:
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            choices = ", ".join(m.name.lower() for m in cls)
+            raise ValueError(f"unknown mode {name!r}; choose one of {choices}") from None
+
+
+MODE_NAMES = tuple(m.name.lower() for m in Mode)
+
+
+class FinishReason(enum.IntEnum):
+    LENGTH = coordinator_pb2.FINISH_REASON_LENGTH  # max_new_tokens or the context limit
+    EOS = coordinator_pb2.FINISH_REASON_EOS
+    STOP = coordinator_pb2.FINISH_REASON_STOP  # a stop string
+
+
+@dataclass
+class GenerationStats:
+    """Where a request's tokens and milliseconds went (fields mirror calispec.v1.GenerationStats)."""
+
+    prompt_tokens: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0  # includes rescued
+    rescued: int = 0
+    emitted: int = 0
+    draft_ms: float = 0.0
+    target_ms: float = 0.0
+    memory_ms: float = 0.0
+    coordinator_ms: float = 0.0
+    total_ms: float = 0.0
+    acceptance_rate: float = 0.0
+    rejections: int = 0  # rejection events recorded in the correction memory (includes rescued)
+    max_batch_size: int = 0  # largest target batch any round of the request ran in
+    draft_unavailable_rounds: int = 0  # rounds run target-only because the draft was unavailable
+    target_failovers: int = 0  # times the request moved to another target replica
+
+    @property
+    def degraded(self) -> bool:
+        """Served despite a failed service: some rounds without the draft, or moved to another replica."""
+        return self.draft_unavailable_rounds > 0 or self.target_failovers > 0
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
