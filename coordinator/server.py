@@ -17,6 +17,7 @@ from calispec_core.modeling import load_tokenizer, tokenizer_fingerprint
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
 from coordinator.backends import ModelFacts
+from coordinator.chat import ChatTurn, render_chat
 from coordinator.circuit import CircuitBreaker
 from coordinator.clients import GrpcDraftBackend, GrpcTargetBackend
 from coordinator.config import CoordinatorConfig
@@ -76,7 +77,15 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def _chunks(self, request, context):
         params = params_from_pb(request.params, self.config.defaults)
         deadline = Deadline(request_timeout(context.time_remaining(), self.config.rpc_timeout_s))
-        return self.orchestrator.generate(request.prompt, params, deadline, lambda: not context.is_active())
+        prompt = self._prompt(request)
+        return self.orchestrator.generate(prompt, params, deadline, lambda: not context.is_active())
+
+    def _prompt(self, request) -> str:
+        """The raw prompt, or the chat messages rendered with the target's chat template."""
+        if request.WhichOneof("input") == "messages":
+            turns = [ChatTurn(m.role, m.content) for m in request.messages.messages]
+            return render_chat(self.orchestrator.tokenizer, turns)
+        return request.prompt
 
     def Generate(self, request, context):
         response = coordinator_pb2.GenerateResponse()

@@ -65,8 +65,8 @@ class PairSpec:
     target: GgufSource
     # Chat models stop on their end-of-turn token; GGUF metadata may name only one EOS.
     eos_tokens: tuple[str, ...] = ()
-    # The demo prompt, already in the pair's chat format (the coordinator takes raw prompts).
-    demo_prompt: str = ""
+    # The demo request: one user turn, rendered by the coordinator with the pair's chat template.
+    demo_message: str = ""
 
     def source(self, role: str) -> GgufSource:
         return self.draft if role == "draft" else self.target
@@ -97,10 +97,8 @@ PAIRS: dict[str, PairSpec] = {
             size=1_117_320_768,
         ),
         eos_tokens=("<|im_end|>", "<|endoftext|>"),
-        demo_prompt=QWEN_CHAT.format(
-            prompt="Write a Python function `is_prime(n: int) -> bool` that returns whether n is a prime number. "
-            "Reply with only the code in one ```python block."
-        ),
+        demo_message="Write a Python function `is_prime(n: int) -> bool` that returns whether n is a prime number. "
+        "Reply with only the code in one ```python block.",
     ),
 }
 

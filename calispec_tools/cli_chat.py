@@ -1,0 +1,81 @@
+"""`calispec chat`: talk to a running coordinator; the conversation is rendered server-side with the
+target model's chat template. One-shot with `-m TEXT`, else an interactive loop that keeps the
+conversation and prints each reply as it streams (`/exit` or Ctrl-D ends it, Ctrl-C stops a reply).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from calispec.client import CalispecClient, CalispecRpcError
+
+Conversation = list[dict[str, str]]
+EXIT_COMMANDS = ("/exit", "/quit")
+
+
+def stream_reply(
+    client: CalispecClient, conversation: Conversation, params: dict[str, Any], timeout: float, out: TextIO
+) -> str:
+    """Print the assistant's reply as it arrives; returns it whole."""
+    parts: list[str] = []
+    for chunk in client.chat_stream(conversation, timeout=timeout, **params):
+        out.write(chunk.text)
+        out.flush()
+        parts.append(chunk.text)
+    out.write("\n")
+    return "".join(parts)
+
+
+def one_shot(client: CalispecClient, conversation: Conversation, params: dict[str, Any], timeout: float) -> int:
+    try:
+        stream_reply(client, conversation, params, timeout, sys.stdout)
+    except CalispecRpcError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def repl(
+    client: CalispecClient,
+    conversation: Conversation,
+    params: dict[str, Any],
+    timeout: float,
+    read: Callable[[str], str] = input,
+    out: TextIO = sys.stdout,
+) -> int:
+    """Read a user turn, stream the reply, keep both; a failed or interrupted turn is dropped."""
+    while True:
+        try:
+            line = read("you> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            out.write("\n")
+            return 0
+        if line in EXIT_COMMANDS:
+            return 0
+        if not line:
+            continue
+        conversation.append({"role": "user", "content": line})
+        try:
+            reply = stream_reply(client, conversation, params, timeout, out)
+        except (CalispecRpcError, KeyboardInterrupt) as exc:
+            conversation.pop()
+            out.write(f"\n[{'interrupted' if isinstance(exc, KeyboardInterrupt) else f'error: {exc}'}]\n")
+            continue
+        conversation.append({"role": "assistant", "content": reply})
+
+
+def run_chat(
+    address: str,
+    message: str | None,
+    system: str | None,
+    params: dict[str, Any],
+    timeout: float,
+    auth: dict[str, Any],  # token / tls_ca / tls_server_name (cli_auth.client_auth)
+) -> int:
+    conversation: Conversation = [{"role": "system", "content": system}] if system else []
+    with CalispecClient(address, **auth) as client:
+        if message is not None:
+            return one_shot(client, [*conversation, {"role": "user", "content": message}], params, timeout)
+        return repl(client, conversation, params, timeout)

@@ -1,0 +1,55 @@
+"""Chat conversations → one prompt, with the target tokenizer's own chat template (no gRPC here).
+
+The gRPC servicer and the OpenAI-compatible HTTP API both call `render_chat`; the result is
+an ordinary prompt for the Orchestrator, so chat requests run the same propose/verify loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from jinja2 import TemplateError
+from transformers import PreTrainedTokenizerBase
+
+from calispec_core.errors import InvalidArgument, require
+from calispec_core.limits import MAX_PROMPT_CHARS
+
+ROLES = ("system", "user", "assistant")
+MAX_CHAT_MESSAGES = 1024
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    role: str
+    content: str
+
+
+def render_chat(tokenizer: PreTrainedTokenizerBase, turns: Sequence[ChatTurn]) -> str:
+    """The conversation as the model was trained to see it, ending where the assistant's reply starts."""
+    _validate(turns)
+    if not tokenizer.chat_template:
+        raise InvalidArgument("the model's tokenizer has no chat template: send a raw prompt instead of messages")
+    messages = [{"role": t.role, "content": t.content} for t in turns]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except TemplateError as exc:  # templates raise_exception() on conversations they do not accept
+        raise InvalidArgument(f"the chat template rejected the messages: {exc}") from exc
+    return _without_duplicate_bos(tokenizer, text)
+
+
+def _validate(turns: Sequence[ChatTurn]) -> None:
+    require(len(turns) > 0, "messages must not be empty")
+    require(len(turns) <= MAX_CHAT_MESSAGES, f"at most {MAX_CHAT_MESSAGES} messages")
+    for i, turn in enumerate(turns):
+        require(turn.role in ROLES, f"messages[{i}].role must be one of {', '.join(ROLES)}, got {turn.role!r}")
+    total = sum(len(t.content) for t in turns)
+    require(total <= MAX_PROMPT_CHARS, f"messages longer than {MAX_PROMPT_CHARS} characters")
+
+
+def _without_duplicate_bos(tokenizer: PreTrainedTokenizerBase, text: str) -> str:
+    """Templates that write the BOS token and tokenizers that add it on encode would double it."""
+    bos = tokenizer.bos_token
+    if bos and text.startswith(bos) and tokenizer.encode("a")[:1] == [tokenizer.bos_token_id]:
+        return text[len(bos) :]
+    return text

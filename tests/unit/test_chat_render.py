@@ -1,0 +1,42 @@
+"""coordinator.chat.render_chat with stand-in tokenizers: validation, template errors, BOS."""
+
+from __future__ import annotations
+
+import pytest
+from jinja2 import TemplateError
+
+from calispec_core.errors import InvalidArgument
+from coordinator.chat import ChatTurn, render_chat
+
+
+class StubTokenizer:
+    """Renders "<s>[role]content..." ; adds BOS (id 1) on encode when `adds_bos`."""
+
+    bos_token, bos_token_id = "<s>", 1
+
+    def __init__(self, adds_bos: bool, template: str | None = "t", raises: bool = False) -> None:
+        self.adds_bos, self.chat_template, self.raises = adds_bos, template, raises
+
+    def apply_chat_template(self, messages, tokenize: bool, add_generation_prompt: bool) -> str:
+        assert tokenize is False and add_generation_prompt is True
+        if self.raises:
+            raise TemplateError("Conversation roles must alternate user/assistant")
+        return "<s>" + "".join(f"[{m['role']}]{m['content']}" for m in messages) + "[assistant]"
+
+    def encode(self, text: str) -> list[int]:
+        return [1, 5] if self.adds_bos else [5]
+
+
+USER = [ChatTurn("user", "hi")]
+
+
+def test_bos_written_by_the_template_is_dropped_when_encode_adds_it() -> None:
+    assert render_chat(StubTokenizer(adds_bos=True), USER) == "[user]hi[assistant]"  # type: ignore[arg-type]
+    assert render_chat(StubTokenizer(adds_bos=False), USER) == "<s>[user]hi[assistant]"  # type: ignore[arg-type]
+
+
+def test_template_errors_and_missing_templates_are_invalid_argument() -> None:
+    with pytest.raises(InvalidArgument, match="rejected the messages: Conversation roles"):
+        render_chat(StubTokenizer(adds_bos=False, raises=True), USER)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="no chat template"):
+        render_chat(StubTokenizer(adds_bos=False, template=None), USER)  # type: ignore[arg-type]

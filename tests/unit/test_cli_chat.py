@@ -1,0 +1,78 @@
+"""`calispec chat`'s loop and `calispec demo`'s choice of request, with a fake client (no services)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+from calispec.client import CalispecRpcError, StreamChunk
+from calispec_tools import cli
+from calispec_tools.cli_chat import repl
+
+
+class FakeClient:
+    """Replies "reply<n>" in two chunks; fails the turns listed in `fail`; records what it was sent."""
+
+    def __init__(self, fail: tuple[int, ...] = ()) -> None:
+        self.sent: list[list[dict[str, str]]] = []
+        self.fail = fail
+
+    def chat_stream(self, messages: list[dict[str, str]], **_: object) -> Iterator[StreamChunk]:
+        self.sent.append([dict(m) for m in messages])
+        n = len(self.sent)
+        if n in self.fail:
+            raise CalispecRpcError("INVALID_ARGUMENT", "too long")
+        yield StreamChunk("re", [1], "r")
+        yield StreamChunk(f"ply{n}", [2], "r", "eos")
+
+
+def feed(*lines: str):
+    queue = list(lines)
+
+    def read(_prompt: str) -> str:
+        if not queue:
+            raise EOFError
+        return queue.pop(0)
+
+    return read
+
+
+def test_repl_keeps_the_conversation_and_streams_replies() -> None:
+    client, out = FakeClient(), io.StringIO()
+    conversation = [{"role": "system", "content": "be brief"}]
+    assert repl(client, conversation, {}, 10, read=feed("hello", "", "again", "/exit"), out=out) == 0  # type: ignore[arg-type]
+    assert client.sent[1] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "reply1"},
+        {"role": "user", "content": "again"},
+    ]
+    assert out.getvalue() == "reply1\nreply2\n"
+
+
+def test_repl_drops_a_failed_turn_and_goes_on() -> None:
+    client, out = FakeClient(fail=(1,)), io.StringIO()
+    conversation: list[dict[str, str]] = []
+    assert repl(client, conversation, {}, 10, read=feed("bad", "good"), out=out) == 0  # type: ignore[arg-type]
+    assert client.sent[1] == [{"role": "user", "content": "good"}]
+    assert "error: INVALID_ARGUMENT: too long" in out.getvalue()
+    assert conversation == [{"role": "user", "content": "good"}, {"role": "assistant", "content": "reply2"}]
+
+
+def demo_args(pair: str, prompt: str | None = None) -> SimpleNamespace:
+    return SimpleNamespace(pair=pair, prompt=prompt, draft=None, target=None)
+
+
+def test_demo_sends_the_instruct_pairs_builtin_request_as_chat() -> None:
+    args = demo_args("qwen-coder")
+    messages = cli.demo_messages(args)  # type: ignore[arg-type]
+    assert messages == [{"role": "user", "content": cli.PAIRS["qwen-coder"].demo_message}]
+    assert "<|im_start|>" not in messages[0]["content"]
+
+
+def test_demo_sends_raw_prompts_otherwise() -> None:
+    tiny = demo_args("tiny")
+    assert cli.demo_messages(tiny) is None and tiny.prompt == cli.DEMO_PROMPT  # type: ignore[arg-type]
+    explicit = demo_args("qwen-coder", prompt="2 + 2 =")
+    assert cli.demo_messages(explicit) is None and explicit.prompt == "2 + 2 ="  # type: ignore[arg-type]
