@@ -49,6 +49,7 @@ class StackConfig:
     start_timeout_s: float = 300.0
     tls_dir: Path | None = None  # `calispec certs dev` output: mutual TLS between all four; None: plaintext
     api_keys_file: Path | None = None  # the coordinator's API keys; None: open (loopback only)
+    target_replicas: int = 1  # replica i > 0 is named `target_service:i` and listens on target_port + i (or 0)
 
 
 @dataclass
@@ -56,6 +57,7 @@ class ServiceProcess:
     name: str
     process: subprocess.Popen[str]
     log_path: Path
+    args: list[str]  # as started (after `--host`)
     port: int = 0
     _lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
 
@@ -95,6 +97,7 @@ class LocalStack:
     def __init__(self, config: StackConfig) -> None:
         self.config = config
         self.services: dict[str, ServiceProcess] = {}
+        self.stopped: dict[str, ServiceProcess] = {}  # stopped or killed, by name (to restart them)
         self._secrets_dir: Path | None = None
         self.writer_token_file: Path | None = None  # this run's verifier credential (see credentials.py)
         self.memory_namespace = config.memory_namespace or pair_namespace(config.draft_model, config.target_model)
@@ -113,24 +116,30 @@ class LocalStack:
             self._spawn("draft_service", [
                 "--port", str(c.draft_port), "--model", str(c.draft_model), *model_args, *self.tls_args("draft"),
             ])  # fmt: skip
-            self._spawn("target_service", [
-                *self.tls_args("target"),
-                "--port", str(c.target_port), "--model", str(c.target_model), *model_args,
-                "--memory-addr", memory.address, "--memory-sync-interval", str(c.memory_sync_interval_s),
-                "--memory-writer-token-file", str(self.writer_token_file),
-                "--memory-namespace", self.memory_namespace,
-            ])  # fmt: skip
+            targets = [
+                self._spawn(name, self.target_args(c.target_port + i if c.target_port else 0, memory.address))
+                for i, name in enumerate(self.target_names)
+            ]
+            target_addrs = [arg for t in targets for arg in ("--target-addr", t.address)]
             keys = ["--api-keys-file", str(c.api_keys_file)] if c.api_keys_file else []
             self._spawn("coordinator", [
                 *self.tls_args("coordinator"), *keys,
                 "--port", str(c.coordinator_port), "--tokenizer", str(c.target_model),
-                "--draft-addr", self.services["draft_service"].address,
-                "--target-addr", self.services["target_service"].address,
+                "--draft-addr", self.services["draft_service"].address, *target_addrs,
             ])  # fmt: skip
         except BaseException:
             self.stop()
             raise
         return self
+
+    def target_args(self, port: int, memory_address: str) -> list[str]:
+        c = self.config
+        return [
+            *self.tls_args("target"),
+            "--port", str(port), "--model", str(c.target_model), "--dtype", c.dtype, "--device", c.device,
+            "--memory-addr", memory_address, "--memory-sync-interval", str(c.memory_sync_interval_s),
+            "--memory-writer-token-file", str(self.writer_token_file), "--memory-namespace", self.memory_namespace,
+        ]  # fmt: skip
 
     def memory_args(self, port: int) -> list[str]:
         """Arguments of the memory service (also for restarting it on another port)."""
@@ -147,16 +156,21 @@ class LocalStack:
         certs = DevCerts(self.config.tls_dir)
         return ["--tls-cert", str(certs.cert(role)), "--tls-key", str(certs.key(role)), "--tls-ca", str(certs.ca)]
 
+    @property
+    def target_names(self) -> list[str]:
+        return ["target_service", *(f"target_service:{i}" for i in range(1, self.config.target_replicas))]
+
     def _spawn(self, name: str, args: list[str]) -> ServiceProcess:
         c = self.config
-        log_path = c.log_dir / f"{name}.log"
-        cmd = [sys.executable, "-m", name, "--host", c.host, *args]
+        log_path = c.log_dir / f"{name.replace(':', '-')}.log"
+        module = name.partition(":")[0]  # replicas share the module
+        cmd = [sys.executable, "-m", module, "--host", c.host, *args]
         with open(log_path, "w") as log_file:
             process = subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=log_file, text=True, env=os.environ.copy(),
                 start_new_session=True,  # Ctrl-C reaches us, and we stop the children in order
             )  # fmt: skip
-        service = ServiceProcess(name, process, log_path)
+        service = ServiceProcess(name, process, log_path, args)
         self.services[name] = service
         assert process.stdout is not None
         threading.Thread(target=service.pump, args=(process.stdout,), daemon=True, name=f"pump-{name}").start()
@@ -171,6 +185,7 @@ class LocalStack:
     def stop_service(self, name: str, timeout_s: float = 30.0) -> int:
         """SIGTERM one service (graceful: the memory service flushes and closes its DB); returns its exit code."""
         service = self.services.pop(name)
+        self.stopped[name] = service
         if service.process.poll() is None:
             service.process.send_signal(signal.SIGTERM)
         try:
@@ -179,8 +194,19 @@ class LocalStack:
             service.process.kill()
             return service.process.wait()
 
-    def restart_service(self, name: str, args: list[str]) -> ServiceProcess:
-        """Start a (stopped) service again with explicit arguments."""
+    def kill_service(self, name: str) -> int:
+        """SIGKILL one service (a crash: nothing is flushed or closed); returns its exit code."""
+        service = self.services.pop(name)
+        self.stopped[name] = service
+        service.process.kill()
+        return service.process.wait()
+
+    def restart_service(self, name: str, args: list[str] | None = None) -> ServiceProcess:
+        """Start a stopped service again: with `args`, or as before on the same port (its peers know that address)."""
+        if args is None:
+            previous = self.stopped[name]
+            args = list(previous.args)
+            args[args.index("--port") + 1] = str(previous.port)
         return self._spawn(name, args)
 
     def stop(self) -> None:

@@ -156,18 +156,19 @@ class Orchestrator:
             except Unavailable as exc:
                 self._target_failed(request, target, exc)
                 continue
+            self.replicas.succeeded(target.address)
             request.target, request.target_session = target, session_id
             request.opened.append((target, session_id))
             request.stats.target_ms += ns_to_ms(ns)
             return
 
-    @staticmethod
-    def _target_failed(request: _Request, target: TargetBackend, exc: Exception) -> None:
+    def _target_failed(self, request: _Request, target: TargetBackend, exc: Exception) -> None:
         log.warning(
             "target %s failed request %s (%s); moving it to another replica", target.address, request.request_id, exc
         )
         request.failed_targets.add(target.address)
         request.stats.target_failovers += 1
+        self.replicas.failed(target.address)
 
     def _rounds(self, request: _Request, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         detok = IncrementalDetokenizer(self.tokenizer, request.params.stop)
