@@ -17,7 +17,11 @@ import grpc
 TOKEN_ENV = "CALISPEC_TOKEN"
 TLS_CA_ENV = "CALISPEC_TLS_CA"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES), ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_reconnect_backoff_ms", 2000),  # find a restarted coordinator within ~2 s (gRPC default: up to 120 s)
+]
 
 
 @dataclass(frozen=True)

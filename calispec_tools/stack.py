@@ -50,6 +50,7 @@ class StackConfig:
     tls_dir: Path | None = None  # `calispec certs dev` output: mutual TLS between all four; None: plaintext
     api_keys_file: Path | None = None  # the coordinator's API keys; None: open (loopback only)
     target_replicas: int = 1  # replica i > 0 is named `target_service:i` and listens on target_port + i (or 0)
+    session_idle_ttl_s: float | None = None  # draft and target sessions; None: the services' default
 
 
 @dataclass
@@ -115,6 +116,7 @@ class LocalStack:
             model_args = ["--dtype", c.dtype, "--device", c.device]
             self._spawn("draft_service", [
                 "--port", str(c.draft_port), "--model", str(c.draft_model), *model_args, *self.tls_args("draft"),
+                *self.session_args(),
             ])  # fmt: skip
             targets = [
                 self._spawn(name, self.target_args(c.target_port + i if c.target_port else 0, memory.address))
@@ -139,7 +141,12 @@ class LocalStack:
             "--port", str(port), "--model", str(c.target_model), "--dtype", c.dtype, "--device", c.device,
             "--memory-addr", memory_address, "--memory-sync-interval", str(c.memory_sync_interval_s),
             "--memory-writer-token-file", str(self.writer_token_file), "--memory-namespace", self.memory_namespace,
+            *self.session_args(),
         ]  # fmt: skip
+
+    def session_args(self) -> list[str]:
+        ttl = self.config.session_idle_ttl_s
+        return [] if ttl is None else ["--session-idle-ttl-s", str(ttl)]
 
     def memory_args(self, port: int) -> list[str]:
         """Arguments of the memory service (also for restarting it on another port)."""

@@ -8,8 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from calispec_core.errors import Unavailable
 from calispec_core.generation import Mode
 from calispec_core.sampling import SamplingConfig
+
+
+class SessionLost(Unavailable):
+    """The service is up but no longer has the session (it restarted, or closed it as idle): reopen it."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from calispec_core.generation import Mode
 from calispec_core.grpc_server import make_channel
 from calispec_core.protocol import sampling_to_pb
 from calispec_core.sampling import SamplingConfig
-from coordinator.backends import ModelFacts, Proposal, Verdict
+from coordinator.backends import ModelFacts, Proposal, SessionLost, Verdict
 
 T = TypeVar("T")
 
@@ -26,8 +26,8 @@ _PASS_THROUGH: dict[grpc.StatusCode, type[errors.CalispecError]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
     grpc.StatusCode.DEADLINE_EXCEEDED: errors.DeadlineExceeded,
     grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
-    # the service lost the session (restarted): retryable, not the caller's fault
-    grpc.StatusCode.NOT_FOUND: errors.Unavailable,
+    # the service lost the session (restarted, or reaped it as idle): retryable, not the caller's fault
+    grpc.StatusCode.NOT_FOUND: SessionLost,
 }
 
 

@@ -25,7 +25,7 @@ from transformers import PreTrainedTokenizerBase
 from calispec_core.errors import Cancelled, DeadlineExceeded, InvalidArgument, Unavailable, require
 from calispec_core.generation import FinishReason, GenerationParams, GenerationStats, Mode, validate_prompt
 from calispec_core.timing import Deadline, Stopwatch, ns_to_ms
-from coordinator.backends import DraftBackend, Proposal, TargetBackend, Verdict
+from coordinator.backends import DraftBackend, Proposal, SessionLost, TargetBackend, Verdict
 from coordinator.circuit import CircuitBreaker
 from coordinator.detokenizer import IncrementalDetokenizer
 from coordinator.replicas import ReplicaSet
@@ -223,12 +223,19 @@ class Orchestrator:
     def _draft_tokens(self, request: _Request, gamma: int) -> Proposal:
         if request.draft_session is None:
             self._open_draft(request)
-        timeout = min(request.deadline.remaining(), self.draft_timeout_s)
-        proposal = self.draft.propose(
-            request.draft_session, gamma, request.draft_rollback_to, request.draft_append, timeout
-        )
+        try:
+            proposal = self._draft_propose(request, gamma)
+        except SessionLost:  # the draft restarted or reaped the session while we ran target-only: it is up
+            self._open_draft(request)
+            proposal = self._draft_propose(request, gamma)
         request.draft_rollback_to, request.draft_append = None, []
         return proposal
+
+    def _draft_propose(self, request: _Request, gamma: int) -> Proposal:
+        timeout = min(request.deadline.remaining(), self.draft_timeout_s)
+        return self.draft.propose(
+            request.draft_session, gamma, request.draft_rollback_to, request.draft_append, timeout
+        )
 
     def _open_draft(self, request: _Request) -> None:
         session_id = request.next_session_id("draft")

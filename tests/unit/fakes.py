@@ -7,7 +7,7 @@ from collections.abc import Callable
 from calispec_core.errors import NotFound, Unavailable
 from calispec_core.generation import Mode
 from calispec_core.sampling import SamplingConfig
-from coordinator.backends import ModelFacts, Proposal, Verdict
+from coordinator.backends import ModelFacts, Proposal, SessionLost, Verdict
 
 EOS = 0
 Model = Callable[[list[int]], int]  # sequence -> greedy next token
@@ -48,6 +48,11 @@ class _Killable:
             self.failed_calls += 1
             raise Unavailable("connection refused")
 
+    def _session(self, session_id: str) -> list[int]:
+        if session_id not in self.sessions:
+            raise SessionLost(f"unknown session {session_id}")  # NOT_FOUND, as the coordinator maps it
+        return self.sessions[session_id]
+
 
 class FakeDraft(_Killable):
     def __init__(self, model: Model) -> None:
@@ -67,7 +72,7 @@ class FakeDraft(_Killable):
 
     def propose(self, session_id, num_tokens, rollback_to, append, timeout) -> Proposal:
         self._check_up()
-        seq = self.sessions[session_id]
+        seq = self._session(session_id)
         if rollback_to is not None:
             del seq[rollback_to:]
         seq.extend(append)
@@ -106,7 +111,7 @@ class FakeTarget(_Killable):
 
     def verify(self, session_id: str, proposal: Proposal | None, timeout: float) -> Verdict:
         self._check_up()
-        seq = self.sessions[session_id]
+        seq = self._session(session_id)
         draft = proposal.token_ids if proposal else []
         accepted = 0
         for token in draft:

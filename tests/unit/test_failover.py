@@ -63,6 +63,17 @@ def test_speculation_resumes_mid_request_when_the_draft_is_back() -> None:
     assert draft.sessions == {}
 
 
+def test_a_draft_session_reaped_while_running_target_only_is_reopened_without_opening_the_circuit() -> None:
+    orchestrator, draft = make([target("t:1")])
+    stream = orchestrator.generate("c", params(num_speculative_tokens=2), Deadline(60))
+    text = next(stream).text
+    draft.sessions.clear()  # the draft reaped the idle session (or restarted between two calls)
+    chunks = list(stream)
+    assert text + "".join(c.text for c in chunks) == EXPECTED
+    assert chunks[-1].stats.draft_unavailable_rounds == 0 and not orchestrator.draft_circuit.is_open
+    assert len(draft.prefills) == 2 and draft.sessions == {}
+
+
 def test_a_lost_target_replica_is_replaced_without_repeating_or_losing_tokens() -> None:
     a, b = target("a:1"), target("b:1")
     orchestrator, draft = make([a, b])
