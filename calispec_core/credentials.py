@@ -1,15 +1,18 @@
 """Credentials of a process, read here and only here.
 
-The correction memory accepts writes only from verifiers: they hold a shared *writer token*
-(a file only the deployment hands to target replicas and the memory service) and send it as
-gRPC metadata; clients of the coordinator never see it. Services take `--writer-token-file
-PATH`; the file, not the command line, holds the secret so that it does not show up in `ps`.
+The correction memory accepts writes only from verifiers: they hold a *writer token* (a file
+only the deployment hands to target replicas and the memory service) and send it as gRPC
+metadata; clients of the coordinator never see it. The memory service's file may name one
+identity per token (`read_writer_tokens`); its rate limits are keyed on that identity.
+Services take `--writer-token-file PATH`; the file, not the command line, holds the secret
+so that it does not show up in `ps`.
 """
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +38,37 @@ def read_writer_token(path: Path | str | None) -> str | None:
             f"writer token file {path} must hold one token of >= {MIN_TOKEN_CHARS} non-space characters"
         )
     return token
+
+
+DEFAULT_WRITER_IDENTITY = "writer"  # the identity of a one-token file (every holder shares it)
+_IDENTITY_PATTERN = re.compile(r"[A-Za-z0-9._@:/-]{1,64}")
+
+
+def read_writer_tokens(path: Path | str) -> tuple[tuple[str, str], ...]:
+    """(identity, token) pairs of the memory service's writer tokens file.
+
+    Either one bare token (identity `DEFAULT_WRITER_IDENTITY`, shared by every verifier holding
+    it) or one `IDENTITY TOKEN` line per writer (blank lines and `#` comments ignored), so
+    that each verifier has its own rate limit and a leaked token can be revoked alone.
+    """
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise FailedPrecondition(f"cannot read writer token file {path}: {exc.strerror}") from exc
+    rows = [line.split() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if len(rows) == 1 and len(rows[0]) == 1:
+        rows = [[DEFAULT_WRITER_IDENTITY, rows[0][0]]]
+    ok = bool(rows) and all(
+        len(r) == 2 and _IDENTITY_PATTERN.fullmatch(r[0]) and len(r[1]) >= MIN_TOKEN_CHARS for r in rows
+    )
+    if not ok:
+        raise FailedPrecondition(
+            f"writer token file {path} must hold one token, or lines of IDENTITY TOKEN "
+            f"(identity: 1-64 of [A-Za-z0-9._@:/-]; token: >= {MIN_TOKEN_CHARS} non-space characters)"
+        )
+    if len({r[0] for r in rows}) != len(rows) or len({r[1] for r in rows}) != len(rows):
+        raise FailedPrecondition(f"writer token file {path} repeats an identity or a token")
+    return tuple((identity, token) for identity, token in rows)
 
 
 def write_new_token(path: Path) -> str:

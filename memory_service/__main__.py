@@ -12,7 +12,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from calispec_core.credentials import read_writer_token
+from calispec_core.credentials import read_writer_tokens
 from calispec_core.errors import CalispecError
 from calispec_core.service_cli import add_tls_args, tls_from_args
 from memory_service.config import MemoryConfig
@@ -43,13 +43,19 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
     parser.add_argument("--max-pairs", type=int, default=defaults.limits.max_pairs, help="cap per namespace")
     parser.add_argument("--max-pairs-per-draft", type=int, default=defaults.limits.max_pairs_per_draft)
     parser.add_argument("--half-life", type=float, default=0.0, help="count half-life in seconds (0: no decay)")
-    parser.add_argument("--writer-token-file", type=Path, help="file holding the verifiers' writer token")
+    parser.add_argument(
+        "--writer-token-file",
+        type=Path,
+        help="the verifiers' writer token, or lines of IDENTITY TOKEN (a rate limit per identity)",
+    )
     parser.add_argument(
         "--allow-unauthenticated-writes",
         action="store_true",
         help="accept writes without a token (a test bench only: any client could then poison the table)",
     )
-    parser.add_argument("--writer-rate-limit", type=float, default=defaults.writer_events_per_s, help="events/s")
+    parser.add_argument(
+        "--writer-rate-limit", type=float, default=defaults.writer_events_per_s, help="events/s per writer identity"
+    )
     parser.add_argument("--writer-burst", type=float, default=None, help="events (default: 10 s of the rate)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
     add_tls_args(parser)
@@ -65,7 +71,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
             max_workers=args.max_workers,
             flush_interval_s=args.flush_interval,
             limits=TableLimits(args.max_pairs, args.max_pairs_per_draft, args.half_life),
-            writer_token=read_writer_token(args.writer_token_file),
+            writer_tokens=read_writer_tokens(args.writer_token_file) if args.writer_token_file else (),
             writer_events_per_s=args.writer_rate_limit,
             writer_burst_events=args.writer_burst,
             tls=tls_from_args(parser, args),

@@ -1,19 +1,22 @@
 """Who may write to the correction memory, and how fast (domain code: no gRPC).
 
-Only verifiers write: a write must present the shared writer token (see
-`calispec_core.credentials`). Each writer (its claimed id, else its peer address) has a token
-bucket of events per second, so one misbehaving replica cannot flood the table; a write over
-the limit is refused whole (RESOURCE_EXHAUSTED) and changes nothing.
+Only verifiers write: a write must present a writer token (see `calispec_core.credentials`);
+the token resolves to the writer's *identity* (`WriterGate.identify`), and each identity has
+a token bucket of events per second, so one misbehaving replica cannot flood the table. A write
+over the limit is refused whole (RESOURCE_EXHAUSTED) and changes nothing. The bucket is never
+keyed on anything the client chooses (a header, its port): a fresh value per call would be a
+fresh bucket per call.
 """
 
 from __future__ import annotations
 
+import hmac
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from calispec_core.credentials import token_matches
+from calispec_core.credentials import DEFAULT_WRITER_IDENTITY
 from calispec_core.errors import ResourceExhausted, Unauthenticated
 
 MAX_TRACKED_WRITERS = 10_000  # buckets kept; the idlest are forgotten beyond this (they were full anyway)
@@ -25,18 +28,26 @@ class _Bucket:
     updated: float
 
 
+def _peer_host(peer: str) -> str:
+    """'ipv4:10.0.0.7:52114' -> 'ipv4:10.0.0.7': the port is the client's to choose, the host is not."""
+    return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
+
+
 class WriterGate:
-    """Authenticates writers and applies per-writer rate limits. Thread-safe."""
+    """Authenticates writers and applies per-identity rate limits. Thread-safe."""
 
     def __init__(
         self,
-        token: str | None,
+        tokens: Mapping[str, str] | str | None,
         events_per_s: float,
         burst_events: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        # token None means writes are open to anyone: only with an explicit opt-in (see __main__).
-        self._token = token
+        """tokens: identity -> token (a bare string: one token, identity "writer"); None or empty
+        means writes are open to anyone: only with an explicit opt-in (see __main__)."""
+        if isinstance(tokens, str):
+            tokens = {DEFAULT_WRITER_IDENTITY: tokens}
+        self._tokens = [(identity, token.encode()) for identity, token in (tokens or {}).items()]
         self.events_per_s = events_per_s
         # The burst also bounds one request: an import larger than it needs a larger burst.
         self.burst = burst_events if burst_events is not None else 10 * events_per_s
@@ -46,33 +57,46 @@ class WriterGate:
 
     @property
     def requires_token(self) -> bool:
-        return self._token is not None
+        return bool(self._tokens)
 
-    def admit(self, presented_token: str | None, writer: str, events: int) -> None:
-        """Raise Unauthenticated or ResourceExhausted, or take `events` from the writer's bucket."""
-        self.authenticate(presented_token)
-        self.charge(writer, events)
+    def identify(self, presented_token: str | None, certificate_name: str | None = None, peer: str = "") -> str:
+        """The caller's identity, or Unauthenticated: the one place a writer gets its name.
 
-    def authenticate(self, presented_token: str | None) -> None:
-        if self._token is not None and not token_matches(self._token, presented_token):
-            raise Unauthenticated("writing to the correction memory needs the verifiers' writer token")
+        With tokens: the identity its token names (prefixed by its mutual-TLS certificate name,
+        when it has one). Open writes: the certificate name, else the peer's host.
+        """
+        prefix = f"{certificate_name}/" if certificate_name else ""
+        if not self._tokens:
+            return certificate_name or f"anonymous@{_peer_host(peer)}"
+        presented = (presented_token or "").encode()
+        # Compare with every token, constant-time each, so timing says nothing about which matched.
+        matches = [identity for identity, token in self._tokens if hmac.compare_digest(token, presented)]
+        if not presented_token or not matches:
+            raise Unauthenticated("writing to the correction memory needs a verifier's writer token")
+        return prefix + matches[0]
 
-    def charge(self, writer: str, events: int) -> None:
-        """Take `events` from the writer's bucket, or raise ResourceExhausted (nothing taken)."""
+    def admit(self, presented_token: str | None, events: int, peer: str = "") -> str:
+        """Identify the writer and take `events` from its bucket; returns its identity."""
+        identity = self.identify(presented_token, peer=peer)
+        self.charge(identity, events)
+        return identity
+
+    def charge(self, identity: str, events: int) -> None:
+        """Take `events` from the identity's bucket, or raise ResourceExhausted (nothing taken)."""
         if self.events_per_s <= 0:
             return  # rate limiting disabled
         cost = max(events, 1)  # an empty write still costs a request
         with self._lock:
             now = self._clock()
-            bucket = self._buckets.get(writer)
+            bucket = self._buckets.get(identity)
             if bucket is None:
                 self._forget_idlest_if_full()
-                bucket = self._buckets[writer] = _Bucket(self.burst, now)
+                bucket = self._buckets[identity] = _Bucket(self.burst, now)
             bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.events_per_s)
             bucket.updated = now
             if cost > bucket.tokens:
                 raise ResourceExhausted(
-                    f"writer {writer!r} is over its rate limit of {self.events_per_s:g} events/s "
+                    f"writer {identity!r} is over its rate limit of {self.events_per_s:g} events/s "
                     f"(burst {self.burst:g}); retry later"
                 )
             bucket.tokens -= cost

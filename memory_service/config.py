@@ -7,7 +7,7 @@ from pathlib import Path
 
 import platformdirs
 
-from calispec_core.credentials import TARGET, TlsConfig
+from calispec_core.credentials import DEFAULT_WRITER_IDENTITY, TARGET, TlsConfig
 from memory_service.store import MAX_PAIRS_LIMIT, TableLimits
 
 
@@ -29,8 +29,9 @@ class MemoryConfig:
     # Crash bound: a kill -9 loses at most the events acknowledged in the last flush interval.
     flush_interval_s: float = 0.5
     limits: TableLimits = field(default_factory=TableLimits)
-    # None: writes need no token. Only with an explicit opt-in (--allow-unauthenticated-writes).
-    writer_token: str | None = None
+    # No token at all: writes need none. Only with an explicit opt-in (--allow-unauthenticated-writes).
+    writer_token: str | None = None  # one token shared by every verifier (identity "writer")
+    writer_tokens: tuple[tuple[str, str], ...] = ()  # (identity, token): a rate limit per identity
     writer_events_per_s: float = 100_000.0  # per writer; 0 disables the limit
     writer_burst_events: float | None = None  # None: 10 s worth of the rate
     watch_heartbeat_s: float = 1.0
@@ -52,6 +53,11 @@ class MemoryConfig:
             raise ValueError(f"writer_events_per_s must be >= 0, got {self.writer_events_per_s}")
         if self.watch_heartbeat_s <= 0:
             raise ValueError(f"watch_heartbeat_s must be > 0, got {self.watch_heartbeat_s}")
+
+    def writer_identities(self) -> dict[str, str]:
+        """identity -> token, from both fields."""
+        shared = {DEFAULT_WRITER_IDENTITY: self.writer_token} if self.writer_token else {}
+        return {**shared, **dict(self.writer_tokens)}
 
     @property
     def address(self) -> str:

@@ -13,7 +13,7 @@ import grpc
 
 from calispec.v1 import memory_pb2, memory_pb2_grpc
 from calispec_core.access import PeerAllowlistInterceptor, caller_identity
-from calispec_core.credentials import WRITER_ID_METADATA, WRITER_TOKEN_METADATA
+from calispec_core.credentials import WRITER_TOKEN_METADATA
 from calispec_core.grpc_server import create_grpc_server
 from memory_service.auth import WriterGate
 from memory_service.config import MemoryConfig
@@ -40,14 +40,12 @@ def _update_to_pb(update: Update) -> memory_pb2.WatchResponse:
     )
 
 
-def _writer(context: grpc.ServicerContext) -> tuple[str | None, str]:
-    """(presented token, writer id): rate limits are keyed on the writer's identity, from
-    `caller_identity` (its certificate under mutual TLS) plus the replica it claims to be, else
-    the claimed id or its peer address."""
-    metadata = dict(context.invocation_metadata() or ())
-    claimed = metadata.get(WRITER_ID_METADATA) or context.peer()
-    identity = caller_identity(context)
-    return metadata.get(WRITER_TOKEN_METADATA), f"{identity}/{claimed}" if identity else claimed
+def _writer_identity(gate: WriterGate, context: grpc.ServicerContext) -> str:
+    """Who is writing, from what the caller proved (its token, its certificate), never from what
+    it claims: a client-chosen header keyed the rate limit once, and a new value per call
+    admitted 12 M events in 0.01 s. Unauthenticated if the token is missing or wrong."""
+    token = dict(context.invocation_metadata() or ()).get(WRITER_TOKEN_METADATA)
+    return gate.identify(token, certificate_name=caller_identity(context), peer=context.peer())
 
 
 class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
@@ -61,8 +59,7 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
     ) -> memory_pb2.RecordEventsResponse:
         # Order matters: strangers learn nothing (auth first); bad requests do not use up a
         # writer's budget (validation before the rate limit); nothing is buffered before both.
-        token, writer = _writer(context)
-        self._gate.authenticate(token)
+        writer = _writer_identity(self._gate, context)
         events = [(e.draft_token_id, e.target_token_id, e.count) for e in request.events]
         validate_namespace(request.namespace)
         vocab = self._store.vocab_limit(request.namespace, request.vocab_size)
@@ -138,7 +135,7 @@ def create_server(config: MemoryConfig) -> tuple[grpc.Server, int, CorrectionSto
     store = CorrectionStore(
         config.db_path, flush_interval_s=config.flush_interval_s, limits=config.limits, hub=WatchHub()
     )
-    gate = WriterGate(config.writer_token, config.writer_events_per_s, config.writer_burst_events)
+    gate = WriterGate(config.writer_identities(), config.writer_events_per_s, config.writer_burst_events)
     servicer = MemoryServicer(store, gate, config)
     try:
         server, port, _health = create_grpc_server(

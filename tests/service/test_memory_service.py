@@ -212,6 +212,43 @@ def test_a_writer_over_its_rate_limit_gets_resource_exhausted(stub: memory_pb2_g
     assert stats.total_events == 199_000
 
 
+def test_a_new_writer_id_header_per_call_does_not_buy_a_new_rate_limit(channel: grpc.Channel) -> None:
+    """The limit was keyed on x-calispec-writer-id: a fresh value per call admitted 12 M events in 0.01 s."""
+    raw = memory_pb2_grpc.MemoryServiceStub(channel)
+    codes = []
+    for i in range(4):  # 4 x 150k events against a 200k burst, each call claiming another writer
+        request = memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 2, 150_000)), wait_durable=True)
+        try:
+            raw.RecordEvents(request, metadata=writer_metadata(TOKEN, f"writer-{i}"))
+            codes.append(grpc.StatusCode.OK)
+        except grpc.RpcError as exc:
+            codes.append(exc.code())
+    assert codes == [grpc.StatusCode.OK] + [grpc.StatusCode.RESOURCE_EXHAUSTED] * 3
+    assert WriterStub(channel).GetStats(memory_pb2.GetStatsRequest(namespace="ns")).total_events == 150_000
+
+
+def test_each_identity_in_the_tokens_file_has_its_own_rate_limit(tmp_path: Path) -> None:
+    tokens = (("target-0", "token-of-target-0-0123"), ("target-1", "token-of-target-1-0123"))
+    config = MemoryConfig(
+        port=0, db_path=tmp_path / "m.db", writer_tokens=tokens, writer_events_per_s=1, writer_burst_events=100
+    )
+    server, port, store = create_server(config)
+    server.start()
+    try:
+        with make_channel(f"127.0.0.1:{port}") as channel:
+            raw = memory_pb2_grpc.MemoryServiceStub(channel)
+            write = memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 2, 100)))
+            raw.RecordEvents(write, metadata=writer_metadata("token-of-target-0-0123"))
+            with pytest.raises(grpc.RpcError) as info:
+                raw.RecordEvents(write, metadata=writer_metadata("token-of-target-0-0123"))
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "target-0" in info.value.details()
+            raw.RecordEvents(write, metadata=writer_metadata("token-of-target-1-0123"))  # its own bucket
+    finally:
+        server.stop(None).wait()
+        store.close()
+
+
 # -- insight and watch ----------------------------------------------------------------------------
 
 

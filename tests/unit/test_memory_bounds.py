@@ -101,14 +101,44 @@ def test_watch_resumes_from_history_or_falls_back_to_a_snapshot() -> None:
 
 def test_writer_gate_token_and_rate_limit() -> None:
     clock = Clock(0.0)
-    gate = WriterGate("s3cret-token-0123456789", events_per_s=10, burst_events=20, clock=clock)
+    tokens = {"replica-a": "token-of-replica-a-0123", "replica-b": "token-of-replica-b-0123"}
+    gate = WriterGate(tokens, events_per_s=10, burst_events=20, clock=clock)
     with pytest.raises(Unauthenticated):
-        gate.admit(None, "a", 1)
+        gate.admit(None, 1)
     with pytest.raises(Unauthenticated):
-        gate.admit("wrong", "a", 1)
-    gate.admit("s3cret-token-0123456789", "a", 20)
-    with pytest.raises(ResourceExhausted, match="rate limit"):
-        gate.admit("s3cret-token-0123456789", "a", 1)
-    gate.admit("s3cret-token-0123456789", "b", 5)  # limits are per writer
+        gate.admit("wrong", 1)
+    assert gate.admit("token-of-replica-a-0123", 20, peer="ipv4:10.0.0.1:5000") == "replica-a"
+    with pytest.raises(ResourceExhausted, match="rate limit"):  # another connection: still replica-a
+        gate.admit("token-of-replica-a-0123", 1, peer="ipv4:10.0.0.1:5001")
+    assert gate.admit("token-of-replica-b-0123", 5) == "replica-b"  # limits are per identity
     clock.now += 1.0  # refills 10 events
-    gate.admit("s3cret-token-0123456789", "a", 10)
+    gate.admit("token-of-replica-a-0123", 10)
+
+
+def test_writer_identity_comes_from_what_the_caller_proved() -> None:
+    gate = WriterGate("one-shared-token-0123456789", events_per_s=10)
+    assert gate.identify("one-shared-token-0123456789") == "writer"
+    assert gate.identify("one-shared-token-0123456789", certificate_name="target-3") == "target-3/writer"
+    open_gate = WriterGate(None, events_per_s=10)  # --allow-unauthenticated-writes
+    assert open_gate.identify(None, peer="ipv4:10.0.0.7:52114") == "anonymous@ipv4:10.0.0.7"
+    assert open_gate.identify(None, peer="ipv6:[::1]:52114") == "anonymous@ipv6:[::1]"
+    assert open_gate.identify(None, certificate_name="target-3", peer="ipv4:10.0.0.7:1") == "target-3"
+
+def test_writer_tokens_file_formats(tmp_path) -> None:
+    from calispec_core.credentials import read_writer_tokens
+    from calispec_core.errors import FailedPrecondition
+
+    one = tmp_path / "one"
+    one.write_text("a-single-shared-token-0123\n")
+    assert read_writer_tokens(one) == (("writer", "a-single-shared-token-0123"),)
+    many = tmp_path / "many"
+    many.write_text("# verifiers\ntarget-0 token-of-target-0-0123\n\ntarget-1 token-of-target-1-0123\n")
+    assert read_writer_tokens(many) == (
+        ("target-0", "token-of-target-0-0123"),
+        ("target-1", "token-of-target-1-0123"),
+    )
+    for bad in ("short", "a b c", "t0 same-token-0123456789\nt1 same-token-0123456789", "x y-too-short"):
+        path = tmp_path / "bad"
+        path.write_text(bad)
+        with pytest.raises(FailedPrecondition):
+            read_writer_tokens(path)
