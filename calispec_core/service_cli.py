@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -89,3 +91,20 @@ def serve_until_signalled(
     server.stop(grace_s).wait()
     if on_stop is not None:
         on_stop()
+
+
+@contextmanager
+def startup_step(service: str, what: str) -> Iterator[None]:
+    """Exit 2 with one line on stderr, `service: what: cause`, if the block fails; no traceback.
+
+    For the steps of starting a service whose failures are the operator's to fix (a bad model
+    directory, an unreadable database, a port in use): `what` names the path or address. The
+    traceback is still logged at DEBUG.
+    """
+    try:
+        yield
+    except Exception as exc:
+        log.debug("%s: %s", service, what, exc_info=True)
+        lines = str(exc).strip().splitlines()
+        print(f"{service}: {what}: {lines[0] if lines else type(exc).__name__}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from calispec_core.credentials import read_writer_tokens
 from calispec_core.errors import CalispecError
-from calispec_core.service_cli import add_tls_args, tls_from_args
+from calispec_core.service_cli import add_tls_args, startup_step, tls_from_args
 from memory_service.config import MemoryConfig
 from memory_service.server import create_server
 from memory_service.store import TableLimits
@@ -99,7 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     config, log_level = parse_args(argv)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = _stop_on_signals()  # before start, so an early SIGTERM still gets a clean shutdown
-    server, port, store = create_server(config)
+    with startup_step("memory_service", "cannot start"):
+        server, port, store = create_server(config)
     server.start()
     print(f"memory_service listening on {config.host}:{port} db={config.db_path}", flush=True)
     stop.wait()

@@ -556,6 +556,14 @@ def _version_row(db: sqlite_utils.Database, namespace: str) -> tuple[int, int]:
 
 
 def _open_database(path: Path, now: float) -> sqlite_utils.Database:
+    """The database, or FailedPrecondition naming the path and the cause (corrupt, unreadable, read-only)."""
+    try:
+        return _connect(path, now)
+    except (sqlite3.Error, OSError, FailedPrecondition) as exc:
+        raise FailedPrecondition(f"cannot open the memory database {path}: {exc}") from exc
+
+
+def _connect(path: Path, now: float) -> sqlite_utils.Database:
     path.parent.mkdir(parents=True, exist_ok=True)
     # check_same_thread=False: the gRPC worker threads share this connection, serialised by our lock.
     conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, check_same_thread=False)
@@ -563,6 +571,10 @@ def _open_database(path: Path, now: float) -> sqlite_utils.Database:
         # No plugins: nothing but our own SQL runs on this connection.
         db = sqlite_utils.Database(conn, execute_plugins=False)
         db.enable_wal()
+        # A damaged page would otherwise surface at the first flush, long after start-up.
+        problem = db.execute("PRAGMA quick_check").fetchone()[0]
+        if problem != "ok":
+            raise sqlite3.DatabaseError(f"corrupt ({problem}); restore a backup or import an export")
         db.execute("PRAGMA synchronous=FULL")  # fsync each commit: a committed flush survives power loss
         with db.atomic():
             _create_schema(db, now)

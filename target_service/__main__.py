@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from calispec_core.modeling import ModelSpec
+from calispec_core.modeling import ModelRunner, ModelSpec
 from calispec_core.service_cli import (
     add_model_args,
     add_server_args,
     configure_logging,
     serve_until_signalled,
+    startup_step,
     tls_from_args,
 )
 from target_service.config import TargetConfig
@@ -59,7 +60,10 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
 def main(argv: list[str] | None = None) -> None:
     config, log_level = parse_config(argv)
     configure_logging(log_level)
-    server, port, runtime = create_server(config)
+    with startup_step("target_service", f"cannot load the model in {config.model.path}"):
+        runner = ModelRunner(config.model)
+    with startup_step("target_service", "cannot start"):
+        server, port, runtime = create_server(config, runner)
     on_stop = runtime.stop
     serve_until_signalled(
         server, f"target_service listening on {config.host}:{port} model={config.model.path}", on_stop

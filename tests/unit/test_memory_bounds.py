@@ -124,6 +124,7 @@ def test_writer_identity_comes_from_what_the_caller_proved() -> None:
     assert open_gate.identify(None, peer="ipv6:[::1]:52114") == "anonymous@ipv6:[::1]"
     assert open_gate.identify(None, certificate_name="target-3", peer="ipv4:10.0.0.7:1") == "target-3"
 
+
 def test_writer_tokens_file_formats(tmp_path) -> None:
     from calispec_core.credentials import read_writer_tokens
     from calispec_core.errors import FailedPrecondition
