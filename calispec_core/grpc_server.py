@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from calispec_core.credentials import TlsConfig
-from calispec_core.errors import CalispecError
+from calispec_core.errors import CalispecError, InvalidArgument
 
 if TYPE_CHECKING:
     from grpc_health.v1 import health
@@ -39,6 +40,31 @@ def _status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
 
 
+@dataclass(frozen=True)
+class _Undecodable:
+    """A request whose bytes do not parse: answered INVALID_ARGUMENT (gRPC itself says INTERNAL)."""
+
+    error: Exception
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as exc:
+            return _Undecodable(exc)
+
+    return parse
+
+
+def _check_decoded(request: Any) -> None:
+    if isinstance(request, _Undecodable):
+        raise InvalidArgument(f"malformed request: not a valid protobuf message ({request.error})")
+
+
 class ErrorInterceptor(grpc.ServerInterceptor):
     """Maps domain errors to their gRPC status; anything else is a bug: logged, INTERNAL."""
 
@@ -46,6 +72,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
+        handler = handler._replace(request_deserializer=_tolerant(handler.request_deserializer))
         if handler.unary_unary:
             return handler._replace(unary_unary=self._wrap_unary(handler.unary_unary))
         if handler.unary_stream:
@@ -62,6 +89,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
     def _wrap_unary(self, fn: Callable) -> Callable:
         def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
             try:
+                _check_decoded(request)
                 return fn(request, context)
             except grpc.RpcError:
                 raise  # context.abort() already set the status
@@ -73,6 +101,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
     def _wrap_stream(self, fn: Callable) -> Callable:
         def wrapped(request: Any, context: grpc.ServicerContext) -> Iterable[Any]:
             try:
+                _check_decoded(request)
                 yield from fn(request, context)
             except grpc.RpcError:
                 raise
