@@ -149,13 +149,17 @@ class Session:
         return self.tokens[self.cached_len :]
 
     def truncate(self, length: int) -> None:
-        """Drop tokens past `length` (and their cache entries)."""
+        """Drop tokens past `length` (and their cache entries).
+
+        The last kept token stays pending (uncached), as after a prefill: the next forward must
+        have an input, and a rollback to exactly the cached length would leave it none.
+        """
         require(
             0 < length <= len(self.tokens),
             f"rollback length {length} outside [1, {len(self.tokens)}] for session {self.session_id}",
         )
         del self.tokens[length:]
-        excess = self.cached_len - length
+        excess = self.cached_len - (length - 1)
         if excess > 0:
             self.cache.crop(-excess)
 

@@ -155,3 +155,11 @@ def test_cli_sets_the_session_idle_ttl() -> None:
 
     config, _ = parse_config(["--model", "m", "--session-idle-ttl-s", "0"])
     assert config.session_idle_ttl_s == 0
+
+
+def test_rollback_to_exactly_the_cached_length_still_proposes(stub, draft_runner: ModelRunner) -> None:
+    """Found by the RPC fuzz test: the next forward had no input left, and Propose answered INTERNAL."""
+    prefill(stub, "cached-edge")  # caches all but the last prompt token
+    reply = stub.Propose(draft_pb2.ProposeRequest(session_id="cached-edge", num_tokens=3, rollback_to=len(PROMPT) - 1))
+    assert list(reply.token_ids) == reference_greedy(draft_runner, PROMPT[:-1], 3)
+    stub.Close(draft_pb2.DraftCloseRequest(session_id="cached-edge"))
