@@ -220,12 +220,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="calispec-up-") as secrets_dir:
         tls_dir, keys_file, key = up_security(args, Path(secrets_dir))
         config = stack_config(args, (args.port, args.target_port, args.draft_port, args.memory_port))
-        config = dataclasses.replace(config, tls_dir=tls_dir, api_keys_file=keys_file)
+        http_port = None if args.no_http else args.http_port
+        config = dataclasses.replace(config, tls_dir=tls_dir, api_keys_file=keys_file, http_port=http_port)
         from calispec_tools.stack import LocalStack
 
         with LocalStack(config) as stack:
             for name, service in stack.services.items():
                 print(f"{name:15s} {service.address}  log: {service.log_path}")
+            if stack.http_url:
+                print(f"OpenAI-compatible API: {stack.http_url}  (model {config.target_model.name!r})")
             client_env = "".join(
                 f"export {var}={value}\n"
                 for var, value in (("CALISPEC_TOKEN", key), ("CALISPEC_TLS_CA", tls_dir and tls_dir / "ca.pem"))
@@ -299,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--target-port", type=int, default=50051)
     up.add_argument("--draft-port", type=int, default=50052)
     up.add_argument("--memory-port", type=int, default=50053)
+    up.add_argument("--http-port", type=int, default=8000, help="the OpenAI-compatible HTTP API (/v1/...)")
+    up.add_argument("--no-http", action="store_true", help="serve the gRPC API only")
     up.add_argument("--tls", action="store_true", help="mutual TLS between all services, TLS for clients")
     up.add_argument("--tls-dir", help="certificates (`calispec certs dev`; default: user data dir/tls, made once)")
     up.add_argument("--open", action="store_true", help="no API key: anyone on this machine may generate")

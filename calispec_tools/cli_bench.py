@@ -49,7 +49,8 @@ def _modes(text: str) -> list[str]:
     return modes
 
 
-def add_target_args(parser: argparse.ArgumentParser) -> None:
+def add_target_args(parser: argparse.ArgumentParser) -> argparse._MutuallyExclusiveGroup:
+    """The coordinator to drive; returns the (required, exclusive) group naming it."""
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--address", help="coordinator HOST:PORT of a running stack")
     where.add_argument("--local", action="store_true", help="start a local stack on free ports for this run")
@@ -67,6 +68,7 @@ def add_target_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="output directory (default: ./calispec-<command>-<time>)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
     add_client_auth_args(parser)
+    return where
 
 
 def model_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
@@ -123,7 +125,9 @@ def out_dir(args: argparse.Namespace, command: str) -> Path:
 
 def add_bench_parser(sub: Any) -> None:
     p = sub.add_parser("bench", help="load-test a coordinator: closed/open loop, modes side by side, sweeps")
-    add_target_args(p)
+    where = add_target_args(p)
+    where.add_argument("--openai-url", help="drive the OpenAI-compatible HTTP API at this base URL (http://H:P/v1)")
+    p.add_argument("--openai-model", help="with --openai-url: the model name (default: the one the server lists)")
     p.add_argument("--modes", type=_modes, default=["ar", "sd", "csd"], help="comma-separated (default ar,sd,csd)")
     p.add_argument("--prompts", default="code,math,prose", help="built-in sets (code, math, prose) and/or JSONL files")
     loop = p.add_mutually_exclusive_group()
@@ -159,12 +163,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
         gamma=args.gamma, tau=args.tau, lambda_=args.lambda_, temperature=args.temperature, timeout_s=args.timeout,
     )  # fmt: skip
     out = out_dir(args, "bench")
-    with endpoints(args) as ep:
-        auth = client_auth(args) if not args.local else {}
-        results = asyncio.run(run_sweep(ep.coordinator, prompts, config, levels, client_options=auth))
+    if args.openai_url:
+        from calispec._channel import ClientAuth
+        from calispec_tools.bench.openai_client import OpenAIStreamClient
+
+        address = args.openai_url
+        api_key = ClientAuth.resolve(args.token).token or "unused"  # the coordinator's API keys serve both APIs
+        client = OpenAIStreamClient(address, args.timeout, args.openai_model, api_key=api_key)
+        results = asyncio.run(run_sweep(address, prompts, config, levels, client=client))
+    else:
+        with endpoints(args) as ep:
+            address, auth = ep.coordinator, client_auth(args) if not args.local else {}
+            results = asyncio.run(run_sweep(address, prompts, config, levels, client_options=auth))
     print(report.format_table(results))
     full_config = {
-        "load": config.to_dict(), "levels": [lv.__dict__ for lv in levels], "address": ep.coordinator,
+        "load": config.to_dict(), "levels": [lv.__dict__ for lv in levels], "address": address,
         "local": args.local, "prompts": {"spec": args.prompts, "texts": [p.__dict__ for p in prompts]},
         "argv": sys.argv[1:],
     }  # fmt: skip

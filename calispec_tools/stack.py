@@ -28,6 +28,7 @@ from calispec_tools.namespaces import pair_namespace
 log = logging.getLogger(__name__)
 
 BANNER = re.compile(r"^(\w+) listening on (\S+):(\d+)")
+HTTP_URL = re.compile(r"(https?://\S+/v1)")  # the coordinator's banner names its OpenAI-compatible API
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class StackConfig:
     target_port: int = 50051
     draft_port: int = 50052
     memory_port: int = 50053
+    http_port: int | None = None  # the coordinator's OpenAI-compatible HTTP API (0: a free port); None: off
     dtype: str = "auto"
     device: str = "auto"
     memory_sync_interval_s: float = 1.0
@@ -60,6 +62,7 @@ class ServiceProcess:
     log_path: Path
     args: list[str]  # as started (after `--host`)
     port: int = 0
+    banner: str = ""  # the readiness line
     _lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
 
     @property
@@ -83,6 +86,7 @@ class ServiceProcess:
             match = BANNER.match(line)
             if match:
                 self.port = int(match.group(3))
+                self.banner = line.strip()
                 return
 
     def log_tail(self, lines: int = 30) -> str:
@@ -124,8 +128,9 @@ class LocalStack:
             ]
             target_addrs = [arg for t in targets for arg in ("--target-addr", t.address)]
             keys = ["--api-keys-file", str(c.api_keys_file)] if c.api_keys_file else []
+            http = [] if c.http_port is None else ["--http-port", str(c.http_port)]
             self._spawn("coordinator", [
-                *self.tls_args("coordinator"), *keys,
+                *self.tls_args("coordinator"), *keys, *http,
                 "--port", str(c.coordinator_port), "--tokenizer", str(c.target_model),
                 "--draft-addr", self.services["draft_service"].address, *target_addrs,
             ])  # fmt: skip
@@ -188,6 +193,12 @@ class LocalStack:
     @property
     def coordinator_address(self) -> str:
         return self.services["coordinator"].address
+
+    @property
+    def http_url(self) -> str | None:
+        """Base URL of the OpenAI-compatible API (`.../v1`), when the stack serves it."""
+        match = HTTP_URL.search(self.services["coordinator"].banner)
+        return match.group(1) if match else None
 
     def stop_service(self, name: str, timeout_s: float = 30.0) -> int:
         """SIGTERM one service (graceful: the memory service flushes and closes its DB); returns its exit code."""

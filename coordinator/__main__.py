@@ -10,12 +10,12 @@ import argparse
 import signal
 from pathlib import Path
 
-from calispec_core.access import ApiKeys, Quota
+from calispec_core.access import ApiKeys, Quota, QuotaBook
 from calispec_core.errors import CalispecError
 from calispec_core.generation import Defaults, Mode
 from calispec_core.service_cli import add_server_args, configure_logging, serve_until_signalled, tls_from_args
 from coordinator.config import CoordinatorConfig
-from coordinator.server import check_access, create_server
+from coordinator.server import build_orchestrator, check_access, create_server
 
 
 def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]:
@@ -47,6 +47,9 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         "--draft-max-backoff", type=float, default=10.0, help="longest wait between probes of a draft that is down"
     )
     add_access_args(parser)
+    http = parser.add_argument_group("OpenAI-compatible HTTP API (docs/api.md; off unless --http-port is given)")
+    http.add_argument("--http-port", type=int, default=None, help="serve /v1/* on --host:PORT; 0 picks a free one")
+    http.add_argument("--served-model-name", help="the `model` HTTP requests name (default: the tokenizer dir's name)")
     args = parser.parse_args(argv)
     defaults = Defaults(
         max_new_tokens=args.default_max_new_tokens,
@@ -71,6 +74,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         allow_anonymous=args.allow_anonymous,
         quota=Quota(args.quota_rpm, args.quota_burst, args.quota_concurrent),
         health_port=args.health_port,
+        http_port=args.http_port,
+        served_model_name=args.served_model_name,
     )
     try:
         check_access(config)
@@ -100,8 +105,18 @@ def main(argv: list[str] | None = None) -> None:
     keys = ApiKeys(config.api_keys_file) if config.api_keys_file else None
     if keys is not None:
         signal.signal(signal.SIGHUP, lambda *_: keys.reload())
-    server, port = create_server(config, keys=keys)
-    serve_until_signalled(server, f"coordinator listening on {config.host}:{port}")
+    quotas = QuotaBook(config.quota) if config.quota.limited else None  # one book for both APIs
+    orchestrator = build_orchestrator(config)
+    server, port = create_server(config, orchestrator, keys=keys, quotas=quotas)
+    banner = f"coordinator listening on {config.host}:{port}"
+    http = None
+    if config.http_port is not None:
+        from coordinator.openai_api import serve_http  # FastAPI and uvicorn only when the HTTP API is on
+
+        http = serve_http(orchestrator, config, keys, quotas)
+        scheme = "https" if config.tls.enabled else "http"
+        banner += f" (OpenAI-compatible API at {scheme}://{config.host}:{http.port}/v1)"
+    serve_until_signalled(server, banner, on_stop=http.stop if http else None)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,12 @@ class CoordinatorConfig:
     allow_anonymous: bool = False  # serve without API keys on a non-loopback host (explicit opt-in)
     quota: Quota = field(default_factory=Quota)  # per API key (per address when anonymous)
     health_port: int | None = None
+    http_port: int | None = None  # the OpenAI-compatible HTTP API on host:http_port (0: a free port); None: off
+    served_model_name: str | None = None  # the `model` HTTP requests name; None: the tokenizer directory's name
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.tokenizer.name
 
     @property
     def address(self) -> str:

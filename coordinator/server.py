@@ -158,16 +158,24 @@ def build_orchestrator(config: CoordinatorConfig) -> Orchestrator:
     )
 
 
-def access_interceptors(config: CoordinatorConfig, keys: ApiKeys | None) -> list[grpc.ServerInterceptor]:
-    """API keys (when configured), then per-key quotas (when set): UNAUTHENTICATED before RESOURCE_EXHAUSTED."""
+def access_interceptors(
+    config: CoordinatorConfig, keys: ApiKeys | None, quotas: QuotaBook | None = None
+) -> list[grpc.ServerInterceptor]:
+    """API keys (when configured), then per-key quotas (when set): UNAUTHENTICATED before RESOURCE_EXHAUSTED.
+    `quotas`: a book shared with the HTTP API (default: a new one when config.quota limits anything)."""
     interceptors: list[grpc.ServerInterceptor] = [] if keys is None else [ApiKeyInterceptor(keys)]
-    if config.quota.limited:
-        interceptors.append(QuotaInterceptor(QuotaBook(config.quota), keys))
+    if quotas is None and config.quota.limited:
+        quotas = QuotaBook(config.quota)
+    if quotas is not None:
+        interceptors.append(QuotaInterceptor(quotas, keys))
     return interceptors
 
 
 def create_server(
-    config: CoordinatorConfig, orchestrator: Orchestrator | None = None, keys: ApiKeys | None = None
+    config: CoordinatorConfig,
+    orchestrator: Orchestrator | None = None,
+    keys: ApiKeys | None = None,
+    quotas: QuotaBook | None = None,
 ) -> tuple[grpc.Server, int]:
     """Build the coordinator server (port 0 allowed); returns (server, bound port).
 
@@ -185,7 +193,7 @@ def create_server(
         max_workers=config.max_workers,
         tls=config.tls,
         require_client_cert=False,  # public clients authenticate with API keys, not certificates
-        interceptors=access_interceptors(config, keys),
+        interceptors=access_interceptors(config, keys, quotas),
         health_port=config.health_port,
     )
     return server, port

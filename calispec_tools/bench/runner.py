@@ -212,8 +212,11 @@ async def run_sweep(
     levels: Sequence[Level],
     progress: TextIO | None = None,
     client_options: Mapping[str, Any] | None = None,
+    client: Any = None,
 ) -> list[dict[str, Any]]:
-    """`client_options`: AsyncCalispecClient's token / tls_ca / tls_server_name."""
+    """`client_options`: AsyncCalispecClient's token / tls_ca / tls_server_name. `client`: an
+    AsyncCalispecClient look-alike to use instead (bench/openai_client.py drives the HTTP API)."""
     plan = Plan(prompts, config)
-    async with AsyncCalispecClient(address, timeout=config.timeout_s, **(client_options or {})) as client:
+    grpc_client = None if client else AsyncCalispecClient(address, timeout=config.timeout_s, **(client_options or {}))
+    async with client or grpc_client as client:
         return [await run_level(client, plan, level, progress) for level in levels]

@@ -59,6 +59,19 @@ def test_bench_closed_loop_sweep(stack: LocalStack, tmp_path: Path, capsys: pyte
         assert all((out / name).stat().st_size > 0 for name in ("latency_cdf.png", "throughput.png", "acceptance.png"))
 
 
+def test_bench_over_the_openai_api(stack: LocalStack, tmp_path: Path) -> None:
+    out = tmp_path / "bench-openai"
+    argv = ["bench", "--openai-url", str(stack.http_url), "--prompts", str(prompts_file(tmp_path)),
+            "--modes", "ar,sd", "--num-requests", "6", "--no-plots", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    level = json.loads((out / "bench.json").read_text())["levels"][0]
+    assert level["total"]["ok"] == 6
+    # token ids come back per chunk (return_token_ids), and greedy sd still matches ar in length
+    lengths = {(r["mode"], r["prompt_index"]): sum(r["chunk_tokens"]) for r in level["records"]}
+    assert all(n > 0 for n in lengths.values())
+    assert all(lengths[("sd", p)] == lengths[("ar", p)] for m, p in lengths if m == "ar")
+
+
 def test_bench_open_loop(stack: LocalStack, tmp_path: Path) -> None:
     out = tmp_path / "bench-open"
     argv = ["bench", "--address", stack.coordinator_address, "--prompts", str(prompts_file(tmp_path)),

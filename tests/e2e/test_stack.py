@@ -42,6 +42,7 @@ def stack_config(tmp: Path, draft: Path, target: Path) -> StackConfig:
         device="cpu",
         memory_sync_interval_s=0.1,
         start_timeout_s=120,
+        http_port=0,  # the coordinator's OpenAI-compatible API too
     )
 
 
@@ -151,3 +152,17 @@ def test_identical_draft_gives_full_acceptance(tiny_pair: TinyPair, tmp_path: Pa
             r = c.generate(prompt, max_new_tokens=30, mode="sd")
             assert r.stats.drafted > 0
             assert r.stats.accepted == r.stats.drafted and r.stats.acceptance_rate == 1.0
+
+
+def test_openai_api_in_the_coordinator_process(stack: LocalStack, client: CalispecClient) -> None:
+    import openai
+
+    assert stack.http_url is not None and stack.http_url.startswith("http://127.0.0.1:")
+    oai = openai.OpenAI(base_url=stack.http_url, api_key="unused", max_retries=0, timeout=120)
+    (model,) = [m.id for m in oai.models.list().data]
+    done = oai.completions.create(
+        model=model, prompt=PROMPTS[0], max_tokens=16, temperature=0, extra_body={"mode": "sd"}
+    )
+    expected = client.generate(PROMPTS[0], max_new_tokens=16, mode="sd")
+    assert done.choices[0].text == expected.text
+    assert done.usage is not None and done.usage.completion_tokens == len(expected.token_ids)

@@ -1,0 +1,66 @@
+"""The load loop's client over the OpenAI-compatible HTTP API (`calispec bench --openai-url`).
+
+It streams `/v1/completions` with the official `openai` client and hands the load loop the same
+`StreamChunk`s as the gRPC SDK. Calispec's parameters travel as extra body fields; the server
+returns each chunk's token ids when asked (`return_token_ids`, as vLLM does), so per-token
+figures stay comparable with the gRPC path. Per-request speculation stats are gRPC-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+
+from calispec.client import CalispecRpcError, StreamChunk
+
+
+def extra_body(params: dict[str, Any]) -> dict[str, Any]:
+    named = {
+        "mode": params.get("mode"),
+        "gamma": params.get("num_speculative_tokens"),
+        "tau": params.get("tau"),
+        "lambda": params.get("lambda_"),
+    }
+    return {"return_token_ids": True, **{k: v for k, v in named.items() if v is not None}}
+
+
+def rpc_error(exc: openai.APIStatusError) -> CalispecRpcError:
+    """The server's error (code = the gRPC status name) as the SDK's exception."""
+    body = exc.body.get("error", {}) if isinstance(exc.body, dict) and "error" in exc.body else exc.body
+    code = body.get("code") if isinstance(body, dict) else None
+    return CalispecRpcError((code or f"HTTP_{exc.status_code}").upper(), str(exc.message))
+
+
+class OpenAIStreamClient:
+    """What bench/runner.py needs from AsyncCalispecClient: `generate_stream` and `async with`."""
+
+    def __init__(self, base_url: str, timeout: float, model: str | None = None, api_key: str = "unused") -> None:
+        self._client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout)
+        self.model = model
+
+    async def __aenter__(self) -> OpenAIStreamClient:
+        if self.model is None:  # the one model the server lists
+            self.model = (await self._client.models.list()).data[0].id
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._client.close()
+
+    async def generate_stream(
+        self, prompt: str, *, timeout: float | None = None, **params: Any
+    ) -> AsyncIterator[StreamChunk]:
+        assert self.model is not None, "use `async with`"
+        try:
+            stream = await self._client.completions.create(
+                model=self.model, prompt=prompt, max_tokens=params["max_new_tokens"],
+                temperature=params.get("temperature", 0.0), seed=params.get("seed"), stream=True,
+                extra_body=extra_body(params), timeout=timeout,
+            )  # fmt: skip
+            async for event in stream:
+                for choice in event.choices:
+                    token_ids = list(getattr(choice, "token_ids", None) or [])
+                    yield StreamChunk(choice.text, token_ids, event.id, choice.finish_reason)
+        except openai.APIStatusError as exc:
+            raise rpc_error(exc) from None

@@ -1,0 +1,353 @@
+"""The OpenAI-compatible HTTP API, served from the coordinator process (FastAPI + uvicorn).
+
+`/v1/models`, `/v1/completions`, `/v1/chat/completions`, streaming by server-sent events. Requests
+drive the same Orchestrator as the gRPC servicer (no second loop, no extra hop); the blocking
+generator runs in Starlette's thread pool. Errors use OpenAI's shape and HTTP statuses.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from calispec.types import Mode
+from calispec_core.access import ApiKeys, QuotaBook
+from calispec_core.credentials import TlsConfig
+from calispec_core.errors import CalispecError, InvalidArgument, NotFound, Unauthenticated
+from calispec_core.generation import Defaults, GenerationParams
+from calispec_core.sampling import SamplingConfig
+from calispec_core.timing import Deadline
+from coordinator.chat import ChatTurn, render_chat
+from coordinator.config import CoordinatorConfig
+from coordinator.engine import Chunk, Orchestrator
+from coordinator.openai_protocol import (
+    AssistantMessage,
+    CalispecParams,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorBody,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    Usage,
+    new_id,
+    openai_finish_reason,
+)
+
+log = logging.getLogger(__name__)
+
+# gRPC status name of a domain error -> (HTTP status, OpenAI error type)
+HTTP_ERRORS: dict[str, tuple[int, str]] = {
+    "INVALID_ARGUMENT": (400, "invalid_request_error"),
+    "FAILED_PRECONDITION": (400, "invalid_request_error"),
+    "UNAUTHENTICATED": (401, "authentication_error"),
+    "PERMISSION_DENIED": (403, "permission_error"),
+    "NOT_FOUND": (404, "not_found_error"),
+    "CANCELLED": (499, "cancelled"),
+    "RESOURCE_EXHAUSTED": (429, "rate_limit_error"),
+    "UNAVAILABLE": (503, "service_unavailable"),
+    "DEADLINE_EXCEEDED": (504, "timeout_error"),
+}
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    model_name: str  # what /v1/models lists and requests must name
+    defaults: Defaults
+    request_timeout_s: float  # HTTP carries no deadline: each request gets this one
+    keys: ApiKeys | None = None  # the coordinator's API keys: requests need `Authorization: Bearer <key>`
+    quotas: QuotaBook | None = None  # the coordinator's per-caller quotas (shared with gRPC): 429 beyond them
+
+
+def error_response(status: int, message: str, kind: str, param: str | None = None, code: str | None = None):
+    body = ErrorResponse(error=ErrorBody(message=message, type=kind, param=param, code=code))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+def domain_error_response(exc: CalispecError) -> JSONResponse:
+    status, kind = HTTP_ERRORS.get(exc.code, (500, "internal_error"))
+    if status == 500:
+        log.error("request failed: %s", exc)
+    return error_response(status, str(exc), kind, getattr(exc, "param", None), exc.code.lower())
+
+
+def generation_params(req: CalispecParams, defaults: Defaults, max_tokens: int | None) -> GenerationParams:
+    """The request's parameters with the server's defaults applied (validated by the Orchestrator)."""
+    return GenerationParams(
+        max_new_tokens=max_tokens if max_tokens is not None else defaults.max_new_tokens,
+        sampling=SamplingConfig(req.temperature, req.top_p, req.top_k, req.seed),
+        stop=req.stop_strings(),
+        num_speculative_tokens=req.gamma if req.gamma is not None else defaults.num_speculative_tokens,
+        mode=Mode.parse(req.mode) if req.mode else defaults.mode,
+        tau=req.tau if req.tau is not None else defaults.tau,
+        lambda_=req.lambda_ if req.lambda_ is not None else defaults.lambda_,
+    )
+
+
+@dataclass
+class Outcome:
+    """A whole generation, gathered from its chunks."""
+
+    text: str
+    finish: Chunk
+    completion_tokens: int
+
+    def usage(self) -> Usage:
+        assert self.finish.stats is not None
+        return Usage.of(self.finish.stats.prompt_tokens, self.completion_tokens)
+
+
+def gather(chunks: Iterator[Chunk]) -> Outcome:
+    text, count, last = [], 0, None
+    for chunk in chunks:
+        text.append(chunk.text)
+        count += len(chunk.token_ids)
+        last = chunk
+    assert last is not None and last.finish_reason is not None
+    return Outcome("".join(text), last, count)
+
+
+def sse(payload: BaseModel | str) -> str:
+    data = payload if isinstance(payload, str) else payload.model_dump_json()
+    return f"data: {data}\n\n"
+
+
+class OpenAIApi:
+    """The endpoints' logic; `create_app` wires it into FastAPI."""
+
+    def __init__(self, orchestrator: Orchestrator, settings: ApiSettings) -> None:
+        self.orchestrator = orchestrator
+        self.settings = settings
+
+    def admit(self, request: Request, model: str) -> ExitStack:
+        """Authenticate (401), check the model (404) and take a quota slot (429), held until the
+        returned stack is closed: by the endpoint, or by the stream when it ends."""
+        caller = self.caller(request)
+        if model != self.settings.model_name:
+            raise ModelNotFound(f"the model {model!r} does not exist; this server serves {self.settings.model_name!r}")
+        held = ExitStack()
+        if self.settings.quotas is not None:
+            held.enter_context(self.settings.quotas.admit(caller))
+        return held
+
+    def caller(self, request: Request) -> str:
+        keys = self.settings.keys
+        if keys is None:
+            return f"anonymous@{request.client.host if request.client else 'unknown'}"
+        header = request.headers.get("authorization", "")
+        name = keys.identify(header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else None)
+        if name is None:
+            raise Unauthenticated("missing or unknown API key (send Authorization: Bearer <key>)")
+        return name
+
+    def chunks(self, prompt: str, req: CalispecParams, max_tokens: int | None) -> Iterator[Chunk]:
+        params = generation_params(req, self.settings.defaults, max_tokens)
+        return self.orchestrator.generate(prompt, params, Deadline(self.settings.request_timeout_s))
+
+    def chat_prompt(self, req: ChatCompletionRequest) -> str:
+        return render_chat(self.orchestrator.tokenizer, [ChatTurn(m.role, m.content) for m in req.messages])
+
+    async def completion(self, req: CompletionRequest, held: ExitStack):
+        prompt = completion_prompt(req)
+        chunks = self.chunks(prompt, req, req.max_tokens)
+        rid, model = new_id("cmpl"), self.settings.model_name
+        if not req.stream:
+            with held:
+                done = await run_in_threadpool(gather, chunks)
+            choice = CompletionChoice(text=done.text, finish_reason=openai_finish_reason(done.finish.finish_reason))
+            return CompletionResponse(id=rid, model=model, choices=[choice], usage=done.usage())
+
+        def event(chunk: Chunk) -> CompletionResponse:
+            ids = chunk.token_ids if req.return_token_ids else None
+            choice = CompletionChoice(
+                text=chunk.text, finish_reason=openai_finish_reason(chunk.finish_reason), token_ids=ids
+            )
+            return CompletionResponse(id=rid, model=model, choices=[choice])
+
+        def usage_event(usage: Usage) -> CompletionResponse:
+            return CompletionResponse(id=rid, model=model, choices=[], usage=usage)
+
+        return await stream(chunks, held, [], event, usage_event if req.include_usage_chunk else None)
+
+    async def chat_completion(self, req: ChatCompletionRequest, held: ExitStack):
+        chunks = self.chunks(self.chat_prompt(req), req, req.token_limit())
+        rid, model = new_id("chatcmpl"), self.settings.model_name
+        if not req.stream:
+            with held:
+                done = await run_in_threadpool(gather, chunks)
+            choice = ChatChoice(
+                message=AssistantMessage(content=done.text),
+                finish_reason=openai_finish_reason(done.finish.finish_reason),
+            )
+            return ChatCompletionResponse(id=rid, model=model, choices=[choice], usage=done.usage())
+
+        def event(chunk: Chunk) -> ChatCompletionChunk:
+            delta = ChatDelta(content=chunk.text) if chunk.text or chunk.finish_reason is None else ChatDelta()
+            choice = ChatChunkChoice(delta=delta, finish_reason=openai_finish_reason(chunk.finish_reason))
+            return ChatCompletionChunk(id=rid, model=model, choices=[choice])
+
+        def usage_event(usage: Usage) -> ChatCompletionChunk:
+            return ChatCompletionChunk(id=rid, model=model, choices=[], usage=usage)
+
+        opening = ChatCompletionChunk(
+            id=rid, model=model, choices=[ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))]
+        )
+        return await stream(chunks, held, [opening], event, usage_event if req.include_usage_chunk else None)
+
+
+class ModelNotFound(NotFound):
+    param = "model"
+
+
+def completion_prompt(req: CompletionRequest) -> str:
+    if isinstance(req.prompt, str):
+        return req.prompt
+    if len(req.prompt) != 1:
+        raise InvalidArgument("send one prompt per request (batched prompts are not supported)")
+    return req.prompt[0]
+
+
+async def stream(
+    chunks: Iterator[Chunk],
+    held: ExitStack,
+    opening: list[BaseModel],
+    event: Callable[[Chunk], BaseModel],
+    usage_event: Callable[[Usage], BaseModel] | None,
+) -> StreamingResponse | JSONResponse:
+    """Server-sent events. The first round runs before the response starts, so that a bad request
+    still gets its HTTP error status; a failure later arrives as an `error` event."""
+    try:
+        first = await run_in_threadpool(next, chunks)
+    except CalispecError as exc:
+        held.close()
+        return domain_error_response(exc)
+
+    async def events() -> AsyncIterator[str]:
+        with held:
+            async for event_text in _events():
+                yield event_text
+
+    async def _events() -> AsyncIterator[str]:
+        for message in opening:
+            yield sse(message)
+        completion_tokens = 0
+        try:
+            async for chunk in _prepend(first, iterate_in_threadpool(chunks)):
+                completion_tokens += len(chunk.token_ids)
+                yield sse(event(chunk))
+                if chunk.finish_reason is not None and usage_event is not None and chunk.stats is not None:
+                    yield sse(usage_event(Usage.of(chunk.stats.prompt_tokens, completion_tokens)))
+        except CalispecError as exc:
+            kind = HTTP_ERRORS.get(exc.code, (500, "internal_error"))[1]
+            yield sse(ErrorResponse(error=ErrorBody(message=str(exc), type=kind, code=exc.code.lower())))
+        yield sse("[DONE]")
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+async def _prepend(first: Chunk, rest: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+    yield first
+    if first.finish_reason is None:
+        async for chunk in rest:
+            yield chunk
+
+
+def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
+    api = OpenAIApi(orchestrator, settings)
+    app = FastAPI(title="Calispec (OpenAI-compatible)", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(CalispecError)
+    async def _domain(request: Request, exc: CalispecError) -> JSONResponse:
+        return domain_error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in %s", request.url.path)  # a bug, as INTERNAL is on gRPC
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error")
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = [str(p) for p in first.get("loc", ()) if p != "body"]
+        message = f"{'.'.join(where) or 'body'}: {first.get('msg', 'invalid request')}"
+        return error_response(400, message, "invalid_request_error", ".".join(where) or None)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(exc.status_code, str(exc.detail), kind)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> ModelList:
+        api.caller(request)
+        return ModelList(data=[ModelCard(id=settings.model_name)])
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request):
+        held = api.admit(request, body.model)
+        try:
+            return await api.completion(body, held)
+        except BaseException:
+            held.close()  # a stream that started owns its slot; anything that failed before gives it back
+            raise
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        held = api.admit(request, body.model)
+        try:
+            return await api.chat_completion(body, held)
+        except BaseException:
+            held.close()
+            raise
+
+    return app
+
+
+@dataclass
+class HttpServer:
+    server: uvicorn.Server
+    thread: threading.Thread
+    port: int
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+
+
+def serve_http(
+    orchestrator: Orchestrator, config: CoordinatorConfig, keys: ApiKeys | None, quotas: QuotaBook | None
+) -> HttpServer:
+    """The HTTP API of a coordinator process, next to its gRPC server: same keys, same quotas, same TLS
+    certificate (server-side; HTTP clients authenticate with API keys)."""
+    settings = ApiSettings(config.model_name, config.defaults, config.rpc_timeout_s, keys, quotas)
+    return start_http_server(create_app(orchestrator, settings), config.host, config.http_port or 0, config.tls)
+
+
+def start_http_server(app: FastAPI, host: str, port: int, tls: TlsConfig | None = None) -> HttpServer:
+    """Serve `app` on host:port (0: a free port) in a background thread; returns once bound."""
+    sock = socket.create_server((host, port))  # bound here so that the port is known now
+    files = {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)} if tls and tls.enabled else {}
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5, **files)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="openai-http")
+    thread.start()
+    return HttpServer(server, thread, sock.getsockname()[1])

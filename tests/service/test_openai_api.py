@@ -1,0 +1,158 @@
+"""The OpenAI-compatible HTTP API, driven by the official `openai` client against the tiny pair."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from calispec.client import CalispecClient
+from calispec_core.access import ApiKeys, Quota, QuotaBook, key_line, new_api_key
+from calispec_core.errors import Unavailable
+from calispec_core.generation import Defaults
+from coordinator.openai_api import ApiSettings, create_app, domain_error_response, start_http_server
+from tests.service.conftest import Coordinator
+
+MODEL = "tiny-chat"
+PROMPT = "def add(a, b):"
+MESSAGES = [{"role": "user", "content": "def add(a, b):"}]
+SD = {"mode": "sd", "gamma": 3}
+
+
+def serve(coordinator: Coordinator, keys: ApiKeys | None = None, quotas: QuotaBook | None = None) -> tuple[object, str]:
+    settings = ApiSettings(MODEL, Defaults(), request_timeout_s=60, keys=keys, quotas=quotas)
+    server = start_http_server(create_app(coordinator.orchestrator, settings), "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.port}/v1"
+
+
+@pytest.fixture(scope="module")
+def base_url(chat_coordinator: Coordinator) -> Iterator[str]:
+    server, url = serve(chat_coordinator)
+    yield url
+    server.stop()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def oai(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def grpc_client(chat_coordinator: Coordinator) -> Iterator[CalispecClient]:
+    with CalispecClient(chat_coordinator.address, timeout=60) as c:
+        yield c
+
+
+def test_models_lists_the_served_model(oai: openai.OpenAI) -> None:
+    assert [m.id for m in oai.models.list().data] == [MODEL]
+
+
+def test_completion_matches_grpc_with_usage(oai: openai.OpenAI, grpc_client: CalispecClient) -> None:
+    expected = grpc_client.generate(PROMPT, max_new_tokens=12, mode="sd", num_speculative_tokens=3)
+    done = oai.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, extra_body=SD)
+    assert done.choices[0].text == expected.text
+    assert done.choices[0].finish_reason == ("length" if expected.finish_reason == "length" else "stop")
+    assert done.usage is not None
+    assert done.usage.prompt_tokens == expected.stats.prompt_tokens
+    assert done.usage.completion_tokens == len(expected.token_ids)
+    assert done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
+
+
+def test_streamed_completion_equals_unary(oai: openai.OpenAI) -> None:
+    kwargs = {"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "extra_body": SD}
+    unary = oai.completions.create(**kwargs)
+    events = list(oai.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    text_events = [e for e in events if e.choices]
+    assert "".join(e.choices[0].text for e in text_events) == unary.choices[0].text
+    assert text_events[-1].choices[0].finish_reason == unary.choices[0].finish_reason
+    assert all(e.choices[0].finish_reason is None for e in text_events[:-1])
+    assert events[-1].usage == unary.usage and not events[-1].choices
+
+
+def test_chat_matches_grpc_chat_streaming_and_not(oai: openai.OpenAI, grpc_client: CalispecClient) -> None:
+    expected = grpc_client.chat(MESSAGES, max_new_tokens=10, mode="ar")
+    kwargs = {"model": MODEL, "messages": MESSAGES, "max_tokens": 10, "temperature": 0, "extra_body": {"mode": "ar"}}
+    done = oai.chat.completions.create(**kwargs)
+    assert done.choices[0].message.role == "assistant"
+    assert done.choices[0].message.content == expected.text
+    assert done.usage is not None and done.usage.completion_tokens == len(expected.token_ids)
+    chunks = list(oai.chat.completions.create(**kwargs, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected.text
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_sse_framing_ends_with_done(base_url: str) -> None:
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{base_url}/completions", json=body, timeout=60) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        raw = "".join(response.iter_text())
+    events = [e for e in raw.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+
+
+@pytest.mark.parametrize(
+    ("call", "status", "param"),
+    [
+        (lambda c: c.completions.create(model="gpt-9", prompt="hi"), 404, "model"),
+        (lambda c: c.completions.create(model=MODEL, prompt="hi", max_tokens=-1), 400, None),
+        (lambda c: c.completions.create(model=MODEL, prompt="", max_tokens=4), 400, None),
+        (lambda c: c.completions.create(model=MODEL, prompt="hi", extra_body={"mode": "fast"}), 400, "mode"),
+        (lambda c: c.completions.create(model=MODEL, prompt="hi", extra_body={"tau": 5.0}), 400, None),
+        (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "robot", "content": "x"}]), 400, None),
+        (lambda c: c.completions.create(model=MODEL, prompt="hi", stream=True, max_tokens=0), 400, None),
+    ],
+)
+def test_errors_have_openais_shape_and_status(oai: openai.OpenAI, call, status: int, param: str | None) -> None:
+    with pytest.raises(openai.APIStatusError) as info:
+        call(oai)
+    assert info.value.status_code == status
+    error = info.value.response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+    assert error["param"] == param
+
+
+def test_api_keys_and_quotas_are_the_coordinators(chat_coordinator: Coordinator, tmp_path) -> None:
+    key = new_api_key()
+    (tmp_path / "keys").write_text(key_line("alice", key) + "\n")
+    quotas = QuotaBook(Quota(requests_per_minute=1, burst=1))  # one request, then 429 for a minute
+    server, url = serve(chat_coordinator, ApiKeys(tmp_path / "keys"), quotas)
+    try:
+        with pytest.raises(openai.AuthenticationError) as info:
+            openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
+        assert info.value.response.json()["error"]["type"] == "authentication_error"
+        alice = openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=60)
+        assert alice.models.list().data[0].id == MODEL
+        assert alice.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0).choices[0].text
+        with pytest.raises(openai.RateLimitError) as limited:
+            alice.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0)
+        assert limited.value.response.json()["error"]["type"] == "rate_limit_error"
+    finally:
+        server.stop()  # type: ignore[attr-defined]
+
+
+def test_unavailable_services_are_503() -> None:
+    response = domain_error_response(Unavailable("no target replica is reachable"))
+    assert response.status_code == 503 and b"service_unavailable" in response.body
+
+
+def test_failed_requests_give_their_quota_slot_back(chat_coordinator: Coordinator) -> None:
+    server, url = serve(chat_coordinator, quotas=QuotaBook(Quota(max_concurrent=1)))
+    try:
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
+        for bad in (
+            lambda: client.completions.create(model=MODEL, prompt="", max_tokens=2),
+            lambda: client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0, stream=True),
+            lambda: client.chat.completions.create(model=MODEL, messages=[{"role": "robot", "content": "x"}]),
+        ):
+            with pytest.raises(openai.BadRequestError):
+                bad()
+        streamed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0, stream=True)
+        assert "".join(e.choices[0].text for e in streamed if e.choices)
+        assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0).choices[0].text
+    finally:
+        server.stop()  # type: ignore[attr-defined]
