@@ -7,9 +7,9 @@ Vocabulary (p = target distribution, q = draft distribution, both after the requ
 temperature / top-k / top-p warping; z = the target's raw logits):
 
 - **draft token** x̃_i: the i-th token the draft proposed (i = 0..num_draft-1).
-- **target token** t*_i: the token standard speculative decoding would emit at position i if
-  it rejected x̃_i there — argmax z_i when greedy; when sampling, the *recovered* sample
-  drawn from norm(max(0, p_i − q_i)) (from p_i if that residual is all zero).
+- **target token** t*_i: the target's most likely token at position i, argmax z_i, for every
+  row. Greedy SD emits it on a rejection; CSD's memory lookup, gate and recorded events use it
+  whether the row is greedy or sampling (see "Sampling rows under CSD" below).
 - **accepted** token: a draft token kept by the standard rule — x̃_i == argmax z_i (greedy),
   or the speculative-sampling coin min(1, p_i(x̃_i) / q_i(x̃_i)) came up heads
   (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative Decoding";
@@ -21,12 +21,13 @@ temperature / top-k / top-p warping; z = the target's raw logits):
   z_i(x̃_i) − z_i(t*_i) >= log τ on the raw target logits. Verification then continues with
   x̃_{i+1}: the single target pass already conditioned z_{i+1} on x̃_i, so no extra forward.
   Modes OCM_ONLY / SCG_ONLY apply one test alone (ablations); AR / SD never rescue.
-- **recovered** token: t*_a at the first position a that is neither accepted nor rescued;
-  the round emits it and ends there.
+- **recovered** token: what the round emits at the first position a that is neither accepted
+  nor rescued, ending the round there: t*_a when greedy; when sampling, a sample drawn from
+  norm(max(0, p_a − q_a)) (from p_a if that residual is all zero).
 - **bonus** token: when every draft token is kept, one more token from position num_draft
   (argmax z when greedy, a sample from p otherwise).
 - **rejection event**: a (x̃_i, t*_i) pair at a rescued position or at the final rejected
-  position; these feed the correction memory.
+  position with x̃_i != t*_i; these feed the correction memory.
 
 The round emits `draft_tokens[b, :accepted_count[b]]` followed by `next_token[b]`. Greedy rows
 reproduce target-only greedy decoding exactly in mode SD; sampling rows in mode SD are
@@ -46,11 +47,17 @@ shares (its padded width or its neighbours), so a seeded request reproduces howe
 service batches it. Every generator must live on the logits' device. Sampling uses the inverse CDF on a float32
 cumulative sum (resolution ~6e-8, like torch.multinomial), never a token of probability 0.
 
-Sampling rows under CSD (the paper evaluates greedy only; our choices): t*_i is the
-recovered sample, the gate compares raw logits, so a rescued token may lie outside the
-top-k / top-p set. A coin-accepted position is no rejection (no event, no rescue test). In
-the unreachable-in-practice case where the recovered sample equals x̃_i (only if q(x̃_i) = 0
-or p_i == q_i), the position still counts as a rejection: rescue test, then t*_i ends the round.
+Sampling rows under CSD (the paper evaluates greedy only; our rule, docs/robustness.md): the
+OCM lookup, the SCG comparison and the recorded event use t*_i = argmax z_i exactly as greedy
+decoding does, never the recovered sample. A random draw from the residual is often a
+low-probability token, against which the gate z(x̃_i) − z(t*_i) >= log τ is far easier to pass
+than in greedy decoding, and its pairs would land in the memory that greedy requests read.
+What the round emits is unchanged: a rescued token is still x̃_i, and a final rejection still
+emits the recovered sample. A coin-accepted position is no rejection (no event, no rescue
+test). A coin-rejected x̃_i that *is* argmax z_i is no CSD rejection either (greedy would have
+accepted it; there is no confusion pair): no rescue test, no event; the recovered sample ends
+the round as in SD. The gate compares raw logits, so a rescued token may lie outside the
+top-k / top-p set.
 
 Host syncs: one read of two [B] flags — which rows sample (all-greedy batches skip the
 sampling path; each sampling row draws its uniforms) and which rows may rescue (AR/SD-only
@@ -154,7 +161,7 @@ class VerifyOutput:
     next_token: Tensor  # [B] int64 recovered token (position accepted_count) or bonus (all kept)
     next_is_bonus: Tensor  # [B] bool
     event_mask: Tensor  # [B, G] bool rejection events: rescued positions + the final rejected one
-    target_tokens: Tensor  # [B, G] int64 t* per position, PLACEHOLDER_TOKEN_ID beyond num_draft
+    target_tokens: Tensor  # [B, G] int64 t* = argmax z per position, PLACEHOLDER_TOKEN_ID beyond num_draft
 
     def events(self, draft_tokens: Tensor) -> tuple[Tensor, Tensor]:
         """(draft_ids [E], target_ids [E]) of this round's rejection events, for the memory."""
@@ -174,25 +181,27 @@ def verify(inp: VerifyInput, pair_counts: PairCountFn) -> VerifyOutput:
     # and each row's draft length (how much randomness a sampling row draws).
     sampling, rescuing, lengths = torch.stack([inp.temperature > 0, inp.mode >= Mode.CSD, inp.num_draft]).tolist()
     sampling_rows, rescue_rows = [bool(s) for s in sampling], [bool(r) for r in rescuing]
-    accepted, target_tokens = _standard_rule(inp, draft, valid, sampling_rows, lengths)  # [B, G], [B, G+1]
+    accepted, emitted = _standard_rule(inp, draft, valid, sampling_rows, lengths)  # [B, G], [B, G+1]
     accepted &= valid
-    rejected = valid & ~accepted  # [B, G]
+    # t* of CSD for every row: greedy rows already emit the argmax; sampling rows need it separately.
+    target = logits[:, :draft_width].argmax(dim=-1) if any(sampling_rows) else emitted[:, :draft_width]  # [B, G]
+    confused = valid & ~accepted & (draft != target)  # [B, G] rejected with a (x̃, t*) confusion pair
 
-    rescued = torch.zeros_like(rejected)  # [B, G]
+    rescued = torch.zeros_like(confused)  # [B, G]
     if any(rescue_rows):
-        rescued = rejected & _rescue_mask(inp, draft, target_tokens[:, :draft_width], pair_counts)
+        rescued = confused & _rescue_mask(inp, draft, target, pair_counts)
     kept_prefix = (accepted | rescued).cumprod(dim=-1).bool()  # [B, G] kept, and so was everything before
     accepted_count = kept_prefix.sum(dim=-1)  # [B]
     rescued &= kept_prefix  # a rescue after the round ended never happened
     final_rejection = positions.view(1, -1) == accepted_count.view(-1, 1)  # [B, G]
-    final_rejection &= valid  # no rejection when every draft token was kept (bonus instead)
+    final_rejection &= confused  # none when every draft token was kept (bonus), nor without a pair
     return VerifyOutput(
         accepted_count=accepted_count,
         rescued=rescued,
-        next_token=target_tokens.gather(1, accepted_count.view(-1, 1)).view(-1),  # [B]
+        next_token=emitted.gather(1, accepted_count.view(-1, 1)).view(-1),  # [B]
         next_is_bonus=accepted_count == inp.num_draft,
         event_mask=rescued | final_rejection,
-        target_tokens=torch.where(valid, target_tokens[:, :draft_width], PLACEHOLDER_TOKEN_ID),
+        target_tokens=torch.where(valid, target, PLACEHOLDER_TOKEN_ID),
     )
 
 
@@ -202,17 +211,17 @@ def _standard_rule(
     valid: Tensor,  # [B, G] bool
     sampling_rows: list[bool],  # [B] temperature > 0, on the host
     lengths: list[int],  # [B] num_draft, on the host
-) -> tuple[Tensor, Tensor]:  # accepted [B, G] bool (before masking), t* [B, G+1] int64
+) -> tuple[Tensor, Tensor]:  # accepted [B, G] bool (before masking), emitted [B, G+1] int64
     """Standard SD per row: greedy matching or speculative sampling; each path runs only if needed."""
     if not any(sampling_rows):
         return _greedy_rule(inp.target_logits, draft)
     uniforms = _draw_uniforms(inp.generators, sampling_rows, lengths, draft.shape[1], draft.device)  # [B, 2G+1]
-    accepted, target_tokens = _speculative_sampling(inp, draft, valid, uniforms)
+    accepted, sampled = _speculative_sampling(inp, draft, valid, uniforms)
     if all(sampling_rows):
-        return accepted, target_tokens
+        return accepted, sampled
     greedy_accepted, greedy_tokens = _greedy_rule(inp.target_logits, draft)
     greedy = (inp.temperature <= 0).view(-1, 1)  # [B, 1]
-    return torch.where(greedy, greedy_accepted, accepted), torch.where(greedy, greedy_tokens, target_tokens)
+    return torch.where(greedy, greedy_accepted, accepted), torch.where(greedy, greedy_tokens, sampled)
 
 
 def _greedy_rule(

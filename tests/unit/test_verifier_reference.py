@@ -55,7 +55,7 @@ def _reference_row(inp: VerifyInput, b: int, p: torch.Tensor, counts: torch.Tens
     if inp.draft_probs is not None:
         q[:, :DRAFT_VOCAB] = inp.draft_probs[b]
 
-    def target_token(i: int) -> int:  # t*_i: what standard SD emits if it rejects at i
+    def emitted(i: int) -> int:  # what standard SD emits if it rejects at i (or the bonus at n)
         if greedy:
             return int(z[i].argmax())
         assert u is not None
@@ -64,7 +64,9 @@ def _reference_row(inp: VerifyInput, b: int, p: torch.Tensor, counts: torch.Tens
         residual = (p[i] - q[i]).clamp(min=0)
         return _sample(residual if residual.sum() > 0 else p[i], u[n + i])
 
-    targets = [target_token(i) for i in range(n)]
+    targets = [int(z[i].argmax()) for i in range(n)]  # t*_i of CSD, greedy or sampling
+    padded = [*targets, *[PLACEHOLDER_TOKEN_ID] * (WIDTH - n)]
+    recovered = [emitted(i) for i in range(n)]  # every row draws its uniforms, used or not
     rescued, events = [False] * WIDTH, [False] * WIDTH
     for i in range(n):
         x, t = int(inp.draft_tokens[b, i]), targets[i]
@@ -75,16 +77,16 @@ def _reference_row(inp: VerifyInput, b: int, p: torch.Tensor, counts: torch.Tens
             accepted = bool(q[i, x] > 0) and bool(u[i] * q[i, x] < p[i, x])
         if accepted:
             continue
+        if x == t:  # sampling only: the coin rejected the target's own top token, no confusion pair
+            return RowResult(i, rescued, recovered[i], False, events, padded)
         events[i] = True
         frequent = int(counts[x, t]) > int(inp.lambda_[b])
         gate = bool(z[i, x].float() - z[i, t].float() >= inp.log_tau[b])
         if _rescue(int(inp.mode[b]), frequent, gate):
             rescued[i] = True
             continue
-        padded = [*targets, *[PLACEHOLDER_TOKEN_ID] * (WIDTH - n)]
-        return RowResult(i, rescued, t, False, events, padded)
-    padded = [*targets, *[PLACEHOLDER_TOKEN_ID] * (WIDTH - n)]
-    return RowResult(n, rescued, target_token(n), True, events, padded)
+        return RowResult(i, rescued, recovered[i], False, events, padded)
+    return RowResult(n, rescued, emitted(n), True, events, padded)
 
 
 def _random_input(seed: int) -> tuple[VerifyInput, torch.Tensor]:

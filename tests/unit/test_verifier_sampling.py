@@ -115,7 +115,7 @@ def _outputs(out: VerifyOutput) -> list[torch.Tensor]:
 def test_seeded_runs_reproduce_and_different_seeds_differ() -> None:
     runs = [verify(_sampling_input(1.0, 0, 1.0, seed=s, rows=256), _no_counts) for s in (3, 3, 4)]
     assert all(torch.equal(a, b) for a, b in zip(_outputs(runs[0]), _outputs(runs[1]), strict=True))
-    assert not torch.equal(runs[0].target_tokens, runs[2].target_tokens)
+    assert not torch.equal(runs[0].next_token, runs[2].next_token)
 
 
 def test_each_sampling_row_draws_exactly_2n_plus_1_uniforms() -> None:
