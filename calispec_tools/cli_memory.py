@@ -188,10 +188,11 @@ def cmd_export(args: argparse.Namespace) -> int:
                 memory_pb2.GetPairsRequest(namespace=args.namespace, min_count=1, max_pairs=EXPORT_MAX_PAIRS),
                 timeout=60,
             )
+            vocab_size = stub.GetStats(memory_pb2.GetStatsRequest(namespace=args.namespace), timeout=60).vocab_size
         except grpc.RpcError as exc:
             return _fail(f"{exc.code().name}: {exc.details()}")
     pairs = [(p.draft_token_id, p.target_token_id, p.count) for p in reply.pairs]
-    dump_export(args.out, args.namespace, reply.version, pairs)
+    dump_export(args.out, args.namespace, reply.version, pairs, vocab_size)
     print(f"exported {len(pairs)} pairs of {args.namespace} at version {reply.version} to {args.out}")
     return 0
 
@@ -199,13 +200,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     try:
         token = read_writer_token(args.writer_token_file)
-        pairs = load_export(args.file, args.namespace)
+        export = load_export(args.file, args.namespace)
     except (MemoryFileError, CalispecError) as exc:
         return _fail(f"{exc} (nothing was imported)")
+    pairs = export.pairs
     if len(pairs) > MAX_IMPORT_PAIRS:
         return _fail(f"{len(pairs)} pairs exceed one atomic import ({MAX_IMPORT_PAIRS}); nothing was imported")
     events = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for d, t, c in pairs]
-    request = memory_pb2.RecordEventsRequest(namespace=args.namespace, events=events, wait_durable=True)
+    request = memory_pb2.RecordEventsRequest(
+        namespace=args.namespace, events=events, wait_durable=True, vocab_size=export.vocab_size
+    )
     channel, stub = _stub(args)
     with channel:
         try:

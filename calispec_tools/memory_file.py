@@ -2,7 +2,11 @@
 
     {"format": "calispec-correction-memory", "format_version": 1, "namespace": "...",
      "version": 42, "exported_at": "2026-...Z", "pairs": [[draft, target, count], ...],
-     "sha256": "<hex of the canonical JSON of pairs>"}
+     "sha256": "<hex of the canonical JSON of pairs>", "vocab_size": 151936}
+
+`vocab_size` (optional; 0 or absent: the namespace had none declared) is declared again on
+import, and every id must be below it. The sha256 detects corruption, not tampering: anyone
+who can edit the file can recompute it.
 
 Domain code (no gRPC). `load_export` raises `MemoryFileError` with a message that says what is
 wrong; callers write nothing unless it returns.
@@ -13,6 +17,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +35,17 @@ class MemoryFileError(InvalidArgument):
     """The file is not a valid export for this namespace; nothing was changed."""
 
 
+@dataclass(frozen=True)
+class Export:
+    pairs: list[Pair]
+    vocab_size: int  # 0: none declared
+
+
 def _checksum(pairs: list[list[int]]) -> str:
     return hashlib.sha256(json.dumps(pairs, separators=(",", ":")).encode()).hexdigest()
 
 
-def dump_export(path: Path, namespace: str, version: int, pairs: list[Pair]) -> None:
+def dump_export(path: Path, namespace: str, version: int, pairs: list[Pair], vocab_size: int = 0) -> None:
     rows = [[d, t, c] for d, t, c in sorted(pairs)]
     document = {
         "format": FORMAT,
@@ -44,14 +55,15 @@ def dump_export(path: Path, namespace: str, version: int, pairs: list[Pair]) -> 
         "exported_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "pairs": rows,
         "sha256": _checksum(rows),
+        "vocab_size": vocab_size,
     }
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(document, separators=(",", ":")) + "\n", encoding="utf-8")
     tmp.replace(path)  # a reader never sees a half-written export
 
 
-def load_export(path: Path, namespace: str) -> list[Pair]:
-    """The pairs of a valid export of `namespace`, or MemoryFileError."""
+def load_export(path: Path, namespace: str) -> Export:
+    """The pairs (and vocabulary) of a valid export of `namespace`, or MemoryFileError."""
     try:
         document: Any = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -72,7 +84,14 @@ def load_export(path: Path, namespace: str) -> list[Pair]:
     rows = document.get("pairs")
     if not isinstance(rows, list) or document.get("sha256") != _checksum(rows):
         raise MemoryFileError(f"{path} is corrupted: its pairs do not match its sha256")
-    return [_pair(i, row) for i, row in enumerate(rows)]
+    vocab_size = document.get("vocab_size", 0)
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or not 0 <= vocab_size <= MAX_TOKEN_ID + 1:
+        raise MemoryFileError(f"{path}: vocab_size must be an integer in [0, 2**32], got {vocab_size!r}")
+    pairs = [_pair(i, row) for i, row in enumerate(rows)]
+    outside = next((p for p in pairs if vocab_size and max(p[0], p[1]) >= vocab_size), None)
+    if outside is not None:
+        raise MemoryFileError(f"{path}: pair {list(outside)} has a token id outside its vocabulary of {vocab_size}")
+    return Export(pairs, vocab_size)
 
 
 def _pair(i: int, row: object) -> Pair:

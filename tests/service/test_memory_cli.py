@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,3 +101,32 @@ def test_import_without_the_writer_token_is_refused(memory: tuple[str, Correctio
     args = ("--namespace", "pair-a", "--memory-addr", address, "--file", str(out), "--writer-token-file", str(token))
     assert run("memory", "import", *args) == 1
     assert store.stats("pair-a")[0] == 3
+
+
+def test_an_export_carries_the_vocabulary_and_an_import_declares_it(
+    memory: tuple[str, CorrectionStore], tmp_path: Path
+) -> None:
+    address, store = memory
+    store.declare_vocab("pair-a", 100)
+    store.record("pair-a", [(1, 2, 3)], durable=True)
+    out, token = tmp_path / "a.json", tmp_path / "token"
+    token.write_text(TOKEN)
+    assert run("memory", "export", "--namespace", "pair-a", "--out", str(out), "--memory-addr", address) == 0
+    assert json.loads(out.read_text())["vocab_size"] == 100
+    config = MemoryConfig(port=0, db_path=tmp_path / "fresh.db", flush_interval_s=0.05, writer_token=TOKEN)
+    server, port, fresh = create_server(config)  # a new memory: the namespace has no vocabulary yet
+    server.start()
+    try:
+        args = ("--namespace", "pair-a", "--memory-addr", f"127.0.0.1:{port}", "--writer-token-file", str(token))
+        assert run("memory", "import", *args, "--file", str(out)) == 0
+        assert fresh.table_stats("pair-a").vocab_size == 100
+        doc = json.loads(out.read_text())  # an id outside the vocabulary, with a recomputed checksum
+        doc["pairs"] = [[1, 100, 1]]
+        doc["sha256"] = hashlib.sha256(json.dumps(doc["pairs"], separators=(",", ":")).encode()).hexdigest()
+        out.write_text(json.dumps(doc))
+        assert run("memory", "import", *args, "--file", str(out)) == 1
+        fresh.flush()
+        assert fresh.stats("pair-a")[0] == 3
+    finally:
+        server.stop(None).wait()
+        fresh.close()
