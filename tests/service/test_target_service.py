@@ -154,7 +154,10 @@ def test_faulty_draft_distributions_are_refused_and_change_nothing(stub, target_
     negative = uniform.copy()
     negative[0, :2] = [-0.5, 0.5 + 2.0 / vocab]  # still sums to 1
     narrower = np.full((2, vocab - 1), 1.0 / (vocab - 1), dtype="<f4")  # a distribution, but not over the vocabulary
+    one_nan, one_inf = uniform.copy(), uniform.copy()
+    one_nan[1, 5], one_inf[0, 7] = np.nan, np.inf
     faulty = [(negative, vocab), (np.zeros_like(uniform), vocab), (uniform * 1e30, vocab), (narrower, vocab - 1)]
+    faulty += [(one_nan, vocab), (one_inf, vocab)]
     for sid in ("faulty", "twin"):
         prefill(stub, sid, mode=common_pb2.MODE_SD, temperature=1.0, seed=5)
     for probs, width in faulty:
