@@ -35,7 +35,7 @@ class Defaults:
     """What a request gets for parameters it leaves unset (the paper's settings)."""
 
     max_new_tokens: int = 128
-    num_speculative_tokens: int = 6
+    num_speculative_tokens: int | None = None  # None: adaptive γ (coordinator/cost_model.py)
     mode: Mode = Mode.CSD
     tau: float = 0.01
     lambda_: int = 6
@@ -48,7 +48,7 @@ class GenerationParams:
     max_new_tokens: int
     sampling: SamplingConfig
     stop: tuple[str, ...]
-    num_speculative_tokens: int
+    num_speculative_tokens: int | None  # fixed γ; None: adaptive, chosen per round by the cost model
     mode: Mode
     tau: float
     lambda_: int
@@ -60,7 +60,7 @@ class GenerationParams:
         )
         self.sampling.validate()
         require(
-            1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
+            self.num_speculative_tokens is None or 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
             f"num_speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], got {self.num_speculative_tokens}",
         )
         require(0.0 < self.tau <= 1.0, f"tau must be in (0, 1], got {self.tau}")

@@ -19,6 +19,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 from calispec_core.errors import InvalidArgument, require
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# int8: dynamic quantisation of every Linear layer (weights int8, activations quantised per call,
+# float32 elsewhere); CPU only. A serving dtype like the others: SD stays exact w.r.t. the model served.
+INT8 = "int8"
+DTYPE_CHOICES = ["auto", *DTYPES, INT8]
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -37,13 +41,29 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto`: bf16 on CUDA and on CPUs with bf16 units, float32 elsewhere."""
+    """`auto`: bf16 on CUDA and on CPUs with bf16 units, float32 elsewhere; int8 computes in float32."""
     if name == "auto":
         fast_bf16 = device.type == "cuda" or cpu_has_fast_bf16()
         return torch.bfloat16 if fast_bf16 else torch.float32
+    if name == INT8:
+        require(device.type == "cpu", "dtype int8 (dynamic quantisation) runs on CPU only")
+        return torch.float32
     if name not in DTYPES:
-        raise InvalidArgument(f"unknown dtype {name!r}; choose auto or one of {sorted(DTYPES)}")
+        raise InvalidArgument(f"unknown dtype {name!r}; choose one of {DTYPE_CHOICES}")
     return DTYPES[name]
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Dynamic int8 quantisation of the Linear layers (fbgemm): about 2-4x cheaper decode steps on CPU."""
+    torch.backends.quantized.engine = "fbgemm" if "fbgemm" in torch.backends.quantized.supported_engines else "qnnpack"
+    return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+
+
+def apply_threads(threads: int | None) -> None:
+    """Intra-op threads of this process (one model per service process): None keeps torch's default."""
+    if threads is not None:
+        require(threads >= 1, f"threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -63,6 +83,7 @@ class ModelSpec:
     path: Path
     dtype: str = "auto"
     device: str = "auto"
+    threads: int | None = None  # torch intra-op threads; None: torch's default (all cores)
 
 
 class ModelRunner:
@@ -71,18 +92,20 @@ class ModelRunner:
     def __init__(self, spec: ModelSpec) -> None:
         if not Path(spec.path).is_dir():
             raise InvalidArgument(f"model directory not found: {spec.path}")
+        apply_threads(spec.threads)
         self.device = resolve_device(spec.device)
-        self.dtype = resolve_dtype(spec.dtype, self.device)
-        self.model = AutoModelForCausalLM.from_pretrained(str(spec.path), dtype=self.dtype, local_files_only=True).to(
-            self.device
-        )
-        self.model.eval()
+        self.dtype = resolve_dtype(spec.dtype, self.device)  # of activations and logits
+        self.dtype_name = spec.dtype if spec.dtype == INT8 else str(self.dtype).removeprefix("torch.")
+        model = AutoModelForCausalLM.from_pretrained(str(spec.path), dtype=self.dtype, local_files_only=True)
+        model = model.to(self.device).eval()
+        self.vocab_size: int = model.get_output_embeddings().weight.shape[0]  # before quantising replaces it
+        self.model = quantize_int8(model) if spec.dtype == INT8 else model
         self.tokenizer = load_tokenizer(spec.path)
         self.model_id = Path(spec.path).name
-        self.vocab_size: int = self.model.get_output_embeddings().weight.shape[0]
         self.max_context: int = int(getattr(self.model.config, "max_position_embeddings", 4096))
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.eos_token_ids = self._eos_ids()
+        self.forward_costs: dict[int, float] = {}  # ms by new tokens, once measured (forward_costs.py)
         self._lock = threading.Lock()
 
     def _eos_ids(self) -> list[int]:

@@ -40,9 +40,10 @@ def model_info_to_pb(runner: ModelRunner) -> common_pb2.ModelInfo:
         vocab_size=runner.vocab_size,
         tokenizer_fingerprint=runner.fingerprint,
         max_context=runner.max_context,
-        dtype=str(runner.dtype).removeprefix("torch."),
+        dtype=runner.dtype_name,
         device=str(runner.device),
         eos_token_ids=runner.eos_token_ids,
+        forward_costs=[common_pb2.ForwardCost(new_tokens=n, ms=ms) for n, ms in sorted(runner.forward_costs.items())],
     )
 
 

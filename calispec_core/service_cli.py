@@ -17,6 +17,9 @@ from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
 
+# calispec_core.modeling.DTYPE_CHOICES (not imported: the memory service must not load torch)
+DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16", "int8"]
+
 log = logging.getLogger(__name__)
 
 
@@ -57,8 +60,12 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="auto: bf16 on CUDA or CPUs with bf16 units, else float32",
+        choices=DTYPE_CHOICES,
+        help="auto: bf16 on CUDA or CPUs with bf16 units, else float32; int8: dynamic int8 Linear layers "
+        "(CPU; an explicit opt-in: output is exact w.r.t. the int8 model served)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: all cores; in a pod: its CPU limit)"
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--max-sessions", type=int, default=256, help="open sessions before RESOURCE_EXHAUSTED")

@@ -30,6 +30,7 @@ import platformdirs
 
 from calispec.client import CalispecClient, CalispecRpcError, GenerationResult
 from calispec.types import Mode
+from calispec_core.service_cli import DTYPE_CHOICES
 from calispec_tools import cli_auth, cli_bench, cli_chat, cli_memory, cli_ray
 from calispec_tools.models.registry import PAIRS, ModelPullError, describe_pairs, pull_pair, pulled
 
@@ -89,7 +90,7 @@ def resolve_pair(args: argparse.Namespace) -> tuple[Path, Path]:
 
 
 def stack_config(args: argparse.Namespace, ports: tuple[int, int, int, int]) -> StackConfig:
-    from calispec_tools.stack import StackConfig  # the serving stack: not on the light CLI's import path
+    from calispec_tools.stack import StackConfig, default_draft_dtype  # not on the light CLI's import path
 
     draft, target = resolve_pair(args)
     return StackConfig(
@@ -103,6 +104,9 @@ def stack_config(args: argparse.Namespace, ports: tuple[int, int, int, int]) -> 
         memory_port=ports[3],
         dtype=args.dtype,
         device=args.device,
+        draft_dtype=args.draft_dtype or default_draft_dtype(args.device),
+        draft_threads=args.draft_threads,
+        target_threads=args.target_threads,
     )
 
 
@@ -118,8 +122,25 @@ def add_stack_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--memory-db", help="correction-memory SQLite file (default: user data dir)")
     parser.add_argument("--log-dir", help="service logs (default: user data dir/logs)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    add_model_flavour_args(parser)
+
+
+def add_model_flavour_args(parser: argparse.ArgumentParser) -> None:
+    """dtype, device and threads of the two model services (shared by `up`, `demo`, `bench`)."""
+    parser.add_argument(
+        "--dtype", default="auto", choices=DTYPE_CHOICES, help="both models (int8 for the target: explicit opt-in)"
+    )
+    parser.add_argument(
+        "--draft-dtype", default=None, choices=DTYPE_CHOICES, help="the draft's (default: int8 on CPU, else --dtype)"
+    )
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--draft-threads", type=int, default=None, help="draft torch threads")
+    parser.add_argument(
+        "--target-threads",
+        type=int,
+        default=None,
+        help="target torch threads (with neither given, the cores are split: a third to the draft)",
+    )
 
 
 def add_request_args(parser: argparse.ArgumentParser, prompt_required: bool, with_prompt: bool = True) -> None:

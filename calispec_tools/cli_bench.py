@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from calispec.types import Mode
+from calispec_core.service_cli import DTYPE_CHOICES
 from calispec_tools.cli_auth import add_client_auth_args, client_auth
 
 MODE_NAMES = [m.name.lower() for m in Mode]
@@ -49,14 +50,14 @@ def _modes(text: str) -> list[str]:
     return modes
 
 
-def add_target_args(parser: argparse.ArgumentParser) -> argparse._MutuallyExclusiveGroup:
-    """The coordinator to drive; returns the (required, exclusive) group naming it."""
-    where = parser.add_mutually_exclusive_group(required=True)
+def add_target_args(parser: argparse.ArgumentParser, required: bool = True) -> argparse._MutuallyExclusiveGroup:
+    """The coordinator to drive; returns the exclusive group naming it (required unless told otherwise)."""
+    where = parser.add_mutually_exclusive_group(required=required)
     where.add_argument("--address", help="coordinator HOST:PORT of a running stack")
     where.add_argument("--local", action="store_true", help="start a local stack on free ports for this run")
     parser.add_argument("--draft", help="--local, eval --ratio-analysis: draft model dir (default: the tiny pair)")
     parser.add_argument("--target", help="--local, eval --ratio-analysis: target model dir (default: the tiny pair)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--memory-address", help="memory service HOST:PORT (with --address; --local knows it)")
     parser.add_argument("--tokenizer", help="tokenizer dir to label token ids (with --address)")
@@ -124,10 +125,15 @@ def out_dir(args: argparse.Namespace, command: str) -> Path:
 
 
 def add_bench_parser(sub: Any) -> None:
-    p = sub.add_parser("bench", help="load-test a coordinator: closed/open loop, modes side by side, sweeps")
-    where = add_target_args(p)
+    p = sub.add_parser(
+        "bench",
+        help="load-test a coordinator: closed/open loop, modes side by side, sweeps; "
+        "`bench compare`: the stack against HF assisted generation",
+    )
+    where = add_target_args(p, required=False)  # the load test checks it; `compare` starts its own stack
     where.add_argument("--openai-url", help="drive the OpenAI-compatible HTTP API at this base URL (http://H:P/v1)")
     p.add_argument("--openai-model", help="with --openai-url: the model name (default: the one the server lists)")
+    add_compare_parser(p.add_subparsers(dest="bench_command"))
     p.add_argument("--modes", type=_modes, default=["ar", "sd", "csd"], help="comma-separated (default ar,sd,csd)")
     p.add_argument("--prompts", default="code,math,prose", help="built-in sets (code, math, prose) and/or JSONL files")
     loop = p.add_mutually_exclusive_group()
@@ -148,6 +154,10 @@ def add_bench_parser(sub: Any) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if not (args.address or args.local or args.openai_url):
+        raise SystemExit(
+            "calispec bench: give --address HOST:PORT, --local or --openai-url (or use `calispec bench compare`)"
+        )
     from calispec_tools.bench import report
     from calispec_tools.bench.prompts import load_prompts
     from calispec_tools.bench.runner import Level, LoadConfig, run_sweep
@@ -186,6 +196,52 @@ def cmd_bench(args: argparse.Namespace) -> int:
         written += report.write_plots(out, results)
     print("\nwrote " + ", ".join(str(p) for p in written), file=sys.stderr)
     return 0 if any(lv["total"]["ok"] for lv in results) else 1
+
+
+def add_compare_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="the stack's ar/sd/csd against HF generate() and assisted generation, same prompts and dtype, "
+        "then throughput by concurrency",
+    )
+    p.add_argument("--pair", default="qwen-coder", help="a pulled pair (default qwen-coder) or `tiny`")
+    p.add_argument("--draft", help="draft model dir (with --target; overrides --pair)")
+    p.add_argument("--target", help="target model dir")
+    p.add_argument("--prompts", type=int, default=4,
+                   help="how many of the 4 built-in prompts (code, math, prose; repeated if more)")  # fmt: skip
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--gamma", type=int, default=None, help="fixed γ for sd/csd (default: the stack's adaptive γ)")
+    p.add_argument("--concurrency", type=_csv(int), default=[1, 4, 8], help="load levels (empty: skip the load test)")
+    p.add_argument("--load-requests", type=int, default=0, help="requests per level and mode (0: twice the level)")
+    p.add_argument("--skip-hf", action="store_true", help="the stack only (no in-process transformers runs)")
+    p.add_argument("--json", help="also write everything to this JSON file")
+    from calispec_tools.cli import add_model_flavour_args
+
+    add_model_flavour_args(p)
+    p.set_defaults(func=cmd_compare)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from calispec_tools.bench.compare import run_compare
+    from calispec_tools.bench.pair import PROMPTS
+    from calispec_tools.models.registry import PAIRS, chat_prompt
+
+    texts = [t for ts in PROMPTS.values() for t in ts]
+    texts = [texts[i % len(texts)] for i in range(max(args.prompts, 1))]
+    if args.draft and args.target:
+        args.model_dirs = (Path(args.draft), Path(args.target))
+    elif args.pair == "tiny":
+        from calispec_tools.cli import ensure_tiny_pair
+
+        target, draft = ensure_tiny_pair()
+        args.model_dirs = (draft, target)
+    else:
+        from calispec_tools.cli import ensure_pulled_pair
+
+        args.model_dirs = ensure_pulled_pair(args.pair)
+        texts = [chat_prompt(PAIRS[args.pair], t) for t in texts]
+    args.prompt_texts = texts
+    return run_compare(args)
 
 
 # --- eval ----------------------------------------------------------------------------------------

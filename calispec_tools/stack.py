@@ -31,6 +31,39 @@ BANNER = re.compile(r"^(\w+) listening on (\S+):(\d+)")
 HTTP_URL = re.compile(r"(https?://\S+/v1)")  # the coordinator's banner names its OpenAI-compatible API
 
 
+def split_cores(cores: int) -> tuple[int, int]:
+    """(draft, target) torch threads on one machine: disjoint shares, so the two never oversubscribe
+    the cores when both compute (concurrent requests); the target, ~3x the draft's cost per forward,
+    gets the larger share."""
+    if cores <= 1:
+        return 1, 1
+    draft = max(1, cores // 3)
+    return draft, cores - draft
+
+
+def service_threads(config: StackConfig) -> tuple[int | None, int | None]:
+    """(draft, target) threads: explicit ones win; with neither given the machine's cores are split."""
+    if config.draft_threads is None and config.target_threads is None:
+        return split_cores(os.cpu_count() or 1)
+    return config.draft_threads, config.target_threads
+
+
+def default_draft_dtype(device: str) -> str | None:
+    """int8 on CPU (dynamic quantisation: a draft step several times cheaper; the output stays exact
+    w.r.t. the target), else None (the target's dtype)."""
+    if device == "cpu":
+        return "int8"
+    if device == "auto":
+        import torch
+
+        return None if torch.cuda.is_available() else "int8"
+    return None
+
+
+def _threads_args(threads: int | None) -> list[str]:
+    return [] if threads is None else ["--threads", str(threads)]
+
+
 @dataclass(frozen=True)
 class StackConfig:
     draft_model: Path
@@ -45,6 +78,9 @@ class StackConfig:
     http_port: int | None = None  # the coordinator's OpenAI-compatible HTTP API (0: a free port); None: off
     dtype: str = "auto"
     device: str = "auto"
+    draft_dtype: str | None = None  # None: `dtype` (e.g. int8 for a cheaper draft)
+    draft_threads: int | None = None  # None with target_threads None: split_cores(os.cpu_count())
+    target_threads: int | None = None
     memory_sync_interval_s: float = 1.0
     memory_flush_interval_s: float = 0.5  # the memory service's group commit (its crash-loss bound)
     memory_namespace: str | None = None  # None: derived from the model pair (calispec_tools/namespaces.py)
@@ -117,10 +153,10 @@ class LocalStack:
             self.writer_token_file = self._secrets_dir / "writer-token"
             write_new_token(self.writer_token_file)
             memory = self._spawn("memory_service", self.memory_args(c.memory_port))
-            model_args = ["--dtype", c.dtype, "--device", c.device]
+            draft_threads = service_threads(c)[0]
             self._spawn("draft_service", [
-                "--port", str(c.draft_port), "--model", str(c.draft_model), *model_args, *self.tls_args("draft"),
-                *self.session_args(),
+                "--port", str(c.draft_port), "--model", str(c.draft_model), "--dtype", c.draft_dtype or c.dtype,
+                "--device", c.device, *_threads_args(draft_threads), *self.tls_args("draft"), *self.session_args(),
             ])  # fmt: skip
             targets = [
                 self._spawn(name, self.target_args(c.target_port + i if c.target_port else 0, memory.address))
@@ -144,6 +180,7 @@ class LocalStack:
         return [
             *self.tls_args("target"),
             "--port", str(port), "--model", str(c.target_model), "--dtype", c.dtype, "--device", c.device,
+            *_threads_args(service_threads(c)[1]),
             "--memory-addr", memory_address, "--memory-sync-interval", str(c.memory_sync_interval_s),
             "--memory-writer-token-file", str(self.writer_token_file), "--memory-namespace", self.memory_namespace,
             *self.session_args(),

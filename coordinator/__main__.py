@@ -33,7 +33,16 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     parser.add_argument("--tokenizer", required=True, help="the target's tokenizer directory")
     parser.add_argument("--default-mode", default="csd", choices=[m.name.lower() for m in Mode])
     parser.add_argument("--default-max-new-tokens", type=int, default=Defaults.max_new_tokens)
-    parser.add_argument("--default-gamma", type=int, default=Defaults.num_speculative_tokens)
+    parser.add_argument(
+        "--default-gamma", type=int, default=None, help="fixed γ for requests that set none (default: adaptive)"
+    )
+    parser.add_argument("--max-gamma", type=int, default=10, help="adaptive γ's upper bound")
+    parser.add_argument(
+        "--draft-min-confidence",
+        type=float,
+        default=0.4,
+        help="adaptive γ: the draft stops a proposal after a token it gives less probability (0: off)",
+    )
     parser.add_argument(
         "--connect-timeout", type=float, default=60.0, help="seconds to wait for draft and target at start-up"
     )
@@ -76,6 +85,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         health_port=args.health_port,
         http_port=args.http_port,
         served_model_name=args.served_model_name,
+        max_gamma=args.max_gamma,
+        draft_min_confidence=args.draft_min_confidence,
     )
     try:
         check_access(config)

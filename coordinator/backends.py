@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from calispec_core.errors import Unavailable
@@ -24,6 +24,7 @@ class ModelFacts:
     tokenizer_fingerprint: str
     max_context: int
     eos_token_ids: tuple[int, ...]
+    forward_costs: dict[int, float] = field(default_factory=dict)  # ms by new tokens, measured at start-up
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,13 @@ class DraftBackend(Protocol):
     def info(self, timeout: float) -> ModelFacts: ...
     def prefill(self, session_id: str, token_ids: list[int], sampling: SamplingConfig, timeout: float) -> int: ...
     def propose(
-        self, session_id: str, num_tokens: int, rollback_to: int | None, append: list[int], timeout: float
+        self,
+        session_id: str,
+        num_tokens: int,
+        rollback_to: int | None,
+        append: list[int],
+        timeout: float,
+        min_confidence: float = 0.0,
     ) -> Proposal: ...
     def close(self, session_id: str, timeout: float) -> None: ...
 

@@ -45,7 +45,12 @@ def _mapped(service: str) -> Iterator[None]:
 
 def _facts(info: common_pb2.ModelInfo) -> ModelFacts:
     return ModelFacts(
-        info.model_id, info.vocab_size, info.tokenizer_fingerprint, info.max_context, tuple(info.eos_token_ids)
+        info.model_id,
+        info.vocab_size,
+        info.tokenizer_fingerprint,
+        info.max_context,
+        tuple(info.eos_token_ids),
+        {c.new_tokens: c.ms for c in info.forward_costs},
     )
 
 
@@ -70,10 +75,20 @@ class GrpcDraftBackend:
         return _call("draft", self.stub.Prefill, request, timeout).timing.total_ns
 
     def propose(
-        self, session_id: str, num_tokens: int, rollback_to: int | None, append: list[int], timeout: float
+        self,
+        session_id: str,
+        num_tokens: int,
+        rollback_to: int | None,
+        append: list[int],
+        timeout: float,
+        min_confidence: float = 0.0,
     ) -> Proposal:
         request = draft_pb2.ProposeRequest(
-            session_id=session_id, num_tokens=num_tokens, rollback_to=rollback_to, append_token_ids=append
+            session_id=session_id,
+            num_tokens=num_tokens,
+            rollback_to=rollback_to,
+            append_token_ids=append,
+            min_confidence=min_confidence,
         )
         response = _call("draft", self.stub.Propose, request, timeout)
         return Proposal(list(response.token_ids), response.probs, response.vocab_size, response.timing.total_ns)

@@ -33,6 +33,8 @@ class CoordinatorConfig:
     health_port: int | None = None
     http_port: int | None = None  # the OpenAI-compatible HTTP API on host:http_port (0: a free port); None: off
     served_model_name: str | None = None  # the `model` HTTP requests name; None: the tokenizer directory's name
+    max_gamma: int = 10  # adaptive γ's upper bound (requests may fix γ up to MAX_SPECULATIVE_TOKENS)
+    draft_min_confidence: float = 0.4  # adaptive γ: the draft's early stop (HF's assistant_confidence_threshold)
 
     @property
     def model_name(self) -> str:

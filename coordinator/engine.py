@@ -3,7 +3,9 @@
 Per round: the draft proposes γ tokens (after rolling back to what the target kept last
 round and appending the token the target emitted), the target verifies them in one
 forward pass and commits the outcome to its own session, and the new tokens are handed
-out. Mode `ar` skips the draft: each round is one plain target step.
+out. γ is the request's own when it fixes one; otherwise the cost model chooses it per
+round (0 = a plain target step, where drafting would lose) and the draft may stop a
+proposal early when unsure. Mode `ar` skips the draft: each round is one plain target step.
 
 Failures of one service end no request by themselves. The draft is optional: while it is
 unavailable (a circuit breaker probes it again after a backoff) rounds run target-only and
@@ -24,9 +26,10 @@ from transformers import PreTrainedTokenizerBase
 
 from calispec_core.errors import Cancelled, DeadlineExceeded, InvalidArgument, Unavailable, require
 from calispec_core.generation import FinishReason, GenerationParams, GenerationStats, Mode, validate_prompt
-from calispec_core.timing import Deadline, Stopwatch, ns_to_ms
+from calispec_core.timing import Deadline, Stopwatch, now_ns, ns_to_ms
 from coordinator.backends import DraftBackend, Proposal, SessionLost, TargetBackend, Verdict
 from coordinator.circuit import CircuitBreaker
+from coordinator.cost_model import CostModel, GammaPolicy
 from coordinator.detokenizer import IncrementalDetokenizer
 from coordinator.replicas import ReplicaSet
 
@@ -45,6 +48,17 @@ class Chunk:
     request_id: str
     finish_reason: FinishReason | None = None
     stats: GenerationStats | None = None
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """Adaptive γ's bounds (requests that fix γ get exactly it, without early stops)."""
+
+    max_gamma: int = 10
+    draft_min_confidence: float = 0.4  # HF's assistant_confidence_threshold default
+    # Adaptive γ follows measured times, so a seeded request (whose samples must reproduce) that
+    # sets no γ gets this fixed one instead.
+    seeded_gamma: int = 6
 
 
 @dataclass
@@ -66,6 +80,8 @@ class _Request:
     draft_append: list[int] = field(default_factory=list)
     opened: list[tuple[DraftBackend | TargetBackend, str]] = field(default_factory=list)  # sessions to close
     _sessions_per_service: Counter[str] = field(default_factory=Counter)
+    policy: GammaPolicy | None = None  # adaptive γ; None when the request fixes γ
+    gammas: int = 0  # sum of the γ asked for, for stats.mean_gamma
 
     @property
     def use_draft(self) -> bool:
@@ -94,6 +110,8 @@ class Orchestrator:
         max_context: int,
         draft_circuit: CircuitBreaker | None = None,
         draft_timeout_s: float = DRAFT_TIMEOUT_S,
+        costs: CostModel | None = None,  # None: not measured (fallback curves, corrected online)
+        speculation: SpeculationConfig = SpeculationConfig(),
     ) -> None:
         require(len(targets) > 0, "at least one target replica is required")
         self.tokenizer = tokenizer
@@ -103,6 +121,8 @@ class Orchestrator:
         self.max_context = max_context
         self.draft_circuit = draft_circuit or CircuitBreaker()  # shared by all requests
         self.draft_timeout_s = draft_timeout_s
+        self.costs = costs or CostModel.from_measured({}, {})
+        self.speculation = speculation
 
     def generate(
         self,
@@ -131,6 +151,8 @@ class Orchestrator:
             )
         request = _Request(uuid.uuid4().hex, prompt_ids, params, min(params.max_new_tokens, room), deadline)
         request.stats.prompt_tokens = len(prompt_ids)
+        if request.use_draft and params.num_speculative_tokens is None and params.sampling.seed is None:
+            request.policy = GammaPolicy(self.costs, self.speculation.max_gamma)
         return request
 
     def _prefill(self, request: _Request) -> None:
@@ -188,53 +210,87 @@ class Orchestrator:
             if not stopped:
                 text += detok.finish()
             yield Chunk(new_tokens, text, request.request_id, finish, self._final_stats(request))
+            if request.stats.drafted:
+                self.costs.observe_acceptance(request.stats.acceptance_rate)
             return
 
     def _round(self, request: _Request) -> list[int]:
         """One propose/verify round; returns the tokens it emits."""
+        start = now_ns()
         remaining = request.max_new_tokens - len(request.generated)
-        gamma = min(request.params.num_speculative_tokens, remaining - 1) if request.use_draft else 0
-        proposal = self._propose(request, gamma) if gamma > 0 else None
+        gamma = min(self._gamma(request), remaining - 1)
+        proposal, propose_ns = self._propose(request, gamma) if gamma > 0 else (None, 0)
         verdict = self._verify(request, proposal)
-        self._account(request, proposal, verdict)
+        self._account(request, gamma, proposal, verdict)
+        self._learn(request, proposal, verdict, propose_ns, now_ns() - start)
         drafted = proposal.token_ids[: verdict.accepted_count] if proposal else []
         new_tokens = [*drafted, verdict.next_token]
         if request.use_draft:
             self._sync_draft_later(request, proposal, verdict)
         return new_tokens
 
-    def _propose(self, request: _Request, gamma: int) -> Proposal | None:
-        """γ draft tokens, or None while the draft is unavailable: the round then runs target-only."""
+    def _gamma(self, request: _Request) -> int:
+        if not request.use_draft:
+            return 0
+        if request.policy is not None:
+            return request.policy.next_gamma()
+        return request.params.num_speculative_tokens or self.speculation.seeded_gamma
+
+    def _propose(self, request: _Request, gamma: int) -> tuple[Proposal | None, int]:
+        """γ draft tokens (fewer after an early stop) and the Propose call's wall time (ns);
+        None while the draft is unavailable: the round then runs target-only."""
         if not self.draft_circuit.allow():
             request.stats.draft_unavailable_rounds += 1
-            return None
+            return None, 0
         try:
-            proposal = self._draft_tokens(request, gamma)
+            proposal, call_ns = self._draft_tokens(request, gamma)
         except (Unavailable, DeadlineExceeded) as exc:
             request.deadline.remaining()  # raises if it was the request's own deadline that ran out
             log.warning("draft unavailable for request %s (%s); running target-only", request.request_id, exc)
             self.draft_circuit.failed()
             request.draft_session = None  # reopened from the committed sequence once the draft is back
             request.stats.draft_unavailable_rounds += 1
-            return None
+            return None, 0
         self.draft_circuit.succeeded()
-        return proposal
+        return proposal, call_ns
 
-    def _draft_tokens(self, request: _Request, gamma: int) -> Proposal:
+    def _draft_tokens(self, request: _Request, gamma: int) -> tuple[Proposal, int]:
         if request.draft_session is None:
             self._open_draft(request)
+        start = now_ns()
         try:
             proposal = self._draft_propose(request, gamma)
         except SessionLost:  # the draft restarted or reaped the session while we ran target-only: it is up
             self._open_draft(request)
+            start = now_ns()
             proposal = self._draft_propose(request, gamma)
         request.draft_rollback_to, request.draft_append = None, []
-        return proposal
+        return proposal, now_ns() - start
+
+    def _learn(
+        self, request: _Request, proposal: Proposal | None, verdict: Verdict, propose_ns: int, round_ns: int
+    ) -> None:
+        """Feed the round's measured costs and acceptance to the cost model (and the overhead to the stats)."""
+        drafted = len(proposal.token_ids) if proposal else 0
+        services_ns = verdict.service_ns + (proposal.service_ns if proposal else 0)
+        request.stats.round_overhead_ms += ns_to_ms(max(round_ns - services_ns, 0))
+        self.costs.observe_target(drafted + 1, ns_to_ms(verdict.service_ns))
+        if proposal is not None:
+            self.costs.observe_draft(drafted, ns_to_ms(proposal.service_ns), ns_to_ms(propose_ns))
+        self.costs.observe_overhead(ns_to_ms(round_ns - propose_ns - verdict.service_ns))
+        if request.policy is not None:
+            request.policy.tracker.observe(drafted, verdict.accepted_count)
 
     def _draft_propose(self, request: _Request, gamma: int) -> Proposal:
         timeout = min(request.deadline.remaining(), self.draft_timeout_s)
+        min_confidence = self.speculation.draft_min_confidence if request.policy is not None else 0.0
         return self.draft.propose(
-            request.draft_session, gamma, request.draft_rollback_to, request.draft_append, timeout
+            request.draft_session,
+            gamma,
+            request.draft_rollback_to,
+            request.draft_append,
+            timeout,
+            min_confidence=min_confidence,
         )
 
     def _open_draft(self, request: _Request) -> None:
@@ -271,9 +327,11 @@ class Orchestrator:
             request.draft_append.append(verdict.next_token)
 
     @staticmethod
-    def _account(request: _Request, proposal: Proposal | None, verdict: Verdict) -> None:
+    def _account(request: _Request, gamma: int, proposal: Proposal | None, verdict: Verdict) -> None:
         stats = request.stats
         stats.rounds += 1
+        request.gammas += gamma
+        stats.target_only_rounds += int(proposal is None)
         stats.target_ms += ns_to_ms(verdict.service_ns - verdict.memory_ns)
         stats.memory_ms += ns_to_ms(verdict.memory_ns)
         stats.rejections += verdict.rejections
@@ -302,6 +360,7 @@ class Orchestrator:
         stats.total_ms = ns_to_ms(request.watch.total_ns)
         stats.coordinator_ms = max(0.0, stats.total_ms - stats.draft_ms - stats.target_ms - stats.memory_ms)
         stats.acceptance_rate = stats.accepted / stats.drafted if stats.drafted else 0.0
+        stats.mean_gamma = request.gammas / stats.rounds if stats.rounds else 0.0
         return stats
 
     def _close(self, request: _Request) -> None:

@@ -21,8 +21,9 @@ from coordinator.chat import ChatTurn, render_chat
 from coordinator.circuit import CircuitBreaker
 from coordinator.clients import GrpcDraftBackend, GrpcTargetBackend
 from coordinator.config import CoordinatorConfig
+from coordinator.cost_model import CostModel
 from coordinator.discovery import DnsReplicaWatcher, replica_addresses
-from coordinator.engine import Chunk, Orchestrator
+from coordinator.engine import Chunk, Orchestrator, SpeculationConfig
 from coordinator.replicas import ReplicaSet, checked_connector
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ def params_from_pb(msg: coordinator_pb2.GenerationParams, defaults: Defaults) ->
         max_new_tokens=msg.max_new_tokens or defaults.max_new_tokens,
         sampling=sampling,
         stop=tuple(msg.stop),
-        num_speculative_tokens=(
+        num_speculative_tokens=(  # None: adaptive
             msg.num_speculative_tokens if msg.HasField("num_speculative_tokens") else defaults.num_speculative_tokens
         ),
         mode=mode_from_wire(msg.mode, defaults.mode),
@@ -153,8 +154,18 @@ def build_orchestrator(config: CoordinatorConfig) -> Orchestrator:
         connect = checked_connector(target_facts[0], config.connect_timeout_s, config.tls)
         DnsReplicaWatcher(config.target_dns, replicas, connect, config.target_refresh_s).start()
     circuit = CircuitBreaker(max_backoff_s=config.draft_max_backoff_s)
+    costs = CostModel.from_measured(target_facts[0].forward_costs, draft_facts.forward_costs)
+    policy = SpeculationConfig(config.max_gamma, config.draft_min_confidence)
     return Orchestrator(
-        tokenizer, draft, replicas, target_facts[0].eos_token_ids, max_context, circuit, config.draft_timeout_s
+        tokenizer,
+        draft,
+        replicas,
+        target_facts[0].eos_token_ids,
+        max_context,
+        circuit,
+        config.draft_timeout_s,
+        costs=costs,
+        speculation=policy,
     )
 
 

@@ -23,7 +23,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
     add_server_args(parser, default_port=50052)
     add_model_args(parser)
     args = parser.parse_args(argv)
-    spec = ModelSpec(Path(args.model), dtype=args.dtype, device=args.device)
+    spec = ModelSpec(Path(args.model), dtype=args.dtype, device=args.device, threads=args.threads)
     config = DraftConfig(
         model=spec,
         host=args.host,

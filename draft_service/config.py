@@ -20,6 +20,7 @@ class DraftConfig:
     tls: TlsConfig = field(default_factory=TlsConfig)
     allowed_clients: tuple[str, ...] = (COORDINATOR,)  # certificate roles that may call it (under TLS)
     health_port: int | None = None
+    measure_forward_costs: bool = True  # at start-up, for the coordinator's cost model
 
     @property
     def address(self) -> str:

@@ -28,6 +28,11 @@ class Proposal:
     probs: torch.Tensor | None  # [k, V] float32 full q, only when sampling
 
 
+def confidence(logits: torch.Tensor, token: torch.Tensor) -> float:
+    """The draft's own probability of `token` (softmax of raw [1, 1, V] logits, before any warping)."""
+    return float(torch.softmax(logits[0, -1].float(), dim=-1)[token])
+
+
 class Proposer:
     """Keeps draft sessions and proposes tokens autoregressively, one forward per token."""
 
@@ -53,12 +58,20 @@ class Proposer:
             return len(state.session.tokens)
 
     def propose(
-        self, session_id: str, num_tokens: int, rollback_to: int | None, append: list[int], watch: Stopwatch
+        self,
+        session_id: str,
+        num_tokens: int,
+        rollback_to: int | None,
+        append: list[int],
+        watch: Stopwatch,
+        min_confidence: float = 0.0,
     ) -> Proposal:
+        """Up to num_tokens tokens; fewer when a token's draft probability falls below min_confidence."""
         require(
             1 <= num_tokens <= MAX_SPECULATIVE_TOKENS,
             f"num_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], got {num_tokens}",
         )
+        require(0.0 <= min_confidence <= 1.0, f"min_confidence must be in [0, 1], got {min_confidence}")
         state = self.sessions.get(session_id)
         session = state.session
         with session.lock:
@@ -69,7 +82,7 @@ class Proposer:
             )
             self._rollback(session, length, append)
             with watch.phase("forward"):
-                return self._draft(state, num_tokens)
+                return self._draft(state, num_tokens, min_confidence)
 
     def close(self, session_id: str) -> None:
         self.sessions.remove(session_id)
@@ -79,7 +92,7 @@ class Proposer:
         session.truncate(length)
         session.tokens.extend(append)
 
-    def _draft(self, state: DraftSession, num_tokens: int) -> Proposal:
+    def _draft(self, state: DraftSession, num_tokens: int, min_confidence: float) -> Proposal:
         session, sampling = state.session, state.sampling
         tokens: list[torch.Tensor] = []
         dists: list[torch.Tensor] = []
@@ -89,9 +102,11 @@ class Proposer:
             tokens.append(token)
             dists.append(dist)
             session.tokens.append(int(token))  # the next forward feeds it
+            if min_confidence > 0 and confidence(logits, token) < min_confidence:
+                break  # like HF's assistant_confidence_threshold: keep this token, draft no further
         token_ids = [int(t) for t in tokens]
         if sampling.greedy:
-            return Proposal(token_ids, [1.0] * num_tokens, None)
+            return Proposal(token_ids, [1.0] * len(token_ids), None)
         probs = torch.cat(dists).float().cpu()  # [k, V]
         chosen = probs.gather(1, torch.tensor(token_ids).view(-1, 1)).view(-1)  # [k]
         return Proposal(token_ids, chosen.tolist(), probs)

@@ -6,6 +6,7 @@ import grpc
 
 from calispec.v1 import draft_pb2, draft_pb2_grpc
 from calispec_core.access import PeerAllowlistInterceptor
+from calispec_core.forward_costs import DRAFT_TOKEN_COUNTS, measure_forward_costs
 from calispec_core.grpc_server import create_grpc_server
 from calispec_core.modeling import ModelRunner
 from calispec_core.protocol import model_info_to_pb, sampling_from_pb, session_stats_to_pb, timing_to_pb
@@ -30,7 +31,12 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         watch = Stopwatch()
         rollback_to = request.rollback_to if request.HasField("rollback_to") else None
         proposal = self.proposer.propose(
-            request.session_id, request.num_tokens, rollback_to, list(request.append_token_ids), watch
+            request.session_id,
+            request.num_tokens,
+            rollback_to,
+            list(request.append_token_ids),
+            watch,
+            min_confidence=request.min_confidence,
         )
         probs = b"" if proposal.probs is None else proposal.probs.numpy().astype("<f4").tobytes()
         return draft_pb2.ProposeResponse(
@@ -58,7 +64,10 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
 
 def create_server(config: DraftConfig, runner: ModelRunner | None = None) -> tuple[grpc.Server, int]:
     """Build the draft server on config.address (port 0 allowed); returns (server, bound port)."""
-    proposer = Proposer(runner or ModelRunner(config.model), config.max_sessions, config.session_idle_ttl_s)
+    runner = runner or ModelRunner(config.model)
+    if config.measure_forward_costs:
+        runner.forward_costs = measure_forward_costs(runner, DRAFT_TOKEN_COUNTS)
+    proposer = Proposer(runner, config.max_sessions, config.session_idle_ttl_s)
     proposer.sessions.start_reaper()
     servicer = DraftServicer(proposer)
     server, port, _ = create_grpc_server(

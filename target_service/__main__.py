@@ -41,7 +41,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
     )
     args = parser.parse_args(argv)
     config = TargetConfig(
-        model=ModelSpec(Path(args.model), dtype=args.dtype, device=args.device),
+        model=ModelSpec(Path(args.model), dtype=args.dtype, device=args.device, threads=args.threads),
         host=args.host,
         port=args.port,
         max_sessions=args.max_sessions,

@@ -19,6 +19,7 @@ class TargetConfig:
     session_idle_ttl_s: float = DEFAULT_IDLE_TTL_S  # an unused session is closed after this (0: never)
     max_workers: int = 16
     max_batch_size: int = 8  # sessions verified in one forward pass (1 = no batching)
+    measure_forward_costs: bool = True  # at start-up, for the coordinator's cost model
     memory_address: str | None = None  # None: no shared memory, local online counts only
     memory_namespace: str = "default"
     memory_sync_interval_s: float = 1.0  # how often events are shipped and the table refreshed

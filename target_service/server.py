@@ -11,6 +11,7 @@ import torch
 from calispec.v1 import target_pb2, target_pb2_grpc
 from calispec_core.access import PeerAllowlistInterceptor
 from calispec_core.errors import InvalidArgument
+from calispec_core.forward_costs import TARGET_TOKEN_COUNTS, measure_forward_costs
 from calispec_core.generation import Mode, mode_from_wire
 from calispec_core.grpc_server import create_grpc_server
 from calispec_core.modeling import ModelRunner
@@ -103,6 +104,8 @@ class TargetRuntime:
 def create_server(config: TargetConfig, runner: ModelRunner | None = None) -> tuple[grpc.Server, int, TargetRuntime]:
     """Build the target server (port 0 allowed); its background parts are started and returned."""
     runner = runner or ModelRunner(config.model)
+    if config.measure_forward_costs:
+        runner.forward_costs = measure_forward_costs(runner, TARGET_TOKEN_COUNTS)
     table = PairTable(runner.vocab_size, runner.device)
     link = MemoryLink.from_config(config, table) if config.memory_address else None
     engine = TargetEngine(runner, config.max_sessions, table, config.max_batch_size, config.session_idle_ttl_s)

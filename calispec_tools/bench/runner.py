@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
 from calispec.client import AsyncCalispecClient, CalispecRpcError
-from calispec_core.generation import Defaults
 from calispec_tools.bench.arrivals import arrival_times
 from calispec_tools.bench.metrics import RequestRecord, summarize_level
 from calispec_tools.bench.prompts import Prompt
@@ -31,7 +30,7 @@ class LoadConfig:
     burstiness: float = 1.0  # gamma shape of open-loop gaps; 1 = Poisson
     seed: int = 0
     max_new_tokens: int | None = None  # None: each prompt's own, else DEFAULT_MAX_NEW_TOKENS; set: overrides all
-    gamma: int | None = None  # None: the server's default (assumed Defaults().num_speculative_tokens)
+    gamma: int | None = None  # None: the server's default (adaptive γ: no per-position acceptance)
     tau: float | None = None
     lambda_: int | None = None
     temperature: float = 0.0
@@ -92,7 +91,7 @@ class Plan:
 
     def new_record(self, slot: int) -> RequestRecord:
         mode = self.mode(slot)
-        gamma = 0 if mode == "ar" else (self.config.gamma or Defaults().num_speculative_tokens)
+        gamma = 0 if mode == "ar" else (self.config.gamma or 0)  # 0: adaptive, rounds differ
         return RequestRecord(slot, mode, self.prompt_index(slot), self.max_new_tokens(slot), gamma)
 
     def params(self, slot: int) -> dict[str, Any]:

@@ -111,7 +111,7 @@ def aggregate(
 
 @dataclass(frozen=True)
 class SdConfig:
-    gamma: int = Defaults.num_speculative_tokens
+    gamma: int = 6
     max_new_tokens: int = 128
 
 

@@ -70,8 +70,10 @@ def test_greedy_sd_and_csd_defaults_produce_text_and_stats(client: CalispecClien
     assert ar.stats.drafted == 0 and ar.stats.rounds == len(ar.token_ids)
     assert sd.stats.prompt_tokens == len(prompt_ids)
     assert sd.finish_reason in ("eos", "length")
-    csd = client.generate(prompt, max_new_tokens=24)  # server defaults: csd, γ = 6, τ = 0.01, λ = 6
-    assert csd.stats.drafted > 0 and csd.text
+    csd = client.generate(prompt, max_new_tokens=24, num_speculative_tokens=6)  # server defaults: csd, τ, λ
+    assert csd.stats.drafted > 0 and csd.text and csd.stats.mean_gamma > 0
+    adaptive = client.generate(prompt, max_new_tokens=24)  # γ chosen per round by the cost model
+    assert adaptive.text and adaptive.stats.mean_gamma <= 10  # the coordinator's max_gamma
 
 
 def test_stream_equals_unary(client: CalispecClient) -> None:
@@ -178,3 +180,31 @@ def test_a_request_without_a_deadline_gets_the_server_default(services: Services
     assert len(response.token_ids) == 4 and [t for c in chunks for t in c.token_ids] == list(response.token_ids)
     with CalispecClient(services.address) as sdk:  # the SDK's documented default: no timeout
         assert sdk.generate("hi", max_new_tokens=4, mode="sd").token_ids == list(response.token_ids)
+
+
+def test_adaptive_gamma_runs_target_only_where_costs_say_drafting_loses(services: Services, tiny_pair) -> None:
+    """Verification linear in tokens (float32 on a CPU without bf16 units, exaggerated): no round drafts,
+    and greedy output is the target's own."""
+    from calispec_core.generation import Defaults, GenerationParams, Mode
+    from calispec_core.modeling import load_tokenizer
+    from calispec_core.sampling import SamplingConfig
+    from calispec_core.timing import Deadline
+    from coordinator.clients import GrpcDraftBackend, GrpcTargetBackend
+    from coordinator.cost_model import CostModel
+    from coordinator.engine import Orchestrator
+
+    tokenizer = load_tokenizer(tiny_pair.target)
+    linear = CostModel.from_measured({1: 100.0, 17: 1700.0}, {1: 30.0})
+    draft, target = GrpcDraftBackend(services.draft_address), GrpcTargetBackend(services.target_address)
+    orchestrator = Orchestrator(tokenizer, draft, [target], (tokenizer.eos_token_id,), 2048, costs=linear)
+    d = Defaults()
+
+    def run(mode: Mode) -> tuple[list[int], object]:
+        params = GenerationParams(24, SamplingConfig(), (), None, mode, d.tau, d.lambda_)
+        chunks = list(orchestrator.generate("Once upon a time", params, Deadline(60)))
+        return [t for c in chunks for t in c.token_ids], chunks[-1].stats
+
+    ar_tokens, _ = run(Mode.AR)
+    sd_tokens, stats = run(Mode.SD)
+    assert sd_tokens == ar_tokens
+    assert stats.drafted == 0 and stats.mean_gamma == 0 and stats.target_only_rounds == stats.rounds > 0

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 import pytest
+import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from calispec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
@@ -163,3 +164,35 @@ def test_rollback_to_exactly_the_cached_length_still_proposes(stub, draft_runner
     reply = stub.Propose(draft_pb2.ProposeRequest(session_id="cached-edge", num_tokens=3, rollback_to=len(PROMPT) - 1))
     assert list(reply.token_ids) == reference_greedy(draft_runner, PROMPT[:-1], 3)
     stub.Close(draft_pb2.DraftCloseRequest(session_id="cached-edge"))
+
+
+def greedy_confidences(runner: ModelRunner, prompt: list[int], n: int) -> list[float]:
+    """The draft's softmax probability of each of its own greedy tokens (no cache: the reference)."""
+    ids, confidences = list(prompt), []
+    for _ in range(n):
+        probs = torch.softmax(runner.model(input_ids=torch.tensor([ids])).logits[0, -1].float(), dim=-1)
+        token = int(probs.argmax())
+        confidences.append(float(probs[token]))
+        ids.append(token)
+    return confidences
+
+
+@torch.inference_mode()
+def test_proposal_stops_after_the_first_token_below_min_confidence(stub, draft_runner: ModelRunner) -> None:
+    confidences = greedy_confidences(draft_runner, PROMPT, 6)
+    threshold = sorted(confidences)[3]  # strictly above three of them
+    stop_at = next(i for i, c in enumerate(confidences) if c < threshold)  # that token is kept, then stop
+    full = reference_greedy(draft_runner, PROMPT, 6)
+    for sid, min_confidence, expected in (("conf", threshold, full[: stop_at + 1]), ("off", 0.0, full)):
+        prefill(stub, sid)
+        proposal = stub.Propose(draft_pb2.ProposeRequest(session_id=sid, num_tokens=6, min_confidence=min_confidence))
+        assert list(proposal.token_ids) == expected
+        stub.Close(draft_pb2.DraftCloseRequest(session_id=sid))
+    assert stop_at < 5  # the early stop really cut the proposal short
+
+
+def test_min_confidence_outside_zero_one_is_invalid(stub) -> None:
+    prefill(stub, "conf-bad")
+    request = draft_pb2.ProposeRequest(session_id="conf-bad", num_tokens=2, min_confidence=1.5)
+    assert rpc_code(lambda: stub.Propose(request)) == grpc.StatusCode.INVALID_ARGUMENT
+    stub.Close(draft_pb2.DraftCloseRequest(session_id="conf-bad"))

@@ -70,7 +70,7 @@ class FakeDraft(_Killable):
         self.prefills.append(list(token_ids))
         return 1_000
 
-    def propose(self, session_id, num_tokens, rollback_to, append, timeout) -> Proposal:
+    def propose(self, session_id, num_tokens, rollback_to, append, timeout, min_confidence=0.0) -> Proposal:
         self._check_up()
         seq = self._session(session_id)
         if rollback_to is not None:

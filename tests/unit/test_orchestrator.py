@@ -69,8 +69,8 @@ def test_draft_is_rolled_back_to_the_committed_sequence_before_each_proposal() -
     committed: list[str] = []
     original = draft.propose
 
-    def checking_propose(session_id, num_tokens, rollback_to, append, timeout):
-        proposal = original(session_id, num_tokens, rollback_to, append, timeout)
+    def checking_propose(session_id, num_tokens, rollback_to, append, timeout, **kw):
+        proposal = original(session_id, num_tokens, rollback_to, append, timeout, **kw)
         seq = draft.sessions[session_id][: -len(proposal.token_ids)]
         assert "".join(map(chr, seq)) == "a" + "".join(committed)
         return proposal
@@ -138,3 +138,10 @@ def test_prompt_that_fills_the_context_is_invalid() -> None:
     with pytest.raises(InvalidArgument, match="no room"):
         run(orchestrator, "abcdefgh", params())
     assert target.sessions == {}
+
+
+def test_seeded_request_without_gamma_gets_a_fixed_gamma_so_its_samples_reproduce() -> None:
+    orchestrator, draft, _ = make(draft_model=alphabet_target)
+    seeded = SamplingConfig(temperature=0.5, seed=3)
+    run(orchestrator, "c", params(max_new_tokens=30, num_speculative_tokens=None, sampling=seeded))
+    assert {len(p) for p in draft.proposals[:-1]} == {6}  # SpeculationConfig.seeded_gamma; the last is clipped

@@ -1,0 +1,339 @@
+"""`calispec bench compare`: the stack against Hugging Face assisted generation, on one machine, in one run.
+
+Per prompt, interleaved (so drift on a shared machine hits every variant alike), greedy, one dtype:
+
+- the stack's `ar`, `sd`, `csd` (four services on loopback; adaptive γ unless --gamma);
+- HF transformers in this process on the same pair: `generate()` alone, `generate(assistant_model=draft)`
+  with the library's defaults, and tuned to a constant γ (`num_assistant_tokens_schedule="constant"`,
+  `num_assistant_tokens=6`, `assistant_confidence_threshold=0`).
+
+Then throughput (tokens/s over all requests) at a few concurrency levels for `ar`, `sd`, `csd`.
+Tokens/s is emitted tokens over wall time, prefill included, as a caller sees it. The stack's
+services sit idle while HF runs and the other way round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+STACK_MODES = ("ar", "sd", "csd")
+HF_VARIANTS = ("hf_generate", "hf_assisted_default", "hf_assisted_gamma6")
+CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx2")
+
+
+@dataclass
+class Run:
+    """One variant on one prompt."""
+
+    variant: str
+    prompt: int
+    tokens: int
+    seconds: float
+    token_ids: list[int]
+    stats: dict[str, float] = field(default_factory=dict)  # the stack's GenerationStats; empty for HF
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    prompts: list[str]
+    max_new_tokens: int
+    gamma: int | None  # None: the stack's adaptive γ
+    concurrency: list[int]
+    load_requests: int  # per concurrency level and mode (0: twice the level)
+    skip_hf: bool = False
+
+
+def cpu_flags() -> list[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    words = set(text.split())
+    return [f for f in CPU_FLAGS if f in words]
+
+
+# --- the stack ------------------------------------------------------------------------------------
+
+
+def stack_run(client: Any, variant: str, index: int, prompt: str, config: CompareConfig) -> Run:
+    start = time.perf_counter()
+    result = client.generate(
+        prompt, max_new_tokens=config.max_new_tokens, mode=variant, num_speculative_tokens=config.gamma, timeout=900
+    )
+    seconds = time.perf_counter() - start
+    return Run(variant, index, len(result.token_ids), seconds, list(result.token_ids), result.stats.to_dict())
+
+
+def load_level(address: str, mode: str, concurrency: int, config: CompareConfig) -> dict[str, float]:
+    """`requests` requests over `concurrency` client threads; tokens/s over the level's wall time."""
+    from calispec.client import CalispecClient
+
+    requests = config.load_requests or 2 * concurrency
+    prompts = [config.prompts[i % len(config.prompts)] for i in range(requests)]
+    with CalispecClient(address, timeout=900) as client:
+
+        def one(prompt: str) -> int:
+            kwargs = {"mode": mode, "max_new_tokens": config.max_new_tokens}
+            return len(client.generate(prompt, num_speculative_tokens=config.gamma, timeout=900, **kwargs).token_ids)
+
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            tokens = sum(pool.map(one, prompts))
+        seconds = time.perf_counter() - start
+    return {"requests": requests, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+
+# --- Hugging Face in process ----------------------------------------------------------------------
+
+
+class HfPair:
+    """The pair loaded with transformers, as a user of `generate(assistant_model=...)` would."""
+
+    def __init__(self, draft: Path, target: Path, dtype: str) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from calispec_core.modeling import resolve_device, resolve_dtype
+
+        self.torch = torch
+        self.device = resolve_device("auto")
+        self.dtype = resolve_dtype("float32" if dtype == "int8" else dtype, self.device)
+        load = dict(dtype=self.dtype, local_files_only=True)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(target), local_files_only=True)
+        self.target = AutoModelForCausalLM.from_pretrained(str(target), **load).to(self.device).eval()
+        self.draft = AutoModelForCausalLM.from_pretrained(str(draft), **load).to(self.device).eval()
+        config = self.draft.generation_config
+        self.assistant_defaults = {
+            name: getattr(config, name, None)
+            for name in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+        }
+
+    def _assistant(self, variant: str) -> Any:
+        """The draft configured for the variant (HF's heuristic schedule mutates it: reset every call)."""
+        if variant == "hf_generate":
+            return None
+        config = self.draft.generation_config
+        for name, value in self.assistant_defaults.items():
+            setattr(config, name, value)
+        if variant == "hf_assisted_gamma6":
+            config.num_assistant_tokens_schedule = "constant"
+            config.num_assistant_tokens = 6
+            config.assistant_confidence_threshold = 0.0
+        return self.draft
+
+    def run(self, variant: str, index: int, prompt: str, max_new_tokens: int) -> Run:
+        torch = self.torch
+        encoded = self.tokenizer(prompt, return_tensors="pt").to(self.device)
+        assistant = self._assistant(variant)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = self.target.generate(
+                **encoded,
+                assistant_model=assistant,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=self.tokenizer.eos_token_id,
+            )
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        new = out[0, encoded["input_ids"].shape[1] :].tolist()
+        return Run(variant, index, len(new), seconds, new)
+
+
+# --- the run --------------------------------------------------------------------------------------
+
+
+def run_interleaved(
+    client: Any, hf: HfPair | None, config: CompareConfig, progress: Callable[[Run], None]
+) -> list[Run]:
+    runs = []
+    for index, prompt in enumerate(config.prompts):
+        for mode in STACK_MODES:
+            runs.append(stack_run(client, mode, index, prompt, config))
+            progress(runs[-1])
+        for variant in HF_VARIANTS if hf is not None else ():
+            runs.append(hf.run(variant, index, prompt, config.max_new_tokens))
+            progress(runs[-1])
+    return runs
+
+
+def warm_up(client: Any, hf: HfPair | None, prompt: str) -> None:
+    """First calls pay one-off costs (allocations, kernel selection): not measured."""
+    for mode in STACK_MODES:
+        client.generate(prompt, max_new_tokens=8, mode=mode, timeout=900)
+    for variant in HF_VARIANTS if hf is not None else ():
+        hf.run(variant, 0, prompt, 8)
+
+
+def summarize(runs: list[Run]) -> dict[str, dict[str, float]]:
+    """Per variant: tokens/s over all prompts, and the stack's speculation figures."""
+    by_variant: dict[str, list[Run]] = defaultdict(list)
+    for r in runs:
+        by_variant[r.variant].append(r)
+    summary = {}
+    for variant, rs in by_variant.items():
+        tokens, seconds = sum(r.tokens for r in rs), sum(r.seconds for r in rs)
+        row: dict[str, float] = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+        if rs[0].stats:
+            row |= speculation_figures(rs)
+        summary[variant] = row
+    return summary
+
+
+def speculation_figures(runs: list[Run]) -> dict[str, float]:
+    """Acceptance, tokens per round, chosen γ and the per-round overhead, over the stack's runs."""
+    t = {key: sum(r.stats[key] for r in runs) for key in runs[0].stats}
+    rounds, drafting_rounds = t["rounds"], t["rounds"] - t["target_only_rounds"]
+
+    def per(num: float, den: float) -> float:
+        return num / den if den else 0.0
+
+    return {
+        "acceptance": per(t["accepted"], t["drafted"]),
+        "accepted_per_drafting_round": per(t["accepted"], drafting_rounds),
+        "tokens_per_round": per(t["emitted"], rounds),
+        "mean_gamma": per(sum(r.stats["mean_gamma"] * r.stats["rounds"] for r in runs), rounds),
+        "target_only_share": per(t["target_only_rounds"], rounds),
+        "overhead_share": per(t["round_overhead_ms"], t["total_ms"]),
+        "overhead_ms_per_round": per(t["round_overhead_ms"], rounds),
+    }
+
+
+def ratios(summary: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Every variant's tokens/s over `ar`'s and over the better assisted-generation variant's."""
+    tps = {v: row["tokens_per_s"] for v, row in summary.items()}
+    assisted = max((tps[v] for v in ("hf_assisted_default", "hf_assisted_gamma6") if v in tps), default=None)
+    out = {}
+    for variant, value in tps.items():
+        out[variant] = {"vs_ar": value / tps["ar"]}
+        if assisted:
+            out[variant]["vs_best_assisted"] = value / assisted
+    return out
+
+
+def agreement(runs: list[Run]) -> dict[str, int]:
+    """Greedy outputs identical to the stack's `ar` (float32 must be; bf16 may differ at near-ties)."""
+    ar = {r.prompt: r.token_ids for r in runs if r.variant == "ar"}
+    counts: dict[str, int] = defaultdict(int)
+    for r in runs:
+        if r.variant != "ar":
+            counts[r.variant] += r.token_ids == ar[r.prompt]
+    return dict(counts)
+
+
+# --- printing -------------------------------------------------------------------------------------
+
+
+def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int | None, int | None]) -> dict[str, Any]:
+    import torch
+
+    return {
+        "cpu_flags": cpu_flags(),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "device": args.device,
+        "dtype": args.dtype,
+        "draft_dtype": draft_dtype,
+        "draft_threads": threads[0],
+        "target_threads": threads[1],
+        "hf_threads": torch.get_num_threads(),
+        "gamma": args.gamma if args.gamma else "adaptive",
+        "max_new_tokens": args.max_new_tokens,
+        "prompts": len(args.prompt_texts),
+    }
+
+
+def format_report(env: dict[str, Any], summary: dict[str, Any], rel: dict[str, Any], load: dict[str, Any]) -> str:
+    lines = ["environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
+    lines.append(f"{'variant':20s} {'tok/s':>7s} {'× ar':>6s} {'× assist':>8s} {'accept':>7s} {'acc/rnd':>7s} "
+                 f"{'tok/rnd':>7s} {'mean γ':>6s} {'γ=0':>5s} {'ovh %':>6s} {'ovh ms':>6s}")  # fmt: skip
+    for variant in (*STACK_MODES, *HF_VARIANTS):
+        if variant not in summary:
+            continue
+        row, r = summary[variant], rel[variant]
+        vs_assisted = r.get("vs_best_assisted", float("nan"))
+        cells = f"{variant:20s} {row['tokens_per_s']:7.2f} {r['vs_ar']:6.2f} {vs_assisted:8.2f}"
+        if "acceptance" in row:
+            cells += (
+                f" {row['acceptance']:7.1%} {row['accepted_per_drafting_round']:7.2f} {row['tokens_per_round']:7.2f}"
+                f" {row['mean_gamma']:6.2f} {row['target_only_share']:5.0%} {row['overhead_share']:6.1%}"
+                f" {row['overhead_ms_per_round']:6.2f}"
+            )
+        lines.append(cells)
+    if load:
+        lines += ["", "throughput (tokens/s over all requests) by concurrency:"]
+        levels = sorted({c for per_mode in load.values() for c in per_mode})
+        lines.append(f"{'mode':6s} " + " ".join(f"{'c=' + str(c):>9s}" for c in levels) + "   × ar")
+        for mode, per_level in load.items():
+            values = [per_level[c]["tokens_per_s"] for c in levels]
+            ratio = [per_level[c]["tokens_per_s"] / load["ar"][c]["tokens_per_s"] for c in levels]
+            lines.append(
+                f"{mode:6s} " + " ".join(f"{v:9.2f}" for v in values) + "   " + " ".join(f"{x:.2f}" for x in ratio)
+            )
+    return "\n".join(lines)
+
+
+# --- entry ----------------------------------------------------------------------------------------
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from calispec.client import CalispecClient
+    from calispec_tools.stack import LocalStack, StackConfig, default_draft_dtype, service_threads
+
+    draft, target = args.model_dirs
+    config = CompareConfig(
+        args.prompt_texts, args.max_new_tokens, args.gamma, args.concurrency, args.load_requests, args.skip_hf
+    )
+    draft_dtype = args.draft_dtype or default_draft_dtype(args.device) or args.dtype
+    with tempfile.TemporaryDirectory(prefix="calispec-compare-") as tmp:
+        stack_config = StackConfig(
+            draft_model=draft, target_model=target, memory_db=Path(tmp) / "memory.db", log_dir=Path(tmp) / "logs",
+            coordinator_port=0, target_port=0, draft_port=0, memory_port=0, dtype=args.dtype, device=args.device,
+            draft_dtype=draft_dtype, draft_threads=args.draft_threads, target_threads=args.target_threads,
+        )  # fmt: skip
+        threads = service_threads(stack_config)
+        print(f"starting the stack (draft {draft} in {draft_dtype}, target {target})...", file=sys.stderr)
+        with LocalStack(stack_config) as stack, CalispecClient(stack.coordinator_address, timeout=900) as client:
+            hf = None if config.skip_hf else HfPair(draft, target, args.dtype)
+            warm_up(client, hf, config.prompts[0])
+
+            def progress(run: Run) -> None:
+                print(f"  prompt {run.prompt} {run.variant:20s} {run.tokens:4d} tokens {run.seconds:7.2f} s "
+                      f"({run.tokens / run.seconds:6.2f} tok/s)", file=sys.stderr)  # fmt: skip
+
+            runs = run_interleaved(client, hf, config, progress)
+            del hf  # free its memory before the load test
+            load: dict[str, dict[int, dict[str, float]]] = {}
+            for mode in STACK_MODES:
+                for level in config.concurrency:
+                    load.setdefault(mode, {})[level] = load_level(stack.coordinator_address, mode, level, config)
+                    print(f"  load {mode} c={level}: {load[mode][level]['tokens_per_s']:.2f} tok/s", file=sys.stderr)
+    env = environment(args, draft_dtype, threads)
+    summary = summarize(runs)
+    rel = ratios(summary)
+    print(format_report(env, summary, rel, load))
+    same = agreement(runs)
+    print(
+        "greedy outputs identical to the stack's ar: "
+        + ", ".join(f"{v} {n}/{len(config.prompts)}" for v, n in same.items())
+    )
+    if args.json:
+        doc = {"environment": env, "summary": summary, "ratios": rel, "load": load, "agreement": same,
+               "runs": [asdict(r) for r in runs]}  # fmt: skip
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0

@@ -1,0 +1,92 @@
+"""The γ policy on hand-given costs and acceptance: when speculation pays, and how far."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.cost_model import (
+    PROBE_EVERY,
+    AcceptanceTracker,
+    CostCurve,
+    CostModel,
+    GammaPolicy,
+    expected_tokens,
+)
+
+
+def model(target: dict[int, float], draft_per_token: float, overhead: float = 0.0) -> CostModel:
+    costs = CostModel(CostCurve.of(target), CostCurve.of({1: draft_per_token}), draft_call_ms=0.0)
+    costs.overhead_ms = overhead
+    return costs
+
+
+# the README's measured shapes: bf16 on AVX512-BF16 (flat) and float32 on the same CPU (3.2x for 7 tokens)
+FLAT = {1: 192.0, 7: 215.0, 17: 260.0}
+STEEP = {1: 382.0, 7: 1224.0, 17: 2600.0}
+
+
+def test_expected_tokens_is_the_truncated_geometric_sum() -> None:
+    assert expected_tokens(0, 0.5) == 1.0
+    assert expected_tokens(2, 0.5) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens(3, 1.0) == 4.0
+
+
+def test_curve_interpolates_and_extrapolates_linearly() -> None:
+    curve = CostCurve.of({1: 10.0, 5: 30.0})
+    assert curve.at(1) == 10.0 and curve.at(3) == 20.0 and curve.at(9) == 50.0
+    assert CostCurve.of({1: 4.0}).at(3) == 12.0  # one point: a per-token cost
+
+
+def test_flat_verification_and_good_acceptance_speculate_far() -> None:
+    assert model(FLAT, draft_per_token=40.0).best_gamma(alpha=0.8, max_gamma=10) >= 4
+
+
+def test_verification_linear_in_tokens_never_pays_even_with_a_cheap_draft() -> None:
+    costs = model({1: 100.0, 17: 1700.0}, draft_per_token=5.0)
+    assert costs.best_gamma(alpha=1.0, max_gamma=16) == 0
+
+
+def test_steep_verification_pays_only_with_a_cheap_draft_and_high_acceptance() -> None:
+    assert model(STEEP, draft_per_token=382.0).best_gamma(alpha=0.95, max_gamma=10) == 0
+    assert model(STEEP, draft_per_token=40.0).best_gamma(alpha=0.5, max_gamma=10) == 0
+    assert model(STEEP, draft_per_token=40.0).best_gamma(alpha=0.95, max_gamma=10) > 0
+
+
+def test_low_acceptance_turns_drafting_off_even_where_verification_is_cheap() -> None:
+    costs = model(FLAT, draft_per_token=80.0)
+    assert costs.best_gamma(alpha=0.9, max_gamma=10) > 0
+    assert costs.best_gamma(alpha=0.1, max_gamma=10) == 0
+
+
+def test_gamma_grows_with_acceptance() -> None:
+    costs = model(FLAT, draft_per_token=40.0)
+    gammas = [costs.best_gamma(alpha, 16) for alpha in (0.5, 0.7, 0.9)]
+    assert gammas == sorted(gammas) and gammas[0] < gammas[-1]
+
+
+def test_online_observations_rescale_the_curve_towards_what_is_measured() -> None:
+    costs = model(FLAT, draft_per_token=40.0)
+    for _ in range(30):  # under load the draft got 4x dearer than at start-up
+        costs.observe_draft(tokens=4, service_ms=640.0, call_ms=640.0)
+    assert costs.draft_ms(1) == pytest.approx(160.0, rel=0.01)
+    assert costs.best_gamma(alpha=0.7, max_gamma=10) < model(FLAT, 40.0).best_gamma(alpha=0.7, max_gamma=10)
+
+
+def test_acceptance_tracker_counts_the_failed_position_and_leans_on_the_prior_early() -> None:
+    tracker = AcceptanceTracker(prior=0.5)
+    assert tracker.alpha == 0.5
+    for _ in range(40):
+        tracker.observe(drafted=4, accepted=1)  # one pass, one failure per round
+    assert tracker.alpha == pytest.approx(0.5, abs=0.05)
+    for _ in range(40):
+        tracker.observe(drafted=4, accepted=4)  # recent rounds weigh more: the text got easier
+    assert tracker.alpha > 0.9
+
+
+def test_policy_probes_after_target_only_rounds_only_where_acceptance_could_change_the_answer() -> None:
+    payable = GammaPolicy(model(FLAT, draft_per_token=80.0), max_gamma=10)
+    payable.tracker.prior = 0.05  # looks hopeless now, but good acceptance would pay: probe now and then
+    chosen = [payable.next_gamma() for _ in range(PROBE_EVERY + 1)]
+    assert chosen[:PROBE_EVERY] == [0] * PROBE_EVERY and chosen[-1] > 0
+    hopeless = GammaPolicy(model(STEEP, draft_per_token=382.0), max_gamma=10)
+    assert [hopeless.next_gamma() for _ in range(3 * PROBE_EVERY)] == [0] * (3 * PROBE_EVERY)

@@ -1,0 +1,52 @@
+"""Serving dtypes and threads: int8 draft, torch threads per service, the stack's core split."""
+
+from __future__ import annotations
+
+import torch
+
+from calispec_core import service_cli
+from calispec_core.modeling import DTYPE_CHOICES, ModelRunner, ModelSpec, apply_threads
+from calispec_core.protocol import model_info_to_pb
+from calispec_tools.stack import StackConfig, service_threads, split_cores
+from tests.conftest import TinyPair
+
+
+def test_the_cli_offers_exactly_the_dtypes_the_runner_knows() -> None:
+    assert service_cli.DTYPE_CHOICES == DTYPE_CHOICES
+
+
+@torch.inference_mode()
+def test_int8_runner_quantises_its_linear_layers_and_stays_close_to_float32(
+    tiny_pair: TinyPair, draft_runner: ModelRunner
+) -> None:
+    int8 = ModelRunner(ModelSpec(tiny_pair.draft, dtype="int8", device="cpu"))
+    quantised = [m for m in int8.model.modules() if type(m).__name__ == "Linear" and "quantized" in type(m).__module__]
+    assert quantised and model_info_to_pb(int8).dtype == "int8"
+    ids = [5, 17, 42, 8, 99]
+    a = int8.forward(ids, int8.new_cache(), 1)[0, -1]
+    b = draft_runner.forward(ids, draft_runner.new_cache(), 1)[0, -1]
+    assert a.dtype == torch.float32 and torch.nn.functional.cosine_similarity(a, b, dim=0) > 0.99
+
+
+def test_apply_threads_sets_torch_intra_op_threads() -> None:
+    before = torch.get_num_threads()
+    try:
+        apply_threads(1)
+        assert torch.get_num_threads() == 1
+        apply_threads(None)  # None keeps whatever is set
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_core_split_is_disjoint_and_gives_the_target_the_larger_share() -> None:
+    assert split_cores(1) == (1, 1)
+    assert split_cores(2) == (1, 1)
+    for cores in (3, 4, 8, 16, 64):
+        draft, target = split_cores(cores)
+        assert draft + target == cores and 1 <= draft < target
+
+
+def test_explicit_threads_win_over_the_split(tmp_path) -> None:
+    config = StackConfig(tmp_path, tmp_path, tmp_path / "m.db", tmp_path, draft_threads=2, target_threads=6)
+    assert service_threads(config) == (2, 6)
