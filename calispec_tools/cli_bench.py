@@ -259,7 +259,7 @@ def add_eval_parser(sub: Any) -> None:
     p.add_argument("--sweep-tau", type=_csv(float), default=[], help="csd τ values, e.g. 0.001,0.01,0.1")
     p.add_argument("--sweep-lambda", type=_csv(int), default=[], help="csd λ values, e.g. 2,6,10")
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--gamma", type=int, default=None)
+    p.add_argument("--gamma", type=int, default=6, help="fixed γ (the paper's; adaptive γ may not draft at all)")
     p.add_argument("--prompt-format", default="raw", choices=PROMPT_FORMATS, help="qwen-chat for instruct pairs")
     p.add_argument("--timeout", type=float, default=300.0, help="per-request deadline, seconds")
     p.add_argument("--sandbox-timeout", type=float, default=10.0, help="per code task, seconds")

@@ -38,7 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     calibrate.add_argument("--address", default=DEFAULT_COORDINATOR, help="coordinator HOST:PORT")
     calibrate.add_argument("--memory-addr", default=DEFAULT_MEMORY, help="memory service HOST:PORT")
     calibrate.add_argument("--max-new-tokens", type=int, default=128)
-    calibrate.add_argument("--gamma", type=int, default=None, help="speculative tokens per round")
+    calibrate.add_argument(
+        "--gamma", type=int, default=6, help="speculative tokens per round (fixed: adaptive γ may not draft at all)"
+    )
     calibrate.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
     add_client_auth_args(calibrate)
     _add_memory_tls_args(calibrate)

@@ -94,7 +94,7 @@ def test_concurrent_greedy_sd_equals_ar_with_batching_on(client: CountingClient)
 
 
 def test_csd_rescues_with_permissive_thresholds_and_reports_it(client: CalispecClient) -> None:
-    kwargs = {"max_new_tokens": 40, "mode": "csd", "tau": 1e-9, "lambda_": 0}
+    kwargs = {"max_new_tokens": 40, "mode": "csd", "tau": 1e-9, "lambda_": 0, "num_speculative_tokens": 6}
     first = [client.generate(p, **kwargs) for p in PROMPTS]
     assert sum(r.stats.rejections for r in first) > 0  # the pair disagrees somewhere
     # every rejected pair now has count >= 1 > λ = 0, and τ = 1e-9 passes any sane gate
