@@ -18,6 +18,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 
 from calispec_core.errors import InvalidArgument, require
 
+# Prompt tokens per prefill forward. The model lock is FIFO, so a round waiting behind a long
+# prompt waits for one chunk, not for the whole prompt.
+PREFILL_CHUNK = 128
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # int8: dynamic quantisation of every Linear layer (weights int8, activations quantised per call,
 # float32 elsewhere); CPU only. A serving dtype like the others: SD stays exact w.r.t. the model served.
@@ -86,6 +90,27 @@ class ModelSpec:
     threads: int | None = None  # torch intra-op threads; None: torch's default (all cores)
 
 
+class FifoLock:
+    """A lock granted in arrival order (threading.Lock lets the releasing thread win again and again:
+    a chunked prefill would then still starve the rounds waiting for the model)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next_ticket = 0
+        self._serving = 0
+
+    def __enter__(self) -> None:
+        with self._cond:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            self._cond.wait_for(lambda: self._serving == ticket)
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._serving += 1
+            self._cond.notify_all()
+
+
 class ModelRunner:
     """A loaded causal LM; forwards are serialised so sessions can share one model safely."""
 
@@ -106,7 +131,7 @@ class ModelRunner:
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.eos_token_ids = self._eos_ids()
         self.forward_costs: dict[int, float] = {}  # ms by new tokens, once measured (forward_costs.py)
-        self._lock = threading.Lock()
+        self._lock = FifoLock()
 
     def _eos_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id
@@ -197,6 +222,7 @@ def prefill_session(runner: ModelRunner, session_id: str, token_ids: list[int]) 
     )
     runner.check_token_ids(token_ids, "prompt")
     session = Session(session_id, list(token_ids), runner.new_cache())
-    if len(token_ids) > 1:
-        runner.forward(token_ids[:-1], session.cache, logits_to_keep=1)
+    prefix = token_ids[:-1]
+    for start in range(0, len(prefix), PREFILL_CHUNK):  # other sessions' forwards run between chunks
+        runner.forward(prefix[start : start + PREFILL_CHUNK], session.cache, logits_to_keep=1)
     return session

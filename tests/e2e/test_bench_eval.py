@@ -40,7 +40,8 @@ def prompts_file(tmp_path: Path) -> Path:
 def test_bench_closed_loop_sweep(stack: LocalStack, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench"
     argv = ["bench", "--address", stack.coordinator_address, "--prompts", str(prompts_file(tmp_path)),
-            "--modes", "ar,sd,csd", "--concurrency", "1,2", "--num-requests", "9", "--out", str(out)]  # fmt: skip
+            "--modes", "ar,sd,csd", "--concurrency", "1,2", "--num-requests", "9", "--gamma", "4",
+            "--out", str(out)]  # fmt: skip
     argv += [] if HAVE_MATPLOTLIB else ["--no-plots"]
     assert main(argv) == 0
     doc = json.loads((out / "bench.json").read_text())

@@ -51,7 +51,7 @@ def test_coding_prompt_answer_compiles(stack: LocalStack) -> None:
         "characters. Reply with only the code in one ```python block, no explanation.",
     )
     with CalispecClient(stack.coordinator_address, timeout=600) as client:
-        result = client.generate(prompt, max_new_tokens=160, mode="csd", timeout=600)
+        result = client.generate(prompt, max_new_tokens=160, mode="csd", num_speculative_tokens=6, timeout=600)
     code = extract_code(result.text)
     assert "def is_palindrome" in code, result.text
     compile(code, "<answer>", "exec")  # SyntaxError fails the test with the offending line

@@ -149,7 +149,7 @@ def test_identical_draft_gives_full_acceptance(tiny_pair: TinyPair, tmp_path: Pa
         CalispecClient(same.coordinator_address, timeout=120) as c,
     ):
         for prompt in PROMPTS[:3]:
-            r = c.generate(prompt, max_new_tokens=30, mode="sd")
+            r = c.generate(prompt, max_new_tokens=30, mode="sd", num_speculative_tokens=4)
             assert r.stats.drafted > 0
             assert r.stats.accepted == r.stats.drafted and r.stats.acceptance_rate == 1.0
 
