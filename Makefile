@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[serve,dev,bench,deploy]"
+	$(BIN)/pip install --quiet -e ".[serve,dev,bench,deploy,otel]"
 	touch $(STAMP)
 
 install: $(STAMP)

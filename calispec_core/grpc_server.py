@@ -21,6 +21,8 @@ from calispec_core.errors import CalispecError, InvalidArgument
 if TYPE_CHECKING:
     from grpc_health.v1 import health
 
+    from calispec_core.observability import ManagedServer, Observe
+
 log = logging.getLogger(__name__)
 
 # Draft distributions for sampling are [gamma, V] float32: 151,936 x 8 x 4 B is ~4.9 MB.
@@ -123,25 +125,38 @@ def create_grpc_server(
     require_client_cert: bool = True,
     interceptors: Sequence[grpc.ServerInterceptor] = (),
     health_port: int | None = None,
-) -> tuple[grpc.Server, int, health.HealthServicer]:
-    """Build a server with our services, grpc.health.v1, reflection and the error interceptor.
+    observe: Observe | None = None,
+) -> tuple[ManagedServer, int, health.HealthServicer]:
+    """Build a server with our services, grpc.health.v1, reflection and the interceptors.
 
-    `address` may use port 0; the bound port is returned. The server is not started.
+    `address` may use port 0; the bound port is returned. The server is not started; its
+    `/metrics` endpoint (when `observe.metrics_port` is set) already serves.
     `interceptors` (access control) run inside the error interceptor, so the domain errors they
-    raise get their status. `health_port`: also serve grpc.health.v1 alone, plaintext, there
+    raise get their status; the observability interceptor (request ids, metrics, drain) runs
+    outside both. `health_port`: also serve grpc.health.v1 alone, plaintext, there
     (the kubelet's gRPC probe speaks no TLS); the returned server starts and stops both.
     """
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers),
-        interceptors=[ErrorInterceptor(), *interceptors],
-        options=CHANNEL_OPTIONS,
-    )
-    for register in registrars:
-        register(server)
     # imported here: tools (and the light client install) use this module's channels without them
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 
+    from calispec_core.metrics import RpcMetrics, serve_metrics
+    from calispec_core.observability import DrainGate, ManagedServer, ObservabilityInterceptor, Observe, host_of
+
+    observe = observe or Observe()
+    rpc_metrics = RpcMetrics(observe.registry)
+    gate = DrainGate(observe.admission)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers),
+        interceptors=[
+            ObservabilityInterceptor(rpc_metrics, gate, observe.originates_ids),
+            ErrorInterceptor(),
+            *interceptors,
+        ],
+        options=CHANNEL_OPTIONS,
+    )
+    for register in registrars:
+        register(server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in [*service_names, ""]:
@@ -150,7 +165,10 @@ def create_grpc_server(
     port = bind_port(server, address, tls, require_client_cert)
     if health_port is not None:
         server = _with_health_port(server, health_servicer, address.rpartition(":")[0], health_port)
-    return server, port, health_servicer
+    endpoint = None
+    if observe.metrics_port is not None:
+        endpoint = serve_metrics(observe.registry, host_of(address), observe.metrics_port)
+    return ManagedServer(server, health_servicer, gate, rpc_metrics, endpoint), port, health_servicer
 
 
 def bind_port(server: grpc.Server, address: str, tls: TlsConfig | None = None, require_client_cert: bool = True) -> int:

@@ -11,10 +11,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import grpc
-
+from calispec_core import request_context
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError
+from calispec_core.observability import ManagedServer
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
 
 # calispec_core.modeling.DTYPE_CHOICES (not imported: the memory service must not load torch)
@@ -22,12 +22,15 @@ DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16", "int8"]
 
 log = logging.getLogger(__name__)
 
+DEFAULT_DRAIN_TIMEOUT_S = 20.0  # + the stop grace stays under Kubernetes' default 30 s terminationGracePeriodSeconds
+
 
 def add_server_args(parser: argparse.ArgumentParser, default_port: int) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: %(default)s)")
     parser.add_argument("--port", type=int, default=default_port, help="port; 0 picks a free one")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     add_tls_args(parser)
+    add_operations_args(parser)
 
 
 def add_tls_args(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +58,22 @@ def tls_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     return tls
 
 
+def add_operations_args(parser: argparse.ArgumentParser) -> None:
+    """--metrics-port and --drain-timeout-s, the same for every service."""
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (0 picks a free port; default: off)",
+    )
+    parser.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        default=DEFAULT_DRAIN_TIMEOUT_S,
+        help="on SIGTERM: health NOT_SERVING, new requests refused, open ones get this long to finish",
+    )
+
+
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="local Hugging Face-format model directory")
     parser.add_argument(
@@ -78,26 +97,49 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Service logging (every line carries its request id); quiet the model loader's progress bars."""
+    request_context.configure_logging(level)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
 
 
-def serve_until_signalled(
-    server: grpc.Server, banner: str, on_stop: Callable[[], None] | None = None, grace_s: float = 5.0
-) -> None:
-    """Start, print the banner (the readiness line scripts wait for), stop cleanly on SIGTERM/SIGINT."""
+def metrics_banner(name: str, server: ManagedServer) -> None:
+    """The line `calispec up` reads to print the metrics URL (before the readiness line)."""
+    if server.metrics_url is not None:
+        print(f"{name} metrics on {server.metrics_url}", flush=True)
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT, so shutdown runs on the main thread, not in a handler."""
     stop = threading.Event()
+
+    def handler(signum: int, _frame: object) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, handler)
+    return stop
+
+
+def serve_until_signalled(
+    server: ManagedServer,
+    banner: str,
+    on_stop: Callable[[], None] | None = None,
+    grace_s: float = 5.0,
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+) -> None:
+    """Start, print the banner (the readiness line scripts wait for); on SIGTERM/SIGINT drain, then stop."""
+    stop = stop_on_signals()
     server.start()
     print(banner, flush=True)
     stop.wait()
-    log.info("shutting down")
+    server.drain(drain_timeout_s)
     server.stop(grace_s).wait()
     if on_stop is not None:
         on_stop()
+    log.info("stopped")
 
 
 @contextmanager

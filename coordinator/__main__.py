@@ -13,7 +13,13 @@ from pathlib import Path
 from calispec_core.access import ApiKeys, Quota, QuotaBook
 from calispec_core.errors import CalispecError
 from calispec_core.generation import Defaults, Mode
-from calispec_core.service_cli import add_server_args, configure_logging, serve_until_signalled, tls_from_args
+from calispec_core.service_cli import (
+    add_server_args,
+    configure_logging,
+    metrics_banner,
+    serve_until_signalled,
+    tls_from_args,
+)
 from coordinator.config import CoordinatorConfig
 from coordinator.server import build_orchestrator, check_access, create_server
 
@@ -87,6 +93,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         served_model_name=args.served_model_name,
         max_gamma=args.max_gamma,
         draft_min_confidence=args.draft_min_confidence,
+        metrics_port=args.metrics_port,
+        drain_timeout_s=args.drain_timeout_s,
     )
     try:
         check_access(config)
@@ -127,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
         http = serve_http(orchestrator, config, keys, quotas)
         scheme = "https" if config.tls.enabled else "http"
         banner += f" (OpenAI-compatible API at {scheme}://{config.host}:{http.port}/v1)"
-    serve_until_signalled(server, banner, on_stop=http.stop if http else None)
+    metrics_banner("coordinator", server)
+    serve_until_signalled(server, banner, on_stop=http.stop if http else None, drain_timeout_s=config.drain_timeout_s)
 
 
 if __name__ == "__main__":

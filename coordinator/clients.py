@@ -14,6 +14,7 @@ from calispec_core.credentials import DRAFT, TARGET, TlsConfig
 from calispec_core.generation import Mode
 from calispec_core.grpc_server import make_channel
 from calispec_core.protocol import sampling_to_pb
+from calispec_core.request_context import with_request_id
 from calispec_core.sampling import SamplingConfig
 from coordinator.backends import ModelFacts, Proposal, SessionLost, Verdict
 
@@ -63,7 +64,7 @@ class GrpcDraftBackend:
     def __init__(self, address: str, tls: TlsConfig | None = None) -> None:
         self.address = address
         self.channel = make_channel(address, tls, server_name=DRAFT)
-        self.stub = draft_pb2_grpc.DraftServiceStub(self.channel)
+        self.stub = draft_pb2_grpc.DraftServiceStub(with_request_id(self.channel))
 
     def info(self, timeout: float) -> ModelFacts:
         return _facts(_call("draft", self.stub.GetModelInfo, draft_pb2.DraftModelInfoRequest(), timeout).info)
@@ -101,7 +102,7 @@ class GrpcTargetBackend:
     def __init__(self, address: str, tls: TlsConfig | None = None) -> None:
         self.address = address
         self.channel = make_channel(address, tls, server_name=TARGET)
-        self.stub = target_pb2_grpc.TargetServiceStub(self.channel)
+        self.stub = target_pb2_grpc.TargetServiceStub(with_request_id(self.channel))
 
     def info(self, timeout: float) -> ModelFacts:
         return _facts(_call("target", self.stub.GetModelInfo, target_pb2.TargetModelInfoRequest(), timeout).info)

@@ -40,6 +40,9 @@ class CoordinatorConfig:
     def model_name(self) -> str:
         return self.served_model_name or self.tokenizer.name
 
+    metrics_port: int | None = None  # Prometheus /metrics; None: off, 0: a free port
+    drain_timeout_s: float = 20.0  # on SIGTERM: how long running requests get to finish
+
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"

@@ -123,6 +123,7 @@ class Orchestrator:
         self.draft_timeout_s = draft_timeout_s
         self.costs = costs or CostModel.from_measured({}, {})
         self.speculation = speculation
+        self.on_round: Callable[[Mode, Proposal | None, Verdict], None] | None = None  # e.g. metrics
 
     def generate(
         self,
@@ -223,6 +224,8 @@ class Orchestrator:
         verdict = self._verify(request, proposal)
         self._account(request, gamma, proposal, verdict)
         self._learn(request, proposal, verdict, propose_ns, now_ns() - start)
+        if self.on_round is not None:
+            self.on_round(request.params.mode, proposal, verdict)
         drafted = proposal.token_ids[: verdict.accepted_count] if proposal else []
         new_tokens = [*drafted, verdict.next_token]
         if request.use_draft:

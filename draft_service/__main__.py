@@ -10,6 +10,7 @@ from calispec_core.service_cli import (
     add_model_args,
     add_server_args,
     configure_logging,
+    metrics_banner,
     serve_until_signalled,
     startup_step,
     tls_from_args,
@@ -32,6 +33,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
         tls=tls_from_args(parser, args),
         health_port=args.health_port,
         session_idle_ttl_s=args.session_idle_ttl_s,
+        metrics_port=args.metrics_port,
+        drain_timeout_s=args.drain_timeout_s,
     )
     return config, args.log_level
 
@@ -43,7 +46,9 @@ def main(argv: list[str] | None = None) -> None:
         runner = ModelRunner(config.model)
     with startup_step("draft_service", "cannot start"):
         server, port = create_server(config, runner)
-    serve_until_signalled(server, f"draft_service listening on {config.host}:{port} model={config.model.path}")
+    metrics_banner("draft_service", server)
+    banner = f"draft_service listening on {config.host}:{port} model={config.model.path}"
+    serve_until_signalled(server, banner, drain_timeout_s=config.drain_timeout_s)
 
 
 if __name__ == "__main__":

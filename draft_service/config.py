@@ -21,6 +21,8 @@ class DraftConfig:
     allowed_clients: tuple[str, ...] = (COORDINATOR,)  # certificate roles that may call it (under TLS)
     health_port: int | None = None
     measure_forward_costs: bool = True  # at start-up, for the coordinator's cost model
+    metrics_port: int | None = None  # Prometheus /metrics; None: off, 0: a free port
+    drain_timeout_s: float = 20.0  # on SIGTERM: how long open sessions get to finish
 
     @property
     def address(self) -> str:

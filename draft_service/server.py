@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-import grpc
-
 from calispec.v1 import draft_pb2, draft_pb2_grpc
 from calispec_core.access import PeerAllowlistInterceptor
 from calispec_core.forward_costs import DRAFT_TOKEN_COUNTS, measure_forward_costs
 from calispec_core.grpc_server import create_grpc_server
 from calispec_core.modeling import ModelRunner
+from calispec_core.observability import ManagedServer, Observe
 from calispec_core.protocol import model_info_to_pb, sampling_from_pb, session_stats_to_pb, timing_to_pb
 from calispec_core.timing import Stopwatch
 from draft_service.config import DraftConfig
+from draft_service.metrics import DraftMetrics
 from draft_service.proposer import Proposer
 
 SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 
 
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
-    def __init__(self, proposer: Proposer) -> None:
+    def __init__(self, proposer: Proposer, metrics: DraftMetrics) -> None:
         self.proposer = proposer
+        self.metrics = metrics
 
     def Prefill(self, request, context):
         watch = Stopwatch()
@@ -38,6 +39,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             watch,
             min_confidence=request.min_confidence,
         )
+        self.metrics.proposed(len(proposal.token_ids))
         probs = b"" if proposal.probs is None else proposal.probs.numpy().astype("<f4").tobytes()
         return draft_pb2.ProposeResponse(
             token_ids=proposal.token_ids,
@@ -62,14 +64,15 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         return draft_pb2.DraftStatsResponse(sessions=session_stats_to_pb(self.proposer.sessions.stats()))
 
 
-def create_server(config: DraftConfig, runner: ModelRunner | None = None) -> tuple[grpc.Server, int]:
+def create_server(config: DraftConfig, runner: ModelRunner | None = None) -> tuple[ManagedServer, int]:
     """Build the draft server on config.address (port 0 allowed); returns (server, bound port)."""
     runner = runner or ModelRunner(config.model)
     if config.measure_forward_costs:
         runner.forward_costs = measure_forward_costs(runner, DRAFT_TOKEN_COUNTS)
     proposer = Proposer(runner, config.max_sessions, config.session_idle_ttl_s)
     proposer.sessions.start_reaper()
-    servicer = DraftServicer(proposer)
+    observe = Observe(metrics_port=config.metrics_port, admission=[f"/{SERVICE_NAME}/Prefill"])
+    servicer = DraftServicer(proposer, DraftMetrics(observe.registry, proposer))
     server, port, _ = create_grpc_server(
         config.address,
         [lambda s: draft_pb2_grpc.add_DraftServiceServicer_to_server(servicer, s)],
@@ -78,5 +81,7 @@ def create_server(config: DraftConfig, runner: ModelRunner | None = None) -> tup
         tls=config.tls,
         interceptors=[PeerAllowlistInterceptor(set(config.allowed_clients))] if config.tls.enabled else [],
         health_port=config.health_port,
+        observe=observe,
     )
+    server.idle = lambda: len(proposer.sessions) == 0  # a drain waits for the coordinator to close them
     return server, port

@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 from calispec_core.credentials import read_writer_tokens
 from calispec_core.errors import CalispecError
-from calispec_core.service_cli import add_tls_args, startup_step, tls_from_args
+from calispec_core.request_context import configure_logging
+from calispec_core.service_cli import (
+    add_operations_args,
+    add_tls_args,
+    metrics_banner,
+    startup_step,
+    stop_on_signals,
+    tls_from_args,
+)
 from memory_service.config import MemoryConfig
 from memory_service.server import create_server
 from memory_service.store import TableLimits
@@ -59,6 +65,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
     parser.add_argument("--writer-burst", type=float, default=None, help="events (default: 10 s of the rate)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
     add_tls_args(parser)
+    add_operations_args(parser)
     args = parser.parse_args(argv)
     if args.writer_token_file is None and not args.allow_unauthenticated_writes:
         parser.error("give --writer-token-file (or, for a test bench, --allow-unauthenticated-writes)")
@@ -76,34 +83,25 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
             writer_burst_events=args.writer_burst,
             tls=tls_from_args(parser, args),
             health_port=args.health_port,
+            metrics_port=args.metrics_port,
+            drain_timeout_s=args.drain_timeout_s,
         )
     except (ValueError, CalispecError) as exc:
         parser.error(str(exc))
     return config, args.log_level
 
 
-def _stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM or SIGINT, so shutdown runs on the main thread, not in a handler."""
-    stop = threading.Event()
-
-    def handler(signum: int, _frame: object) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    return stop
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     config, log_level = parse_args(argv)
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    stop = _stop_on_signals()  # before start, so an early SIGTERM still gets a clean shutdown
+    configure_logging(log_level)
+    stop = stop_on_signals()  # before start, so an early SIGTERM still gets a clean shutdown
     with startup_step("memory_service", "cannot start"):
         server, port, store = create_server(config)
     server.start()
+    metrics_banner("memory_service", server)
     print(f"memory_service listening on {config.host}:{port} db={config.db_path}", flush=True)
     stop.wait()
+    server.drain(config.drain_timeout_s)  # NOT_SERVING at once; memory has no sessions to wait for
     # Stop serving first, then close the store: close() waits for a transaction in progress,
     # so every acknowledged write is committed before the file is closed.
     store.hub.close()  # ends Watch streams, which would otherwise hold the whole grace period

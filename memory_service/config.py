@@ -38,6 +38,8 @@ class MemoryConfig:
     tls: TlsConfig = field(default_factory=TlsConfig)
     allowed_writers: tuple[str, ...] = (TARGET,)  # certificate roles that may RecordEvents (under TLS)
     health_port: int | None = None
+    metrics_port: int | None = None  # Prometheus /metrics; None: off, 0: a free port
+    drain_timeout_s: float = 20.0  # on SIGTERM: NOT_SERVING first; in-flight writes still get SHUTDOWN_GRACE_S
 
     def __post_init__(self) -> None:
         # Fail at startup, not on the first GetPairs that falls back to a bad default.

@@ -14,9 +14,12 @@ import grpc
 from calispec.v1 import memory_pb2, memory_pb2_grpc
 from calispec_core.access import PeerAllowlistInterceptor, caller_identity
 from calispec_core.credentials import WRITER_TOKEN_METADATA
+from calispec_core.errors import CalispecError
 from calispec_core.grpc_server import create_grpc_server
+from calispec_core.observability import ManagedServer, Observe
 from memory_service.auth import WriterGate
 from memory_service.config import MemoryConfig
+from memory_service.metrics import MemoryMetrics
 from memory_service.store import CorrectionStore, Pair, validate_events, validate_namespace
 from memory_service.watch import Update, UpdateKind, WatchHub, watch
 
@@ -49,24 +52,31 @@ def _writer_identity(gate: WriterGate, context: grpc.ServicerContext) -> str:
 
 
 class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
-    def __init__(self, store: CorrectionStore, gate: WriterGate, config: MemoryConfig) -> None:
+    def __init__(self, store: CorrectionStore, gate: WriterGate, config: MemoryConfig, metrics: MemoryMetrics) -> None:
         self._store = store
         self._gate = gate
         self._config = config
+        self._metrics = metrics
 
     def RecordEvents(
         self, request: memory_pb2.RecordEventsRequest, context: grpc.ServicerContext
     ) -> memory_pb2.RecordEventsResponse:
         # Order matters: strangers learn nothing (auth first); bad requests do not use up a
         # writer's budget (validation before the rate limit); nothing is buffered before both.
-        writer = _writer_identity(self._gate, context)
         events = [(e.draft_token_id, e.target_token_id, e.count) for e in request.events]
-        validate_namespace(request.namespace)
-        vocab = self._store.vocab_limit(request.namespace, request.vocab_size)
-        self._gate.charge(writer, validate_events(events, vocab))
-        recorded, version = self._store.record(
-            request.namespace, events, durable=request.wait_durable, vocab_size=request.vocab_size
-        )
+        try:
+            writer = _writer_identity(self._gate, context)
+            validate_namespace(request.namespace)
+            vocab = self._store.vocab_limit(request.namespace, request.vocab_size)
+            self._gate.charge(writer, validate_events(events, vocab))
+            recorded, version = self._store.record(
+                request.namespace, events, durable=request.wait_durable, vocab_size=request.vocab_size
+            )
+        except CalispecError as exc:
+            self._metrics.dropped.labels(exc.code).inc(sum(count for _, _, count in events))
+            raise
+        self._metrics.received.inc(recorded)
+        log.debug("recorded %d events in %s (version %d)", recorded, request.namespace, version)
         return memory_pb2.RecordEventsResponse(recorded=recorded, version=version, durable=request.wait_durable)
 
     def GetPairs(
@@ -125,7 +135,7 @@ def _writers_only(config: MemoryConfig) -> list[grpc.ServerInterceptor]:
     return [PeerAllowlistInterceptor(set(config.allowed_writers), f"/{SERVICE_NAME}/RecordEvents")]
 
 
-def create_server(config: MemoryConfig) -> tuple[grpc.Server, int, CorrectionStore]:
+def create_server(config: MemoryConfig) -> tuple[ManagedServer, int, CorrectionStore]:
     """Open the store and build a server bound to config.host:config.port (not started).
 
     Returns the bound port (config.port may be 0) and the store, which the caller closes
@@ -136,7 +146,8 @@ def create_server(config: MemoryConfig) -> tuple[grpc.Server, int, CorrectionSto
         config.db_path, flush_interval_s=config.flush_interval_s, limits=config.limits, hub=WatchHub()
     )
     gate = WriterGate(config.writer_identities(), config.writer_events_per_s, config.writer_burst_events)
-    servicer = MemoryServicer(store, gate, config)
+    observe = Observe(metrics_port=config.metrics_port)
+    servicer = MemoryServicer(store, gate, config, MemoryMetrics(observe.registry, store))
     try:
         server, port, _health = create_grpc_server(
             config.address,
@@ -146,6 +157,7 @@ def create_server(config: MemoryConfig) -> tuple[grpc.Server, int, CorrectionSto
             tls=config.tls,
             interceptors=_writers_only(config),
             health_port=config.health_port,
+            observe=observe,
         )
     except BaseException:
         store.close()  # a failed bind must not leave the database open

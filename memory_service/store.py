@@ -245,6 +245,7 @@ class CorrectionStore:
         self._assigned_seq = 0
         self._committed_seq = 0
         self._closed = False
+        self.committed_events = 0  # events this process committed (for metrics; not persisted)
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
         if flush_interval_s > 0:
@@ -301,6 +302,7 @@ class CorrectionStore:
             with self._cond:
                 self._committed.update(batch.versions)
                 self._committed_seq = batch.seq
+                self.committed_events += sum(batch.totals.values())
                 if batch.decay_steps:
                     self._last_decay = batch.decay_until
                 self._cond.notify_all()
@@ -360,6 +362,11 @@ class CorrectionStore:
     def committed_version(self, namespace: str) -> int:
         with self._cond:
             return self._committed.get(namespace, 0)
+
+    def committed_versions(self) -> dict[str, int]:
+        """Every namespace written so far and its committed version."""
+        with self._cond:
+            return dict(self._committed)
 
     def stats(self, namespace: str) -> tuple[int, int, int]:
         """(total_events, distinct_pairs, version) of committed data; all 0 for a namespace never written."""

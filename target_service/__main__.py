@@ -10,6 +10,7 @@ from calispec_core.service_cli import (
     add_model_args,
     add_server_args,
     configure_logging,
+    metrics_banner,
     serve_until_signalled,
     startup_step,
     tls_from_args,
@@ -53,6 +54,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
         memory_writer_token_file=args.memory_writer_token_file,
         tls=tls_from_args(parser, args),
         health_port=args.health_port,
+        metrics_port=args.metrics_port,
+        drain_timeout_s=args.drain_timeout_s,
     )
     return config, args.log_level
 
@@ -64,10 +67,9 @@ def main(argv: list[str] | None = None) -> None:
         runner = ModelRunner(config.model)
     with startup_step("target_service", "cannot start"):
         server, port, runtime = create_server(config, runner)
-    on_stop = runtime.stop
-    serve_until_signalled(
-        server, f"target_service listening on {config.host}:{port} model={config.model.path}", on_stop
-    )
+    metrics_banner("target_service", server)
+    banner = f"target_service listening on {config.host}:{port} model={config.model.path}"
+    serve_until_signalled(server, banner, runtime.stop, drain_timeout_s=config.drain_timeout_s)
 
 
 if __name__ == "__main__":

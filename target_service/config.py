@@ -27,6 +27,8 @@ class TargetConfig:
     tls: TlsConfig = field(default_factory=TlsConfig)  # served, and used to call the memory service
     allowed_clients: tuple[str, ...] = (COORDINATOR,)  # certificate roles that may call it (under TLS)
     health_port: int | None = None
+    metrics_port: int | None = None  # Prometheus /metrics; None: off, 0: a free port
+    drain_timeout_s: float = 20.0  # on SIGTERM: how long open sessions get to finish
 
     @property
     def address(self) -> str:

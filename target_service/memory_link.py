@@ -33,6 +33,7 @@ from calispec.v1 import memory_pb2, memory_pb2_grpc
 from calispec_core.credentials import MEMORY, TlsConfig, read_writer_token, writer_metadata
 from calispec_core.errors import CalispecError, FailedPrecondition
 from calispec_core.grpc_server import make_channel
+from calispec_core.request_context import MAX_REQUEST_ID_CHARS, REQUEST_ID_METADATA, current_request_id
 from target_service.pair_table import PairTable
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ MEMORY_HEALTH_SERVICE = "calispec.v1.TargetService/memory"
 MAX_BACKOFF_S = 5.0
 # Refusals that retrying will not cure: a wrong token, or a namespace of another vocabulary.
 _CONFIG_ERRORS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
+MAX_NOTED_REQUESTS = 8  # request ids named by one RecordEvents (the most recent ones)
 
 Key = tuple[int, int]
 
@@ -93,6 +95,8 @@ class MemoryLink:
         self._reconnects = 0
         self._flush_failures = 0
         self._on_status: Callable[[bool], None] | None = None
+        self._noted: dict[str, None] = {}  # request ids verified since the last flush (an ordered set)
+        self._noted_lock = threading.Lock()
         self.connected = False
 
     @classmethod
@@ -141,6 +145,31 @@ class MemoryLink:
             flush_failures=self._flush_failures,
         )
 
+    def note_request(self) -> None:
+        """Name the current request in the next RecordEvents (call before its round records events).
+
+        Events are aggregated across requests, so a flush names the requests verified since the
+        previous one: the write that carries a request's events names it, or an earlier one does.
+        """
+        request_id = current_request_id()
+        if request_id is None:
+            return
+        with self._noted_lock:
+            self._noted[request_id] = None
+            while len(self._noted) > MAX_NOTED_REQUESTS:
+                del self._noted[next(iter(self._noted))]
+
+    def _take_noted(self) -> list[tuple[str, str]]:
+        with self._noted_lock:
+            ids, self._noted = list(self._noted), {}
+        joined = ""
+        for request_id in reversed(ids):  # the newest first, as many as the metadata bound allows
+            candidate = f"{request_id},{joined}" if joined else request_id
+            if len(candidate) > MAX_REQUEST_ID_CHARS:
+                break
+            joined = candidate
+        return [(REQUEST_ID_METADATA, joined)] if joined else []
+
     # -- flusher --------------------------------------------------------------------------------
 
     def _flush_loop(self) -> None:
@@ -165,7 +194,8 @@ class MemoryLink:
             namespace=self.namespace, events=events, vocab_size=self.table.vocab_size
         )
         try:
-            response = self._stub.RecordEvents(request, timeout=self.rpc_timeout_s, metadata=self._metadata)
+            metadata = [*self._metadata, *self._take_noted()]
+            response = self._stub.RecordEvents(request, timeout=self.rpc_timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
             self.table.mark_failed(batch.batch_id)
             log.log(

@@ -46,6 +46,10 @@ class BatchScheduler(Generic[Row, Result]):
         self._queue.put((row, future))
         return future.result()
 
+    def queue_depth(self) -> int:
+        """Rows waiting for the next batch (approximate while threads submit)."""
+        return self._queue.qsize()
+
     def stop(self) -> None:
         self._stopped = True
         self._queue.put(_STOP)

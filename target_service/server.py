@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import grpc
 import numpy as np
 import torch
 
@@ -15,11 +14,13 @@ from calispec_core.forward_costs import TARGET_TOKEN_COUNTS, measure_forward_cos
 from calispec_core.generation import Mode, mode_from_wire
 from calispec_core.grpc_server import create_grpc_server
 from calispec_core.modeling import ModelRunner
+from calispec_core.observability import ManagedServer, Observe
 from calispec_core.protocol import model_info_to_pb, sampling_from_pb, session_stats_to_pb, timing_to_pb
 from calispec_core.timing import Stopwatch
 from target_service.config import TargetConfig
 from target_service.engine import RescueConfig, TargetEngine
 from target_service.memory_link import MemoryLink
+from target_service.metrics import TargetMetrics
 from target_service.pair_table import PairTable
 
 SERVICE_NAME = target_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name
@@ -44,8 +45,10 @@ def probs_from_pb(data: bytes, rows: int, vocab_size: int) -> torch.Tensor | Non
 
 
 class TargetServicer(target_pb2_grpc.TargetServiceServicer):
-    def __init__(self, engine: TargetEngine) -> None:
+    def __init__(self, engine: TargetEngine, metrics: TargetMetrics, link: MemoryLink | None = None) -> None:
         self.engine = engine
+        self.metrics = metrics
+        self.link = link
 
     def Prefill(self, request, context):
         watch = Stopwatch()
@@ -58,7 +61,10 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         watch = Stopwatch()
         draft = list(request.draft_token_ids)
         probs = probs_from_pb(request.draft_probs, len(draft), request.draft_vocab_size)
+        if self.link is not None and draft:
+            self.link.note_request()  # the memory write carrying this round's events names the request
         result = self.engine.verify(request.session_id, draft, probs, watch)
+        self.metrics.verified(len(draft), result)
         return target_pb2.VerifyResponse(
             accepted_count=result.accepted_count,
             rescued_positions=result.rescued_positions,
@@ -101,7 +107,7 @@ class TargetRuntime:
             self.link.stop()
 
 
-def create_server(config: TargetConfig, runner: ModelRunner | None = None) -> tuple[grpc.Server, int, TargetRuntime]:
+def create_server(config: TargetConfig, runner: ModelRunner | None = None) -> tuple[ManagedServer, int, TargetRuntime]:
     """Build the target server (port 0 allowed); its background parts are started and returned."""
     runner = runner or ModelRunner(config.model)
     if config.measure_forward_costs:
@@ -110,7 +116,8 @@ def create_server(config: TargetConfig, runner: ModelRunner | None = None) -> tu
     link = MemoryLink.from_config(config, table) if config.memory_address else None
     engine = TargetEngine(runner, config.max_sessions, table, config.max_batch_size, config.session_idle_ttl_s)
     engine.sessions.start_reaper()
-    servicer = TargetServicer(engine)
+    observe = Observe(metrics_port=config.metrics_port, admission=[f"/{SERVICE_NAME}/Prefill"])
+    servicer = TargetServicer(engine, TargetMetrics(observe.registry, engine, link), link)
     server, port, health = create_grpc_server(
         config.address,
         [lambda s: target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, s)],
@@ -119,7 +126,9 @@ def create_server(config: TargetConfig, runner: ModelRunner | None = None) -> tu
         tls=config.tls,
         interceptors=[PeerAllowlistInterceptor(set(config.allowed_clients))] if config.tls.enabled else [],
         health_port=config.health_port,
+        observe=observe,
     )
+    server.idle = lambda: len(engine.sessions) == 0  # a drain waits for the coordinator to close them
     if link is not None:
         link.report_health(health)
         link.start()
