@@ -15,7 +15,9 @@ CALISPEC_TOKEN and CALISPEC_TLS_CA (see docs/security.md).
 
 Errors arrive as `CalispecRpcError` with the gRPC status code name (`INVALID_ARGUMENT`,
 `DEADLINE_EXCEEDED`, ...). `timeout` is the request's deadline in seconds; without one the
-server applies its own (the coordinator's `--rpc-timeout`, 60 s by default).
+server applies its own (the coordinator's `--rpc-timeout`, 60 s by default). `request_id`
+(optional) is the id every service logs the request under (`x-request-id`; the coordinator
+makes one if absent).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import grpc
 from calispec._channel import ClientAuth
 from calispec.types import FinishReason, GenerationStats, Mode
 from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc
+
+REQUEST_ID_METADATA = "x-request-id"  # the services log a request under this id (calispec_core.request_context)
 
 
 class CalispecRpcError(Exception):
@@ -150,6 +154,11 @@ def _chunk(msg: coordinator_pb2.GenerateStreamResponse) -> StreamChunk:
     )
 
 
+def _with_request_id(metadata: tuple[tuple[str, str], ...], request_id: str | None) -> tuple[tuple[str, str], ...]:
+    """`x-request-id`: the id every service logs this request under (the coordinator makes one if absent)."""
+    return (*metadata, (REQUEST_ID_METADATA, request_id)) if request_id else metadata
+
+
 class CalispecClient:
     """Blocking client; one channel, safe to share between threads."""
 
@@ -169,28 +178,40 @@ class CalispecClient:
         self._channel = auth.channel(address)
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
 
-    def generate(self, prompt: str, *, timeout: float | None = None, **params: Any) -> GenerationResult:
-        return self._unary(_requests(prompt, None, params)[0], timeout)
+    def generate(
+        self, prompt: str, *, timeout: float | None = None, request_id: str | None = None, **params: Any
+    ) -> GenerationResult:
+        return self._unary(_requests(prompt, None, params)[0], timeout, request_id)
 
-    def chat(self, messages: Messages, *, timeout: float | None = None, **params: Any) -> GenerationResult:
-        return self._unary(_requests(None, messages, params)[0], timeout)
+    def chat(
+        self, messages: Messages, *, timeout: float | None = None, request_id: str | None = None, **params: Any
+    ) -> GenerationResult:
+        return self._unary(_requests(None, messages, params)[0], timeout, request_id)
 
-    def generate_stream(self, prompt: str, *, timeout: float | None = None, **params: Any) -> Iterator[StreamChunk]:
-        return self._stream(_requests(prompt, None, params)[1], timeout)
+    def generate_stream(
+        self, prompt: str, *, timeout: float | None = None, request_id: str | None = None, **params: Any
+    ) -> Iterator[StreamChunk]:
+        return self._stream(_requests(prompt, None, params)[1], timeout, request_id)
 
-    def chat_stream(self, messages: Messages, *, timeout: float | None = None, **params: Any) -> Iterator[StreamChunk]:
-        return self._stream(_requests(None, messages, params)[1], timeout)
+    def chat_stream(
+        self, messages: Messages, *, timeout: float | None = None, request_id: str | None = None, **params: Any
+    ) -> Iterator[StreamChunk]:
+        return self._stream(_requests(None, messages, params)[1], timeout, request_id)
 
-    def _unary(self, request: coordinator_pb2.GenerateRequest, timeout: float | None) -> GenerationResult:
+    def _unary(
+        self, request: coordinator_pb2.GenerateRequest, timeout: float | None, request_id: str | None
+    ) -> GenerationResult:
+        metadata = _with_request_id(self._metadata, request_id)
         try:
-            return _result(
-                self._stub.Generate(request, timeout=timeout or self.default_timeout, metadata=self._metadata)
-            )
+            return _result(self._stub.Generate(request, timeout=timeout or self.default_timeout, metadata=metadata))
         except grpc.RpcError as exc:
             raise CalispecRpcError.from_rpc(exc) from None
 
-    def _stream(self, request: coordinator_pb2.GenerateStreamRequest, timeout: float | None) -> Iterator[StreamChunk]:
-        call = self._stub.GenerateStream(request, timeout=timeout or self.default_timeout, metadata=self._metadata)
+    def _stream(
+        self, request: coordinator_pb2.GenerateStreamRequest, timeout: float | None, request_id: str | None
+    ) -> Iterator[StreamChunk]:
+        metadata = _with_request_id(self._metadata, request_id)
+        call = self._stub.GenerateStream(request, timeout=timeout or self.default_timeout, metadata=metadata)
         try:
             for msg in call:
                 yield _chunk(msg)
@@ -228,34 +249,41 @@ class AsyncCalispecClient:
         self._channel = auth.aio_channel(address)
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
 
-    async def generate(self, prompt: str, *, timeout: float | None = None, **params: Any) -> GenerationResult:
-        return await self._unary(_requests(prompt, None, params)[0], timeout)
+    async def generate(
+        self, prompt: str, *, timeout: float | None = None, request_id: str | None = None, **params: Any
+    ) -> GenerationResult:
+        return await self._unary(_requests(prompt, None, params)[0], timeout, request_id)
 
-    async def chat(self, messages: Messages, *, timeout: float | None = None, **params: Any) -> GenerationResult:
-        return await self._unary(_requests(None, messages, params)[0], timeout)
+    async def chat(
+        self, messages: Messages, *, timeout: float | None = None, request_id: str | None = None, **params: Any
+    ) -> GenerationResult:
+        return await self._unary(_requests(None, messages, params)[0], timeout, request_id)
 
     def generate_stream(
-        self, prompt: str, *, timeout: float | None = None, **params: Any
+        self, prompt: str, *, timeout: float | None = None, request_id: str | None = None, **params: Any
     ) -> AsyncIterator[StreamChunk]:
-        return self._stream(_requests(prompt, None, params)[1], timeout)
+        return self._stream(_requests(prompt, None, params)[1], timeout, request_id)
 
     def chat_stream(
-        self, messages: Messages, *, timeout: float | None = None, **params: Any
+        self, messages: Messages, *, timeout: float | None = None, request_id: str | None = None, **params: Any
     ) -> AsyncIterator[StreamChunk]:
-        return self._stream(_requests(None, messages, params)[1], timeout)
+        return self._stream(_requests(None, messages, params)[1], timeout, request_id)
 
-    async def _unary(self, request: coordinator_pb2.GenerateRequest, timeout: float | None) -> GenerationResult:
+    async def _unary(
+        self, request: coordinator_pb2.GenerateRequest, timeout: float | None, request_id: str | None
+    ) -> GenerationResult:
+        metadata = _with_request_id(self._metadata, request_id)
         try:
-            return _result(
-                await self._stub.Generate(request, timeout=timeout or self.default_timeout, metadata=self._metadata)
-            )
+            call = self._stub.Generate(request, timeout=timeout or self.default_timeout, metadata=metadata)
+            return _result(await call)
         except grpc.RpcError as exc:
             raise CalispecRpcError.from_rpc(exc) from None
 
     async def _stream(
-        self, request: coordinator_pb2.GenerateStreamRequest, timeout: float | None
+        self, request: coordinator_pb2.GenerateStreamRequest, timeout: float | None, request_id: str | None
     ) -> AsyncIterator[StreamChunk]:
-        call = self._stub.GenerateStream(request, timeout=timeout or self.default_timeout, metadata=self._metadata)
+        metadata = _with_request_id(self._metadata, request_id)
+        call = self._stub.GenerateStream(request, timeout=timeout or self.default_timeout, metadata=metadata)
         try:
             async for msg in call:
                 yield _chunk(msg)

@@ -242,12 +242,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         tls_dir, keys_file, key = up_security(args, Path(secrets_dir))
         config = stack_config(args, (args.port, args.target_port, args.draft_port, args.memory_port))
         http_port = None if args.no_http else args.http_port
-        config = dataclasses.replace(config, tls_dir=tls_dir, api_keys_file=keys_file, http_port=http_port)
+        config = dataclasses.replace(
+            config, tls_dir=tls_dir, api_keys_file=keys_file, http_port=http_port, metrics=True
+        )
         from calispec_tools.stack import LocalStack
 
         with LocalStack(config) as stack:
             for name, service in stack.services.items():
-                print(f"{name:15s} {service.address}  log: {service.log_path}")
+                print(f"{name:15s} {service.address}  metrics: {service.metrics_url}  log: {service.log_path}")
             if stack.http_url:
                 print(f"OpenAI-compatible API: {stack.http_url}  (model {config.target_model.name!r})")
             client_env = "".join(

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 BANNER = re.compile(r"^(\w+) listening on (\S+):(\d+)")
 HTTP_URL = re.compile(r"(https?://\S+/v1)")  # the coordinator's banner names its OpenAI-compatible API
+METRICS_BANNER = re.compile(r"^(\w+) metrics on (\S+)")
 
 
 def split_cores(cores: int) -> tuple[int, int]:
@@ -89,6 +90,8 @@ class StackConfig:
     api_keys_file: Path | None = None  # the coordinator's API keys; None: open (loopback only)
     target_replicas: int = 1  # replica i > 0 is named `target_service:i` and listens on target_port + i (or 0)
     session_idle_ttl_s: float | None = None  # draft and target sessions; None: the services' default
+    metrics: bool = False  # serve /metrics on a free port per service (`calispec up` prints the URLs)
+    log_level: str = "INFO"
 
 
 @dataclass
@@ -99,6 +102,7 @@ class ServiceProcess:
     args: list[str]  # as started (after `--host`)
     port: int = 0
     banner: str = ""  # the readiness line
+    metrics_url: str | None = None
     _lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
 
     @property
@@ -119,6 +123,8 @@ class ServiceProcess:
                 raise TimeoutError(f"{self.name} not ready after {timeout_s}s; see {self.log_path}") from None
             if line is None:
                 raise RuntimeError(f"{self.name} exited with {self.process.wait()}; log:\n{self.log_tail()}")
+            if metrics := METRICS_BANNER.match(line):
+                self.metrics_url = metrics.group(2)
             match = BANNER.match(line)
             if match:
                 self.port = int(match.group(3))
@@ -213,7 +219,9 @@ class LocalStack:
         c = self.config
         log_path = c.log_dir / f"{name.replace(':', '-')}.log"
         module = name.partition(":")[0]  # replicas share the module
-        cmd = [sys.executable, "-m", module, "--host", c.host, *args]
+        cmd = [sys.executable, "-m", module, "--host", c.host, "--log-level", c.log_level, *args]
+        if c.metrics:
+            cmd += ["--metrics-port", "0"]
         with open(log_path, "w") as log_file:
             process = subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=log_file, text=True, env=os.environ.copy(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +19,7 @@ from calispec_tools.memory_reads import memory_events
 from calispec_tools.stack import LocalStack, StackConfig
 from tests.conftest import TinyPair
 from tests.helpers import wait_until
+from tests.metrics_scrape import scrape, value
 
 PROMPTS = [
     "def fibonacci(n):",
@@ -43,6 +45,8 @@ def stack_config(tmp: Path, draft: Path, target: Path) -> StackConfig:
         memory_sync_interval_s=0.1,
         start_timeout_s=120,
         http_port=0,  # the coordinator's OpenAI-compatible API too
+        metrics=True,  # every service serves /metrics on a free port, as `calispec up` runs them
+        log_level="DEBUG",  # per-RPC access lines, to follow a request id through every service
     )
 
 
@@ -103,6 +107,32 @@ def test_csd_rescues_with_permissive_thresholds_and_reports_it(client: CalispecC
     for r in again:
         assert r.stats.accepted >= r.stats.rescued
         assert r.stats.acceptance_rate == pytest.approx(r.stats.accepted / r.stats.drafted)
+
+
+def test_a_request_id_reaches_every_service_log_and_the_metrics_count_the_request(
+    stack: LocalStack, client: CountingClient
+) -> None:
+    request_id = f"e2e-{uuid.uuid4().hex}"
+    before = scrape(stack.services["coordinator"].metrics_url)
+    r = client.generate(PROMPTS[-1], max_new_tokens=24, mode="sd", num_speculative_tokens=4, request_id=request_id)
+    assert r.stats.rejections > 0  # so the verifier ships events, and the memory write names the request
+    summary = rf"request id={request_id} mode=sd status=OK .* drafted=(\d+) accepted=(\d+) "
+    line = re.search(summary, log_text(stack, "coordinator"))
+    assert line is not None and tuple(map(int, line.groups())) == (r.stats.drafted, r.stats.accepted)
+    for service, rpc in [("draft_service", "DraftService/Propose"), ("target_service", "TargetService/Verify")]:
+        assert re.search(rf"\[{request_id}\]: rpc {rpc} OK", log_text(stack, service)), service
+    # the memory write that carries the request's events (or one just before it) names the request
+    memory_line = rf"\[[^]]*{request_id}[^]]*\]: rpc MemoryService/RecordEvents OK"
+    wait_until(lambda: re.search(memory_line, log_text(stack, "memory_service")))
+    after = scrape(stack.services["coordinator"].metrics_url)
+    drafted = "calispec_spec_decode_num_draft_tokens_total"
+    assert value(after, drafted) - value(before, drafted) == r.stats.drafted
+    for name in ["draft_service", "target_service", "memory_service"]:
+        assert "calispec_rpc_requests_total" in {n for n, _ in scrape(stack.services[name].metrics_url)}
+
+
+def log_text(stack: LocalStack, service: str) -> str:
+    return stack.services[service].log_path.read_text(errors="replace")
 
 
 def test_calibrate_seeds_the_memory_with_every_rejection(
