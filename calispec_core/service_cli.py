@@ -22,6 +22,7 @@ DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16", "int8"]
 
 log = logging.getLogger(__name__)
 
+STOP_GRACE_S = 5.0  # after the drain: what is still running gets this long before it is cancelled
 DEFAULT_DRAIN_TIMEOUT_S = 20.0  # + the stop grace stays under Kubernetes' default 30 s terminationGracePeriodSeconds
 
 
@@ -127,7 +128,7 @@ def serve_until_signalled(
     server: ManagedServer,
     banner: str,
     on_stop: Callable[[], None] | None = None,
-    grace_s: float = 5.0,
+    grace_s: float = STOP_GRACE_S,
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
 ) -> None:
     """Start, print the banner (the readiness line scripts wait for); on SIGTERM/SIGINT drain, then stop."""

@@ -17,6 +17,8 @@ from target_service.engine import TargetEngine, VerifyResult
 from target_service.memory_link import MemoryLink
 from target_service.pair_table import PairTable
 
+QUEUE_DEPTH = f"{PREFIX}verify_queue_depth"  # the GPU overlay's HPA scales on it (deploy/k8s)
+
 
 class TargetMetrics:
     def __init__(self, registry: CollectorRegistry, engine: TargetEngine, link: MemoryLink | None) -> None:
@@ -37,9 +39,7 @@ class TargetMetrics:
             buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64),
             registry=registry,
         )
-        queue_depth = Gauge(
-            f"{PREFIX}verify_queue_depth", "Verify rows waiting for the next batched forward", registry=registry
-        )
+        queue_depth = Gauge(QUEUE_DEPTH, "Verify rows waiting for the next batched forward", registry=registry)
         queue_depth.set_function(engine.scheduler.queue_depth)
         self.sessions = sessions_gauge(registry, lambda: len(engine.sessions))
         registry.register(MemoryTableCollector(engine.table, link))

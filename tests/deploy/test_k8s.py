@@ -15,10 +15,12 @@ import coordinator.__main__ as coordinator_cli
 import draft_service.__main__ as draft_cli
 import memory_service.__main__ as memory_cli
 import target_service.__main__ as target_cli
-from calispec_tools.deploy.k8s import Doc, containers, pod_spec, render
+from calispec_core.service_cli import STOP_GRACE_S
+from calispec_tools.deploy.k8s import Doc, containers, load_all, pod_spec, render
 from coordinator.server import SERVICE_NAME as COORDINATOR
 from draft_service.server import SERVICE_NAME as DRAFT
 from memory_service.server import SERVICE_NAME as MEMORY
+from target_service.metrics import QUEUE_DEPTH
 from target_service.server import SERVICE_NAME as TARGET
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,6 +115,43 @@ def test_args_ports_and_probes_match_the_services_flags(docs: list[Doc], tmp_pat
         for address in _addresses(config):
             host, _, peer_port = address.partition(":")
             assert services[host]["spec"]["ports"][0]["port"] == int(peer_port), address
+
+
+def test_every_pod_serves_metrics_where_prometheus_looks_and_drains_within_its_grace(
+    docs: list[Doc], tmp_path: Path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("x" * 32)
+    policies = [d["spec"] for d in docs if d["kind"] == "NetworkPolicy"]
+    monitor = load_all(REPO / "deploy" / "k8s" / "monitoring" / "podmonitor.yaml")[0]
+    monitored = {v for e in monitor["spec"]["selector"]["matchExpressions"] for v in e["values"]}
+    assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} == {"metrics"}
+    for doc in docs:
+        spec = pod_spec(doc)
+        if spec is None:
+            continue
+        container = spec["containers"][0]
+        config, _ = SERVICES[container["name"]][0](_resolved_args(docs, container, token_file))
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert config.metrics_port == ports["metrics"], container["name"]
+        annotations = doc["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert int(annotations["prometheus.io/port"]) == config.metrics_port
+        assert doc["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] in monitored
+        assert any(
+            {"port": config.metrics_port, "protocol": "TCP"} in rule["ports"]
+            for policy in policies
+            if policy["podSelector"] == {}
+            for rule in policy.get("ingress", [])
+        ), "no policy lets Prometheus reach the metrics port"
+        # SIGTERM -> drain (bounded) -> stop with its grace: all before the kubelet's SIGKILL
+        assert config.drain_timeout_s + STOP_GRACE_S < spec.get("terminationGracePeriodSeconds", 30)
+
+
+def test_the_gpu_hpa_scales_on_the_verify_queue_the_target_exports() -> None:
+    hpa = find(render(REPO / "deploy" / "k8s" / "overlays" / "gpu"), "HorizontalPodAutoscaler", "target")
+    names = [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
+    assert names == [QUEUE_DEPTH]
 
 
 def _addresses(config: Any) -> list[str]:
