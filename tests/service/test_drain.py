@@ -104,7 +104,7 @@ def test_sigterm_drains_a_model_service_until_its_open_sessions_close(tiny_pair:
             stub = draft_pb2_grpc.DraftServiceStub(channel)
             stub.Prefill(draft_pb2.DraftPrefillRequest(session_id="open", token_ids=[5, 6, 7]), timeout=30)
             proc.send_signal(signal.SIGTERM)
-            wait_until(lambda: health_status(address, DRAFT) == health_pb2.HealthCheckResponse.NOT_SERVING)
+            wait_until(lambda: health_status(address, DRAFT) == health_pb2.HealthCheckResponse.NOT_SERVING, 120)
             with pytest.raises(grpc.RpcError) as info:
                 stub.Prefill(draft_pb2.DraftPrefillRequest(session_id="new", token_ids=[5]), timeout=30)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
