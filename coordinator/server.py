@@ -14,6 +14,7 @@ from calispec_core.credentials import is_loopback
 from calispec_core.errors import CalispecError, DeadlineExceeded, FailedPrecondition
 from calispec_core.generation import Defaults, GenerationParams, GenerationStats, mode_from_wire
 from calispec_core.grpc_server import create_grpc_server, wait_for_ready
+from calispec_core.metrics import new_registry
 from calispec_core.modeling import load_tokenizer, tokenizer_fingerprint
 from calispec_core.observability import ManagedServer, Observe
 from calispec_core.request_context import current_request_id
@@ -81,10 +82,12 @@ def _status(exc: BaseException) -> str:
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
-    def __init__(self, orchestrator: Orchestrator, config: CoordinatorConfig, metrics: CoordinatorMetrics) -> None:
+    def __init__(
+        self, orchestrator: Orchestrator, config: CoordinatorConfig, metrics: CoordinatorMetrics | None = None
+    ) -> None:
         self.orchestrator = orchestrator
         self.config = config
-        self.metrics = metrics
+        self.metrics = metrics or CoordinatorMetrics(new_registry())  # a registry of its own
 
     def _chunks(self, request, context) -> Iterator[Chunk]:
         """The orchestrator's chunks, timed and counted; one structured log line per request."""

@@ -6,6 +6,7 @@ from calispec.v1 import draft_pb2, draft_pb2_grpc
 from calispec_core.access import PeerAllowlistInterceptor
 from calispec_core.forward_costs import DRAFT_TOKEN_COUNTS, measure_forward_costs
 from calispec_core.grpc_server import create_grpc_server
+from calispec_core.metrics import new_registry
 from calispec_core.modeling import ModelRunner
 from calispec_core.observability import ManagedServer, Observe
 from calispec_core.protocol import model_info_to_pb, sampling_from_pb, session_stats_to_pb, timing_to_pb
@@ -18,9 +19,9 @@ SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 
 
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
-    def __init__(self, proposer: Proposer, metrics: DraftMetrics) -> None:
+    def __init__(self, proposer: Proposer, metrics: DraftMetrics | None = None) -> None:
         self.proposer = proposer
-        self.metrics = metrics
+        self.metrics = metrics or DraftMetrics(new_registry(), proposer)  # a registry of its own
 
     def Prefill(self, request, context):
         watch = Stopwatch()

@@ -16,6 +16,7 @@ from calispec_core.access import PeerAllowlistInterceptor, caller_identity
 from calispec_core.credentials import WRITER_TOKEN_METADATA
 from calispec_core.errors import CalispecError
 from calispec_core.grpc_server import create_grpc_server
+from calispec_core.metrics import new_registry
 from calispec_core.observability import ManagedServer, Observe
 from memory_service.auth import WriterGate
 from memory_service.config import MemoryConfig
@@ -52,11 +53,13 @@ def _writer_identity(gate: WriterGate, context: grpc.ServicerContext) -> str:
 
 
 class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
-    def __init__(self, store: CorrectionStore, gate: WriterGate, config: MemoryConfig, metrics: MemoryMetrics) -> None:
+    def __init__(
+        self, store: CorrectionStore, gate: WriterGate, config: MemoryConfig, metrics: MemoryMetrics | None = None
+    ) -> None:
         self._store = store
         self._gate = gate
         self._config = config
-        self._metrics = metrics
+        self._metrics = metrics or MemoryMetrics(new_registry(), store)  # a registry of its own
 
     def RecordEvents(
         self, request: memory_pb2.RecordEventsRequest, context: grpc.ServicerContext

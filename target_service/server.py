@@ -13,6 +13,7 @@ from calispec_core.errors import InvalidArgument
 from calispec_core.forward_costs import TARGET_TOKEN_COUNTS, measure_forward_costs
 from calispec_core.generation import Mode, mode_from_wire
 from calispec_core.grpc_server import create_grpc_server
+from calispec_core.metrics import new_registry
 from calispec_core.modeling import ModelRunner
 from calispec_core.observability import ManagedServer, Observe
 from calispec_core.protocol import model_info_to_pb, sampling_from_pb, session_stats_to_pb, timing_to_pb
@@ -45,9 +46,11 @@ def probs_from_pb(data: bytes, rows: int, vocab_size: int) -> torch.Tensor | Non
 
 
 class TargetServicer(target_pb2_grpc.TargetServiceServicer):
-    def __init__(self, engine: TargetEngine, metrics: TargetMetrics, link: MemoryLink | None = None) -> None:
+    def __init__(
+        self, engine: TargetEngine, metrics: TargetMetrics | None = None, link: MemoryLink | None = None
+    ) -> None:
         self.engine = engine
-        self.metrics = metrics
+        self.metrics = metrics or TargetMetrics(new_registry(), engine, link)  # a registry of its own
         self.link = link
 
     def Prefill(self, request, context):
