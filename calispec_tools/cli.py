@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -33,6 +34,7 @@ from calispec.types import Mode
 from calispec_core.service_cli import DTYPE_CHOICES
 from calispec_tools import cli_auth, cli_bench, cli_chat, cli_memory, cli_ray
 from calispec_tools.models.registry import PAIRS, ModelPullError, describe_pairs, pull_pair, pulled
+from calispec_tools.stack_state import StackState, clear_state
 
 if TYPE_CHECKING:
     from calispec_tools.stack import StackConfig
@@ -107,7 +109,14 @@ def stack_config(args: argparse.Namespace, ports: tuple[int, int, int, int]) -> 
         draft_dtype=args.draft_dtype or default_draft_dtype(args.device),
         draft_threads=args.draft_threads,
         target_threads=args.target_threads,
+        calibration_file=None if args.no_calibration or args.draft else _shipped_file(args.pair),
     )
+
+
+def _shipped_file(pair: str) -> Path | None:
+    from calispec_tools.shipped_calibration import shipped_file  # grpc: not on the light CLI's import path
+
+    return shipped_file(pair)
 
 
 def add_stack_args(parser: argparse.ArgumentParser) -> None:
@@ -140,6 +149,9 @@ def add_model_flavour_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="target torch threads (with neither given, the cores are split: a third to the draft)",
+    )
+    parser.add_argument(
+        "--no-calibration", action="store_true", help="do not seed a fresh memory with the pair's shipped calibration"
     )
 
 
@@ -252,17 +264,26 @@ def cmd_up(args: argparse.Namespace) -> int:
                 print(f"{name:15s} {service.address}  metrics: {service.metrics_url}  log: {service.log_path}")
             if stack.http_url:
                 print(f"OpenAI-compatible API: {stack.http_url}  (model {config.target_model.name!r})")
+            StackState(
+                os.getpid(), stack.coordinator_address, stack.services["memory_service"].address,
+                stack.memory_namespace, str(config.draft_model), str(config.target_model), str(stack.writer_token_file),
+            ).write()  # fmt: skip
             client_env = "".join(
                 f"export {var}={value}\n"
                 for var, value in (("CALISPEC_TOKEN", key), ("CALISPEC_TLS_CA", tls_dir and tls_dir / "ca.pem"))
                 if value
             )
+            print(f"memory namespace: {stack.memory_namespace}")
+            print(stack.calibration.message if stack.calibration else "calibration: none for this pair or disabled")
             print(
                 f"memory db: {config.memory_db}\n{client_env}ready: calispec generate --prompt '...' "
                 f"--address {stack.coordinator_address}   (Ctrl-C stops the stack)",
                 flush=True,
             )
-            stop.wait()
+            try:
+                stop.wait()
+            finally:
+                clear_state(os.getpid())
         print("stopping...", file=sys.stderr)
     return 0
 
@@ -284,6 +305,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from calispec_tools.stack import LocalStack  # the serving stack: not on the light CLI's import path
 
     with LocalStack(config) as stack:
+        if stack.calibration is not None:
+            print(stack.calibration.message, file=sys.stderr)
         shown = f"chat {messages!r}" if messages else f"prompt: {args.prompt!r}"
         print(f"{shown}  mode: {args.mode or 'csd'}\n", file=sys.stderr)
         return run_request(stack.coordinator_address, args, messages)

@@ -1,10 +1,14 @@
-"""`calispec calibrate` and `calispec memory export|import|stats`: operate the correction memory.
+"""`calispec memory namespaces|stats|export|import`: operate the correction memory (`calibrate`: cli_calibrate.py).
 
-calispec calibrate --prompts FILE --namespace NS       # standard SD over a calibration set seeds the memory
-calispec memory stats --namespace NS [--tokenizer DIR]  # top pairs as text, top-20% share, distribution
-calispec memory export --namespace NS --out FILE
-calispec memory import --namespace NS --file FILE --writer-token-file PATH   # adds the file's counts
+calispec memory namespaces                   # every namespace with its size; * marks the running stack's
+calispec memory stats [--tokenizer DIR]       # top pairs as text, top-20% share, distribution
+calispec memory export --out FILE
+calispec memory import --file FILE [--writer-token-file PATH]   # adds the file's counts
 (a memory service under mutual TLS: --memory-tls-cert/-key/-ca; imports need a verifier's, i.e. target, certificate)
+
+Without --memory-addr / --namespace / --writer-token-file they default to the running stack's
+(`calispec up` records them, calispec_tools/stack_state.py), else the namespace is the memory
+service's only one; with several and no stack, the error lists them.
 """
 
 from __future__ import annotations
@@ -16,38 +20,27 @@ from pathlib import Path
 
 import grpc
 
-from calispec.client import CalispecClient, CalispecRpcError
 from calispec.v1 import memory_pb2, memory_pb2_grpc
 from calispec_core.credentials import MEMORY, TlsConfig, read_writer_token, writer_metadata
 from calispec_core.errors import CalispecError
 from calispec_core.grpc_server import make_channel
-from calispec_tools.cli_auth import add_client_auth_args, client_auth
+from calispec_tools import cli_calibrate
 from calispec_tools.memory_file import MemoryFileError, dump_export, load_export
-from calispec_tools.memory_reads import memory_events, wait_for_events
+from calispec_tools.stack_state import running_stack
 
-DEFAULT_COORDINATOR = "127.0.0.1:50050"
 DEFAULT_MEMORY = "127.0.0.1:50053"
 MAX_IMPORT_PAIRS = 100_000  # one RecordEvents, hence one transaction: an import is all-or-nothing
 EXPORT_MAX_PAIRS = 1_000_000
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    calibrate = subparsers.add_parser("calibrate", help="seed the correction memory by running SD over prompts")
-    calibrate.add_argument("--prompts", required=True, type=Path, help="one prompt per line, or JSONL with 'prompt'")
-    calibrate.add_argument("--namespace", required=True, help="namespace the stack's target writes to")
-    calibrate.add_argument("--address", default=DEFAULT_COORDINATOR, help="coordinator HOST:PORT")
-    calibrate.add_argument("--memory-addr", default=DEFAULT_MEMORY, help="memory service HOST:PORT")
-    calibrate.add_argument("--max-new-tokens", type=int, default=128)
-    calibrate.add_argument(
-        "--gamma", type=int, default=6, help="speculative tokens per round (fixed: adaptive γ may not draft at all)"
-    )
-    calibrate.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
-    add_client_auth_args(calibrate)
-    _add_memory_tls_args(calibrate)
-    calibrate.set_defaults(func=cmd_calibrate)
-
+    cli_calibrate.register(subparsers)
     memory = subparsers.add_parser("memory", help="inspect and move correction-memory tables")
     sub = memory.add_subparsers(dest="memory_command", required=True)
+    names = sub.add_parser("namespaces", help="every namespace with its size (* = the running stack's)")
+    names.add_argument("--memory-addr", default=None, help="memory service HOST:PORT (default: the running stack's)")
+    add_memory_tls_args(names)
+    names.set_defaults(func=cmd_namespaces)
     stats = sub.add_parser("stats", help="top pairs, top-20%% share, count distribution, size")
     _common(stats)
     stats.add_argument("--tokenizer", type=Path, help="model dir whose tokenizer decodes the pairs")
@@ -61,24 +54,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     imp = sub.add_parser("import", help="add a file's counts to a namespace (validated first; all or nothing)")
     _common(imp)
     imp.add_argument("--file", required=True, type=Path)
-    imp.add_argument("--writer-token-file", required=True, type=Path, help="the verifiers' writer token")
+    imp.add_argument("--writer-token-file", type=Path, help="the verifiers' writer token (default: the stack's)")
     imp.set_defaults(func=cmd_import)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--namespace", required=True)
-    parser.add_argument("--memory-addr", default=DEFAULT_MEMORY, help="memory service HOST:PORT")
-    _add_memory_tls_args(parser)
+    parser.add_argument("--namespace", default=None, help="default: the running stack's, else the only one")
+    parser.add_argument("--memory-addr", default=None, help="memory service HOST:PORT (default: the running stack's)")
+    add_memory_tls_args(parser)
 
 
-def _add_memory_tls_args(parser: argparse.ArgumentParser) -> None:
+def add_memory_tls_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("memory service over mutual TLS (docs/security.md)")
     group.add_argument("--memory-tls-cert", type=Path, help="client certificate (e.g. certs dev's client.pem)")
     group.add_argument("--memory-tls-key", type=Path, help="its private key")
     group.add_argument("--memory-tls-ca", type=Path, help="CA bundle of the memory service's certificate")
 
 
-def _memory_tls(args: argparse.Namespace) -> TlsConfig | None:
+def memory_tls(args: argparse.Namespace) -> TlsConfig | None:
     files = (args.memory_tls_cert, args.memory_tls_key, args.memory_tls_ca)
     if not any(files):
         return None
@@ -87,60 +80,56 @@ def _memory_tls(args: argparse.Namespace) -> TlsConfig | None:
     return TlsConfig(*files)
 
 
-def _stub(args: argparse.Namespace) -> tuple[grpc.Channel, memory_pb2_grpc.MemoryServiceStub]:
-    channel = make_channel(args.memory_addr, _memory_tls(args), server_name=MEMORY)
+def _stub(address: str, tls: TlsConfig | None) -> tuple[grpc.Channel, memory_pb2_grpc.MemoryServiceStub]:
+    channel = make_channel(address, tls, server_name=MEMORY)
     return channel, memory_pb2_grpc.MemoryServiceStub(channel)
+
+
+def memory_address(given: str | None) -> str:
+    stack = running_stack()
+    return given or (stack.memory if stack else DEFAULT_MEMORY)
+
+
+def list_namespaces(address: str, tls: TlsConfig | None = None) -> list[memory_pb2.NamespaceInfo]:
+    channel, stub = _stub(address, tls)
+    with channel:
+        return list(stub.ListNamespaces(memory_pb2.ListNamespacesRequest(), timeout=30).namespaces)
+
+
+def resolve_namespace(address: str, given: str | None, tls: TlsConfig | None = None) -> str:
+    """--namespace, else the running stack's (if it is this memory service), else the service's only one."""
+    if given:
+        return given
+    stack = running_stack()
+    if stack is not None and stack.memory == address:
+        return stack.namespace
+    names = [n.namespace for n in list_namespaces(address, tls)]
+    if len(names) == 1:
+        return names[0]
+    listing = "".join(f"\n  {n}" for n in names) or " (none yet)"
+    raise SystemExit(f"error: give --namespace; the memory service at {address} holds{listing}")
+
+
+def resolved(args: argparse.Namespace) -> tuple[str, str]:
+    """(memory address, namespace) of a command, defaults applied."""
+    address = memory_address(args.memory_addr)
+    try:
+        return address, resolve_namespace(address, args.namespace, memory_tls(args))
+    except grpc.RpcError as exc:
+        raise SystemExit(f"error: memory service {address}: {exc.code().name}: {exc.details()}") from None
+
+
+def writer_token_file(given: Path | None) -> Path:
+    """--writer-token-file, else the running stack's (its verifiers' token)."""
+    stack = running_stack()
+    if given is None and stack is None:
+        raise SystemExit("error: give --writer-token-file (no running `calispec up` to take it from)")
+    return given or Path(stack.writer_token_file)  # type: ignore[union-attr]
 
 
 def _fail(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 1
-
-
-# -- calibrate ------------------------------------------------------------------------------------
-
-
-def read_prompts(path: Path) -> list[str]:
-    """Plain text: one prompt per non-empty line. `.jsonl`: objects with a "prompt" string."""
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if path.suffix != ".jsonl":
-        return lines
-    prompts = []
-    for i, line in enumerate(lines, 1):
-        item = json.loads(line)
-        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
-            raise ValueError(f"{path}:{i}: expected an object with a 'prompt' string")
-        prompts.append(item["prompt"])
-    return prompts
-
-
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    try:
-        prompts = read_prompts(args.prompts)
-    except (OSError, ValueError) as exc:
-        return _fail(f"cannot read prompts: {exc}")
-    if not prompts:
-        return _fail(f"{args.prompts} holds no prompts")
-    before = memory_events(args.memory_addr, args.namespace, tls=_memory_tls(args))
-    rejections = 0
-    with CalispecClient(args.address, **client_auth(args)) as client:
-        for i, prompt in enumerate(prompts, 1):
-            try:
-                result = client.generate(
-                    prompt, mode="sd", max_new_tokens=args.max_new_tokens,
-                    num_speculative_tokens=args.gamma, timeout=args.timeout,
-                )  # fmt: skip
-            except CalispecRpcError as exc:
-                return _fail(f"prompt {i}: {exc}")
-            rejections += result.stats.rejections
-            print(f"[{i}/{len(prompts)}] rejections {result.stats.rejections}", file=sys.stderr)
-    # The target ships its events in the background: wait until the memory holds them all.
-    tls = _memory_tls(args)
-    seeded = wait_for_events(args.memory_addr, args.namespace, before + rejections, timeout_s=30, tls=tls) - before
-    print(f"calibration: {len(prompts)} prompts, {rejections} rejection events, {seeded} recorded in {args.namespace}")
-    if seeded < rejections:
-        return _fail("not every event reached the memory: is --namespace the one the stack's target writes to?")
-    return 0
 
 
 # -- stats / export / import ----------------------------------------------------------------------
@@ -155,11 +144,30 @@ def _decoder(tokenizer_dir: Path | None):  # -> Callable[[int], str]
     return lambda token_id: repr(tokenizer.decode([token_id]))
 
 
+def cmd_namespaces(args: argparse.Namespace) -> int:
+    address = memory_address(args.memory_addr)
+    try:
+        names = list_namespaces(address, memory_tls(args))
+    except grpc.RpcError as exc:
+        return _fail(f"memory service {address}: {exc.code().name}: {exc.details()}")
+    stack = running_stack()
+    mine = stack.namespace if stack is not None and stack.memory == address else None
+    print(f"{'':2}{'namespace':<70} {'pairs':>8} {'events':>10} {'recorded':>10} {'version':>8}")
+    for n in names:
+        mark = "* " if n.namespace == mine else "  "
+        row = f"{n.namespace:<70} {n.distinct_pairs:>8} {n.table_events:>10} {n.total_events:>10} {n.version:>8}"
+        print(mark + row)
+    if not names:
+        print(f"  (no namespace yet at {address})")
+    return 0
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
-    channel, stub = _stub(args)
+    address, namespace = resolved(args)
+    channel, stub = _stub(address, memory_tls(args))
     with channel:
         try:
-            s = stub.GetStats(memory_pb2.GetStatsRequest(namespace=args.namespace, top_k=args.top), timeout=30)
+            s = stub.GetStats(memory_pb2.GetStatsRequest(namespace=namespace, top_k=args.top), timeout=30)
         except grpc.RpcError as exc:
             return _fail(f"{exc.code().name}: {exc.details()}")
     if args.json:
@@ -168,7 +176,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(json.dumps(MessageToDict(s, preserving_proto_field_name=True)))
         return 0
     decode = _decoder(args.tokenizer)
-    print(f"namespace {args.namespace}  version {s.version}")
+    print(f"namespace {namespace}  version {s.version}")
     print(f"table: {s.distinct_pairs} pairs, {s.table_events} events (recorded ever: {s.total_events})")
     print(f"caps: {s.max_pairs} pairs, {s.max_pairs_per_draft} per draft token; half-life {s.half_life_s or 'off'}")
     print(f"database: {s.db_bytes / 1e6:.2f} MB (all namespaces)")
@@ -183,26 +191,28 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    channel, stub = _stub(args)
+    address, namespace = resolved(args)
+    channel, stub = _stub(address, memory_tls(args))
     with channel:
         try:
             reply = stub.GetPairs(
-                memory_pb2.GetPairsRequest(namespace=args.namespace, min_count=1, max_pairs=EXPORT_MAX_PAIRS),
+                memory_pb2.GetPairsRequest(namespace=namespace, min_count=1, max_pairs=EXPORT_MAX_PAIRS),
                 timeout=60,
             )
-            vocab_size = stub.GetStats(memory_pb2.GetStatsRequest(namespace=args.namespace), timeout=60).vocab_size
+            vocab_size = stub.GetStats(memory_pb2.GetStatsRequest(namespace=namespace), timeout=60).vocab_size
         except grpc.RpcError as exc:
             return _fail(f"{exc.code().name}: {exc.details()}")
     pairs = [(p.draft_token_id, p.target_token_id, p.count) for p in reply.pairs]
-    dump_export(args.out, args.namespace, reply.version, pairs, vocab_size)
-    print(f"exported {len(pairs)} pairs of {args.namespace} at version {reply.version} to {args.out}")
+    dump_export(args.out, namespace, reply.version, pairs, vocab_size)
+    print(f"exported {len(pairs)} pairs of {namespace} at version {reply.version} to {args.out}")
     return 0
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    address, namespace = resolved(args)
     try:
-        token = read_writer_token(args.writer_token_file)
-        export = load_export(args.file, args.namespace)
+        token = read_writer_token(writer_token_file(args.writer_token_file))
+        export = load_export(args.file, namespace)
     except (MemoryFileError, CalispecError) as exc:
         return _fail(f"{exc} (nothing was imported)")
     pairs = export.pairs
@@ -210,13 +220,13 @@ def cmd_import(args: argparse.Namespace) -> int:
         return _fail(f"{len(pairs)} pairs exceed one atomic import ({MAX_IMPORT_PAIRS}); nothing was imported")
     events = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for d, t, c in pairs]
     request = memory_pb2.RecordEventsRequest(
-        namespace=args.namespace, events=events, wait_durable=True, vocab_size=export.vocab_size
+        namespace=namespace, events=events, wait_durable=True, vocab_size=export.vocab_size
     )
-    channel, stub = _stub(args)
+    channel, stub = _stub(address, memory_tls(args))
     with channel:
         try:
             reply = stub.RecordEvents(request, timeout=120, metadata=writer_metadata(token, "calispec-import"))
         except grpc.RpcError as exc:
             return _fail(f"{exc.code().name}: {exc.details()} (nothing was imported)")
-    print(f"imported {len(pairs)} pairs ({reply.recorded} events) into {args.namespace}, now version {reply.version}")
+    print(f"imported {len(pairs)} pairs ({reply.recorded} events) into {namespace}, now version {reply.version}")
     return 0

@@ -45,14 +45,18 @@ def _checksum(pairs: list[list[int]]) -> str:
     return hashlib.sha256(json.dumps(pairs, separators=(",", ":")).encode()).hexdigest()
 
 
-def dump_export(path: Path, namespace: str, version: int, pairs: list[Pair], vocab_size: int = 0) -> None:
+def dump_export(
+    path: Path, namespace: str, version: int, pairs: list[Pair], vocab_size: int = 0, exported_at: str | None = None
+) -> None:
+    """Write an export; `exported_at` None: now (a reproducible file passes "")."""
     rows = [[d, t, c] for d, t, c in sorted(pairs)]
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     document = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "namespace": namespace,
         "version": version,
-        "exported_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "exported_at": now if exported_at is None else exported_at,
         "pairs": rows,
         "sha256": _checksum(rows),
         "vocab_size": vocab_size,

@@ -24,6 +24,7 @@ from typing import IO
 from calispec_core.credentials import write_new_token
 from calispec_tools.certs import DevCerts
 from calispec_tools.namespaces import pair_namespace
+from calispec_tools.shipped_calibration import SeedResult, seed_namespace
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class StackConfig:
     memory_sync_interval_s: float = 1.0
     memory_flush_interval_s: float = 0.5  # the memory service's group commit (its crash-loss bound)
     memory_namespace: str | None = None  # None: derived from the model pair (calispec_tools/namespaces.py)
+    calibration_file: Path | None = None  # an export seeded into a never-written namespace (shipped_calibration.py)
     start_timeout_s: float = 300.0
     tls_dir: Path | None = None  # `calispec certs dev` output: mutual TLS between all four; None: plaintext
     api_keys_file: Path | None = None  # the coordinator's API keys; None: open (loopback only)
@@ -148,6 +150,7 @@ class LocalStack:
         self._secrets_dir: Path | None = None
         self.writer_token_file: Path | None = None  # this run's verifier credential (see credentials.py)
         self.memory_namespace = config.memory_namespace or pair_namespace(config.draft_model, config.target_model)
+        self.calibration: SeedResult | None = None
 
     def start(self) -> LocalStack:
         c = self.config
@@ -159,6 +162,10 @@ class LocalStack:
             self.writer_token_file = self._secrets_dir / "writer-token"
             write_new_token(self.writer_token_file)
             memory = self._spawn("memory_service", self.memory_args(c.memory_port))
+            if c.calibration_file is not None:  # before the target starts: its first snapshot holds it
+                token = self.writer_token_file.read_text(encoding="utf-8").strip()
+                self.calibration = seed_namespace(memory.address, self.memory_namespace, c.calibration_file, token)
+                log.info("%s", self.calibration.message)
             draft_threads = service_threads(c)[0]
             self._spawn("draft_service", [
                 "--port", str(c.draft_port), "--model", str(c.draft_model), "--dtype", c.draft_dtype or c.dtype,

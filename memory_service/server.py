@@ -112,6 +112,13 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
             vocab_size=s.vocab_size,
         )
 
+    def ListNamespaces(
+        self, request: memory_pb2.ListNamespacesRequest, context: grpc.ServicerContext
+    ) -> memory_pb2.ListNamespacesResponse:
+        return memory_pb2.ListNamespacesResponse(
+            namespaces=[memory_pb2.NamespaceInfo(**vars(info)) for info in self._store.namespaces()]
+        )
+
     def Watch(
         self, request: memory_pb2.WatchRequest, context: grpc.ServicerContext
     ) -> Iterator[memory_pb2.WatchResponse]:

@@ -120,6 +120,11 @@ DELETE FROM pair_counts WHERE rowid IN (
 RETURNING draft_token_id, target_token_id
 """
 _VOCAB_SET = "INSERT INTO namespace_vocab (namespace, vocab_size) VALUES (?, ?) ON CONFLICT (namespace) DO NOTHING"
+_LIST_NAMESPACES = """
+SELECT v.namespace, COUNT(p.draft_token_id), COALESCE(SUM(p."count"), 0), v.total_events, v.version
+FROM namespace_versions v LEFT JOIN pair_counts p ON p.namespace = v.namespace
+GROUP BY v.namespace ORDER BY v.namespace
+"""
 _META_GET = "SELECT value FROM store_meta WHERE key = ?"
 _META_SET = "INSERT INTO store_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 
@@ -199,6 +204,15 @@ class TableStats:
     histogram: list[CountBucket]  # power-of-two buckets: 1, 2-3, 4-7, ...
     db_bytes: int  # database file plus WAL: the whole store, all namespaces
     vocab_size: int = 0  # the namespace's declared vocabulary, 0: none declared
+
+
+@dataclass(frozen=True)
+class NamespaceInfo:
+    namespace: str
+    distinct_pairs: int  # in the table now
+    table_events: int  # sum of the counts in the table now
+    total_events: int  # ever recorded
+    version: int
 
 
 @dataclass
@@ -375,6 +389,12 @@ class CorrectionStore:
             distinct = db.execute(_COUNT_PAIRS, (namespace,)).fetchone()[0]
             version, total = _version_row(db, namespace)
         return total, distinct, version
+
+    def namespaces(self) -> list[NamespaceInfo]:
+        """Every namespace ever written (committed), by name, with its size."""
+        with self._transaction(write=False) as db:
+            rows = db.execute(_LIST_NAMESPACES).fetchall()
+        return [NamespaceInfo(*row) for row in rows]
 
     def table_stats(self, namespace: str, top_k: int = 20) -> TableStats:
         """The insight report: top pairs, top-20% share, count distribution, sizes."""

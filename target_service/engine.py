@@ -10,7 +10,7 @@ calls are batched by `BatchScheduler`; a lone call is a batch of one.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -25,11 +25,14 @@ from calispec_core.timing import Stopwatch
 from target_service.batch_forward import forward_rows
 from target_service.pair_table import PairTable
 from target_service.scheduler import BatchScheduler
-from target_service.verifier import PLACEHOLDER_TOKEN_ID, VerifyInput, verify
+from target_service.verifier import PLACEHOLDER_TOKEN_ID, VerifyInput, VerifyOutput, verify
 
 DEFAULT_TAU = 0.01
 DEFAULT_LAMBDA = 6
 DRAFT_PROBS_TOLERANCE = 1e-3  # |sum(q) - 1| allowed per row: float32 softmax over 150k tokens is far closer
+
+# Sees every verified round (its inputs, with the raw logits, and the verifier's decision); offline tools use it.
+RoundObserver = Callable[[VerifyInput, VerifyOutput], None]
 
 
 @dataclass(frozen=True)
@@ -82,9 +85,11 @@ class TargetEngine:
         table: PairTable,
         max_batch: int = 8,
         idle_ttl_s: float = DEFAULT_IDLE_TTL_S,
+        observer: RoundObserver | None = None,
     ) -> None:
         self.runner = runner
         self.table = table  # MemoryLink (if any) ships its local events and refreshes it in the background
+        self.observer = observer
         # A session whose lock is held is mid-round: never reaped, however long the round takes.
         self.sessions: SessionRegistry[TargetSession] = SessionRegistry(
             max_sessions, idle_ttl_s, is_busy=lambda state: state.session.lock.locked()
@@ -147,6 +152,8 @@ class TargetEngine:
         except BaseException:
             self._undo(rows, cached, generator_states)
             raise
+        if self.observer is not None:  # a round that made it: observed once, never rerun
+            self.observer(batch, out)
         results = []
         for b, (row, accepted, next_token, bonus, rejections) in enumerate(zip(rows, *outcome, strict=True)):
             row.state.session.cache = caches[b]

@@ -116,6 +116,30 @@ class GetStatsResponse(_message.Message):
     vocab_size: int
     def __init__(self, total_events: _Optional[int] = ..., distinct_pairs: _Optional[int] = ..., version: _Optional[int] = ..., table_events: _Optional[int] = ..., top_pairs: _Optional[_Iterable[_Union[PairCount, _Mapping]]] = ..., top20_share: _Optional[float] = ..., count_histogram: _Optional[_Iterable[_Union[CountBucket, _Mapping]]] = ..., db_bytes: _Optional[int] = ..., max_pairs: _Optional[int] = ..., max_pairs_per_draft: _Optional[int] = ..., half_life_s: _Optional[float] = ..., vocab_size: _Optional[int] = ...) -> None: ...
 
+class ListNamespacesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NamespaceInfo(_message.Message):
+    __slots__ = ("namespace", "distinct_pairs", "table_events", "total_events", "version")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    DISTINCT_PAIRS_FIELD_NUMBER: _ClassVar[int]
+    TABLE_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    distinct_pairs: int
+    table_events: int
+    total_events: int
+    version: int
+    def __init__(self, namespace: _Optional[str] = ..., distinct_pairs: _Optional[int] = ..., table_events: _Optional[int] = ..., total_events: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+
+class ListNamespacesResponse(_message.Message):
+    __slots__ = ("namespaces",)
+    NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    namespaces: _containers.RepeatedCompositeFieldContainer[NamespaceInfo]
+    def __init__(self, namespaces: _Optional[_Iterable[_Union[NamespaceInfo, _Mapping]]] = ...) -> None: ...
+
 class WatchRequest(_message.Message):
     __slots__ = ("namespace", "resume_version", "vocab_size")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]

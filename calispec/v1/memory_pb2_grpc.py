@@ -49,6 +49,11 @@ class MemoryServiceStub:
                 request_serializer=calispec_dot_v1_dot_memory__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=calispec_dot_v1_dot_memory__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.ListNamespaces = channel.unary_unary(
+                '/calispec.v1.MemoryService/ListNamespaces',
+                request_serializer=calispec_dot_v1_dot_memory__pb2.ListNamespacesRequest.SerializeToString,
+                response_deserializer=calispec_dot_v1_dot_memory__pb2.ListNamespacesResponse.FromString,
+                _registered_method=True)
         self.Watch = channel.unary_stream(
                 '/calispec.v1.MemoryService/Watch',
                 request_serializer=calispec_dot_v1_dot_memory__pb2.WatchRequest.SerializeToString,
@@ -80,6 +85,13 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListNamespaces(self, request, context):
+        """Every namespace the service holds, with its size (a read: no writer token).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Watch(self, request, context):
         """The namespace's whole table as a snapshot, then a delta per committed write, forever.
         """
@@ -104,6 +116,11 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=calispec_dot_v1_dot_memory__pb2.GetStatsRequest.FromString,
                     response_serializer=calispec_dot_v1_dot_memory__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'ListNamespaces': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListNamespaces,
+                    request_deserializer=calispec_dot_v1_dot_memory__pb2.ListNamespacesRequest.FromString,
+                    response_serializer=calispec_dot_v1_dot_memory__pb2.ListNamespacesResponse.SerializeToString,
             ),
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
@@ -192,6 +209,33 @@ class MemoryService:
             '/calispec.v1.MemoryService/GetStats',
             calispec_dot_v1_dot_memory__pb2.GetStatsRequest.SerializeToString,
             calispec_dot_v1_dot_memory__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListNamespaces(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/calispec.v1.MemoryService/ListNamespaces',
+            calispec_dot_v1_dot_memory__pb2.ListNamespacesRequest.SerializeToString,
+            calispec_dot_v1_dot_memory__pb2.ListNamespacesResponse.FromString,
             options,
             channel_credentials,
             insecure,

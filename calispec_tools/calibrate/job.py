@@ -1,0 +1,104 @@
+"""A teacher-forced calibration run: documents -> batches of rows -> both forwards -> events -> a sink.
+
+The same code runs in `calispec calibrate --corpus` (one process) and in each Ray worker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from calispec_core.modeling import ModelRunner
+from calispec_tools.calibrate.corpus import Document, encode, windows
+from calispec_tools.calibrate.generate import continue_greedy
+from calispec_tools.calibrate.teacher import EVENT_MODES, Pair, Row, SdRule, batch_events
+
+Sink = Callable[[Counter[Pair]], None]
+
+
+@dataclass(frozen=True)
+class CalibrateConfig:
+    mode: str = "dense"  # "dense": every mismatch; "sd": exactly a greedy SD run's events (see teacher.py)
+    generate: bool = False  # the target first continues every prompt; events come from its continuation
+    gamma: int = 6  # sd mode: speculative tokens per round
+    max_new_tokens: int = 128  # --generate: the continuation's budget (a request's max_new_tokens)
+    max_tokens: int = 512  # documents are cut into windows of at most this many tokens
+    batch_size: int = 8
+
+    def validate(self) -> CalibrateConfig:
+        if self.mode not in EVENT_MODES:
+            raise ValueError(f"mode must be one of {EVENT_MODES}, got {self.mode!r}")
+        if not (self.gamma >= 1 and self.max_new_tokens >= 1 and self.max_tokens >= 2 and self.batch_size >= 1):
+            raise ValueError("gamma, max_new_tokens, batch_size must be >= 1 and max_tokens >= 2")
+        return self
+
+
+@dataclass
+class Summary:
+    documents: int = 0
+    rows: int = 0
+    positions: int = 0  # predictions compared
+    events: int = 0
+    off_path: int = 0  # compared positions where the text is not the target's greedy choice
+    generate_s: float = 0.0
+    forward_s: float = 0.0
+    total_s: float = 0.0
+    pairs: Counter[Pair] = field(default_factory=Counter)
+
+    def add(self, other: Summary) -> None:
+        for name in ("documents", "rows", "positions", "events", "off_path", "generate_s", "forward_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.pairs.update(other.pairs)
+
+    @property
+    def events_per_s(self) -> float:
+        return self.events / self.total_s if self.total_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if k != "pairs"}
+        return {**out, "distinct_pairs": len(self.pairs), "events_per_s": self.events_per_s}
+
+
+class Calibrator:
+    """Both models of a pair, loaded once; `run` calibrates over documents and feeds a sink."""
+
+    def __init__(self, draft: ModelRunner, target: ModelRunner, config: CalibrateConfig) -> None:
+        self.draft, self.target, self.config = draft, target, config.validate()
+        self.rule = SdRule(config.gamma, frozenset(target.eos_token_ids))
+
+    def run(self, docs: Sequence[Document], sink: Sink = lambda events: None) -> Summary:
+        start = time.perf_counter()
+        summary = Summary(documents=len(docs))
+        for batch in self.batches(docs, summary):
+            t0 = time.perf_counter()
+            result = batch_events(self.draft, self.target, batch, self.config.mode, self.rule)
+            summary.forward_s += time.perf_counter() - t0
+            summary.rows += len(batch)
+            summary.positions += result.positions
+            summary.off_path += result.off_path
+            summary.events += sum(result.events.values())
+            summary.pairs.update(result.events)
+            sink(result.events)
+        summary.total_s = time.perf_counter() - start
+        return summary
+
+    def batches(self, docs: Sequence[Document], summary: Summary) -> Iterator[list[Row]]:
+        """Rows of similar length together (less padding); continuations generated a batch at a time."""
+        tokenizer = self.target.tokenizer
+        texts = [d for d in docs if not (self.config.generate and d.is_prompt)]
+        prompts = [encode(tokenizer, d.text) for d in docs if self.config.generate and d.is_prompt]
+        rows = [Row(w, 1) for d in texts for w in windows(encode(tokenizer, d.text), self.config.max_tokens)]
+        yield from _chunks(sorted(rows, key=lambda r: len(r.tokens)), self.config.batch_size)
+        for group in _chunks(sorted(prompts, key=len), self.config.batch_size):
+            t0 = time.perf_counter()
+            outputs = continue_greedy(self.target, group, self.config.max_new_tokens)
+            summary.generate_s += time.perf_counter() - t0
+            yield [Row(p + out, len(p), len(out)) for p, out in zip(group, outputs, strict=True) if out]
+
+
+def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]

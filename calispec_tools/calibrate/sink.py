@@ -1,0 +1,65 @@
+"""Sends calibration events to the memory service the way verifiers do: RecordEvents with the writer token."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable
+
+import grpc
+
+from calispec.v1 import memory_pb2, memory_pb2_grpc
+from calispec_core.credentials import writer_metadata
+from calispec_core.grpc_server import make_channel
+
+Pair = tuple[int, int]
+MAX_PAIRS_PER_CALL = 50_000  # under the service's 100,000 events per request
+RETRY_S = 0.5  # a writer over its rate limit gets RESOURCE_EXHAUSTED: wait and resend
+
+
+class MemoryWriter:
+    """Ships each batch of events as they come; `close()` sends the last one durably (so everything sent
+    before it is committed too: the service commits in order) and closes the channel."""
+
+    def __init__(self, address: str, namespace: str, token: str | None, writer_id: str = "calispec-calibrate") -> None:
+        self.namespace = namespace
+        self._channel = make_channel(address)
+        self._stub = memory_pb2_grpc.MemoryServiceStub(self._channel)
+        self._metadata = writer_metadata(token, writer_id)
+        self._held: Counter[Pair] = Counter()  # the latest batch, held back to be the durable one
+        self.recorded = 0
+        self.version = 0
+
+    def send(self, events: Counter[Pair]) -> None:
+        if not events:
+            return
+        self._ship(self._held, durable=False)
+        self._held = Counter(events)
+
+    def close(self) -> None:
+        try:
+            self._ship(self._held, durable=True)
+            self._held = Counter()
+        finally:
+            self._channel.close()
+
+    def _ship(self, events: Counter[Pair], durable: bool, timeout_s: float = 120.0) -> None:
+        items = list(events.items())
+        for i in range(0, len(items), MAX_PAIRS_PER_CALL):
+            last = i + MAX_PAIRS_PER_CALL >= len(items)
+            self._record(items[i : i + MAX_PAIRS_PER_CALL], durable and last, timeout_s)
+
+    def _record(self, chunk: Iterable[tuple[Pair, int]], durable: bool, timeout_s: float) -> None:
+        pairs = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for (d, t), c in chunk]
+        request = memory_pb2.RecordEventsRequest(namespace=self.namespace, events=pairs, wait_durable=durable)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                reply = self._stub.RecordEvents(request, timeout=timeout_s, metadata=self._metadata)
+                break
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() > deadline:
+                    raise
+                time.sleep(RETRY_S)
+        self.recorded += reply.recorded
+        self.version = reply.version

@@ -1,0 +1,135 @@
+"""Rejection events of greedy speculative decoding, from one batched forward of each model.
+
+Under greedy SD the committed sequence is the target's own greedy output y, and a draft token
+is compared with the target's argmax on the *committed* prefix: within a round, every draft
+token before the first mismatch equals y, so the draft's proposal for position j is its greedy
+prediction d_j on the prefix y_<j, exactly what a teacher-forced forward over y computes (the
+same for the target's t_j). A rejection event (x̃, t*) = (d_j, t_j) where they differ.
+
+Which positions a greedy SD run verifies (`sd_event_positions`, the exact mode): a round that
+starts at position s drafts g = min(γ, remaining − 1) tokens (the coordinator's rule) for
+positions s..s+g−1. At the first mismatch j it records the event (d_j, t_j), emits t_j and the
+next round starts at j + 1. With no mismatch, position s+g is a *bonus* position: the target
+emits it without any draft to compare, so a mismatch there is never an event, and the next
+round starts at s+g+1. A round with g = 0 (one token left) is a plain target step. The run
+ends after the round that emits EOS or the last token of the budget; its last round may
+verify positions past the EOS it emits, which is why `generate` continues past EOS.
+
+So the events of a greedy SD run are the mismatches at every position except bonus positions
+and plain steps. The *dense* mode counts every mismatch (a superset: bonus positions too),
+and also applies to text the target did not write (a corpus), where no SD run exists: there
+an event is what SD would record at that position if the committed prefix were the text.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from calispec_core.modeling import ModelRunner
+
+Pair = tuple[int, int]  # (draft token id, target token id)
+EVENT_MODES = ("dense", "sd")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One document for the forward passes: its tokens, and where events may start."""
+
+    tokens: list[int]
+    start: int  # first position whose prediction counts (1 for text; the prompt length for continuations)
+    budget: int | None = None  # SD mode: the request's max_new_tokens (positions start..start+budget-1)
+
+
+@dataclass(frozen=True)
+class SdRule:
+    gamma: int
+    eos_ids: frozenset[int]
+
+
+@torch.inference_mode()
+def greedy_predictions(runner: ModelRunner, rows: Sequence[list[int]], chunk: int = 512) -> list[list[int]]:
+    """out[b][i] = the model's argmax after rows[b][: i + 1] (it predicts position i + 1).
+
+    One forward over the right-padded batch (padding only follows real tokens, so a row sees
+    nothing but itself); the output head runs over `chunk` positions at a time, so the full
+    [B, S, V] logits never exist at once."""
+    device = runner.device
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)  # [B, S]
+    mask = torch.zeros_like(ids)  # [B, S]
+    for b, row in enumerate(rows):
+        ids[b, : len(row)] = torch.tensor(row, dtype=torch.long, device=device)
+        mask[b, : len(row)] = 1
+    hidden = runner.model.base_model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    flat = hidden.reshape(-1, hidden.shape[-1])  # [B*S, H]
+    head = runner.model.get_output_embeddings()
+    preds = torch.cat([head(flat[i : i + chunk]).argmax(dim=-1) for i in range(0, flat.shape[0], chunk)])
+    table = preds.view(len(rows), width).tolist()  # [B][S]
+    return [table[b][: len(row)] for b, row in enumerate(rows)]
+
+
+def dense_event_positions(draft: Sequence[int], target: Sequence[int], row: Row) -> list[int]:
+    """Every position >= row.start whose draft and target predictions differ (draft[i-1] predicts i)."""
+    end = len(row.tokens) if row.budget is None else min(len(row.tokens), row.start + row.budget)
+    return [i for i in range(max(row.start, 1), end) if draft[i - 1] != target[i - 1]]
+
+
+def sd_event_positions(draft: Sequence[int], target: Sequence[int], row: Row, rule: SdRule) -> list[int]:
+    """The positions where a greedy SD run over row.tokens (the target's own output) records events."""
+    require_budget = row.budget if row.budget is not None else len(row.tokens) - row.start
+    end = row.start + require_budget  # positions < end are the request's output
+    events: list[int] = []
+    s = row.start
+    while s < end:
+        g = min(rule.gamma, end - s - 1)
+        if s + g >= len(row.tokens):
+            break  # the text ends before this round does: the run cannot be followed further
+        mismatch = next((j for j in range(s, s + g) if draft[j - 1] != target[j - 1]), None)
+        if mismatch is not None:
+            events.append(mismatch)
+            emitted_end = mismatch + 1
+        else:
+            emitted_end = s + g + 1  # g drafts accepted, then the bonus (or the plain step when g = 0)
+        if any(target[j - 1] in rule.eos_ids for j in range(s, emitted_end)):
+            break
+        s = emitted_end
+    return events
+
+
+def row_events(
+    draft: Sequence[int], target: Sequence[int], row: Row, mode: str, rule: SdRule | None = None
+) -> list[Pair]:
+    """(x̃, t*) of every event of one row in the given mode ("dense" or "sd")."""
+    if mode == "sd":
+        assert rule is not None, "sd mode needs the SD rule (γ, EOS)"
+        positions = sd_event_positions(draft, target, row, rule)
+    else:
+        positions = dense_event_positions(draft, target, row)
+    return [(draft[j - 1], target[j - 1]) for j in positions]
+
+
+@dataclass
+class BatchResult:
+    events: Counter[Pair]
+    positions: int  # predictions compared
+    off_path: int  # positions >= start where the text is not the target's greedy choice (SD mode: should be 0)
+
+
+def batch_events(
+    draft_runner: ModelRunner, target_runner: ModelRunner, rows: Sequence[Row], mode: str, rule: SdRule | None = None
+) -> BatchResult:
+    """Both forwards over one batch, then every row's events."""
+    tokens = [r.tokens for r in rows]
+    draft, target = greedy_predictions(draft_runner, tokens), greedy_predictions(target_runner, tokens)
+    events: Counter[Pair] = Counter()
+    positions = off_path = 0
+    for row, d, t in zip(rows, draft, target, strict=True):
+        events.update(row_events(d, t, row, mode, rule))
+        span = range(max(row.start, 1), len(row.tokens))
+        positions += len(span)
+        off_path += sum(row.tokens[i] != t[i - 1] for i in span)
+    return BatchResult(events, positions, off_path)

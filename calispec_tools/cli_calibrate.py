@@ -1,0 +1,244 @@
+"""`calispec calibrate`: seed the correction memory.
+
+calispec calibrate --corpus FILE|DIR [--generate] [--events dense|sd]   # teacher-forced, batched (fast)
+calispec calibrate --corpus DIR --export FILE                          # to an export file, no stack needed
+calispec calibrate --corpus DIR --ray ADDRESS --workers N               # the same as a Ray job
+calispec calibrate --prompts FILE                                       # standard SD through the stack (slow)
+
+The memory service, namespace, model pair and writer token default to the running stack's
+(`calispec up`); see docs/calibration.md for what each event mode reproduces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_COORDINATOR = "127.0.0.1:50050"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("calibrate", help="seed the correction memory (teacher-forced over a corpus, or SD)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--corpus", type=Path, help="JSONL/text file or directory: teacher-forced calibration")
+    source.add_argument("--prompts", type=Path, help="one prompt per line, or JSONL: standard SD through the stack")
+    p.add_argument("--generate", action="store_true", help="the target first continues every prompt of the corpus")
+    p.add_argument("--events", default="dense", choices=["dense", "sd"],
+                   help="dense: every draft/target disagreement; sd: exactly a greedy SD run's events (with "
+                   "--generate)")  # fmt: skip
+    p.add_argument("--gamma", type=int, default=None, help="speculative tokens per round (sd events; --prompts)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="--generate / --prompts: tokens per prompt")
+    p.add_argument("--max-tokens", type=int, default=512, help="documents are cut into windows of this many tokens")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--pair", default=None, help="model pair (default: the running stack's, else qwen-coder)")
+    p.add_argument("--draft", help="draft model dir (with --target)")
+    p.add_argument("--target", help="target model dir (with --draft)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--namespace", default=None, help="default: the running stack's (or the pair's, with --export)")
+    p.add_argument("--memory-addr", default=None, help="memory service HOST:PORT (default: the running stack's)")
+    p.add_argument("--writer-token-file", type=Path, default=None, help="default: the running stack's")
+    p.add_argument("--export", type=Path, default=None, help="write an export file instead of the memory service")
+    p.add_argument("--min-count", type=int, default=1, help="--export: keep pairs counted at least this often")
+    p.add_argument("--ray", metavar="ADDRESS", default=None, help="run as a Ray job on this cluster")
+    p.add_argument("--workers", type=int, default=2, help="--ray: worker actors (each loads the pair)")
+    p.add_argument("--worker-cpus", type=float, default=1.0, help="--ray: CPUs per worker")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--address", default=DEFAULT_COORDINATOR, help="--prompts: coordinator HOST:PORT")
+    p.add_argument("--timeout", type=float, default=300.0, help="--prompts: per request, seconds")
+    p.set_defaults(func=cmd_calibrate)
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 1
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    return calibrate_corpus(args) if args.corpus else calibrate_by_sd(args)
+
+
+# -- teacher-forced -------------------------------------------------------------------------------
+
+
+def model_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
+    """--draft/--target, else --pair, else the running stack's pair, else qwen-coder."""
+    from calispec_tools.cli import ensure_pulled_pair, ensure_tiny_pair
+    from calispec_tools.stack_state import running_stack
+
+    if bool(args.draft) != bool(args.target):
+        raise SystemExit("error: give both --draft and --target, or neither")
+    if args.draft:
+        return Path(args.draft), Path(args.target)
+    stack = running_stack()
+    if args.pair is None and stack is not None:
+        return Path(stack.draft), Path(stack.target)
+    if args.pair == "tiny":
+        target, draft = ensure_tiny_pair()
+        return draft, target
+    return ensure_pulled_pair(args.pair or "qwen-coder")
+
+
+def calibrate_corpus(args: argparse.Namespace) -> int:
+    from calispec_tools.calibrate.corpus import load_corpus
+    from calispec_tools.calibrate.job import CalibrateConfig
+
+    config = CalibrateConfig(
+        mode=args.events, generate=args.generate, gamma=args.gamma or 6, max_new_tokens=args.max_new_tokens,
+        max_tokens=args.max_tokens, batch_size=args.batch_size,
+    )  # fmt: skip
+    try:
+        config.validate()
+        docs = load_corpus(args.corpus)
+    except (OSError, ValueError) as exc:
+        return _fail(f"cannot calibrate: {exc}")
+    if args.events == "sd" and not args.generate:
+        print("warning: --events sd reproduces SD exactly only on the target's own text (--generate)", file=sys.stderr)
+    draft, target = model_dirs(args)
+    if args.export is not None:
+        return _to_export(args, docs, config, draft, target)
+    address, namespace, token = _memory_target(args)
+    if args.ray:
+        from calispec_tools.calibrate.ray_job import RayJob, run_on_ray
+
+        job = RayJob(str(draft), str(target), args.dtype, args.device, address, namespace, token)
+        summary = run_on_ray(args.ray, docs, config, job, args.workers, args.worker_cpus)
+    else:
+        summary = _run_local(args, docs, config, draft, target, address, namespace, token)
+    _print_summary(summary.to_dict() | {"namespace": namespace}, summary.pairs, args.json)
+    return 0
+
+
+def _memory_target(args: argparse.Namespace) -> tuple[str, str, str]:
+    from calispec_core.credentials import read_writer_token
+    from calispec_core.errors import CalispecError
+    from calispec_tools.cli_memory import memory_address, resolve_namespace, writer_token_file
+
+    address = memory_address(args.memory_addr)
+    namespace = resolve_namespace(address, args.namespace)
+    try:
+        token = read_writer_token(writer_token_file(args.writer_token_file))
+    except CalispecError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    assert token is not None
+    return address, namespace, token
+
+
+def _load(args: argparse.Namespace, config: Any, draft: Path, target: Path) -> Any:
+    from calispec_core.modeling import ModelRunner, ModelSpec
+    from calispec_tools.calibrate.job import Calibrator
+
+    print(f"loading the pair (draft {draft}, target {target})...", file=sys.stderr)
+    runners = [ModelRunner(ModelSpec(d, args.dtype, args.device)) for d in (draft, target)]
+    return Calibrator(runners[0], runners[1], config)
+
+
+def _run_local(
+    args: argparse.Namespace,
+    docs: Any,
+    config: Any,
+    draft: Path,
+    target: Path,
+    address: str,
+    namespace: str,
+    token: str,
+) -> Any:
+    from calispec_tools.calibrate.sink import MemoryWriter
+
+    calibrator = _load(args, config, draft, target)
+    writer = MemoryWriter(address, namespace, token)
+    try:
+        summary = calibrator.run(docs, writer.send)
+    finally:
+        writer.close()  # the last batch durably: the memory holds everything on return
+    return summary
+
+
+def _to_export(args: argparse.Namespace, docs: Any, config: Any, draft: Path, target: Path) -> int:
+    from calispec_tools.memory_file import dump_export
+    from calispec_tools.namespaces import pair_namespace
+
+    namespace = args.namespace or pair_namespace(draft, target)
+    summary = _load(args, config, draft, target).run(docs)
+    kept = [(d, t, c) for (d, t), c in summary.pairs.items() if c >= args.min_count]
+    dump_export(args.export, namespace, 0, kept, exported_at="")  # no timestamp: the same run, the same bytes
+    _print_summary(summary.to_dict() | {"namespace": namespace, "exported_pairs": len(kept)}, summary.pairs, args.json)
+    print(f"wrote {args.export}", file=sys.stderr)
+    return 0
+
+
+def _print_summary(doc: dict[str, Any], pairs: Any, as_json: bool) -> None:
+    counts = sorted(pairs.values(), reverse=True)
+    head = counts[: -(-len(counts) // 5)]  # the top 20% of pairs (rounded up), as GetStats
+    doc |= {"top20_share": sum(head) / sum(counts) if counts else 0.0, "pairs_over_lambda6": sum(c > 6 for c in counts)}
+    if as_json:
+        print(json.dumps(doc))
+        return
+    print(
+        f"calibration: {doc['documents']} documents, {doc['rows']} rows, {doc['positions']} positions, "
+        f"{doc['events']} events in {doc['distinct_pairs']} pairs ({doc['pairs_over_lambda6']} counted > 6; top 20% "
+        f"of pairs cover {doc['top20_share']:.1%}) into {doc['namespace']}\n"
+        f"time: {doc['total_s']:.1f} s (generate {doc['generate_s']:.1f} s, forward {doc['forward_s']:.1f} s): "
+        f"{doc['events_per_s']:.1f} events/s"
+        + (f"\nwarning: {doc['off_path']} positions are not the target's greedy choice" if doc["off_path"] else "")
+    )
+
+
+# -- standard SD through the stack ---------------------------------------------------------------
+
+
+def read_prompts(path: Path) -> list[str]:
+    """Plain text: one prompt per non-empty line. `.jsonl`: objects with a "prompt" string."""
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if path.suffix != ".jsonl":
+        return lines
+    prompts = []
+    for i, line in enumerate(lines, 1):
+        item = json.loads(line)
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+            raise ValueError(f"{path}:{i}: expected an object with a 'prompt' string")
+        prompts.append(item["prompt"])
+    return prompts
+
+
+def calibrate_by_sd(args: argparse.Namespace) -> int:
+    from calispec.client import CalispecClient, CalispecRpcError
+    from calispec_tools.cli_memory import memory_address, resolve_namespace
+    from calispec_tools.memory_reads import memory_events, wait_for_events
+
+    try:
+        prompts = read_prompts(args.prompts)
+    except (OSError, ValueError) as exc:
+        return _fail(f"cannot read prompts: {exc}")
+    if not prompts:
+        return _fail(f"{args.prompts} holds no prompts")
+    address = memory_address(args.memory_addr)
+    namespace = resolve_namespace(address, args.namespace)
+    before = memory_events(address, namespace)
+    rejections = 0
+    start = time.perf_counter()
+    with CalispecClient(args.address) as client:
+        for i, prompt in enumerate(prompts, 1):
+            try:
+                result = client.generate(
+                    prompt, mode="sd", max_new_tokens=args.max_new_tokens,
+                    num_speculative_tokens=args.gamma, timeout=args.timeout,
+                )  # fmt: skip
+            except CalispecRpcError as exc:
+                return _fail(f"prompt {i}: {exc}")
+            rejections += result.stats.rejections
+            print(f"[{i}/{len(prompts)}] rejections {result.stats.rejections}", file=sys.stderr)
+    # The target ships its events in the background: wait until the memory holds them all.
+    seeded = wait_for_events(address, namespace, before + rejections, timeout_s=30) - before
+    elapsed = time.perf_counter() - start
+    print(
+        f"calibration: {len(prompts)} prompts, {rejections} rejection events, {seeded} recorded in {namespace} "
+        f"in {elapsed:.1f} s: {rejections / elapsed:.2f} events/s"
+    )
+    if seeded < rejections:
+        return _fail("not every event reached the memory: is --namespace the one the stack's target writes to?")
+    return 0

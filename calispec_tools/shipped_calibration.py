@@ -1,0 +1,67 @@
+"""The calibration a known pair ships with: an export file in calispec_tools/data/calibration/, seeded on first start.
+
+`make calibration` regenerates the file (teacher-forced over the corpus the repo carries,
+calispec_tools/data/calibration/corpus/; never the evaluation tasks) and `SHA256SUMS` records
+its hash. A stack loads it into the pair's namespace when that namespace has never been
+written (a fresh memory database, or a new pair), so the first request can already rescue;
+`--no-calibration` skips it. A file whose hash or namespace does not match is not loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from calispec.v1 import memory_pb2, memory_pb2_grpc
+from calispec_core.credentials import writer_metadata
+from calispec_core.grpc_server import make_channel
+from calispec_tools.memory_file import MemoryFileError, load_export
+from calispec_tools.memory_reads import memory_events
+
+CALIBRATION_DIR = Path(__file__).resolve().parent / "data" / "calibration"
+CORPUS_DIR = CALIBRATION_DIR / "corpus"
+SUMS_FILE = CALIBRATION_DIR / "SHA256SUMS"
+
+
+def shipped_file(pair: str) -> Path | None:
+    path = CALIBRATION_DIR / f"{pair}.json"
+    return path if path.is_file() else None
+
+
+def recorded_sha256(path: Path) -> str | None:
+    """The hash SHA256SUMS records for the file (`<hex>  <name>` lines, as sha256sum writes them)."""
+    for line in SUMS_FILE.read_text(encoding="utf-8").splitlines() if SUMS_FILE.is_file() else []:
+        digest, _, name = line.strip().partition("  ")
+        if name == path.name:
+            return digest
+    return None
+
+
+def check_file(path: Path) -> None:
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if recorded_sha256(path) != digest:
+        raise MemoryFileError(f"{path} does not match the sha256 in {SUMS_FILE} (regenerate: make calibration)")
+
+
+@dataclass(frozen=True)
+class SeedResult:
+    loaded: bool
+    message: str
+
+
+def seed_namespace(memory_address: str, namespace: str, path: Path, token: str | None) -> SeedResult:
+    """Load the file into `namespace` unless it already holds counts."""
+    if memory_events(memory_address, namespace) > 0:
+        return SeedResult(False, f"calibration: {namespace} already holds counts; {path.name} not loaded again")
+    try:
+        check_file(path)
+        pairs = load_export(path, namespace)
+    except MemoryFileError as exc:
+        return SeedResult(False, f"calibration not loaded: {exc}")
+    events = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for d, t, c in pairs]
+    request = memory_pb2.RecordEventsRequest(namespace=namespace, events=events, wait_durable=True)
+    with make_channel(memory_address) as channel:
+        stub = memory_pb2_grpc.MemoryServiceStub(channel)
+        reply = stub.RecordEvents(request, timeout=60, metadata=writer_metadata(token, "calispec-calibration"))
+    return SeedResult(True, f"calibration: loaded {len(pairs)} pairs ({reply.recorded} events) from {path.name}")
