@@ -9,7 +9,7 @@ PAIR   ?= qwen-coder
 MODE   ?= csd
 DTYPE  ?= auto
 
-.PHONY: install run test test-slow lint format proto bench-verifier bench-forward bench-memory bench-pair clean
+.PHONY: install run test test-slow lint format proto calibration bench-verifier bench-forward bench-memory bench-pair clean
 
 # torch is pinned here and installed first (the CPU wheel these machines carry); an unpinned torch
 # pulls a CUDA build. The base install is the light client; `serve` brings what the services need.
@@ -43,6 +43,14 @@ format: install
 
 proto: install
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/calispec/v1/*.proto
+
+# The qwen-coder pair's shipped calibration: teacher-forced over the repo's own corpus (never the eval
+# tasks), then checked against the sha256 recorded in the repo (docs/calibration.md).
+CALIBRATION_DIR := calispec_tools/data/calibration
+calibration: install
+	$(BIN)/calispec calibrate --corpus $(CALIBRATION_DIR)/corpus --generate --max-new-tokens 96 --pair qwen-coder \
+		--min-count 2 --export $(CALIBRATION_DIR)/qwen-coder.json
+	cd $(CALIBRATION_DIR) && sha256sum -c SHA256SUMS
 
 bench-verifier: install
 	$(BIN)/python -m calispec_tools.bench.verifier

@@ -1,8 +1,8 @@
 """The calibration a known pair ships with: an export file in calispec_tools/data/calibration/, seeded on first start.
 
 `make calibration` regenerates the file (teacher-forced over the corpus the repo carries,
-calispec_tools/data/calibration/corpus/; never the evaluation tasks) and `SHA256SUMS` records
-its hash. A stack loads it into the pair's namespace when that namespace has never been
+calispec_tools/data/calibration/corpus/; never the evaluation tasks); `SHA256SUMS` beside it
+records its hash. A stack loads it into the pair's namespace when that namespace has never been
 written (a fresh memory database, or a new pair), so the first request can already rescue;
 `--no-calibration` skips it. A file whose hash or namespace does not match is not loaded.
 """
@@ -21,7 +21,7 @@ from calispec_tools.memory_reads import memory_events
 
 CALIBRATION_DIR = Path(__file__).resolve().parent / "data" / "calibration"
 CORPUS_DIR = CALIBRATION_DIR / "corpus"
-SUMS_FILE = CALIBRATION_DIR / "SHA256SUMS"
+SUMS_NAME = "SHA256SUMS"
 
 
 def shipped_file(pair: str) -> Path | None:
@@ -30,8 +30,9 @@ def shipped_file(pair: str) -> Path | None:
 
 
 def recorded_sha256(path: Path) -> str | None:
-    """The hash SHA256SUMS records for the file (`<hex>  <name>` lines, as sha256sum writes them)."""
-    for line in SUMS_FILE.read_text(encoding="utf-8").splitlines() if SUMS_FILE.is_file() else []:
+    """The hash SHA256SUMS beside the file records for it (`<hex>  <name>` lines, as sha256sum writes them)."""
+    sums = path.parent / SUMS_NAME
+    for line in sums.read_text(encoding="utf-8").splitlines() if sums.is_file() else []:
         digest, _, name = line.strip().partition("  ")
         if name == path.name:
             return digest
@@ -41,7 +42,7 @@ def recorded_sha256(path: Path) -> str | None:
 def check_file(path: Path) -> None:
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if recorded_sha256(path) != digest:
-        raise MemoryFileError(f"{path} does not match the sha256 in {SUMS_FILE} (regenerate: make calibration)")
+        raise MemoryFileError(f"{path} does not match the sha256 in {SUMS_NAME} beside it (see: make calibration)")
 
 
 @dataclass(frozen=True)

@@ -36,3 +36,14 @@ def target_runner(tiny_pair: TinyPair) -> ModelRunner:
 @pytest.fixture(scope="session")
 def draft_runner(tiny_pair: TinyPair) -> ModelRunner:
     return ModelRunner(ModelSpec(tiny_pair.draft, dtype="float32", device="cpu"))
+
+
+@pytest.fixture(autouse=True)
+def no_running_stack(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Commands default to the running `calispec up`'s memory and namespace: keep a real one on this
+    machine out of the tests (each test gets its own, absent, state file)."""
+    from calispec_tools import stack_state
+
+    path = tmp_path_factory.mktemp("state") / "stack.json"
+    monkeypatch.setattr(stack_state, "state_path", lambda: path)
+    return path

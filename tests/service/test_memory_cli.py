@@ -130,3 +130,58 @@ def test_an_export_carries_the_vocabulary_and_an_import_declares_it(
     finally:
         server.stop(None).wait()
         fresh.close()
+
+
+def test_namespaces_lists_sizes_and_the_only_one_is_the_default(memory: tuple[str, CorrectionStore], capsys) -> None:
+    address, store = memory
+    store.record("pair-a", [(1, 2, 30), (3, 4, 5)], durable=True)
+    assert run("memory", "namespaces", "--memory-addr", address) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "pair-a" in x)
+    assert line.split()[1:] == ["2", "35", "35", "1"]  # pairs, events in the table, ever recorded, version
+    assert run("memory", "stats", "--memory-addr", address) == 0  # no --namespace: the only one
+    assert "namespace pair-a" in capsys.readouterr().out
+    store.record("pair-b", [(5, 6, 1)], durable=True)
+    with pytest.raises(SystemExit, match=r"give --namespace.*\n  pair-a\n  pair-b"):
+        run("memory", "stats", "--memory-addr", address)
+
+
+def test_the_running_stacks_memory_namespace_and_token_are_the_defaults(
+    memory: tuple[str, CorrectionStore], tmp_path: Path, capsys
+) -> None:
+    import os
+
+    from calispec_tools.stack_state import StackState
+
+    address, store = memory
+    store.record("pair-a", [(1, 2, 3)], durable=True)
+    store.record("pair-b", [(7, 8, 2)], durable=True)
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    StackState(os.getpid(), "127.0.0.1:1", address, "pair-b", "d", "t", str(token)).write()
+    assert run("memory", "namespaces") == 0
+    assert next(x for x in capsys.readouterr().out.splitlines() if "pair-b" in x).startswith("* ")
+    out = tmp_path / "b.json"
+    assert run("memory", "export", "--out", str(out)) == 0  # no address, no namespace
+    assert json.loads(out.read_text())["namespace"] == "pair-b"
+    assert run("memory", "import", "--file", str(out)) == 0  # the stack's writer token
+    store.flush()
+    assert store.snapshot("pair-b")[0] == [(7, 8, 4)]
+
+
+def test_shipped_calibration_seeds_a_fresh_namespace_once(memory: tuple[str, CorrectionStore], tmp_path: Path) -> None:
+    from calispec_tools.memory_file import dump_export
+    from calispec_tools.shipped_calibration import seed_namespace
+
+    address, store = memory
+    path = tmp_path / "pair.json"
+    dump_export(path, "pair-a", 0, [(1, 2, 9), (3, 4, 7)], exported_at="")
+    sums = tmp_path / "SHA256SUMS"
+    sums.write_text(f"{'0' * 64}  pair.json\n")
+    assert not seed_namespace(address, "pair-a", path, TOKEN).loaded  # the hash does not match
+    sums.write_text(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  pair.json\n")
+    assert not seed_namespace(address, "pair-z", path, TOKEN).loaded  # another pair's namespace
+    assert seed_namespace(address, "pair-a", path, TOKEN).loaded
+    assert store.snapshot("pair-a")[0] == [(1, 2, 9), (3, 4, 7)]
+    again = seed_namespace(address, "pair-a", path, TOKEN)
+    assert not again.loaded and "already holds counts" in again.message
+    assert store.stats("pair-a")[0] == 16 and store.stats("pair-z")[0] == 0

@@ -1,0 +1,34 @@
+"""`calispec calibrate --corpus` against a real memory service, with the tiny pair loaded in process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from calispec_tools.memory_file import load_export
+from tests.conftest import TinyPair
+from tests.service.test_memory_cli import TOKEN, memory, run  # noqa: F401 - the fixture
+
+DOCS = [
+    {"text": "def add(a, b):\n    return a + b\n\nThe robot counted the stars again."},
+    {"prompt": "def fibonacci(n):"},
+    {"prompt": "Question: what is 7 times 6?"},
+]
+
+
+def test_corpus_events_reach_the_memory_and_match_an_export(memory, tiny_pair: TinyPair, tmp_path: Path, capsys):  # noqa: F811
+    address, store = memory
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    pair = ("--draft", str(tiny_pair.draft), "--target", str(tiny_pair.target), "--dtype", "float32")
+    common = ("--corpus", str(corpus), "--generate", "--max-new-tokens", "24", *pair, "--json")
+    args = ("--memory-addr", address, "--namespace", "tiny", "--writer-token-file", str(token))
+    assert run("calibrate", *common, *args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["documents"] == 3 and summary["events"] > 0 and summary["events_per_s"] > 0
+    assert store.stats("tiny")[0] == summary["events"]  # durable on return: every event is in the table
+    out = tmp_path / "tiny.json"
+    assert run("calibrate", *common, "--namespace", "tiny", "--export", str(out)) == 0
+    assert sorted(load_export(out, "tiny")) == sorted(store.snapshot("tiny")[0])  # the same run, the same counts
