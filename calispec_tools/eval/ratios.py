@@ -3,10 +3,11 @@
 The paper shows that one (draft x̃, target t*) pair can be harmless in one context and wrong in
 another: its ratio p_target(x̃)/p_target(t*) ranges from near 1 to below 1e-10. The serving system
 never exports that ratio (it lives inside the verifier for one round), so this is an offline,
-in-process analysis: both models are loaded here, greedy standard SD runs over the prompts with the
-services' own pieces (the draft `Proposer`, `prefill_session`, the target's `verify` and commit), and
-every rejection event records z(x̃) − z(t*) on the target's raw logits at that position. The softmax
-normaliser cancels, so that difference equals log p_target(x̃) − log p_target(t*) exactly.
+in-process analysis: both models are loaded here and greedy standard SD runs over the prompts through
+the coordinator's own `Orchestrator` over the services' engines in process (calispec_tools/inprocess.py:
+the one propose/verify loop of the codebase); a round observer on the target engine records
+z(x̃) − z(t*) on the target's raw logits at every rejection event. The softmax normaliser cancels, so
+that difference equals log p_target(x̃) − log p_target(t*) exactly.
 
 `aggregate` is pure (hand-built events in the unit tests); `collect_events` needs the models.
 """
@@ -22,13 +23,12 @@ from typing import Any
 
 import torch
 
-from calispec_core.generation import Defaults, Mode
-from calispec_core.modeling import ModelRunner, ModelSpec, Session, prefill_session
+from calispec_core.generation import Defaults, GenerationParams, Mode
+from calispec_core.modeling import ModelRunner, ModelSpec
 from calispec_core.sampling import SamplingConfig
-from calispec_core.timing import Stopwatch
-from draft_service.proposer import Proposer
-from target_service.engine import TargetEngine
-from target_service.verifier import VerifyInput, verify
+from calispec_core.timing import Deadline
+from calispec_tools.inprocess import InProcessTarget, in_process_orchestrator
+from target_service.verifier import VerifyInput, VerifyOutput, verify
 
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 LN10 = math.log(10.0)
@@ -108,11 +108,31 @@ def aggregate(
 
 # --- collection (needs the models) -----------------------------------------------------------------
 
+DEADLINE_S = 3600.0  # per prompt; an offline run on a slow CPU may take long, but never forever
+
 
 @dataclass(frozen=True)
 class SdConfig:
     gamma: int = 6
     max_new_tokens: int = 128
+
+
+class RatioObserver:
+    """A target-engine round observer: z(x̃) − z(t*) at every rejection event of every verified round."""
+
+    def __init__(self) -> None:
+        self.events: list[RatioEvent] = []
+
+    def __call__(self, batch: VerifyInput, out: VerifyOutput) -> None:
+        mask = out.event_mask  # [B, G]
+        if not bool(mask.any()):
+            return
+        draft = torch.where(mask, batch.draft_tokens, 0)  # [B, G] placeholders -> 0, safe to gather
+        target = torch.where(mask, out.target_tokens, 0)  # [B, G]
+        z = batch.target_logits[:, : draft.shape[1]].float()  # [B, G, V] raw logits at the draft positions
+        diff = z.gather(-1, draft.unsqueeze(-1)).squeeze(-1) - z.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        rows = zip(draft[mask].tolist(), target[mask].tolist(), diff[mask].tolist(), strict=True)
+        self.events += [RatioEvent(d, t, r) for d, t, r in rows]
 
 
 def _verify_input(logits: torch.Tensor, draft: list[int]) -> VerifyInput:
@@ -133,79 +153,48 @@ def _verify_input(logits: torch.Tensor, draft: list[int]) -> VerifyInput:
     )
 
 
-def _no_memory(draft_ids: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
-    return torch.zeros_like(draft_ids)  # SD never rescues, so the memory is never consulted
-
-
 def round_events(logits: torch.Tensor, draft: list[int]) -> tuple[int, int, list[RatioEvent]]:
-    """Verify one round; (accepted count, next token, its rejection events with their log-ratios)."""
+    """One hand-built round through the verifier and the observer: (accepted, next token, its events)."""
     inp = _verify_input(logits, draft)
-    out = verify(inp, _no_memory)
-    mask = out.event_mask[0]  # [G]; in SD: at most the one rejected position
-    z = logits[0, : len(draft)].float()  # [G, V] raw logits at the draft positions
-    draft_ids, target_ids = inp.draft_tokens[0], out.target_tokens[0]  # [G], [G] (every slot is a real draft)
-    diff = z.gather(1, draft_ids.view(-1, 1)).view(-1) - z.gather(1, target_ids.view(-1, 1)).view(-1)  # [G]
-    events = [
-        RatioEvent(d, t, r)
-        for d, t, r in zip(draft_ids[mask].tolist(), target_ids[mask].tolist(), diff[mask].tolist(), strict=True)
-    ]
-    return int(out.accepted_count[0]), int(out.next_token[0]), events
+    out = verify(inp, lambda d, t: torch.zeros_like(d))  # SD never rescues: the memory is never consulted
+    observer = RatioObserver()
+    observer(inp, out)
+    return int(out.accepted_count[0]), int(out.next_token[0]), observer.events
 
 
-class SdPair:
-    """The draft `Proposer` and a target session, run greedy standard SD one prompt at a time."""
+class SdRun:
+    """Greedy standard SD through the Orchestrator, both models in process, events observed per round."""
 
     def __init__(self, draft: ModelRunner, target: ModelRunner, config: SdConfig) -> None:
-        self.draft, self.target, self.config = draft, target, config
-        self.proposer = Proposer(draft, max_sessions=1)
+        self.config = config
+        self.observer = RatioObserver()
+        self.backend = InProcessTarget(target, observer=self.observer)
+        self.orchestrator = in_process_orchestrator(draft, self.backend)
 
-    def generate(self, prompt_ids: list[int], stop: Sequence[str] = ()) -> tuple[list[int], list[RatioEvent]]:
-        """(generated token ids, every rejection event) of one greedy SD generation; it ends at EOS, a stop
-        string or the budget, checked per round, so the last round's tokens may run past them."""
-        sid = "ratio-analysis"
-        self.proposer.prefill(sid, prompt_ids, SamplingConfig(), Stopwatch())
-        session = prefill_session(self.target, sid, prompt_ids)
-        try:
-            return self._generate(sid, session, len(prompt_ids), stop)
-        finally:
-            self.proposer.close(sid)
+    def generate(self, prompt: str, stop: Sequence[str] = ()) -> list[int]:
+        """The generated token ids of one request (its events go to self.observer)."""
+        params = GenerationParams(
+            self.config.max_new_tokens, SamplingConfig(), tuple(stop), self.config.gamma, Mode.SD,
+            Defaults.tau, Defaults.lambda_,
+        )  # fmt: skip
+        chunks = self.orchestrator.generate(prompt, params, Deadline(DEADLINE_S))
+        return [token for chunk in chunks for token in chunk.token_ids]
 
-    def _generate(
-        self, sid: str, session: Session, prompt_len: int, stop: Sequence[str]
-    ) -> tuple[list[int], list[RatioEvent]]:
-        events: list[RatioEvent] = []
-        rollback: int | None = None
-        append: list[int] = []
-        eos = set(self.target.eos_token_ids)
-        while (made := len(session.tokens) - prompt_len) < self.config.max_new_tokens:
-            room = self.target.max_context - len(session.tokens) - 1
-            gamma = min(self.config.gamma, self.config.max_new_tokens - made, room)
-            if gamma < 1:
-                break
-            draft = self.proposer.propose(sid, gamma, rollback, append, Stopwatch()).token_ids
-            logits = self.target.forward(session.pending() + draft, session.cache, logits_to_keep=gamma + 1)
-            accepted, next_token, round_ev = round_events(logits, draft)
-            events += round_ev
-            kept = len(session.tokens)
-            TargetEngine._commit(session, draft, accepted, next_token)  # the service's own commit rule
-            rollback, append = kept + accepted, [next_token]  # what the coordinator tells the draft
-            if eos & set(session.tokens[kept:]) or self._stopped(session.tokens[prompt_len:], stop):
-                break
-        return session.tokens[prompt_len:], events
-
-    def _stopped(self, generated: list[int], stop: Sequence[str]) -> bool:
-        return bool(stop) and any(s in self.target.tokenizer.decode(generated) for s in stop)
+    def close(self) -> None:
+        self.backend.stop()
 
 
 def collect_events(
     draft: ModelRunner, target: ModelRunner, prompts: Sequence[tuple[str, Sequence[str]]], config: SdConfig
 ) -> list[RatioEvent]:
-    """Events over (prompt text, stop strings) pairs, tokenized with the target's tokenizer (as the coordinator)."""
-    pair = SdPair(draft, target, config)
-    events: list[RatioEvent] = []
-    for text, stop in prompts:
-        events += pair.generate(target.tokenizer.encode(text), stop)[1]
-    return events
+    """Events over (prompt text, stop strings) pairs; the Orchestrator tokenizes as the coordinator does."""
+    run = SdRun(draft, target, config)
+    try:
+        for text, stop in prompts:
+            run.generate(text, stop)
+    finally:
+        run.close()
+    return run.observer.events
 
 
 def run(

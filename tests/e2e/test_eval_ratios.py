@@ -7,7 +7,7 @@ import math
 import torch
 
 from calispec_core.modeling import ModelRunner, prefill_session
-from calispec_tools.eval.ratios import SdConfig, SdPair, collect_events
+from calispec_tools.eval.ratios import SdConfig, SdRun, collect_events
 
 
 def target_greedy(target: ModelRunner, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
@@ -27,14 +27,14 @@ def test_in_process_sd_emits_target_greedy_and_ratios_below_one(
     draft_runner: ModelRunner, target_runner: ModelRunner
 ) -> None:
     prompts = ["def fibonacci(n):", "The robot counted"]
-    pair = SdPair(draft_runner, target_runner, SdConfig(gamma=4, max_new_tokens=24))
-    rejections = 0
-    for text in prompts:
-        ids = target_runner.tokenizer.encode(text)
-        tokens, events = pair.generate(ids)
-        expected = target_greedy(target_runner, ids, 24)
-        assert tokens[: len(expected)] == expected  # greedy SD is lossless: the bookkeeping is right
-        rejections += len(events)
+    sd = SdRun(draft_runner, target_runner, SdConfig(gamma=4, max_new_tokens=24))
+    try:
+        for text in prompts:
+            tokens = sd.generate(text)
+            assert tokens == target_greedy(target_runner, target_runner.tokenizer.encode(text), 24)  # lossless
+    finally:
+        sd.close()
+    rejections = len(sd.observer.events)
     assert rejections > 0  # the tiny draft disagrees with its target somewhere in 48 tokens
     events = collect_events(draft_runner, target_runner, [(p, ()) for p in prompts], SdConfig(4, 24))
     assert len(events) == rejections  # the same run, through the public entry
