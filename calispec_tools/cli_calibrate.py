@@ -150,7 +150,7 @@ def _run_local(
     from calispec_tools.calibrate.sink import MemoryWriter
 
     calibrator = _load(args, config, draft, target)
-    writer = MemoryWriter(address, namespace, token)
+    writer = MemoryWriter(address, namespace, token, calibrator.target.vocab_size)
     try:
         summary = calibrator.run(docs, writer.send)
     finally:

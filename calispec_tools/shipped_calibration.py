@@ -15,9 +15,8 @@ from pathlib import Path
 
 from calispec.v1 import memory_pb2, memory_pb2_grpc
 from calispec_core.credentials import writer_metadata
-from calispec_core.grpc_server import make_channel
+from calispec_core.grpc_server import TlsConfig, make_channel
 from calispec_tools.memory_file import MemoryFileError, load_export
-from calispec_tools.memory_reads import memory_events
 
 CALIBRATION_DIR = Path(__file__).resolve().parent / "data" / "calibration"
 CORPUS_DIR = CALIBRATION_DIR / "corpus"
@@ -51,18 +50,21 @@ class SeedResult:
     message: str
 
 
-def seed_namespace(memory_address: str, namespace: str, path: Path, token: str | None) -> SeedResult:
-    """Load the file into `namespace` unless it already holds counts."""
-    if memory_events(memory_address, namespace) > 0:
-        return SeedResult(False, f"calibration: {namespace} already holds counts; {path.name} not loaded again")
-    try:
-        check_file(path)
-        pairs = load_export(path, namespace)
-    except MemoryFileError as exc:
-        return SeedResult(False, f"calibration not loaded: {exc}")
-    events = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for d, t, c in pairs]
-    request = memory_pb2.RecordEventsRequest(namespace=namespace, events=events, wait_durable=True)
-    with make_channel(memory_address) as channel:
+def seed_namespace(
+    memory_address: str, namespace: str, path: Path, token: str | None, tls: TlsConfig | None = None
+) -> SeedResult:
+    """Load the file into `namespace` unless it already holds counts (the stack's writer credentials)."""
+    with make_channel(memory_address, tls) as channel:
         stub = memory_pb2_grpc.MemoryServiceStub(channel)
+        stats = stub.GetStats(memory_pb2.GetStatsRequest(namespace=namespace), timeout=30)
+        if stats.total_events > 0:
+            return SeedResult(False, f"calibration: {namespace} already holds counts; {path.name} not loaded again")
+        try:
+            check_file(path)
+            pairs = load_export(path, namespace)
+        except MemoryFileError as exc:
+            return SeedResult(False, f"calibration not loaded: {exc}")
+        events = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for d, t, c in pairs]
+        request = memory_pb2.RecordEventsRequest(namespace=namespace, events=events, wait_durable=True)
         reply = stub.RecordEvents(request, timeout=60, metadata=writer_metadata(token, "calispec-calibration"))
     return SeedResult(True, f"calibration: loaded {len(pairs)} pairs ({reply.recorded} events) from {path.name}")

@@ -164,7 +164,8 @@ class LocalStack:
             memory = self._spawn("memory_service", self.memory_args(c.memory_port))
             if c.calibration_file is not None:  # before the target starts: its first snapshot holds it
                 token = self.writer_token_file.read_text(encoding="utf-8").strip()
-                self.calibration = seed_namespace(memory.address, self.memory_namespace, c.calibration_file, token)
+                tls = DevCerts(c.tls_dir).tls("target") if c.tls_dir else None  # the verifiers' client certificate
+                self.calibration = seed_namespace(memory.address, self.memory_namespace, c.calibration_file, token, tls)
                 log.info("%s", self.calibration.message)
             draft_threads = service_threads(c)[0]
             self._spawn("draft_service", [

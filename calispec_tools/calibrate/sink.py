@@ -21,8 +21,16 @@ class MemoryWriter:
     """Ships each batch of events as they come; `close()` sends the last one durably (so everything sent
     before it is committed too: the service commits in order) and closes the channel."""
 
-    def __init__(self, address: str, namespace: str, token: str | None, writer_id: str = "calispec-calibrate") -> None:
+    def __init__(
+        self,
+        address: str,
+        namespace: str,
+        token: str | None,
+        vocab_size: int = 0,
+        writer_id: str = "calispec-calibrate",
+    ) -> None:
         self.namespace = namespace
+        self.vocab_size = vocab_size  # declared with every write: the service refuses another pair's vocabulary
         self._channel = make_channel(address)
         self._stub = memory_pb2_grpc.MemoryServiceStub(self._channel)
         self._metadata = writer_metadata(token, writer_id)
@@ -51,7 +59,9 @@ class MemoryWriter:
 
     def _record(self, chunk: Iterable[tuple[Pair, int]], durable: bool, timeout_s: float) -> None:
         pairs = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for (d, t), c in chunk]
-        request = memory_pb2.RecordEventsRequest(namespace=self.namespace, events=pairs, wait_durable=durable)
+        request = memory_pb2.RecordEventsRequest(
+            namespace=self.namespace, events=pairs, wait_durable=durable, vocab_size=self.vocab_size
+        )
         deadline = time.monotonic() + timeout_s
         while True:
             try:
