@@ -50,6 +50,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--address", default=DEFAULT_COORDINATOR, help="--prompts: coordinator HOST:PORT")
     p.add_argument("--timeout", type=float, default=300.0, help="--prompts: per request, seconds")
+    from calispec_tools.cli_auth import add_client_auth_args
+    from calispec_tools.cli_memory import add_memory_tls_args
+
+    add_client_auth_args(p)  # --prompts: the coordinator's API key / TLS
+    add_memory_tls_args(p)  # the memory service under mutual TLS (a verifier's certificate to write)
     p.set_defaults(func=cmd_calibrate)
 
 
@@ -116,10 +121,10 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
 def _memory_target(args: argparse.Namespace) -> tuple[str, str, str]:
     from calispec_core.credentials import read_writer_token
     from calispec_core.errors import CalispecError
-    from calispec_tools.cli_memory import memory_address, resolve_namespace, writer_token_file
+    from calispec_tools.cli_memory import memory_address, memory_tls, resolve_namespace, writer_token_file
 
     address = memory_address(args.memory_addr)
-    namespace = resolve_namespace(address, args.namespace)
+    namespace = resolve_namespace(address, args.namespace, memory_tls(args))
     try:
         token = read_writer_token(writer_token_file(args.writer_token_file))
     except CalispecError as exc:
@@ -148,9 +153,10 @@ def _run_local(
     token: str,
 ) -> Any:
     from calispec_tools.calibrate.sink import MemoryWriter
+    from calispec_tools.cli_memory import memory_tls
 
     calibrator = _load(args, config, draft, target)
-    writer = MemoryWriter(address, namespace, token, calibrator.target.vocab_size)
+    writer = MemoryWriter(address, namespace, token, calibrator.target.vocab_size, tls=memory_tls(args))
     try:
         summary = calibrator.run(docs, writer.send)
     finally:
@@ -207,7 +213,8 @@ def read_prompts(path: Path) -> list[str]:
 
 def calibrate_by_sd(args: argparse.Namespace) -> int:
     from calispec.client import CalispecClient, CalispecRpcError
-    from calispec_tools.cli_memory import memory_address, resolve_namespace
+    from calispec_tools.cli_auth import client_auth
+    from calispec_tools.cli_memory import memory_address, memory_tls, resolve_namespace
     from calispec_tools.memory_reads import memory_events, wait_for_events
 
     try:
@@ -216,12 +223,12 @@ def calibrate_by_sd(args: argparse.Namespace) -> int:
         return _fail(f"cannot read prompts: {exc}")
     if not prompts:
         return _fail(f"{args.prompts} holds no prompts")
-    address = memory_address(args.memory_addr)
-    namespace = resolve_namespace(address, args.namespace)
-    before = memory_events(address, namespace)
+    address, tls = memory_address(args.memory_addr), memory_tls(args)
+    namespace = resolve_namespace(address, args.namespace, tls)
+    before = memory_events(address, namespace, tls=tls)
     rejections = 0
     start = time.perf_counter()
-    with CalispecClient(args.address) as client:
+    with CalispecClient(args.address, **client_auth(args)) as client:
         for i, prompt in enumerate(prompts, 1):
             try:
                 result = client.generate(
@@ -233,7 +240,7 @@ def calibrate_by_sd(args: argparse.Namespace) -> int:
             rejections += result.stats.rejections
             print(f"[{i}/{len(prompts)}] rejections {result.stats.rejections}", file=sys.stderr)
     # The target ships its events in the background: wait until the memory holds them all.
-    seeded = wait_for_events(address, namespace, before + rejections, timeout_s=30) - before
+    seeded = wait_for_events(address, namespace, before + rejections, timeout_s=30, tls=tls) - before
     elapsed = time.perf_counter() - start
     print(
         f"calibration: {len(prompts)} prompts, {rejections} rejection events, {seeded} recorded in {namespace} "

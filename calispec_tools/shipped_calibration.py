@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calispec.v1 import memory_pb2, memory_pb2_grpc
-from calispec_core.credentials import writer_metadata
-from calispec_core.grpc_server import TlsConfig, make_channel
+from calispec_core.credentials import MEMORY, TlsConfig, writer_metadata
+from calispec_core.grpc_server import make_channel
 from calispec_tools.memory_file import MemoryFileError, load_export
 
 CALIBRATION_DIR = Path(__file__).resolve().parent / "data" / "calibration"
@@ -54,7 +54,7 @@ def seed_namespace(
     memory_address: str, namespace: str, path: Path, token: str | None, tls: TlsConfig | None = None
 ) -> SeedResult:
     """Load the file into `namespace` unless it already holds counts (the stack's writer credentials)."""
-    with make_channel(memory_address, tls) as channel:
+    with make_channel(memory_address, tls, server_name=MEMORY) as channel:
         stub = memory_pb2_grpc.MemoryServiceStub(channel)
         stats = stub.GetStats(memory_pb2.GetStatsRequest(namespace=namespace), timeout=30)
         if stats.total_events > 0:

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 import grpc
 
 from calispec.v1 import memory_pb2, memory_pb2_grpc
-from calispec_core.credentials import writer_metadata
+from calispec_core.credentials import MEMORY, TlsConfig, writer_metadata
 from calispec_core.grpc_server import make_channel
 
 Pair = tuple[int, int]
@@ -28,10 +28,11 @@ class MemoryWriter:
         token: str | None,
         vocab_size: int = 0,
         writer_id: str = "calispec-calibrate",
+        tls: TlsConfig | None = None,  # a verifier's certificate when the memory service runs mutual TLS
     ) -> None:
         self.namespace = namespace
         self.vocab_size = vocab_size  # declared with every write: the service refuses another pair's vocabulary
-        self._channel = make_channel(address)
+        self._channel = make_channel(address, tls, server_name=MEMORY)
         self._stub = memory_pb2_grpc.MemoryServiceStub(self._channel)
         self._metadata = writer_metadata(token, writer_id)
         self._held: Counter[Pair] = Counter()  # the latest batch, held back to be the durable one
