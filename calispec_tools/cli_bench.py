@@ -30,6 +30,7 @@ class Endpoints:
     memory: str | None  # the memory service, for the rejection analysis (None: skip it)
     namespace: str  # the pair's correction-memory namespace
     tokenizer: Path | None  # to label token ids in reports (None: ids only)
+    writer_token_file: Path | None = None  # --local: the stack's verifier credential (calibration writes)
 
 
 def _csv(kind: type) -> Any:
@@ -101,7 +102,7 @@ def local_stack(args: argparse.Namespace, namespace: str | None = None) -> Itera
         print(f"starting a local stack (draft {draft}, target {target})...", file=sys.stderr)
         with LocalStack(config) as stack:
             memory = stack.services["memory_service"].address
-            yield Endpoints(stack.coordinator_address, memory, stack.memory_namespace, target)
+            yield Endpoints(stack.coordinator_address, memory, stack.memory_namespace, target, stack.writer_token_file)
 
 
 @contextmanager
@@ -271,11 +272,13 @@ def add_eval_parser(sub: Any) -> None:
     p.add_argument("--ratio-top", type=int, default=15, help="pairs in the ratio report (most frequent first)")
     p.add_argument(
         "--calibration-study", action="store_true",
-        help="with --local: csd on three fresh stacks: no calibration, calibrated on general prose, on task prompts",
+        help="with --local: every mode on a fresh stack per calibration (--calibrations): none, the shipped "
+        "calibration, task-like text; teacher-forced in this process",
     )  # fmt: skip
+    p.add_argument("--calibrations", default="none,shipped,task", help="the study's calibrations, comma-separated")
     p.add_argument(
         "--calibration-limit", type=int, default=None,
-        help="calibration prompts per task kind (general: as many in all; default: --limit, else every prompt)",
+        help="task calibration: prompts per task kind (default: --limit, else every prompt of the set)",
     )  # fmt: skip
     p.set_defaults(func=cmd_eval)
 
@@ -312,23 +315,103 @@ def _ratio_analysis(args: argparse.Namespace, tasks: list[Any], config: Any) -> 
     return ratios.run(draft, target, prompts, sd, args.dtype, args.device, top=args.ratio_top)
 
 
-def _calibration_study(args: argparse.Namespace, tasks: list[Any], config: Any, progress: Any) -> dict[str, Any]:
+CALIBRATION_NEW_TOKENS = 96  # the target's continuation per calibration prompt (as `make calibration`)
+
+
+def _study_calibrate(args: argparse.Namespace, config: Any, kinds: list[str]) -> Any:
+    """The study's CalibrateFn: the shipped file if the pair has one, else teacher-forced here (models loaded once)."""
+    from calispec_core.modeling import ModelRunner, ModelSpec
+    from calispec_tools.calibrate.job import CalibrateConfig, Calibrator
+    from calispec_tools.calibrate.sink import MemoryWriter
+    from calispec_tools.eval.calibration import calibration_documents
+    from calispec_tools.shipped_calibration import seed_namespace, shipped_for_namespace
+
+    loaded: list[Calibrator] = []
+    per_kind = args.calibration_limit if args.calibration_limit is not None else args.limit
+
+    def calibrator() -> Calibrator:
+        if not loaded:
+            draft, target = (ModelRunner(ModelSpec(d, args.dtype, args.device)) for d in model_dirs(args))
+            cfg = CalibrateConfig(generate=True, gamma=args.gamma or 6, max_new_tokens=CALIBRATION_NEW_TOKENS)
+            loaded.append(Calibrator(draft, target, cfg))
+        return loaded[0]
+
+    def calibrate(label: str, ep: Any) -> dict[str, Any]:
+        if label == "none":
+            return {"source": "none", "events": 0}
+        shipped = shipped_for_namespace(ep.namespace) if label == "shipped" else None
+        if shipped is not None:
+            result = seed_namespace(ep.memory, ep.namespace, shipped, ep.writer_token)
+            return {"source": shipped.name, "loaded": result.loaded, "message": result.message}
+        docs = calibration_documents(label, kinds, per_kind, config.prompt_format)
+        cal = calibrator()
+        writer = MemoryWriter(ep.memory, ep.namespace, ep.writer_token, cal.target.vocab_size)
+        try:
+            summary = cal.run(docs, writer.send)
+        finally:
+            writer.close()
+        return {"source": "teacher-forced here", **summary.to_dict()}
+
+    return calibrate
+
+
+def _calibration_study(
+    args: argparse.Namespace, tasks: list[Any], variant_list: list[Any], config: Any, progress: Any
+) -> dict[str, Any]:
+    from calispec_core.credentials import read_writer_token
     from calispec_tools.eval.calibration import StudyEndpoints, run_study
 
     @contextmanager
     def fresh_stack(variant: str) -> Iterator[StudyEndpoints]:
-        # a fresh DB per variant already isolates it; the namespace names it in the JSON and the logs
-        with local_stack(args, namespace=f"calibration-study/{variant}") as ep:
-            assert ep.memory is not None
-            yield StudyEndpoints(ep.coordinator, ep.memory, ep.namespace)
+        with local_stack(args) as ep:  # a fresh DB per calibration; the pair's own namespace
+            assert ep.memory is not None and ep.writer_token_file is not None
+            token = read_writer_token(ep.writer_token_file)
+            assert token is not None
+            yield StudyEndpoints(ep.coordinator, ep.memory, ep.namespace, token)
 
-    per_kind = args.calibration_limit if args.calibration_limit is not None else args.limit
-    return run_study(fresh_stack, tasks, config, per_kind, progress)
+    kinds = list(dict.fromkeys(t.kind for t in tasks))
+    calibrations = [c.strip() for c in args.calibrations.split(",") if c.strip()]
+    calibrate = _study_calibrate(args, config, kinds)
+    return run_study(fresh_stack, calibrate, tasks, variant_list, config, progress, calibrations)
+
+
+def _progress(total: int) -> Any:
+    done = 0
+
+    def progress(row: dict[str, Any]) -> None:
+        nonlocal done
+        done += 1
+        label = f"{row.get('calibration', '')} {row['variant']}".strip()
+        print(f"\r[{done}/{total}] {row['task']} {label}: {row['status']}".ljust(70), end="", file=sys.stderr)
+
+    return progress
+
+
+def _eval_study(args: argparse.Namespace, tasks: list[Any], variant_list: list[Any], config: Any, out: Path) -> int:
+    """--calibration-study: the paper-style table per calibration, the rejection concentration, eval.json."""
+    from calispec_tools.eval import report
+
+    calibrations = [c.strip() for c in args.calibrations.split(",") if c.strip()]
+    progress = _progress(len(tasks) * len(variant_list) * len(calibrations))
+    study = _calibration_study(args, tasks, variant_list, config, progress)
+    print(file=sys.stderr)
+    print("calibration study (greedy; speed vs ar on the same fresh stack):")
+    print(report.format_study(study["summary"]))
+    print("\n" + report.format_concentration(study["calibration"]))
+    doc = {
+        "config": {**config.to_dict(), "local": True, "tasks": args.tasks, "limit": args.limit,
+                   "variants": [v.label for v in variant_list], "calibrations": calibrations, "argv": sys.argv[1:]},
+        "calibration_study": study, "rows": study["rows"],
+    }  # fmt: skip
+    written = [report.write_json(out / "eval.json", doc)]
+    if not args.no_plots:
+        written.append(report.plot_concentration(out / "concentration.png", study["calibration"]))
+    print("\nwrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+    return 0 if any(r["error"] is None for r in study["rows"]) else 1
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from calispec_tools.eval import report
-    from calispec_tools.eval.calibration import STUDY_MODES, STUDY_VARIANTS
     from calispec_tools.eval.rejections import PROBABILITY_RATIO_NOTE, analyse
     from calispec_tools.eval.runner import EvalConfig, run_eval, variants
     from calispec_tools.eval.tasks import load_tasks
@@ -339,14 +422,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     variant_list = variants(args.modes, args.sweep_tau, args.sweep_lambda)
     config = EvalConfig(args.max_new_tokens, args.gamma, args.prompt_format, args.timeout, args.sandbox_timeout)
     out = out_dir(args, "eval")
-    total = len(tasks) * (len(variant_list) + (len(STUDY_VARIANTS) * len(STUDY_MODES) if args.calibration_study else 0))
-    done = 0
-
-    def progress(row: dict[str, Any]) -> None:
-        nonlocal done
-        done += 1
-        label = f"{row.get('calibration', '')} {row['variant']}".strip()
-        print(f"\r[{done}/{total}] {row['task']} {label}: {row['status']}".ljust(70), end="", file=sys.stderr)
+    if args.calibration_study:
+        return _eval_study(args, tasks, variant_list, config, out)
+    progress = _progress(len(tasks) * len(variant_list))
 
     with endpoints(args) as ep:
         before = memory_events(ep.memory, ep.namespace) if ep.memory else 0
@@ -358,9 +436,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
             expected = before + sum(r["stats"]["rejections"] for r in rows if r["stats"])
             wait_for_events(ep.memory, ep.namespace, expected)
             analysis = analyse(fetch_pairs(ep.memory, ep.namespace), _decoder(ep.tokenizer))
-    study = _calibration_study(args, tasks, config, progress) if args.calibration_study else None
-    if study is not None:
-        print(file=sys.stderr)
     ratios = _ratio_analysis(args, tasks, config) if args.ratio_analysis else None
     if ratios is not None or analysis is not None:
         analysis = {**(analysis or {}), "probability_ratio": ratios or PROBABILITY_RATIO_NOTE}
@@ -370,15 +445,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print("\n" + report.format_rejections(analysis))
     if ratios is not None:
         print("\n" + report.format_ratios(ratios))
-    if study is not None:
-        print("\ncalibration study (csd; speedup vs ar on the same fresh stack):")
-        print(report.format_study(study["summary"]))
     doc = {
         "config": {**config.to_dict(), "address": ep.coordinator, "local": args.local, "tasks": args.tasks,
                    "limit": args.limit, "variants": [v.label for v in variant_list], "argv": sys.argv[1:],
                    "order": "per task, every variant in turn (the memory learns online across the run)"},
         "summary": summary, "rejections": analysis, "memory_namespace": ep.namespace,
-        "calibration_study": study or "not run (--calibration-study)", "rows": rows,
+        "calibration_study": "not run (--calibration-study)", "rows": rows,
     }  # fmt: skip
     written = [report.write_json(out / "eval.json", doc)]
     if not args.no_plots:

@@ -111,10 +111,11 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
         from calispec_tools.calibrate.ray_job import RayJob, run_on_ray
 
         job = RayJob(str(draft), str(target), args.dtype, args.device, address, namespace, token)
-        summary = run_on_ray(args.ray, docs, config, job, args.workers, args.worker_cpus)
+        summary, parts = run_on_ray(args.ray, docs, config, job, args.workers, args.worker_cpus)
+        extra = {"workers": [{"documents": p.documents, "events": p.events, "total_s": p.total_s} for p in parts]}
     else:
-        summary = _run_local(args, docs, config, draft, target, address, namespace, token)
-    _print_summary(summary.to_dict() | {"namespace": namespace}, summary.pairs, args.json)
+        summary, extra = _run_local(args, docs, config, draft, target, address, namespace, token), {}
+    _print_summary(summary.to_dict() | {"namespace": namespace, **extra}, summary.pairs, args.json)
     return 0
 
 

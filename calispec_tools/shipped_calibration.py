@@ -10,6 +10,7 @@ written (a fresh memory database, or a new pair), so the first request can alrea
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,17 @@ SUMS_NAME = "SHA256SUMS"
 def shipped_file(pair: str) -> Path | None:
     path = CALIBRATION_DIR / f"{pair}.json"
     return path if path.is_file() else None
+
+
+def shipped_for_namespace(namespace: str) -> Path | None:
+    """The shipped file written for this namespace (its "namespace" field), if any."""
+    for path in sorted(CALIBRATION_DIR.glob("*.json")):
+        try:
+            if json.loads(path.read_text(encoding="utf-8")).get("namespace") == namespace:
+                return path
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def recorded_sha256(path: Path) -> str | None:

@@ -1,9 +1,9 @@
-"""The target's own greedy continuations of prompts, many sessions per forward.
+"""The target's own greedy continuations of prompts, many prompts per forward.
 
-Uses the target service's own pieces (`prefill_session`, `forward_rows`: the batched forward
-over per-session KV caches that serves concurrent Verify calls), so a continuation is what
-the serving target would emit. It never stops at EOS: a greedy SD run's last round may verify
-draft tokens past the EOS it emits (see teacher.py), so the text must go on for the whole budget.
+One left-padded batch with one KV cache, an attention mask and explicit position ids (so every
+row is exactly its own sequence), through the runner's batched forward, as the target service
+batches sessions. It never stops at EOS: a greedy SD run's last round may verify draft tokens past
+the EOS it emits (see teacher.py), so the text must go on for the whole budget.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from calispec_core.modeling import ModelRunner, prefill_session
-from target_service.batch_forward import forward_rows
+from calispec_core.modeling import ModelRunner
 
 
 def budget_for(runner: ModelRunner, prompt: Sequence[int], max_new_tokens: int) -> int:
@@ -24,15 +23,23 @@ def budget_for(runner: ModelRunner, prompt: Sequence[int], max_new_tokens: int) 
 @torch.inference_mode()
 def continue_greedy(runner: ModelRunner, prompts: Sequence[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Greedy continuations (budget_for tokens each) of every prompt, all prompts in one batch."""
-    sessions = [prefill_session(runner, f"calibrate-{i}", list(p)) for i, p in enumerate(prompts)]
+    device = runner.device
     budgets = [budget_for(runner, p, max_new_tokens) for p in prompts]
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long, device=device)  # [B, P] left-padded
+    mask = torch.zeros_like(ids)  # [B, P]
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p) :] = torch.tensor(p, dtype=torch.long, device=device)
+        mask[b, width - len(p) :] = 1
+    positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)  # [B, P] each row counts from its first real token
+    cache = runner.new_cache()
     outputs: list[list[int]] = [[] for _ in prompts]
-    while live := [b for b, out in enumerate(outputs) if len(out) < budgets[b]]:
-        rows = [sessions[b] for b in live]
-        logits, caches = forward_rows(runner, [s.cache for s in rows], [s.pending() for s in rows], [1] * len(rows))
-        for b, session, cache, row_logits in zip(live, rows, caches, logits, strict=True):
-            token = int(row_logits[-1].argmax())
-            session.cache = cache
-            session.tokens.append(token)
-            outputs[b].append(token)
+    for _ in range(max(budgets, default=0)):
+        logits = runner.forward_batch(ids, mask, positions, cache, logits_to_keep=1)  # [B, 1, V]
+        ids = logits[:, -1].argmax(dim=-1, keepdim=True)  # [B, 1]
+        for b, token in enumerate(ids.view(-1).tolist()):
+            if len(outputs[b]) < budgets[b]:
+                outputs[b].append(token)
+        mask = torch.cat([mask, torch.ones_like(ids)], dim=1)  # [B, P + t]
+        positions = positions[:, -1:] + 1  # [B, 1]
     return outputs

@@ -1,13 +1,19 @@
-"""Calibration study: csd with no calibration vs calibration on a general corpus vs task-specific.
+"""Calibration study: every decoding mode with no calibration, the shipped calibration, task-like calibration.
 
-The paper: a universal calibration set gives the same speedup as task-specific calibration, and with
-none at all the online updates alone still raise acceptance. Each variant gets a fresh stack with its
-own memory database and namespace (a target reads one namespace per process, so a shared stack would
-leak counts between variants), is calibrated the way `calispec calibrate` does it (standard SD through
-the stack; the target counts every rejection event), then runs the eval tasks in `ar` and `csd`
-(`ar` in the same stack is the speedup's baseline, so stack-to-stack drift cancels).
+Each calibration variant gets a fresh stack with its own memory database (a shared stack would
+leak counts between variants), is calibrated teacher-forced (calispec_tools/calibrate/: the models
+in this process, the events written through the memory service's authenticated RecordEvents), then
+runs the tasks in every mode (`ar` in the same stack is the speedup's baseline, so stack-to-stack
+drift cancels). The memory's rejection concentration (share of events held by the top x% of pairs)
+is read right after calibrating and again after the tasks (the online updates of the run).
 
-`calibration_prompts`, `summarize_study` are pure; `run_study` drives stacks through a factory.
+- none: an empty memory (online updates only);
+- shipped: the pair's shipped export file if it has one (calispec_tools/data/calibration/), else the
+  same pipeline over the corpus the repo carries, run here;
+- task: the shipped prompt sets of the task kinds (calispec_tools/data/prompts/, written for the
+  project, not the evaluation tasks), continued by the target (--generate): task-like text.
+
+`calibration_documents`, `summarize_study` are pure; `run_study` drives stacks through a factory.
 """
 
 from __future__ import annotations
@@ -17,16 +23,16 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from calispec.client import CalispecClient
-from calispec_tools.bench.prompts import BUILTIN_DIR, Prompt, load_jsonl
+from calispec_tools.bench.prompts import BUILTIN_DIR, load_jsonl
+from calispec_tools.calibrate.corpus import Document, load_corpus
+from calispec_tools.eval.rejections import analyse
 from calispec_tools.eval.report import summarize
 from calispec_tools.eval.runner import EvalConfig, Variant, run_eval
 from calispec_tools.eval.tasks import Task, qwen_chat
-from calispec_tools.memory_reads import memory_events, wait_for_events
+from calispec_tools.memory_reads import fetch_pairs
+from calispec_tools.shipped_calibration import CORPUS_DIR
 
-STUDY_VARIANTS = ("none", "general", "task")
-GENERAL_SET = "prose"  # the shipped summarisation-style prose stands in for a general corpus
-STUDY_MODES = (Variant("ar"), Variant("csd"))
+STUDY_VARIANTS = ("none", "shipped", "task")
 
 
 @dataclass(frozen=True)
@@ -34,86 +40,65 @@ class StudyEndpoints:
     coordinator: str
     memory: str
     namespace: str
+    writer_token: str  # the stack's verifier credential: calibration writes as verifiers do
 
 
 # (variant label) -> a fresh stack for it, stopped when the block exits
 StackFactory = Callable[[str], AbstractContextManager[StudyEndpoints]]
+# (variant label, its fresh stack) -> what the calibration did (events, pairs, seconds, source)
+CalibrateFn = Callable[[str, StudyEndpoints], dict[str, Any]]
 
 
-def calibration_prompts(
+def calibration_documents(
     variant: str, kinds: Sequence[str], per_kind: int | None = None, prompt_format: str = "raw"
-) -> list[Prompt]:
-    """The calibration set of a variant: none; the general set; or the prompt sets of the task kinds.
-
-    General and task-specific get the same number of prompts (per_kind × kinds, as far as the general
-    set reaches), so the comparison is about the text, not the amount."""
+) -> list[Document]:
+    """The teacher-forced calibration set of a variant ("shipped" without a shipped file: the repo's corpus)."""
     if variant == "none":
         return []
-    if variant == "general":
-        prompts = load_jsonl(BUILTIN_DIR / f"{GENERAL_SET}.jsonl")
-        prompts = prompts[: per_kind * len(kinds)] if per_kind is not None else prompts
-    elif variant == "task":
-        prompts = [p for kind in kinds for p in load_jsonl(BUILTIN_DIR / f"{kind}.jsonl")[:per_kind]]
-    else:
+    if variant == "shipped":
+        return load_corpus(CORPUS_DIR)
+    if variant != "task":
         raise ValueError(f"calibration variant must be one of {STUDY_VARIANTS}, got {variant!r}")
-    if prompt_format == "qwen-chat":  # calibrate in the format the tasks are asked in
-        prompts = [Prompt(qwen_chat(p.text), p.max_new_tokens, p.source) for p in prompts]
-    return prompts
+    prompts = [p for kind in kinds for p in load_jsonl(BUILTIN_DIR / f"{kind}.jsonl")[:per_kind]]
+    chat = prompt_format == "qwen-chat"  # calibrate in the format the tasks are asked in
+    return [Document(qwen_chat(p.text) if chat else p.text, True, p.source) for p in prompts]
 
 
-def calibrate(ep: StudyEndpoints, prompts: Sequence[Prompt], config: EvalConfig) -> int:
-    """Standard SD over the prompts (as `calispec calibrate`); returns the rejection events recorded.
-    Waits until the memory service holds them, so the table is complete before the tasks start."""
-    if not prompts:
-        return 0
-    before = memory_events(ep.memory, ep.namespace)
-    rejections = 0
-    with CalispecClient(ep.coordinator, timeout=config.timeout_s) as client:
-        for p in prompts:
-            budget = min(p.max_new_tokens or config.max_new_tokens, config.max_new_tokens)
-            result = client.generate(
-                p.text, mode="sd", max_new_tokens=budget, num_speculative_tokens=config.gamma, timeout=config.timeout_s
-            )
-            rejections += result.stats.rejections
-    return wait_for_events(ep.memory, ep.namespace, before + rejections) - before
+def concentration(ep: StudyEndpoints) -> dict[str, Any]:
+    """The memory's rejection concentration now (coverage curve, top-20% share)."""
+    doc = analyse(fetch_pairs(ep.memory, ep.namespace))
+    return {k: doc[k] for k in ("distinct_pairs", "events", "top20_share", "coverage_curve")}
 
 
 def run_study(
     start_stack: StackFactory,
+    calibrate: CalibrateFn,
     tasks: Sequence[Task],
+    variants: Sequence[Variant],
     config: EvalConfig,
-    per_kind: int | None = None,
     on_done: Callable[[dict[str, Any]], None] = lambda row: None,
+    calibrations: Sequence[str] = STUDY_VARIANTS,
 ) -> dict[str, Any]:
-    """Every variant on its own fresh stack: calibrate, then the tasks in ar and csd. Rows carry `calibration`."""
-    kinds = list(dict.fromkeys(t.kind for t in tasks))
+    """Every calibration on its own fresh stack: calibrate, then the tasks in every variant (rows carry it)."""
     rows: list[dict[str, Any]] = []
-    calibration: dict[str, dict[str, Any]] = {}
-    for variant in STUDY_VARIANTS:
-        prompts = calibration_prompts(variant, kinds, per_kind, config.prompt_format)
-        with start_stack(variant) as ep:
-            events = calibrate(ep, prompts, config)
-            calibration[variant] = {"prompts": len(prompts), "events": events, "namespace": ep.namespace}
-            variant_rows = run_eval(ep.coordinator, tasks, STUDY_MODES, config, on_done)
-        rows += [{**r, "calibration": variant} for r in variant_rows]
-    return {"summary": summarize_study(rows, calibration), "calibration": calibration, "rows": rows}
+    info: dict[str, dict[str, Any]] = {}
+    for label in calibrations:
+        with start_stack(label) as ep:
+            info[label] = {**calibrate(label, ep), "namespace": ep.namespace, "before": concentration(ep)}
+            variant_rows = run_eval(ep.coordinator, tasks, variants, config, on_done)
+            info[label]["after"] = concentration(ep)
+        rows += [{**r, "calibration": label} for r in variant_rows]
+    return {"summary": summarize_study(rows, info), "calibration": info, "rows": rows}
 
 
 def summarize_study(rows: Sequence[dict[str, Any]], calibration: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Per calibration variant: csd's accuracy, acceptance, rescue rate, speedup vs the same stack's ar.
+    """Per calibration: every variant's summary (speedup vs the same stack's ar) plus its rescue rate.
 
     rescue rate = rescued / rejection events: the share of the standard rule's rejections CSD kept."""
     out: dict[str, Any] = {}
-    for variant, info in calibration.items():
-        mine = [r for r in rows if r["calibration"] == variant]
-        csd = summarize(mine)["csd"]
-        rejections = sum(r["stats"]["rejections"] for r in mine if r["variant"] == "csd" and r["stats"])
-        out[variant] = {
-            "calibration_prompts": info["prompts"], "calibration_events": info["events"],
-            "accuracy": csd["accuracy"], "acceptance_rate": csd["acceptance_rate"],
-            "rescued": csd["rescued"], "rejections": rejections,
-            "rescue_rate": csd["rescued"] / rejections if rejections else float("nan"),
-            "speedup_vs_ar": csd["speedup_vs_ar"], "tokens_per_s": csd["tokens_per_s"],
-            "accuracy_by_kind": csd["accuracy_by_kind"],
-        }  # fmt: skip
+    for label in calibration:
+        per_variant = summarize([r for r in rows if r["calibration"] == label])
+        for s in per_variant.values():
+            s["rescue_rate"] = s["rescued"] / s["rejections"] if s["rejections"] else float("nan")
+        out[label] = per_variant
     return out

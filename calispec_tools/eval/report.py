@@ -20,7 +20,8 @@ def _ratio(num: float, den: float) -> float:
 
 def summarize_variant(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in rows if r["stats"]]
-    total = {k: sum(r["stats"][k] for r in ok) for k in ("drafted", "accepted", "rescued", "rounds", "emitted")}
+    keys = ("drafted", "accepted", "rescued", "rounds", "emitted", "rejections")
+    total = {k: sum(r["stats"].get(k, 0) for r in ok) for k in keys}
     total_ms = sum(r["stats"]["total_ms"] for r in ok)
     kinds = sorted({r["kind"] for r in rows})
     return {
@@ -35,6 +36,7 @@ def summarize_variant(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "mean_accepted_per_round": _ratio(total["accepted"], total["rounds"]),
         "tokens_per_round": _ratio(total["emitted"], total["rounds"]),
         "rescued": total["rescued"],
+        "rejections": total["rejections"],
         "output_tokens": total["emitted"],
         "server_ms": total_ms,
         "tokens_per_s": _ratio(total["emitted"], total_ms / 1000),
@@ -160,15 +162,52 @@ def plot_ratios(path: Path, ratios: dict[str, Any], top: int = 15) -> Path:
 
 # --- calibration study (calispec_tools/eval/calibration.py) ---------------------------------------------
 
+PAPER_TOP20_SHARE = 0.69  # the paper's rejection analysis: the top 20% of pairs cover ~69% of rejections
+
 
 def format_study(study: dict[str, dict[str, Any]]) -> str:
-    head = ["calibration".ljust(12), "prompts", " events", "accuracy", "accept", "rescue", "  ×ar"]
+    """The paper-style table: per calibration and mode, accuracy, acceptance, accepted length, rejections,
+    rescues and speed vs the same stack's ar."""
+    head = ["calibration".ljust(11), "variant".ljust(20), "accuracy", "accept", "acc/rnd", "rejections", "rescued",
+            "rescue%", "  ×ar"]  # fmt: skip
     lines = ["  ".join(head)]
-    for label, s in study.items():
-        cells = [
-            label.ljust(12), str(s["calibration_prompts"]).rjust(7), str(s["calibration_events"]).rjust(7),
-            _cell(s["accuracy"], ".1%").rjust(8), _cell(s["acceptance_rate"], ".1%").rjust(6),
-            _cell(s["rescue_rate"], ".1%").rjust(6), (_cell(s["speedup_vs_ar"], ".2f") + "×").rjust(5),
-        ]  # fmt: skip
-        lines.append("  ".join(cells))
+    for label, per_variant in study.items():
+        for variant, s in per_variant.items():
+            cells = [
+                label.ljust(11), variant.ljust(20), _cell(s["accuracy"], ".1%").rjust(8),
+                _cell(s["acceptance_rate"], ".1%").rjust(6), _cell(s["mean_accepted_per_round"], ".2f").rjust(7),
+                str(s["rejections"]).rjust(10), str(s["rescued"]).rjust(7), _cell(s["rescue_rate"], ".1%").rjust(7),
+                (_cell(s["speedup_vs_ar"], ".2f") + "×").rjust(5),
+            ]  # fmt: skip
+            lines.append("  ".join(cells))
     return "\n".join(lines)
+
+
+def format_concentration(calibration: dict[str, dict[str, Any]]) -> str:
+    """Top-20% share of the memory right after calibrating and after the tasks, beside the paper's."""
+    lines = [f"rejection concentration: share of events held by the top 20% of pairs (paper: ~{PAPER_TOP20_SHARE:.0%})"]
+    for label, info in calibration.items():
+        before, after = info["before"], info["after"]
+        lines.append(
+            f"  {label:<8} calibrated: {before['events']:>7} events / {before['distinct_pairs']:>6} pairs, "
+            f"top 20% {_cell(before['top20_share'], '.1%'):>6}   after the tasks: {after['events']:>7} / "
+            f"{after['distinct_pairs']:>6}, top 20% {_cell(after['top20_share'], '.1%'):>6}"
+        )
+    return "\n".join(lines)
+
+
+def plot_concentration(path: Path, calibration: dict[str, dict[str, Any]]) -> Path:
+    """Coverage curves per calibration (after calibrating: solid; after the tasks: dashed) and the paper's point."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for label, info in calibration.items():
+        for when, style in (("before", "-"), ("after", "--")):
+            curve = info[when]["coverage_curve"]
+            if curve:
+                xs, ys = [p["pair_share"] * 100 for p in curve], [p["event_share"] * 100 for p in curve]
+                ax.plot(xs, ys, style, label=f"{label} ({'calibrated' if when == 'before' else 'after tasks'})")
+    ax.scatter([20], [PAPER_TOP20_SHARE * 100], color="black", zorder=3, label="paper: top 20% → 69%")
+    ax.set(title="rejection concentration", xlabel="top x% of pairs", ylabel="% of rejection events", ylim=(0, 101))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path, plt)

@@ -132,23 +132,27 @@ def test_eval_ratio_analysis_json_and_png(stack: LocalStack, tmp_path: Path) -> 
         assert (out / "ratios.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.slow  # four tiny stacks one after another: about 100 s on 2 cores
+@pytest.mark.slow  # three tiny stacks one after another
 def test_eval_calibration_study(tiny_pair: TinyPair, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Three fresh stacks (none, general, task), each its own memory: csd and ar on the 2 tasks."""
+    """Three fresh stacks (none, shipped corpus, task-like text), each its own memory: ar, sd, csd on 2 tasks."""
     out = tmp_path / "eval-study"
     argv = ["eval", "--local", "--draft", str(tiny_pair.draft), "--target", str(tiny_pair.target), "--dtype",
-            "float32", "--device", "cpu", "--modes", "ar", "--limit", "1", "--calibration-limit", "2",
-            "--max-new-tokens", "16", "--calibration-study", "--no-plots", "--out", str(out)]  # fmt: skip
+            "float32", "--device", "cpu", "--modes", "ar,sd,csd", "--limit", "1", "--calibration-limit", "2",
+            "--max-new-tokens", "16", "--calibration-study", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     study = json.loads((out / "eval.json").read_text())["calibration_study"]
-    assert list(study["summary"]) == ["none", "general", "task"]
+    assert list(study["summary"]) == ["none", "shipped", "task"]
     calibration = study["calibration"]
-    assert [calibration[v]["prompts"] for v in ("none", "general", "task")] == [0, 4, 4]
-    assert calibration["none"]["events"] == 0 and calibration["general"]["events"] > 0
-    assert calibration["task"]["events"] > 0  # the memory received the calibration's events
-    assert len({c["namespace"] for c in calibration.values()}) == 3
-    assert len(study["rows"]) == 3 * 2 * 2  # variants × tasks × (ar, csd)
+    assert calibration["none"]["events"] == 0 and calibration["none"]["before"]["events"] == 0
+    for label in ("shipped", "task"):  # teacher-forced here (the tiny pair ships no file): in the memory at once
+        assert (
+            calibration[label]["events"] > 0 and calibration[label]["before"]["events"] == calibration[label]["events"]
+        )
+        assert calibration[label]["after"]["events"] >= calibration[label]["before"]["events"]
+    assert len(study["rows"]) == 3 * 2 * 3  # calibrations × tasks × modes
     assert all(r["error"] is None for r in study["rows"])
-    for s in study["summary"].values():
-        assert 0 <= s["acceptance_rate"] <= 1 and s["speedup_vs_ar"] > 0
-    assert "calibration study" in capsys.readouterr().out
+    for per_variant in study["summary"].values():
+        assert per_variant["ar"]["speedup_vs_ar"] == 1.0 and 0 <= per_variant["csd"]["acceptance_rate"] <= 1
+    printed = capsys.readouterr().out
+    assert "calibration study" in printed and "rejection concentration" in printed
+    assert (out / "concentration.png").read_bytes()[:4] == b"\x89PNG"

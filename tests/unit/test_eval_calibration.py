@@ -1,4 +1,4 @@
-"""Calibration study: which prompts calibrate each variant, and the per-variant summary and table."""
+"""Calibration study: what calibrates each variant, the per-calibration summary, the tables."""
 
 from __future__ import annotations
 
@@ -7,20 +7,21 @@ import math
 import pytest
 
 from calispec_tools.eval import report
-from calispec_tools.eval.calibration import calibration_prompts, summarize_study
+from calispec_tools.eval.calibration import calibration_documents, summarize_study
 
 
-def test_calibration_sets_are_the_same_size_and_differ_in_text() -> None:
-    assert calibration_prompts("none", ["code", "math"], 2) == []
-    general = calibration_prompts("general", ["code", "math"], 2)
-    task = calibration_prompts("task", ["code", "math"], 2)
-    assert len(general) == len(task) == 4
-    assert {p.source for p in general} == {"prose"} and [p.source for p in task] == ["code", "code", "math", "math"]
-    assert len(calibration_prompts("task", ["math"], None)) > 2  # no limit: the whole set
-    chat = calibration_prompts("task", ["code"], 1, prompt_format="qwen-chat")
+def test_calibration_documents_per_variant() -> None:
+    assert calibration_documents("none", ["code", "math"], 2) == []
+    task = calibration_documents("task", ["code", "math"], 2)
+    assert [d.source for d in task] == ["code", "code", "math", "math"] and all(d.is_prompt for d in task)
+    assert len(calibration_documents("task", ["math"], None)) > 2  # no limit: the whole set
+    chat = calibration_documents("task", ["code"], 1, prompt_format="qwen-chat")
     assert chat[0].text.startswith("<|im_start|>user\n") and task[0].text in chat[0].text
+    shipped = calibration_documents("shipped", ["code"])  # the repo's corpus: documents and prompts
+    assert any(d.is_prompt for d in shipped) and any(not d.is_prompt for d in shipped)
+    assert not any("eval" in d.source for d in shipped)  # never the evaluation tasks
     with pytest.raises(ValueError, match="calibration variant"):
-        calibration_prompts("corpus", ["code"], 1)
+        calibration_documents("corpus", ["code"], 1)
 
 
 def row(calibration: str, variant: str, correct: bool, total_ms: float, rescued: int = 0) -> dict:
@@ -31,22 +32,25 @@ def row(calibration: str, variant: str, correct: bool, total_ms: float, rescued:
             "error": None, "stats": stats}  # fmt: skip
 
 
-def test_summarize_study_per_variant() -> None:
+def test_summarize_study_per_calibration_and_variant() -> None:
     rows = [row("none", "ar", True, 1000), row("none", "csd", True, 500),
             row("task", "ar", True, 1200), row("task", "csd", False, 400, rescued=2)]  # fmt: skip
-    calibration = {"none": {"prompts": 0, "events": 0}, "task": {"prompts": 4, "events": 17}}
-    s = summarize_study(rows, calibration)
-    assert list(s) == ["none", "task"]
-    assert s["none"]["rescue_rate"] == 0.0 and s["none"]["speedup_vs_ar"] == pytest.approx(2.0)
-    assert s["task"]["rescue_rate"] == pytest.approx(2 / 4) and s["task"]["acceptance_rate"] == pytest.approx(0.8)
-    assert s["task"]["speedup_vs_ar"] == pytest.approx(3.0)  # against the same stack's ar, not another's
-    assert s["task"]["accuracy"] == 0.0 and s["task"]["calibration_events"] == 17
+    s = summarize_study(rows, {"none": {}, "task": {}})
+    assert list(s) == ["none", "task"] and list(s["task"]) == ["ar", "csd"]
+    assert s["none"]["csd"]["rescue_rate"] == 0.0 and s["none"]["csd"]["speedup_vs_ar"] == pytest.approx(2.0)
+    task = s["task"]["csd"]
+    assert task["rescue_rate"] == pytest.approx(2 / 4) and task["acceptance_rate"] == pytest.approx(0.8)
+    assert task["speedup_vs_ar"] == pytest.approx(3.0)  # against the same stack's ar, not another's
+    assert task["accuracy"] == 0.0 and task["rejections"] == 4 and math.isnan(s["task"]["ar"]["rescue_rate"])
     table = report.format_study(s).splitlines()
-    assert table[0].startswith("calibration") and table[2].split()[:3] == ["task", "4", "17"]
-    assert "3.00×" in table[2] and "50.0%" in table[2]
+    assert table[0].startswith("calibration") and table[4].split()[:2] == ["task", "csd"]
+    assert "3.00×" in table[4] and "50.0%" in table[4]
 
 
-def test_summarize_study_without_rejections_has_no_rescue_rate() -> None:
-    rows = [row("none", "ar", True, 1000), {**row("none", "csd", False, 500), "stats": None, "error": "UNAVAILABLE"}]
-    s = summarize_study(rows, {"none": {"prompts": 0, "events": 0}})
-    assert math.isnan(s["none"]["rescue_rate"]) and s["none"]["accuracy"] == 0.0
+def test_concentration_report_beside_the_paper() -> None:
+    curve = [{"pair_share": 0.2, "event_share": 0.5}, {"pair_share": 1.0, "event_share": 1.0}]
+    before = {"events": 100, "distinct_pairs": 10, "top20_share": 0.5, "coverage_curve": curve}
+    after = {"events": 130, "distinct_pairs": 12, "top20_share": 0.6, "coverage_curve": curve}
+    info = {"shipped": {"before": before, "after": after}}
+    text = report.format_concentration(info)
+    assert "paper: ~69%" in text and "50.0%" in text and "60.0%" in text

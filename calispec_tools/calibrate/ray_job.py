@@ -1,0 +1,86 @@
+"""Teacher-forced calibration as a Ray job: the documents split over worker actors, each loading the pair.
+
+Every worker runs the same `Calibrator` as the local command over its share and writes its events
+itself, through the memory service's authenticated RecordEvents (the writer token travels to the
+workers as an actor argument, as the Ray deployment passes it to target replicas). Counts add up,
+so the table after a Ray job equals the table after the same calibration in one process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import ray
+
+from calispec_tools.calibrate.corpus import Document
+from calispec_tools.calibrate.job import CalibrateConfig, Summary
+
+
+@dataclass(frozen=True)
+class RayJob:
+    """What every worker needs: the pair (paths visible on every node) and where to write."""
+
+    draft: str
+    target: str
+    dtype: str
+    device: str
+    memory: str  # memory service HOST:PORT, reachable from the workers
+    namespace: str
+    token: str  # the verifiers' writer token
+
+
+@ray.remote
+class CalibrationWorker:
+    def __init__(self, job: RayJob, config: CalibrateConfig, rank: int) -> None:
+        from calispec_core.modeling import ModelRunner, ModelSpec
+        from calispec_tools.calibrate.job import Calibrator
+
+        self.job, self.rank = job, rank
+        draft, target = (ModelRunner(ModelSpec(path, job.dtype, job.device)) for path in (job.draft, job.target))
+        self.calibrator = Calibrator(draft, target, config)
+
+    def run(self, docs: list[Document]) -> Summary:
+        from calispec_tools.calibrate.sink import MemoryWriter
+
+        job = self.job
+        vocab = self.calibrator.target.vocab_size
+        writer = MemoryWriter(job.memory, job.namespace, job.token, vocab, writer_id=f"calibrate-ray-{self.rank}")
+        try:
+            return self.calibrator.run(docs, writer.send)
+        finally:
+            writer.close()  # durable on return: the driver's total is in the table
+
+
+def shard(docs: Sequence[Document], workers: int) -> list[list[Document]]:
+    """Round-robin shares (documents come sorted by source, so each worker gets a mix)."""
+    return [list(docs[i::workers]) for i in range(workers) if docs[i::workers]]
+
+
+def run_on_ray(
+    address: str | None,
+    docs: Sequence[Document],
+    config: CalibrateConfig,
+    job: RayJob,
+    workers: int,
+    cpus_per_worker: float = 1.0,
+) -> tuple[Summary, list[Summary]]:
+    """(the job's summary, each worker's); joins the cluster at `address` unless Ray is already initialised."""
+    if not ray.is_initialized():
+        ray.init(address=address, log_to_driver=False)
+    start = time.perf_counter()
+    shares = shard(docs, workers)
+    actors = [
+        CalibrationWorker.options(num_cpus=cpus_per_worker).remote(job, config, rank) for rank in range(len(shares))
+    ]
+    try:
+        parts: list[Summary] = ray.get([a.run.remote(s) for a, s in zip(actors, shares, strict=True)])
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+    total = Summary()
+    for part in parts:
+        total.add(part)
+    total.total_s = time.perf_counter() - start  # wall time of the job: events/s of the whole cluster
+    return total, parts

@@ -1,0 +1,74 @@
+"""The Ray calibration scenario of tests/e2e/test_calibrate_ray.py, run inside a private network namespace.
+
+`python tests/e2e/calibrate_ray_scenario.py DRAFT TARGET WORKDIR`: starts a local Ray cluster and a
+memory service (loopback only), runs `calispec calibrate --corpus ... --ray ADDRESS --workers 2`
+through the CLI, then checks that both workers wrote through RecordEvents and that the table equals
+the same calibration run in this one process. Prints one `RESULT {json}` line; exits non-zero on a
+failed check.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import ray
+
+from calispec_core.modeling import ModelRunner, ModelSpec
+from calispec_tools.calibrate.corpus import load_corpus
+from calispec_tools.calibrate.job import CalibrateConfig, Calibrator
+from memory_service.config import MemoryConfig
+from memory_service.server import create_server
+
+TOKEN = "ray-calibration-writer-token-0123456789"
+NAMESPACE = "tiny-ray"
+DOCS = [{"text": "def add(a, b):\n    return a + b\n\nThe robot counted the stars again."}] + [
+    {"prompt": p} for p in ("def fibonacci(n):", "Question: what is 7 times 6?", "The robot", "A rectangle with")
+]
+
+
+def main(draft: str, target: str, work: Path) -> dict:
+    corpus, token = work / "corpus.jsonl", work / "token"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    token.write_text(TOKEN)
+    server, port, store = create_server(
+        MemoryConfig(host="127.0.0.1", port=0, db_path=work / "memory.db", flush_interval_s=0.05, writer_token=TOKEN)
+    )
+    server.start()
+    context = ray.init(
+        num_cpus=4, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
+        _temp_dir=str(work / "ray"),
+    )  # fmt: skip
+    try:
+        t0 = time.monotonic()
+        cli = [sys.executable, "-m", "calispec_tools.cli", "calibrate", "--corpus", str(corpus), "--generate",
+               "--max-new-tokens", "24", "--draft", draft, "--target", target, "--dtype", "float32", "--device", "cpu",
+               "--memory-addr", f"127.0.0.1:{port}", "--namespace", NAMESPACE, "--writer-token-file", str(token),
+               "--ray", context.address_info["gcs_address"], "--workers", "2", "--worker-cpus", "1",
+               "--json"]  # fmt: skip
+        done = subprocess.run(cli, capture_output=True, text=True, timeout=400)
+        assert done.returncode == 0, done.stderr[-3000:]
+        summary = json.loads(done.stdout.strip().splitlines()[-1])
+        ray_s = time.monotonic() - t0
+        table = {(d, t): c for d, t, c in store.snapshot(NAMESPACE)[0]}
+        assert sum(table.values()) == summary["events"] > 0, (summary, sum(table.values()))
+        assert len(summary["workers"]) == 2 and all(w["events"] > 0 for w in summary["workers"]), summary
+        runners = [ModelRunner(ModelSpec(Path(p), "float32", "cpu")) for p in (draft, target)]
+        config = CalibrateConfig(generate=True, max_new_tokens=24)
+        local = Calibrator(runners[0], runners[1], config).run(load_corpus(corpus))
+        assert Counter(table) == local.pairs, "a Ray job must record what one process records"
+        return {"events": summary["events"], "pairs": len(table), "workers": summary["workers"], "ray_s": ray_s}
+    finally:
+        ray.shutdown()
+        store.hub.close()
+        server.stop(None).wait()
+        store.close()
+
+
+if __name__ == "__main__":
+    out = main(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+    print("RESULT " + json.dumps(out), flush=True)
