@@ -170,9 +170,11 @@ def _to_export(args: argparse.Namespace, docs: Any, config: Any, draft: Path, ta
     from calispec_tools.namespaces import pair_namespace
 
     namespace = args.namespace or pair_namespace(draft, target)
-    summary = _load(args, config, draft, target).run(docs)
+    calibrator = _load(args, config, draft, target)
+    summary = calibrator.run(docs)
     kept = [(d, t, c) for (d, t), c in summary.pairs.items() if c >= args.min_count]
-    dump_export(args.export, namespace, 0, kept, exported_at="")  # no timestamp: the same run, the same bytes
+    vocab = calibrator.target.vocab_size
+    dump_export(args.export, namespace, 0, kept, vocab, exported_at="")  # no timestamp: the same run, the same bytes
     _print_summary(summary.to_dict() | {"namespace": namespace, "exported_pairs": len(kept)}, summary.pairs, args.json)
     print(f"wrote {args.export}", file=sys.stderr)
     return 0

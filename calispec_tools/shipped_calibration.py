@@ -73,10 +73,13 @@ def seed_namespace(
             return SeedResult(False, f"calibration: {namespace} already holds counts; {path.name} not loaded again")
         try:
             check_file(path)
-            pairs = load_export(path, namespace)
+            export = load_export(path, namespace)
         except MemoryFileError as exc:
             return SeedResult(False, f"calibration not loaded: {exc}")
+        pairs = export.pairs
         events = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for d, t, c in pairs]
-        request = memory_pb2.RecordEventsRequest(namespace=namespace, events=events, wait_durable=True)
+        request = memory_pb2.RecordEventsRequest(
+            namespace=namespace, events=events, wait_durable=True, vocab_size=export.vocab_size
+        )
         reply = stub.RecordEvents(request, timeout=60, metadata=writer_metadata(token, "calispec-calibration"))
     return SeedResult(True, f"calibration: loaded {len(pairs)} pairs ({reply.recorded} events) from {path.name}")
