@@ -30,7 +30,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--events", default="dense", choices=["dense", "sd"],
                    help="dense: every draft/target disagreement; sd: exactly a greedy SD run's events (with "
                    "--generate)")  # fmt: skip
-    p.add_argument("--gamma", type=int, default=None, help="speculative tokens per round (sd events; --prompts)")
+    p.add_argument(
+        "--gamma",
+        type=int,
+        default=6,
+        help="speculative tokens per round (sd events; --prompts: fixed, adaptive γ may not draft at all)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=128, help="--generate / --prompts: tokens per prompt")
     p.add_argument("--max-tokens", type=int, default=512, help="documents are cut into windows of this many tokens")
     p.add_argument("--batch-size", type=int, default=8)
@@ -93,7 +98,7 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
     from calispec_tools.calibrate.job import CalibrateConfig
 
     config = CalibrateConfig(
-        mode=args.events, generate=args.generate, gamma=args.gamma or 6, max_new_tokens=args.max_new_tokens,
+        mode=args.events, generate=args.generate, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
         max_tokens=args.max_tokens, batch_size=args.batch_size,
     )  # fmt: skip
     try:
