@@ -45,10 +45,16 @@ class InProcessDraft:
         return watch.total_ns
 
     def propose(
-        self, session_id: str, num_tokens: int, rollback_to: int | None, append: list[int], timeout: float
+        self,
+        session_id: str,
+        num_tokens: int,
+        rollback_to: int | None,
+        append: list[int],
+        timeout: float,
+        min_confidence: float = 0.0,
     ) -> Proposal:
         watch = Stopwatch()
-        p = self.proposer.propose(session_id, num_tokens, rollback_to, append, watch)
+        p = self.proposer.propose(session_id, num_tokens, rollback_to, append, watch, min_confidence)
         probs = b"" if p.probs is None else p.probs.numpy().astype("<f4").tobytes()  # as on the wire
         return Proposal(p.token_ids, probs, self.proposer.runner.vocab_size, watch.total_ns)
 
