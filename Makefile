@@ -9,7 +9,7 @@ PAIR   ?= qwen-coder
 MODE   ?= csd
 DTYPE  ?= auto
 
-.PHONY: install run test test-slow lint format proto calibration bench-verifier bench-forward bench-memory bench-pair clean
+.PHONY: install run test test-slow lint format proto calibration bench-verifier bench-forward bench-memory bench-pair bench-compare bench-cuda clean
 
 # torch is pinned here and installed first (the CPU wheel these machines carry); an unpinned torch
 # pulls a CUDA build. The base install is the light client; `serve` brings what the services need.
@@ -60,6 +60,14 @@ bench-pair: install
 
 bench-forward: install
 	$(BIN)/python -m calispec_tools.bench.forward --pair $(PAIR) --dtype $(DTYPE)
+
+# the stack against HF assisted generation (docs/performance.md); QUICK=1 for a short run
+bench-compare: install
+	$(BIN)/calispec bench compare --pair $(PAIR) --dtype $(DTYPE) $(if $(QUICK),--prompts 2 --max-new-tokens 32 --concurrency 1)
+
+# the same on a GPU (bf16 on CUDA)
+bench-cuda: install
+	$(BIN)/calispec bench compare --pair $(PAIR) --device cuda --dtype bfloat16
 
 bench-memory: install
 	$(BIN)/python -m calispec_tools.bench.memory

@@ -160,7 +160,7 @@ class ModelRunner:
         cache: DynamicCache,  # [B, H, P, D] per layer, left-padded
         logits_to_keep: int,
     ) -> torch.Tensor:  # [B, logits_to_keep, V]
-        """A padded multi-session forward (see target_service.batch_forward)."""
+        """A padded multi-session forward (see calispec_core.batch_forward)."""
         with self._lock:
             out = self.model(
                 input_ids=input_ids,

@@ -23,6 +23,9 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
     parser = argparse.ArgumentParser(prog="python -m draft_service", description=__doc__)
     add_server_args(parser, default_port=50052)
     add_model_args(parser)
+    parser.add_argument(
+        "--max-batch-size", type=int, default=8, help="sessions drafting in one forward pass (1: no batching)"
+    )
     args = parser.parse_args(argv)
     spec = ModelSpec(Path(args.model), dtype=args.dtype, device=args.device, threads=args.threads)
     config = DraftConfig(
@@ -30,6 +33,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
         host=args.host,
         port=args.port,
         max_sessions=args.max_sessions,
+        max_batch_size=args.max_batch_size,
         tls=tls_from_args(parser, args),
         health_port=args.health_port,
         session_idle_ttl_s=args.session_idle_ttl_s,

@@ -15,6 +15,7 @@ class DraftConfig:
     host: str = "127.0.0.1"
     port: int = 50052
     max_sessions: int = 256
+    max_batch_size: int = 8  # sessions drafting in one forward pass (1 = no batching)
     session_idle_ttl_s: float = DEFAULT_IDLE_TTL_S  # an unused session is closed after this (0: never)
     max_workers: int = 16
     tls: TlsConfig = field(default_factory=TlsConfig)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
+from calispec_core.batch_forward import forward_rows
+from calispec_core.batch_scheduler import BatchScheduler
 from calispec_core.errors import require
 from calispec_core.limits import MAX_SPECULATIVE_TOKENS
 from calispec_core.modeling import ModelRunner, Session, prefill_session
@@ -28,16 +31,59 @@ class Proposal:
     probs: torch.Tensor | None  # [k, V] float32 full q, only when sampling
 
 
+DEFAULT_MAX_BATCH = 8  # sessions drafting in one forward
+
+Picker = Callable[[torch.Tensor, SamplingConfig, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+
+
 def confidence(logits: torch.Tensor, token: torch.Tensor) -> float:
     """The draft's own probability of `token` (softmax of raw [1, 1, V] logits, before any warping)."""
     return float(torch.softmax(logits[0, -1].float(), dim=-1)[token])
 
 
-class Proposer:
-    """Keeps draft sessions and proposes tokens autoregressively, one forward per token."""
+@dataclass
+class _Job:
+    """One Propose call while it drafts: its session drafts one token per batched step."""
 
-    def __init__(self, runner: ModelRunner, max_sessions: int, idle_ttl_s: float = DEFAULT_IDLE_TTL_S) -> None:
+    state: DraftSession
+    num_tokens: int
+    min_confidence: float
+    tokens: list[int] = field(default_factory=list)
+    dists: list[torch.Tensor] = field(default_factory=list)  # [1, V] warped q per token, when sampling
+    done: bool = False
+
+    def step(self, logits: torch.Tensor, pick: Picker) -> None:
+        """Take one token from this step's [1, 1, V] logits."""
+        state = self.state
+        token, dist = pick(logits, state.sampling, state.generator)
+        self.tokens.append(int(token))
+        self.dists.append(dist)
+        state.session.tokens.append(int(token))  # the next forward feeds it
+        unsure = self.min_confidence > 0 and confidence(logits, token) < self.min_confidence
+        # like HF's assistant_confidence_threshold: an unsure token is kept, and drafting stops after it
+        self.done = len(self.tokens) == self.num_tokens or unsure
+
+    def proposal(self) -> Proposal:
+        if self.state.sampling.greedy:
+            return Proposal(self.tokens, [1.0] * len(self.tokens), None)
+        probs = torch.cat(self.dists).float().cpu()  # [k, V]
+        chosen = probs.gather(1, torch.tensor(self.tokens).view(-1, 1)).view(-1)  # [k]
+        return Proposal(self.tokens, chosen.tolist(), probs)
+
+
+class Proposer:
+    """Keeps draft sessions and proposes tokens autoregressively. Concurrent Propose calls draft
+    together: one batched forward per step for every session still drafting (`BatchScheduler`)."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        max_sessions: int,
+        idle_ttl_s: float = DEFAULT_IDLE_TTL_S,
+        max_batch: int = DEFAULT_MAX_BATCH,
+    ) -> None:
         self.runner = runner
+        self.scheduler: BatchScheduler[_Job, Proposal] = BatchScheduler(self._draft_batch, max_batch, "draft-batcher")
         # A session whose lock is held is mid-call: never reaped, however long the call takes.
         self.sessions: SessionRegistry[DraftSession] = SessionRegistry(
             max_sessions, idle_ttl_s, is_busy=lambda state: state.session.lock.locked()
@@ -81,35 +127,33 @@ class Proposer:
                 f"session {session_id!r} would exceed the context ({self.runner.max_context})",
             )
             self._rollback(session, length, append)
-            with watch.phase("forward"):
-                return self._draft(state, num_tokens, min_confidence)
+            with watch.phase("forward"):  # includes waiting for the batch this proposal runs in
+                return self.scheduler.submit(_Job(state, num_tokens, min_confidence))
 
     def close(self, session_id: str) -> None:
         self.sessions.remove(session_id)
+
+    def stop(self) -> None:
+        self.scheduler.stop()
 
     def _rollback(self, session: Session, length: int, append: list[int]) -> None:
         self.runner.check_token_ids(append, "append_token_ids")
         session.truncate(length)
         session.tokens.extend(append)
 
-    def _draft(self, state: DraftSession, num_tokens: int, min_confidence: float) -> Proposal:
-        session, sampling = state.session, state.sampling
-        tokens: list[torch.Tensor] = []
-        dists: list[torch.Tensor] = []
-        for _ in range(num_tokens):
-            logits = self.runner.forward(session.pending(), session.cache, logits_to_keep=1)  # [1, 1, V]
-            token, dist = self._pick(logits, sampling, state.generator)
-            tokens.append(token)
-            dists.append(dist)
-            session.tokens.append(int(token))  # the next forward feeds it
-            if min_confidence > 0 and confidence(logits, token) < min_confidence:
-                break  # like HF's assistant_confidence_threshold: keep this token, draft no further
-        token_ids = [int(t) for t in tokens]
-        if sampling.greedy:
-            return Proposal(token_ids, [1.0] * len(token_ids), None)
-        probs = torch.cat(dists).float().cpu()  # [k, V]
-        chosen = probs.gather(1, torch.tensor(token_ids).view(-1, 1)).view(-1)  # [k]
-        return Proposal(token_ids, chosen.tolist(), probs)
+    def _draft_batch(self, jobs: Sequence[_Job]) -> list[Proposal]:
+        """Runs on the scheduler thread: one forward per step for every session still drafting."""
+        active = list(jobs)
+        while active:
+            sessions = [job.state.session for job in active]
+            logits, caches = forward_rows(
+                self.runner, [s.cache for s in sessions], [s.pending() for s in sessions], [1] * len(active)
+            )  # logits[b]: [1, V]
+            for job, session, cache, row in zip(active, sessions, caches, logits, strict=True):
+                session.cache = cache
+                job.step(row[None], self._pick)  # [1, 1, V]
+            active = [job for job in active if not job.done]
+        return [job.proposal() for job in jobs]
 
     @staticmethod
     def _pick(

@@ -70,7 +70,7 @@ def create_server(config: DraftConfig, runner: ModelRunner | None = None) -> tup
     runner = runner or ModelRunner(config.model)
     if config.measure_forward_costs:
         runner.forward_costs = measure_forward_costs(runner, DRAFT_TOKEN_COUNTS)
-    proposer = Proposer(runner, config.max_sessions, config.session_idle_ttl_s)
+    proposer = Proposer(runner, config.max_sessions, config.session_idle_ttl_s, config.max_batch_size)
     proposer.sessions.start_reaper()
     observe = Observe(metrics_port=config.metrics_port, admission=[f"/{SERVICE_NAME}/Prefill"])
     servicer = DraftServicer(proposer, DraftMetrics(observe.registry, proposer))

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from calispec_core.batch_forward import forward_rows
+from calispec_core.batch_scheduler import BatchScheduler
 from calispec_core.errors import CalispecError, InvalidArgument, require
 from calispec_core.generation import Mode
 from calispec_core.limits import MAX_SPECULATIVE_TOKENS
@@ -22,9 +24,7 @@ from calispec_core.modeling import ModelRunner, Session, prefill_session
 from calispec_core.sampling import TARGET_STREAM, SamplingConfig, make_generator
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
 from calispec_core.timing import Stopwatch
-from target_service.batch_forward import forward_rows
 from target_service.pair_table import PairTable
-from target_service.scheduler import BatchScheduler
 from target_service.verifier import PLACEHOLDER_TOKEN_ID, VerifyInput, VerifyOutput, verify
 
 DEFAULT_TAU = 0.01

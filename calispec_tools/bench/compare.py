@@ -101,14 +101,14 @@ def load_level(address: str, mode: str, concurrency: int, config: CompareConfig)
 class HfPair:
     """The pair loaded with transformers, as a user of `generate(assistant_model=...)` would."""
 
-    def __init__(self, draft: Path, target: Path, dtype: str) -> None:
+    def __init__(self, draft: Path, target: Path, dtype: str, device: str) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from calispec_core.modeling import resolve_device, resolve_dtype
 
         self.torch = torch
-        self.device = resolve_device("auto")
+        self.device = resolve_device(device)
         self.dtype = resolve_dtype("float32" if dtype == "int8" else dtype, self.device)
         load = dict(dtype=self.dtype, local_files_only=True)
         self.tokenizer = AutoTokenizer.from_pretrained(str(target), local_files_only=True)
@@ -308,7 +308,7 @@ def run_compare(args: argparse.Namespace) -> int:
         threads = service_threads(stack_config)
         print(f"starting the stack (draft {draft} in {draft_dtype}, target {target})...", file=sys.stderr)
         with LocalStack(stack_config) as stack, CalispecClient(stack.coordinator_address, timeout=900) as client:
-            hf = None if config.skip_hf else HfPair(draft, target, args.dtype)
+            hf = None if config.skip_hf else HfPair(draft, target, args.dtype, args.device)
             warm_up(client, hf, config.prompts[0])
 
             def progress(run: Run) -> None:

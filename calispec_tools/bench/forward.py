@@ -10,34 +10,24 @@ time is asserted.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
-from calispec_core.modeling import ModelRunner, ModelSpec, prefill_session
+import torch
+
+from calispec_core.forward_costs import forward_ms
+from calispec_core.modeling import DTYPE_CHOICES, ModelRunner, ModelSpec
 from calispec_core.service_cli import configure_logging
 
 CONTEXT = 200  # cached tokens before the measured forward (the issue's reference point)
-
-
-def forward_ms(runner: ModelRunner, new_tokens: int, reps: int) -> float:
-    """Median wall time of one forward of `new_tokens` after CONTEXT cached tokens."""
-    session = prefill_session(runner, "bench", list(range(1000, 1000 + CONTEXT)))
-    times = []
-    for _ in range(reps + 1):  # the first call warms up and is dropped
-        start = time.perf_counter()
-        runner.forward(session.pending() + [5] * (new_tokens - 1), session.cache, new_tokens)
-        times.append((time.perf_counter() - start) * 1000)
-        session.cache.crop(-new_tokens)  # back to CONTEXT - 1 cached tokens
-    return statistics.median(times[1:])
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m calispec_tools.bench.forward", description=__doc__)
     parser.add_argument("--model", type=Path, help="HF-format model dir (default: the pair's target)")
     parser.add_argument("--pair", default="qwen-coder")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    parser.add_argument("--tokens", default="1,2,4,7", help="new tokens per forward, comma-separated")
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
+    parser.add_argument("--tokens", default="1,2,4,7,11,16", help="new tokens per forward, comma-separated")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args(argv)
     configure_logging("WARNING")
@@ -45,11 +35,12 @@ def main(argv: list[str] | None = None) -> None:
         from calispec_tools.cli import ensure_pulled_pair
 
         _, args.model = ensure_pulled_pair(args.pair)
-    runner = ModelRunner(ModelSpec(args.model, dtype=args.dtype, device="auto"))
-    print(f"{runner.model_id} on {runner.device} in {str(runner.dtype).removeprefix('torch.')}, context {CONTEXT}")
+    runner = ModelRunner(ModelSpec(args.model, dtype=args.dtype, device="auto", threads=args.threads))
+    print(f"{runner.model_id} on {runner.device} in {runner.dtype_name}, {torch.get_num_threads()} threads, "
+          f"context {CONTEXT}")  # fmt: skip
     base = None
     for n in (int(t) for t in args.tokens.split(",")):
-        ms = forward_ms(runner, n, args.reps)
+        ms = forward_ms(runner, n, args.reps, context=CONTEXT)
         base = base or ms
         print(f"  {n} new token(s): {ms:7.1f} ms  ({ms / base:.2f}x one token)", flush=True)
 

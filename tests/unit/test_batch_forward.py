@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from calispec_core.batch_forward import forward_rows
 from calispec_core.modeling import ModelRunner, prefill_session
-from target_service.batch_forward import forward_rows
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20], [30, 31, 32]]  # different lengths, one with an empty cache
 DRAFTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from target_service.scheduler import BatchScheduler
+from calispec_core.batch_scheduler import BatchScheduler
 from tests.helpers import wait_until
 
 

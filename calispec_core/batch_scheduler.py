@@ -1,4 +1,4 @@
-"""Batches concurrent Verify calls into one target forward (no gRPC here).
+"""Batches concurrent calls into one model step: Verify on the target, Propose on the draft (no gRPC here).
 
 Handler threads `submit` a row and block on its result; one worker thread takes whatever rows
 are waiting (up to `max_batch`) and runs them together. There is no batching window: an idle
@@ -30,11 +30,13 @@ _STOP = object()
 
 
 class BatchScheduler(Generic[Row, Result]):
-    def __init__(self, step: Callable[[Sequence[Row]], Sequence[Result]], max_batch: int) -> None:
+    def __init__(
+        self, step: Callable[[Sequence[Row]], Sequence[Result]], max_batch: int, name: str = "verify-batcher"
+    ) -> None:
         self._step = step
         self.max_batch = max_batch
         self._queue: queue.Queue[tuple[Row, Future[Result]] | object] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="verify-batcher", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._stopped = False
         self._thread.start()
 

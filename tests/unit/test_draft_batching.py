@@ -1,0 +1,44 @@
+"""Drafting for several sessions in one forward per step gives each session its own proposal."""
+
+from __future__ import annotations
+
+import torch
+
+from calispec_core.modeling import ModelRunner
+from calispec_core.sampling import SamplingConfig
+from calispec_core.timing import Stopwatch
+from draft_service.proposer import Proposer, _Job
+
+PROMPTS = [[5, 17, 42, 8, 99], [3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]  # different lengths, one empty cache
+
+
+def proposer_with_sessions(runner: ModelRunner, prefix: str) -> Proposer:
+    proposer = Proposer(runner, max_sessions=8)
+    for i, prompt in enumerate(PROMPTS):
+        proposer.prefill(f"{prefix}{i}", prompt, SamplingConfig(), Stopwatch())
+    return proposer
+
+
+@torch.inference_mode()
+def test_batched_greedy_proposals_equal_sequential_ones(draft_runner: ModelRunner) -> None:
+    alone = proposer_with_sessions(draft_runner, "a")
+    sequential = [alone.propose(f"a{i}", 5, None, [], Stopwatch()).token_ids for i in range(len(PROMPTS))]
+    together = proposer_with_sessions(draft_runner, "b")
+    jobs = [_Job(together.sessions.get(f"b{i}"), 5, 0.0) for i in range(len(PROMPTS))]
+    batched = [p.token_ids for p in together._draft_batch(jobs)]
+    assert batched == sequential
+    # the sessions carry on from their own proposals: a second batched round still matches
+    again = [alone.propose(f"a{i}", 3, None, [], Stopwatch()).token_ids for i in range(len(PROMPTS))]
+    jobs = [_Job(together.sessions.get(f"b{i}"), 3, 0.0) for i in range(len(PROMPTS))]
+    assert [p.token_ids for p in together._draft_batch(jobs)] == again
+    alone.stop()
+    together.stop()
+
+
+@torch.inference_mode()
+def test_an_early_stop_ends_one_sessions_proposal_while_the_batch_goes_on(draft_runner: ModelRunner) -> None:
+    proposer = proposer_with_sessions(draft_runner, "c")
+    jobs = [_Job(proposer.sessions.get(f"c{i}"), 4, 1.0 if i == 1 else 0.0) for i in range(len(PROMPTS))]
+    lengths = [len(p.token_ids) for p in proposer._draft_batch(jobs)]
+    assert lengths == [4, 1, 4]  # confidence below 1.0 always: one token, then stop
+    proposer.stop()
