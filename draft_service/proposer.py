@@ -63,6 +63,11 @@ class _Job:
         # like HF's assistant_confidence_threshold: an unsure token is kept, and drafting stops after it
         self.done = len(self.tokens) == self.num_tokens or unsure
 
+    def reset(self) -> None:
+        self.tokens.clear()
+        self.dists.clear()
+        self.done = False
+
     def proposal(self) -> Proposal:
         if self.state.sampling.greedy:
             return Proposal(self.tokens, [1.0] * len(self.tokens), None)
@@ -142,7 +147,18 @@ class Proposer:
         session.tokens.extend(append)
 
     def _draft_batch(self, jobs: Sequence[_Job]) -> list[Proposal]:
-        """Runs on the scheduler thread: one forward per step for every session still drafting."""
+        """Runs on the scheduler thread. A failed batch changes nothing (the scheduler reruns its rows alone)."""
+        starts = [len(job.state.session.tokens) for job in jobs]
+        try:
+            return self._draft_steps(jobs)
+        except BaseException:
+            for job, length in zip(jobs, starts, strict=True):
+                job.state.session.truncate(length)  # drop this batch's drafted tokens and their cache entries
+                job.reset()
+            raise
+
+    def _draft_steps(self, jobs: Sequence[_Job]) -> list[Proposal]:
+        """One forward per step for every session still drafting."""
         active = list(jobs)
         while active:
             sessions = [job.state.session for job in active]

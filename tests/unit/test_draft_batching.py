@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from calispec_core.modeling import ModelRunner
@@ -41,4 +42,31 @@ def test_an_early_stop_ends_one_sessions_proposal_while_the_batch_goes_on(draft_
     jobs = [_Job(proposer.sessions.get(f"c{i}"), 4, 1.0 if i == 1 else 0.0) for i in range(len(PROMPTS))]
     lengths = [len(p.token_ids) for p in proposer._draft_batch(jobs)]
     assert lengths == [4, 1, 4]  # confidence below 1.0 always: one token, then stop
+    proposer.stop()
+
+
+@torch.inference_mode()
+def test_a_failed_batch_leaves_every_session_as_it_was(draft_runner: ModelRunner, monkeypatch) -> None:
+    import draft_service.proposer as proposer_module
+
+    proposer = proposer_with_sessions(draft_runner, "d")
+    before = [list(proposer.sessions.get(f"d{i}").session.tokens) for i in range(len(PROMPTS))]
+    expected = [proposer_with_sessions(draft_runner, "e").propose(f"e{i}", 3, None, [], Stopwatch()).token_ids
+                for i in range(len(PROMPTS))]  # fmt: skip
+    real, steps = proposer_module.forward_rows, []
+
+    def failing_second_step(*args, **kwargs):
+        steps.append(1)
+        if len(steps) == 2:
+            raise RuntimeError("out of memory")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(proposer_module, "forward_rows", failing_second_step)
+    jobs = [_Job(proposer.sessions.get(f"d{i}"), 3, 0.0) for i in range(len(PROMPTS))]
+    with pytest.raises(RuntimeError):
+        proposer._draft_batch(jobs)
+    assert [list(proposer.sessions.get(f"d{i}").session.tokens) for i in range(len(PROMPTS))] == before
+    assert all(not job.tokens for job in jobs)
+    monkeypatch.setattr(proposer_module, "forward_rows", real)
+    assert [p.token_ids for p in proposer._draft_batch(jobs)] == expected  # the cache was rolled back too
     proposer.stop()
