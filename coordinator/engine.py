@@ -220,10 +220,12 @@ class Orchestrator:
         start = now_ns()
         remaining = request.max_new_tokens - len(request.generated)
         gamma = min(self._gamma(request), remaining - 1)
+        # a Propose after target-only rounds first feeds the draft every token it missed: not a per-token cost
+        catching_up = len(request.draft_append) > 1 or request.draft_session is None
         proposal, propose_ns = self._propose(request, gamma) if gamma > 0 else (None, 0)
         verdict = self._verify(request, proposal)
         self._account(request, gamma, proposal, verdict)
-        self._learn(request, proposal, verdict, propose_ns, now_ns() - start)
+        self._learn(request, proposal, verdict, propose_ns, now_ns() - start, catching_up)
         if self.on_round is not None:
             self.on_round(request.params.mode, proposal, verdict)
         drafted = proposal.token_ids[: verdict.accepted_count] if proposal else []
@@ -271,16 +273,24 @@ class Orchestrator:
         return proposal, now_ns() - start
 
     def _learn(
-        self, request: _Request, proposal: Proposal | None, verdict: Verdict, propose_ns: int, round_ns: int
+        self,
+        request: _Request,
+        proposal: Proposal | None,
+        verdict: Verdict,
+        propose_ns: int,
+        round_ns: int,
+        catching_up: bool = False,
     ) -> None:
         """Feed the round's measured costs and acceptance to the cost model (and the overhead to the stats)."""
         drafted = len(proposal.token_ids) if proposal else 0
         services_ns = verdict.service_ns + (proposal.service_ns if proposal else 0)
         request.stats.round_overhead_ms += ns_to_ms(max(round_ns - services_ns, 0))
         self.costs.observe_target(drafted + 1, ns_to_ms(verdict.service_ns))
-        if proposal is not None:
+        if proposal is not None and not catching_up:  # a catch-up forward would inflate the per-token cost
             self.costs.observe_draft(drafted, ns_to_ms(proposal.service_ns), ns_to_ms(propose_ns))
-        self.costs.observe_overhead(ns_to_ms(round_ns - propose_ns - verdict.service_ns))
+            self.costs.observe_overhead(ns_to_ms(round_ns - propose_ns - verdict.service_ns))
+        elif proposal is None:
+            self.costs.observe_overhead(ns_to_ms(round_ns - verdict.service_ns))
         if request.policy is not None:
             request.policy.tracker.observe(drafted, verdict.accepted_count)
 

@@ -90,3 +90,28 @@ def test_policy_probes_after_target_only_rounds_only_where_acceptance_could_chan
     assert chosen[:PROBE_EVERY] == [0] * PROBE_EVERY and chosen[-1] > 0
     hopeless = GammaPolicy(model(STEEP, draft_per_token=382.0), max_gamma=10)
     assert [hopeless.next_gamma() for _ in range(3 * PROBE_EVERY)] == [0] * (3 * PROBE_EVERY)
+
+
+def test_a_proposal_that_first_catches_up_after_target_only_rounds_does_not_inflate_the_draft_cost() -> None:
+    from calispec_core.sampling import SamplingConfig
+    from calispec_core.timing import Deadline
+    from coordinator.engine import Orchestrator
+    from tests.unit.fakes import EOS, CharTokenizer, FakeDraft, FakeTarget
+    from tests.unit.test_orchestrator import alphabet_target, params
+
+    class CatchUpDraft(FakeDraft):
+        """A catch-up (many appended tokens) takes a second; a normal proposal 2 µs."""
+
+        def propose(self, session_id, num_tokens, rollback_to, append, timeout, min_confidence=0.0):
+            proposal = super().propose(session_id, num_tokens, rollback_to, append, timeout, min_confidence)
+            return type(proposal)(proposal.token_ids, b"", 128, 10**9 if len(append) > 1 else 2_000)
+
+    costs = model(FLAT, draft_per_token=40.0)
+    orchestrator = Orchestrator(
+        CharTokenizer(), CatchUpDraft(alphabet_target), [FakeTarget(alphabet_target)], (EOS,), 4096, costs=costs
+    )
+    script = iter([3, 0, 0, 0, 0] + [3] * 40)  # drafting, target-only rounds, drafting again (a catch-up)
+    orchestrator._gamma = lambda request: next(script)  # type: ignore[method-assign]
+    list(orchestrator.generate("c", params(max_new_tokens=20, num_speculative_tokens=None,
+                                           sampling=SamplingConfig()), Deadline(60)))  # fmt: skip
+    assert costs.draft_ms(1) < 1.0  # observed: microseconds per token, not the catch-up's second
