@@ -68,19 +68,27 @@ class DrainGate:
         self._cond = threading.Condition()
 
     def enter(self, method: str) -> bool:
-        if method not in self.admission:
-            return True
-        with self._cond:
-            if self.draining:
-                return False
-            self._running += 1
-            return True
+        return self.admit() if method in self.admission else True
 
     def leave(self, method: str) -> None:
         with self._cond:
             if method in self.admission:
                 self._running -= 1
             self._cond.notify_all()  # any RPC may have closed a session: drain() re-checks idle()
+
+    def admit(self) -> bool:
+        """Count new work that does not arrive as a gRPC method (the coordinator's HTTP requests);
+        False while draining. Pair each True with `release()`."""
+        with self._cond:
+            if self.draining:
+                return False
+            self._running += 1
+            return True
+
+    def release(self) -> None:
+        with self._cond:
+            self._running -= 1
+            self._cond.notify_all()
 
     def start_draining(self) -> None:
         with self._cond:

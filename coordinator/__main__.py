@@ -13,6 +13,7 @@ from pathlib import Path
 from calispec_core.access import ApiKeys, Quota, QuotaBook
 from calispec_core.errors import CalispecError
 from calispec_core.generation import Defaults, Mode
+from calispec_core.metrics import new_registry
 from calispec_core.service_cli import (
     add_server_args,
     configure_logging,
@@ -21,6 +22,7 @@ from calispec_core.service_cli import (
     tls_from_args,
 )
 from coordinator.config import CoordinatorConfig
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.server import build_orchestrator, check_access, create_server
 
 
@@ -126,13 +128,14 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signal.SIGHUP, lambda *_: keys.reload())
     quotas = QuotaBook(config.quota) if config.quota.limited else None  # one book for both APIs
     orchestrator = build_orchestrator(config)
-    server, port = create_server(config, orchestrator, keys=keys, quotas=quotas)
+    metrics = CoordinatorMetrics(new_registry())  # one set for both APIs, served on --metrics-port
+    server, port = create_server(config, orchestrator, keys=keys, quotas=quotas, metrics=metrics)
     banner = f"coordinator listening on {config.host}:{port}"
     http = None
     if config.http_port is not None:
         from coordinator.openai_api import serve_http  # FastAPI and uvicorn only when the HTTP API is on
 
-        http = serve_http(orchestrator, config, keys, quotas)
+        http = serve_http(orchestrator, config, keys, quotas, metrics, server.gate)  # counted in the drain
         scheme = "https" if config.tls.enabled else "http"
         banner += f" (OpenAI-compatible API at {scheme}://{config.host}:{http.port}/v1)"
     metrics_banner("coordinator", server)

@@ -22,7 +22,7 @@ TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1
 
 class CoordinatorMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        r = registry
+        self.registry = r = registry
         self.requests = Counter(
             f"{PREFIX}requests", "Generate requests finished, by mode and status", ["mode", "status"], registry=r
         )

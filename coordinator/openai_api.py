@@ -3,6 +3,8 @@
 `/v1/models`, `/v1/completions`, `/v1/chat/completions`, streaming by server-sent events. Requests
 drive the same Orchestrator as the gRPC servicer (no second loop, no extra hop); the blocking
 generator runs in Starlette's thread pool. Errors use OpenAI's shape and HTTP statuses.
+Each request gets the gRPC path's bookkeeping (`coordinator.request_log`: metrics, one log line),
+a request id (`X-Request-Id`, echoed back), and a place in the drain (503 while draining).
 """
 
 from __future__ import annotations
@@ -20,18 +22,24 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from calispec.types import Mode
 from calispec_core.access import ApiKeys, QuotaBook
 from calispec_core.credentials import TlsConfig
-from calispec_core.errors import CalispecError, InvalidArgument, NotFound, Unauthenticated
+from calispec_core.errors import CalispecError, InvalidArgument, NotFound, Unauthenticated, Unavailable
 from calispec_core.generation import Defaults, GenerationParams
+from calispec_core.metrics import new_registry
+from calispec_core.observability import DrainGate
+from calispec_core.request_context import REQUEST_ID_METADATA, bound_request_id, new_request_id, sanitize
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
 from coordinator.chat import ChatTurn, render_chat
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import Chunk, Orchestrator
+from coordinator.metrics import CoordinatorMetrics, RequestTimer
 from coordinator.openai_protocol import (
     AssistantMessage,
     CalispecParams,
@@ -52,6 +60,7 @@ from coordinator.openai_protocol import (
     new_id,
     openai_finish_reason,
 )
+from coordinator.request_log import tracked
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +85,8 @@ class ApiSettings:
     request_timeout_s: float  # HTTP carries no deadline: each request gets this one
     keys: ApiKeys | None = None  # the coordinator's API keys: requests need `Authorization: Bearer <key>`
     quotas: QuotaBook | None = None  # the coordinator's per-caller quotas (shared with gRPC): 429 beyond them
+    metrics: CoordinatorMetrics | None = None  # the coordinator's (shared with gRPC); None: a registry of its own
+    gate: DrainGate | None = None  # the gRPC server's drain gate: HTTP requests count in its drain
 
 
 def error_response(status: int, message: str, kind: str, param: str | None = None, code: str | None = None):
@@ -137,16 +148,28 @@ class OpenAIApi:
     def __init__(self, orchestrator: Orchestrator, settings: ApiSettings) -> None:
         self.orchestrator = orchestrator
         self.settings = settings
+        self.metrics = settings.metrics or CoordinatorMetrics(new_registry())
+        self.gate = settings.gate or DrainGate(())
 
     def admit(self, request: Request, model: str) -> ExitStack:
-        """Authenticate (401), check the model (404) and take a quota slot (429), held until the
-        returned stack is closed: by the endpoint, or by the stream when it ends."""
-        caller = self.caller(request)
-        if model != self.settings.model_name:
-            raise ModelNotFound(f"the model {model!r} does not exist; this server serves {self.settings.model_name!r}")
+        """Refuse while draining (503, as gRPC's UNAVAILABLE), authenticate (401), check the model (404)
+        and take a quota slot (429); the drain counts the request and the quota slot stays taken
+        until the returned stack is closed: by the endpoint, or by the stream when it ends."""
+        if not self.gate.admit():
+            raise Unavailable("the server is draining before shutdown; retry elsewhere")
         held = ExitStack()
-        if self.settings.quotas is not None:
-            held.enter_context(self.settings.quotas.admit(caller))
+        held.callback(self.gate.release)
+        try:
+            caller = self.caller(request)
+            if model != self.settings.model_name:
+                raise ModelNotFound(
+                    f"the model {model!r} does not exist; this server serves {self.settings.model_name!r}"
+                )
+            if self.settings.quotas is not None:
+                held.enter_context(self.settings.quotas.admit(caller))
+        except BaseException:
+            held.close()
+            raise
         return held
 
     def caller(self, request: Request) -> str:
@@ -159,16 +182,21 @@ class OpenAIApi:
             raise Unauthenticated("missing or unknown API key (send Authorization: Bearer <key>)")
         return name
 
-    def chunks(self, prompt: str, req: CalispecParams, max_tokens: int | None) -> Iterator[Chunk]:
-        params = generation_params(req, self.settings.defaults, max_tokens)
-        return self.orchestrator.generate(prompt, params, Deadline(self.settings.request_timeout_s))
+    def chunks(self, prompt: Callable[[], str], req: CalispecParams, max_tokens: int | None) -> Iterator[Chunk]:
+        """The generation, lazily (nothing runs before the first `next`), with the per-request bookkeeping."""
+
+        def begin(timer: RequestTimer) -> Iterator[Chunk]:
+            params = generation_params(req, self.settings.defaults, max_tokens)
+            timer.mode = params.mode.name.lower()
+            return self.orchestrator.generate(prompt(), params, Deadline(self.settings.request_timeout_s))
+
+        return tracked(self.metrics, begin)
 
     def chat_prompt(self, req: ChatCompletionRequest) -> str:
         return render_chat(self.orchestrator.tokenizer, [ChatTurn(m.role, m.content) for m in req.messages])
 
     async def completion(self, req: CompletionRequest, held: ExitStack):
-        prompt = completion_prompt(req)
-        chunks = self.chunks(prompt, req, req.max_tokens)
+        chunks = self.chunks(lambda: completion_prompt(req), req, req.max_tokens)
         rid, model = new_id("cmpl"), self.settings.model_name
         if not req.stream:
             with held:
@@ -189,7 +217,7 @@ class OpenAIApi:
         return await stream(chunks, held, [], event, usage_event if req.include_usage_chunk else None)
 
     async def chat_completion(self, req: ChatCompletionRequest, held: ExitStack):
-        chunks = self.chunks(self.chat_prompt(req), req, req.token_limit())
+        chunks = self.chunks(lambda: self.chat_prompt(req), req, req.token_limit())
         rid, model = new_id("chatcmpl"), self.settings.model_name
         if not req.stream:
             with held:
@@ -271,9 +299,33 @@ async def _prepend(first: Chunk, rest: AsyncIterator[Chunk]) -> AsyncIterator[Ch
             yield chunk
 
 
+class RequestIdMiddleware:
+    """Binds the caller's `X-Request-Id` (or a new one) for the request, as the gRPC interceptor does
+    for `x-request-id` metadata, and echoes it in the response headers. Plain ASGI, so that the id
+    reaches the streamed body and the thread pool (both run in copies of this context)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = sanitize(Headers(scope=scope).get(REQUEST_ID_METADATA)) or new_request_id()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message)[REQUEST_ID_METADATA] = request_id
+            await send(message)
+
+        with bound_request_id(request_id):
+            await self.app(scope, receive, send_with_id)
+
+
 def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
     api = OpenAIApi(orchestrator, settings)
     app = FastAPI(title="Calispec (OpenAI-compatible)", docs_url=None, redoc_url=None)
+    app.add_middleware(RequestIdMiddleware)
 
     @app.exception_handler(CalispecError)
     async def _domain(request: Request, exc: CalispecError) -> JSONResponse:
@@ -334,11 +386,16 @@ class HttpServer:
 
 
 def serve_http(
-    orchestrator: Orchestrator, config: CoordinatorConfig, keys: ApiKeys | None, quotas: QuotaBook | None
+    orchestrator: Orchestrator,
+    config: CoordinatorConfig,
+    keys: ApiKeys | None,
+    quotas: QuotaBook | None,
+    metrics: CoordinatorMetrics | None = None,
+    gate: DrainGate | None = None,
 ) -> HttpServer:
     """The HTTP API of a coordinator process, next to its gRPC server: same keys, same quotas, same TLS
-    certificate (server-side; HTTP clients authenticate with API keys)."""
-    settings = ApiSettings(config.model_name, config.defaults, config.rpc_timeout_s, keys, quotas)
+    certificate (server-side; HTTP clients authenticate with API keys), same metrics, same drain."""
+    settings = ApiSettings(config.model_name, config.defaults, config.rpc_timeout_s, keys, quotas, metrics, gate)
     return start_http_server(create_app(orchestrator, settings), config.host, config.http_port or 0, config.tls)
 
 

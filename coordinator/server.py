@@ -17,7 +17,6 @@ from calispec_core.grpc_server import create_grpc_server, wait_for_ready
 from calispec_core.metrics import new_registry
 from calispec_core.modeling import load_tokenizer, tokenizer_fingerprint
 from calispec_core.observability import ManagedServer, Observe
-from calispec_core.request_context import current_request_id
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
 from coordinator.backends import ModelFacts
@@ -30,6 +29,7 @@ from coordinator.discovery import DnsReplicaWatcher, replica_addresses
 from coordinator.engine import Chunk, Orchestrator, SpeculationConfig
 from coordinator.metrics import CoordinatorMetrics, RequestTimer
 from coordinator.replicas import ReplicaSet, checked_connector
+from coordinator.request_log import tracked
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name
@@ -75,12 +75,6 @@ def chunk_to_pb(chunk: Chunk) -> coordinator_pb2.GenerateStreamResponse:
     return msg
 
 
-def _status(exc: BaseException) -> str:
-    if isinstance(exc, GeneratorExit):
-        return "CANCELLED"  # the client went away mid-stream
-    return exc.code if isinstance(exc, CalispecError) else "INTERNAL"
-
-
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def __init__(
         self, orchestrator: Orchestrator, config: CoordinatorConfig, metrics: CoordinatorMetrics | None = None
@@ -90,34 +84,16 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self.metrics = metrics or CoordinatorMetrics(new_registry())  # a registry of its own
 
     def _chunks(self, request, context) -> Iterator[Chunk]:
-        """The orchestrator's chunks, timed and counted; one structured log line per request."""
-        timer = self.metrics.track()
-        stats, session = None, None
-        try:
+        """The orchestrator's chunks, timed, counted and logged (`coordinator.request_log`)."""
+
+        def begin(timer: RequestTimer) -> Iterator[Chunk]:
             params = params_from_pb(request.params, self.config.defaults)
             timer.mode = params.mode.name.lower()
             deadline = Deadline(request_timeout(context.time_remaining(), self.config.rpc_timeout_s))
             prompt = self._prompt(request)
-            for chunk in self.orchestrator.generate(prompt, params, deadline, lambda: not context.is_active()):
-                timer.tokens_out(len(chunk.token_ids))
-                stats, session = chunk.stats, chunk.request_id
-                yield chunk
-        except BaseException as exc:
-            self._finished(timer, _status(exc), stats, session)
-            raise
-        self._finished(timer, "OK", stats, session)
+            return self.orchestrator.generate(prompt, params, deadline, lambda: not context.is_active())
 
-    @staticmethod
-    def _finished(timer: RequestTimer, status: str, stats: GenerationStats | None, session: str | None) -> None:
-        latency_s = timer.finish(status, stats)
-        s = stats or GenerationStats()
-        ttft_ms = (timer.first_token_ns - timer.start_ns) / 1e6 if timer.first_token_ns else -1.0
-        log.info(
-            "request id=%s mode=%s status=%s prompt_tokens=%d tokens=%d rounds=%d drafted=%d accepted=%d "
-            "rescued=%d acceptance=%.3f ttft_ms=%.1f latency_ms=%.1f session=%s",
-            current_request_id() or "-", timer.mode, status, s.prompt_tokens, timer.tokens, s.rounds, s.drafted,
-            s.accepted, s.rescued, s.acceptance_rate, ttft_ms, latency_s * 1e3, session or "-",
-        )  # fmt: skip
+        return tracked(self.metrics, begin)
 
     def _prompt(self, request) -> str:
         """The raw prompt, or the chat messages rendered with the target's chat template."""
@@ -225,18 +201,20 @@ def create_server(
     orchestrator: Orchestrator | None = None,
     keys: ApiKeys | None = None,
     quotas: QuotaBook | None = None,
+    metrics: CoordinatorMetrics | None = None,
 ) -> tuple[ManagedServer, int]:
     """Build the coordinator server (port 0 allowed); returns (server, bound port).
 
     `keys`: the loaded API keys (the caller keeps them to reload on SIGHUP); loaded from
-    config.api_keys_file when not given.
+    config.api_keys_file when not given. `metrics`: shared with the HTTP API (its registry is the
+    one /metrics serves); a new one when not given.
     """
     check_access(config)
     if keys is None and config.api_keys_file is not None:
         keys = ApiKeys(config.api_keys_file)
     public = [f"/{SERVICE_NAME}/Generate", f"/{SERVICE_NAME}/GenerateStream"]
-    observe = Observe(metrics_port=config.metrics_port, admission=public, originates_ids=public)
-    metrics = CoordinatorMetrics(observe.registry)
+    metrics = metrics or CoordinatorMetrics(new_registry())
+    observe = Observe(metrics.registry, config.metrics_port, admission=public, originates_ids=public)
     orchestrator = orchestrator or build_orchestrator(config)
     orchestrator.on_round = metrics.observe_round
     servicer = CoordinatorServicer(orchestrator, config, metrics)

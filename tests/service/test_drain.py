@@ -10,15 +10,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from calispec.client import CalispecClient, CalispecRpcError
 from calispec.v1 import draft_pb2, draft_pb2_grpc
-from calispec_core.generation import FinishReason, GenerationStats
+from calispec_core.generation import Defaults, FinishReason, GenerationStats
 from calispec_core.grpc_server import make_channel
+from calispec_core.observability import DrainGate
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import Chunk
+from coordinator.openai_api import ApiSettings, create_app, start_http_server
 from coordinator.server import SERVICE_NAME
 from coordinator.server import create_server as create_coordinator
 from draft_service.server import SERVICE_NAME as DRAFT
@@ -33,7 +36,7 @@ class BlockingOrchestrator:
         self.release = threading.Event()
         self.on_round = None
 
-    def generate(self, prompt, params, deadline, cancelled) -> Iterator[Chunk]:
+    def generate(self, prompt, params, deadline, cancelled=None) -> Iterator[Chunk]:
         yield Chunk([1], "a", "session-1")
         assert self.release.wait(60)
         yield Chunk([2], "b", "session-1", FinishReason.LENGTH, GenerationStats(rounds=2, emitted=2))
@@ -117,3 +120,28 @@ def test_sigterm_drains_a_model_service_until_its_open_sessions_close(tiny_pair:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_http_requests_count_in_the_drain_and_new_ones_get_503() -> None:
+    orchestrator = BlockingOrchestrator()
+    gate = DrainGate(())
+    settings = ApiSettings("m", Defaults(), request_timeout_s=60, gate=gate)
+    http = start_http_server(create_app(orchestrator, settings), "127.0.0.1", 0)  # type: ignore[arg-type]
+    url = f"http://127.0.0.1:{http.port}/v1/completions"
+    body = {"model": "m", "prompt": "hello", "max_tokens": 2, "stream": True}
+    try:
+        with httpx.stream("POST", url, json=body, timeout=60) as running:
+            events = running.iter_lines()
+            assert '"text":"a"' in next(e for e in events if e.startswith("data:"))  # the request is running
+            gate.start_draining()
+            refused = httpx.post(url, json={**body, "stream": False}, timeout=60)
+            assert refused.status_code == 503
+            assert refused.json()["error"]["type"] == "service_unavailable"
+            assert gate.wait_idle(lambda: True, 0.01) is False  # the running HTTP request holds the drain
+            orchestrator.release.set()
+            rest = [e for e in events if e.startswith("data:")]
+        assert rest[-1] == "data: [DONE]" and '"text":"b"' in rest[-2]
+        assert gate.wait_idle(lambda: True, 60) is True
+    finally:
+        orchestrator.release.set()
+        http.stop()

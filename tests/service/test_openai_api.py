@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import httpx
@@ -12,6 +13,8 @@ from calispec.client import CalispecClient
 from calispec_core.access import ApiKeys, Quota, QuotaBook, key_line, new_api_key
 from calispec_core.errors import Unavailable
 from calispec_core.generation import Defaults
+from calispec_core.metrics import new_registry
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.openai_api import ApiSettings, create_app, domain_error_response, start_http_server
 from tests.service.conftest import Coordinator
 
@@ -156,3 +159,31 @@ def test_failed_requests_give_their_quota_slot_back(chat_coordinator: Coordinato
         assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0).choices[0].text
     finally:
         server.stop()  # type: ignore[attr-defined]
+
+
+def test_http_request_is_counted_timed_and_logged_under_its_request_id(
+    chat_coordinator: Coordinator, caplog: pytest.LogCaptureFixture
+) -> None:
+    metrics = CoordinatorMetrics(new_registry())
+    settings = ApiSettings(MODEL, Defaults(), request_timeout_s=60, metrics=metrics)
+    server = start_http_server(create_app(chat_coordinator.orchestrator, settings), "127.0.0.1", 0)
+    ok = {"mode": "sd", "status": "OK"}
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, **SD}
+    try:
+        with caplog.at_level(logging.INFO, logger="coordinator.request_log"):
+            response = httpx.post(
+                f"http://127.0.0.1:{server.port}/v1/completions", json=body, headers={"X-Request-Id": "http-req-7"}
+            )
+            fresh = httpx.post(f"http://127.0.0.1:{server.port}/v1/completions", json=body)
+    finally:
+        server.stop()
+    assert response.status_code == 200 and response.headers["x-request-id"] == "http-req-7"
+    assert fresh.headers["x-request-id"] not in ("", "http-req-7")  # one made for it
+    sample = metrics.registry.get_sample_value
+    assert sample("calispec_requests_total", ok) == 2
+    assert sample("calispec_e2e_request_latency_seconds_count") == 2
+    assert sample("calispec_generation_tokens_total") == 2 * response.json()["usage"]["completion_tokens"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "coordinator.request_log"]
+    assert len(lines) == 2
+    assert lines[0].startswith("request id=http-req-7 mode=sd status=OK ")
+    assert f"id={fresh.headers['x-request-id']} " in lines[1]
