@@ -309,7 +309,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(stack.calibration.message, file=sys.stderr)
         shown = f"chat {messages!r}" if messages else f"prompt: {args.prompt!r}"
         print(f"{shown}  mode: {args.mode or 'csd'}\n", file=sys.stderr)
-        return run_request(stack.coordinator_address, args, messages)
+        # the demo stack runs open on loopback (no API key, no TLS): the client needs no credentials
+        return run_request(stack.coordinator_address, args, messages, token=None, tls_ca=None)
 
 
 def cmd_models_tiny(args: argparse.Namespace) -> int:

@@ -196,3 +196,13 @@ def test_openai_api_in_the_coordinator_process(stack: LocalStack, client: Calisp
     expected = client.generate(PROMPTS[0], max_new_tokens=16, mode="sd")
     assert done.choices[0].text == expected.text
     assert done.usage is not None and done.usage.completion_tokens == len(expected.token_ids)
+
+
+def test_demo_serves_one_request_end_to_end(tiny_pair: TinyPair, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`make run` is `calispec demo`: it must start the stack, answer and stop (it once crashed on client flags)."""
+    args = ["demo", "--draft", str(tiny_pair.draft), "--target", str(tiny_pair.target), "--dtype", "float32"]
+    args += ["--memory-db", str(tmp_path / "memory.db"), "--log-dir", str(tmp_path / "logs")]
+    args += ["--prompt", "def add(a, b):", "--mode", "sd", "--max-new-tokens", "8"]
+    assert cli.main(args) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"\] \d+ tokens in \d+ ms \| rounds \d+", err), err
