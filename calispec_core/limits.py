@@ -5,3 +5,7 @@ MAX_NEW_TOKENS = 8192
 MAX_PROMPT_CHARS = 1_000_000
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
+
+# model dtypes a service accepts (calispec_core.modeling checks the same list; kept here, free of
+# torch and of the serving extras, so light command-line parsers can offer it)
+DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16", "int8"]

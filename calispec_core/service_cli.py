@@ -14,11 +14,9 @@ from pathlib import Path
 from calispec_core import request_context
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError
+from calispec_core.limits import DTYPE_CHOICES
 from calispec_core.observability import ManagedServer
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
-
-# calispec_core.modeling.DTYPE_CHOICES (not imported: the memory service must not load torch)
-DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16", "int8"]
 
 log = logging.getLogger(__name__)
 

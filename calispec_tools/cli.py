@@ -31,7 +31,7 @@ import platformdirs
 
 from calispec.client import CalispecClient, CalispecRpcError, GenerationResult
 from calispec.types import Mode
-from calispec_core.service_cli import DTYPE_CHOICES
+from calispec_core.limits import DTYPE_CHOICES
 from calispec_tools import cli_auth, cli_bench, cli_chat, cli_memory, cli_ray
 from calispec_tools.models.registry import PAIRS, ModelPullError, describe_pairs, pull_pair, pulled
 from calispec_tools.stack_state import StackState, clear_state

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from calispec.types import Mode
-from calispec_core.service_cli import DTYPE_CHOICES
+from calispec_core.limits import DTYPE_CHOICES
 from calispec_tools.cli_auth import add_client_auth_args, client_auth
 
 MODE_NAMES = [m.name.lower() for m in Mode]

@@ -1,4 +1,4 @@
-"""The SDK and the CLI's light paths start without the serving stack (torch, transformers).
+"""The SDK and the CLI's light paths start without the serving stack (anything of the `serve` extra).
 
 Run in a fresh interpreter: the test session itself has torch loaded already.
 """
@@ -13,7 +13,11 @@ import pytest
 
 from tests.helpers import REPO_ROOT
 
-HEAVY = ("torch", "transformers", "numpy")
+# everything the `serve` extra brings (the base install has none of it: see pyproject.toml)
+HEAVY = (
+    "torch", "transformers", "numpy", "tokenizers", "safetensors", "sqlite_utils", "gguf", "accelerate",
+    "tqdm", "cryptography", "prometheus_client", "fastapi", "uvicorn",
+)  # fmt: skip
 
 
 def heavy_modules_after(code: str) -> list[str]:
