@@ -1,0 +1,45 @@
+"""Run a scenario script inside a network namespace the test makes (`unshare -n`, loopback only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def can_unshare() -> bool:
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return False
+    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+def run_scenario(scenario: Path, args: list[str], prefix: str, timeout_s: float = 540) -> dict[str, Any]:
+    """Run `scenario ARGS... WORKDIR` with lo up in a fresh namespace; returns its `RESULT {json}` line."""
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # short: Ray's unix sockets live under it
+    script = f"ip link set lo up && exec {sys.executable} {scenario} {' '.join(args)} {work}"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", "HOME": str(work)}
+    process = subprocess.Popen(
+        ["unshare", "-n", "bash", "-c", script], cwd=REPO, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,  # one group to kill
+    )  # fmt: skip
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"{scenario.name} timed out:\n{output[-6000:]}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert process.returncode == 0, output[-6000:]
+    return json.loads(next(line for line in output.splitlines() if line.startswith("RESULT "))[7:])
