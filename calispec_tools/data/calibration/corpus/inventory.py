@@ -21,7 +21,7 @@ class Inventory:
     def __init__(self) -> None:
         self._parts: dict[str, Part] = {}
 
-    def add(self, part: Part) -> None:
+    def add_part(self, part: Part) -> None:
         if part.code in self._parts:
             raise ValueError(f"part {part.code} is already listed")
         self._parts[part.code] = part
@@ -64,9 +64,9 @@ def find_by_supplier(parts: list[Part], supplier: str) -> list[str]:
 
 if __name__ == "__main__":
     shop = Inventory()
-    shop.add(Part("CH-01", "chain 11-speed", 12, 4, ["Alpine", "Ridgeway"]))
-    shop.add(Part("TB-26", "inner tube 26 inch", 3, 10, ["Ridgeway"]))
-    shop.add(Part("BP-02", "brake pads, disc", 7, 6, ["Alpine"]))
+    shop.add_part(Part("CH-01", "chain 11-speed", 12, 4, ["Alpine", "Ridgeway"]))
+    shop.add_part(Part("TB-26", "inner tube 26 inch", 3, 10, ["Ridgeway"]))
+    shop.add_part(Part("BP-02", "brake pads, disc", 7, 6, ["Alpine"]))
     shop.take("TB-26", 2)
     shop.receive("BP-02", 10)
     print(shop.report())
