@@ -280,6 +280,10 @@ def add_eval_parser(sub: Any) -> None:
         "--calibration-limit", type=int, default=None,
         help="task calibration: prompts per task kind (default: --limit, else every prompt of the set)",
     )  # fmt: skip
+    p.add_argument(
+        "--calibration-batch-size", type=int, default=8,
+        help="documents per forward when calibrating here (as `calispec calibrate --batch-size`)",
+    )  # fmt: skip
     p.set_defaults(func=cmd_eval)
 
 
@@ -332,7 +336,8 @@ def _study_calibrate(args: argparse.Namespace, config: Any, kinds: list[str]) ->
     def calibrator() -> Calibrator:
         if not loaded:
             draft, target = (ModelRunner(ModelSpec(d, args.dtype, args.device)) for d in model_dirs(args))
-            cfg = CalibrateConfig(generate=True, gamma=args.gamma or 6, max_new_tokens=CALIBRATION_NEW_TOKENS)
+            cfg = CalibrateConfig(generate=True, gamma=args.gamma or 6, max_new_tokens=CALIBRATION_NEW_TOKENS,
+                                  batch_size=args.calibration_batch_size)  # fmt: skip
             loaded.append(Calibrator(draft, target, cfg))
         return loaded[0]
 

@@ -5,7 +5,8 @@ leak counts between variants), is calibrated teacher-forced (calispec_tools/cali
 in this process, the events written through the memory service's authenticated RecordEvents), then
 runs the tasks in every mode (`ar` in the same stack is the speedup's baseline, so stack-to-stack
 drift cancels). The memory's rejection concentration (share of events held by the top x% of pairs)
-is read right after calibrating and again after the tasks (the online updates of the run).
+is read right after calibrating and again after the tasks (the online updates of the run), with the
+events the memory's caps dropped (recorded but evicted: at most max_pairs_per_draft targets per draft token).
 
 - none: an empty memory (online updates only);
 - shipped: the pair's shipped export file if it has one (calispec_tools/data/calibration/), else the
@@ -29,7 +30,7 @@ from calispec_tools.eval.rejections import analyse
 from calispec_tools.eval.report import summarize
 from calispec_tools.eval.runner import EvalConfig, Variant, run_eval
 from calispec_tools.eval.tasks import Task, qwen_chat
-from calispec_tools.memory_reads import fetch_pairs
+from calispec_tools.memory_reads import TableRead, read_table
 from calispec_tools.shipped_calibration import CORPUS_DIR
 
 STUDY_VARIANTS = ("none", "shipped", "task")
@@ -65,9 +66,26 @@ def calibration_documents(
 
 
 def concentration(ep: StudyEndpoints) -> dict[str, Any]:
-    """The memory's rejection concentration now (coverage curve, top-20% share)."""
-    doc = analyse(fetch_pairs(ep.memory, ep.namespace))
-    return {k: doc[k] for k in ("distinct_pairs", "events", "top20_share", "coverage_curve")}
+    """The memory's rejection concentration now (coverage curve, top-20% share) and what its caps dropped."""
+    return table_report(read_table(ep.memory, ep.namespace))
+
+
+def table_report(table: TableRead) -> dict[str, Any]:
+    """`events` are the table's (what CSD reads); `recorded_events` all ever written, `dropped_events` the
+    difference: a draft token keeps at most `max_pairs_per_draft` targets and the table `max_pairs` pairs, so a
+    write past a cap evicts its lowest-counted pairs (and decay, when on, halves counts)."""
+    doc = analyse(table.pairs)
+    caps = {
+        "max_pairs": table.max_pairs,
+        "max_pairs_per_draft": table.max_pairs_per_draft,
+        "half_life_s": table.half_life_s,
+    }
+    return {
+        **{k: doc[k] for k in ("distinct_pairs", "events", "top20_share", "coverage_curve")},
+        "recorded_events": table.recorded_events,
+        "dropped_events": table.dropped_events,
+        "caps": caps,
+    }
 
 
 def run_study(

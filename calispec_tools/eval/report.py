@@ -193,7 +193,25 @@ def format_concentration(calibration: dict[str, dict[str, Any]]) -> str:
             f"top 20% {_cell(before['top20_share'], '.1%'):>6}   after the tasks: {after['events']:>7} / "
             f"{after['distinct_pairs']:>6}, top 20% {_cell(after['top20_share'], '.1%'):>6}"
         )
+        lines += [
+            f"           {note}"
+            for note in (_dropped(before, "calibrated"), _dropped(after, "after the tasks"))
+            if note
+        ]
     return "\n".join(lines)
+
+
+def _dropped(read: dict[str, Any], when: str) -> str:
+    """Recorded events the memory no longer holds (its caps evicted them), when there are any."""
+    dropped = read.get("dropped_events", 0)
+    if not dropped:
+        return ""
+    caps = read.get("caps", {})
+    return (
+        f"{when}: {dropped} of {read['recorded_events']} recorded events dropped by the memory's caps "
+        f"(<= {caps.get('max_pairs_per_draft', '?')} targets per draft token, <= {caps.get('max_pairs', '?')} pairs"
+        f"{', decay on' if caps.get('half_life_s') else ''})"
+    )
 
 
 def plot_concentration(path: Path, calibration: dict[str, dict[str, Any]]) -> Path:

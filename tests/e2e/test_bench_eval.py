@@ -132,27 +132,34 @@ def test_eval_ratio_analysis_json_and_png(stack: LocalStack, tmp_path: Path) -> 
         assert (out / "ratios.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.slow  # three tiny stacks one after another
+@pytest.mark.slow  # three tiny stacks one after another, the shipped corpus calibrated here
+@pytest.mark.timeout(600)
 def test_eval_calibration_study(tiny_pair: TinyPair, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Three fresh stacks (none, shipped corpus, task-like text), each its own memory: ar, sd, csd on 2 tasks."""
     out = tmp_path / "eval-study"
     argv = ["eval", "--local", "--draft", str(tiny_pair.draft), "--target", str(tiny_pair.target), "--dtype",
             "float32", "--device", "cpu", "--modes", "ar,sd,csd", "--limit", "1", "--calibration-limit", "2",
-            "--max-new-tokens", "16", "--calibration-study", "--out", str(out)]  # fmt: skip
+            "--max-new-tokens", "16", "--calibration-study", "--calibration-batch-size", "64",
+            "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     study = json.loads((out / "eval.json").read_text())["calibration_study"]
     assert list(study["summary"]) == ["none", "shipped", "task"]
     calibration = study["calibration"]
     assert calibration["none"]["events"] == 0 and calibration["none"]["before"]["events"] == 0
     for label in ("shipped", "task"):  # teacher-forced here (the tiny pair ships no file): in the memory at once
-        assert (
-            calibration[label]["events"] > 0 and calibration[label]["before"]["events"] == calibration[label]["events"]
-        )
-        assert calibration[label]["after"]["events"] >= calibration[label]["before"]["events"]
+        before, after = calibration[label]["before"], calibration[label]["after"]
+        assert calibration[label]["events"] > 0 and before["recorded_events"] == calibration[label]["events"]
+        # the table holds what the caps kept (a draft token keeps at most max_pairs_per_draft targets): no more
+        # than recorded, and the difference is reported, not lost silently
+        assert before["events"] + before["dropped_events"] == before["recorded_events"]
+        assert after["recorded_events"] >= before["recorded_events"]
+        assert after["events"] + after["dropped_events"] == after["recorded_events"]
     assert len(study["rows"]) == 3 * 2 * 3  # calibrations × tasks × modes
     assert all(r["error"] is None for r in study["rows"])
     for per_variant in study["summary"].values():
         assert per_variant["ar"]["speedup_vs_ar"] == 1.0 and 0 <= per_variant["csd"]["acceptance_rate"] <= 1
     printed = capsys.readouterr().out
     assert "calibration study" in printed and "rejection concentration" in printed
+    dropped = calibration["shipped"]["before"]["dropped_events"]
+    assert not dropped or f"{dropped} of {calibration['shipped']['events']} recorded events dropped" in printed
     assert (out / "concentration.png").read_bytes()[:4] == b"\x89PNG"
