@@ -30,7 +30,7 @@ from calispec_tools.eval.rejections import analyse
 from calispec_tools.eval.report import summarize
 from calispec_tools.eval.runner import EvalConfig, Variant, run_eval
 from calispec_tools.eval.tasks import Task, qwen_chat
-from calispec_tools.memory_reads import TableRead, read_table
+from calispec_tools.memory_reads import TableRead, read_table, wait_for_events
 from calispec_tools.shipped_calibration import CORPUS_DIR
 
 STUDY_VARIANTS = ("none", "shipped", "task")
@@ -104,6 +104,9 @@ def run_study(
         with start_stack(label) as ep:
             info[label] = {**calibrate(label, ep), "namespace": ep.namespace, "before": concentration(ep)}
             variant_rows = run_eval(ep.coordinator, tasks, variants, config, on_done)
+            # verifiers ship a request's rejection events a sync interval after its reply: wait for the last ones
+            ran = sum(r["stats"]["rejections"] for r in variant_rows if r["stats"])
+            wait_for_events(ep.memory, ep.namespace, info[label]["before"]["recorded_events"] + ran)
             info[label]["after"] = concentration(ep)
         rows += [{**r, "calibration": label} for r in variant_rows]
     return {"summary": summarize_study(rows, info), "calibration": info, "rows": rows}
