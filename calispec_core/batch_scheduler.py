@@ -1,9 +1,10 @@
 """Batches concurrent calls into one model step: Verify on the target, Propose on the draft (no gRPC here).
 
-Handler threads `submit` a row and block on its result; one worker thread takes whatever rows
-are waiting (up to `max_batch`) and runs them together. There is no batching window: an idle
-service runs a lone row at once, a busy one batches exactly what queued up during the previous
-forward — latency is never traded for batch size.
+Handler threads `submit` a row and block on its result. There is no batching window: a row
+submitted while no step runs and none waits runs at once, on the caller's own thread (batch 1
+pays no thread hand-off); rows submitted while a step runs queue up, and the worker thread runs
+what queued (up to `max_batch`) together as soon as that step ends — latency is never traded
+for batch size.
 
 A failed batch never fails its honest rows: the step must change nothing when it raises (the
 target's round commits only after every row is verified), so each row of a failed batch is
@@ -26,8 +27,6 @@ log = logging.getLogger(__name__)
 Row = TypeVar("Row")
 Result = TypeVar("Result")
 
-_STOP = object()
-
 
 class BatchScheduler(Generic[Row, Result]):
     def __init__(
@@ -35,44 +34,68 @@ class BatchScheduler(Generic[Row, Result]):
     ) -> None:
         self._step = step
         self.max_batch = max_batch
-        self._queue: queue.Queue[tuple[Row, Future[Result]] | object] = queue.Queue()
+        self._queue: queue.Queue[tuple[Row, Future[Result]]] = queue.Queue()
+        # One step at a time (inline or on the worker); `_queued` rows wait for the worker, and while
+        # any does no caller may run inline past them.
+        self._state = threading.Condition()
+        self._busy = False
+        self._queued = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._stopped = False
         self._thread.start()
 
     def submit(self, row: Row) -> Result:
-        """Run `row` in the next batch; returns its result or raises its error."""
-        if self._stopped:
-            raise Unavailable("the target is shutting down")
+        """Run `row` in the next batch (at once, on this thread, when the scheduler is idle);
+        returns its result or raises its error."""
         future: Future[Result] = Future()
-        self._queue.put((row, future))
-        return future.result()
+        with self._state:
+            if self._stopped:
+                raise Unavailable("the service is shutting down")
+            inline = not self._busy and self._queued == 0
+            if inline:
+                self._busy = True
+            else:
+                self._queued += 1
+                self._queue.put((row, future))
+                self._state.notify_all()
+        if not inline:
+            return future.result()
+        try:
+            return self._step([row])[0]
+        finally:
+            self._idle()
 
     def queue_depth(self) -> int:
         """Rows waiting for the next batch (approximate while threads submit)."""
         return self._queue.qsize()
 
     def stop(self) -> None:
-        self._stopped = True
-        self._queue.put(_STOP)
+        """Refuse new rows, finish the queued ones, then end the worker."""
+        with self._state:
+            self._stopped = True
+            self._state.notify_all()
         self._thread.join()
+
+    def _idle(self) -> None:
+        with self._state:
+            self._busy = False
+            self._state.notify_all()
 
     def _run(self) -> None:
         while True:
-            first = self._queue.get()
-            if first is _STOP:
-                return
-            batch = [first]
-            while len(batch) < self.max_batch:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _STOP:
-                    self._queue.put(_STOP)  # finish this batch, then stop
-                    break
-                batch.append(item)
-            self._run_batch(batch)  # type: ignore[arg-type]
+            with self._state:
+                while self._busy or (self._queued == 0 and not self._stopped):
+                    self._state.wait()  # a running step's queued rows join the next batch
+                if self._queued == 0:
+                    return  # stopped, nothing left
+                self._busy = True
+                size = min(self._queued, self.max_batch)
+                self._queued -= size
+            batch = [self._queue.get_nowait() for _ in range(size)]
+            try:
+                self._run_batch(batch)
+            finally:
+                self._idle()
 
     def _run_batch(self, batch: list[tuple[Row, Future[Result]]]) -> None:
         try:

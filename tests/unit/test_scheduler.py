@@ -89,3 +89,41 @@ def test_a_failing_row_fails_only_its_own_caller_and_the_rest_of_its_batch_compl
     assert sorted(b[0] for b in step.batches[2:]) == [-1, 1, 2]  # then each row ran alone
     assert isinstance(results.pop(-1), RuntimeError)
     assert results == {0: 0, 1: 10, 2: 20}
+
+
+def test_a_lone_row_runs_on_the_callers_thread_without_a_hand_off() -> None:
+    threads: list[threading.Thread] = []
+
+    def step(rows: Sequence[int]) -> list[int]:
+        threads.append(threading.current_thread())
+        return [r + 1 for r in rows]
+
+    scheduler = BatchScheduler(step, max_batch=4)
+    assert scheduler.submit(1) == 2
+    assert scheduler.submit(2) == 3
+    scheduler.stop()
+    assert threads == [threading.current_thread()] * 2
+
+
+def test_a_row_queued_behind_a_running_step_is_not_overtaken_by_a_later_inline_one() -> None:
+    step = GatedStep()
+    scheduler = BatchScheduler(step, max_batch=4)
+    results: dict[int, int] = {}
+
+    def submit(row: int) -> None:
+        results[row] = scheduler.submit(row)
+
+    first = threading.Thread(target=submit, args=(0,))
+    first.start()
+    assert step.entered.wait(timeout=30)  # row 0 runs inline and holds the step
+    queued = threading.Thread(target=submit, args=(1,))
+    queued.start()
+    wait_until(lambda: scheduler._queue.qsize() == 1)
+    step.release.set()
+    first.join(timeout=30)
+    submit(2)  # the worker may not have picked row 1 up yet: row 2 must not run before it
+    queued.join(timeout=30)
+    scheduler.stop()
+    batch_of = {row: i for i, batch in enumerate(step.batches) for row in batch}
+    assert batch_of[1] <= batch_of[2]
+    assert results == {0: 0, 1: 10, 2: 20}
