@@ -61,7 +61,7 @@ class GenerationStats:
     target_failovers: int = 0  # times the request moved to another target replica
     mean_gamma: float = 0.0  # draft tokens asked for per round (0 in target-only rounds)
     target_only_rounds: int = 0  # rounds without a draft (ar, γ = 0 where drafting would lose, draft down)
-    round_overhead_ms: float = 0.0  # round time outside the draft's and target's handlers
+    round_overhead_ms: float = 0.0  # round time outside the two models' forwards
 
     @property
     def degraded(self) -> bool:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from calispec.v1 import common_pb2
 from calispec_core.modeling import ModelRunner
 from calispec_core.sampling import SamplingConfig
 from calispec_core.sessions import SessionStats
+from calispec_core.sparse_q import SparseQ
 from calispec_core.timing import Stopwatch
 
 
@@ -53,4 +56,17 @@ def session_stats_to_pb(stats: SessionStats) -> common_pb2.SessionStats:
         max_sessions=stats.max_sessions,
         idle_ttl_s=stats.idle_ttl_s,
         reaped_sessions=stats.reaped_sessions,
+    )
+
+
+def sparse_q_to_pb(q: SparseQ) -> common_pb2.SparseDistributions:
+    return common_pb2.SparseDistributions(row_sizes=q.row_sizes, token_ids=q.token_ids.tolist(), probs=q.probs.tolist())
+
+
+def sparse_q_from_pb(msg: common_pb2.SparseDistributions) -> SparseQ:
+    """Decoded only: the receiver validates it against its own vocabulary (`SparseQ.validate`)."""
+    return SparseQ(
+        list(msg.row_sizes),
+        np.array(msg.token_ids, dtype=np.int64),
+        np.array(msg.probs, dtype=np.float32),
     )

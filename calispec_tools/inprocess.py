@@ -11,9 +11,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from calispec.v1 import common_pb2
 from calispec_core.generation import Mode
 from calispec_core.modeling import ModelRunner
+from calispec_core.protocol import sparse_q_from_pb, sparse_q_to_pb
 from calispec_core.sampling import SamplingConfig
+from calispec_core.sparse_q import SparseQ
 from calispec_core.timing import Stopwatch
 from coordinator.backends import ModelFacts, Proposal, Verdict
 from coordinator.engine import Orchestrator
@@ -56,7 +59,9 @@ class InProcessDraft:
         watch = Stopwatch()
         p = self.proposer.propose(session_id, num_tokens, rollback_to, append, watch, min_confidence)
         probs = b"" if p.probs is None else p.probs.numpy().astype("<f4").tobytes()  # as on the wire
-        return Proposal(p.token_ids, probs, self.proposer.runner.vocab_size, watch.total_ns)
+        sparse = b"" if p.sparse is None else sparse_q_to_pb(p.sparse).SerializeToString()
+        vocab = self.proposer.runner.vocab_size
+        return Proposal(p.token_ids, probs, vocab, watch.total_ns, watch.get("forward"), sparse)
 
     def close(self, session_id: str, timeout: float) -> None:
         self.proposer.close(session_id)
@@ -82,14 +87,16 @@ class InProcessTarget:
     def verify(self, session_id: str, proposal: Proposal | None, timeout: float) -> Verdict:
         watch = Stopwatch()
         draft = proposal.token_ids if proposal else []
-        probs = None
-        if proposal and proposal.probs:
+        probs: torch.Tensor | SparseQ | None = None
+        if proposal and proposal.sparse_probs:
+            probs = sparse_q_from_pb(common_pb2.SparseDistributions.FromString(proposal.sparse_probs))
+        elif proposal and proposal.probs:
             rows = np.frombuffer(proposal.probs, dtype="<f4").reshape(len(draft), proposal.vocab_size)
             probs = torch.from_numpy(rows.copy())
         r = self.engine.verify(session_id, draft, probs, watch)
         return Verdict(
             r.accepted_count, r.rescued_positions, r.next_token, r.next_is_bonus, r.rejections, r.batch_size,
-            watch.total_ns, watch.get("memory"),
+            watch.total_ns, watch.get("memory"), watch.get("forward"),
         )  # fmt: skip
 
     def close(self, session_id: str, timeout: float) -> None:

@@ -30,9 +30,11 @@ class ModelFacts:
 @dataclass(frozen=True)
 class Proposal:
     token_ids: list[int]
-    probs: bytes  # float32 [len(token_ids), vocab_size] when sampling, else empty
+    probs: bytes  # dense q, float32 [len(token_ids), vocab_size], from a draft sending q dense; else empty
     vocab_size: int
-    service_ns: int
+    service_ns: int  # whole Propose handler inside the draft service
+    forward_ns: int = 0  # part of service_ns spent in model forwards
+    sparse_probs: bytes = b""  # q when sampling, an encoded `SparseDistributions` relayed untouched; else empty
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class Verdict:
     batch_size: int  # sessions in the target forward that verified this round
     service_ns: int  # whole Verify handler inside the target service
     memory_ns: int  # part of service_ns spent on the correction memory
+    forward_ns: int = 0  # part of service_ns spent in the model forward
 
 
 class DraftBackend(Protocol):

@@ -92,7 +92,15 @@ class GrpcDraftBackend:
             min_confidence=min_confidence,
         )
         response = _call("draft", self.stub.Propose, request, timeout)
-        return Proposal(list(response.token_ids), response.probs, response.vocab_size, response.timing.total_ns)
+        sparse = response.sparse_probs.SerializeToString() if response.HasField("sparse_probs") else b""
+        return Proposal(
+            list(response.token_ids),
+            response.probs,
+            response.vocab_size,
+            response.timing.total_ns,
+            response.timing.forward_ns,
+            sparse,
+        )
 
     def close(self, session_id: str, timeout: float) -> None:
         _call("draft", self.stub.Close, draft_pb2.DraftCloseRequest(session_id=session_id), timeout)
@@ -132,6 +140,8 @@ class GrpcTargetBackend:
             request.draft_token_ids.extend(proposal.token_ids)
             request.draft_probs = proposal.probs
             request.draft_vocab_size = proposal.vocab_size
+            if proposal.sparse_probs:
+                request.draft_sparse_probs.MergeFromString(proposal.sparse_probs)
         r = _call("target", self.stub.Verify, request, timeout)
         return Verdict(
             r.accepted_count,
@@ -142,6 +152,7 @@ class GrpcTargetBackend:
             r.batch_size,
             r.timing.total_ns,
             r.timing.memory_ns,
+            r.timing.forward_ns,
         )
 
     def close(self, session_id: str, timeout: float) -> None:

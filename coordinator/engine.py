@@ -283,8 +283,10 @@ class Orchestrator:
     ) -> None:
         """Feed the round's measured costs and acceptance to the cost model (and the overhead to the stats)."""
         drafted = len(proposal.token_ids) if proposal else 0
-        services_ns = verdict.service_ns + (proposal.service_ns if proposal else 0)
-        request.stats.round_overhead_ms += ns_to_ms(max(round_ns - services_ns, 0))
+        # overhead: everything but the two models' forwards, as the services measured them (RPCs,
+        # conversions, sampling and verification, hand-offs, bookkeeping)
+        forwards_ns = verdict.forward_ns + (proposal.forward_ns if proposal else 0)
+        request.stats.round_overhead_ms += ns_to_ms(max(round_ns - forwards_ns, 0))
         self.costs.observe_target(drafted + 1, ns_to_ms(verdict.service_ns))
         if proposal is not None and not catching_up:  # a catch-up forward would inflate the per-token cost
             self.costs.observe_draft(drafted, ns_to_ms(proposal.service_ns), ns_to_ms(propose_ns))

@@ -15,7 +15,7 @@ from calispec_core.service_cli import (
     startup_step,
     tls_from_args,
 )
-from draft_service.config import DraftConfig
+from draft_service.config import DEFAULT_PROPOSAL_TOP_K, DraftConfig
 from draft_service.server import create_server
 
 
@@ -26,6 +26,13 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
     parser.add_argument(
         "--max-batch-size", type=int, default=8, help="sessions drafting in one forward pass (1: no batching)"
     )
+    parser.add_argument(
+        "--proposal-top-k",
+        type=int,
+        default=DEFAULT_PROPOSAL_TOP_K,
+        help="sampling proposals draw from and send q's K most likely tokens, renormalised (exact); "
+        "0: the full distribution, sent dense",
+    )
     args = parser.parse_args(argv)
     spec = ModelSpec(Path(args.model), dtype=args.dtype, device=args.device, threads=args.threads)
     config = DraftConfig(
@@ -34,6 +41,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
         port=args.port,
         max_sessions=args.max_sessions,
         max_batch_size=args.max_batch_size,
+        proposal_top_k=args.proposal_top_k,
         tls=tls_from_args(parser, args),
         health_port=args.health_port,
         session_idle_ttl_s=args.session_idle_ttl_s,

@@ -8,6 +8,8 @@ from calispec_core.credentials import COORDINATOR, TlsConfig
 from calispec_core.modeling import ModelSpec
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
 
+DEFAULT_PROPOSAL_TOP_K = 256
+
 
 @dataclass(frozen=True)
 class DraftConfig:
@@ -16,6 +18,9 @@ class DraftConfig:
     port: int = 50052
     max_sessions: int = 256
     max_batch_size: int = 8  # sessions drafting in one forward pass (1 = no batching)
+    # Sampling proposals draw from (and send) q truncated to its K most likely tokens, renormalised
+    # (exact: the target verifies against the q that was sampled from); 0: the full q, sent dense.
+    proposal_top_k: int = DEFAULT_PROPOSAL_TOP_K
     session_idle_ttl_s: float = DEFAULT_IDLE_TTL_S  # an unused session is closed after this (0: never)
     max_workers: int = 16
     tls: TlsConfig = field(default_factory=TlsConfig)

@@ -14,7 +14,8 @@ from calispec_core.limits import MAX_SPECULATIVE_TOKENS
 from calispec_core.modeling import ModelRunner, Session, prefill_session
 from calispec_core.sampling import DRAFT_STREAM, SamplingConfig, make_generator, warp_probs
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
-from calispec_core.timing import Stopwatch
+from calispec_core.sparse_q import SparseQ, truncate
+from calispec_core.timing import Stopwatch, now_ns
 
 
 @dataclass
@@ -27,18 +28,24 @@ class DraftSession:
 @dataclass(frozen=True)
 class Proposal:
     token_ids: list[int]
-    token_probs: list[float]  # q(token) after warping; 1.0 when greedy
-    probs: torch.Tensor | None  # [k, V] float32 full q, only when sampling
+    token_probs: list[float]  # q(token) after warping (and truncation); 1.0 when greedy
+    probs: torch.Tensor | None  # [k, V] float32 full q, only when sampling with proposal_top_k 0
+    sparse: SparseQ | None = None  # q as sampled from, only when sampling with a proposal_top_k
+    forward_ns: int = 0  # the batched forwards this proposal took part in (the rest is overhead)
 
 
 DEFAULT_MAX_BATCH = 8  # sessions drafting in one forward
 
-Picker = Callable[[torch.Tensor, SamplingConfig, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+# [1, 1, V] logits -> (token, its q) with q a dense [1, V] row or sparse (ids [n], probs [n])
+Dist = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+Picker = Callable[[torch.Tensor, SamplingConfig, torch.Generator], tuple[torch.Tensor, Dist]]
 
 
 def confidence(logits: torch.Tensor, token: torch.Tensor) -> float:
-    """The draft's own probability of `token` (softmax of raw [1, 1, V] logits, before any warping)."""
-    return float(torch.softmax(logits[0, -1].float(), dim=-1)[token])
+    """The draft's own probability of `token` (softmax of raw [1, 1, V] logits, before any warping),
+    from one logsumexp rather than a whole softmax."""
+    row = logits[0, -1].float()
+    return float(torch.exp(row[token] - torch.logsumexp(row, dim=-1)))
 
 
 @dataclass
@@ -49,7 +56,8 @@ class _Job:
     num_tokens: int
     min_confidence: float
     tokens: list[int] = field(default_factory=list)
-    dists: list[torch.Tensor] = field(default_factory=list)  # [1, V] warped q per token, when sampling
+    dists: list[Dist] = field(default_factory=list)  # q per token, when sampling
+    forward_ns: int = 0
     done: bool = False
 
     def step(self, logits: torch.Tensor, pick: Picker) -> None:
@@ -66,14 +74,19 @@ class _Job:
     def reset(self) -> None:
         self.tokens.clear()
         self.dists.clear()
+        self.forward_ns = 0
         self.done = False
 
     def proposal(self) -> Proposal:
         if self.state.sampling.greedy:
-            return Proposal(self.tokens, [1.0] * len(self.tokens), None)
-        probs = torch.cat(self.dists).float().cpu()  # [k, V]
-        chosen = probs.gather(1, torch.tensor(self.tokens).view(-1, 1)).view(-1)  # [k]
-        return Proposal(self.tokens, chosen.tolist(), probs)
+            return Proposal(self.tokens, [1.0] * len(self.tokens), None, forward_ns=self.forward_ns)
+        if isinstance(self.dists[0], tuple):
+            rows: list[tuple[torch.Tensor, torch.Tensor]] = self.dists  # type: ignore[assignment]
+            chosen = [float(p[ids == t][0]) for t, (ids, p) in zip(self.tokens, rows, strict=True)]
+            return Proposal(self.tokens, chosen, None, SparseQ.of_rows(rows), self.forward_ns)
+        probs = torch.cat(self.dists).float().cpu()  # type: ignore[arg-type]  # [k, V]
+        dense = probs.gather(1, torch.tensor(self.tokens).view(-1, 1)).view(-1)  # [k]
+        return Proposal(self.tokens, dense.tolist(), probs, forward_ns=self.forward_ns)
 
 
 class Proposer:
@@ -86,8 +99,11 @@ class Proposer:
         max_sessions: int,
         idle_ttl_s: float = DEFAULT_IDLE_TTL_S,
         max_batch: int = DEFAULT_MAX_BATCH,
+        proposal_top_k: int = 256,  # tokens of q a sampling proposal keeps (0: the full q, sent dense)
     ) -> None:
+        require(proposal_top_k >= 0, f"proposal_top_k must be >= 0 (0: full q), got {proposal_top_k}")
         self.runner = runner
+        self.proposal_top_k = proposal_top_k
         self.scheduler: BatchScheduler[_Job, Proposal] = BatchScheduler(self._draft_batch, max_batch, "draft-batcher")
         # A session whose lock is held is mid-call: never reaped, however long the call takes.
         self.sessions: SessionRegistry[DraftSession] = SessionRegistry(
@@ -132,8 +148,9 @@ class Proposer:
                 f"session {session_id!r} would exceed the context ({self.runner.max_context})",
             )
             self._rollback(session, length, append)
-            with watch.phase("forward"):  # includes waiting for the batch this proposal runs in
-                return self.scheduler.submit(_Job(state, num_tokens, min_confidence))
+            proposal = self.scheduler.submit(_Job(state, num_tokens, min_confidence))
+            watch.add("forward", proposal.forward_ns)
+            return proposal
 
     def close(self, session_id: str) -> None:
         self.sessions.remove(session_id)
@@ -162,20 +179,23 @@ class Proposer:
         active = list(jobs)
         while active:
             sessions = [job.state.session for job in active]
+            start = now_ns()
             logits, caches = forward_rows(
                 self.runner, [s.cache for s in sessions], [s.pending() for s in sessions], [1] * len(active)
             )  # logits[b]: [1, V]
+            forward_ns = now_ns() - start
             for job, session, cache, row in zip(active, sessions, caches, logits, strict=True):
                 session.cache = cache
+                job.forward_ns += forward_ns  # every row waited for the whole batched forward
                 job.step(row[None], self._pick)  # [1, 1, V]
             active = [job for job in active if not job.done]
         return [job.proposal() for job in jobs]
 
-    @staticmethod
     def _pick(
-        logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One token from [1, 1, V] logits: argmax when greedy, else a sample from warped q."""
+        self, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator
+    ) -> tuple[torch.Tensor, Dist]:
+        """One token from [1, 1, V] logits: argmax when greedy, else a sample from the warped q,
+        truncated to its proposal_top_k most likely tokens (the q that is sent)."""
         if sampling.greedy:
             return logits[0, -1].argmax(), logits[0, -1:]
         q = warp_probs(
@@ -184,4 +204,7 @@ class Proposer:
             torch.tensor([sampling.top_k], device=logits.device),
             torch.tensor([sampling.top_p], device=logits.device),
         )[0]  # [1, V]
-        return torch.multinomial(q, 1, generator=generator)[0, 0], q
+        if not self.proposal_top_k:
+            return torch.multinomial(q, 1, generator=generator)[0, 0], q
+        ids, probs = truncate(q[0], self.proposal_top_k)  # [n], [n]
+        return ids[torch.multinomial(probs, 1, generator=generator)[0]], (ids, probs)

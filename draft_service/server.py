@@ -9,7 +9,13 @@ from calispec_core.grpc_server import create_grpc_server
 from calispec_core.metrics import new_registry
 from calispec_core.modeling import ModelRunner
 from calispec_core.observability import ManagedServer, Observe
-from calispec_core.protocol import model_info_to_pb, sampling_from_pb, session_stats_to_pb, timing_to_pb
+from calispec_core.protocol import (
+    model_info_to_pb,
+    sampling_from_pb,
+    session_stats_to_pb,
+    sparse_q_to_pb,
+    timing_to_pb,
+)
 from calispec_core.timing import Stopwatch
 from draft_service.config import DraftConfig
 from draft_service.metrics import DraftMetrics
@@ -41,14 +47,17 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             min_confidence=request.min_confidence,
         )
         self.metrics.proposed(len(proposal.token_ids))
-        probs = b"" if proposal.probs is None else proposal.probs.numpy().astype("<f4").tobytes()
-        return draft_pb2.ProposeResponse(
+        response = draft_pb2.ProposeResponse(
             token_ids=proposal.token_ids,
             token_probs=proposal.token_probs,
-            probs=probs,
             vocab_size=self.proposer.runner.vocab_size,
-            timing=timing_to_pb(watch),
         )
+        if proposal.sparse is not None:
+            response.sparse_probs.CopyFrom(sparse_q_to_pb(proposal.sparse))
+        elif proposal.probs is not None:
+            response.probs = proposal.probs.numpy().astype("<f4").tobytes()
+        response.timing.CopyFrom(timing_to_pb(watch))  # last: the handler's time includes the encoding
+        return response
 
     def Rollback(self, request, context):
         length = self.proposer.rollback(request.session_id, request.length, list(request.append_token_ids))
@@ -70,7 +79,9 @@ def create_server(config: DraftConfig, runner: ModelRunner | None = None) -> tup
     runner = runner or ModelRunner(config.model)
     if config.measure_forward_costs:
         runner.forward_costs = measure_forward_costs(runner, DRAFT_TOKEN_COUNTS)
-    proposer = Proposer(runner, config.max_sessions, config.session_idle_ttl_s, config.max_batch_size)
+    proposer = Proposer(
+        runner, config.max_sessions, config.session_idle_ttl_s, config.max_batch_size, config.proposal_top_k
+    )
     proposer.sessions.start_reaper()
     observe = Observe(metrics_port=config.metrics_port, admission=[f"/{SERVICE_NAME}/Prefill"])
     servicer = DraftServicer(proposer, DraftMetrics(observe.registry, proposer))

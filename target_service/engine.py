@@ -23,6 +23,7 @@ from calispec_core.limits import MAX_SPECULATIVE_TOKENS
 from calispec_core.modeling import ModelRunner, Session, prefill_session
 from calispec_core.sampling import TARGET_STREAM, SamplingConfig, make_generator
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
+from calispec_core.sparse_q import SparseQ
 from calispec_core.timing import Stopwatch
 from target_service.pair_table import PairTable
 from target_service.verifier import PLACEHOLDER_TOKEN_ID, VerifyInput, VerifyOutput, verify
@@ -73,7 +74,7 @@ class _Row:
 
     state: TargetSession
     draft: list[int]
-    draft_probs: torch.Tensor | None  # [k, V_draft] when the session samples
+    draft_probs: torch.Tensor | SparseQ | None  # [k, V_draft] or sparse rows, when the session samples
     watch: Stopwatch
 
 
@@ -114,7 +115,7 @@ class TargetEngine:
         self.scheduler.stop()
 
     def verify(
-        self, session_id: str, draft: list[int], draft_probs: torch.Tensor | None, watch: Stopwatch
+        self, session_id: str, draft: list[int], draft_probs: torch.Tensor | SparseQ | None, watch: Stopwatch
     ) -> VerifyResult:
         """Verify `draft` (may be empty: one plain decoding step) and commit the outcome."""
         state = self.sessions.get(session_id)
@@ -183,7 +184,7 @@ class TargetEngine:
             if excess > 0:
                 row.state.session.cache.crop(-excess)
 
-    def _check_draft(self, state: TargetSession, draft: list[int], draft_probs: torch.Tensor | None) -> None:
+    def _check_draft(self, state: TargetSession, draft: list[int], draft_probs: torch.Tensor | SparseQ | None) -> None:
         require(
             len(draft) <= MAX_SPECULATIVE_TOKENS, f"at most {MAX_SPECULATIVE_TOKENS} draft tokens, got {len(draft)}"
         )
@@ -194,7 +195,10 @@ class TargetEngine:
             return
         if draft_probs is None:
             raise InvalidArgument("draft_probs are required when the session samples (temperature > 0)")
-        self._check_draft_probs(draft_probs, len(draft))
+        if isinstance(draft_probs, SparseQ):
+            draft_probs.validate(len(draft), self.runner.vocab_size)
+        else:
+            self._check_draft_probs(draft_probs, len(draft))
 
     def _check_draft_probs(self, probs: torch.Tensor, rows: int) -> None:
         """q must be a real distribution per draft token, over exactly the target's vocabulary: a
@@ -219,15 +223,13 @@ class TargetEngine:
         """Pad the rows to one batch: logits [B, G+1, V], drafts [B, G], q [B, G, V_draft]."""
         device = logits[0].device
         width = max(len(r.draft) for r in rows)
-        target_logits = torch.zeros(len(rows), width + 1, logits[0].shape[-1], dtype=logits[0].dtype, device=device)
         tokens = torch.full((len(rows), width), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=device)
-        for b, (row, row_logits) in enumerate(zip(rows, logits, strict=True)):
-            target_logits[b, : len(row.draft) + 1] = row_logits
+        for b, row in enumerate(rows):
             tokens[b, : len(row.draft)] = torch.tensor(row.draft, dtype=torch.long, device=device)
         samplings = [r.state.sampling for r in rows]
         rescues = [r.state.rescue for r in rows]
         return VerifyInput(
-            target_logits=target_logits,  # [B, G+1, V]
+            target_logits=self._padded_logits(rows, logits, width),  # [B, G+1, V]
             draft_tokens=tokens,  # [B, G]
             num_draft=torch.tensor([len(r.draft) for r in rows], device=device),  # [B]
             draft_probs=self._draft_probs(rows, width, device),  # [B, G, V_draft] or None
@@ -241,7 +243,18 @@ class TargetEngine:
         )
 
     @staticmethod
-    def _draft_probs(rows: Sequence[_Row], width: int, device: torch.device) -> torch.Tensor | None:
+    def _padded_logits(rows: Sequence[_Row], logits: list[torch.Tensor], width: int) -> torch.Tensor:
+        """[B, G+1, V]; a lone row's logits as they are (no copy)."""
+        if len(rows) == 1:
+            return logits[0].unsqueeze(0)
+        first = logits[0]
+        padded = torch.zeros(len(rows), width + 1, first.shape[-1], dtype=first.dtype, device=first.device)
+        for b, (row, row_logits) in enumerate(zip(rows, logits, strict=True)):
+            padded[b, : len(row.draft) + 1] = row_logits
+        return padded
+
+    def _draft_probs(self, rows: Sequence[_Row], width: int, device: torch.device) -> torch.Tensor | None:
+        """[B, G, V_draft] q on the device; sparse q is densified there (only its entries travel)."""
         sent = [
             (b, r.draft_probs)
             for b, r in enumerate(rows)
@@ -249,10 +262,13 @@ class TargetEngine:
         ]
         if not sent:
             return None
-        vocab = max(p.shape[1] for _, p in sent)
+        vocab = max(self.runner.vocab_size if isinstance(p, SparseQ) else p.shape[1] for _, p in sent)
         probs = torch.zeros(len(rows), width, vocab, dtype=torch.float32, device=device)  # [B, G, V_draft]
         for b, p in sent:
-            probs[b, : p.shape[0], : p.shape[1]] = p.to(device=device, dtype=torch.float32)
+            if isinstance(p, SparseQ):
+                p.write_into(probs[b, : len(p.row_sizes)])
+            else:
+                probs[b, : p.shape[0], : p.shape[1]] = p.to(device=device, dtype=torch.float32)
         return probs
 
     def _record_events(self, draft_ids: torch.Tensor, target_ids: torch.Tensor) -> None:

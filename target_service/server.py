@@ -16,7 +16,14 @@ from calispec_core.grpc_server import create_grpc_server
 from calispec_core.metrics import new_registry
 from calispec_core.modeling import ModelRunner
 from calispec_core.observability import ManagedServer, Observe
-from calispec_core.protocol import model_info_to_pb, sampling_from_pb, session_stats_to_pb, timing_to_pb
+from calispec_core.protocol import (
+    model_info_to_pb,
+    sampling_from_pb,
+    session_stats_to_pb,
+    sparse_q_from_pb,
+    timing_to_pb,
+)
+from calispec_core.sparse_q import SparseQ
 from calispec_core.timing import Stopwatch
 from target_service.config import TargetConfig
 from target_service.engine import RescueConfig, TargetEngine
@@ -45,6 +52,16 @@ def probs_from_pb(data: bytes, rows: int, vocab_size: int) -> torch.Tensor | Non
     return torch.from_numpy(array.copy())
 
 
+def draft_q_from_pb(request: target_pb2.VerifyRequest) -> torch.Tensor | SparseQ | None:
+    """The draft's q as sent: sparse (validated by the engine) or dense; None when neither is."""
+    rows = len(request.draft_token_ids)
+    if not request.HasField("draft_sparse_probs"):
+        return probs_from_pb(request.draft_probs, rows, request.draft_vocab_size)
+    if request.draft_probs:
+        raise InvalidArgument("send draft_probs or draft_sparse_probs, not both")
+    return sparse_q_from_pb(request.draft_sparse_probs)
+
+
 class TargetServicer(target_pb2_grpc.TargetServiceServicer):
     def __init__(
         self, engine: TargetEngine, metrics: TargetMetrics | None = None, link: MemoryLink | None = None
@@ -63,7 +80,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
     def Verify(self, request, context):
         watch = Stopwatch()
         draft = list(request.draft_token_ids)
-        probs = probs_from_pb(request.draft_probs, len(draft), request.draft_vocab_size)
+        probs = draft_q_from_pb(request)
         if self.link is not None and draft:
             self.link.note_request()  # the memory write carrying this round's events names the request
         result = self.engine.verify(request.session_id, draft, probs, watch)

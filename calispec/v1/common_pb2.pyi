@@ -54,6 +54,16 @@ class Timing(_message.Message):
     memory_ns: int
     def __init__(self, total_ns: _Optional[int] = ..., forward_ns: _Optional[int] = ..., verify_ns: _Optional[int] = ..., memory_ns: _Optional[int] = ...) -> None: ...
 
+class SparseDistributions(_message.Message):
+    __slots__ = ("row_sizes", "token_ids", "probs")
+    ROW_SIZES_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROBS_FIELD_NUMBER: _ClassVar[int]
+    row_sizes: _containers.RepeatedScalarFieldContainer[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, row_sizes: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
+
 class ModelInfo(_message.Message):
     __slots__ = ("model_id", "vocab_size", "tokenizer_fingerprint", "max_context", "dtype", "device", "eos_token_ids", "forward_costs")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]

@@ -77,7 +77,7 @@ def test_rollback_then_propose_continues_from_the_kept_prefix(stub, draft_runner
     stub.Close(draft_pb2.DraftCloseRequest(session_id="rb"))
 
 
-def test_sampling_returns_full_distributions_and_seeds_reproduce(stub, draft_runner: ModelRunner) -> None:
+def test_sampling_returns_sparse_distributions_and_seeds_reproduce(stub, draft_runner: ModelRunner) -> None:
     results = []
     for sid in ("s1", "s2"):
         prefill(stub, sid, temperature=0.9, top_k=50, seed=1234)
@@ -85,12 +85,22 @@ def test_sampling_returns_full_distributions_and_seeds_reproduce(stub, draft_run
         stub.Close(draft_pb2.DraftCloseRequest(session_id=sid))
     a, b = results
     assert list(a.token_ids) == list(b.token_ids)
-    probs = np.frombuffer(a.probs, dtype="<f4").reshape(4, a.vocab_size)
-    assert a.vocab_size == draft_runner.vocab_size
-    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
-    assert ((probs > 0).sum(axis=1) <= 50).all()  # top-k applied to q
-    chosen = probs[np.arange(4), list(a.token_ids)]
-    np.testing.assert_allclose(chosen, list(a.token_probs), rtol=1e-6)
+    assert a.vocab_size == draft_runner.vocab_size and a.probs == b""
+    q = a.sparse_probs
+    assert len(q.row_sizes) == 4 and all(0 < n <= 50 for n in q.row_sizes)  # q's own top-k support, no more
+    starts = np.cumsum([0, *q.row_sizes])
+    for i, token in enumerate(a.token_ids):
+        ids, probs = list(q.token_ids[starts[i] : starts[i + 1]]), list(q.probs[starts[i] : starts[i + 1]])
+        assert len(set(ids)) == len(ids) and all(t < a.vocab_size for t in ids)
+        assert sum(probs) == pytest.approx(1.0, abs=1e-5)
+        assert probs[ids.index(token)] == pytest.approx(a.token_probs[i], rel=1e-6)
+
+
+def test_the_handler_reports_its_forward_time_apart(stub) -> None:
+    prefill(stub, "fw")
+    timing = stub.Propose(draft_pb2.ProposeRequest(session_id="fw", num_tokens=3)).timing
+    stub.Close(draft_pb2.DraftCloseRequest(session_id="fw"))
+    assert 0 < timing.forward_ns <= timing.total_ns  # three forwards, inside the handler
 
 
 @pytest.mark.parametrize(

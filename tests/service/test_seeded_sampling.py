@@ -7,7 +7,9 @@ servicers, exactly as the coordinator drives them: draft Prefill and Propose, th
 shipped as the ProposeResponse bytes (serialised and parsed back, as on the wire) into the
 target's VerifyRequest. Constant-logit runners give V = 2, p = [0.02, 0.98] and a uniform q, where
 the shared seed moved P(first token = 0) from 0.020 to 0.038 (χ² = 33 over these 2,000 seeds;
-0.4 with the per-service streams).
+0.4 with the per-service streams). q travels sparse (the draft's default), dense (a draft with
+--proposal-top-k 0), and truncated: V = 3 with the draft keeping its top 2 tokens, so the draft
+samples from (and sends) a q that is not its softmax, and the output must still follow p.
 """
 
 from __future__ import annotations
@@ -29,8 +31,7 @@ from target_service.pair_table import PairTable
 from target_service.server import TargetServicer
 
 SEEDS = range(2_000)
-TARGET_P = [0.02, 0.98]
-CHI2_CRITICAL_1_DOF_0_001 = 10.828  # α = 0.001, one degree of freedom (standard tables)
+CHI2_CRITICAL_0_001 = {1: 10.828, 2: 13.816}  # α = 0.001 by degrees of freedom (standard tables)
 
 M = TypeVar("M", bound=Message)
 
@@ -68,14 +69,23 @@ class ConstantRunner:
         require(all(0 <= t < self.vocab_size for t in token_ids), f"{what}: token outside the vocabulary")
 
 
-@pytest.fixture
-def servicers() -> Iterator[tuple[DraftServicer, TargetServicer]]:
-    draft = ConstantRunner([0.0, 0.0])  # uniform q
-    target = ConstantRunner([math.log(p) for p in TARGET_P])
+CASES = {  # name: (draft logits, target p, the draft's proposal_top_k)
+    "sparse": ([0.0, 0.0], [0.02, 0.98], 256),  # uniform q
+    "dense": ([0.0, 0.0], [0.02, 0.98], 0),
+    "truncated": ([0.0, 0.5, 1.0], [0.3, 0.5, 0.2], 2),  # q = the draft's top 2 tokens, renormalised
+}
+
+
+@pytest.fixture(params=sorted(CASES))
+def case(request: pytest.FixtureRequest) -> Iterator[tuple[DraftServicer, TargetServicer, list[float]]]:
+    draft_logits, target_p, top_k = CASES[request.param]
+    draft = ConstantRunner(draft_logits)
+    target = ConstantRunner([math.log(p) for p in target_p])
     engine = TargetEngine(target, max_sessions=4, table=PairTable(target.vocab_size))  # type: ignore[arg-type]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: a parallel region per op costs ~10 ms on a busy 2-core box
-    yield DraftServicer(Proposer(draft, max_sessions=4)), TargetServicer(engine)  # type: ignore[arg-type]
+    proposer = Proposer(draft, max_sessions=4, proposal_top_k=top_k)  # type: ignore[arg-type]
+    yield DraftServicer(proposer), TargetServicer(engine), target_p
     torch.set_num_threads(threads)
     engine.stop()
 
@@ -102,17 +112,39 @@ def first_token(draft: DraftServicer, target: TargetServicer, seed: int) -> int:
         draft_probs=proposal.probs,
         draft_vocab_size=proposal.vocab_size,
     )
+    if proposal.HasField("sparse_probs"):
+        request.draft_sparse_probs.MergeFromString(proposal.sparse_probs.SerializeToString())
     verdict = wire(target.Verify(wire(request), None))
     draft.Close(draft_pb2.DraftCloseRequest(session_id=sid), None)
     target.Close(target_pb2.TargetCloseRequest(session_id=sid), None)
     return proposal.token_ids[0] if verdict.accepted_count else verdict.next_token_id
 
 
-def test_seeded_requests_follow_the_target_distribution(servicers: tuple[DraftServicer, TargetServicer]) -> None:
-    draft, target = servicers
+def test_seeded_requests_follow_the_target_distribution(
+    case: tuple[DraftServicer, TargetServicer, list[float]],
+) -> None:
+    draft, target, target_p = case
     tokens = [first_token(draft, target, seed) for seed in SEEDS]
-    zeros = tokens.count(0)
-    expected = [TARGET_P[0] * len(tokens), TARGET_P[1] * len(tokens)]
-    observed = [zeros, len(tokens) - zeros]
+    expected = [p * len(tokens) for p in target_p]
+    observed = [tokens.count(token) for token in range(len(target_p))]
     chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True))
-    assert chi2 < CHI2_CRITICAL_1_DOF_0_001, (observed, expected, chi2)
+    assert chi2 < CHI2_CRITICAL_0_001[len(target_p) - 1], (observed, expected, chi2)
+
+
+def test_the_draft_sends_q_sparse_by_default_and_dense_without_a_top_k(
+    case: tuple[DraftServicer, TargetServicer, list[float]],
+) -> None:
+    draft, _, target_p = case
+    sid, sampling = "wire", common_pb2.SamplingParams(temperature=1.0, seed=1)
+    draft.Prefill(draft_pb2.DraftPrefillRequest(session_id=sid, token_ids=[0], sampling=sampling), None)
+    proposal = draft.Propose(draft_pb2.ProposeRequest(session_id=sid, num_tokens=3), None)
+    if draft.proposer.proposal_top_k == 0:
+        assert len(proposal.probs) == 3 * len(target_p) * 4 and not proposal.HasField("sparse_probs")
+        return
+    sparse = proposal.sparse_probs
+    kept = min(draft.proposer.proposal_top_k, len(target_p))
+    assert proposal.probs == b"" and list(sparse.row_sizes) == [kept] * 3
+    for i, token in enumerate(proposal.token_ids):
+        ids = list(sparse.token_ids[i * kept : (i + 1) * kept])
+        assert token in ids  # the token was drawn from the q that was sent
+        assert sum(sparse.probs[i * kept : (i + 1) * kept]) == pytest.approx(1.0, abs=1e-6)

@@ -168,3 +168,62 @@ def test_faulty_draft_distributions_are_refused_and_change_nothing(stub, target_
     assert fields[0] == fields[1]  # the refused calls touched neither the cache nor the random stream
     for sid in ("faulty", "twin"):
         close(stub, sid)
+
+
+def sparse(rows: list[tuple[list[int], list[float]]]) -> common_pb2.SparseDistributions:
+    return common_pb2.SparseDistributions(
+        row_sizes=[len(ids) for ids, _ in rows],
+        token_ids=[t for ids, _ in rows for t in ids],
+        probs=[p for _, ps in rows for p in ps],
+    )
+
+
+def verify_sparse(stub, sid: str, draft: list[int], q: common_pb2.SparseDistributions, dense: bytes = b""):
+    request = target_pb2.VerifyRequest(session_id=sid, draft_token_ids=draft, draft_sparse_probs=q)
+    if dense:
+        request.draft_probs, request.draft_vocab_size = dense, len(dense) // 4 // len(draft)
+    return stub.Verify(request)
+
+
+def test_faulty_sparse_draft_distributions_are_refused_and_change_nothing(stub, target_runner: ModelRunner) -> None:
+    vocab = target_runner.vocab_size
+    good = [([1, 9], [0.25, 0.75]), ([2], [1.0])]
+    faulty = {
+        "a row missing": sparse(good[:1]),
+        "a token outside the vocabulary": sparse([([1, vocab], [0.25, 0.75]), good[1]]),
+        "a token twice": sparse([([9, 9], [0.25, 0.75]), good[1]]),
+        "a row not summing to 1": sparse([([1, 9], [0.25, 0.5]), good[1]]),
+        "a negative probability": sparse([([1, 9, 4], [-0.25, 0.75, 0.5]), good[1]]),
+        "a NaN": sparse([([1, 9], [float("nan"), 0.75]), good[1]]),
+        "an empty row": sparse([([], []), ([1, 2], [0.5, 0.5])]),
+        "sizes and entries disagree": common_pb2.SparseDistributions(row_sizes=[2, 2], token_ids=[1, 2, 3], probs=[1]),
+    }
+    for sid in ("sparse-faulty", "sparse-twin"):
+        prefill(stub, sid, mode=common_pb2.MODE_SD, temperature=1.0, seed=5)
+    for what, q in faulty.items():
+        code = rpc_code(lambda q=q: verify_sparse(stub, "sparse-faulty", [1, 2], q))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, what
+    dense = np.full((2, vocab), 1.0 / vocab, dtype="<f4").tobytes()
+    both = rpc_code(lambda: verify_sparse(stub, "sparse-faulty", [1, 2], sparse(good), dense))
+    assert both == grpc.StatusCode.INVALID_ARGUMENT
+    outcomes = [verify_sparse(stub, sid, [1, 2], sparse(good)) for sid in ("sparse-faulty", "sparse-twin")]
+    fields = [(r.accepted_count, r.next_token_id, r.next_is_bonus) for r in outcomes]
+    assert fields[0] == fields[1]  # the refused calls touched neither the cache nor the random stream
+    for sid in ("sparse-faulty", "sparse-twin"):
+        close(stub, sid)
+
+
+def test_sparse_q_verifies_like_the_same_q_sent_dense(stub, target_runner: ModelRunner) -> None:
+    vocab = target_runner.vocab_size
+    rows = [([1, 9, 30], [0.2, 0.5, 0.3]), ([2, 7], [0.6, 0.4]), ([5], [1.0])]
+    dense = np.zeros((3, vocab), dtype="<f4")
+    for i, (ids, probs) in enumerate(rows):
+        dense[i, ids] = probs
+    outcomes = []
+    for sid, send in (("as-sparse", lambda s: verify_sparse(stub, s, [9, 2, 5], sparse(rows))),
+                      ("as-dense", lambda s: verify(stub, s, [9, 2, 5], dense.tobytes(), vocab))):  # fmt: skip
+        prefill(stub, sid, mode=common_pb2.MODE_SD, temperature=1.0, seed=11)
+        outcomes.append([send(sid) for _ in range(4)])
+        close(stub, sid)
+    fields = [[(r.accepted_count, r.next_token_id, r.next_is_bonus) for r in rounds] for rounds in outcomes]
+    assert fields[0] == fields[1]  # same seed, same q: the same coins decide the same way

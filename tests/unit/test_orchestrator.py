@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from calispec_core.errors import Cancelled, DeadlineExceeded, InvalidArgument
@@ -145,3 +147,18 @@ def test_seeded_request_without_gamma_gets_a_fixed_gamma_so_its_samples_reproduc
     seeded = SamplingConfig(temperature=0.5, seed=3)
     run(orchestrator, "c", params(max_new_tokens=30, num_speculative_tokens=None, sampling=seeded))
     assert {len(p) for p in draft.proposals[:-1]} == {6}  # SpeculationConfig.seeded_gamma; the last is clipped
+
+
+@pytest.mark.parametrize("forward_ns", [0, 10**10])
+def test_round_overhead_is_the_round_minus_the_models_forwards(forward_ns: int) -> None:
+    """The services report 10 s handlers: only their forward part may leave the overhead."""
+    orchestrator, draft, target = make()
+    propose, verify = draft.propose, target.verify
+    draft.propose = lambda *a, **kw: replace(propose(*a, **kw), service_ns=10**10, forward_ns=forward_ns)
+    target.verify = lambda *a, **kw: replace(verify(*a, **kw), service_ns=10**10, forward_ns=forward_ns)
+    stats = run(orchestrator, "c", params(max_new_tokens=5))[-1].stats
+    assert stats is not None and stats.rounds >= 1
+    if forward_ns:
+        assert stats.round_overhead_ms == 0.0  # the forwards "took" longer than the round: clamped
+    else:
+        assert stats.round_overhead_ms > 0.0  # none of the handlers' time was forward
