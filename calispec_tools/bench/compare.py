@@ -274,6 +274,8 @@ def format_report(env: dict[str, Any], summary: dict[str, Any], rel: dict[str, A
                 f" {row['overhead_ms_per_round']:6.2f}"
             )
         lines.append(cells)
+    lines.append("ovh: round time outside the two models' forwards as the services timed them (RPCs, sampling,")
+    lines.append("     verification, hand-offs, bookkeeping); % of request time, ms per round")
     if load:
         lines += ["", "throughput (tokens/s over all requests) by concurrency:"]
         levels = sorted({c for per_mode in load.values() for c in per_mode})
