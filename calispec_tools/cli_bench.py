@@ -59,6 +59,9 @@ def add_target_args(parser: argparse.ArgumentParser, required: bool = True) -> a
     parser.add_argument("--draft", help="--local, eval --ratio-analysis: draft model dir (default: the tiny pair)")
     parser.add_argument("--target", help="--local, eval --ratio-analysis: target model dir (default: the tiny pair)")
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
+    parser.add_argument(
+        "--draft-dtype", default=None, choices=DTYPE_CHOICES, help="--local: the draft's (default int8 on CPU, as up)"
+    )
     parser.add_argument("--device", default="auto")
     parser.add_argument("--memory-address", help="memory service HOST:PORT (with --address; --local knows it)")
     parser.add_argument("--tokenizer", help="tokenizer dir to label token ids (with --address)")
@@ -85,6 +88,13 @@ def model_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
     return draft, target
 
 
+def local_draft_dtype(args: argparse.Namespace) -> str:
+    """The draft's dtype in a --local stack: as `calispec up` serves it unless --draft-dtype says otherwise."""
+    from calispec_tools.stack import default_draft_dtype
+
+    return args.draft_dtype or default_draft_dtype(args.device) or args.dtype
+
+
 @contextmanager
 def local_stack(args: argparse.Namespace, namespace: str | None = None) -> Iterator[Endpoints]:
     """A fresh stack on free ports with a fresh memory DB in a temporary directory; stopped afterwards.
@@ -96,6 +106,7 @@ def local_stack(args: argparse.Namespace, namespace: str | None = None) -> Itera
         config = StackConfig(
             draft_model=draft, target_model=target, memory_db=Path(tmp) / "memory.db", log_dir=Path(tmp) / "logs",
             coordinator_port=0, target_port=0, draft_port=0, memory_port=0, dtype=args.dtype, device=args.device,
+            draft_dtype=local_draft_dtype(args),
             memory_sync_interval_s=0.2,  # rescues in a short run need the shared counts soon
             memory_namespace=namespace,
         )  # fmt: skip
@@ -335,7 +346,9 @@ def _study_calibrate(args: argparse.Namespace, config: Any, kinds: list[str]) ->
 
     def calibrator() -> Calibrator:
         if not loaded:
-            draft, target = (ModelRunner(ModelSpec(d, args.dtype, args.device)) for d in model_dirs(args))
+            draft_dir, target_dir = model_dirs(args)
+            draft = ModelRunner(ModelSpec(draft_dir, local_draft_dtype(args), args.device))
+            target = ModelRunner(ModelSpec(target_dir, args.dtype, args.device))
             cfg = CalibrateConfig(generate=True, gamma=args.gamma or 6, max_new_tokens=CALIBRATION_NEW_TOKENS,
                                   batch_size=args.calibration_batch_size)  # fmt: skip
             loaded.append(Calibrator(draft, target, cfg))

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from calispec_core.limits import DTYPE_CHOICES
+
 DEFAULT_COORDINATOR = "127.0.0.1:50050"
 
 
@@ -43,6 +45,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--draft", help="draft model dir (with --target)")
     p.add_argument("--target", help="target model dir (with --draft)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--draft-dtype", default=None, choices=DTYPE_CHOICES,
+        help="the draft's (default: what `calispec up` serves, int8 on CPU): events come from the draft as served",
+    )  # fmt: skip
     p.add_argument("--device", default="auto")
     p.add_argument("--namespace", default=None, help="default: the running stack's (or the pair's, with --export)")
     p.add_argument("--memory-addr", default=None, help="memory service HOST:PORT (default: the running stack's)")
@@ -115,7 +121,7 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
     if args.ray:
         from calispec_tools.calibrate.ray_job import RayJob, run_on_ray
 
-        job = RayJob(str(draft), str(target), args.dtype, args.device, address, namespace, token)
+        job = RayJob(str(draft), str(target), args.dtype, args.device, address, namespace, token, draft_dtype(args))
         summary, parts = run_on_ray(args.ray, docs, config, job, args.workers, args.worker_cpus)
         extra = {"workers": [{"documents": p.documents, "events": p.events, "total_s": p.total_s} for p in parts]}
     else:
@@ -144,8 +150,15 @@ def _load(args: argparse.Namespace, config: Any, draft: Path, target: Path) -> A
     from calispec_tools.calibrate.job import Calibrator
 
     print(f"loading the pair (draft {draft}, target {target})...", file=sys.stderr)
-    runners = [ModelRunner(ModelSpec(d, args.dtype, args.device)) for d in (draft, target)]
-    return Calibrator(runners[0], runners[1], config)
+    draft_runner = ModelRunner(ModelSpec(draft, draft_dtype(args), args.device))
+    return Calibrator(draft_runner, ModelRunner(ModelSpec(target, args.dtype, args.device)), config)
+
+
+def draft_dtype(args: argparse.Namespace) -> str:
+    """--draft-dtype, else the served draft's: a calibration counts the pairs of the draft that will propose."""
+    from calispec_tools.stack import default_draft_dtype
+
+    return args.draft_dtype or default_draft_dtype(args.device) or args.dtype
 
 
 def _run_local(

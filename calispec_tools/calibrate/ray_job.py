@@ -29,6 +29,7 @@ class RayJob:
     memory: str  # memory service HOST:PORT, reachable from the workers
     namespace: str
     token: str  # the verifiers' writer token
+    draft_dtype: str | None = None  # None: dtype
 
 
 @ray.remote
@@ -38,7 +39,8 @@ class CalibrationWorker:
         from calispec_tools.calibrate.job import Calibrator
 
         self.job, self.rank = job, rank
-        draft, target = (ModelRunner(ModelSpec(path, job.dtype, job.device)) for path in (job.draft, job.target))
+        draft = ModelRunner(ModelSpec(job.draft, job.draft_dtype or job.dtype, job.device))
+        target = ModelRunner(ModelSpec(job.target, job.dtype, job.device))
         self.calibrator = Calibrator(draft, target, config)
 
     def run(self, docs: list[Document]) -> Summary:
