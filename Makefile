@@ -9,7 +9,7 @@ PAIR   ?= qwen-coder
 MODE   ?= csd
 DTYPE  ?= auto
 
-.PHONY: install run test test-slow lint format proto calibration bench-verifier bench-forward bench-memory bench-pair bench-compare bench-cuda clean
+.PHONY: install run test test-slow lint format proto calibration bench-verifier bench-forward bench-memory bench-pair bench-compare bench-calibration bench-cuda clean
 
 # torch is pinned here and installed first (the CPU wheel these machines carry); an unpinned torch
 # pulls a CUDA build. The base install is the light client; `serve` brings what the services need.
@@ -64,6 +64,10 @@ bench-forward: install
 # the stack against HF assisted generation (docs/performance.md); QUICK=1 for a short run
 bench-compare: install
 	$(BIN)/calispec bench compare --pair $(PAIR) --dtype $(DTYPE) $(if $(QUICK),--prompts 2 --max-new-tokens 32 --concurrency 1)
+
+# events/s of teacher-forced calibration against calibrating by SD through the stack (docs/calibration.md)
+bench-calibration: install
+	$(BIN)/calispec bench calibration --pair $(PAIR)
 
 # the same on a GPU (bf16 on CUDA)
 bench-cuda: install

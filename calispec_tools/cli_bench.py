@@ -145,7 +145,9 @@ def add_bench_parser(sub: Any) -> None:
     where = add_target_args(p, required=False)  # the load test checks it; `compare` starts its own stack
     where.add_argument("--openai-url", help="drive the OpenAI-compatible HTTP API at this base URL (http://H:P/v1)")
     p.add_argument("--openai-model", help="with --openai-url: the model name (default: the one the server lists)")
-    add_compare_parser(p.add_subparsers(dest="bench_command"))
+    commands = p.add_subparsers(dest="bench_command")
+    add_compare_parser(commands)
+    add_calibration_bench_parser(commands)
     p.add_argument("--modes", type=_modes, default=["ar", "sd", "csd"], help="comma-separated (default ar,sd,csd)")
     p.add_argument("--prompts", default="code,math,prose", help="built-in sets (code, math, prose) and/or JSONL files")
     loop = p.add_mutually_exclusive_group()
@@ -240,20 +242,54 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     texts = [t for ts in PROMPTS.values() for t in ts]
     texts = [texts[i % len(texts)] for i in range(max(args.prompts, 1))]
-    if args.draft and args.target:
-        args.model_dirs = (Path(args.draft), Path(args.target))
-    elif args.pair == "tiny":
-        from calispec_tools.cli import ensure_tiny_pair
-
-        target, draft = ensure_tiny_pair()
-        args.model_dirs = (draft, target)
-    else:
-        from calispec_tools.cli import ensure_pulled_pair
-
-        args.model_dirs = ensure_pulled_pair(args.pair)
+    args.model_dirs = bench_pair_dirs(args)
+    if not (args.draft and args.target) and args.pair != "tiny":
         texts = [chat_prompt(PAIRS[args.pair], t) for t in texts]
     args.prompt_texts = texts
     return run_compare(args)
+
+
+def bench_pair_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
+    """(draft, target): --draft/--target, else --pair (`tiny` is built offline; others must be pulled)."""
+    if args.draft and args.target:
+        return Path(args.draft), Path(args.target)
+    if args.pair == "tiny":
+        from calispec_tools.cli import ensure_tiny_pair
+
+        target, draft = ensure_tiny_pair()
+        return draft, target
+    from calispec_tools.cli import ensure_pulled_pair
+
+    return ensure_pulled_pair(args.pair)
+
+
+def add_calibration_bench_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "calibration",
+        help="events/s of teacher-forced calibration against calibrating by SD through the stack, one run",
+    )
+    p.add_argument("--pair", default="qwen-coder", help="a pulled pair (default qwen-coder) or `tiny`")
+    p.add_argument("--draft", help="draft model dir (with --target; overrides --pair)")
+    p.add_argument("--target", help="target model dir")
+    p.add_argument("--prompts", type=int, default=16, help="prompts of the shipped calibration corpus")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--gamma", type=int, default=6, help="fixed γ of the SD run (and of the sd events)")
+    p.add_argument("--batch-size", type=int, default=16, help="teacher-forced rows per forward")
+    p.add_argument("--max-tokens", type=int, default=512, help="text documents are cut into windows this long")
+    p.add_argument("--no-text", action="store_true", help="skip the dense run over the corpus's text documents")
+    from calispec_tools.cli import add_model_flavour_args
+
+    add_model_flavour_args(p)
+    p.set_defaults(func=cmd_calibration_bench)
+
+
+def cmd_calibration_bench(args: argparse.Namespace) -> int:
+    from calispec_tools.bench.calibration import run_calibration_bench
+
+    if args.prompts < 1 or args.max_new_tokens < 1 or args.gamma < 1:
+        raise SystemExit("--prompts, --max-new-tokens and --gamma must be >= 1")
+    args.model_dirs = bench_pair_dirs(args)
+    return run_calibration_bench(args)
 
 
 # --- eval ----------------------------------------------------------------------------------------

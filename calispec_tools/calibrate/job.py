@@ -96,7 +96,7 @@ class Calibrator:
             t0 = time.perf_counter()
             outputs = continue_greedy(self.target, group, self.config.max_new_tokens)
             summary.generate_s += time.perf_counter() - t0
-            yield [Row(p + out, len(p), len(out)) for p, out in zip(group, outputs, strict=True) if out]
+            yield [Row(p + out, len(p), len(out), True) for p, out in zip(group, outputs, strict=True) if out]
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:

@@ -42,6 +42,7 @@ class Row:
     tokens: list[int]
     start: int  # first position whose prediction counts (1 for text; the prompt length for continuations)
     budget: int | None = None  # SD mode: the request's max_new_tokens (positions start..start+budget-1)
+    target_written: bool = False  # tokens[start:] are the target's own greedy output (a --generate continuation)
 
 
 @dataclass(frozen=True)
@@ -119,12 +120,25 @@ class BatchResult:
     off_path: int  # positions >= start where the text is not the target's greedy choice (SD mode: should be 0)
 
 
+def own_predictions(row: Row) -> list[int]:
+    """The target's predictions on a row it wrote itself: out[i - 1] = tokens[i] for every i >= start.
+
+    A --generate continuation *is* the target's greedy choice at each position (from its KV-cached
+    decode, as in serving), so no second target forward is needed. Entries before `start` are the
+    prompt's next tokens, which no event reads."""
+    return [*row.tokens[1:], -1]
+
+
 def batch_events(
     draft_runner: ModelRunner, target_runner: ModelRunner, rows: Sequence[Row], mode: str, rule: SdRule | None = None
 ) -> BatchResult:
-    """Both forwards over one batch, then every row's events."""
+    """Both forwards over one batch (the draft's only, for rows the target wrote), then every row's events."""
     tokens = [r.tokens for r in rows]
-    draft, target = greedy_predictions(draft_runner, tokens), greedy_predictions(target_runner, tokens)
+    draft = greedy_predictions(draft_runner, tokens)
+    if all(r.target_written for r in rows):
+        target = [own_predictions(r) for r in rows]
+    else:
+        target = greedy_predictions(target_runner, tokens)
     events: Counter[Pair] = Counter()
     positions = off_path = 0
     for row, d, t in zip(rows, draft, target, strict=True):

@@ -15,7 +15,8 @@ from calispec_core.modeling import ModelRunner
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
 from calispec_tools.calibrate.corpus import Document
-from calispec_tools.calibrate.job import CalibrateConfig, Calibrator
+from calispec_tools.calibrate.job import CalibrateConfig, Calibrator, Summary
+from calispec_tools.calibrate.teacher import greedy_predictions, own_predictions
 from calispec_tools.inprocess import InProcessTarget, in_process_orchestrator
 
 PROMPTS = ["def add(a, b):", "The robot counted", "Question: what is 7 times 6?", "zebra quantum"]
@@ -52,7 +53,15 @@ def test_sd_mode_reproduces_the_events_of_greedy_sd(
         expected += sd_run(draft_runner, target_runner, prompt, gamma, budget)[1]
     assert sum(expected.values()) > 0  # the tiny draft disagrees with its target somewhere
     assert exact.pairs == expected  # the same events, the same counts
-    assert exact.off_path == 0  # the continuations are the target's own greedy output
+    # The continuations are the target's own greedy output, so calibration reads the target's
+    # predictions off them instead of a second target forward; a batched forward agrees.
+    calibrator = Calibrator(draft_runner, target_runner, config)
+    rows = [r for batch in calibrator.batches(docs, Summary()) for r in batch]
+    assert rows and all(r.target_written for r in rows)
+    batched = greedy_predictions(target_runner, [r.tokens for r in rows])
+    for row, predicted in zip(rows, batched, strict=True):
+        own = own_predictions(row)
+        assert predicted[row.start - 1 : -1] == own[row.start - 1 : -1]
 
     dense = Calibrator(draft_runner, target_runner, CalibrateConfig(mode="dense", generate=True,
                                                                     max_new_tokens=budget)).run(docs)  # fmt: skip

@@ -1,0 +1,37 @@
+"""`calispec bench calibration`: which prompts it takes and how it reports (no models)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from calispec_tools.bench.calibration import Method, benchmark_prompts, format_report, text_documents
+
+
+def _corpus(tmp_path: Path) -> Path:
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"prompt": f"a{i}"}) for i in range(3)))
+    (tmp_path / "b.jsonl").write_text(json.dumps({"prompt": "b0"}) + "\n" + json.dumps({"text": "doc"}))
+    (tmp_path / "c.py").write_text("x = 1\n")
+    return tmp_path
+
+
+def test_prompts_are_taken_round_robin_over_the_prompt_files(tmp_path: Path) -> None:
+    corpus = _corpus(tmp_path)
+    assert benchmark_prompts(3, corpus) == ["a0", "b0", "a1"]
+    assert benchmark_prompts(10, corpus) == ["a0", "b0", "a1", "a2"]  # never more than the corpus holds
+
+
+def test_text_documents_are_the_non_prompts(tmp_path: Path) -> None:
+    assert sorted(d.text for d in text_documents(_corpus(tmp_path))) == ["doc", "x = 1\n"]
+
+
+def test_the_shipped_corpus_has_prompts_and_text() -> None:
+    assert len(benchmark_prompts(16)) == 16 and text_documents()
+
+
+def test_report_gives_each_method_its_ratio_to_sd_through_the_stack() -> None:
+    methods = [Method("SD", 10, 100, 10.0), Method("teacher", 500, 1000, 5.0)]
+    report = format_report({"dtype": "bf16"}, methods)
+    assert "dtype=bf16" in report
+    last = report.splitlines()[-1].split()
+    assert last[-2:] == ["100.00", "100.0"]  # 100 events/s, 100x the SD run's 1 event/s
