@@ -11,8 +11,10 @@ events the memory's caps dropped (recorded but evicted: at most max_pairs_per_dr
 - none: an empty memory (online updates only);
 - shipped: the pair's shipped export file if it has one (calispec_tools/data/calibration/), else the
   same pipeline over the corpus the repo carries, run here;
-- task: the shipped prompt sets of the task kinds (calispec_tools/data/prompts/, written for the
-  project, not the evaluation tasks), continued by the target (--generate): task-like text.
+- task: only the corpus files in the tasks' own formats (raw function stubs for code, "Question: ...
+  Answer:" for math; tests/unit/test_calibration_corpus.py guards that none is an evaluation task),
+  continued by the target (--generate): task-like text. (The bench's prompt sets in data/prompts/
+  hold near copies of evaluation tasks, so they are never a calibration source.)
 
 `calibration_documents`, `summarize_study` are pure; `run_study` drives stacks through a factory.
 """
@@ -24,7 +26,6 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from calispec_tools.bench.prompts import BUILTIN_DIR, load_jsonl
 from calispec_tools.calibrate.corpus import Document, load_corpus
 from calispec_tools.eval.rejections import analyse
 from calispec_tools.eval.report import summarize
@@ -47,6 +48,7 @@ class StudyEndpoints:
 # (variant label) -> a fresh stack for it, stopped when the block exits
 StackFactory = Callable[[str], AbstractContextManager[StudyEndpoints]]
 # (variant label, its fresh stack) -> what the calibration did (events, pairs, seconds, source)
+TASK_LIKE_FILES = {"code": "code_stubs.jsonl", "math": "math_problems.jsonl"}  # under the calibration corpus
 CalibrateFn = Callable[[str, StudyEndpoints], dict[str, Any]]
 
 
@@ -60,9 +62,9 @@ def calibration_documents(
         return load_corpus(CORPUS_DIR)
     if variant != "task":
         raise ValueError(f"calibration variant must be one of {STUDY_VARIANTS}, got {variant!r}")
-    prompts = [p for kind in kinds for p in load_jsonl(BUILTIN_DIR / f"{kind}.jsonl")[:per_kind]]
+    prompts = [d for kind in kinds for d in load_corpus(CORPUS_DIR / TASK_LIKE_FILES[kind])[:per_kind]]
     chat = prompt_format == "qwen-chat"  # calibrate in the format the tasks are asked in
-    return [Document(qwen_chat(p.text) if chat else p.text, True, p.source) for p in prompts]
+    return [Document(qwen_chat(d.text) if chat else d.text, True, d.source) for d in prompts]
 
 
 def concentration(ep: StudyEndpoints) -> dict[str, Any]:

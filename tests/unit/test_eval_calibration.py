@@ -13,7 +13,10 @@ from calispec_tools.eval.calibration import calibration_documents, summarize_stu
 def test_calibration_documents_per_variant() -> None:
     assert calibration_documents("none", ["code", "math"], 2) == []
     task = calibration_documents("task", ["code", "math"], 2)
-    assert [d.source for d in task] == ["code", "code", "math", "math"] and all(d.is_prompt for d in task)
+    files = [d.source.rsplit(":", 1)[0].rsplit("/", 1)[-1] for d in task]
+    assert files == ["code_stubs.jsonl"] * 2 + ["math_problems.jsonl"] * 2 and all(d.is_prompt for d in task)
+    assert task[0].text.startswith("def ") and task[2].text.startswith("Question: ")  # the tasks' raw formats
+    assert not any("/prompts/" in d.source or "/eval/" in d.source for d in task)  # never near copies of tasks
     assert len(calibration_documents("task", ["math"], None)) > 2  # no limit: the whole set
     chat = calibration_documents("task", ["code"], 1, prompt_format="qwen-chat")
     assert chat[0].text.startswith("<|im_start|>user\n") and task[0].text in chat[0].text
