@@ -17,6 +17,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 
 from calispec_core.errors import InvalidArgument, require
+from calispec_core.limits import FP32_LINEAR_CHOICES
+from calispec_core.onednn_linear import use_onednn_linear
 
 # Prompt tokens per prefill forward. The model lock is FIFO, so a round waiting behind a long
 # prompt waits for one chunk, not for the whole prompt.
@@ -88,6 +90,7 @@ class ModelSpec:
     dtype: str = "auto"
     device: str = "auto"
     threads: int | None = None  # torch intra-op threads; None: torch's default (all cores)
+    fp32_linear: str = "onednn"  # float32 CPU Linear path, one of FP32_LINEAR_CHOICES
 
 
 class FifoLock:
@@ -117,6 +120,7 @@ class ModelRunner:
     def __init__(self, spec: ModelSpec) -> None:
         if not Path(spec.path).is_dir():
             raise InvalidArgument(f"model directory not found: {spec.path}")
+        require(spec.fp32_linear in FP32_LINEAR_CHOICES, f"fp32_linear must be one of {FP32_LINEAR_CHOICES}")
         apply_threads(spec.threads)
         self.device = resolve_device(spec.device)
         self.dtype = resolve_dtype(spec.dtype, self.device)  # of activations and logits
@@ -125,6 +129,8 @@ class ModelRunner:
         model = model.to(self.device).eval()
         self.vocab_size: int = model.get_output_embeddings().weight.shape[0]  # before quantising replaces it
         self.model = quantize_int8(model) if spec.dtype == INT8 else model
+        if spec.dtype != INT8 and spec.fp32_linear == "onednn":
+            use_onednn_linear(self.model)  # float32 CPU layers only; a no-op for bf16, CUDA
         self.tokenizer = load_tokenizer(spec.path)
         self.model_id = Path(spec.path).name
         self.max_context: int = int(getattr(self.model.config, "max_position_embeddings", 4096))

@@ -14,7 +14,7 @@ from pathlib import Path
 from calispec_core import request_context
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError
-from calispec_core.limits import DTYPE_CHOICES
+from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES
 from calispec_core.observability import ManagedServer
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
 
@@ -86,6 +86,13 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         "--threads", type=int, default=None, help="torch intra-op threads (default: all cores; in a pod: its CPU limit)"
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument(
+        "--fp32-linear",
+        default=FP32_LINEAR_CHOICES[0],
+        choices=FP32_LINEAR_CHOICES,
+        help="float32 on CPU: onednn runs multi-token (verify) forwards' Linear layers on oneDNN, flat in tokens "
+        "where torch's MKL path grows ~linearly; default: torch's path (docs/performance.md)",
+    )
     parser.add_argument("--max-sessions", type=int, default=256, help="open sessions before RESOURCE_EXHAUSTED")
     parser.add_argument(
         "--session-idle-ttl-s",

@@ -34,7 +34,9 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
         "0: the full distribution, sent dense",
     )
     args = parser.parse_args(argv)
-    spec = ModelSpec(Path(args.model), dtype=args.dtype, device=args.device, threads=args.threads)
+    spec = ModelSpec(
+        Path(args.model), dtype=args.dtype, device=args.device, threads=args.threads, fp32_linear=args.fp32_linear
+    )
     config = DraftConfig(
         model=spec,
         host=args.host,

@@ -42,7 +42,9 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
     )
     args = parser.parse_args(argv)
     config = TargetConfig(
-        model=ModelSpec(Path(args.model), dtype=args.dtype, device=args.device, threads=args.threads),
+        model=ModelSpec(
+            Path(args.model), dtype=args.dtype, device=args.device, threads=args.threads, fp32_linear=args.fp32_linear
+        ),
         host=args.host,
         port=args.port,
         max_sessions=args.max_sessions,

@@ -30,7 +30,7 @@ from typing import Any
 
 STACK_MODES = ("ar", "sd", "csd")
 HF_VARIANTS = ("hf_generate", "hf_assisted_default", "hf_assisted_gamma6")
-CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx2")
+CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx512f", "avx2")
 
 
 @dataclass
@@ -62,6 +62,16 @@ def cpu_flags() -> list[str]:
         return []
     words = set(text.split())
     return [f for f in CPU_FLAGS if f in words]
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo (its vendor decides MKL's float32 kernels)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    names = [line.partition(":")[2].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.processor() or platform.machine()
 
 
 # --- the stack ------------------------------------------------------------------------------------
@@ -242,7 +252,7 @@ def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int |
 
     return {
         "cpu_flags": cpu_flags(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "device": args.device,

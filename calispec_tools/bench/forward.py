@@ -5,44 +5,99 @@ Speculative decoding pays off only where verifying γ+1 tokens costs about as mu
 one (memory-bound forwards: GPUs, CPUs with bf16 matrix units). This prints the measured
 ratio on this machine, so the speedups of `bench_pair` can be read against it. Nothing about
 time is asserted.
+
+In float32 on CPU it compares the two Linear paths on one loaded model (`--linear`): `onednn`
+(multi-row products on oneDNN, what the services use) and `default` (torch's MKL path), interleaved
+per repetition and token count so drift on a shared machine hits both alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 from pathlib import Path
 
 import torch
 
-from calispec_core.forward_costs import forward_ms
-from calispec_core.modeling import DTYPE_CHOICES, ModelRunner, ModelSpec
+from calispec_core.forward_costs import context_session, one_forward_ms
+from calispec_core.modeling import DTYPE_CHOICES, FP32_LINEAR_CHOICES, ModelRunner, ModelSpec
+from calispec_core.onednn_linear import onednn_linear_available, use_default_linear, use_onednn_linear
 from calispec_core.service_cli import configure_logging
+from calispec_tools.bench.compare import cpu_flags, cpu_model
 
 CONTEXT = 200  # cached tokens before the measured forward (the issue's reference point)
+SWITCH = {"onednn": use_onednn_linear, "default": use_default_linear}
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m calispec_tools.bench.forward", description=__doc__)
     parser.add_argument("--model", type=Path, help="HF-format model dir (default: the pair's target)")
     parser.add_argument("--pair", default="qwen-coder")
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
-    parser.add_argument("--tokens", default="1,2,4,7,11,16", help="new tokens per forward, comma-separated")
+    parser.add_argument(
+        "--tokens", "--new-tokens", default="1,2,4,7,11,16", help="new tokens per forward, comma-separated"
+    )
+    parser.add_argument(
+        "--linear",
+        default=",".join(FP32_LINEAR_CHOICES),
+        help="float32 Linear paths to compare, comma-separated (onednn: the services' path; default: torch's)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args(argv)
+    args.token_counts = [int(t) for t in args.tokens.split(",")]
+    args.variants = [v for v in args.linear.split(",") if v]
+    if bad := [v for v in args.variants if v not in FP32_LINEAR_CHOICES]:
+        parser.error(f"--linear: unknown path(s) {bad}; choose from {FP32_LINEAR_CHOICES}")
+    return args
+
+
+def measure(
+    runner: ModelRunner, variants: list[str], token_counts: list[int], reps: int
+) -> dict[tuple[str, int], float]:
+    """Median ms per (variant, new tokens); variants interleaved within each repetition, one warm-up round."""
+    session = context_session(runner, CONTEXT, headroom=max(token_counts))
+    times: dict[tuple[str, int], list[float]] = {(v, n): [] for v in variants for n in token_counts}
+    for rep in range(reps + 1):
+        for n in token_counts:
+            for variant in variants:
+                SWITCH[variant](runner.model)
+                ms = one_forward_ms(runner, session, n)
+                if rep > 0:
+                    times[(variant, n)].append(ms)
+    return {key: statistics.median(ms) for key, ms in times.items()}
+
+
+def report(medians: dict[tuple[str, int], float], variants: list[str], token_counts: list[int]) -> list[str]:
+    head = "".join(f"  {v:>10} ms (x 1 tok)" for v in variants)
+    ratio_head = f"  {variants[0]}/{variants[1]}" if len(variants) == 2 else ""
+    lines = [f"  new tokens{head}{ratio_head}"]
+    for n in token_counts:
+        row = "".join(
+            f"  {medians[(v, n)]:13.1f} ({medians[(v, n)] / medians[(v, token_counts[0])]:5.2f}x)" for v in variants
+        )
+        ratio = f"  {medians[(variants[0], n)] / medians[(variants[1], n)]:13.2f}" if len(variants) == 2 else ""
+        lines.append(f"  {n:10d}{row}{ratio}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     configure_logging("WARNING")
     if args.model is None:
         from calispec_tools.cli import ensure_pulled_pair
 
         _, args.model = ensure_pulled_pair(args.pair)
-    runner = ModelRunner(ModelSpec(args.model, dtype=args.dtype, device="auto", threads=args.threads))
-    print(f"{runner.model_id} on {runner.device} in {runner.dtype_name}, {torch.get_num_threads()} threads, "
-          f"context {CONTEXT}")  # fmt: skip
-    base = None
-    for n in (int(t) for t in args.tokens.split(",")):
-        ms = forward_ms(runner, n, args.reps, context=CONTEXT)
-        base = base or ms
-        print(f"  {n} new token(s): {ms:7.1f} ms  ({ms / base:.2f}x one token)", flush=True)
+    spec = ModelSpec(args.model, dtype=args.dtype, device="auto", threads=args.threads, fp32_linear="default")
+    runner = ModelRunner(spec)
+    if runner.dtype_name != "float32" or runner.device.type != "cpu" or not onednn_linear_available():
+        args.variants = ["default"]  # one Linear path only
+    print(f"cpu {cpu_model()} flags {' '.join(cpu_flags()) or '-'}; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")  # fmt: skip
+    print(f"{runner.model_id} on {runner.device} in {runner.dtype_name}, context {CONTEXT}, "
+          f"median of {args.reps} (interleaved)")  # fmt: skip
+    medians = measure(runner, args.variants, args.token_counts, args.reps)
+    print("\n".join(report(medians, args.variants, args.token_counts)), flush=True)
 
 
 if __name__ == "__main__":
