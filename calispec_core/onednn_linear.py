@@ -2,12 +2,12 @@
 
 Why: the speculative verify forward multiplies every weight matrix by γ+1 rows. Through
 `F.linear`, torch's CPU float32 path calls MKL: one row goes to a memory-bound GEMV (fast), but
-2 to 16 rows go to MKL's SGEMM, which on this AMD EPYC (and on other non-Intel x86 CPUs, where
-MKL does not dispatch to its AVX-512 kernels; `MKL_ENABLE_INSTRUCTIONS` does not change that) runs
-a compute-bound path: 7 rows of the 1536 -> 8960 MLP weight cost ~15x one row. The whole float32
-target forward then grows almost linearly with new tokens. oneDNN's matmul on the same plain weight
-(`torch.ops.mkldnn._linear_pointwise`, the kernel inductor uses on CPU) stays memory-bound for a few
-rows: 7 rows cost ~1.3x one row. See docs/performance.md, "float32 multi-token forward".
+2 to 16 rows go to MKL's SGEMM, which on the AMD EPYC dev machine (a non-Intel CPU, where MKL does
+not pick its fast kernels; `MKL_ENABLE_INSTRUCTIONS` does not change that) runs a compute-bound
+path: 7 rows of the 1536 -> 8960 MLP weight cost ~15x one row, and the whole float32 target forward
+grows almost linearly with new tokens. oneDNN's matmul on the same plain weight
+(`torch.ops.mkldnn._linear_pointwise`) stays memory-bound for a few rows: 7 rows cost ~1.3x one row.
+See docs/performance.md, "float32 multi-token forward".
 
 What: `use_onednn_linear(model)` swaps every float32 `nn.Linear` for a `OneDnnLinear` holding the
 *same* weight and bias parameters (no copy, no re-layout: tied embeddings stay tied, memory stays
