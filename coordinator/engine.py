@@ -20,6 +20,7 @@ import logging
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
@@ -81,6 +82,7 @@ class _Request:
     opened: list[tuple[DraftBackend | TargetBackend, str]] = field(default_factory=list)  # sessions to close
     _sessions_per_service: Counter[str] = field(default_factory=Counter)
     policy: GammaPolicy | None = None  # adaptive γ; None when the request fixes γ
+    opening_ns: int = 0  # wall time spent opening sessions (prefills) during the current round
     gammas: int = 0  # sum of the γ asked for, for stats.mean_gamma
 
     @property
@@ -96,6 +98,16 @@ class _Request:
         n = self._sessions_per_service[service]
         self._sessions_per_service[service] += 1
         return self.request_id if n == 0 else f"{self.request_id}-{n}"
+
+
+@contextmanager
+def _opening(request: _Request) -> Iterator[None]:
+    """Time spent opening a session (a prefill), kept out of the round's overhead."""
+    start = now_ns()
+    try:
+        yield
+    finally:
+        request.opening_ns += now_ns() - start
 
 
 class Orchestrator:
@@ -217,7 +229,7 @@ class Orchestrator:
 
     def _round(self, request: _Request) -> list[int]:
         """One propose/verify round; returns the tokens it emits."""
-        start = now_ns()
+        start, request.opening_ns = now_ns(), 0
         remaining = request.max_new_tokens - len(request.generated)
         gamma = min(self._gamma(request), remaining - 1)
         # a Propose after target-only rounds first feeds the draft every token it missed: not a per-token cost
@@ -225,7 +237,9 @@ class Orchestrator:
         proposal, propose_ns = self._propose(request, gamma) if gamma > 0 else (None, 0)
         verdict = self._verify(request, proposal)
         self._account(request, gamma, proposal, verdict)
-        self._learn(request, proposal, verdict, propose_ns, now_ns() - start, catching_up)
+        # a prefill inside the round (the draft's first proposal, a failover) is per request, not per round
+        round_ns = now_ns() - start - request.opening_ns
+        self._learn(request, proposal, verdict, propose_ns, round_ns, catching_up)
         if self.on_round is not None:
             self.on_round(request.params.mode, proposal, verdict)
         drafted = proposal.token_ids[: verdict.accepted_count] if proposal else []
@@ -309,6 +323,10 @@ class Orchestrator:
         )
 
     def _open_draft(self, request: _Request) -> None:
+        with _opening(request):
+            self._prefill_draft(request)
+
+    def _prefill_draft(self, request: _Request) -> None:
         session_id = request.next_session_id("draft")
         timeout = min(request.deadline.remaining(), self.draft_timeout_s)
         ns = self.draft.prefill(session_id, request.committed_ids, request.params.sampling, timeout)
@@ -325,7 +343,8 @@ class Orchestrator:
                 return request.target.verify(request.target_session, proposal, request.deadline.remaining())
             except Unavailable as exc:
                 self._target_failed(request, request.target, exc)
-                self._open_target(request)
+                with _opening(request):
+                    self._open_target(request)
 
     @staticmethod
     def _sync_draft_later(request: _Request, proposal: Proposal | None, verdict: Verdict) -> None:

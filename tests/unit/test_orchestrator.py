@@ -10,6 +10,7 @@ from calispec_core.errors import Cancelled, DeadlineExceeded, InvalidArgument
 from calispec_core.generation import Defaults, FinishReason, GenerationParams, Mode
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
+from coordinator import engine as engine_module
 from coordinator.engine import Orchestrator
 from tests.unit.fakes import EOS, CharTokenizer, FakeDraft, FakeTarget
 
@@ -162,3 +163,20 @@ def test_round_overhead_is_the_round_minus_the_models_forwards(forward_ns: int) 
         assert stats.round_overhead_ms == 0.0  # the forwards "took" longer than the round: clamped
     else:
         assert stats.round_overhead_ms > 0.0  # none of the handlers' time was forward
+
+
+def test_a_prefill_inside_a_round_is_not_round_overhead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The draft session opens with the first proposal, inside a round: a per-request cost."""
+    clock = [0]
+    monkeypatch.setattr(engine_module, "now_ns", lambda: clock[0])  # time moves only in the draft's prefill
+    orchestrator, draft, _ = make()
+    prefill = draft.prefill
+
+    def slow_prefill(*args, **kwargs) -> int:
+        clock[0] += 10**10
+        return prefill(*args, **kwargs)
+
+    draft.prefill = slow_prefill
+    stats = run(orchestrator, "c", params(max_new_tokens=5))[-1].stats
+    assert stats is not None and len(draft.prefills) == 1
+    assert stats.round_overhead_ms == 0.0
