@@ -79,7 +79,8 @@ class BatchScheduler(Generic[Row, Result]):
     def _idle(self) -> None:
         with self._state:
             self._busy = False
-            self._state.notify_all()
+            if self._queued:  # wake the worker only when rows wait for it (a wake-up is a GIL hand-off)
+                self._state.notify_all()
 
     def _run(self) -> None:
         while True:

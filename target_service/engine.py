@@ -244,11 +244,12 @@ class TargetEngine:
 
     @staticmethod
     def _padded_logits(rows: Sequence[_Row], logits: list[torch.Tensor], width: int) -> torch.Tensor:
-        """[B, G+1, V]; a lone row's logits as they are (no copy)."""
+        """[B, G+1, V] float32 (exact for bf16/fp16 logits; CPU argmax over a bf16 vocabulary is
+        several times slower than the conversion plus a float32 one); a lone float32 row is not copied."""
         if len(rows) == 1:
-            return logits[0].unsqueeze(0)
+            return logits[0].float().unsqueeze(0)
         first = logits[0]
-        padded = torch.zeros(len(rows), width + 1, first.shape[-1], dtype=first.dtype, device=first.device)
+        padded = torch.zeros(len(rows), width + 1, first.shape[-1], dtype=torch.float32, device=first.device)
         for b, (row, row_logits) in enumerate(zip(rows, logits, strict=True)):
             padded[b, : len(row.draft) + 1] = row_logits
         return padded
