@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 from calispec_core.errors import InvalidArgument, require
 from calispec_core.limits import FP32_LINEAR_CHOICES
 from calispec_core.onednn_linear import use_onednn_linear
+from calispec_core.vocab_pruning import pruned_columns
 
 # Prompt tokens per prefill forward. The model lock is FIFO, so a round waiting behind a long
 # prompt waits for one chunk, not for the whole prompt.
@@ -117,7 +118,9 @@ class FifoLock:
 class ModelRunner:
     """A loaded causal LM; forwards are serialised so sessions can share one model safely."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, output_vocab: int = 0) -> None:
+        """output_vocab > 0 (draft services only): keep the output rows of ids [0, output_vocab) and of
+        the special tokens; the logits then cover `logit_columns` (calispec_core/vocab_pruning.py)."""
         if not Path(spec.path).is_dir():
             raise InvalidArgument(f"model directory not found: {spec.path}")
         require(spec.fp32_linear in FP32_LINEAR_CHOICES, f"fp32_linear must be one of {FP32_LINEAR_CHOICES}")
@@ -127,20 +130,22 @@ class ModelRunner:
         self.dtype_name = spec.dtype if spec.dtype == INT8 else str(self.dtype).removeprefix("torch.")
         model = AutoModelForCausalLM.from_pretrained(str(spec.path), dtype=self.dtype, local_files_only=True)
         model = model.to(self.device).eval()
-        self.vocab_size: int = model.get_output_embeddings().weight.shape[0]  # before quantising replaces it
+        self.tokenizer = load_tokenizer(spec.path)
+        self.eos_token_ids = self._eos_ids(model)
+        # Before quantising: the pruned layer is quantised too, and vocab_size stays the whole vocabulary.
+        self.logit_columns = pruned_columns(model, self.tokenizer, output_vocab, self.eos_token_ids)
+        self.vocab_size: int = self.logit_columns.vocab_size
         self.model = quantize_int8(model) if spec.dtype == INT8 else model
         if spec.dtype != INT8 and spec.fp32_linear == "onednn":
             use_onednn_linear(self.model)  # float32 CPU layers only; a no-op for bf16, CUDA
-        self.tokenizer = load_tokenizer(spec.path)
         self.model_id = Path(spec.path).name
         self.max_context: int = int(getattr(self.model.config, "max_position_embeddings", 4096))
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
-        self.eos_token_ids = self._eos_ids()
         self.forward_costs: dict[int, float] = {}  # ms by new tokens, once measured (forward_costs.py)
         self._lock = FifoLock()
 
-    def _eos_ids(self) -> list[int]:
-        eos = self.model.generation_config.eos_token_id
+    def _eos_ids(self, model: torch.nn.Module) -> list[int]:
+        eos = model.generation_config.eos_token_id
         if eos is None:
             eos = self.tokenizer.eos_token_id
         ids = eos if isinstance(eos, list) else [eos]
@@ -151,7 +156,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, token_ids: list[int], cache: DynamicCache, logits_to_keep: int) -> torch.Tensor:
-        """Feed token_ids after the cached prefix; returns the last logits, [1, logits_to_keep, V]."""
+        """Feed token_ids after the cached prefix; returns the last logits, [1, logits_to_keep, V]
+        (V: logit_columns.width, the whole vocabulary unless the output layer is pruned)."""
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, S]
         with self._lock:
             out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)

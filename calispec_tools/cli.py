@@ -107,10 +107,18 @@ def stack_config(args: argparse.Namespace, ports: tuple[int, int, int, int]) -> 
         dtype=args.dtype,
         device=args.device,
         draft_dtype=args.draft_dtype or default_draft_dtype(args.device),
+        draft_vocab=draft_vocab(args, None if args.draft else args.pair),
         draft_threads=args.draft_threads,
         target_threads=args.target_threads,
         calibration_file=None if args.no_calibration or args.draft else _shipped_file(args.pair),
     )
+
+
+def draft_vocab(args: argparse.Namespace, pair: str | None) -> int:
+    """--draft-vocab when given, else the pair's default on CPU (none for explicit model directories)."""
+    from calispec_tools.stack import default_draft_vocab
+
+    return args.draft_vocab if args.draft_vocab is not None else default_draft_vocab(pair, args.device)
 
 
 def _shipped_file(pair: str) -> Path | None:
@@ -141,6 +149,13 @@ def add_model_flavour_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--draft-dtype", default=None, choices=DTYPE_CHOICES, help="the draft's (default: int8 on CPU, else --dtype)"
+    )
+    parser.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        help="prune the draft's output layer to token ids [0, K) plus the special tokens (0: full; default: "
+        "the pair's CPU default, see docs/performance.md); moves acceptance only, never what sd emits",
     )
     parser.add_argument("--device", default="auto")
     parser.add_argument("--draft-threads", type=int, default=None, help="draft torch threads")

@@ -50,16 +50,26 @@ def service_threads(config: StackConfig) -> tuple[int | None, int | None]:
     return config.draft_threads, config.target_threads
 
 
-def default_draft_dtype(device: str) -> str | None:
-    """int8 on CPU (dynamic quantisation: a draft step several times cheaper; the output stays exact
-    w.r.t. the target), else None (the target's dtype)."""
-    if device == "cpu":
-        return "int8"
+def runs_on_cpu(device: str) -> bool:
     if device == "auto":
         import torch
 
-        return None if torch.cuda.is_available() else "int8"
-    return None
+        return not torch.cuda.is_available()
+    return device == "cpu"
+
+
+def default_draft_dtype(device: str) -> str | None:
+    """int8 on CPU (dynamic quantisation: a draft step several times cheaper; the output stays exact
+    w.r.t. the target), else None (the target's dtype)."""
+    return "int8" if runs_on_cpu(device) else None
+
+
+def default_draft_vocab(pair: str | None, device: str) -> int:
+    """A known pair's pruned draft output layer on CPU (its registry entry), else 0: the full layer."""
+    from calispec_tools.models.registry import PAIRS
+
+    spec = PAIRS.get(pair or "")
+    return spec.cpu_draft_vocab if spec is not None and runs_on_cpu(device) else 0
 
 
 def _threads_args(threads: int | None) -> list[str]:
@@ -82,6 +92,7 @@ class StackConfig:
     device: str = "auto"
     draft_dtype: str | None = None  # None: `dtype` (e.g. int8 for a cheaper draft)
     draft_threads: int | None = None  # None with target_threads None: split_cores(os.cpu_count())
+    draft_vocab: int = 0  # the draft's output layer pruned to ids [0, K) plus the special tokens; 0: full
     target_threads: int | None = None
     memory_sync_interval_s: float = 1.0
     memory_flush_interval_s: float = 0.5  # the memory service's group commit (its crash-loss bound)
@@ -167,11 +178,7 @@ class LocalStack:
                 tls = DevCerts(c.tls_dir).tls("target") if c.tls_dir else None  # the verifiers' client certificate
                 self.calibration = seed_namespace(memory.address, self.memory_namespace, c.calibration_file, token, tls)
                 log.info("%s", self.calibration.message)
-            draft_threads = service_threads(c)[0]
-            self._spawn("draft_service", [
-                "--port", str(c.draft_port), "--model", str(c.draft_model), "--dtype", c.draft_dtype or c.dtype,
-                "--device", c.device, *_threads_args(draft_threads), *self.tls_args("draft"), *self.session_args(),
-            ])  # fmt: skip
+            self._spawn("draft_service", self.draft_args())
             targets = [
                 self._spawn(name, self.target_args(c.target_port + i if c.target_port else 0, memory.address))
                 for i, name in enumerate(self.target_names)
@@ -188,6 +195,14 @@ class LocalStack:
             self.stop()
             raise
         return self
+
+    def draft_args(self) -> list[str]:
+        c = self.config
+        return [
+            "--port", str(c.draft_port), "--model", str(c.draft_model), "--dtype", c.draft_dtype or c.dtype,
+            "--device", c.device, *_threads_args(service_threads(c)[0]), *self.tls_args("draft"), *self.session_args(),
+            *(["--draft-vocab", str(c.draft_vocab)] if c.draft_vocab else []),
+        ]  # fmt: skip
 
     def target_args(self, port: int, memory_address: str) -> list[str]:
         c = self.config

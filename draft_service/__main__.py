@@ -33,7 +33,16 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
         help="sampling proposals draw from and send q's K most likely tokens, renormalised (exact); "
         "0: the full distribution, sent dense",
     )
+    parser.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=0,
+        help="keep only the output rows of token ids [0, K) plus the special tokens (a cheaper draft step; "
+        "q is zero elsewhere, so sd stays exact); 0: the full output layer (default); docs/performance.md",
+    )
     args = parser.parse_args(argv)
+    if args.draft_vocab < 0:
+        parser.error(f"--draft-vocab must be >= 0 (0: the full output layer), got {args.draft_vocab}")
     spec = ModelSpec(
         Path(args.model), dtype=args.dtype, device=args.device, threads=args.threads, fp32_linear=args.fp32_linear
     )
@@ -44,6 +53,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
         max_sessions=args.max_sessions,
         max_batch_size=args.max_batch_size,
         proposal_top_k=args.proposal_top_k,
+        draft_vocab=args.draft_vocab,
         tls=tls_from_args(parser, args),
         health_port=args.health_port,
         session_idle_ttl_s=args.session_idle_ttl_s,
@@ -57,11 +67,13 @@ def main(argv: list[str] | None = None) -> None:
     config, log_level = parse_config(argv)
     configure_logging(log_level)
     with startup_step("draft_service", f"cannot load the model in {config.model.path}"):
-        runner = ModelRunner(config.model)
+        runner = ModelRunner(config.model, output_vocab=config.draft_vocab)
     with startup_step("draft_service", "cannot start"):
         server, port = create_server(config, runner)
     metrics_banner("draft_service", server)
     banner = f"draft_service listening on {config.host}:{port} model={config.model.path}"
+    if runner.logit_columns.kept is not None:
+        banner += f" draft_vocab={runner.logit_columns.width}"
     serve_until_signalled(server, banner, drain_timeout_s=config.drain_timeout_s)
 
 

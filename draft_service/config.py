@@ -21,6 +21,9 @@ class DraftConfig:
     # Sampling proposals draw from (and send) q truncated to its K most likely tokens, renormalised
     # (exact: the target verifies against the q that was sampled from); 0: the full q, sent dense.
     proposal_top_k: int = DEFAULT_PROPOSAL_TOP_K
+    # Output layer pruned to ids [0, draft_vocab) plus the special tokens (calispec_core/vocab_pruning.py);
+    # 0: the full layer. Moves acceptance only, never what `sd` emits.
+    draft_vocab: int = 0
     session_idle_ttl_s: float = DEFAULT_IDLE_TTL_S  # an unused session is closed after this (0: never)
     max_workers: int = 16
     tls: TlsConfig = field(default_factory=TlsConfig)

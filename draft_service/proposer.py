@@ -16,6 +16,7 @@ from calispec_core.sampling import DRAFT_STREAM, SamplingConfig, make_generator,
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
 from calispec_core.sparse_q import SparseQ, truncate
 from calispec_core.timing import Stopwatch, now_ns
+from calispec_core.vocab_pruning import LogitColumns
 
 
 @dataclass
@@ -29,21 +30,25 @@ class DraftSession:
 class Proposal:
     token_ids: list[int]
     token_probs: list[float]  # q(token) after warping (and truncation); 1.0 when greedy
-    probs: torch.Tensor | None  # [k, V] float32 full q, only when sampling with proposal_top_k 0
+    probs: (
+        torch.Tensor | None
+    )  # [k, V] float32 full q over the whole vocabulary, only when sampling with proposal_top_k 0
     sparse: SparseQ | None = None  # q as sampled from, only when sampling with a proposal_top_k
     forward_ns: int = 0  # the batched forwards this proposal took part in (the rest is overhead)
 
 
 DEFAULT_MAX_BATCH = 8  # sessions drafting in one forward
 
-# [1, 1, V] logits -> (token, its q) with q a dense [1, V] row or sparse (ids [n], probs [n])
+# [1, 1, C] logits (C: the logit columns, the whole vocabulary unless the output layer is pruned) ->
+# (picked column, its q) with q a dense [1, C] row or sparse (columns [n], probs [n])
 Dist = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 Picker = Callable[[torch.Tensor, SamplingConfig, torch.Generator], tuple[torch.Tensor, Dist]]
 
 
-def confidence(logits: torch.Tensor, token: torch.Tensor) -> float:
-    """The draft's own probability of `token` (softmax of raw [1, 1, V] float32 logits, before any warping)."""
-    return float(torch.softmax(logits[0, -1], dim=-1)[token])
+def confidence(logits: torch.Tensor, column: torch.Tensor) -> float:
+    """The draft's own probability of the token in `column` (softmax of raw [1, 1, C] float32 logits, before
+    any warping; over the kept ids when the output layer is pruned: the draft actually served)."""
+    return float(torch.softmax(logits[0, -1], dim=-1)[column])
 
 
 @dataclass
@@ -53,20 +58,22 @@ class _Job:
     state: DraftSession
     num_tokens: int
     min_confidence: float
+    columns: LogitColumns  # the token id of each logit column
     tokens: list[int] = field(default_factory=list)
-    dists: list[Dist] = field(default_factory=list)  # q per token, when sampling
+    dists: list[Dist] = field(default_factory=list)  # q over the logit columns per token, when sampling
     forward_ns: int = 0
     done: bool = False
 
     def step(self, logits: torch.Tensor, pick: Picker) -> None:
-        """Take one token from this step's [1, 1, V] logits."""
+        """Take one token from this step's [1, 1, C] logits."""
         logits = logits.float()  # once: CPU reductions over a bf16 vocabulary are several times slower
         state = self.state
-        token, dist = pick(logits, state.sampling, state.generator)
-        self.tokens.append(int(token))
+        column, dist = pick(logits, state.sampling, state.generator)
+        token = int(self.columns.token_ids(column))
+        self.tokens.append(token)
         self.dists.append(dist)
-        state.session.tokens.append(int(token))  # the next forward feeds it
-        unsure = self.min_confidence > 0 and confidence(logits, token) < self.min_confidence
+        state.session.tokens.append(token)  # the next forward feeds it
+        unsure = self.min_confidence > 0 and confidence(logits, column) < self.min_confidence
         # like HF's assistant_confidence_threshold: an unsure token is kept, and drafting stops after it
         self.done = len(self.tokens) == self.num_tokens or unsure
 
@@ -80,10 +87,10 @@ class _Job:
         if self.state.sampling.greedy:
             return Proposal(self.tokens, [1.0] * len(self.tokens), None, forward_ns=self.forward_ns)
         if isinstance(self.dists[0], tuple):
-            rows: list[tuple[torch.Tensor, torch.Tensor]] = self.dists  # type: ignore[assignment]
+            rows = [(self.columns.token_ids(c), p) for c, p in self.dists]  # type: ignore[misc]  # token ids
             chosen = [float(p[ids == t][0]) for t, (ids, p) in zip(self.tokens, rows, strict=True)]
             return Proposal(self.tokens, chosen, None, SparseQ.of_rows(rows), self.forward_ns)
-        probs = torch.cat(self.dists).float().cpu()  # type: ignore[arg-type]  # [k, V]
+        probs = self.columns.full_width(torch.cat(self.dists).float()).cpu()  # type: ignore[arg-type]  # [k, V]
         dense = probs.gather(1, torch.tensor(self.tokens).view(-1, 1)).view(-1)  # [k]
         return Proposal(self.tokens, dense.tolist(), probs, forward_ns=self.forward_ns)
 
@@ -147,7 +154,7 @@ class Proposer:
                 f"session {session_id!r} would exceed the context ({self.runner.max_context})",
             )
             self._rollback(session, length, append)
-            proposal = self.scheduler.submit(_Job(state, num_tokens, min_confidence))
+            proposal = self.scheduler.submit(_Job(state, num_tokens, min_confidence, self.runner.logit_columns))
             watch.add("forward", proposal.forward_ns)
             return proposal
 
@@ -181,20 +188,20 @@ class Proposer:
             start = now_ns()
             logits, caches = forward_rows(
                 self.runner, [s.cache for s in sessions], [s.pending() for s in sessions], [1] * len(active)
-            )  # logits[b]: [1, V]
+            )  # logits[b]: [1, C]
             forward_ns = now_ns() - start
             for job, session, cache, row in zip(active, sessions, caches, logits, strict=True):
                 session.cache = cache
                 job.forward_ns += forward_ns  # every row waited for the whole batched forward
-                job.step(row[None], self._pick)  # [1, 1, V]
+                job.step(row[None], self._pick)  # [1, 1, C]
             active = [job for job in active if not job.done]
         return [job.proposal() for job in jobs]
 
     def _pick(
         self, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator
     ) -> tuple[torch.Tensor, Dist]:
-        """One token from [1, 1, V] logits: argmax when greedy, else a sample from the warped q,
-        truncated to its proposal_top_k most likely tokens (the q that is sent)."""
+        """One column of [1, 1, C] logits: argmax when greedy, else a sample from the warped q over the
+        columns, truncated to its proposal_top_k most likely entries (the q that is sent)."""
         if sampling.greedy:
             return logits[0, -1].argmax(), logits[0, -1:]
         q = warp_probs(
@@ -202,7 +209,7 @@ class Proposer:
             torch.tensor([sampling.temperature], device=logits.device),
             torch.tensor([sampling.top_k], device=logits.device),
             torch.tensor([sampling.top_p], device=logits.device),
-        )[0]  # [1, V]
+        )[0]  # [1, C]
         if not self.proposal_top_k:
             return torch.multinomial(q, 1, generator=generator)[0, 0], q
         ids, probs = truncate(q[0], self.proposal_top_k)  # [n], [n]

@@ -76,7 +76,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
 
 def create_server(config: DraftConfig, runner: ModelRunner | None = None) -> tuple[ManagedServer, int]:
     """Build the draft server on config.address (port 0 allowed); returns (server, bound port)."""
-    runner = runner or ModelRunner(config.model)
+    runner = runner or ModelRunner(config.model, output_vocab=config.draft_vocab)
     if config.measure_forward_costs:
         runner.forward_costs = measure_forward_costs(runner, DRAFT_TOKEN_COUNTS)
     proposer = Proposer(

@@ -304,6 +304,7 @@ def format_report(env: dict[str, Any], summary: dict[str, Any], rel: dict[str, A
 
 def run_compare(args: argparse.Namespace) -> int:
     from calispec.client import CalispecClient
+    from calispec_tools.cli import draft_vocab as cli_draft_vocab
     from calispec_tools.stack import LocalStack, StackConfig, default_draft_dtype, service_threads
 
     draft, target = args.model_dirs
@@ -311,14 +312,17 @@ def run_compare(args: argparse.Namespace) -> int:
         args.prompt_texts, args.max_new_tokens, args.gamma, args.concurrency, args.load_requests, args.skip_hf
     )
     draft_dtype = args.draft_dtype or default_draft_dtype(args.device) or args.dtype
+    draft_vocab = cli_draft_vocab(args, None if args.draft else args.pair)
     with tempfile.TemporaryDirectory(prefix="calispec-compare-") as tmp:
         stack_config = StackConfig(
             draft_model=draft, target_model=target, memory_db=Path(tmp) / "memory.db", log_dir=Path(tmp) / "logs",
             coordinator_port=0, target_port=0, draft_port=0, memory_port=0, dtype=args.dtype, device=args.device,
             draft_dtype=draft_dtype, draft_threads=args.draft_threads, target_threads=args.target_threads,
+            draft_vocab=draft_vocab,
         )  # fmt: skip
         threads = service_threads(stack_config)
-        print(f"starting the stack (draft {draft} in {draft_dtype}, target {target})...", file=sys.stderr)
+        print(f"starting the stack (draft {draft} in {draft_dtype}, draft vocab {draft_vocab or 'full'}, "
+              f"target {target})...", file=sys.stderr)  # fmt: skip
         with LocalStack(stack_config) as stack, CalispecClient(stack.coordinator_address, timeout=900) as client:
             hf = None if config.skip_hf else HfPair(draft, target, args.dtype, args.device)
             warm_up(client, hf, config.prompts[0])
@@ -334,7 +338,7 @@ def run_compare(args: argparse.Namespace) -> int:
                 for level in config.concurrency:
                     load.setdefault(mode, {})[level] = load_level(stack.coordinator_address, mode, level, config)
                     print(f"  load {mode} c={level}: {load[mode][level]['tokens_per_s']:.2f} tok/s", file=sys.stderr)
-    env = environment(args, draft_dtype, threads)
+    env = environment(args, draft_dtype, threads) | {"draft_vocab": draft_vocab or "full"}
     summary = summarize(runs)
     rel = ratios(summary)
     print(format_report(env, summary, rel, load))

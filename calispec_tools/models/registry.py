@@ -67,6 +67,9 @@ class PairSpec:
     eos_tokens: tuple[str, ...] = ()
     # The demo request: one user turn, rendered by the coordinator with the pair's chat template.
     demo_message: str = ""
+    # The draft's output layer pruned to ids [0, K) plus the special tokens when the stack runs on CPU
+    # (`calispec up`/`demo`/`bench compare`; --draft-vocab overrides); 0: the full layer. docs/performance.md
+    cpu_draft_vocab: int = 0
 
     def source(self, role: str) -> GgufSource:
         return self.draft if role == "draft" else self.target

@@ -9,7 +9,9 @@ target's VerifyRequest. Constant-logit runners give V = 2, p = [0.02, 0.98] and 
 the shared seed moved P(first token = 0) from 0.020 to 0.038 (χ² = 33 over these 2,000 seeds;
 0.4 with the per-service streams). q travels sparse (the draft's default), dense (a draft with
 --proposal-top-k 0), and truncated: V = 3 with the draft keeping its top 2 tokens, so the draft
-samples from (and sends) a q that is not its softmax, and the output must still follow p.
+samples from (and sends) a q that is not its softmax, and the output must still follow p. A pruned
+draft (--draft-vocab: an output layer holding only ids {0, 2} of V = 3) can never propose token 1,
+which must then come from the target's residual, sparse and dense.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import math
 from collections.abc import Iterator
 from typing import TypeVar
 
+import numpy as np
 import pytest
 import torch
 from google.protobuf.message import Message
 
 from calispec.v1 import common_pb2, draft_pb2, target_pb2
 from calispec_core.errors import require
+from calispec_core.vocab_pruning import LogitColumns
 from draft_service.proposer import Proposer
 from draft_service.server import DraftServicer
 from target_service.engine import TargetEngine
@@ -50,11 +54,16 @@ class CountingCache:
 
 
 class ConstantRunner:
-    """A model whose next-token logits never change: the distributions under test are exact."""
+    """A model whose next-token logits never change: the distributions under test are exact.
 
-    def __init__(self, logits: list[float]) -> None:
-        self.logits = torch.tensor(logits).view(1, 1, -1)  # [1, 1, V]
-        self.vocab_size = len(logits)
+    With `kept` (a pruned output layer, calispec_core/vocab_pruning.py) its logits are over those
+    token ids of a vocabulary of `vocab_size`; else over all of them.
+    """
+
+    def __init__(self, logits: list[float], kept: list[int] | None = None, vocab_size: int | None = None) -> None:
+        self.logits = torch.tensor(logits).view(1, 1, -1)  # [1, 1, C]
+        self.vocab_size = vocab_size or len(logits)
+        self.logit_columns = LogitColumns(self.vocab_size, None if kept is None else torch.tensor(kept))
         self.device = torch.device("cpu")
         self.max_context = 64
 
@@ -69,17 +78,19 @@ class ConstantRunner:
         require(all(0 <= t < self.vocab_size for t in token_ids), f"{what}: token outside the vocabulary")
 
 
-CASES = {  # name: (draft logits, target p, the draft's proposal_top_k)
-    "sparse": ([0.0, 0.0], [0.02, 0.98], 256),  # uniform q
-    "dense": ([0.0, 0.0], [0.02, 0.98], 0),
-    "truncated": ([0.0, 0.5, 1.0], [0.3, 0.5, 0.2], 2),  # q = the draft's top 2 tokens, renormalised
+CASES = {  # name: (draft logits, target p, the draft's proposal_top_k, the ids a pruned draft keeps)
+    "sparse": ([0.0, 0.0], [0.02, 0.98], 256, None),  # uniform q
+    "dense": ([0.0, 0.0], [0.02, 0.98], 0, None),
+    "truncated": ([0.0, 0.5, 1.0], [0.3, 0.5, 0.2], 2, None),  # q = the draft's top 2 tokens, renormalised
+    "pruned-sparse": ([0.0, 0.0], [0.3, 0.5, 0.2], 256, [0, 2]),  # q = [0.5, 0, 0.5]: column 1 is token 2
+    "pruned-dense": ([0.0, 0.0], [0.3, 0.5, 0.2], 0, [0, 2]),
 }
 
 
 @pytest.fixture(params=sorted(CASES))
 def case(request: pytest.FixtureRequest) -> Iterator[tuple[DraftServicer, TargetServicer, list[float]]]:
-    draft_logits, target_p, top_k = CASES[request.param]
-    draft = ConstantRunner(draft_logits)
+    draft_logits, target_p, top_k, kept = CASES[request.param]
+    draft = ConstantRunner(draft_logits, kept, len(target_p))
     target = ConstantRunner([math.log(p) for p in target_p])
     engine = TargetEngine(target, max_sessions=4, table=PairTable(target.vocab_size))  # type: ignore[arg-type]
     threads = torch.get_num_threads()
@@ -138,13 +149,18 @@ def test_the_draft_sends_q_sparse_by_default_and_dense_without_a_top_k(
     sid, sampling = "wire", common_pb2.SamplingParams(temperature=1.0, seed=1)
     draft.Prefill(draft_pb2.DraftPrefillRequest(session_id=sid, token_ids=[0], sampling=sampling), None)
     proposal = draft.Propose(draft_pb2.ProposeRequest(session_id=sid, num_tokens=3), None)
+    columns = draft.proposer.runner.logit_columns
+    proposable = set(range(len(target_p)) if columns.kept is None else columns.kept.tolist())
+    assert set(proposal.token_ids) <= proposable
     if draft.proposer.proposal_top_k == 0:
         assert len(proposal.probs) == 3 * len(target_p) * 4 and not proposal.HasField("sparse_probs")
+        dense = np.frombuffer(proposal.probs, dtype="<f4").reshape(3, len(target_p))  # full width on the wire
+        assert all((dense[:, t] == 0).all() for t in range(len(target_p)) if t not in proposable)
         return
     sparse = proposal.sparse_probs
-    kept = min(draft.proposer.proposal_top_k, len(target_p))
+    kept = min(draft.proposer.proposal_top_k, columns.width)
     assert proposal.probs == b"" and list(sparse.row_sizes) == [kept] * 3
     for i, token in enumerate(proposal.token_ids):
         ids = list(sparse.token_ids[i * kept : (i + 1) * kept])
-        assert token in ids  # the token was drawn from the q that was sent
+        assert token in ids and set(ids) <= proposable  # drawn from the q that was sent, over token ids
         assert sum(sparse.probs[i * kept : (i + 1) * kept]) == pytest.approx(1.0, abs=1e-6)

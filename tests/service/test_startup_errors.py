@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import TinyPair
 from tests.helpers import REPO_ROOT
 
 
@@ -84,3 +85,14 @@ def test_draft_service_with_a_bad_model_directory(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")  # a directory, but no model in it
     result = run_service("draft_service", "--model", str(tmp_path))
     assert_one_clear_line(result, f"draft_service: cannot load the model in {tmp_path}:")
+
+
+def test_draft_service_with_a_draft_vocab_larger_than_the_model(tiny_pair: TinyPair) -> None:
+    result = run_service("draft_service", "--model", str(tiny_pair.draft), "--draft-vocab", "100000")
+    assert_one_clear_line(result, "draft_service: cannot load the model in", "--draft-vocab 100000 is larger")
+
+
+def test_draft_service_with_a_negative_draft_vocab(tiny_pair: TinyPair) -> None:
+    result = run_service("draft_service", "--model", str(tiny_pair.draft), "--draft-vocab", "-3")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--draft-vocab must be >= 0" in result.stderr.strip().splitlines()[-1]

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from calispec_core.modeling import ModelRunner
+from calispec_core.modeling import ModelRunner, ModelSpec
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Stopwatch
 from draft_service.proposer import Proposer, _Job
+from tests.conftest import TinyPair
 
 PROMPTS = [[5, 17, 42, 8, 99], [3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]  # different lengths, one empty cache
 
@@ -20,17 +21,28 @@ def proposer_with_sessions(runner: ModelRunner, prefix: str) -> Proposer:
     return proposer
 
 
+def job(proposer: Proposer, session_id: str, num_tokens: int, min_confidence: float = 0.0) -> _Job:
+    return _Job(proposer.sessions.get(session_id), num_tokens, min_confidence, proposer.runner.logit_columns)
+
+
+@pytest.fixture(scope="module")
+def pruned_draft(tiny_pair: TinyPair) -> ModelRunner:
+    return ModelRunner(ModelSpec(tiny_pair.draft, dtype="float32", device="cpu"), output_vocab=256)
+
+
+@pytest.mark.parametrize("pruned", [False, True], ids=["full-layer", "pruned-layer"])
 @torch.inference_mode()
-def test_batched_greedy_proposals_equal_sequential_ones(draft_runner: ModelRunner) -> None:
+def test_batched_greedy_proposals_equal_sequential_ones(request: pytest.FixtureRequest, pruned: bool) -> None:
+    draft_runner: ModelRunner = request.getfixturevalue("pruned_draft" if pruned else "draft_runner")
     alone = proposer_with_sessions(draft_runner, "a")
     sequential = [alone.propose(f"a{i}", 5, None, [], Stopwatch()).token_ids for i in range(len(PROMPTS))]
     together = proposer_with_sessions(draft_runner, "b")
-    jobs = [_Job(together.sessions.get(f"b{i}"), 5, 0.0) for i in range(len(PROMPTS))]
+    jobs = [job(together, f"b{i}", 5) for i in range(len(PROMPTS))]
     batched = [p.token_ids for p in together._draft_batch(jobs)]
     assert batched == sequential
     # the sessions carry on from their own proposals: a second batched round still matches
     again = [alone.propose(f"a{i}", 3, None, [], Stopwatch()).token_ids for i in range(len(PROMPTS))]
-    jobs = [_Job(together.sessions.get(f"b{i}"), 3, 0.0) for i in range(len(PROMPTS))]
+    jobs = [job(together, f"b{i}", 3) for i in range(len(PROMPTS))]
     assert [p.token_ids for p in together._draft_batch(jobs)] == again
     alone.stop()
     together.stop()
@@ -39,7 +51,7 @@ def test_batched_greedy_proposals_equal_sequential_ones(draft_runner: ModelRunne
 @torch.inference_mode()
 def test_an_early_stop_ends_one_sessions_proposal_while_the_batch_goes_on(draft_runner: ModelRunner) -> None:
     proposer = proposer_with_sessions(draft_runner, "c")
-    jobs = [_Job(proposer.sessions.get(f"c{i}"), 4, 1.0 if i == 1 else 0.0) for i in range(len(PROMPTS))]
+    jobs = [job(proposer, f"c{i}", 4, 1.0 if i == 1 else 0.0) for i in range(len(PROMPTS))]
     lengths = [len(p.token_ids) for p in proposer._draft_batch(jobs)]
     assert lengths == [4, 1, 4]  # confidence below 1.0 always: one token, then stop
     proposer.stop()
@@ -62,7 +74,7 @@ def test_a_failed_batch_leaves_every_session_as_it_was(draft_runner: ModelRunner
         return real(*args, **kwargs)
 
     monkeypatch.setattr(proposer_module, "forward_rows", failing_second_step)
-    jobs = [_Job(proposer.sessions.get(f"d{i}"), 3, 0.0) for i in range(len(PROMPTS))]
+    jobs = [job(proposer, f"d{i}", 3) for i in range(len(PROMPTS))]
     with pytest.raises(RuntimeError):
         proposer._draft_batch(jobs)
     assert [list(proposer.sessions.get(f"d{i}").session.tokens) for i in range(len(PROMPTS))] == before

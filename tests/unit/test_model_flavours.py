@@ -1,13 +1,19 @@
-"""Serving dtypes and threads: int8 draft, torch threads per service, the stack's core split."""
+"""Serving dtypes and threads: int8 draft, torch threads per service, the stack's core split, the draft vocabulary."""
 
 from __future__ import annotations
 
+import argparse
+from dataclasses import replace
+
+import pytest
 import torch
 
 from calispec_core import service_cli
 from calispec_core.modeling import DTYPE_CHOICES, ModelRunner, ModelSpec, apply_threads
 from calispec_core.protocol import model_info_to_pb
-from calispec_tools.stack import StackConfig, service_threads, split_cores
+from calispec_tools.cli import add_model_flavour_args, draft_vocab
+from calispec_tools.models.registry import PAIRS
+from calispec_tools.stack import LocalStack, StackConfig, default_draft_vocab, service_threads, split_cores
 from tests.conftest import TinyPair
 
 
@@ -50,3 +56,24 @@ def test_core_split_is_disjoint_and_gives_the_target_the_larger_share() -> None:
 def test_explicit_threads_win_over_the_split(tmp_path) -> None:
     config = StackConfig(tmp_path, tmp_path, tmp_path / "m.db", tmp_path, draft_threads=2, target_threads=6)
     assert service_threads(config) == (2, 6)
+
+
+def test_the_stack_passes_draft_vocab_to_the_draft_service_only(tiny_pair: TinyPair, tmp_path) -> None:
+    base = StackConfig(tiny_pair.draft, tiny_pair.target, tmp_path / "m.db", tmp_path)
+    assert "--draft-vocab" not in LocalStack(base).draft_args()  # 0: the full layer, no flag
+    stack = LocalStack(replace(base, draft_vocab=4096))
+    args = stack.draft_args()
+    assert args[args.index("--draft-vocab") + 1] == "4096"
+    assert "--draft-vocab" not in stack.target_args(0, "127.0.0.1:1")
+
+
+def test_draft_vocab_defaults_to_the_pairs_cpu_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(PAIRS, "qwen-coder", replace(PAIRS["qwen-coder"], cpu_draft_vocab=1234))
+    assert default_draft_vocab("qwen-coder", "cpu") == 1234
+    assert default_draft_vocab("qwen-coder", "cuda") == 0
+    assert default_draft_vocab("tiny", "cpu") == 0 and default_draft_vocab(None, "cpu") == 0
+    parser = argparse.ArgumentParser()
+    add_model_flavour_args(parser)
+    assert draft_vocab(parser.parse_args(["--device", "cpu"]), "qwen-coder") == 1234
+    assert draft_vocab(parser.parse_args(["--device", "cpu", "--draft-vocab", "0"]), "qwen-coder") == 0  # explicit wins
+    assert draft_vocab(parser.parse_args(["--device", "cpu"]), None) == 0  # explicit model directories
