@@ -9,12 +9,13 @@ from calispec_core.errors import InvalidArgument
 from calispec_core.generation import GenerationParams, Mode
 from calispec_core.modeling import ModelRunner, ModelSpec
 from calispec_core.sampling import SamplingConfig
+from calispec_core.sparse_q import truncate
 from calispec_core.timing import Deadline, Stopwatch
 from calispec_core.vocab_pruning import kept_token_ids
 from calispec_tools.bench.draft_head import head_variants
 from calispec_tools.bench.draft_head import main as bench_draft_head
 from calispec_tools.inprocess import InProcessTarget, in_process_orchestrator
-from draft_service.proposer import Proposer
+from draft_service.proposer import Proposal, Proposer
 from tests.conftest import TinyPair
 from tests.service.test_seeded_sampling import ConstantRunner
 
@@ -63,11 +64,19 @@ def test_draft_vocab_of_the_whole_vocabulary_keeps_the_full_layer(tiny_pair: Tin
     assert runner.logit_columns.kept is None and runner.logit_columns.width == 384
 
 
+def full_width_q(p: Proposal, vocab_size: int) -> torch.Tensor:  # [k, V] as the target sees it
+    if p.sparse is not None:
+        return p.sparse.densify(vocab_size, "cpu")
+    assert p.probs is not None
+    return p.probs
+
+
+@pytest.mark.parametrize("proposal_top_k", [0, 64], ids=["dense-q", "sparse-q"])
 @torch.inference_mode()
 def test_sampled_proposals_are_kept_ids_and_q_is_the_renormalised_draft_distribution(
-    pruned_draft: ModelRunner, draft_runner: ModelRunner
+    pruned_draft: ModelRunner, draft_runner: ModelRunner, proposal_top_k: int
 ) -> None:
-    proposer = Proposer(pruned_draft, max_sessions=4)
+    proposer = Proposer(pruned_draft, max_sessions=4, proposal_top_k=proposal_top_k)
     kept = pruned_draft.logit_columns.kept
     assert kept is not None
     outside = torch.ones(pruned_draft.vocab_size, dtype=torch.bool)
@@ -78,17 +87,20 @@ def test_sampled_proposals_are_kept_ids_and_q_is_the_renormalised_draft_distribu
         for seed in range(6):
             proposer.prefill(f"s{seed}", prompt, SamplingConfig(temperature=temperature, seed=seed), Stopwatch())
             p = proposer.propose(f"s{seed}", 5, None, [], Stopwatch())
-            assert p.probs is not None and p.probs.shape == (5, pruned_draft.vocab_size)  # full width on the wire
+            q = full_width_q(p, pruned_draft.vocab_size)  # [5, V] over the whole vocabulary
             assert not outside[p.token_ids].any()  # only kept ids are proposed
-            assert (p.probs[:, outside] == 0).all()
-            torch.testing.assert_close(p.probs.sum(-1), torch.ones(5))
-            torch.testing.assert_close(p.probs[torch.arange(5), p.token_ids], torch.tensor(p.token_probs))
+            assert (q[:, outside] == 0).all()
+            torch.testing.assert_close(q.sum(-1), torch.ones(5))
+            torch.testing.assert_close(q[torch.arange(5), p.token_ids], torch.tensor(p.token_probs))
             proposer.close(f"s{seed}")
-        # the first row: the full draft's softmax restricted to the kept ids and renormalised
+        # the first row: the full draft's softmax restricted to the kept ids and renormalised (then truncated)
         logits = draft_runner.forward(prompt, draft_runner.new_cache(), 1)[0, -1] / temperature  # [V]
         expected = torch.zeros_like(logits)
         expected[kept] = logits[kept].softmax(-1)
-        torch.testing.assert_close(p.probs[0], expected)
+        if proposal_top_k:
+            ids, probs = truncate(expected, proposal_top_k)
+            expected = torch.zeros_like(logits).index_put_((ids,), probs)
+        torch.testing.assert_close(q[0], expected)
     finally:
         proposer.stop()
 
