@@ -142,6 +142,14 @@ def add_stack_args(parser: argparse.ArgumentParser) -> None:
     add_model_flavour_args(parser)
 
 
+def served_draft_dtype(args: argparse.Namespace) -> str:
+    """The draft's dtype as `calispec up` serves it: --draft-dtype, else int8 on CPU, else --dtype.
+    A calibration or a benchmark of the draft must use the dtype that will propose."""
+    from calispec_tools.stack import default_draft_dtype
+
+    return args.draft_dtype or default_draft_dtype(args.device) or args.dtype
+
+
 def add_model_flavour_args(parser: argparse.ArgumentParser) -> None:
     """dtype, device and threads of the two model services (shared by `up`, `demo`, `bench`)."""
     parser.add_argument(

@@ -88,17 +88,11 @@ def model_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
     return draft, target
 
 
-def local_draft_dtype(args: argparse.Namespace) -> str:
-    """The draft's dtype in a --local stack: as `calispec up` serves it unless --draft-dtype says otherwise."""
-    from calispec_tools.stack import default_draft_dtype
-
-    return args.draft_dtype or default_draft_dtype(args.device) or args.dtype
-
-
 @contextmanager
 def local_stack(args: argparse.Namespace, namespace: str | None = None) -> Iterator[Endpoints]:
     """A fresh stack on free ports with a fresh memory DB in a temporary directory; stopped afterwards.
     `namespace` None: the one the stack derives from the pair."""
+    from calispec_tools.cli import served_draft_dtype
     from calispec_tools.stack import LocalStack, StackConfig
 
     draft, target = model_dirs(args)
@@ -106,7 +100,7 @@ def local_stack(args: argparse.Namespace, namespace: str | None = None) -> Itera
         config = StackConfig(
             draft_model=draft, target_model=target, memory_db=Path(tmp) / "memory.db", log_dir=Path(tmp) / "logs",
             coordinator_port=0, target_port=0, draft_port=0, memory_port=0, dtype=args.dtype, device=args.device,
-            draft_dtype=local_draft_dtype(args),
+            draft_dtype=served_draft_dtype(args),
             memory_sync_interval_s=0.2,  # rescues in a short run need the shared counts soon
             memory_namespace=namespace,
         )  # fmt: skip
@@ -374,6 +368,7 @@ def _study_calibrate(args: argparse.Namespace, config: Any, kinds: list[str]) ->
     from calispec_core.modeling import ModelRunner, ModelSpec
     from calispec_tools.calibrate.job import CalibrateConfig, Calibrator
     from calispec_tools.calibrate.sink import MemoryWriter
+    from calispec_tools.cli import served_draft_dtype
     from calispec_tools.eval.calibration import calibration_documents
     from calispec_tools.shipped_calibration import seed_namespace, shipped_for_namespace
 
@@ -383,7 +378,7 @@ def _study_calibrate(args: argparse.Namespace, config: Any, kinds: list[str]) ->
     def calibrator() -> Calibrator:
         if not loaded:
             draft_dir, target_dir = model_dirs(args)
-            draft = ModelRunner(ModelSpec(draft_dir, local_draft_dtype(args), args.device))
+            draft = ModelRunner(ModelSpec(draft_dir, served_draft_dtype(args), args.device))
             target = ModelRunner(ModelSpec(target_dir, args.dtype, args.device))
             cfg = CalibrateConfig(generate=True, gamma=args.gamma or 6, max_new_tokens=CALIBRATION_NEW_TOKENS,
                                   batch_size=args.calibration_batch_size)  # fmt: skip

@@ -120,8 +120,10 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
     address, namespace, token = _memory_target(args)
     if args.ray:
         from calispec_tools.calibrate.ray_job import RayJob, run_on_ray
+        from calispec_tools.cli import served_draft_dtype
 
-        job = RayJob(str(draft), str(target), args.dtype, args.device, address, namespace, token, draft_dtype(args))
+        draft_dtype = served_draft_dtype(args)
+        job = RayJob(str(draft), str(target), args.dtype, args.device, address, namespace, token, draft_dtype)
         summary, parts = run_on_ray(args.ray, docs, config, job, args.workers, args.worker_cpus)
         extra = {"workers": [{"documents": p.documents, "events": p.events, "total_s": p.total_s} for p in parts]}
     else:
@@ -148,17 +150,11 @@ def _memory_target(args: argparse.Namespace) -> tuple[str, str, str]:
 def _load(args: argparse.Namespace, config: Any, draft: Path, target: Path) -> Any:
     from calispec_core.modeling import ModelRunner, ModelSpec
     from calispec_tools.calibrate.job import Calibrator
+    from calispec_tools.cli import served_draft_dtype
 
     print(f"loading the pair (draft {draft}, target {target})...", file=sys.stderr)
-    draft_runner = ModelRunner(ModelSpec(draft, draft_dtype(args), args.device))
+    draft_runner = ModelRunner(ModelSpec(draft, served_draft_dtype(args), args.device))
     return Calibrator(draft_runner, ModelRunner(ModelSpec(target, args.dtype, args.device)), config)
-
-
-def draft_dtype(args: argparse.Namespace) -> str:
-    """--draft-dtype, else the served draft's: a calibration counts the pairs of the draft that will propose."""
-    from calispec_tools.stack import default_draft_dtype
-
-    return args.draft_dtype or default_draft_dtype(args.device) or args.dtype
 
 
 def _run_local(

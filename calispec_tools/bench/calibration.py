@@ -66,12 +66,14 @@ def sd_through_stack(address: str, prompts: list[str], gamma: int, max_new_token
     return Method(f"SD through the stack (γ={gamma})", events, tokens, seconds)
 
 
-def teacher_forced(args: argparse.Namespace, prompts: list[str], texts: list[Document]) -> list[Method]:
+def teacher_forced(
+    args: argparse.Namespace, draft_dtype: str, prompts: list[str], texts: list[Document]
+) -> list[Method]:
     from calispec_core.modeling import ModelRunner, ModelSpec
     from calispec_tools.calibrate.job import CalibrateConfig, Calibrator
 
     draft_dir, target_dir = args.model_dirs
-    draft = ModelRunner(ModelSpec(draft_dir, args.draft_dtype_resolved, args.device))
+    draft = ModelRunner(ModelSpec(draft_dir, draft_dtype, args.device))
     target = ModelRunner(ModelSpec(target_dir, args.dtype, args.device))
     docs = [Document(p, True, "bench") for p in prompts]
     sd = CalibrateConfig(mode="sd", generate=True, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
@@ -100,17 +102,18 @@ def format_report(env: dict[str, Any], methods: list[Method]) -> str:
 
 def run_calibration_bench(args: argparse.Namespace) -> int:
     from calispec_tools.bench.compare import cpu_flags
-    from calispec_tools.stack import LocalStack, StackConfig, default_draft_dtype, service_threads
+    from calispec_tools.cli import served_draft_dtype
+    from calispec_tools.stack import LocalStack, StackConfig, service_threads
 
     prompts = benchmark_prompts(args.prompts)
     texts = [] if args.no_text else text_documents()
     draft, target = args.model_dirs
-    args.draft_dtype_resolved = args.draft_dtype or default_draft_dtype(args.device) or args.dtype
+    draft_dtype = served_draft_dtype(args)
     with tempfile.TemporaryDirectory(prefix="calispec-bench-calibration-") as tmp:
         config = StackConfig(
             draft_model=draft, target_model=target, memory_db=Path(tmp) / "memory.db", log_dir=Path(tmp) / "logs",
             coordinator_port=0, target_port=0, draft_port=0, memory_port=0, dtype=args.dtype, device=args.device,
-            draft_dtype=args.draft_dtype_resolved, draft_threads=args.draft_threads,
+            draft_dtype=draft_dtype, draft_threads=args.draft_threads,
             target_threads=args.target_threads,
         )  # fmt: skip
         threads = service_threads(config)
@@ -118,12 +121,12 @@ def run_calibration_bench(args: argparse.Namespace) -> int:
         with LocalStack(config) as stack:
             methods = [sd_through_stack(stack.coordinator_address, prompts, args.gamma, args.max_new_tokens)]
     print("teacher-forced in this process (the stack is stopped)...", file=sys.stderr)
-    methods += teacher_forced(args, prompts, texts)
+    methods += teacher_forced(args, draft_dtype, prompts, texts)
     import torch
 
     env = {
         "cpu_flags": cpu_flags(), "torch": torch.__version__, "device": args.device, "dtype": args.dtype,
-        "draft_dtype": args.draft_dtype_resolved, "stack_threads": threads, "process_threads": torch.get_num_threads(),
+        "draft_dtype": draft_dtype, "stack_threads": threads, "process_threads": torch.get_num_threads(),
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
         "batch_size": args.batch_size,
     }  # fmt: skip

@@ -305,13 +305,14 @@ def format_report(env: dict[str, Any], summary: dict[str, Any], rel: dict[str, A
 def run_compare(args: argparse.Namespace) -> int:
     from calispec.client import CalispecClient
     from calispec_tools.cli import draft_vocab as cli_draft_vocab
-    from calispec_tools.stack import LocalStack, StackConfig, default_draft_dtype, service_threads
+    from calispec_tools.cli import served_draft_dtype
+    from calispec_tools.stack import LocalStack, StackConfig, service_threads
 
     draft, target = args.model_dirs
     config = CompareConfig(
         args.prompt_texts, args.max_new_tokens, args.gamma, args.concurrency, args.load_requests, args.skip_hf
     )
-    draft_dtype = args.draft_dtype or default_draft_dtype(args.device) or args.dtype
+    draft_dtype = served_draft_dtype(args)
     draft_vocab = cli_draft_vocab(args, None if args.draft else args.pair)
     with tempfile.TemporaryDirectory(prefix="calispec-compare-") as tmp:
         stack_config = StackConfig(

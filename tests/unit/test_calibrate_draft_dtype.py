@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from calispec_tools.cli_bench import local_draft_dtype
-from calispec_tools.cli_calibrate import draft_dtype
+from calispec_tools.cli import served_draft_dtype
 
 
 def _args(**kw: object) -> argparse.Namespace:
@@ -13,14 +12,13 @@ def _args(**kw: object) -> argparse.Namespace:
 
 
 def test_calibration_uses_the_served_draft_dtype_on_cpu() -> None:
-    assert draft_dtype(_args()) == "int8"
-    assert local_draft_dtype(_args()) == "int8"
+    assert served_draft_dtype(_args()) == "int8"
 
 
 def test_explicit_draft_dtype_wins() -> None:
-    assert draft_dtype(_args(draft_dtype="bfloat16")) == "bfloat16"
-    assert local_draft_dtype(_args(draft_dtype="float32")) == "float32"
+    assert served_draft_dtype(_args(draft_dtype="bfloat16")) == "bfloat16"
+    assert served_draft_dtype(_args(draft_dtype="float32")) == "float32"
 
 
 def test_on_cuda_the_draft_follows_dtype() -> None:
-    assert draft_dtype(_args(device="cuda", dtype="bfloat16")) == "bfloat16"
+    assert served_draft_dtype(_args(device="cuda", dtype="bfloat16")) == "bfloat16"
