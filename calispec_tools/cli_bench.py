@@ -439,12 +439,13 @@ def _progress(total: int) -> Any:
 def _eval_study(args: argparse.Namespace, tasks: list[Any], variant_list: list[Any], config: Any, out: Path) -> int:
     """--calibration-study: the paper-style table per calibration, the rejection concentration, eval.json."""
     from calispec_tools.eval import report
+    from calispec_tools.eval.calibration import study_plan
 
     calibrations = [c.strip() for c in args.calibrations.split(",") if c.strip()]
-    progress = _progress(len(tasks) * len(variant_list) * len(calibrations))
+    progress = _progress(len(tasks) * sum(map(len, study_plan(calibrations, variant_list).values())))
     study = _calibration_study(args, tasks, variant_list, config, progress)
     print(file=sys.stderr)
-    print("calibration study (greedy; speed vs ar on the same fresh stack):")
+    print("calibration study (greedy; speed vs ar on the same fresh stack, else the reference calibration's):")
     print(report.format_study(study["summary"]))
     print("\n" + report.format_concentration(study["calibration"]))
     doc = {

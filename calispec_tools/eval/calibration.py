@@ -3,8 +3,9 @@
 Each calibration variant gets a fresh stack with its own memory database (a shared stack would
 leak counts between variants), is calibrated teacher-forced (calispec_tools/calibrate/: the models
 in this process, the events written through the memory service's authenticated RecordEvents), then
-runs the tasks in every mode (`ar` in the same stack is the speedup's baseline, so stack-to-stack
-drift cancels). The memory's rejection concentration (share of events held by the top x% of pairs)
+runs the tasks: every mode on the reference calibration (shipped), only the modes that read the
+memory (csd, ocm_only) on the others (`study_plan`); `ar` of the same stack, else of the reference,
+is the speedup's baseline. The memory's rejection concentration (share of events held by the top x% of pairs)
 is read right after calibrating and again after the tasks (the online updates of the run), with the
 events the memory's caps dropped (recorded but evicted: at most max_pairs_per_draft targets per draft token).
 
@@ -21,6 +22,7 @@ events the memory's caps dropped (recorded but evicted: at most max_pairs_per_dr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ from calispec_tools.memory_reads import TableRead, read_table, wait_for_events
 from calispec_tools.shipped_calibration import CORPUS_DIR
 
 STUDY_VARIANTS = ("none", "shipped", "task")
+MEMORY_READING_MODES = ("csd", "ocm_only")  # ar, sd and scg_only never consult the correction memory
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,28 @@ def table_report(table: TableRead) -> dict[str, Any]:
     }
 
 
+def reference_calibration(calibrations: Sequence[str]) -> str:
+    """The calibration that runs every variant: "shipped" when studied, else the first."""
+    return "shipped" if "shipped" in calibrations else calibrations[0]
+
+
+def study_plan(calibrations: Sequence[str], variant_list: Sequence[Variant]) -> dict[str, list[Variant]]:
+    """The variants each calibration runs, in per-task order.
+
+    ar, sd and scg_only never read the memory: their outputs are the same under every calibration, so
+    they (and the τ × λ sweep) run once, on the reference calibration; the others run the memory-reading
+    modes at their defaults. Memory-reading variants go first in each task, so CSD never meets events
+    that another mode wrote for the same task (ocm_only, after csd, meets csd's)."""
+    reads = [v for v in variant_list if v.mode in MEMORY_READING_MODES]
+    plan = {}
+    for label in calibrations:
+        if label == reference_calibration(calibrations):
+            plan[label] = reads + [v for v in variant_list if v.mode not in MEMORY_READING_MODES]
+        else:
+            plan[label] = [v for v in reads if v.tau is None and v.lambda_ is None]
+    return plan
+
+
 def run_study(
     start_stack: StackFactory,
     calibrate: CalibrateFn,
@@ -99,29 +124,39 @@ def run_study(
     on_done: Callable[[dict[str, Any]], None] = lambda row: None,
     calibrations: Sequence[str] = STUDY_VARIANTS,
 ) -> dict[str, Any]:
-    """Every calibration on its own fresh stack: calibrate, then the tasks in every variant (rows carry it)."""
+    """Every calibration on its own fresh stack: calibrate, then the tasks in its variants (rows carry it)."""
     rows: list[dict[str, Any]] = []
     info: dict[str, dict[str, Any]] = {}
-    for label in calibrations:
+    for label, label_variants in study_plan(calibrations, variants).items():
         with start_stack(label) as ep:
             info[label] = {**calibrate(label, ep), "namespace": ep.namespace, "before": concentration(ep)}
-            variant_rows = run_eval(ep.coordinator, tasks, variants, config, on_done)
+            variant_rows = run_eval(ep.coordinator, tasks, label_variants, config, on_done)
             # verifiers ship a request's rejection events a sync interval after its reply: wait for the last ones
             ran = sum(r["stats"]["rejections"] for r in variant_rows if r["stats"])
             wait_for_events(ep.memory, ep.namespace, info[label]["before"]["recorded_events"] + ran)
             info[label]["after"] = concentration(ep)
         rows += [{**r, "calibration": label} for r in variant_rows]
-    return {"summary": summarize_study(rows, info), "calibration": info, "rows": rows}
+    order = [v.label for v in variants]
+    return {"summary": summarize_study(rows, info, order), "calibration": info, "rows": rows}
 
 
-def summarize_study(rows: Sequence[dict[str, Any]], calibration: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Per calibration: every variant's summary (speedup vs the same stack's ar) plus its rescue rate.
+def summarize_study(
+    rows: Sequence[dict[str, Any]], calibration: dict[str, dict[str, Any]], order: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Per calibration: every variant's summary (in `order`, else first-seen) plus its rescue rate; speedup
+    against the same stack's ar, or the reference calibration's where this stack ran none (one run, same machine).
 
     rescue rate = rescued / rejection events: the share of the standard rule's rejections CSD kept."""
     out: dict[str, Any] = {}
+    rank = {label: i for i, label in enumerate(order)}
     for label in calibration:
-        per_variant = summarize([r for r in rows if r["calibration"] == label])
+        summary = summarize([r for r in rows if r["calibration"] == label])
+        out[label] = dict(sorted(summary.items(), key=lambda item: rank.get(item[0], len(rank))))
+    reference = reference_calibration(list(calibration)) if calibration else None
+    base = out.get(reference, {}).get("ar", {}).get("tokens_per_s", math.nan)
+    for per_variant in out.values():
+        own = per_variant.get("ar", {}).get("tokens_per_s", base)
         for s in per_variant.values():
+            s["speedup_vs_ar"] = s["tokens_per_s"] / own if own and not math.isnan(own) else math.nan
             s["rescue_rate"] = s["rescued"] / s["rejections"] if s["rejections"] else float("nan")
-        out[label] = per_variant
     return out

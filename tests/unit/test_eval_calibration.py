@@ -57,3 +57,21 @@ def test_concentration_report_beside_the_paper() -> None:
     info = {"shipped": {"before": before, "after": after}}
     text = report.format_concentration(info)
     assert "paper: ~69%" in text and "50.0%" in text and "60.0%" in text
+
+
+def test_study_plan_runs_memory_independent_modes_once() -> None:
+    from calispec_tools.eval.calibration import study_plan
+    from calispec_tools.eval.runner import variants
+
+    plan = study_plan(["none", "shipped", "task"], variants(["ar", "sd", "csd", "ocm_only", "scg_only"], [0.1], [20]))
+    shipped = [v.label for v in plan["shipped"]]
+    assert shipped == ["csd", "ocm_only", "csd τ=0.1 λ=20", "ar", "sd", "scg_only"]  # memory readers first
+    assert [v.label for v in plan["none"]] == [v.label for v in plan["task"]] == ["csd", "ocm_only"]
+    assert [v.label for v in study_plan(["none", "task"], variants(["ar", "csd"]))["none"]] == ["csd", "ar"]
+
+
+def test_summarize_study_falls_back_to_the_reference_ar() -> None:
+    rows = [row("shipped", "csd", True, 500), row("shipped", "ar", True, 1000), row("none", "csd", True, 800)]
+    s = summarize_study(rows, {"shipped": {}, "none": {}}, order=["ar", "csd"])
+    assert list(s["shipped"]) == ["ar", "csd"]  # the requested order, not the run order
+    assert s["none"]["csd"]["speedup_vs_ar"] == pytest.approx(1.25)  # the shipped stack's ar

@@ -31,8 +31,9 @@ def test_analyse_labels_top_pairs_and_says_what_is_missing() -> None:
 
 def test_variants_add_the_tau_lambda_grid() -> None:
     v = variants(["ar", "csd"], [0.01, 0.1], [6])
-    assert [x.label for x in v] == ["ar", "csd", "csd τ=0.01 λ=6", "csd τ=0.1 λ=6"]
-    assert len(variants(["ar"], [], [2, 6])) == 3
+    assert [x.label for x in v] == ["ar", "csd", "csd τ=0.1 λ=6"]  # the default cell is csd itself
+    assert len(variants(["ar"], [], [2, 6])) == 3  # without csd the default cell runs
+    assert [x.label for x in variants(["csd"], [0.01], [2])] == ["csd", "csd τ=0.01 λ=2"]
 
 
 def row(variant: str, kind: str, correct: bool, emitted: int, total_ms: float, accepted: int = 0) -> dict:
