@@ -13,7 +13,8 @@ import argparse
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ class Method:
     events: int
     positions: int  # tokens decoded (SD) or predictions compared (teacher-forced)
     seconds: float
+    pairs: Counter[tuple[int, int]] = field(default_factory=Counter)  # (draft, target) -> events
 
     @property
     def events_per_s(self) -> float:
@@ -49,13 +51,15 @@ def text_documents(corpus: Path = CORPUS) -> list[Document]:
     return [d for d in load_corpus(corpus) if not d.is_prompt]
 
 
-def sd_through_stack(address: str, prompts: list[str], gamma: int, max_new_tokens: int) -> Method:
-    """Greedy SD, one request at a time, a fixed γ: every rejection is an event the target records."""
+def sd_through_stack(stack: Any, prompts: list[str], gamma: int, max_new_tokens: int) -> Method:
+    """Greedy SD, one request at a time, a fixed γ: every rejection is an event the target records
+    (in the stack's fresh memory: the run's pairs are read back from it, less the warm-up's)."""
     from calispec.client import CalispecClient
 
     events = tokens = 0
-    with CalispecClient(address, timeout=900) as client:
-        client.generate(prompts[0], mode="sd", max_new_tokens=4, num_speculative_tokens=gamma)  # warm-up
+    with CalispecClient(stack.coordinator_address, timeout=900) as client:
+        warm = client.generate(prompts[0], mode="sd", max_new_tokens=4, num_speculative_tokens=gamma)
+        before = recorded_pairs(stack, warm.stats.rejections)
         start = time.perf_counter()
         for i, prompt in enumerate(prompts, 1):
             result = client.generate(prompt, mode="sd", max_new_tokens=max_new_tokens, num_speculative_tokens=gamma)
@@ -63,7 +67,25 @@ def sd_through_stack(address: str, prompts: list[str], gamma: int, max_new_token
             tokens += len(result.token_ids)
             print(f"  SD [{i}/{len(prompts)}] {result.stats.rejections} rejections", file=sys.stderr)
         seconds = time.perf_counter() - start
-    return Method(f"SD through the stack (γ={gamma})", events, tokens, seconds)
+    pairs = recorded_pairs(stack, warm.stats.rejections + events) - before
+    return Method(f"SD through the stack (γ={gamma})", events, tokens, seconds, pairs)
+
+
+def recorded_pairs(stack: Any, at_least: int) -> Counter[tuple[int, int]]:
+    """The pairs in the stack's memory once it holds `at_least` events (verifiers ship them a sync later)."""
+    from calispec_tools.memory_reads import read_table, wait_for_events
+
+    address = stack.services["memory_service"].address
+    wait_for_events(address, stack.memory_namespace, at_least)
+    return Counter({(d, t): n for d, t, n in read_table(address, stack.memory_namespace).pairs})
+
+
+def agreement(reference: Counter[tuple[int, int]], other: Counter[tuple[int, int]]) -> str:
+    """How many of the reference's events `other` holds too (the same pair, counted at most as often)."""
+    shared = sum((reference & other).values())
+    total = sum(reference.values())
+    share = f"{shared / total:.1%}" if total else "-"
+    return f"{shared} of the SD run's {total} events ({share}); {sum(other.values()) - shared} others"
 
 
 def teacher_forced(
@@ -81,7 +103,9 @@ def teacher_forced(
     Calibrator(draft, target, CalibrateConfig(mode="sd", generate=True, max_new_tokens=2)).run(docs[:1])  # warm-up
     methods = []
     summary = Calibrator(draft, target, sd).run(docs)
-    methods.append(Method("teacher-forced --generate (sd)", summary.events, summary.positions, summary.total_s))
+    methods.append(
+        Method("teacher-forced --generate (sd)", summary.events, summary.positions, summary.total_s, summary.pairs)
+    )
     if texts:
         dense = CalibrateConfig(mode="dense", max_tokens=args.max_tokens, batch_size=args.batch_size)
         summary = Calibrator(draft, target, dense).run(texts)
@@ -97,6 +121,8 @@ def format_report(env: dict[str, Any], methods: list[Method]) -> str:
         ratio = m.events_per_s / base if base else float("nan")
         lines.append(f"{m.label:34s} {m.events:7d} {m.positions:9d} {m.seconds:8.1f} {m.events_per_s:9.2f} "
                      f"{ratio:7.1f}")  # fmt: skip
+    if len(methods) > 1 and methods[0].pairs and methods[1].pairs:
+        lines += ["", f"same events: {methods[1].label} holds " + agreement(methods[0].pairs, methods[1].pairs)]
     return "\n".join(lines)
 
 
@@ -119,7 +145,7 @@ def run_calibration_bench(args: argparse.Namespace) -> int:
         threads = service_threads(config)
         print(f"SD through a local stack over {len(prompts)} prompts...", file=sys.stderr)
         with LocalStack(config) as stack:
-            methods = [sd_through_stack(stack.coordinator_address, prompts, args.gamma, args.max_new_tokens)]
+            methods = [sd_through_stack(stack, prompts, args.gamma, args.max_new_tokens)]
     print("teacher-forced in this process (the stack is stopped)...", file=sys.stderr)
     methods += teacher_forced(args, draft_dtype, prompts, texts)
     import torch

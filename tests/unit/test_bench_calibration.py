@@ -35,3 +35,13 @@ def test_report_gives_each_method_its_ratio_to_sd_through_the_stack() -> None:
     assert "dtype=bf16" in report
     last = report.splitlines()[-1].split()
     assert last[-2:] == ["100.00", "100.0"]  # 100 events/s, 100x the SD run's 1 event/s
+
+
+def test_report_says_how_many_of_the_sd_runs_events_teacher_forcing_reproduced() -> None:
+    from collections import Counter
+
+    sd = Method("SD", 4, 100, 10.0, Counter({(1, 2): 3, (5, 6): 1}))
+    teacher = Method("teacher", 5, 100, 1.0, Counter({(1, 2): 2, (7, 8): 3}))
+    report = format_report({}, [sd, teacher])
+    assert report.splitlines()[-1] == "same events: teacher holds 2 of the SD run's 4 events (50.0%); 3 others"
+    assert "same events" not in format_report({}, [Method("SD", 0, 1, 1.0), teacher])  # nothing to compare
