@@ -10,21 +10,25 @@ REPLACEMENT_CHAR = "\ufffd"
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas and watches for stop strings.
 
-    Decodes the whole output each time: simple and always consistent (tokenizers may change
-    earlier characters as later tokens arrive); quadratic in the output length, which is
-    negligible next to model time for the outputs we serve (see README notes).
+    Each step decodes a short window, not the whole output (as vLLM does): the text of the tokens
+    past `read` is the decode of ids[prefix:] minus that of ids[prefix:read], where the window's
+    first tokens give the tokenizer its context (a SentencePiece leading space, the start of a
+    multi-byte character). Once that text is whole (no trailing U+FFFD) it joins `decoded` and the
+    window moves on, so a step costs O(its tokens) instead of O(output).
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: tuple[str, ...]) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
         self.token_ids: list[int] = []
+        self.decoded = ""  # the settled text of token_ids[:read]
+        self.prefix = self.read = 0
         self.text = ""  # text already handed out
 
     def add(self, token_ids: list[int]) -> tuple[str, bool]:
         """Append tokens; returns (new text, whether a stop string ended the output)."""
         self.token_ids.extend(token_ids)
-        full = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        full = self._decode_new()
         cut = self._stop_index(full)
         if cut is not None:
             return self._advance(full[:cut]), True
@@ -33,9 +37,21 @@ class IncrementalDetokenizer:
         return self._advance(safe[: len(safe) - self._stop_prefix_len(safe)]), False
 
     def finish(self) -> str:
-        """Flush whatever was held back."""
+        """Flush whatever was held back (one whole decode: the final text is exactly the tokens')."""
         full = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
         return self._advance(full)
+
+    def _decode_new(self) -> str:
+        """The whole output's text so far: `decoded` plus the window's new text (settled when whole)."""
+        decode = self.tokenizer.decode
+        before = decode(self.token_ids[self.prefix : self.read], skip_special_tokens=True)
+        after = decode(self.token_ids[self.prefix :], skip_special_tokens=True)
+        new = after[len(before) :] if after.startswith(before) else after
+        if new and not new.endswith(REPLACEMENT_CHAR):
+            self.decoded += new
+            self.prefix, self.read = self.read, len(self.token_ids)
+            return self.decoded
+        return self.decoded + new
 
     def _stop_index(self, full: str) -> int | None:
         if not self.stop:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from coordinator.detokenizer import IncrementalDetokenizer
+from tests.conftest import TinyPair
 from tests.unit.fakes import CharTokenizer
 
 
@@ -41,3 +42,57 @@ def test_held_back_prefix_is_released_when_it_is_not_a_stop() -> None:
 def test_earliest_of_several_stops_wins() -> None:
     deltas, stopped = feed(("zz", "b"), ["azzb"])
     assert deltas == ["a"] and stopped
+
+
+class CountingTokenizer(CharTokenizer):
+    """Counts the tokens it decodes."""
+
+    decoded = 0
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        self.decoded += len(ids)
+        return super().decode(ids, skip_special_tokens)
+
+
+def test_each_step_decodes_a_window_not_the_whole_output() -> None:
+    tokenizer = CountingTokenizer()
+    detok = IncrementalDetokenizer(tokenizer, ())
+    text = "x" * 400
+    deltas = [detok.add([ord(c)])[0] for c in text]
+    assert "".join(deltas) == text
+    assert tokenizer.decoded < 4 * len(text)  # a whole decode per step would be ~len²/2 = 80,000
+
+
+def test_multibyte_characters_split_over_tokens_come_out_whole() -> None:
+    """A byte-level tokenizer: a character's bytes arrive in separate tokens (U+FFFD until complete)."""
+
+    class Bytes:
+        def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    detok = IncrementalDetokenizer(Bytes(), ())  # type: ignore[arg-type]
+    data = "a€b😀c".encode()
+    deltas = [detok.add([b])[0] for b in data]
+    assert "".join(deltas) + detok.finish() == "a€b😀c" and REPLACEMENT not in "".join(deltas)
+
+
+REPLACEMENT = "\ufffd"
+
+
+def test_deltas_add_up_to_the_whole_decode_on_a_real_tokenizer(tiny_pair: TinyPair) -> None:
+    """Any ids in any chunks: the deltas plus the final flush are exactly the tokens' decoded text."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_pair.target))
+    ids = st.integers(0, len(tokenizer) - 1)
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(st.lists(ids, min_size=1, max_size=4), max_size=30))
+    def check(chunks: list[list[int]]) -> None:
+        detok = IncrementalDetokenizer(tokenizer, ())
+        text = "".join(detok.add(chunk)[0] for chunk in chunks) + detok.finish()
+        assert text == tokenizer.decode([t for c in chunks for t in c], skip_special_tokens=True)
+
+    check()
