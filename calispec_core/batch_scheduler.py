@@ -1,10 +1,14 @@
 """Batches concurrent calls into one model step: Verify on the target, Propose on the draft (no gRPC here).
 
-Handler threads `submit` a row and block on its result. There is no batching window: a row
-submitted while no step runs and none waits runs at once, on the caller's own thread (batch 1
-pays no thread hand-off); rows submitted while a step runs queue up, and the worker thread runs
-what queued (up to `max_batch`) together as soon as that step ends — latency is never traded
-for batch size.
+Handler threads `submit` a row and block on its result. Rows submitted while a step runs queue
+up, and the worker thread runs what queued (up to `max_batch`) together as soon as that step ends.
+A row that finds the scheduler idle runs at once, on the caller's own thread (batch 1 pays no
+thread hand-off) — unless the last step had several rows: its rows' sessions come back for their
+next step within a few milliseconds of each other (an RPC round trip through the coordinator), and
+without a wait the first one back would run alone while the others queue behind it, so batches
+would alternate between 1 and n-1 rows, each step paying a whole forward. So the worker gathers
+for up to `gather_s` until as many rows as the last step had are queued (as Triton's dynamic
+batcher waits `max_queue_delay`; 0 turns it off). A lone request (last step of one row) never waits.
 
 A failed batch never fails its honest rows: the step must change nothing when it raises (the
 target's round commits only after every row is verified), so each row of a failed batch is
@@ -16,11 +20,12 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Generic, TypeVar
 
-from calispec_core.errors import Unavailable
+from calispec_core.errors import Unavailable, require
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +33,23 @@ Row = TypeVar("Row")
 Result = TypeVar("Result")
 
 
+DEFAULT_GATHER_S = 0.005  # how long an idle scheduler waits for the last step's other rows to come back
+
+
 class BatchScheduler(Generic[Row, Result]):
     def __init__(
-        self, step: Callable[[Sequence[Row]], Sequence[Result]], max_batch: int, name: str = "verify-batcher"
+        self,
+        step: Callable[[Sequence[Row]], Sequence[Result]],
+        max_batch: int,
+        name: str = "verify-batcher",
+        gather_s: float = DEFAULT_GATHER_S,
     ) -> None:
+        require(max_batch >= 1, f"max_batch must be >= 1, got {max_batch}")
+        require(gather_s >= 0, f"batch gather time must be >= 0, got {gather_s}")
         self._step = step
         self.max_batch = max_batch
+        self.gather_s = gather_s
+        self._last_size = 0  # rows of the last step: how many are likely to come back together
         self._queue: queue.Queue[tuple[Row, Future[Result]]] = queue.Queue()
         # One step at a time (inline or on the worker); `_queued` rows wait for the worker, and while
         # any does no caller may run inline past them.
@@ -51,7 +67,7 @@ class BatchScheduler(Generic[Row, Result]):
         with self._state:
             if self._stopped:
                 raise Unavailable("the service is shutting down")
-            inline = not self._busy and self._queued == 0
+            inline = not self._busy and self._queued == 0 and (self._last_size <= 1 or self.gather_s <= 0)
             if inline:
                 self._busy = True
             else:
@@ -63,7 +79,7 @@ class BatchScheduler(Generic[Row, Result]):
         try:
             return self._step([row])[0]
         finally:
-            self._idle()
+            self._idle(1)
 
     def queue_depth(self) -> int:
         """Rows waiting for the next batch (approximate while threads submit)."""
@@ -76,9 +92,10 @@ class BatchScheduler(Generic[Row, Result]):
             self._state.notify_all()
         self._thread.join()
 
-    def _idle(self) -> None:
+    def _idle(self, size: int) -> None:
         with self._state:
             self._busy = False
+            self._last_size = size
             if self._queued:  # wake the worker only when rows wait for it (a wake-up is a GIL hand-off)
                 self._state.notify_all()
 
@@ -89,6 +106,7 @@ class BatchScheduler(Generic[Row, Result]):
                     self._state.wait()  # a running step's queued rows join the next batch
                 if self._queued == 0:
                     return  # stopped, nothing left
+                self._gather()
                 self._busy = True
                 size = min(self._queued, self.max_batch)
                 self._queued -= size
@@ -96,7 +114,14 @@ class BatchScheduler(Generic[Row, Result]):
             try:
                 self._run_batch(batch)
             finally:
-                self._idle()
+                self._idle(size)
+
+    def _gather(self) -> None:
+        """(Holding the lock) wait up to gather_s for the last step's rows to be queued again."""
+        expected = min(self._last_size, self.max_batch)
+        deadline = time.monotonic() + self.gather_s
+        while self._queued < expected and not self._stopped and (left := deadline - time.monotonic()) > 0:
+            self._state.wait(left)
 
     def _run_batch(self, batch: list[tuple[Row, Future[Result]]]) -> None:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from calispec_core.batch_scheduler import DEFAULT_GATHER_S
 from calispec_core.modeling import ModelRunner, ModelSpec
 from calispec_core.service_cli import (
     add_model_args,
@@ -25,6 +26,12 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
     add_model_args(parser)
     parser.add_argument(
         "--max-batch-size", type=int, default=8, help="sessions drafting in one forward pass (1: no batching)"
+    )
+    parser.add_argument(
+        "--batch-gather-ms",
+        type=float,
+        default=DEFAULT_GATHER_S * 1000,
+        help="how long an idle batcher waits for the last batch's other sessions to come back (0: never)",
     )
     parser.add_argument(
         "--proposal-top-k",
@@ -52,6 +59,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
         port=args.port,
         max_sessions=args.max_sessions,
         max_batch_size=args.max_batch_size,
+        batch_gather_s=args.batch_gather_ms / 1000,
         proposal_top_k=args.proposal_top_k,
         draft_vocab=args.draft_vocab,
         tls=tls_from_args(parser, args),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from calispec_core.batch_scheduler import DEFAULT_GATHER_S
 from calispec_core.credentials import COORDINATOR, TlsConfig
 from calispec_core.modeling import ModelSpec
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
@@ -18,6 +19,7 @@ class DraftConfig:
     port: int = 50052
     max_sessions: int = 256
     max_batch_size: int = 8  # sessions drafting in one forward pass (1 = no batching)
+    batch_gather_s: float = DEFAULT_GATHER_S  # an idle batcher waits this long for the last batch to come back
     # Sampling proposals draw from (and send) q truncated to its K most likely tokens, renormalised
     # (exact: the target verifies against the q that was sampled from); 0: the full q, sent dense.
     proposal_top_k: int = DEFAULT_PROPOSAL_TOP_K

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from calispec_core.batch_forward import forward_rows
-from calispec_core.batch_scheduler import BatchScheduler
+from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.errors import require
 from calispec_core.limits import MAX_SPECULATIVE_TOKENS
 from calispec_core.modeling import ModelRunner, Session, prefill_session
@@ -106,11 +106,14 @@ class Proposer:
         idle_ttl_s: float = DEFAULT_IDLE_TTL_S,
         max_batch: int = DEFAULT_MAX_BATCH,
         proposal_top_k: int = 256,  # tokens of q a sampling proposal keeps (0: the full q, sent dense)
+        gather_s: float = DEFAULT_GATHER_S,  # an idle batcher waits this long for the last batch's sessions
     ) -> None:
         require(proposal_top_k >= 0, f"proposal_top_k must be >= 0 (0: full q), got {proposal_top_k}")
         self.runner = runner
         self.proposal_top_k = proposal_top_k
-        self.scheduler: BatchScheduler[_Job, Proposal] = BatchScheduler(self._draft_batch, max_batch, "draft-batcher")
+        self.scheduler: BatchScheduler[_Job, Proposal] = BatchScheduler(
+            self._draft_batch, max_batch, "draft-batcher", gather_s
+        )
         # A session whose lock is held is mid-call: never reaped, however long the call takes.
         self.sessions: SessionRegistry[DraftSession] = SessionRegistry(
             max_sessions, idle_ttl_s, is_busy=lambda state: state.session.lock.locked()

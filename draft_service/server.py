@@ -80,7 +80,12 @@ def create_server(config: DraftConfig, runner: ModelRunner | None = None) -> tup
     if config.measure_forward_costs:
         runner.forward_costs = measure_forward_costs(runner, DRAFT_TOKEN_COUNTS)
     proposer = Proposer(
-        runner, config.max_sessions, config.session_idle_ttl_s, config.max_batch_size, config.proposal_top_k
+        runner,
+        config.max_sessions,
+        config.session_idle_ttl_s,
+        config.max_batch_size,
+        config.proposal_top_k,
+        config.batch_gather_s,
     )
     proposer.sessions.start_reaper()
     observe = Observe(metrics_port=config.metrics_port, admission=[f"/{SERVICE_NAME}/Prefill"])

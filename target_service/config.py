@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from calispec_core.batch_scheduler import DEFAULT_GATHER_S
 from calispec_core.credentials import COORDINATOR, TlsConfig
 from calispec_core.modeling import ModelSpec
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
@@ -19,6 +20,7 @@ class TargetConfig:
     session_idle_ttl_s: float = DEFAULT_IDLE_TTL_S  # an unused session is closed after this (0: never)
     max_workers: int = 16
     max_batch_size: int = 8  # sessions verified in one forward pass (1 = no batching)
+    batch_gather_s: float = DEFAULT_GATHER_S  # an idle batcher waits this long for the last batch to come back
     measure_forward_costs: bool = True  # at start-up, for the coordinator's cost model
     memory_address: str | None = None  # None: no shared memory, local online counts only
     memory_namespace: str = "default"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from calispec_core.batch_forward import forward_rows
-from calispec_core.batch_scheduler import BatchScheduler
+from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.errors import CalispecError, InvalidArgument, require
 from calispec_core.generation import Mode
 from calispec_core.limits import MAX_SPECULATIVE_TOKENS
@@ -87,6 +87,7 @@ class TargetEngine:
         max_batch: int = 8,
         idle_ttl_s: float = DEFAULT_IDLE_TTL_S,
         observer: RoundObserver | None = None,
+        gather_s: float = DEFAULT_GATHER_S,
     ) -> None:
         self.runner = runner
         self.table = table  # MemoryLink (if any) ships its local events and refreshes it in the background
@@ -95,7 +96,7 @@ class TargetEngine:
         self.sessions: SessionRegistry[TargetSession] = SessionRegistry(
             max_sessions, idle_ttl_s, is_busy=lambda state: state.session.lock.locked()
         )
-        self.scheduler: BatchScheduler[_Row, VerifyResult] = BatchScheduler(self._round, max_batch)
+        self.scheduler: BatchScheduler[_Row, VerifyResult] = BatchScheduler(self._round, max_batch, gather_s=gather_s)
 
     def prefill(
         self, session_id: str, token_ids: list[int], sampling: SamplingConfig, rescue: RescueConfig, watch: Stopwatch

@@ -134,7 +134,10 @@ def create_server(config: TargetConfig, runner: ModelRunner | None = None) -> tu
         runner.forward_costs = measure_forward_costs(runner, TARGET_TOKEN_COUNTS)
     table = PairTable(runner.vocab_size, runner.device)
     link = MemoryLink.from_config(config, table) if config.memory_address else None
-    engine = TargetEngine(runner, config.max_sessions, table, config.max_batch_size, config.session_idle_ttl_s)
+    engine = TargetEngine(
+        runner, config.max_sessions, table, config.max_batch_size, config.session_idle_ttl_s,
+        gather_s=config.batch_gather_s,
+    )  # fmt: skip
     engine.sessions.start_reaper()
     observe = Observe(metrics_port=config.metrics_port, admission=[f"/{SERVICE_NAME}/Prefill"])
     servicer = TargetServicer(engine, TargetMetrics(observe.registry, engine, link), link)

@@ -166,6 +166,7 @@ def test_cli_sets_the_session_idle_ttl() -> None:
 
     config, _ = parse_config(["--model", "m", "--session-idle-ttl-s", "0"])
     assert config.session_idle_ttl_s == 0
+    assert parse_config(["--model", "m", "--batch-gather-ms", "0"])[0].batch_gather_s == 0
 
 
 def test_rollback_to_exactly_the_cached_length_still_proposes(stub, draft_runner: ModelRunner) -> None:

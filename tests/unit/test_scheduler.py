@@ -127,3 +127,60 @@ def test_a_row_queued_behind_a_running_step_is_not_overtaken_by_a_later_inline_o
     batch_of = {row: i for i, batch in enumerate(step.batches) for row in batch}
     assert batch_of[1] <= batch_of[2]
     assert results == {0: 0, 1: 10, 2: 20}
+
+
+def test_rows_of_a_batch_coming_back_one_by_one_are_gathered_into_one_batch() -> None:
+    """Without the gather, the first row back would run alone and batches would alternate 1 / n-1."""
+    step = GatedStep()
+    scheduler = BatchScheduler(step, max_batch=4, gather_s=30.0)  # long: the test never depends on timing
+    results: dict[int, int] = {}
+
+    def submit(row: int) -> None:
+        results[row] = scheduler.submit(row)
+
+    def run(*rows: int) -> list[threading.Thread]:
+        threads = [threading.Thread(target=submit, args=(r,)) for r in rows]
+        for t in threads:
+            t.start()
+        return threads
+
+    first = run(0)
+    assert step.entered.wait(timeout=30)  # row 0 runs inline (nothing ran before it) and holds the step
+    queued = run(1, 2)
+    wait_until(lambda: scheduler._queue.qsize() == 2)
+    step.release.set()
+    for t in first + queued:
+        t.join(timeout=30)
+    assert step.batches == [[0], [1, 2]]  # the last step had two rows...
+    back = run(3)
+    wait_until(lambda: scheduler._queue.qsize() == 1)  # ...so the first one back waits for the other
+    back += run(4)
+    for t in back:
+        t.join(timeout=30)
+    scheduler.stop()
+    assert sorted(step.batches[2]) == [3, 4] and len(step.batches) == 3
+    assert results == {r: r * 10 for r in range(5)}
+
+
+def test_a_gather_nobody_joins_ends_and_the_row_runs() -> None:
+    step = GatedStep()
+    scheduler = BatchScheduler(step, max_batch=4, gather_s=0.01)
+    threads = [threading.Thread(target=scheduler.submit, args=(r,)) for r in (0, 1, 2)]
+    threads[0].start()
+    assert step.entered.wait(timeout=30)
+    for t in threads[1:]:
+        t.start()
+    wait_until(lambda: scheduler._queue.qsize() == 2)
+    step.release.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert scheduler.submit(5) == 50  # the other row of the last batch never comes back
+    scheduler.stop()
+    assert step.batches[-1] == [5]
+
+
+def test_a_negative_gather_time_is_refused() -> None:
+    from calispec_core.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="gather"):
+        BatchScheduler(lambda rows: list(rows), max_batch=2, gather_s=-1)
