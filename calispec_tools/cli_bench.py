@@ -222,6 +222,10 @@ def add_compare_parser(sub: Any) -> None:
     p.add_argument("--concurrency", type=_csv(int), default=[1, 4, 8], help="load levels (empty: skip the load test)")
     p.add_argument("--load-requests", type=int, default=0, help="requests per level and mode (0: twice the level)")
     p.add_argument("--skip-hf", action="store_true", help="the stack only (no in-process transformers runs)")
+    p.add_argument(
+        "--batch-gather-ms", type=float, default=None,
+        help="the model services' --batch-gather-ms (default: theirs; 0: no gathering)",
+    )  # fmt: skip
     p.add_argument("--json", help="also write everything to this JSON file")
     from calispec_tools.cli import add_model_flavour_args
 

@@ -103,6 +103,7 @@ class StackConfig:
     api_keys_file: Path | None = None  # the coordinator's API keys; None: open (loopback only)
     target_replicas: int = 1  # replica i > 0 is named `target_service:i` and listens on target_port + i (or 0)
     session_idle_ttl_s: float | None = None  # draft and target sessions; None: the services' default
+    batch_gather_ms: float | None = None  # draft and target batchers (--batch-gather-ms); None: the default
     metrics: bool = False  # serve /metrics on a free port per service (`calispec up` prints the URLs)
     log_level: str = "INFO"
 
@@ -200,8 +201,8 @@ class LocalStack:
         c = self.config
         return [
             "--port", str(c.draft_port), "--model", str(c.draft_model), "--dtype", c.draft_dtype or c.dtype,
-            "--device", c.device, *_threads_args(service_threads(c)[0]), *self.tls_args("draft"), *self.session_args(),
-            *(["--draft-vocab", str(c.draft_vocab)] if c.draft_vocab else []),
+            "--device", c.device, *_threads_args(service_threads(c)[0]), *self.tls_args("draft"),
+            *self.model_service_args(), *(["--draft-vocab", str(c.draft_vocab)] if c.draft_vocab else []),
         ]  # fmt: skip
 
     def target_args(self, port: int, memory_address: str) -> list[str]:
@@ -212,12 +213,14 @@ class LocalStack:
             *_threads_args(service_threads(c)[1]),
             "--memory-addr", memory_address, "--memory-sync-interval", str(c.memory_sync_interval_s),
             "--memory-writer-token-file", str(self.writer_token_file), "--memory-namespace", self.memory_namespace,
-            *self.session_args(),
+            *self.model_service_args(),
         ]  # fmt: skip
 
-    def session_args(self) -> list[str]:
-        ttl = self.config.session_idle_ttl_s
-        return [] if ttl is None else ["--session-idle-ttl-s", str(ttl)]
+    def model_service_args(self) -> list[str]:
+        """What the draft and the target share: session idle TTL, batch gather time (when set)."""
+        ttl, gather = self.config.session_idle_ttl_s, self.config.batch_gather_ms
+        return [*([] if ttl is None else ["--session-idle-ttl-s", str(ttl)]),
+                *([] if gather is None else ["--batch-gather-ms", str(gather)])]  # fmt: skip
 
     def memory_args(self, port: int) -> list[str]:
         """Arguments of the memory service (also for restarting it on another port)."""

@@ -262,6 +262,7 @@ def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int |
         "target_threads": threads[1],
         "hf_threads": torch.get_num_threads(),
         "gamma": args.gamma if args.gamma else "adaptive",
+        "batch_gather_ms": "default" if args.batch_gather_ms is None else args.batch_gather_ms,
         "max_new_tokens": args.max_new_tokens,
         "prompts": len(args.prompt_texts),
     }
@@ -319,7 +320,7 @@ def run_compare(args: argparse.Namespace) -> int:
             draft_model=draft, target_model=target, memory_db=Path(tmp) / "memory.db", log_dir=Path(tmp) / "logs",
             coordinator_port=0, target_port=0, draft_port=0, memory_port=0, dtype=args.dtype, device=args.device,
             draft_dtype=draft_dtype, draft_threads=args.draft_threads, target_threads=args.target_threads,
-            draft_vocab=draft_vocab,
+            draft_vocab=draft_vocab, batch_gather_ms=args.batch_gather_ms,
         )  # fmt: skip
         threads = service_threads(stack_config)
         print(f"starting the stack (draft {draft} in {draft_dtype}, draft vocab {draft_vocab or 'full'}, "

@@ -67,6 +67,14 @@ def test_the_stack_passes_draft_vocab_to_the_draft_service_only(tiny_pair: TinyP
     assert "--draft-vocab" not in stack.target_args(0, "127.0.0.1:1")
 
 
+def test_the_stack_passes_the_batch_gather_time_to_both_model_services(tiny_pair: TinyPair, tmp_path) -> None:
+    base = StackConfig(tiny_pair.draft, tiny_pair.target, tmp_path / "m.db", tmp_path)
+    assert "--batch-gather-ms" not in LocalStack(base).draft_args()  # None: the services' default
+    stack = LocalStack(replace(base, batch_gather_ms=0.0))
+    for args in (stack.draft_args(), stack.target_args(0, "127.0.0.1:1")):
+        assert args[args.index("--batch-gather-ms") + 1] == "0.0"
+
+
 def test_draft_vocab_defaults_to_the_pairs_cpu_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(PAIRS, "qwen-coder", replace(PAIRS["qwen-coder"], cpu_draft_vocab=1234))
     assert default_draft_vocab("qwen-coder", "cpu") == 1234
