@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from calispec.client import CalispecClient, CalispecRpcError
-from calispec_core.generation import Defaults
 from calispec_tools.eval.scorers import SandboxLimits, score
 from calispec_tools.eval.tasks import Task, render
 
@@ -38,6 +37,7 @@ class Variant:
 def variants(modes: Sequence[str], taus: Sequence[float] = (), lambdas: Sequence[int] = ()) -> list[Variant]:
     """The modes at server defaults, plus csd at every τ × λ of a sweep (a missing axis stays at default;
     the cell at both defaults is plain `csd` when that mode runs anyway)."""
+    from calispec_core.generation import Defaults  # lazily: `calispec --help` imports this module, not torch
     out = [Variant(m) for m in modes]
     for tau, lam in itertools.product(taus or [None], lambdas or [None]) if taus or lambdas else []:
         if "csd" in modes and tau in (None, Defaults.tau) and lam in (None, Defaults.lambda_):
