@@ -38,6 +38,7 @@ def variants(modes: Sequence[str], taus: Sequence[float] = (), lambdas: Sequence
     """The modes at server defaults, plus csd at every τ × λ of a sweep (a missing axis stays at default;
     the cell at both defaults is plain `csd` when that mode runs anyway)."""
     from calispec_core.generation import Defaults  # lazily: `calispec --help` imports this module, not torch
+
     out = [Variant(m) for m in modes]
     for tau, lam in itertools.product(taus or [None], lambdas or [None]) if taus or lambdas else []:
         if "csd" in modes and tau in (None, Defaults.tau) and lam in (None, Defaults.lambda_):
