@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from calispec_core import request_context
+from calispec_core.batch_scheduler import DEFAULT_GATHER_S
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError
 from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES
@@ -71,6 +72,17 @@ def add_operations_args(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_DRAIN_TIMEOUT_S,
         help="on SIGTERM: health NOT_SERVING, new requests refused, open ones get this long to finish",
     )
+
+
+def add_batching_args(parser: argparse.ArgumentParser, what: str) -> None:
+    """The model services' batcher (calispec_core/batch_scheduler.py); `what`: what a batch does."""
+    parser.add_argument(
+        "--max-batch-size", type=int, default=8, help=f"sessions {what} in one forward pass (1: no batching)"
+    )
+    parser.add_argument(
+        "--batch-gather-ms", type=float, default=DEFAULT_GATHER_S * 1000,
+        help="how long an idle batcher waits for the last batch's other sessions to come back (0: never)",
+    )  # fmt: skip
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from calispec_core.batch_scheduler import DEFAULT_GATHER_S
 from calispec_core.modeling import ModelRunner, ModelSpec
 from calispec_core.service_cli import (
+    add_batching_args,
     add_model_args,
     add_server_args,
     configure_logging,
@@ -24,15 +24,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
     parser = argparse.ArgumentParser(prog="python -m draft_service", description=__doc__)
     add_server_args(parser, default_port=50052)
     add_model_args(parser)
-    parser.add_argument(
-        "--max-batch-size", type=int, default=8, help="sessions drafting in one forward pass (1: no batching)"
-    )
-    parser.add_argument(
-        "--batch-gather-ms",
-        type=float,
-        default=DEFAULT_GATHER_S * 1000,
-        help="how long an idle batcher waits for the last batch's other sessions to come back (0: never)",
-    )
+    add_batching_args(parser, "drafting")
     parser.add_argument(
         "--proposal-top-k",
         type=int,
