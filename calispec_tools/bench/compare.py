@@ -94,15 +94,21 @@ def load_level(address: str, mode: str, concurrency: int, config: CompareConfig)
     prompts = [config.prompts[i % len(config.prompts)] for i in range(requests)]
     with CalispecClient(address, timeout=900) as client:
 
-        def one(prompt: str) -> int:
+        def one(prompt: str) -> Any:
             kwargs = {"mode": mode, "max_new_tokens": config.max_new_tokens}
-            return len(client.generate(prompt, num_speculative_tokens=config.gamma, timeout=900, **kwargs).token_ids)
+            return client.generate(prompt, num_speculative_tokens=config.gamma, timeout=900, **kwargs)
 
         start = time.perf_counter()
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            tokens = sum(pool.map(one, prompts))
+            results = list(pool.map(one, prompts))
         seconds = time.perf_counter() - start
-    return {"requests": requests, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+    tokens = sum(len(r.token_ids) for r in results)
+    drafted = sum(r.stats.drafted for r in results)
+    return {
+        "requests": requests, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+        "acceptance": sum(r.stats.accepted for r in results) / drafted if drafted else float("nan"),
+        "max_batch": max(r.stats.max_batch_size for r in results),
+    }  # fmt: skip
 
 
 # --- Hugging Face in process ----------------------------------------------------------------------
@@ -297,6 +303,11 @@ def format_report(env: dict[str, Any], summary: dict[str, Any], rel: dict[str, A
             lines.append(
                 f"{mode:6s} " + " ".join(f"{v:9.2f}" for v in values) + "   " + " ".join(f"{x:.2f}" for x in ratio)
             )
+        lines.append("acceptance | largest target batch seen, by concurrency:")
+        for mode, per_level in load.items():
+            cells = [f"{per_level[c].get('acceptance', float('nan')):.1%} | {per_level[c].get('max_batch', 0)}"
+                     for c in levels]  # fmt: skip
+            lines.append(f"{mode:6s} " + "  ".join(f"{c:>14s}" for c in cells))
     return "\n".join(lines)
 
 

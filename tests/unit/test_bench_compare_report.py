@@ -1,0 +1,16 @@
+"""`calispec bench compare`'s report: the load table carries acceptance and batch size (no models)."""
+
+from __future__ import annotations
+
+from calispec_tools.bench.compare import format_report
+
+
+def test_load_levels_report_throughput_ratio_acceptance_and_batch() -> None:
+    level = {"requests": 16, "tokens": 100, "seconds": 10.0, "tokens_per_s": 10.0, "acceptance": 0.5, "max_batch": 8}
+    load = {"ar": {8: {**level, "acceptance": float("nan"), "max_batch": 8}},
+            "csd": {8: {**level, "tokens_per_s": 12.5, "acceptance": 0.75, "max_batch": 6}}}  # fmt: skip
+    lines = format_report({"dtype": "bf16"}, {}, {}, load).splitlines()
+    assert lines[0] == "environment: dtype=bf16"
+    csd = next(line for line in lines if line.startswith("csd ") and "12.50" in line)
+    assert csd.split()[-1] == "1.25"  # × ar
+    assert lines[-1].split() == ["csd", "75.0%", "|", "6"]
