@@ -3,12 +3,12 @@
 Handler threads `submit` a row and block on its result. Rows submitted while a step runs queue
 up, and the worker thread runs what queued (up to `max_batch`) together as soon as that step ends.
 A row that finds the scheduler idle runs at once, on the caller's own thread (batch 1 pays no
-thread hand-off) — unless the last step had several rows: its rows' sessions come back for their
-next step within a few milliseconds of each other (an RPC round trip through the coordinator), and
-without a wait the first one back would run alone while the others queue behind it, so batches
-would alternate between 1 and n-1 rows, each step paying a whole forward. So the worker gathers
-for up to `gather_s` until as many rows as the last step had are queued (as Triton's dynamic
-batcher waits `max_queue_delay`; 0 turns it off). A lone request (last step of one row) never waits.
+thread hand-off). Under concurrency that lets batches alternate between 1 and n-1 rows: the first
+session back from the coordinator runs alone while the others queue behind it. With `gather_s` > 0
+(opt-in, as Triton's dynamic batcher's `max_queue_delay`) an idle scheduler whose last step had
+several rows instead waits up to `gather_s` until as many rows are queued again; a lone request
+(last step of one row) never waits. Measured on 2 CPU cores (docs/performance.md): +18% for `ar` at
+concurrency 8, none for the speculative modes, so it is off by default.
 
 A failed batch never fails its honest rows: the step must change nothing when it raises (the
 target's round commits only after every row is verified), so each row of a failed batch is
@@ -33,7 +33,7 @@ Row = TypeVar("Row")
 Result = TypeVar("Result")
 
 
-DEFAULT_GATHER_S = 0.005  # how long an idle scheduler waits for the last step's other rows to come back
+DEFAULT_GATHER_S = 0.0  # how long an idle scheduler waits for the last step's other rows to come back (off)
 
 
 class BatchScheduler(Generic[Row, Result]):
