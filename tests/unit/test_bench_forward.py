@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import pytest
+
 from calispec_core.forward_costs import context_session
-from calispec_core.modeling import ModelRunner
+from calispec_core.modeling import ModelRunner, ModelSpec
 from calispec_tools.bench.forward import batched_forward_ms, measure
+from tests.conftest import TinyPair
 
 
-def test_batched_forward_leaves_every_session_as_it_was(target_runner: ModelRunner) -> None:
-    sessions = [context_session(target_runner, 20 + 8 * b, headroom=7) for b in range(3)]
+@pytest.fixture(scope="module")
+def own_runner(tiny_pair: TinyPair) -> ModelRunner:
+    """Its own model: `measure` switches Linear paths, which must not leak into the shared runners."""
+    return ModelRunner(ModelSpec(tiny_pair.target, dtype="float32", device="cpu", fp32_linear="default"))
+
+
+def test_batched_forward_leaves_every_session_as_it_was(own_runner: ModelRunner) -> None:
+    sessions = [context_session(own_runner, 20 + 8 * b, headroom=7) for b in range(3)]
     before = [(s.cached_len, list(s.tokens)) for s in sessions]
-    assert batched_forward_ms(target_runner, sessions, 7) > 0
+    assert batched_forward_ms(own_runner, sessions, 7) > 0
     assert [(s.cached_len, list(s.tokens)) for s in sessions] == before
 
 
-def test_measure_times_every_token_count_of_a_batch(target_runner: ModelRunner) -> None:
-    medians = measure(target_runner, ["default"], [1, 4], reps=1, batch=2)
+def test_measure_times_every_token_count_of_a_batch(own_runner: ModelRunner) -> None:
+    medians = measure(own_runner, ["default"], [1, 4], reps=1, batch=2)
     assert set(medians) == {("default", 1), ("default", 4)} and all(ms > 0 for ms in medians.values())
