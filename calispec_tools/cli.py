@@ -288,7 +288,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             if stack.http_url:
                 print(f"OpenAI-compatible API: {stack.http_url}  (model {config.target_model.name!r})")
             StackState(
-                os.getpid(), stack.coordinator_address, stack.services["memory_service"].address,
+                os.getpid(), stack.coordinator_address, stack.memory_address,
                 stack.memory_namespace, str(config.draft_model), str(config.target_model), str(stack.writer_token_file),
             ).write()  # fmt: skip
             client_env = "".join(

@@ -106,7 +106,7 @@ def local_stack(args: argparse.Namespace, namespace: str | None = None) -> Itera
         )  # fmt: skip
         print(f"starting a local stack (draft {draft}, target {target})...", file=sys.stderr)
         with LocalStack(config) as stack:
-            memory = stack.services["memory_service"].address
+            memory = stack.memory_address
             yield Endpoints(stack.coordinator_address, memory, stack.memory_namespace, target, stack.writer_token_file)
 
 

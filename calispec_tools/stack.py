@@ -266,6 +266,10 @@ class LocalStack:
         return self.services["coordinator"].address
 
     @property
+    def memory_address(self) -> str:
+        return self.services["memory_service"].address
+
+    @property
     def http_url(self) -> str | None:
         """Base URL of the OpenAI-compatible API (`.../v1`), when the stack serves it."""
         match = HTTP_URL.search(self.services["coordinator"].banner)

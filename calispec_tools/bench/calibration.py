@@ -16,9 +16,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calispec_tools.calibrate.corpus import Document, load_corpus
+
+if TYPE_CHECKING:
+    from calispec_tools.stack import LocalStack
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "calibration" / "corpus"
 
@@ -51,7 +54,7 @@ def text_documents(corpus: Path = CORPUS) -> list[Document]:
     return [d for d in load_corpus(corpus) if not d.is_prompt]
 
 
-def sd_through_stack(stack: Any, prompts: list[str], gamma: int, max_new_tokens: int) -> Method:
+def sd_through_stack(stack: LocalStack, prompts: list[str], gamma: int, max_new_tokens: int) -> Method:
     """Greedy SD, one request at a time, a fixed γ: every rejection is an event the target records
     (in the stack's fresh memory: the run's pairs are read back from it, less the warm-up's)."""
     from calispec.client import CalispecClient
@@ -71,13 +74,12 @@ def sd_through_stack(stack: Any, prompts: list[str], gamma: int, max_new_tokens:
     return Method(f"SD through the stack (γ={gamma})", events, tokens, seconds, pairs)
 
 
-def recorded_pairs(stack: Any, at_least: int) -> Counter[tuple[int, int]]:
+def recorded_pairs(stack: LocalStack, at_least: int) -> Counter[tuple[int, int]]:
     """The pairs in the stack's memory once it holds `at_least` events (verifiers ship them a sync later)."""
     from calispec_tools.memory_reads import read_table, wait_for_events
 
-    address = stack.services["memory_service"].address
-    wait_for_events(address, stack.memory_namespace, at_least)
-    return Counter({(d, t): n for d, t, n in read_table(address, stack.memory_namespace).pairs})
+    wait_for_events(stack.memory_address, stack.memory_namespace, at_least)
+    return Counter({(d, t): n for d, t, n in read_table(stack.memory_address, stack.memory_namespace).pairs})
 
 
 def agreement(reference: Counter[tuple[int, int]], other: Counter[tuple[int, int]]) -> str:

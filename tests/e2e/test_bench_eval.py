@@ -91,7 +91,7 @@ def test_eval_table_and_rejection_analysis(
     out = tmp_path / "eval"
     namespace = getattr(stack, "memory_namespace", None) or "default"
     argv = ["eval", "--address", stack.coordinator_address, "--memory-address",
-            stack.services["memory_service"].address, "--memory-namespace", namespace,
+            stack.memory_address, "--memory-namespace", namespace,
             "--tokenizer", str(stack.config.target_model), "--modes", "ar,sd,csd", "--limit", "1",
             "--max-new-tokens", "16", "--out", str(out)]  # fmt: skip
     argv += [] if HAVE_MATPLOTLIB else ["--no-plots"]

@@ -140,7 +140,7 @@ def test_calibrate_seeds_the_memory_with_every_rejection(
 ) -> None:
     prompts = tmp_path / "calibration.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in PROMPTS) + "\n")
-    memory = stack.services["memory_service"].address
+    memory = stack.memory_address
     args = ["calibrate", "--prompts", str(prompts), "--namespace", stack.memory_namespace,
             "--address", stack.coordinator_address, "--memory-addr", memory, "--max-new-tokens", "30"]  # fmt: skip
     assert cli.main(args) == 0

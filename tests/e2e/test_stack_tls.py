@@ -34,6 +34,6 @@ def test_the_local_stack_serves_over_mutual_tls_with_a_key(tiny_pair: TinyPair, 
         ):
             anonymous.generate("hello", max_new_tokens=1)
         # the target (verifier) shipped its rejection events to memory over mutual TLS
-        memory = stack.services["memory_service"].address
+        memory = stack.memory_address
         events = wait_for_events(memory, stack.memory_namespace, result.stats.rejections, tls=certs.tls("client"))
         assert events >= result.stats.rejections
