@@ -256,6 +256,8 @@ def agreement(runs: list[Run]) -> dict[str, int]:
 def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int | None, int | None]) -> dict[str, Any]:
     import torch
 
+    from calispec_core.batch_scheduler import DEFAULT_GATHER_S
+
     return {
         "cpu_flags": cpu_flags(),
         "cpu": cpu_model(),
@@ -268,7 +270,7 @@ def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int |
         "target_threads": threads[1],
         "hf_threads": torch.get_num_threads(),
         "gamma": args.gamma if args.gamma else "adaptive",
-        "batch_gather_ms": "default" if args.batch_gather_ms is None else args.batch_gather_ms,
+        "batch_gather_ms": DEFAULT_GATHER_S * 1000 if args.batch_gather_ms is None else args.batch_gather_ms,
         "max_new_tokens": args.max_new_tokens,
         "prompts": len(args.prompt_texts),
     }
