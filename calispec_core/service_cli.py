@@ -74,13 +74,20 @@ def add_operations_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _milliseconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be >= 0 ms, got {text}")
+    return value
+
+
 def add_batching_args(parser: argparse.ArgumentParser, what: str) -> None:
     """The model services' batcher (calispec_core/batch_scheduler.py); `what`: what a batch does."""
     parser.add_argument(
         "--max-batch-size", type=int, default=8, help=f"sessions {what} in one forward pass (1: no batching)"
     )
     parser.add_argument(
-        "--batch-gather-ms", type=float, default=DEFAULT_GATHER_S * 1000,
+        "--batch-gather-ms", type=_milliseconds, default=DEFAULT_GATHER_S * 1000,
         help="how long an idle batcher waits for the last batch's other sessions to come back (0: never)",
     )  # fmt: skip
 

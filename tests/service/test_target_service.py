@@ -147,6 +147,8 @@ def test_cli_sets_the_session_idle_ttl() -> None:
     config, _ = parse_config(["--model", "m", "--session-idle-ttl-s", "7.5"])
     assert config.session_idle_ttl_s == 7.5
     assert parse_config(["--model", "m", "--batch-gather-ms", "2.5"])[0].batch_gather_s == 0.0025
+    with pytest.raises(SystemExit):  # argparse: "--batch-gather-ms: must be >= 0 ms, got -1"
+        parse_config(["--model", "m", "--batch-gather-ms", "-1"])
 
 
 def test_faulty_draft_distributions_are_refused_and_change_nothing(stub, target_runner: ModelRunner) -> None:
