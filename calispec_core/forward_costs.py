@@ -34,13 +34,21 @@ def one_forward_ms(runner: ModelRunner, session: Session, new_tokens: int) -> fl
     return elapsed
 
 
-def forward_ms(runner: ModelRunner, new_tokens: int, reps: int, context: int = CONTEXT) -> float:
-    """Median wall time of one forward of `new_tokens` after `context` cached tokens (after a warm-up call)."""
-    session = context_session(runner, context, headroom=new_tokens)
-    times = [one_forward_ms(runner, session, new_tokens) for _ in range(reps + 1)]
-    return statistics.median(times[1:])  # the first call warms up and is dropped
+def measure_forward_costs(runner: ModelRunner, token_counts: tuple[int, ...], reps: int = 3) -> dict[int, float]:
+    """{new tokens: median ms} at start-up, before the service takes requests.
 
-
-def measure_forward_costs(runner: ModelRunner, token_counts: tuple[int, ...], reps: int = 2) -> dict[int, float]:
-    """{new tokens: ms} at start-up, before the service takes requests."""
-    return {n: forward_ms(runner, n, reps) for n in token_counts if n < runner.max_context - 1}
+    The counts take turns (one forward of each per repetition, after one warm-up pass), so a burst
+    of load from a neighbour (the other model service starting on the same cores) slows them alike
+    instead of bending the curve's shape, which is what decides γ.
+    """
+    counts = [n for n in token_counts if n < runner.max_context - 1]
+    if not counts:
+        return {}
+    session = context_session(runner, CONTEXT, headroom=max(counts))
+    times: dict[int, list[float]] = {n: [] for n in counts}
+    for rep in range(reps + 1):
+        for n in counts:
+            elapsed = one_forward_ms(runner, session, n)
+            if rep:  # the first pass warms up and is dropped
+                times[n].append(elapsed)
+    return {n: statistics.median(ts) for n, ts in times.items()}

@@ -1,6 +1,7 @@
 """Whether speculation pays, and how far to speculate: γ per round from costs and acceptance.
 
-A round with γ draft tokens costs `draft(γ) + target(γ+1) + overhead` and emits, if every
+A round with γ draft tokens costs `γ · draft(1) + target(γ+1) + overhead` (the draft proposes one
+token per forward; the target verifies γ + 1 in one) and emits, if every
 draft token is accepted independently with probability α, `(1 − α^(γ+1)) / (1 − α)` tokens
 (Leviathan et al. 2023). γ = 0 is a plain target step: one token for `target(1)`. The policy
 picks the γ with the most expected tokens per millisecond, so it drafts nothing where the
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
+from itertools import accumulate
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 # Used when a service reports no start-up costs: GPU-like (verification ~flat), a draft step a
@@ -46,18 +49,19 @@ class CostCurve:
         return cls(tuple(sorted(points.items())))
 
     def at(self, tokens: int) -> float:
+        """Never decreasing in `tokens`: a forward of more tokens costs at least what a shorter one does
+        (start-up timings are noisy; a dip must not extrapolate into costs near zero)."""
         if tokens <= 0:
             return 0.0
         xs = [x for x, _ in self.points]
+        ys = list(accumulate((y for _, y in self.points), max))
         i = bisect_left(xs, tokens)
         if i < len(xs) and xs[i] == tokens:
-            return self.points[i][1]
-        if len(self.points) == 1:  # one point: per-token cost, linear through zero
-            x, y = self.points[0]
-            return y * tokens / x
+            return ys[i]
+        if len(xs) == 1:  # one point: per-token cost, linear through zero
+            return ys[0] * tokens / xs[0]
         lo, hi = (i - 1, i) if 0 < i < len(xs) else ((0, 1) if i == 0 else (len(xs) - 2, len(xs) - 1))
-        (x0, y0), (x1, y1) = self.points[lo], self.points[hi]
-        return max(y0 + (y1 - y0) * (tokens - x0) / (x1 - x0), 1e-6)
+        return max(ys[lo] + (ys[hi] - ys[lo]) * (tokens - xs[lo]) / (xs[hi] - xs[lo]), 1e-6)
 
 
 def expected_tokens(gamma: int, alpha: float) -> float:
@@ -65,6 +69,17 @@ def expected_tokens(gamma: int, alpha: float) -> float:
     if alpha >= 1.0:
         return gamma + 1.0
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def expected_tokens_by_position(alphas: Sequence[float]) -> float:
+    """Tokens one round emits when draft k passes with probability alphas[k] given that all before it
+    passed: 1 + Σ_j Π_{k<=j} α_k. Acceptance is bursty (a draft that got the last token right
+    tends to get the next one too), so a single α undercounts what long proposals emit."""
+    total, reach = 1.0, 1.0
+    for alpha in alphas:
+        reach *= alpha
+        total += reach
+    return total
 
 
 @dataclass
@@ -100,18 +115,21 @@ class CostModel:
         return self.target.at(tokens) * self._target_scale.value
 
     def draft_ms(self, tokens: int) -> float:
-        return self.draft.at(tokens) * self._draft_scale.value
+        """Drafting `tokens` is that many sequential one-token forwards (not one forward of `tokens`)."""
+        return tokens * self.draft.at(1) * self._draft_scale.value
 
     def round_ms(self, gamma: int) -> float:
         drafting = self.draft_ms(gamma) + self.draft_call_ms if gamma > 0 else 0.0
         return drafting + self.target_ms(gamma + 1) + self.overhead_ms
 
-    def rate(self, gamma: int, alpha: float) -> float:
-        """Expected tokens per millisecond of rounds with γ drafts."""
-        return expected_tokens(gamma, alpha) / self.round_ms(gamma)
+    def rate(self, gamma: int, alpha: float | Sequence[float]) -> float:
+        """Expected tokens per millisecond of rounds with γ drafts (α: one for all positions, or per position)."""
+        alphas = [alpha] * gamma if isinstance(alpha, float | int) else alpha[:gamma]
+        return expected_tokens_by_position(alphas) / self.round_ms(gamma)
 
-    def best_gamma(self, alpha: float, max_gamma: int) -> int:
-        """The γ in [0, max_gamma] with the best expected rate; 0 unless drafting beats a plain step by MIN_GAIN."""
+    def best_gamma(self, alpha: float | Sequence[float], max_gamma: int) -> int:
+        """The γ in [0, max_gamma] with the best expected rate; 0 unless drafting beats a plain step by MIN_GAIN.
+        `alpha`: one acceptance for every position, or one per position (at least max_gamma of them)."""
         plain = self.rate(0, alpha)
         best, best_rate = 0, plain * MIN_GAIN
         for gamma in range(1, max_gamma + 1):
@@ -129,7 +147,7 @@ class CostModel:
     def observe_draft(self, tokens: int, service_ms: float, call_ms: float) -> None:
         """A Propose of `tokens` took service_ms inside the draft and call_ms at the caller."""
         with self._lock:
-            self._draft_scale.observe(service_ms / self.draft.at(tokens))
+            self._draft_scale.observe(service_ms / (tokens * self.draft.at(1)))
             self.draft_call_ms = (1 - COST_EMA) * self.draft_call_ms + COST_EMA * max(call_ms - service_ms, 0.0)
 
     def observe_overhead(self, ms: float) -> None:
@@ -144,24 +162,45 @@ class CostModel:
 
 @dataclass
 class AcceptanceTracker:
-    """One request's acceptance α: accepted drafts over draft positions examined, recent rounds weighted more.
+    """One request's acceptance, overall and by draft position, recent rounds weighted more.
 
-    A round that drafts k and accepts a examined a positions that passed and, if a < k, one that failed.
+    A round that drafts k and accepts a examined a positions that passed and, if a < k, the one that
+    failed. Position j's estimate is P(draft j passes | drafts before it passed), shrunk towards
+    position j − 1's estimate (position 1's towards the overall acceptance) while it has few observations, so a
+    position never reached so far inherits the last one's acceptance.
     """
 
     prior: float
     accepted: float = 0.0
     examined: float = 0.0
+    passed_at: list[float] = field(default_factory=list)  # [position]
+    examined_at: list[float] = field(default_factory=list)  # [position]
 
     def observe(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
             return
+        failed = 1 if accepted < drafted else 0
         self.accepted = ACCEPTANCE_DECAY * self.accepted + accepted
-        self.examined = ACCEPTANCE_DECAY * self.examined + accepted + (1 if accepted < drafted else 0)
+        self.examined = ACCEPTANCE_DECAY * self.examined + accepted + failed
+        grow = accepted + failed - len(self.examined_at)
+        self.passed_at += [0.0] * grow
+        self.examined_at += [0.0] * grow
+        for k in range(len(self.examined_at)):
+            self.passed_at[k] = ACCEPTANCE_DECAY * self.passed_at[k] + (k < accepted)
+            self.examined_at[k] = ACCEPTANCE_DECAY * self.examined_at[k] + (k < accepted + failed)
 
     @property
     def alpha(self) -> float:
         return (self.accepted + PRIOR_WEIGHT * self.prior) / (self.examined + PRIOR_WEIGHT)
+
+    def alphas(self, positions: int) -> list[float]:
+        """Acceptance at draft positions 1..`positions`, each given that the ones before it passed."""
+        out, previous = [], self.alpha
+        for k in range(positions):
+            passed, examined = (self.passed_at[k], self.examined_at[k]) if k < len(self.examined_at) else (0.0, 0.0)
+            previous = (passed + PRIOR_WEIGHT * previous) / (examined + PRIOR_WEIGHT)
+            out.append(previous)
+        return out
 
 
 @dataclass
@@ -177,7 +216,7 @@ class GammaPolicy:
         self.tracker = AcceptanceTracker(self.costs.acceptance)
 
     def next_gamma(self) -> int:
-        gamma = self.costs.best_gamma(self.tracker.alpha, self.max_gamma)
+        gamma = self.costs.best_gamma(self.tracker.alphas(self.max_gamma), self.max_gamma)
         if gamma > 0:
             self._plain_streak = 0
             return gamma

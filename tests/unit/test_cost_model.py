@@ -37,6 +37,25 @@ def test_curve_interpolates_and_extrapolates_linearly() -> None:
     assert CostCurve.of({1: 4.0}).at(3) == 12.0  # one point: a per-token cost
 
 
+def test_curve_never_falls_with_more_tokens() -> None:
+    noisy = CostCurve.of({1: 48.6, 2: 38.5})  # a start-up timing with a dip (measured on the real draft)
+    assert noisy.at(2) == 48.6 and noisy.at(6) == 48.6  # not extrapolated down to ~0
+    assert CostCurve.of({1: 10.0, 4: 8.0, 8: 20.0}).at(4) == 10.0
+
+
+def test_drafting_costs_one_draft_forward_per_token_whatever_the_reported_curve() -> None:
+    """Regression: the draft reports one forward of 1 and of 2 new tokens; drafting γ tokens is γ
+    one-token forwards. Read as one γ-token forward, a noisy {1: 48.6, 2: 38.5} extrapolated to ~0
+    for γ >= 6, the online scale grew to ~1e8, and γ flipped between 0 and 10 (measured)."""
+    costs = CostModel(CostCurve.of(FLAT), CostCurve.of({1: 48.6, 2: 38.5}), draft_call_ms=0.0)
+    assert costs.draft_ms(6) == pytest.approx(6 * 48.6)
+    for _ in range(30):
+        costs.observe_draft(tokens=6, service_ms=6 * 45.0, call_ms=6 * 45.0)
+    assert costs.draft_ms(1) == pytest.approx(45.0, rel=0.01)
+    assert costs.draft_ms(3) == pytest.approx(135.0, rel=0.01)
+    assert costs.best_gamma(alpha=0.5, max_gamma=10) > 0  # drafting pays here (target(7) ≈ target(1))
+
+
 def test_flat_verification_and_good_acceptance_speculate_far() -> None:
     assert model(FLAT, draft_per_token=40.0).best_gamma(alpha=0.8, max_gamma=10) >= 4
 
@@ -115,3 +134,33 @@ def test_a_proposal_that_first_catches_up_after_target_only_rounds_does_not_infl
     list(orchestrator.generate("c", params(max_new_tokens=20, num_speculative_tokens=None,
                                            sampling=SamplingConfig()), Deadline(60)))  # fmt: skip
     assert costs.draft_ms(1) < 1.0  # observed: microseconds per token, not the catch-up's second
+
+
+def test_acceptance_by_position_follows_where_rounds_fail() -> None:
+    tracker = AcceptanceTracker(prior=0.6)
+    for _ in range(40):  # every other round fails at its first draft, the others pass all four
+        tracker.observe(drafted=4, accepted=0)
+        tracker.observe(drafted=4, accepted=4)
+    first, *later = tracker.alphas(4)
+    assert first < 0.7  # 0.5 seen over ~10 rounds (the decay), shrunk towards the overall ~0.9
+    assert all(alpha > first + 0.15 for alpha in later)  # 1.0 seen, shrunk towards the position before
+
+
+def test_a_position_never_reached_inherits_the_last_reached_one() -> None:
+    tracker = AcceptanceTracker(prior=0.6)
+    for _ in range(10):
+        tracker.observe(drafted=2, accepted=2)
+    alphas = tracker.alphas(6)
+    assert alphas[2:] == pytest.approx([alphas[1]] * 4)
+
+
+def test_bursty_acceptance_speculates_further_than_one_overall_alpha_would() -> None:
+    """A request whose drafts, once past the first, almost always pass: a single α (the overall
+    rate) predicts short rounds; the per-position estimate sees the long runs."""
+    policy = GammaPolicy(model(FLAT, draft_per_token=40.0), max_gamma=10)
+    for _ in range(30):
+        policy.tracker.observe(drafted=6, accepted=0)
+        policy.tracker.observe(drafted=6, accepted=6)
+        policy.tracker.observe(drafted=6, accepted=5)
+    overall = policy.costs.best_gamma(policy.tracker.alpha, max_gamma=10)
+    assert policy.next_gamma() > overall
