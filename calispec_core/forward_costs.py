@@ -12,8 +12,10 @@ import time
 
 from calispec_core.modeling import ModelRunner, Session, prefill_session
 
-TARGET_TOKEN_COUNTS = (1, 2, 4, 8, 12, 17)  # the verify forward is γ + 1 tokens, γ <= 16
-DRAFT_TOKEN_COUNTS = (1, 2)
+# A verify forward is γ + 1 tokens per row (γ <= 16); a batch of B rows costs about one row of
+# B·(γ+1) tokens, so the curve reaches past one row's worth. A draft step is one token per row.
+TARGET_TOKEN_COUNTS = (1, 2, 4, 8, 12, 17, 32, 64)
+DRAFT_TOKEN_COUNTS = (1, 2, 4, 8)
 CONTEXT = 64  # cached tokens before each measured forward (costs grow little with a short context)
 
 

@@ -1,7 +1,11 @@
 """Whether speculation pays, and how far to speculate: γ per round from costs and acceptance.
 
-A round with γ draft tokens costs `γ · draft(1) + target(γ+1) + overhead` (the draft proposes one
-token per forward; the target verifies γ + 1 in one) and emits, if every
+A round with γ draft tokens costs `γ · draft(B) + target(B·(γ+1)) + overhead` (the draft proposes one
+token per forward; the target verifies γ + 1 in one) when B sessions share each batched forward:
+a batch of B rows of n new tokens costs about one forward of B·n tokens (the weights are read once
+either way and the matmuls see B·n rows), so the same measured curve prices both, and on hardware
+where the forward turns compute-bound (CPUs) a loaded service drafts shorter. B is a running average
+of the batch sizes the target reports. The round emits, if every
 draft token is accepted independently with probability α, `(1 − α^(γ+1)) / (1 − α)` tokens
 (Leviathan et al. 2023). γ = 0 is a plain target step: one token for `target(1)`. The policy
 picks the γ with the most expected tokens per millisecond, so it drafts nothing where the
@@ -48,7 +52,7 @@ class CostCurve:
             raise ValueError("a cost curve needs at least one point")
         return cls(tuple(sorted(points.items())))
 
-    def at(self, tokens: int) -> float:
+    def at(self, tokens: float) -> float:
         """Never decreasing in `tokens`: a forward of more tokens costs at least what a shorter one does
         (start-up timings are noisy; a dip must not extrapolate into costs near zero)."""
         if tokens <= 0:
@@ -105,49 +109,56 @@ class CostModel:
         self.draft_call_ms = draft_call_ms  # per-round cost of the Propose round trip (RPC, (de)serialising)
         self.overhead_ms = 0.5  # per-round cost outside the services' handlers
         self.acceptance = PRIOR_ACCEPTANCE  # pair-wide running acceptance: each request's prior
+        self.batch = 1.0  # sessions per batched forward, a running average of what the target reports
         self._lock = threading.Lock()
 
     @classmethod
     def from_measured(cls, target: dict[int, float], draft: dict[int, float]) -> CostModel:
         return cls(CostCurve.of(target or FALLBACK_TARGET_MS), CostCurve.of(draft or FALLBACK_DRAFT_MS))
 
-    def target_ms(self, tokens: int) -> float:
+    def target_ms(self, tokens: float) -> float:
+        """One target forward of `tokens` new tokens over all its rows."""
         return self.target.at(tokens) * self._target_scale.value
 
-    def draft_ms(self, tokens: int) -> float:
-        """Drafting `tokens` is that many sequential one-token forwards (not one forward of `tokens`)."""
-        return tokens * self.draft.at(1) * self._draft_scale.value
+    def draft_ms(self, tokens: int, batch: float = 1.0) -> float:
+        """Drafting `tokens` for each of `batch` sessions: that many batched one-token-per-session forwards."""
+        return tokens * self.draft.at(batch) * self._draft_scale.value
 
-    def round_ms(self, gamma: int) -> float:
-        drafting = self.draft_ms(gamma) + self.draft_call_ms if gamma > 0 else 0.0
-        return drafting + self.target_ms(gamma + 1) + self.overhead_ms
+    def round_ms(self, gamma: int, batch: float = 1.0) -> float:
+        drafting = self.draft_ms(gamma, batch) + self.draft_call_ms if gamma > 0 else 0.0
+        return drafting + self.target_ms(batch * (gamma + 1)) + self.overhead_ms
 
-    def rate(self, gamma: int, alpha: float | Sequence[float]) -> float:
-        """Expected tokens per millisecond of rounds with γ drafts (α: one for all positions, or per position)."""
+    def rate(self, gamma: int, alpha: float | Sequence[float], batch: float = 1.0) -> float:
+        """Expected tokens per millisecond of one request's rounds with γ drafts (α: one for all
+        positions, or per position), `batch` sessions sharing each forward."""
         alphas = [alpha] * gamma if isinstance(alpha, float | int) else alpha[:gamma]
-        return expected_tokens_by_position(alphas) / self.round_ms(gamma)
+        return expected_tokens_by_position(alphas) / self.round_ms(gamma, batch)
 
-    def best_gamma(self, alpha: float | Sequence[float], max_gamma: int) -> int:
+    def best_gamma(self, alpha: float | Sequence[float], max_gamma: int, batch: float | None = None) -> int:
         """The γ in [0, max_gamma] with the best expected rate; 0 unless drafting beats a plain step by MIN_GAIN.
-        `alpha`: one acceptance for every position, or one per position (at least max_gamma of them)."""
-        plain = self.rate(0, alpha)
+        `alpha`: one acceptance for every position, or one per position (at least max_gamma of them);
+        `batch`: sessions per forward (default: the running average of what the target reports)."""
+        batch = self.batch if batch is None else batch
+        plain = self.rate(0, alpha, batch)
         best, best_rate = 0, plain * MIN_GAIN
         for gamma in range(1, max_gamma + 1):
-            rate = self.rate(gamma, alpha)
+            rate = self.rate(gamma, alpha, batch)
             if rate > best_rate:
                 best, best_rate = gamma, rate
         return best
 
     # --- online corrections -----------------------------------------------------------------
 
-    def observe_target(self, tokens: int, ms: float) -> None:
+    def observe_target(self, tokens: int, ms: float, batch: int = 1) -> None:
+        """A Verify of `tokens` new tokens took `ms` in a forward of `batch` rows (as the target reports)."""
         with self._lock:
-            self._target_scale.observe(ms / self.target.at(tokens))
+            self.batch = (1 - COST_EMA) * self.batch + COST_EMA * max(batch, 1)
+            self._target_scale.observe(ms / self.target.at(max(batch, 1) * tokens))
 
     def observe_draft(self, tokens: int, service_ms: float, call_ms: float) -> None:
         """A Propose of `tokens` took service_ms inside the draft and call_ms at the caller."""
         with self._lock:
-            self._draft_scale.observe(service_ms / (tokens * self.draft.at(1)))
+            self._draft_scale.observe(service_ms / (tokens * self.draft.at(self.batch)))
             self.draft_call_ms = (1 - COST_EMA) * self.draft_call_ms + COST_EMA * max(call_ms - service_ms, 0.0)
 
     def observe_overhead(self, ms: float) -> None:

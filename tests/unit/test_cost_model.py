@@ -164,3 +164,30 @@ def test_bursty_acceptance_speculates_further_than_one_overall_alpha_would() -> 
         policy.tracker.observe(drafted=6, accepted=5)
     overall = policy.costs.best_gamma(policy.tracker.alpha, max_gamma=10)
     assert policy.next_gamma() > overall
+
+
+# bf16 1.5B target on 2 AVX512-BF16 cores: flat to ~8 new tokens, then compute-bound (start-up curve
+# to 64 tokens); the int8 draft's batched step by sessions
+LOADED_TARGET = {1: 231.0, 8: 259.0, 12: 317.0, 17: 349.0, 32: 520.0, 64: 900.0}
+BATCHED_DRAFT = {1: 33.0, 8: 60.0}
+
+
+def test_a_batch_of_rows_is_priced_as_one_forward_of_all_their_tokens() -> None:
+    costs = CostModel(CostCurve.of(LOADED_TARGET), CostCurve.of(BATCHED_DRAFT), draft_call_ms=0.0)
+    assert costs.round_ms(3, batch=8) == pytest.approx(3 * 60.0 + 520.0 + costs.overhead_ms)
+    assert costs.round_ms(0, batch=8) == pytest.approx(259.0 + costs.overhead_ms)
+
+
+def test_a_loaded_compute_bound_target_drafts_shorter_but_still_drafts() -> None:
+    costs = CostModel(CostCurve.of(LOADED_TARGET), CostCurve.of(BATCHED_DRAFT), draft_call_ms=0.0)
+    alone, loaded = costs.best_gamma(0.8, 10, batch=1), costs.best_gamma(0.8, 10, batch=8)
+    assert 0 < loaded < alone
+
+
+def test_the_batch_follows_what_the_target_reports() -> None:
+    costs = CostModel(CostCurve.of(LOADED_TARGET), CostCurve.of(BATCHED_DRAFT), draft_call_ms=0.0)
+    alone = costs.best_gamma(0.8, 10)
+    for _ in range(30):  # eight sessions per verify forward, each verifying 3 tokens in 520 ms
+        costs.observe_target(tokens=3, ms=520.0 * 24 / 32 + 259.0 * 8 / 32, batch=8)
+    assert costs.batch == pytest.approx(8.0, rel=0.02)
+    assert costs.best_gamma(0.8, 10) == costs.best_gamma(0.8, 10, batch=8) < alone
