@@ -16,13 +16,14 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 
+from calispec_core.compute import compute_thread
 from calispec_core.errors import InvalidArgument, require
 from calispec_core.limits import FP32_LINEAR_CHOICES
 from calispec_core.onednn_linear import use_onednn_linear
 from calispec_core.vocab_pruning import pruned_columns
 
-# Prompt tokens per prefill forward. The model lock is FIFO, so a round waiting behind a long
-# prompt waits for one chunk, not for the whole prompt.
+# Prompt tokens per prefill forward. The compute thread runs calls in arrival order, so a round
+# waiting behind a long prompt waits for one chunk, not for the whole prompt.
 PREFILL_CHUNK = 128
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -94,33 +95,16 @@ class ModelSpec:
     fp32_linear: str = "onednn"  # float32 CPU Linear path, one of FP32_LINEAR_CHOICES
 
 
-class FifoLock:
-    """A lock granted in arrival order (threading.Lock lets the releasing thread win again and again:
-    a chunked prefill would then still starve the rounds waiting for the model)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._next_ticket = 0
-        self._serving = 0
-
-    def __enter__(self) -> None:
-        with self._cond:
-            ticket = self._next_ticket
-            self._next_ticket += 1
-            self._cond.wait_for(lambda: self._serving == ticket)
-
-    def __exit__(self, *exc: object) -> None:
-        with self._cond:
-            self._serving += 1
-            self._cond.notify_all()
-
-
 class ModelRunner:
-    """A loaded causal LM; forwards are serialised so sessions can share one model safely."""
+    """A loaded causal LM; forwards run one at a time on the compute thread, so sessions share one model safely."""
 
     def __init__(self, spec: ModelSpec, output_vocab: int = 0) -> None:
         """output_vocab > 0 (draft services only): keep the output rows of ids [0, output_vocab) and of
-        the special tokens; the logits then cover `logit_columns` (calispec_core/vocab_pruning.py)."""
+        the special tokens; the logits then cover `logit_columns` (calispec_core/vocab_pruning.py).
+        Loads on the process's compute thread, where every forward runs too (calispec_core/compute.py)."""
+        compute_thread().run(self._load, spec, output_vocab)
+
+    def _load(self, spec: ModelSpec, output_vocab: int) -> None:
         if not Path(spec.path).is_dir():
             raise InvalidArgument(f"model directory not found: {spec.path}")
         require(spec.fp32_linear in FP32_LINEAR_CHOICES, f"fp32_linear must be one of {FP32_LINEAR_CHOICES}")
@@ -142,7 +126,6 @@ class ModelRunner:
         self.max_context: int = int(getattr(self.model.config, "max_position_embeddings", 4096))
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.forward_costs: dict[int, float] = {}  # ms by new tokens, once measured (forward_costs.py)
-        self._lock = FifoLock()
 
     def _eos_ids(self, model: torch.nn.Module) -> list[int]:
         eos = model.generation_config.eos_token_id
@@ -154,16 +137,17 @@ class ModelRunner:
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
 
-    @torch.inference_mode()
     def forward(self, token_ids: list[int], cache: DynamicCache, logits_to_keep: int) -> torch.Tensor:
         """Feed token_ids after the cached prefix; returns the last logits, [1, logits_to_keep, V]
         (V: logit_columns.width, the whole vocabulary unless the output layer is pruned)."""
-        input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, S]
-        with self._lock:
-            out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
-        return out.logits  # [1, logits_to_keep, V]
+        return compute_thread().run(self._forward, token_ids, cache, logits_to_keep)
 
     @torch.inference_mode()
+    def _forward(self, token_ids: list[int], cache: DynamicCache, logits_to_keep: int) -> torch.Tensor:
+        input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, S]
+        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
+        return out.logits  # [1, logits_to_keep, V]
+
     def forward_batch(
         self,
         input_ids: torch.Tensor,  # [B, S] right-padded
@@ -173,15 +157,25 @@ class ModelRunner:
         logits_to_keep: int,
     ) -> torch.Tensor:  # [B, logits_to_keep, V]
         """A padded multi-session forward (see calispec_core.batch_forward)."""
-        with self._lock:
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=logits_to_keep,
-            )
+        return compute_thread().run(self._forward_batch, input_ids, attention_mask, position_ids, cache, logits_to_keep)
+
+    @torch.inference_mode()
+    def _forward_batch(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: DynamicCache,
+        logits_to_keep: int,
+    ) -> torch.Tensor:
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
         return out.logits
 
     def check_token_ids(self, token_ids: list[int], what: str) -> None:

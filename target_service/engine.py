@@ -17,6 +17,7 @@ import torch
 
 from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
+from calispec_core.compute import compute_thread
 from calispec_core.errors import CalispecError, InvalidArgument, require
 from calispec_core.generation import Mode
 from calispec_core.limits import MAX_SPECULATIVE_TOKENS
@@ -96,7 +97,10 @@ class TargetEngine:
         self.sessions: SessionRegistry[TargetSession] = SessionRegistry(
             max_sessions, idle_ttl_s, is_busy=lambda state: state.session.lock.locked()
         )
-        self.scheduler: BatchScheduler[_Row, VerifyResult] = BatchScheduler(self._round, max_batch, gather_s=gather_s)
+        # the whole round (forward, verification math, commits) on the process's compute thread
+        self.scheduler: BatchScheduler[_Row, VerifyResult] = BatchScheduler(
+            lambda rows: compute_thread().run(self._round, rows), max_batch, gather_s=gather_s
+        )
 
     def prefill(
         self, session_id: str, token_ids: list[int], sampling: SamplingConfig, rescue: RescueConfig, watch: Stopwatch

@@ -1,13 +1,11 @@
-"""Prefill in chunks behind a FIFO model lock: a long prompt no longer holds the model for a whole round."""
+"""Prefill in chunks: a long prompt no longer holds the model for a whole round."""
 
 from __future__ import annotations
-
-import threading
 
 import torch
 
 from calispec_core import modeling
-from calispec_core.modeling import FifoLock, ModelRunner, prefill_session
+from calispec_core.modeling import ModelRunner, prefill_session
 
 
 @torch.inference_mode()
@@ -30,26 +28,3 @@ def test_chunked_prefill_feeds_every_prefix_token_once_and_continues_alike(
     a = forward(whole.pending(), whole.cache, 1)[0, -1]
     b = forward(chunked.pending(), chunked.cache, 1)[0, -1]
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-
-
-def test_fifo_lock_grants_waiters_in_arrival_order() -> None:
-    lock, order = FifoLock(), []
-    arrived = [threading.Event() for _ in range(3)]
-
-    def waiter(i: int) -> None:
-        arrived[i].set()
-        with lock:
-            order.append(i)
-
-    with lock:  # hold it while three threads queue up, one after the other
-        threads = []
-        for i in range(3):
-            t = threading.Thread(target=waiter, args=(i,))
-            t.start()
-            arrived[i].wait()
-            while lock._next_ticket != i + 2:  # its ticket is drawn (ours is 0)
-                threading.Event().wait(0.001)
-            threads.append(t)
-    for t in threads:
-        t.join()
-    assert order == [0, 1, 2]

@@ -1,0 +1,47 @@
+"""One thread per process runs torch compute: model loading, forwards and every batched step.
+
+Why: with libgomp (torch's CPU wheels), each OS thread that starts a parallel region gets its own
+OpenMP team, and once a second thread has one, small parallel ops slow down on all of them. The
+0.5B int8 draft's one-token forward (2 threads, ~170 small parallel ops) took 30 ms on the thread
+that loaded the model and 42-50 ms on any other thread of the same process (a gRPC handler, the
+batcher); a worker thread that loaded the model and ran every forward itself took 29.5 ms. The bf16
+target's few large ops did not notice. So model services hand their compute to this one thread
+and wait for it (a hand-off costs tens of microseconds); code already on it runs directly.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import ParamSpec, TypeVar
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class ComputeThread:
+    """A single long-lived worker thread that runs submitted calls in arrival order."""
+
+    def __init__(self, name: str = "torch-compute") -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.ident = self._executor.submit(threading.get_ident).result()
+
+    def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """fn(*args, **kwargs) on the compute thread (directly when called from it); returns or raises its outcome."""
+        if threading.get_ident() == self.ident:
+            return fn(*args, **kwargs)
+        return self._executor.submit(fn, *args, **kwargs).result()
+
+
+_shared: ComputeThread | None = None
+_shared_lock = threading.Lock()
+
+
+def compute_thread() -> ComputeThread:
+    """This process's compute thread (started on first use)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = ComputeThread()
+        return _shared

@@ -1,0 +1,49 @@
+"""All torch compute of a process runs on one thread (calispec_core/compute.py says why)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from calispec_core.compute import ComputeThread, compute_thread
+from calispec_core.modeling import ModelRunner, ModelSpec, prefill_session
+from calispec_core.sampling import SamplingConfig
+from calispec_core.timing import Stopwatch
+from draft_service.proposer import Proposer
+
+
+def test_loading_and_forwards_from_any_thread_run_on_the_compute_thread(tiny_pair) -> None:
+    runner = ModelRunner(ModelSpec(tiny_pair.target, "float32", "cpu"))
+    threads: list[int] = []
+    runner.model.register_forward_pre_hook(lambda *_: threads.append(threading.get_ident()))
+    session = prefill_session(runner, "s", [5, 6, 7])
+    with ThreadPoolExecutor(4) as pool:  # like gRPC handler threads
+        list(pool.map(lambda _: runner.forward(session.pending(), session.cache, 1), range(1)))
+        list(pool.map(lambda i: prefill_session(runner, f"p{i}", [3, 4, 5 + i]), range(4)))
+    assert threads and set(threads) == {compute_thread().ident}
+    assert compute_thread().ident != threading.get_ident()
+
+
+def test_a_draft_step_runs_on_the_compute_thread(draft_runner: ModelRunner) -> None:
+    proposer = Proposer(draft_runner, max_sessions=2)
+    seen: list[int] = []
+    step = proposer._draft_batch
+    proposer._draft_batch = lambda jobs: seen.append(threading.get_ident()) or step(jobs)  # type: ignore[method-assign]
+    proposer.prefill("s", [1, 2, 3], SamplingConfig(), Stopwatch())
+    proposer.propose("s", 3, None, [], Stopwatch())
+    proposer.stop()
+    assert seen == [compute_thread().ident]
+
+
+def test_calls_from_the_compute_thread_run_directly_and_errors_reach_the_caller() -> None:
+    compute = ComputeThread()
+    assert compute.run(lambda: compute.run(threading.get_ident)) == compute.ident  # no deadlock on itself
+
+    def fail() -> None:
+        raise ValueError("bad input")
+
+    with pytest.raises(ValueError, match="bad input"):
+        compute.run(fail)
+    assert compute.run(lambda: 7) == 7  # still serving after an error
