@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from itertools import accumulate
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 # Used when a service reports no start-up costs: GPU-like (verification ~flat), a draft step a
 # fifth of a target step. The online correction then fixes the level, not the shape.
