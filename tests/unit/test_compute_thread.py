@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -9,6 +12,7 @@ import pytest
 
 from calispec_core.compute import ComputeThread, compute_thread
 from calispec_core.modeling import ModelRunner, ModelSpec, prefill_session
+from calispec_core.openmp import SERVICE_SPIN_COUNT
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Stopwatch
 from draft_service.proposer import Proposer
@@ -47,3 +51,18 @@ def test_calls_from_the_compute_thread_run_directly_and_errors_reach_the_caller(
     with pytest.raises(ValueError, match="bad input"):
         compute.run(fail)
     assert compute.run(lambda: 7) == 7  # still serving after an error
+
+
+def test_model_services_limit_openmp_spinning_before_torch_loads() -> None:
+    """The draft and target service packages set GOMP_SPINCOUNT on import, before anything loads torch
+    (libgomp reads it once, when torch loads it); a value the environment sets wins."""
+    probe = "import sys, os, {pkg}; print(os.environ['GOMP_SPINCOUNT'], 'torch' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    for pkg in ("draft_service", "target_service"):
+        out = subprocess.run([sys.executable, "-c", probe.format(pkg=pkg)], env=env, capture_output=True, text=True)
+        assert out.stdout.split() == [SERVICE_SPIN_COUNT, "False"], out.stderr
+    chosen = subprocess.run(
+        [sys.executable, "-c", probe.format(pkg="draft_service")], env={**env, "GOMP_SPINCOUNT": "5"},
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert chosen.stdout.split() == ["5", "False"]
