@@ -60,7 +60,11 @@ def main(draft: str, target: str, work: Path) -> dict:
         runners = [ModelRunner(ModelSpec(Path(p), "float32", "cpu")) for p in (draft, target)]
         config = CalibrateConfig(generate=True, max_new_tokens=24)
         local = Calibrator(runners[0], runners[1], config).run(load_corpus(corpus))
-        assert Counter(table) == local.pairs, "a Ray job must record what one process records"
+        ray_pairs = Counter(table)
+        assert ray_pairs == local.pairs, (
+            "a Ray job must record what one process records",
+            {"ray only": ray_pairs - local.pairs, "local only": local.pairs - ray_pairs},
+        )
         return {"events": summary["events"], "pairs": len(table), "workers": summary["workers"], "ray_s": ray_s}
     finally:
         ray.shutdown()

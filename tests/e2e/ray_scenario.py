@@ -60,7 +60,9 @@ class Load:
         i = worker
         while not self._stop.is_set():
             try:
-                self.client.generate(PROMPTS[i % len(PROMPTS)], max_new_tokens=12, mode="csd")
+                # a fixed γ: every round drafts, so every replica verifies drafts and counts rejections
+                # (adaptive γ may judge drafting not worth it for the tiny pair and run target-only)
+                self.client.generate(PROMPTS[i % len(PROMPTS)], max_new_tokens=12, mode="csd", num_speculative_tokens=4)
                 self.done += 1
             except Exception as exc:
                 self.errors.append(repr(exc))
