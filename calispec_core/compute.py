@@ -11,6 +11,7 @@ and wait for it (a hand-off costs tens of microseconds); code already on it runs
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -45,3 +46,13 @@ def compute_thread() -> ComputeThread:
         if _shared is None:
             _shared = ComputeThread()
         return _shared
+
+
+def on_compute_thread(fn: Callable[P, T]) -> Callable[P, T]:
+    """Decorator: every call of `fn` runs on this process's compute thread."""
+
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return compute_thread().run(fn, *args, **kwargs)
+
+    return run

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 
-from calispec_core.compute import compute_thread
+from calispec_core.compute import compute_thread, on_compute_thread
 from calispec_core.errors import InvalidArgument, require
 from calispec_core.limits import FP32_LINEAR_CHOICES
 from calispec_core.onednn_linear import use_onednn_linear
@@ -137,17 +137,17 @@ class ModelRunner:
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
 
+    @on_compute_thread
+    @torch.inference_mode()
     def forward(self, token_ids: list[int], cache: DynamicCache, logits_to_keep: int) -> torch.Tensor:
         """Feed token_ids after the cached prefix; returns the last logits, [1, logits_to_keep, V]
         (V: logit_columns.width, the whole vocabulary unless the output layer is pruned)."""
-        return compute_thread().run(self._forward, token_ids, cache, logits_to_keep)
-
-    @torch.inference_mode()
-    def _forward(self, token_ids: list[int], cache: DynamicCache, logits_to_keep: int) -> torch.Tensor:
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, S]
         out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
         return out.logits  # [1, logits_to_keep, V]
 
+    @on_compute_thread
+    @torch.inference_mode()
     def forward_batch(
         self,
         input_ids: torch.Tensor,  # [B, S] right-padded
@@ -157,17 +157,6 @@ class ModelRunner:
         logits_to_keep: int,
     ) -> torch.Tensor:  # [B, logits_to_keep, V]
         """A padded multi-session forward (see calispec_core.batch_forward)."""
-        return compute_thread().run(self._forward_batch, input_ids, attention_mask, position_ids, cache, logits_to_keep)
-
-    @torch.inference_mode()
-    def _forward_batch(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        cache: DynamicCache,
-        logits_to_keep: int,
-    ) -> torch.Tensor:
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

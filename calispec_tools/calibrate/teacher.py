@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from calispec_core.compute import compute_thread
+from calispec_core.compute import on_compute_thread
 from calispec_core.modeling import ModelRunner
 
 Pair = tuple[int, int]  # (draft token id, target token id)
@@ -52,17 +52,14 @@ class SdRule:
     eos_ids: frozenset[int]
 
 
+@on_compute_thread
+@torch.inference_mode()
 def greedy_predictions(runner: ModelRunner, rows: Sequence[list[int]], chunk: int = 512) -> list[list[int]]:
     """out[b][i] = the model's argmax after rows[b][: i + 1] (it predicts position i + 1).
 
     One forward over the right-padded batch (padding only follows real tokens, so a row sees
     nothing but itself); the output head runs over `chunk` positions at a time, so the full
     [B, S, V] logits never exist at once. Runs on the compute thread, like every forward."""
-    return compute_thread().run(_greedy_predictions, runner, rows, chunk)
-
-
-@torch.inference_mode()
-def _greedy_predictions(runner: ModelRunner, rows: Sequence[list[int]], chunk: int) -> list[list[int]]:
     device = runner.device
     width = max(len(r) for r in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)  # [B, S]
