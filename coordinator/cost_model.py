@@ -42,23 +42,26 @@ PROBE_ALPHA = 0.9
 
 @dataclass(frozen=True)
 class CostCurve:
-    """Milliseconds of one forward by number of new tokens, linearly interpolated between points."""
+    """Milliseconds of one forward by number of new tokens, linearly interpolated between points.
 
-    points: tuple[tuple[int, float], ...]  # sorted by new tokens, at least one
+    Never decreasing in tokens: a forward of more tokens costs at least what a shorter one does, so
+    `of` raises each point to the largest before it (start-up timings are noisy; a dip must not
+    extrapolate into costs near zero)."""
+
+    xs: tuple[int, ...]  # new tokens, sorted, at least one
+    ys: tuple[float, ...]  # ms, non-decreasing
 
     @classmethod
     def of(cls, points: dict[int, float]) -> CostCurve:
         if not points:
             raise ValueError("a cost curve needs at least one point")
-        return cls(tuple(sorted(points.items())))
+        xs, ys = zip(*sorted(points.items()), strict=True)
+        return cls(xs, tuple(accumulate(ys, max)))
 
     def at(self, tokens: float) -> float:
-        """Never decreasing in `tokens`: a forward of more tokens costs at least what a shorter one does
-        (start-up timings are noisy; a dip must not extrapolate into costs near zero)."""
         if tokens <= 0:
             return 0.0
-        xs = [x for x, _ in self.points]
-        ys = list(accumulate((y for _, y in self.points), max))
+        xs, ys = self.xs, self.ys
         i = bisect_left(xs, tokens)
         if i < len(xs) and xs[i] == tokens:
             return ys[i]
@@ -151,9 +154,10 @@ class CostModel:
 
     def observe_target(self, tokens: int, ms: float, batch: int = 1) -> None:
         """A Verify of `tokens` new tokens took `ms` in a forward of `batch` rows (as the target reports)."""
+        batch = max(batch, 1)
         with self._lock:
-            self.batch = (1 - COST_EMA) * self.batch + COST_EMA * max(batch, 1)
-            self._target_scale.observe(ms / self.target.at(max(batch, 1) * tokens))
+            self.batch = (1 - COST_EMA) * self.batch + COST_EMA * batch
+            self._target_scale.observe(ms / self.target.at(batch * tokens))
 
     def observe_draft(self, tokens: int, service_ms: float, call_ms: float) -> None:
         """A Propose of `tokens` took service_ms inside the draft and call_ms at the caller."""
