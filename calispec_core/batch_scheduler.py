@@ -2,12 +2,13 @@
 
 Handler threads `submit` a row and block on its result. Rows submitted while a step runs queue
 up, and the worker thread runs what queued (up to `max_batch`) together as soon as that step ends.
-A row that finds the scheduler idle runs at once, on the caller's own thread (batch 1 pays no
-thread hand-off). Under concurrency that lets batches alternate between 1 and n-1 rows: the first
-session back from the coordinator runs alone while the others queue behind it (measured: `ar` at
-concurrency 8 ran 129 steps of one row and 127 of seven). So an idle scheduler whose last step had
-several rows waits up to `gather_s` until as many rows are queued again (Triton's dynamic batcher's
-`max_queue_delay` idea; 0 turns it off); a lone request (last step of one row) never waits.
+A row that finds the scheduler idle runs at once, called from the caller's own thread (batch 1
+skips the batcher thread; the model services' steps themselves run on the compute thread). Under
+concurrency that lets batches alternate between 1 and n-1 rows: the first session back from the
+coordinator runs alone while the others queue behind it (measured: `ar` at concurrency 8 ran 129
+steps of one row and 127 of seven). So an idle scheduler whose last step had several rows waits up
+to `gather_s` until as many rows are queued again (Triton's dynamic batcher's `max_queue_delay`
+idea; 0 turns it off); a lone request (last step of one row) never waits.
 
 A failed batch never fails its honest rows: the step must change nothing when it raises (the
 target's round commits only after every row is verified), so each row of a failed batch is

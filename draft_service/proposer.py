@@ -9,7 +9,7 @@ import torch
 
 from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
-from calispec_core.compute import compute_thread
+from calispec_core.compute import on_compute_thread
 from calispec_core.errors import require
 from calispec_core.limits import MAX_SPECULATIVE_TOKENS
 from calispec_core.modeling import ModelRunner, Session, prefill_session
@@ -112,8 +112,8 @@ class Proposer:
         require(proposal_top_k >= 0, f"proposal_top_k must be >= 0 (0: full q), got {proposal_top_k}")
         self.runner = runner
         self.proposal_top_k = proposal_top_k
-        self.scheduler: BatchScheduler[_Job, Proposal] = BatchScheduler(  # steps run on the compute thread
-            lambda jobs: compute_thread().run(self._draft_batch, jobs), max_batch, "draft-batcher", gather_s
+        self.scheduler: BatchScheduler[_Job, Proposal] = BatchScheduler(
+            self._draft_batch, max_batch, "draft-batcher", gather_s
         )
         # A session whose lock is held is mid-call: never reaped, however long the call takes.
         self.sessions: SessionRegistry[DraftSession] = SessionRegistry(
@@ -173,6 +173,7 @@ class Proposer:
         session.truncate(length)
         session.tokens.extend(append)
 
+    @on_compute_thread
     def _draft_batch(self, jobs: Sequence[_Job]) -> list[Proposal]:
         """Runs on the scheduler thread. A failed batch changes nothing (the scheduler reruns its rows alone)."""
         starts = [len(job.state.session.tokens) for job in jobs]

@@ -17,7 +17,7 @@ import torch
 
 from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
-from calispec_core.compute import compute_thread
+from calispec_core.compute import on_compute_thread
 from calispec_core.errors import CalispecError, InvalidArgument, require
 from calispec_core.generation import Mode
 from calispec_core.limits import MAX_SPECULATIVE_TOKENS
@@ -97,10 +97,7 @@ class TargetEngine:
         self.sessions: SessionRegistry[TargetSession] = SessionRegistry(
             max_sessions, idle_ttl_s, is_busy=lambda state: state.session.lock.locked()
         )
-        # the whole round (forward, verification math, commits) on the process's compute thread
-        self.scheduler: BatchScheduler[_Row, VerifyResult] = BatchScheduler(
-            lambda rows: compute_thread().run(self._round, rows), max_batch, gather_s=gather_s
-        )
+        self.scheduler: BatchScheduler[_Row, VerifyResult] = BatchScheduler(self._round, max_batch, gather_s=gather_s)
 
     def prefill(
         self, session_id: str, token_ids: list[int], sampling: SamplingConfig, rescue: RescueConfig, watch: Stopwatch
@@ -128,8 +125,9 @@ class TargetEngine:
             self._check_draft(state, draft, draft_probs)
             return self.scheduler.submit(_Row(state, draft, draft_probs, watch))
 
+    @on_compute_thread
     def _round(self, rows: Sequence[_Row]) -> list[VerifyResult]:
-        """Runs on the scheduler thread: one forward and one verify for every row, then the commits.
+        """Runs on the compute thread: one forward and one verify for every row, then the commits.
 
         All or nothing: no session changes (cache, tokens, generator) until every row is verified,
         so when the round raises the scheduler can rerun its rows one by one and only a faulty

@@ -10,11 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from calispec_core.batch_forward import forward_rows
 from calispec_core.compute import ComputeThread, compute_thread
 from calispec_core.modeling import ModelRunner, ModelSpec, prefill_session
 from calispec_core.openmp import SERVICE_SPIN_COUNT
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Stopwatch
+from draft_service import proposer as proposer_module
 from draft_service.proposer import Proposer
 
 
@@ -30,15 +32,19 @@ def test_loading_and_forwards_from_any_thread_run_on_the_compute_thread(tiny_pai
     assert compute_thread().ident != threading.get_ident()
 
 
-def test_a_draft_step_runs_on_the_compute_thread(draft_runner: ModelRunner) -> None:
+def test_a_draft_step_runs_on_the_compute_thread(draft_runner: ModelRunner, monkeypatch) -> None:
     proposer = Proposer(draft_runner, max_sessions=2)
     seen: list[int] = []
-    step = proposer._draft_batch
-    proposer._draft_batch = lambda jobs: seen.append(threading.get_ident()) or step(jobs)  # type: ignore[method-assign]
+
+    def recording(*args):  # the step's own call, before any forward hands off
+        seen.append(threading.get_ident())
+        return forward_rows(*args)
+
+    monkeypatch.setattr(proposer_module, "forward_rows", recording)
     proposer.prefill("s", [1, 2, 3], SamplingConfig(), Stopwatch())
     proposer.propose("s", 3, None, [], Stopwatch())
     proposer.stop()
-    assert seen == [compute_thread().ident]
+    assert seen and set(seen) == {compute_thread().ident}  # one call per drafted token
 
 
 def test_calls_from_the_compute_thread_run_directly_and_errors_reach_the_caller() -> None:
