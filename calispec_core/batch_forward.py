@@ -1,18 +1,28 @@
-"""One target forward pass over several sessions, each with its own KV cache (no gRPC here).
+"""One forward pass over several sessions, each with its own KV cache (no gRPC here).
 
-Sessions keep separate `DynamicCache`s of different lengths. For a batched pass their caches
-are packed into one left-padded cache, the new tokens are right-padded, and an attention mask
-plus explicit position ids keep every row exactly its own sequence. Afterwards each session
-gets back its own cache: its old entries plus its new tokens, padding dropped.
+Sessions keep separate `DynamicCache`s of different lengths, and feed different numbers of new
+tokens (a verify row: pending + its own γ drafts). For a batched pass every row's new tokens
+are laid end to end in one sequence of T = Σ n_b tokens, after every row's cache laid end to end
+(P = Σ L_b entries), and a block mask lets each token see only its own row's cache entries and
+its own row's earlier new tokens; explicit position ids keep every row at its own positions.
+So the linear layers (most of the cost) compute exactly T tokens, never rows padded to the
+longest proposal: under lockstep at concurrency 8 the proposals in one verify batch ranged
+from 1 to 10 tokens, and padding them to the longest computed up to ~2x the tokens. Attention
+then spans P + T keys per query (masked), which is small next to the linear layers at the
+contexts served here; a varlen attention kernel (e.g. FlashAttention's) avoids even that.
+Afterwards each session gets back its own cache: its old entries plus its new tokens.
 
-Packing copies every session's KV once per round: O(context) memory traffic, small next to
-the forward it batches. A paged KV cache (continuous batching, a later issue) removes it.
+Concatenating copies every session's KV once per batched pass: O(context) memory traffic,
+small next to the forward it batches. A paged KV cache removes it.
 """
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from calispec_core.modeling import ModelRunner
 
@@ -27,51 +37,79 @@ def forward_rows(
     """
     if len(caches) == 1:
         return [runner.forward(inputs[0], caches[0], keep[0])[0]], caches
-    lengths = [c.get_seq_length() for c in caches]
-    past, width = max(lengths), max(len(x) for x in inputs)
     device = runner.device
-    input_ids = torch.zeros(len(inputs), width, dtype=torch.long, device=device)  # [B, S] right-padded
-    mask = torch.zeros(len(inputs), past + width, dtype=torch.long, device=device)  # [B, P+S]
-    positions = torch.zeros(len(inputs), width, dtype=torch.long, device=device)  # [B, S]
-    for b, (tokens, length) in enumerate(zip(inputs, lengths, strict=True)):
-        input_ids[b, : len(tokens)] = torch.tensor(tokens, device=device)
-        mask[b, past - length : past + len(tokens)] = 1  # real cache entries and real new tokens
-        positions[b] = torch.arange(length, length + width, device=device)
-    packed = _pack(runner, caches, lengths, past)
-    logits = runner.forward_batch(input_ids, mask, positions, packed, logits_to_keep=width)  # [B, S, V]
-    rows = [logits[b, len(x) - k : len(x)] for b, (x, k) in enumerate(zip(inputs, keep, strict=True))]
-    return rows, _unpack(runner, packed, lengths, [len(x) for x in inputs], past)
-
-
-def _pack(runner: ModelRunner, caches: list[DynamicCache], lengths: list[int], past: int) -> DynamicCache:
+    lengths = [c.get_seq_length() for c in caches]  # L_b
+    widths = [len(x) for x in inputs]  # n_b
+    input_ids = torch.tensor([t for x in inputs for t in x], dtype=torch.long, device=device)[None]  # [1, T]
+    positions = torch.cat(
+        [torch.arange(length, length + n, device=device) for length, n in zip(lengths, widths, strict=True)]
+    )[None]  # [1, T]
+    ends = accumulate(widths)  # where each row's new tokens end in T
+    wanted = [i for end, k in zip(ends, keep, strict=True) for i in range(end - k, end)]
+    kept = torch.tensor(wanted, device=device)  # [Σ keep] the positions whose logits are returned
     packed = runner.new_cache()
-    if past == 0:
-        return packed
-    longest = caches[lengths.index(past)]  # a session with entries: the template for empty ones
-    for layer in range(len(longest.layers)):
-        template = longest.layers[layer]
-        keys = [_left_pad(c.layers[layer].keys, template.keys, past) for c in caches]
-        values = [_left_pad(c.layers[layer].values, template.values, past) for c in caches]
-        packed.update(torch.cat(keys), torch.cat(values), layer)  # [B, H, P, D] each
-    return packed
+    packed.layers = [_RowsLayer([c.layers[i] for c in caches], widths) for i in range(len(packed.layers))]
+    mask = _block_mask(lengths, widths, device)  # [1, 1, T, P + T]
+    logits = runner.forward_batch(input_ids, mask, positions, packed, logits_to_keep=kept)[0]  # [Σ keep, V]
+    rows = list(logits.split(keep))  # [keep[b], V] each
+    return rows, _split(runner, packed, lengths, widths)
 
 
-def _left_pad(x: torch.Tensor | None, template: torch.Tensor, past: int) -> torch.Tensor:
-    """[1, H, n, D] -> [1, H, past, D] with zeros in front; an empty (never filled) layer -> all zeros."""
-    if x is None or x.dim() != 4:  # a session of one prompt token has cached nothing yet
-        return torch.zeros_like(template[:1])
-    pad = past - x.shape[2]
-    return torch.nn.functional.pad(x, (0, 0, pad, 0)) if pad else x
+class _RowsLayer(DynamicLayer):
+    """One layer of the batched pass: every row's cached entries, each followed by its new tokens'
+    ([1, H, L_0 + n_0 + L_1 + n_1 + ..., D]), built in one copy when the forward adds the new
+    tokens, so that each row's cache afterwards is a view of it."""
+
+    def __init__(self, rows: list[DynamicLayer], widths: list[int]) -> None:
+        super().__init__()
+        self.rows = [(r.keys, r.values) if r.get_seq_length() else None for r in rows]
+        self.widths = widths  # n_b
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """key_states, value_states: [1, H, T, D], the rows' new tokens end to end."""
+        widths = self.widths
+        new_keys, new_values = key_states.split(widths, dim=2), value_states.split(widths, dim=2)
+        keys, values = [], []
+        for old, k, v in zip(self.rows, new_keys, new_values, strict=True):
+            if old is not None:
+                keys.append(old[0])
+                values.append(old[1])
+            keys.append(k)
+            values.append(v)
+        self.keys, self.values = torch.cat(keys, dim=2), torch.cat(values, dim=2)
+        self.is_initialized = True
+        return self.keys, self.values
 
 
-def _unpack(
-    runner: ModelRunner, packed: DynamicCache, lengths: list[int], added: list[int], past: int
-) -> list[DynamicCache]:
+def _block_mask(lengths: list[int], widths: list[int], device: torch.device) -> torch.Tensor:
+    """[1, 1, T, P + T] bool, True where a new token (query) may attend to a key; keys in the
+    layout of `_RowsLayer` (each row's cached entries, then its new tokens)."""
+    key_rows: list[int] = []
+    key_new: list[int] = []  # a key's index among the new tokens, -1 for a cached entry
+    first_new = 0
+    for b, (length, width) in enumerate(zip(lengths, widths, strict=True)):
+        key_rows += [b] * (length + width)
+        key_new += [-1] * length + list(range(first_new, first_new + width))
+        first_new += width
+    key_row = torch.tensor(key_rows, device=device)  # [P + T]
+    key_index = torch.tensor(key_new, device=device)  # [P + T]
+    query_row = torch.arange(len(widths), device=device).repeat_interleave(torch.tensor(widths, device=device))
+    query_index = torch.arange(first_new, device=device)  # [T]
+    own_row = query_row[:, None] == key_row[None, :]  # [T, P + T]
+    visible = key_index[None, :] <= query_index[:, None]  # cached entries (-1) and earlier new tokens
+    return (own_row & visible)[None, None]
+
+
+def _split(runner: ModelRunner, packed: DynamicCache, lengths: list[int], widths: list[int]) -> list[DynamicCache]:
+    """Each row's own cache: a view of its span of the batched layers (no copy)."""
     caches = []
-    for b, (length, new) in enumerate(zip(lengths, added, strict=True)):
+    start = 0
+    for length, width in zip(lengths, widths, strict=True):
+        span = slice(start, start + length + width)
         cache = runner.new_cache()
-        for layer, stored in enumerate(packed.layers):
-            span = slice(past - length, past + new)  # drop left padding and right-padded inputs
-            cache.update(stored.keys[b : b + 1, :, span].clone(), stored.values[b : b + 1, :, span].clone(), layer)
+        for layer, stored in zip(cache.layers, packed.layers, strict=True):
+            layer.lazy_initialization(stored.keys, stored.values)
+            layer.keys, layer.values = stored.keys[:, :, span], stored.values[:, :, span]
         caches.append(cache)
+        start = span.stop
     return caches

@@ -150,13 +150,13 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_batch(
         self,
-        input_ids: torch.Tensor,  # [B, S] right-padded
-        attention_mask: torch.Tensor,  # [B, P + S] 1 on real cache entries and real inputs
-        position_ids: torch.Tensor,  # [B, S] each row's own positions
-        cache: DynamicCache,  # [B, H, P, D] per layer, left-padded
-        logits_to_keep: int,
-    ) -> torch.Tensor:  # [B, logits_to_keep, V]
-        """A padded multi-session forward (see calispec_core.batch_forward)."""
+        input_ids: torch.Tensor,  # [B, S]
+        attention_mask: torch.Tensor,  # [B, P + S] 1 on real entries, or a custom [B, 1, S, P + S] bool mask
+        position_ids: torch.Tensor,  # [B, S] each token's own position
+        cache: DynamicCache,  # [B, H, P, D] per layer
+        logits_to_keep: int | torch.Tensor,  # the last n positions, or the positions' indices [K]
+    ) -> torch.Tensor:  # [B, n or K, V]
+        """A multi-session forward: padded rows, or sessions packed end to end (calispec_core.batch_forward)."""
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

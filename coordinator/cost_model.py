@@ -159,10 +159,16 @@ class CostModel:
             self.batch = (1 - COST_EMA) * self.batch + COST_EMA * batch
             self._target_scale.observe(ms / self.target.at(batch * tokens))
 
-    def observe_draft(self, tokens: int, service_ms: float, call_ms: float) -> None:
-        """A Propose of `tokens` took service_ms inside the draft and call_ms at the caller."""
+    def observe_draft(self, tokens: int, forward_ms: float, service_ms: float, call_ms: float) -> None:
+        """A Propose of `tokens` spent forward_ms in the draft's forwards (its `tokens` batched steps),
+        service_ms inside the draft and call_ms at the caller.
+
+        The per-token cost comes from the forwards alone: in a batch, a proposal that stopped early
+        returns when the batch's longest one is done (measured under lockstep at concurrency 8:
+        service time per drafted token ran ~9x the forward's, and γ collapsed to 0)."""
         with self._lock:
-            self._draft_scale.observe(service_ms / (tokens * self.draft.at(self.batch)))
+            spent = forward_ms if forward_ms > 0 else service_ms  # a draft that reports no forward time
+            self._draft_scale.observe(spent / (tokens * self.draft.at(self.batch)))
             self.draft_call_ms = (1 - COST_EMA) * self.draft_call_ms + COST_EMA * max(call_ms - service_ms, 0.0)
 
     def observe_overhead(self, ms: float) -> None:

@@ -32,6 +32,7 @@ from coordinator.backends import DraftBackend, Proposal, SessionLost, TargetBack
 from coordinator.circuit import CircuitBreaker
 from coordinator.cost_model import CostModel, GammaPolicy
 from coordinator.detokenizer import IncrementalDetokenizer
+from coordinator.lockstep import Lockstep
 from coordinator.replicas import ReplicaSet
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,9 @@ class SpeculationConfig:
     # Adaptive γ follows measured times, so a seeded request (whose samples must reproduce) that
     # sets no γ gets this fixed one instead.
     seeded_gamma: int = 6
+    # Lockstep rounds (`lockstep.py`): how long a request waits for the others to finish their
+    # rounds before all start the next one together; 0 turns lockstep off.
+    lockstep_wait_s: float = 0.5
 
 
 @dataclass
@@ -83,6 +87,7 @@ class _Request:
     _sessions_per_service: Counter[str] = field(default_factory=Counter)
     policy: GammaPolicy | None = None  # adaptive γ; None when the request fixes γ
     opening_ns: int = 0  # wall time spent opening sessions (prefills) during the current round
+    waiting_ns: int = 0  # wall time spent waiting for the other requests (lockstep) during the current round
     gammas: int = 0  # sum of the γ asked for, for stats.mean_gamma
 
     @property
@@ -135,6 +140,7 @@ class Orchestrator:
         self.draft_timeout_s = draft_timeout_s
         self.costs = costs or CostModel.from_measured({}, {})
         self.speculation = speculation
+        self.lockstep = Lockstep(speculation.lockstep_wait_s)  # shared by all requests
         self.on_round: Callable[[Mode, Proposal | None, Verdict], None] | None = None  # e.g. metrics
 
     def generate(
@@ -148,7 +154,10 @@ class Orchestrator:
         request = self._new_request(prompt, params, deadline)
         try:
             self._prefill(request)
-            yield from self._rounds(request, cancelled)
+            try:
+                yield from self._rounds(request, cancelled)
+            finally:
+                self.lockstep.leave(request.request_id)
         finally:
             self._close(request)
 
@@ -169,8 +178,16 @@ class Orchestrator:
         return request
 
     def _prefill(self, request: _Request) -> None:
-        """Open the target session; the draft session opens with the first proposal."""
+        """Open the target session, and the draft's unless it is down (then the first proposal that
+        finds it back opens it): a draft prefill inside a round would hold up the requests in step."""
         self._open_target(request)
+        if request.use_draft and self.draft_circuit.allow():
+            try:
+                self._prefill_draft(request)
+            except (Unavailable, DeadlineExceeded) as exc:
+                self._draft_failed(request, exc)
+            else:
+                self.draft_circuit.succeeded()
 
     def _open_target(self, request: _Request) -> None:
         """Open a target session from prompt + emitted tokens on a replica that has not failed this request."""
@@ -229,16 +246,19 @@ class Orchestrator:
 
     def _round(self, request: _Request) -> list[int]:
         """One propose/verify round; returns the tokens it emits."""
-        start, request.opening_ns = now_ns(), 0
+        start, request.opening_ns, request.waiting_ns = now_ns(), 0, 0
+        self._wait_for_others(request, self.lockstep.start_round)
         remaining = request.max_new_tokens - len(request.generated)
         gamma = min(self._gamma(request), remaining - 1)
         # a Propose after target-only rounds first feeds the draft every token it missed: not a per-token cost
         catching_up = len(request.draft_append) > 1 or request.draft_session is None
         proposal, propose_ns = self._propose(request, gamma) if gamma > 0 else (None, 0)
+        self._wait_for_others(request, self.lockstep.before_verify)
         verdict = self._verify(request, proposal)
         self._account(request, gamma, proposal, verdict)
-        # a prefill inside the round (the draft's first proposal, a failover) is per request, not per round
-        round_ns = now_ns() - start - request.opening_ns
+        # a prefill inside the round (the draft's first proposal, a failover) is per request, not per
+        # round; waiting for the other requests is the price of batching them, not overhead
+        round_ns = now_ns() - start - request.opening_ns - request.waiting_ns
         self._learn(request, proposal, verdict, propose_ns, round_ns, catching_up)
         if self.on_round is not None:
             self.on_round(request.params.mode, proposal, verdict)
@@ -264,14 +284,17 @@ class Orchestrator:
         try:
             proposal, call_ns = self._draft_tokens(request, gamma)
         except (Unavailable, DeadlineExceeded) as exc:
-            request.deadline.remaining()  # raises if it was the request's own deadline that ran out
-            log.warning("draft unavailable for request %s (%s); running target-only", request.request_id, exc)
-            self.draft_circuit.failed()
-            request.draft_session = None  # reopened from the committed sequence once the draft is back
+            self._draft_failed(request, exc)
             request.stats.draft_unavailable_rounds += 1
             return None, 0
         self.draft_circuit.succeeded()
         return proposal, call_ns
+
+    def _draft_failed(self, request: _Request, exc: Exception) -> None:
+        request.deadline.remaining()  # raises if it was the request's own deadline that ran out
+        log.warning("draft unavailable for request %s (%s); running target-only", request.request_id, exc)
+        self.draft_circuit.failed()
+        request.draft_session = None  # reopened from the committed sequence once the draft is back
 
     def _draft_tokens(self, request: _Request, gamma: int) -> tuple[Proposal, int]:
         if request.draft_session is None:
@@ -303,7 +326,9 @@ class Orchestrator:
         request.stats.round_overhead_ms += ns_to_ms(max(round_ns - forwards_ns, 0))
         self.costs.observe_target(drafted + 1, ns_to_ms(verdict.service_ns), verdict.batch_size)
         if proposal is not None and not catching_up:  # a catch-up forward would inflate the per-token cost
-            self.costs.observe_draft(drafted, ns_to_ms(proposal.service_ns), ns_to_ms(propose_ns))
+            self.costs.observe_draft(
+                drafted, ns_to_ms(proposal.forward_ns), ns_to_ms(proposal.service_ns), ns_to_ms(propose_ns)
+            )
             self.costs.observe_overhead(ns_to_ms(round_ns - propose_ns - verdict.service_ns))
         elif proposal is None:
             self.costs.observe_overhead(ns_to_ms(round_ns - verdict.service_ns))
@@ -334,6 +359,12 @@ class Orchestrator:
         request.opened.append((self.draft, session_id))
         request.draft_rollback_to, request.draft_append = None, []
         request.stats.draft_ms += ns_to_ms(ns)
+
+    @staticmethod
+    def _wait_for_others(request: _Request, gate: Callable[[str, float], None]) -> None:
+        start = now_ns()
+        gate(request.request_id, request.deadline.remaining())
+        request.waiting_ns += now_ns() - start
 
     def _verify(self, request: _Request, proposal: Proposal | None) -> Verdict:
         """The target's verdict; a replica that is gone is replaced and the same proposal verified there."""

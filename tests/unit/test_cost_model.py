@@ -50,7 +50,7 @@ def test_drafting_costs_one_draft_forward_per_token_whatever_the_reported_curve(
     costs = CostModel(CostCurve.of(FLAT), CostCurve.of({1: 48.6, 2: 38.5}), draft_call_ms=0.0)
     assert costs.draft_ms(6) == pytest.approx(6 * 48.6)
     for _ in range(30):
-        costs.observe_draft(tokens=6, service_ms=6 * 45.0, call_ms=6 * 45.0)
+        costs.observe_draft(tokens=6, forward_ms=6 * 45.0, service_ms=6 * 45.0, call_ms=6 * 45.0)
     assert costs.draft_ms(1) == pytest.approx(45.0, rel=0.01)
     assert costs.draft_ms(3) == pytest.approx(135.0, rel=0.01)
     assert costs.best_gamma(alpha=0.5, max_gamma=10) > 0  # drafting pays here (target(7) ≈ target(1))
@@ -86,9 +86,19 @@ def test_gamma_grows_with_acceptance() -> None:
 def test_online_observations_rescale_the_curve_towards_what_is_measured() -> None:
     costs = model(FLAT, draft_per_token=40.0)
     for _ in range(30):  # under load the draft got 4x dearer than at start-up
-        costs.observe_draft(tokens=4, service_ms=640.0, call_ms=640.0)
+        costs.observe_draft(tokens=4, forward_ms=640.0, service_ms=640.0, call_ms=640.0)
     assert costs.draft_ms(1) == pytest.approx(160.0, rel=0.01)
     assert costs.best_gamma(alpha=0.7, max_gamma=10) < model(FLAT, 40.0).best_gamma(alpha=0.7, max_gamma=10)
+
+
+def test_a_proposal_that_waited_for_its_batch_is_priced_by_its_own_forwards() -> None:
+    """Regression: a one-token proposal in a batch whose longest proposal took 6 steps spends 6 steps
+    in the service. Priced by service time, the draft looked 6x dearer and γ fell to 0."""
+    costs = model(FLAT, draft_per_token=40.0)
+    for _ in range(30):
+        costs.observe_draft(tokens=1, forward_ms=40.0, service_ms=6 * 40.0, call_ms=6 * 40.0 + 1.0)
+    assert costs.draft_ms(1) == pytest.approx(40.0, rel=0.01)
+    assert costs.draft_call_ms == pytest.approx(1.0, rel=0.01)
 
 
 def test_acceptance_tracker_counts_the_failed_position_and_leans_on_the_prior_early() -> None:

@@ -1,0 +1,106 @@
+"""Lockstep rounds: the requests in flight draft together, then verify together (no gRPC here).
+
+Left alone, concurrent requests drift out of step: proposals end at different lengths (early
+stops, different γ), so while one request's draft computes, another's target forward runs. On
+a host where both models share the cores they then compute at the same time and each runs at
+a fraction of its speed, and the target sees batches of one or two rows (measured at
+concurrency 8: mostly 1–2 rows for `sd` against 4–8 for `ar`). vLLM's scheduler runs one step
+for every running request; this is the same shape across services. A round has two gates:
+
+- `start_round`: the group's rounds start together once every member has arrived, so their
+  Propose calls reach the draft service together and draft as one batch. A request that is
+  new (or fell out of step) waits here for the current group's round to end, then joins.
+- `before_verify`: the Verify calls leave together once every member has its proposal (a
+  request that drafts nothing this round arrives at once), so the target verifies them as one
+  batch and no target forward overlaps a draft forward of the same group.
+
+A member that keeps the others waiting longer than `max_wait_s` (a draft prefill, an outage
+waiting for its timeout, a slow client) is left behind: the group goes on without it, and it
+rejoins at the next round start. `max_wait_s` = 0 turns lockstep off.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Hashable
+
+from calispec_core.errors import require
+
+
+class Lockstep:
+    """Two alternating gates for a group whose members come and go: a request joins at a round
+    start and leaves when its rounds end (however they end), so nobody waits for one that is gone."""
+
+    def __init__(self, max_wait_s: float) -> None:
+        require(max_wait_s >= 0, f"lockstep max wait must be >= 0, got {max_wait_s}")
+        self.max_wait_s = max_wait_s
+        self._state = threading.Condition()
+        self._group: set[Hashable] = set()  # members of the round in progress (or gathering)
+        self._arrived: set[Hashable] = set()  # members at the current gate
+        self._joining = 0  # requests waiting for the round in progress to end
+        self._drafting = False  # gate: False = round start, True = before verify
+        self._generation = 0  # counts opened gates: a waiter is free once it moves on
+
+    def waiting(self) -> int:
+        """Requests waiting now (at the current gate, or to join at the next round start)."""
+        with self._state:
+            return len(self._arrived) + self._joining
+
+    def members(self) -> int:
+        """Requests in the group now."""
+        with self._state:
+            return len(self._group)
+
+    def start_round(self, member: Hashable, timeout_s: float) -> None:
+        """Wait until every member is ready to start a round (a newcomer first waits for the round
+        in progress to end)."""
+        if self.max_wait_s == 0:
+            return
+        with self._state:
+            end = self._end(timeout_s)
+            self._joining += 1
+            while member not in self._group and self._drafting and (left := end - time.monotonic()) > 0:
+                self._state.wait(left)  # a round is in progress: join at its end
+            self._joining -= 1
+            if self._drafting and member not in self._group:
+                return  # waited long enough: this round runs out of step
+            self._group.add(member)
+            self._arrive(member, end)
+
+    def before_verify(self, member: Hashable, timeout_s: float) -> None:
+        """Wait until every member of this round has its proposal."""
+        if self.max_wait_s == 0:
+            return
+        with self._state:
+            if self._drafting and member in self._group:  # else out of step: verify at once
+                self._arrive(member, self._end(timeout_s))
+
+    def leave(self, member: Hashable) -> None:
+        with self._state:
+            self._group.discard(member)
+            self._arrived.discard(member)
+            if self._arrived and self._arrived >= self._group:  # the gate waited only for this one
+                self._open()
+
+    def _end(self, timeout_s: float) -> float:
+        return time.monotonic() + min(self.max_wait_s, max(timeout_s, 0.0))
+
+    def _arrive(self, member: Hashable, end: float) -> None:
+        """(Holding the lock) wait at the current gate until everyone is there or `end`."""
+        self._arrived.add(member)
+        if self._arrived >= self._group:
+            self._open()
+            return
+        generation = self._generation
+        while self._generation == generation and (left := end - time.monotonic()) > 0:
+            self._state.wait(left)
+        if self._generation == generation:  # waited long enough: go without the ones missing
+            self._group &= self._arrived
+            self._open()
+
+    def _open(self) -> None:
+        self._generation += 1
+        self._drafting = not self._drafting
+        self._arrived.clear()
+        self._state.notify_all()

@@ -1,0 +1,172 @@
+"""Lockstep rounds: concurrent requests verify together, and nobody waits for a request that is gone."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+from calispec_core.errors import InvalidArgument
+from calispec_core.timing import Deadline
+from coordinator.engine import Orchestrator, SpeculationConfig
+from coordinator.lockstep import Lockstep
+from tests.helpers import wait_until
+from tests.unit.fakes import EOS, CharTokenizer, FakeDraft, FakeTarget
+from tests.unit.test_orchestrator import alphabet_target, params, sloppy_draft
+
+
+def test_a_lone_request_never_waits() -> None:
+    lockstep = Lockstep(max_wait_s=60)
+    lockstep.start_round("a", timeout_s=60)  # returns: nobody else to wait for
+    lockstep.before_verify("a", timeout_s=60)
+    lockstep.start_round("a", timeout_s=60)
+    assert lockstep.waiting() == 0
+
+
+def _in_thread(gate: Callable[[str, float], None], member: str) -> threading.Thread:
+    thread = threading.Thread(target=gate, args=(member, 60))
+    thread.start()
+    return thread
+
+
+def _ends(thread: threading.Thread) -> bool:
+    thread.join(timeout=30)
+    return not thread.is_alive()
+
+
+def _group_of_two() -> Lockstep:
+    """"a" and "b" both in the group, drafting."""
+    lockstep = Lockstep(max_wait_s=60)
+    lockstep.start_round("a", timeout_s=60)  # alone: starts at once
+    b = _in_thread(lockstep.start_round, "b")  # joins when "a"'s round ends
+    wait_until(lambda: lockstep.waiting() == 1, interval_s=0.001)
+    lockstep.before_verify("a", timeout_s=60)
+    wait_until(lambda: lockstep.members() == 2, interval_s=0.001)
+    assert b.is_alive()  # at the round start, waiting for "a"
+    lockstep.start_round("a", timeout_s=60)
+    assert _ends(b)
+    return lockstep
+
+
+def test_a_round_starts_when_every_member_is_ready_and_verifies_when_every_member_proposed() -> None:
+    lockstep = _group_of_two()
+    a = _in_thread(lockstep.before_verify, "a")
+    wait_until(lambda: lockstep.waiting() == 1, interval_s=0.001)
+    assert a.is_alive()  # held until "b" has its proposal
+    lockstep.before_verify("b", timeout_s=60)
+    assert _ends(a)
+    assert lockstep.waiting() == 0
+
+
+def test_a_newcomer_joins_when_the_round_in_progress_ends() -> None:
+    lockstep = Lockstep(max_wait_s=60)
+    lockstep.start_round("a", timeout_s=60)  # "a" is drafting
+    b = _in_thread(lockstep.start_round, "b")
+    wait_until(lambda: lockstep.waiting() == 1, interval_s=0.001)
+    assert b.is_alive() and lockstep.members() == 1  # no round start while "a" drafts
+    lockstep.before_verify("a", timeout_s=60)  # "a"'s round ends: "b" joins the next start
+    wait_until(lambda: lockstep.members() == 2, interval_s=0.001)
+    lockstep.start_round("a", timeout_s=60)
+    assert _ends(b)
+
+
+def test_a_member_leaving_releases_those_waiting_for_it() -> None:
+    lockstep = _group_of_two()
+    a = _in_thread(lockstep.before_verify, "a")
+    wait_until(lambda: lockstep.waiting() == 1, interval_s=0.001)
+    lockstep.leave("b")  # "b" ended (finished, failed or cancelled)
+    assert _ends(a)
+
+
+def test_a_straggler_is_left_behind_and_rejoins_at_a_round_start() -> None:
+    lockstep = _group_of_two()
+    lockstep.max_wait_s = 0.01
+    lockstep.before_verify("a", timeout_s=60)  # "b" never comes: "a" goes after max_wait_s
+    assert lockstep.members() == 1
+    lockstep.before_verify("b", timeout_s=60)  # out of step now: passes at once
+    lockstep.max_wait_s = 60
+    b = _in_thread(lockstep.start_round, "b")  # a newcomer again
+    wait_until(lambda: lockstep.members() == 2, interval_s=0.001)
+    lockstep.start_round("a", timeout_s=60)
+    assert _ends(b)  # together again
+
+
+def test_negative_wait_is_refused() -> None:
+    with pytest.raises(InvalidArgument):
+        Lockstep(max_wait_s=-1)
+
+
+class SlowFirstDraft(FakeDraft):
+    """The first request's first proposal lasts until the second request is held by lockstep (or,
+    without it, has finished two rounds of its own): the drift lockstep removes."""
+
+    def __init__(self, target: FakeTarget) -> None:
+        super().__init__(sloppy_draft)
+        self.target = target
+        self.lockstep: Lockstep | None = None
+        self.slow_in_propose = threading.Event()
+        self.rounds_of_fast_meanwhile: int | None = None
+
+    def propose(self, session_id, num_tokens, rollback_to, append, timeout, min_confidence=0.0):
+        if session_id == "slow" and self.rounds_of_fast_meanwhile is None:
+            lockstep = self.lockstep
+            assert lockstep is not None
+            self.slow_in_propose.set()
+            wait_until(lambda: lockstep.waiting() == 1 or self.target.verifies["fast"] >= 2, interval_s=0.001)
+            self.rounds_of_fast_meanwhile = self.target.verifies["fast"]
+        return super().propose(session_id, num_tokens, rollback_to, append, timeout, min_confidence)
+
+
+class CountingTarget(FakeTarget):
+    def __init__(self) -> None:
+        super().__init__(alphabet_target)
+        self.verifies: Counter[str] = Counter()
+
+    def verify(self, session_id, proposal, timeout):
+        verdict = super().verify(session_id, proposal, timeout)
+        self.verifies[session_id] += 1
+        return verdict
+
+
+def _rounds_of_one_request_during_the_first_round_of_another(lockstep_wait_s: float) -> int:
+    target = CountingTarget()
+    draft = SlowFirstDraft(target)
+    speculation = SpeculationConfig(lockstep_wait_s=lockstep_wait_s)
+    orchestrator = Orchestrator(CharTokenizer(), draft, [target], (EOS,), max_context=4096, speculation=speculation)
+    draft.lockstep = orchestrator.lockstep
+    request_ids = iter(["slow", "fast"])  # a request's first sessions are named after it
+    original = orchestrator._new_request
+
+    def named(prompt, p, deadline):
+        request = original(prompt, p, deadline)
+        request.request_id = next(request_ids)
+        return request
+
+    orchestrator._new_request = named  # type: ignore[method-assign]
+    outputs: dict[str, str] = {}
+
+    def client(name: str) -> None:
+        chunks = orchestrator.generate("c", params(num_speculative_tokens=3, max_new_tokens=12), Deadline(60))
+        outputs[name] = "".join(c.text for c in chunks)
+
+    slow = threading.Thread(target=client, args=("slow",))
+    slow.start()
+    assert draft.slow_in_propose.wait(timeout=30)  # in its first round
+    fast = threading.Thread(target=client, args=("fast",))
+    fast.start()
+    for thread in (slow, fast):
+        thread.join(timeout=60)
+    assert outputs == {"slow": "defghijklmno", "fast": "defghijklmno"}
+    assert draft.rounds_of_fast_meanwhile is not None
+    return draft.rounds_of_fast_meanwhile
+
+
+def test_no_request_starts_a_round_while_another_is_mid_round() -> None:
+    assert _rounds_of_one_request_during_the_first_round_of_another(lockstep_wait_s=60) == 0
+
+
+def test_without_lockstep_requests_drift_apart() -> None:
+    """The scenario above does drift without the barrier (so the test above can fail)."""
+    assert _rounds_of_one_request_during_the_first_round_of_another(lockstep_wait_s=0) >= 2
