@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
@@ -36,6 +37,7 @@ from coordinator.lockstep import Lockstep
 from coordinator.replicas import ReplicaSet
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CLOSE_TIMEOUT_S = 5.0
 DRAFT_TIMEOUT_S = 10.0  # a draft call taking longer counts as a draft outage (the round runs target-only)
@@ -247,9 +249,11 @@ class Orchestrator:
     def _round(self, request: _Request) -> list[int]:
         """One propose/verify round; returns the tokens it emits."""
         start, request.opening_ns, request.waiting_ns = now_ns(), 0, 0
-        self._wait_for_others(request, self.lockstep.start_round)
         remaining = request.max_new_tokens - len(request.generated)
         gamma = min(self._gamma(request), remaining - 1)
+        cap = self._wait_for_others(request, lambda member, timeout: self.lockstep.start_round(member, timeout, gamma))
+        if request.policy is not None:  # adaptive: no longer than the group's median wish
+            gamma = min(gamma, cap)
         # a Propose after target-only rounds first feeds the draft every token it missed: not a per-token cost
         catching_up = len(request.draft_append) > 1 or request.draft_session is None
         proposal, propose_ns = self._propose(request, gamma) if gamma > 0 else (None, 0)
@@ -361,10 +365,12 @@ class Orchestrator:
         request.stats.draft_ms += ns_to_ms(ns)
 
     @staticmethod
-    def _wait_for_others(request: _Request, gate: Callable[[str, float], None]) -> None:
+    def _wait_for_others(request: _Request, gate: Callable[[str, float], T]) -> T:
         start = now_ns()
-        gate(request.request_id, request.deadline.remaining())
-        request.waiting_ns += now_ns() - start
+        try:
+            return gate(request.request_id, request.deadline.remaining())
+        finally:
+            request.waiting_ns += now_ns() - start
 
     def _verify(self, request: _Request, proposal: Proposal | None) -> Verdict:
         """The target's verdict; a replica that is gone is replaced and the same proposal verified there."""

@@ -41,6 +41,8 @@ class Lockstep:
         self._joining = 0  # requests waiting for the round in progress to end
         self._drafting = False  # gate: False = round start, True = before verify
         self._generation = 0  # counts opened gates: a waiter is free once it moves on
+        self._wishes: dict[Hashable, int] = {}  # γ each member wants this round
+        self._cap = 0  # the median wish of the group at the last round start
 
     def waiting(self) -> int:
         """Requests waiting now (at the current gate, or to join at the next round start)."""
@@ -52,11 +54,13 @@ class Lockstep:
         with self._state:
             return len(self._group)
 
-    def start_round(self, member: Hashable, timeout_s: float) -> None:
+    def start_round(self, member: Hashable, timeout_s: float, gamma: int) -> int:
         """Wait until every member is ready to start a round (a newcomer first waits for the round
-        in progress to end)."""
+        in progress to end). `gamma`: the draft tokens this member would like; returns the group's
+        median wish, a cap for members whose γ is adaptive: the group's drafting lasts as long as
+        its longest proposal, so one member drafting far past the others holds all of them."""
         if self.max_wait_s == 0:
-            return
+            return gamma
         with self._state:
             end = self._end(timeout_s)
             self._joining += 1
@@ -64,9 +68,11 @@ class Lockstep:
                 self._state.wait(left)  # a round is in progress: join at its end
             self._joining -= 1
             if self._drafting and member not in self._group:
-                return  # waited long enough: this round runs out of step
+                return gamma  # waited long enough: this round runs out of step
             self._group.add(member)
+            self._wishes[member] = gamma
             self._arrive(member, end)
+            return self._cap if member in self._group else gamma
 
     def before_verify(self, member: Hashable, timeout_s: float) -> None:
         """Wait until every member of this round has its proposal."""
@@ -80,6 +86,7 @@ class Lockstep:
         with self._state:
             self._group.discard(member)
             self._arrived.discard(member)
+            self._wishes.pop(member, None)
             if self._arrived and self._arrived >= self._group:  # the gate waited only for this one
                 self._open()
 
@@ -100,6 +107,10 @@ class Lockstep:
             self._open()
 
     def _open(self) -> None:
+        if not self._drafting:  # a round starts: its members' median wish caps the adaptive ones
+            wishes = sorted(self._wishes[m] for m in self._arrived)
+            self._cap = wishes[(len(wishes) - 1) // 2]  # the lower median: the shorter of two middle wishes
+            self._wishes.clear()
         self._generation += 1
         self._drafting = not self._drafting
         self._arrived.clear()

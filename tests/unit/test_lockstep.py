@@ -19,14 +19,14 @@ from tests.unit.test_orchestrator import alphabet_target, params, sloppy_draft
 
 def test_a_lone_request_never_waits() -> None:
     lockstep = Lockstep(max_wait_s=60)
-    lockstep.start_round("a", timeout_s=60)  # returns: nobody else to wait for
+    lockstep.start_round("a", timeout_s=60, gamma=4)  # returns: nobody else to wait for
     lockstep.before_verify("a", timeout_s=60)
-    lockstep.start_round("a", timeout_s=60)
+    lockstep.start_round("a", timeout_s=60, gamma=4)
     assert lockstep.waiting() == 0
 
 
-def _in_thread(gate: Callable[[str, float], None], member: str) -> threading.Thread:
-    thread = threading.Thread(target=gate, args=(member, 60))
+def _in_thread(gate: Callable[..., object], member: str, *more: int) -> threading.Thread:
+    thread = threading.Thread(target=gate, args=(member, 60, *more))
     thread.start()
     return thread
 
@@ -37,15 +37,15 @@ def _ends(thread: threading.Thread) -> bool:
 
 
 def _group_of_two() -> Lockstep:
-    """"a" and "b" both in the group, drafting."""
+    """ "a" and "b" both in the group, drafting."""
     lockstep = Lockstep(max_wait_s=60)
-    lockstep.start_round("a", timeout_s=60)  # alone: starts at once
-    b = _in_thread(lockstep.start_round, "b")  # joins when "a"'s round ends
+    lockstep.start_round("a", timeout_s=60, gamma=4)  # alone: starts at once
+    b = _in_thread(lockstep.start_round, "b", 4)  # joins when "a"'s round ends
     wait_until(lambda: lockstep.waiting() == 1, interval_s=0.001)
     lockstep.before_verify("a", timeout_s=60)
     wait_until(lambda: lockstep.members() == 2, interval_s=0.001)
     assert b.is_alive()  # at the round start, waiting for "a"
-    lockstep.start_round("a", timeout_s=60)
+    lockstep.start_round("a", timeout_s=60, gamma=4)
     assert _ends(b)
     return lockstep
 
@@ -62,13 +62,13 @@ def test_a_round_starts_when_every_member_is_ready_and_verifies_when_every_membe
 
 def test_a_newcomer_joins_when_the_round_in_progress_ends() -> None:
     lockstep = Lockstep(max_wait_s=60)
-    lockstep.start_round("a", timeout_s=60)  # "a" is drafting
-    b = _in_thread(lockstep.start_round, "b")
+    lockstep.start_round("a", timeout_s=60, gamma=4)  # "a" is drafting
+    b = _in_thread(lockstep.start_round, "b", 4)
     wait_until(lambda: lockstep.waiting() == 1, interval_s=0.001)
     assert b.is_alive() and lockstep.members() == 1  # no round start while "a" drafts
     lockstep.before_verify("a", timeout_s=60)  # "a"'s round ends: "b" joins the next start
     wait_until(lambda: lockstep.members() == 2, interval_s=0.001)
-    lockstep.start_round("a", timeout_s=60)
+    lockstep.start_round("a", timeout_s=60, gamma=4)
     assert _ends(b)
 
 
@@ -87,10 +87,29 @@ def test_a_straggler_is_left_behind_and_rejoins_at_a_round_start() -> None:
     assert lockstep.members() == 1
     lockstep.before_verify("b", timeout_s=60)  # out of step now: passes at once
     lockstep.max_wait_s = 60
-    b = _in_thread(lockstep.start_round, "b")  # a newcomer again
+    b = _in_thread(lockstep.start_round, "b", 4)  # a newcomer again
     wait_until(lambda: lockstep.members() == 2, interval_s=0.001)
-    lockstep.start_round("a", timeout_s=60)
+    lockstep.start_round("a", timeout_s=60, gamma=4)
     assert _ends(b)  # together again
+
+
+def test_a_round_caps_gamma_at_the_median_wish_of_its_group() -> None:
+    lockstep = Lockstep(max_wait_s=60)
+    assert lockstep.start_round("a", timeout_s=60, gamma=1) == 1  # alone: its own wish
+    caps: dict[str, int] = {}
+
+    def start(member: str, gamma: int) -> None:
+        caps[member] = lockstep.start_round(member, 60, gamma)
+
+    joining = [threading.Thread(target=start, args=(m, g)) for m, g in (("b", 3), ("c", 10))]
+    for thread in joining:
+        thread.start()
+    wait_until(lambda: lockstep.waiting() == 2, interval_s=0.001)
+    lockstep.before_verify("a", timeout_s=60)
+    wait_until(lambda: lockstep.members() == 3, interval_s=0.001)
+    caps["a"] = lockstep.start_round("a", timeout_s=60, gamma=1)
+    assert all(_ends(t) for t in joining)
+    assert caps == {"a": 3, "b": 3, "c": 3}  # one member drafting 10 would hold the other two
 
 
 def test_negative_wait_is_refused() -> None:
