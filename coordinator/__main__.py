@@ -52,6 +52,13 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         help="adaptive γ: the draft stops a proposal after a token it gives less probability (0: off)",
     )
     parser.add_argument(
+        "--lockstep-wait",
+        type=float,
+        default=0.5,
+        help="seconds a request waits for the others so that their rounds draft and verify together "
+        "(docs/performance.md, lockstep rounds; 0: off)",
+    )
+    parser.add_argument(
         "--connect-timeout", type=float, default=60.0, help="seconds to wait for draft and target at start-up"
     )
     parser.add_argument(
@@ -95,6 +102,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         served_model_name=args.served_model_name,
         max_gamma=args.max_gamma,
         draft_min_confidence=args.draft_min_confidence,
+        lockstep_wait_s=args.lockstep_wait,
         metrics_port=args.metrics_port,
         drain_timeout_s=args.drain_timeout_s,
     )

@@ -35,6 +35,7 @@ class CoordinatorConfig:
     served_model_name: str | None = None  # the `model` HTTP requests name; None: the tokenizer directory's name
     max_gamma: int = 10  # adaptive γ's upper bound (requests may fix γ up to MAX_SPECULATIVE_TOKENS)
     draft_min_confidence: float = 0.4  # adaptive γ: the draft's early stop (HF's assistant_confidence_threshold)
+    lockstep_wait_s: float = 0.5  # how long requests wait for each other to run rounds together (0: off)
 
     @property
     def model_name(self) -> str:

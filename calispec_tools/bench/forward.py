@@ -7,7 +7,7 @@ ratio on this machine, so the speedups of `bench_pair` can be read against it. N
 time is asserted.
 
 `--batch B` times the services' batched path instead (`calispec_core/batch_forward.py`: B sessions of
-different cached lengths packed into one padded forward, as a verify round at concurrency B does).
+different cached lengths packed end to end into one forward, as a verify round at concurrency B does).
 
 In float32 on CPU it compares the two Linear paths on one loaded model (`--linear`): `onednn`
 (multi-row products on oneDNN, what the services use) and `default` (torch's MKL path), interleaved
@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=",".join(FP32_LINEAR_CHOICES),
         help="float32 Linear paths to compare, comma-separated (onednn: the services' path; default: torch's)",
     )
-    parser.add_argument("--batch", type=int, default=1, help="sessions per forward (>1: the batched, padded path)")
+    parser.add_argument("--batch", type=int, default=1, help="sessions per forward (>1: the batched path, rows packed end to end)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args(argv)

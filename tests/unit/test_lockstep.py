@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+import coordinator.__main__ as coordinator_cli
 from calispec_core.errors import InvalidArgument
 from calispec_core.timing import Deadline
 from coordinator.engine import Orchestrator, SpeculationConfig
@@ -189,3 +190,14 @@ def test_no_request_starts_a_round_while_another_is_mid_round() -> None:
 def test_without_lockstep_requests_drift_apart() -> None:
     """The scenario above does drift without the barrier (so the test above can fail)."""
     assert _rounds_of_one_request_during_the_first_round_of_another(lockstep_wait_s=0) >= 2
+
+
+def test_the_coordinator_cli_maps_lockstep_wait_onto_the_orchestrator() -> None:
+    base = ["--draft-addr", "127.0.0.1:1", "--target-addr", "127.0.0.1:2", "--tokenizer", "t"]
+    assert coordinator_cli.parse_config(base)[0].lockstep_wait_s == 0.5
+    config, _ = coordinator_cli.parse_config([*base, "--lockstep-wait", "0"])
+    assert config.lockstep_wait_s == 0.0
+    speculation = SpeculationConfig(lockstep_wait_s=config.lockstep_wait_s)
+    orchestrator = Orchestrator(CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096,
+                                speculation=speculation)  # fmt: skip
+    assert orchestrator.lockstep.max_wait_s == 0.0
