@@ -47,7 +47,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=",".join(FP32_LINEAR_CHOICES),
         help="float32 Linear paths to compare, comma-separated (onednn: the services' path; default: torch's)",
     )
-    parser.add_argument("--batch", type=int, default=1, help="sessions per forward (>1: the batched path, rows packed end to end)")
+    parser.add_argument(
+        "--batch", type=int, default=1, help="sessions per forward (>1: the batched path, rows packed end to end)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args(argv)
