@@ -7,6 +7,9 @@ out. γ is the request's own when it fixes one; otherwise the cost model chooses
 round (0 = a plain target step, where drafting would lose) and the draft may stop a
 proposal early when unsure. Mode `ar` skips the draft: each round is one plain target step.
 
+Concurrent requests run their rounds in lockstep (`lockstep.py`): they start a round together,
+so they draft as one batch, and verify together, so the target verifies them as one batch.
+
 Failures of one service end no request by themselves. The draft is optional: while it is
 unavailable (a circuit breaker probes it again after a backoff) rounds run target-only and
 the stats count them. A target replica that is gone mid-request is replaced by another one,
@@ -260,8 +263,8 @@ class Orchestrator:
         self._wait_for_others(request, self.lockstep.before_verify)
         verdict = self._verify(request, proposal)
         self._account(request, gamma, proposal, verdict)
-        # a prefill inside the round (the draft's first proposal, a failover) is per request, not per
-        # round; waiting for the other requests is the price of batching them, not overhead
+        # a prefill inside the round (a draft reopened after an outage, a failover) is per request, not
+        # per round; waiting for the other requests is the price of batching them, not overhead
         round_ns = now_ns() - start - request.opening_ns - request.waiting_ns
         self._learn(request, proposal, verdict, propose_ns, round_ns, catching_up)
         if self.on_round is not None:
