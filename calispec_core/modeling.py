@@ -112,7 +112,11 @@ class ModelRunner:
         self.device = resolve_device(spec.device)
         self.dtype = resolve_dtype(spec.dtype, self.device)  # of activations and logits
         self.dtype_name = spec.dtype if spec.dtype == INT8 else str(self.dtype).removeprefix("torch.")
-        model = AutoModelForCausalLM.from_pretrained(str(spec.path), dtype=self.dtype, local_files_only=True)
+        # SDPA takes the batched path's boolean block mask as given (batch_forward); eager attention
+        # would add it to the scores and FlashAttention would ignore it.
+        model = AutoModelForCausalLM.from_pretrained(
+            str(spec.path), dtype=self.dtype, local_files_only=True, attn_implementation="sdpa"
+        )
         model = model.to(self.device).eval()
         self.tokenizer = load_tokenizer(spec.path)
         self.eos_token_ids = self._eos_ids(model)

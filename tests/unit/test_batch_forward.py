@@ -40,3 +40,8 @@ def test_single_row_uses_the_sessions_own_cache(target_runner: ModelRunner) -> N
     session = prefill_session(target_runner, "one", PROMPTS[0])
     rows, caches = forward_rows(target_runner, [session.cache], [[*session.pending(), 1]], [2])
     assert caches[0] is session.cache and rows[0].shape == (2, target_runner.vocab_size)
+
+
+def test_models_load_with_the_attention_that_takes_the_block_mask(target_runner: ModelRunner) -> None:
+    """The packed batch relies on SDPA using its boolean mask as given (eager would add it)."""
+    assert target_runner.model.config._attn_implementation == "sdpa"
