@@ -56,9 +56,10 @@ class Lockstep:
 
     def start_round(self, member: Hashable, timeout_s: float, gamma: int) -> int:
         """Wait until every member is ready to start a round (a newcomer first waits for the round
-        in progress to end). `gamma`: the draft tokens this member would like; returns the group's
-        median wish, a cap for members whose γ is adaptive: the group's drafting lasts as long as
-        its longest proposal, so one member drafting far past the others holds all of them."""
+        in progress to end). `gamma`: the draft tokens this member would like; returns the median
+        wish of the members that draft, a cap for members whose γ is adaptive: the group's drafting
+        lasts as long as its longest proposal, so one member drafting far past the others holds all
+        of them (members that draft nothing hold nobody, so their wishes do not count)."""
         if self.max_wait_s == 0:
             return gamma
         with self._state:
@@ -107,9 +108,9 @@ class Lockstep:
             self._open()
 
     def _open(self) -> None:
-        if not self._drafting:  # a round starts: its members' median wish caps the adaptive ones
-            wishes = sorted(self._wishes[m] for m in self._arrived)
-            self._cap = wishes[(len(wishes) - 1) // 2]  # the lower median: the shorter of two middle wishes
+        if not self._drafting:  # a round starts: the drafting members' median wish caps the adaptive ones
+            wishes = sorted(w for m in self._arrived if (w := self._wishes[m]) > 0)  # those that draft
+            self._cap = wishes[(len(wishes) - 1) // 2] if wishes else 0  # lower median: the shorter middle one
             self._wishes.clear()
         self._generation += 1
         self._drafting = not self._drafting

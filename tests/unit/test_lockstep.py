@@ -94,23 +94,30 @@ def test_a_straggler_is_left_behind_and_rejoins_at_a_round_start() -> None:
     assert _ends(b)  # together again
 
 
-def test_a_round_caps_gamma_at_the_median_wish_of_its_group() -> None:
+@pytest.mark.parametrize(
+    ("wishes", "cap"),
+    [
+        ({"a": 1, "b": 3, "c": 10}, 3),  # one member drafting 10 would hold the other two
+        ({"a": 0, "b": 0, "c": 4}, 4),  # members that draft nothing hold nobody: no cap from them
+    ],
+)
+def test_a_round_caps_gamma_at_the_median_wish_of_its_drafting_members(wishes: dict[str, int], cap: int) -> None:
     lockstep = Lockstep(max_wait_s=60)
-    assert lockstep.start_round("a", timeout_s=60, gamma=1) == 1  # alone: its own wish
+    assert lockstep.start_round("a", timeout_s=60, gamma=wishes["a"]) == wishes["a"]  # alone: its own wish
     caps: dict[str, int] = {}
 
-    def start(member: str, gamma: int) -> None:
-        caps[member] = lockstep.start_round(member, 60, gamma)
+    def start(member: str) -> None:
+        caps[member] = lockstep.start_round(member, 60, wishes[member])
 
-    joining = [threading.Thread(target=start, args=(m, g)) for m, g in (("b", 3), ("c", 10))]
+    joining = [threading.Thread(target=start, args=(m,)) for m in ("b", "c")]
     for thread in joining:
         thread.start()
     wait_until(lambda: lockstep.waiting() == 2, interval_s=0.001)
     lockstep.before_verify("a", timeout_s=60)
     wait_until(lambda: lockstep.members() == 3, interval_s=0.001)
-    caps["a"] = lockstep.start_round("a", timeout_s=60, gamma=1)
+    caps["a"] = lockstep.start_round("a", timeout_s=60, gamma=wishes["a"])
     assert all(_ends(t) for t in joining)
-    assert caps == {"a": 3, "b": 3, "c": 3}  # one member drafting 10 would hold the other two
+    assert caps == {"a": cap, "b": cap, "c": cap}
 
 
 def test_negative_wait_is_refused() -> None:
