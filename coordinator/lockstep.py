@@ -42,7 +42,7 @@ class Lockstep:
         self._drafting = False  # gate: False = round start, True = before verify
         self._generation = 0  # counts opened gates: a waiter is free once it moves on
         self._wishes: dict[Hashable, int] = {}  # γ each member wants this round
-        self._cap = 0  # the median wish of the group at the last round start
+        self._cap = 0  # the median wish of the drafting members at the last round start
 
     def waiting(self) -> int:
         """Requests waiting now (at the current gate, or to join at the next round start)."""
@@ -73,7 +73,7 @@ class Lockstep:
             self._group.add(member)
             self._wishes[member] = gamma
             self._arrive(member, end)
-            return self._cap if member in self._group else gamma
+            return self._cap  # set when this gate opened (a later one opens only once this member is left behind)
 
     def before_verify(self, member: Hashable, timeout_s: float) -> None:
         """Wait until every member of this round has its proposal."""

@@ -19,10 +19,16 @@ from tests.unit.test_orchestrator import alphabet_target, params, sloppy_draft
 
 
 def test_a_lone_request_never_waits() -> None:
-    lockstep = Lockstep(max_wait_s=60)
-    lockstep.start_round("a", timeout_s=60, gamma=4)  # returns: nobody else to wait for
-    lockstep.before_verify("a", timeout_s=60)
-    lockstep.start_round("a", timeout_s=60, gamma=4)
+    lockstep = Lockstep(max_wait_s=600)
+
+    def two_round_starts() -> None:
+        assert lockstep.start_round("a", timeout_s=600, gamma=4) == 4  # nobody else: its own wish
+        lockstep.before_verify("a", timeout_s=600)
+        lockstep.start_round("a", timeout_s=600, gamma=4)
+
+    rounds = threading.Thread(target=two_round_starts)
+    rounds.start()
+    assert _ends(rounds)  # held at a gate, it would wait there for 600 s
     assert lockstep.waiting() == 0
 
 
