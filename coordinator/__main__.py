@@ -75,6 +75,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     http.add_argument("--http-port", type=int, default=None, help="serve /v1/* on --host:PORT; 0 picks a free one")
     http.add_argument("--served-model-name", help="the `model` HTTP requests name (default: the tokenizer dir's name)")
     args = parser.parse_args(argv)
+    if args.lockstep_wait < 0:
+        parser.error(f"--lockstep-wait must be >= 0 (0: off), got {args.lockstep_wait}")
     defaults = Defaults(
         max_new_tokens=args.default_max_new_tokens,
         num_speculative_tokens=args.default_gamma,

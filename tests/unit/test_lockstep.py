@@ -208,6 +208,8 @@ def test_without_lockstep_requests_drift_apart() -> None:
 def test_the_coordinator_cli_maps_lockstep_wait_onto_the_orchestrator() -> None:
     base = ["--draft-addr", "127.0.0.1:1", "--target-addr", "127.0.0.1:2", "--tokenizer", "t"]
     assert coordinator_cli.parse_config(base)[0].lockstep_wait_s == 0.5
+    with pytest.raises(SystemExit):  # a usage error at start-up, not a failure once services are connected
+        coordinator_cli.parse_config([*base, "--lockstep-wait", "-1"])
     config, _ = coordinator_cli.parse_config([*base, "--lockstep-wait", "0"])
     assert config.lockstep_wait_s == 0.0
     speculation = SpeculationConfig(lockstep_wait_s=config.lockstep_wait_s)
