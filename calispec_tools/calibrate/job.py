@@ -25,8 +25,8 @@ class CalibrateConfig:
     generate: bool = False  # the target first continues every prompt; events come from its continuation
     gamma: int = 6  # sd mode: speculative tokens per round
     max_new_tokens: int = 128  # --generate: the continuation's budget (a request's max_new_tokens)
-    max_tokens: int = 512  # documents are cut into windows of at most this many tokens
-    batch_size: int = 8
+    max_tokens: int = 512  # documents are cut into windows of at most this many tokens; rows are packed this long
+    batch_size: int = 8  # per forward: prompts continued together; text windows up to batch_size * max_tokens tokens
 
     def validate(self) -> CalibrateConfig:
         if self.mode not in EVENT_MODES:
@@ -74,7 +74,7 @@ class Calibrator:
         summary = Summary(documents=len(docs))
         for batch in self.batches(docs, summary):
             t0 = time.perf_counter()
-            result = batch_events(self.draft, self.target, batch, self.config.mode, self.rule)
+            result = batch_events(self.draft, self.target, batch, self.config.mode, self.rule, self.config.max_tokens)
             summary.forward_s += time.perf_counter() - t0
             summary.rows += len(batch)
             summary.positions += result.positions
@@ -86,17 +86,32 @@ class Calibrator:
         return summary
 
     def batches(self, docs: Sequence[Document], summary: Summary) -> Iterator[list[Row]]:
-        """Rows of similar length together (less padding); continuations generated a batch at a time."""
+        """Text windows by token budget (the forward packs them, see teacher.greedy_predictions);
+        continuations generated `batch_size` prompts at a time (shorter prompts together: less padding)."""
         tokenizer = self.target.tokenizer
         texts = [d for d in docs if not (self.config.generate and d.is_prompt)]
         prompts = [encode(tokenizer, d.text) for d in docs if self.config.generate and d.is_prompt]
         rows = [Row(w, 1) for d in texts for w in windows(encode(tokenizer, d.text), self.config.max_tokens)]
-        yield from _chunks(sorted(rows, key=lambda r: len(r.tokens)), self.config.batch_size)
+        yield from _by_tokens(rows, self.config.batch_size * self.config.max_tokens)
         for group in _chunks(sorted(prompts, key=len), self.config.batch_size):
             t0 = time.perf_counter()
             outputs = continue_greedy(self.target, group, self.config.max_new_tokens)
             summary.generate_s += time.perf_counter() - t0
             yield [Row(p + out, len(p), len(out), True) for p, out in zip(group, outputs, strict=True) if out]
+
+
+def _by_tokens(rows: list[Row], budget: int) -> Iterator[list[Row]]:
+    """Consecutive rows, each batch at most `budget` tokens (a longer row alone)."""
+    batch: list[Row] = []
+    size = 0
+    for row in rows:
+        if batch and size + len(row.tokens) > budget:
+            yield batch
+            batch, size = [], 0
+        batch.append(row)
+        size += len(row.tokens)
+    if batch:
+        yield batch
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:

@@ -1,0 +1,36 @@
+"""Teacher-forced rows packed end to end predict exactly what each row alone does (float32, tiny pair)."""
+
+from __future__ import annotations
+
+import random
+
+from calispec_core.modeling import ModelRunner
+from calispec_tools.calibrate.corpus import Document
+from calispec_tools.calibrate.job import CalibrateConfig, Calibrator, Summary
+from calispec_tools.calibrate.teacher import greedy_predictions, pack_rows
+
+
+def test_bins_hold_every_row_once_within_capacity() -> None:
+    lengths = [24, 512, 137, 300, 90, 212, 7, 400]
+    bins = pack_rows(lengths, 512)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in b) <= 512 for b in bins)
+    assert len(bins) == 4  # 2,082 tokens: five bins if every row of 24..212 tokens sat alone with a long one
+
+
+def test_packed_rows_predict_what_each_row_alone_predicts(target_runner: ModelRunner) -> None:
+    rng = random.Random(0)
+    vocab = target_runner.vocab_size
+    rows = [[rng.randrange(vocab) for _ in range(n)] for n in (5, 40, 17, 33, 2, 28)]
+    alone = [greedy_predictions(target_runner, [row])[0] for row in rows]
+    packed = greedy_predictions(target_runner, rows, capacity=48)  # several rows share a sequence
+    assert len(pack_rows([len(r) for r in rows], 48)) < len(rows)
+    assert packed == alone
+
+
+def test_text_batches_follow_a_token_budget(target_runner: ModelRunner, draft_runner: ModelRunner) -> None:
+    config = CalibrateConfig(max_tokens=16, batch_size=2)  # 32 tokens per forward
+    text = " ".join(f"word{i}" for i in range(60))
+    docs = [Document(text, False, "test"), Document("a short one here", False, "test")]
+    batches = list(Calibrator(draft_runner, target_runner, config).batches(docs, Summary()))
+    assert len(batches) > 1 and all(sum(len(r.tokens) for r in b) <= 32 for b in batches)
