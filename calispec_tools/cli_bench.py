@@ -295,12 +295,16 @@ def cmd_calibration_bench(args: argparse.Namespace) -> int:
 
 def add_eval_parser(sub: Any) -> None:
     from calispec_tools.eval.runner import PAPER_MODES
-    from calispec_tools.eval.tasks import PROMPT_FORMATS
+    from calispec_tools.eval.tasks import PROMPT_FORMATS, TASK_SETS
 
     p = sub.add_parser("eval", help="accuracy and speed per decoding mode; rejection analysis")
     add_target_args(p)
     p.add_argument("--modes", type=_modes, default=list(PAPER_MODES), help="default: ar,sd,csd,ocm_only,scg_only")
     p.add_argument("--tasks", default="code,math", help="task kinds: code, math")
+    p.add_argument(
+        "--task-set", default="eval", choices=sorted(TASK_SETS),
+        help="eval: the reported tasks; dev: held-out tuning tasks (choose λ, τ there, then run eval)",
+    )  # fmt: skip
     p.add_argument("--limit", type=int, default=None, help="first N tasks of each kind (quick runs)")
     p.add_argument("--sweep-tau", type=_csv(float), default=[], help="csd τ values, e.g. 0.001,0.01,0.1")
     p.add_argument("--sweep-lambda", type=_csv(int), default=[], help="csd λ values, e.g. 2,6,10")
@@ -453,7 +457,8 @@ def _eval_study(args: argparse.Namespace, tasks: list[Any], variant_list: list[A
     print(report.format_study(study["summary"]))
     print("\n" + report.format_concentration(study["calibration"]))
     doc = {
-        "config": {**config.to_dict(), "local": True, "tasks": args.tasks, "limit": args.limit,
+        "config": {**config.to_dict(), "local": True, "tasks": args.tasks, "task_set": args.task_set,
+                   "limit": args.limit,
                    "variants": [v.label for v in variant_list], "calibrations": calibrations, "argv": sys.argv[1:]},
         "calibration_study": study, "rows": study["rows"],
     }  # fmt: skip
@@ -468,11 +473,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from calispec_tools.eval import report
     from calispec_tools.eval.rejections import PROBABILITY_RATIO_NOTE, analyse
     from calispec_tools.eval.runner import EvalConfig, run_eval, variants
-    from calispec_tools.eval.tasks import load_tasks
+    from calispec_tools.eval.tasks import TASK_SETS, load_tasks
     from calispec_tools.memory_reads import fetch_pairs, memory_events, wait_for_events
 
     _check_eval_args(args)
-    tasks = load_tasks([k.strip() for k in args.tasks.split(",") if k.strip()], limit=args.limit)
+    kinds = [k.strip() for k in args.tasks.split(",") if k.strip()]
+    tasks = load_tasks(kinds, TASK_SETS[args.task_set], limit=args.limit)
     variant_list = variants(args.modes, args.sweep_tau, args.sweep_lambda)
     config = EvalConfig(args.max_new_tokens, args.gamma, args.prompt_format, args.timeout, args.sandbox_timeout)
     out = out_dir(args, "eval")
@@ -501,6 +507,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print("\n" + report.format_ratios(ratios))
     doc = {
         "config": {**config.to_dict(), "address": ep.coordinator, "local": args.local, "tasks": args.tasks,
+                   "task_set": args.task_set,
                    "limit": args.limit, "variants": [v.label for v in variant_list], "argv": sys.argv[1:],
                    "order": "per task, every variant in turn (the memory learns online across the run)"},
         "summary": summary, "rejections": analysis, "memory_namespace": ep.namespace,

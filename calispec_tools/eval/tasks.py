@@ -11,6 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "eval"
+# "eval": the tasks results are reported on; "dev": held-out tuning tasks in the same formats
+# (other functions, other questions), where settings such as λ and τ are chosen before an
+# evaluation run, so that no reported figure is tuned on its own tasks.
+TASK_SETS = {"eval": DATA_DIR, "dev": DATA_DIR / "dev"}
 PROMPT_FORMATS = ("raw", "qwen-chat")
 # A completion of a function body ends where top-level code starts again.
 CODE_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\nassert ", "\n#")

@@ -16,7 +16,7 @@ from difflib import SequenceMatcher
 import pytest
 
 from calispec_tools.calibrate.corpus import Document, load_corpus
-from calispec_tools.eval.tasks import Task, load_tasks, qwen_chat
+from calispec_tools.eval.tasks import TASK_SETS, Task, load_tasks, qwen_chat
 from calispec_tools.shipped_calibration import CORPUS_DIR
 
 # prompt framing around a question in the corpus (chat tags, "Question:"/"Problem:"/"Answer:" labels)
@@ -136,3 +136,23 @@ def test_the_task_like_prompts_have_the_eval_formats() -> None:
     assert [s for s in stubs if not stub.fullmatch(s)] == []
     assert all(p.startswith("Question: ") and p.endswith("\nAnswer:") and p.count("\n") == 1 for p in problems)
     assert all(c.startswith("<|im_start|>user\n") and c.endswith("<|im_end|>\n<|im_start|>assistant\n") for c in chats)
+
+
+# --- the held-out tuning tasks (calispec eval --task-set dev) ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dev_tasks() -> list[Task]:
+    return load_tasks(["code", "math"], TASK_SETS["dev"])
+
+
+def test_the_dev_tasks_are_not_in_the_calibration_corpus(corpus: list[Document], dev_tasks: list[Task]) -> None:
+    assert {t.kind for t in dev_tasks} == {"code", "math"}
+    assert exact_overlaps(corpus, dev_tasks) == [] and near_copies(corpus, dev_tasks) == []
+
+
+def test_the_dev_tasks_are_not_the_eval_tasks(tasks: list[Task], dev_tasks: list[Task]) -> None:
+    """Tuning on dev and reporting on eval means nothing if they share a task."""
+    as_docs = [Document(t.prompt, False, t.id) for t in dev_tasks]
+    assert exact_overlaps(as_docs, tasks) == [] and near_copies(as_docs, tasks) == []
+    assert not {t.id for t in dev_tasks} & {t.id for t in tasks}

@@ -12,7 +12,7 @@ from calispec_tools.eval.scorers import (
     score_code,
     score_math,
 )
-from calispec_tools.eval.tasks import load_tasks, render
+from calispec_tools.eval.tasks import TASK_SETS, load_tasks, render
 
 
 @pytest.mark.parametrize(
@@ -66,15 +66,17 @@ def test_fenced_chat_answers_stand_alone() -> None:
     assert score(task, "```python\ndef add(a, b):\n    return b + a\n```")[0]
 
 
-def test_every_shipped_code_task_passes_its_canonical_solution() -> None:
-    tasks = load_tasks(["code"])
+@pytest.mark.parametrize("task_set", sorted(TASK_SETS))
+def test_every_shipped_code_task_passes_its_canonical_solution(task_set: str) -> None:
+    tasks = load_tasks(["code"], TASK_SETS[task_set])
     assert len(tasks) >= 12
     failures = [t.id for t in tasks if not score_code(t, t.canonical_solution).passed]
     assert failures == []
 
 
-def test_shipped_math_tasks_render_and_have_answers() -> None:
-    tasks = load_tasks(["math"])
+@pytest.mark.parametrize("task_set", sorted(TASK_SETS))
+def test_shipped_math_tasks_render_and_have_answers(task_set: str) -> None:
+    tasks = load_tasks(["math"], TASK_SETS[task_set])
     assert len(tasks) >= 12 and all(t.answer is not None for t in tasks)
     prompt, stops = render(tasks[0], "raw")
     assert prompt.startswith("Question: ") and prompt.endswith("Answer:") and stops
