@@ -46,6 +46,12 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     )
     parser.add_argument("--max-gamma", type=int, default=10, help="adaptive γ's upper bound")
     parser.add_argument(
+        "--default-tau", type=float, default=Defaults.tau, help="CSD gate threshold τ for requests that set none"
+    )
+    parser.add_argument(
+        "--default-lambda", type=int, default=Defaults.lambda_, help="CSD count threshold λ for requests that set none"
+    )
+    parser.add_argument(
         "--draft-min-confidence",
         type=float,
         default=0.4,
@@ -77,10 +83,16 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     args = parser.parse_args(argv)
     if args.lockstep_wait < 0:
         parser.error(f"--lockstep-wait must be >= 0 (0: off), got {args.lockstep_wait}")
+    if not 0.0 < args.default_tau <= 1.0:
+        parser.error(f"--default-tau must be in (0, 1], got {args.default_tau}")
+    if args.default_lambda < 0:
+        parser.error(f"--default-lambda must be >= 0, got {args.default_lambda}")
     defaults = Defaults(
         max_new_tokens=args.default_max_new_tokens,
         num_speculative_tokens=args.default_gamma,
         mode=Mode.parse(args.default_mode),
+        tau=args.default_tau,
+        lambda_=args.default_lambda,
     )
     config = CoordinatorConfig(
         draft_address=args.draft_addr,

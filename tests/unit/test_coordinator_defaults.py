@@ -1,0 +1,32 @@
+"""The coordinator's server-side CSD defaults (--default-tau, --default-lambda) reach requests that set none."""
+
+from __future__ import annotations
+
+import pytest
+
+from calispec.v1 import coordinator_pb2
+from calispec_core.generation import Defaults
+from coordinator.__main__ import parse_config
+from coordinator.server import params_from_pb
+
+BASE = ["--draft-addr", "d:1", "--target-addr", "t:1", "--tokenizer", "x"]
+
+
+def test_defaults_apply_to_requests_that_leave_tau_and_lambda_unset() -> None:
+    config, _ = parse_config([*BASE, "--default-tau", "0.1", "--default-lambda", "20"])
+    assert (config.defaults.tau, config.defaults.lambda_) == (0.1, 20)
+    unset = params_from_pb(coordinator_pb2.GenerationParams(), config.defaults)
+    assert (unset.tau, unset.lambda_) == (0.1, 20)
+    own = params_from_pb(coordinator_pb2.GenerationParams(tau=0.5, lambda_=3), config.defaults)
+    assert (own.tau, own.lambda_) == (0.5, 3)  # a request's own values win
+
+
+def test_without_flags_the_paper_defaults_hold() -> None:
+    config, _ = parse_config(BASE)
+    assert (config.defaults.tau, config.defaults.lambda_) == (Defaults.tau, Defaults.lambda_) == (0.01, 6)
+
+
+@pytest.mark.parametrize("bad", [["--default-tau", "0"], ["--default-tau", "1.5"], ["--default-lambda", "-1"]])
+def test_out_of_range_defaults_are_usage_errors(bad: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_config([*BASE, *bad])
