@@ -10,11 +10,15 @@ the Prometheus-legal prefix `calispec_`. The metric definitions live in one modu
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from calispec_core.prefix_cache import PrefixCache
 
 PREFIX = "calispec_"
 # seconds: from a sub-millisecond RPC on loopback to a long generation on a CPU
@@ -65,6 +69,22 @@ class RpcMetrics:
         self.draining = Gauge(
             f"{PREFIX}draining", "1 while the server drains before it stops (health NOT_SERVING)", registry=registry
         )
+
+
+class PrefixCacheCollector(Collector):
+    """A model service's prefix cache (calispec_core/prefix_cache.py), read at scrape time."""
+
+    def __init__(self, cache: PrefixCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.cache.stats
+        yield CounterMetricFamily(f"{PREFIX}prefix_cache_lookups", "Prompts looked up", value=stats.lookups)
+        yield CounterMetricFamily(f"{PREFIX}prefix_cache_hits", "Prompts that reused cached KV", value=stats.hits)
+        yield CounterMetricFamily(
+            f"{PREFIX}prefix_cache_reused_tokens", "Prompt tokens whose prefill a hit saved", value=stats.reused_tokens
+        )
+        yield GaugeMetricFamily(f"{PREFIX}prefix_cache_tokens", "Prompt tokens cached", value=self.cache.cached_tokens)
 
 
 def sessions_gauge(registry: CollectorRegistry, count: Callable[[], int]) -> Gauge:

@@ -20,6 +20,7 @@ from calispec_core.compute import compute_thread, on_compute_thread
 from calispec_core.errors import InvalidArgument, require
 from calispec_core.limits import FP32_LINEAR_CHOICES
 from calispec_core.onednn_linear import use_onednn_linear
+from calispec_core.prefix_cache import PrefixCache
 from calispec_core.vocab_pruning import pruned_columns
 
 # Prompt tokens per prefill forward. The compute thread runs calls in arrival order, so a round
@@ -211,8 +212,11 @@ class Session:
             self.cache.crop(-excess)
 
 
-def prefill_session(runner: ModelRunner, session_id: str, token_ids: list[int]) -> Session:
-    """Validate a prompt and cache all but its last token (the next forward's input)."""
+def prefill_session(
+    runner: ModelRunner, session_id: str, token_ids: list[int], prefix_cache: PrefixCache | None = None
+) -> Session:
+    """Validate a prompt and cache all but its last token (the next forward's input); with a prefix
+    cache, the longest stored prefix is reused and only the rest computed."""
     require(0 < len(session_id) <= 128, "session_id must be 1 to 128 characters")
     require(len(token_ids) > 0, "prompt token_ids must not be empty")
     require(
@@ -222,6 +226,9 @@ def prefill_session(runner: ModelRunner, session_id: str, token_ids: list[int]) 
     runner.check_token_ids(token_ids, "prompt")
     session = Session(session_id, list(token_ids), runner.new_cache())
     prefix = token_ids[:-1]
-    for start in range(0, len(prefix), PREFILL_CHUNK):  # other sessions' forwards run between chunks
+    reused = prefix_cache.attach(prefix, session.cache) if prefix_cache is not None else 0
+    for start in range(reused, len(prefix), PREFILL_CHUNK):  # other sessions' forwards run between chunks
         runner.forward(prefix[start : start + PREFILL_CHUNK], session.cache, logits_to_keep=1)
+    if prefix_cache is not None:
+        prefix_cache.store(prefix, session.cache)
     return session

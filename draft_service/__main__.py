@@ -50,6 +50,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
         host=args.host,
         port=args.port,
         max_sessions=args.max_sessions,
+        prefix_cache_tokens=args.prefix_cache_tokens,
         max_batch_size=args.max_batch_size,
         batch_gather_s=args.batch_gather_ms / 1000,
         proposal_top_k=args.proposal_top_k,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S
 from calispec_core.credentials import COORDINATOR, TlsConfig
 from calispec_core.modeling import ModelSpec
+from calispec_core.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
 
 DEFAULT_PROPOSAL_TOP_K = 256
@@ -19,6 +20,7 @@ class DraftConfig:
     port: int = 50052
     max_sessions: int = 256
     max_batch_size: int = 8  # sessions drafting in one forward pass (1 = no batching)
+    prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS  # prompt KV kept for reuse by later prompts (0: off)
     batch_gather_s: float = DEFAULT_GATHER_S  # an idle batcher waits this long for the last batch to come back
     # Sampling proposals draw from (and send) q truncated to its K most likely tokens, renormalised
     # (exact: the target verifies against the q that was sampled from); 0: the full q, sent dense.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter
 
-from calispec_core.metrics import PREFIX, sessions_gauge
+from calispec_core.metrics import PREFIX, PrefixCacheCollector, sessions_gauge
 from draft_service.proposer import Proposer
 
 
@@ -13,6 +13,8 @@ class DraftMetrics:
         self.proposals = Counter(f"{PREFIX}draft_proposals", "Propose calls answered", registry=registry)
         self.proposed_tokens = Counter(f"{PREFIX}draft_proposed_tokens", "Draft tokens proposed", registry=registry)
         self.sessions = sessions_gauge(registry, lambda: len(proposer.sessions))
+        if proposer.prefix_cache is not None:
+            registry.register(PrefixCacheCollector(proposer.prefix_cache))
 
     def proposed(self, num_tokens: int) -> None:
         self.proposals.inc()

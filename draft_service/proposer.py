@@ -13,6 +13,7 @@ from calispec_core.compute import on_compute_thread
 from calispec_core.errors import require
 from calispec_core.limits import MAX_SPECULATIVE_TOKENS
 from calispec_core.modeling import ModelRunner, Session, prefill_session
+from calispec_core.prefix_cache import PrefixCache
 from calispec_core.sampling import DRAFT_STREAM, SamplingConfig, make_generator, warp_probs
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
 from calispec_core.sparse_q import SparseQ, truncate
@@ -108,9 +109,11 @@ class Proposer:
         max_batch: int = DEFAULT_MAX_BATCH,
         proposal_top_k: int = 256,  # tokens of q a sampling proposal keeps (0: the full q, sent dense)
         gather_s: float = DEFAULT_GATHER_S,  # an idle batcher waits this long for the last batch's sessions
+        prefix_cache: PrefixCache | None = None,  # prompt KV reused by later prompts (None: off)
     ) -> None:
         require(proposal_top_k >= 0, f"proposal_top_k must be >= 0 (0: full q), got {proposal_top_k}")
         self.runner = runner
+        self.prefix_cache = prefix_cache
         self.proposal_top_k = proposal_top_k
         self.scheduler: BatchScheduler[_Job, Proposal] = BatchScheduler(
             self._draft_batch, max_batch, "draft-batcher", gather_s
@@ -124,7 +127,7 @@ class Proposer:
         sampling.validate(self.runner.vocab_size)
         self.sessions.check_capacity()
         with watch.phase("forward"):
-            session = prefill_session(self.runner, session_id, token_ids)
+            session = prefill_session(self.runner, session_id, token_ids, self.prefix_cache)
         generator = make_generator(sampling.seed, DRAFT_STREAM, self.runner.device)
         self.sessions.add(session_id, DraftSession(session, sampling, generator))
 

@@ -9,6 +9,7 @@ from calispec_core.grpc_server import create_grpc_server
 from calispec_core.metrics import new_registry
 from calispec_core.modeling import ModelRunner
 from calispec_core.observability import ManagedServer, Observe
+from calispec_core.prefix_cache import PrefixCache
 from calispec_core.protocol import (
     model_info_to_pb,
     sampling_from_pb,
@@ -86,6 +87,7 @@ def create_server(config: DraftConfig, runner: ModelRunner | None = None) -> tup
         config.max_batch_size,
         config.proposal_top_k,
         config.batch_gather_s,
+        PrefixCache(config.prefix_cache_tokens),
     )
     proposer.sessions.start_reaper()
     observe = Observe(metrics_port=config.metrics_port, admission=[f"/{SERVICE_NAME}/Prefill"])

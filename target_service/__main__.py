@@ -47,6 +47,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
         host=args.host,
         port=args.port,
         max_sessions=args.max_sessions,
+        prefix_cache_tokens=args.prefix_cache_tokens,
         session_idle_ttl_s=args.session_idle_ttl_s,
         max_batch_size=args.max_batch_size,
         batch_gather_s=args.batch_gather_ms / 1000,

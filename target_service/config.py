@@ -8,6 +8,7 @@ from pathlib import Path
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S
 from calispec_core.credentials import COORDINATOR, TlsConfig
 from calispec_core.modeling import ModelSpec
+from calispec_core.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
 
 
@@ -20,6 +21,7 @@ class TargetConfig:
     session_idle_ttl_s: float = DEFAULT_IDLE_TTL_S  # an unused session is closed after this (0: never)
     max_workers: int = 16
     max_batch_size: int = 8  # sessions verified in one forward pass (1 = no batching)
+    prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS  # prompt KV kept for reuse by later prompts (0: off)
     batch_gather_s: float = DEFAULT_GATHER_S  # an idle batcher waits this long for the last batch to come back
     measure_forward_costs: bool = True  # at start-up, for the coordinator's cost model
     memory_address: str | None = None  # None: no shared memory, local online counts only

@@ -22,6 +22,7 @@ from calispec_core.errors import CalispecError, InvalidArgument, require
 from calispec_core.generation import Mode
 from calispec_core.limits import MAX_SPECULATIVE_TOKENS
 from calispec_core.modeling import ModelRunner, Session, prefill_session
+from calispec_core.prefix_cache import PrefixCache
 from calispec_core.sampling import TARGET_STREAM, SamplingConfig, make_generator
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
 from calispec_core.sparse_q import SparseQ
@@ -89,8 +90,10 @@ class TargetEngine:
         idle_ttl_s: float = DEFAULT_IDLE_TTL_S,
         observer: RoundObserver | None = None,
         gather_s: float = DEFAULT_GATHER_S,
+        prefix_cache: PrefixCache | None = None,  # prompt KV reused by later prompts (None: off)
     ) -> None:
         self.runner = runner
+        self.prefix_cache = prefix_cache
         self.table = table  # MemoryLink (if any) ships its local events and refreshes it in the background
         self.observer = observer
         # A session whose lock is held is mid-round: never reaped, however long the round takes.
@@ -106,7 +109,7 @@ class TargetEngine:
         rescue.validate()
         self.sessions.check_capacity()
         with watch.phase("forward"):
-            session = prefill_session(self.runner, session_id, token_ids)
+            session = prefill_session(self.runner, session_id, token_ids, self.prefix_cache)
         generator = make_generator(sampling.seed, TARGET_STREAM, self.runner.device)
         self.sessions.add(session_id, TargetSession(session, sampling, rescue, generator))
 

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from calispec_core.metrics import PREFIX, sessions_gauge
+from calispec_core.metrics import PREFIX, PrefixCacheCollector, sessions_gauge
 from target_service.engine import TargetEngine, VerifyResult
 from target_service.memory_link import MemoryLink
 from target_service.pair_table import PairTable
@@ -43,6 +43,8 @@ class TargetMetrics:
         queue_depth.set_function(engine.scheduler.queue_depth)
         self.sessions = sessions_gauge(registry, lambda: len(engine.sessions))
         registry.register(MemoryTableCollector(engine.table, link))
+        if engine.prefix_cache is not None:
+            registry.register(PrefixCacheCollector(engine.prefix_cache))
 
     def verified(self, num_draft: int, result: VerifyResult) -> None:
         self.rounds.inc()

@@ -16,6 +16,7 @@ from calispec_core.grpc_server import create_grpc_server
 from calispec_core.metrics import new_registry
 from calispec_core.modeling import ModelRunner
 from calispec_core.observability import ManagedServer, Observe
+from calispec_core.prefix_cache import PrefixCache
 from calispec_core.protocol import (
     model_info_to_pb,
     sampling_from_pb,
@@ -136,7 +137,7 @@ def create_server(config: TargetConfig, runner: ModelRunner | None = None) -> tu
     link = MemoryLink.from_config(config, table) if config.memory_address else None
     engine = TargetEngine(
         runner, config.max_sessions, table, config.max_batch_size, config.session_idle_ttl_s,
-        gather_s=config.batch_gather_s,
+        gather_s=config.batch_gather_s, prefix_cache=PrefixCache(config.prefix_cache_tokens),
     )  # fmt: skip
     engine.sessions.start_reaper()
     observe = Observe(metrics_port=config.metrics_port, admission=[f"/{SERVICE_NAME}/Prefill"])

@@ -194,3 +194,20 @@ def test_metrics_are_off_unless_a_port_is_given(tiny_pair: TinyPair, draft_runne
     server, _ = create_draft(DraftConfig(ModelSpec(tiny_pair.draft), port=0), draft_runner)
     assert server.metrics_url is None
     server.stop(None)
+
+
+def test_a_repeated_prompt_reuses_the_prefix_cache_on_both_model_services(stack: Stack, client: CalispecClient) -> None:
+    prompt = "The prefix cache test: " + "one two three four five six seven eight nine ten " * 3
+    before = {name: scrape(stack.urls[name]) for name in ("target", "draft")}
+    first = client.generate(prompt, max_new_tokens=4, mode="sd", num_speculative_tokens=2)
+    client.generate(prompt, max_new_tokens=4, mode="sd", num_speculative_tokens=2)
+    for name in ("target", "draft"):
+        after = scrape(stack.urls[name])
+        hits = value(after, "calispec_prefix_cache_hits_total") - value(
+            before[name], "calispec_prefix_cache_hits_total"
+        )
+        reused = value(after, "calispec_prefix_cache_reused_tokens_total") - value(
+            before[name], "calispec_prefix_cache_reused_tokens_total"
+        )
+        assert hits >= 1 and reused >= first.stats.prompt_tokens - 1, name
+        assert value(after, "calispec_prefix_cache_tokens") > 0
