@@ -70,6 +70,11 @@ def add_target_args(parser: argparse.ArgumentParser, required: bool = True) -> a
         default="default",
         help="with --address: the pair namespace (calispec_tools/namespaces.py)",
     )
+    parser.add_argument(
+        "--prefix-cache-tokens", type=int, default=0,
+        help="--local: the model services' prefix cache (default 0: off; the compared modes repeat each "
+        "prompt, and a cache would give the later ones free prefills)",
+    )  # fmt: skip
     parser.add_argument("--out", help="output directory (default: ./calispec-<command>-<time>)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
     add_client_auth_args(parser)
@@ -102,7 +107,7 @@ def local_stack(args: argparse.Namespace, namespace: str | None = None) -> Itera
             coordinator_port=0, target_port=0, draft_port=0, memory_port=0, dtype=args.dtype, device=args.device,
             draft_dtype=served_draft_dtype(args),
             memory_sync_interval_s=0.2,  # rescues in a short run need the shared counts soon
-            memory_namespace=namespace,
+            memory_namespace=namespace, prefix_cache_tokens=args.prefix_cache_tokens,
         )  # fmt: skip
         print(f"starting a local stack (draft {draft}, target {target})...", file=sys.stderr)
         with LocalStack(config) as stack:
@@ -225,6 +230,11 @@ def add_compare_parser(sub: Any) -> None:
     p.add_argument(
         "--batch-gather-ms", type=float, default=None,
         help="the model services' --batch-gather-ms (default: theirs; 0: no gathering)",
+    )  # fmt: skip
+    p.add_argument(
+        "--prefix-cache-tokens", type=int, default=0,
+        help="the model services' prefix cache (default 0: off; the compared modes repeat each "
+        "prompt, and a cache would give the later ones free prefills)",
     )  # fmt: skip
     p.add_argument("--json", help="also write everything to this JSON file")
     from calispec_tools.cli import add_model_flavour_args

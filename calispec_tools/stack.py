@@ -93,6 +93,7 @@ class StackConfig:
     draft_dtype: str | None = None  # None: `dtype` (e.g. int8 for a cheaper draft)
     draft_threads: int | None = None  # None with target_threads None: split_cores(os.cpu_count())
     draft_vocab: int = 0  # the draft's output layer pruned to ids [0, K) plus the special tokens; 0: full
+    prefix_cache_tokens: int | None = None  # the model services' prefix cache (None: their default; 0: off)
     target_threads: int | None = None
     memory_sync_interval_s: float = 1.0
     memory_flush_interval_s: float = 0.5  # the memory service's group commit (its crash-loss bound)
@@ -217,10 +218,15 @@ class LocalStack:
         ]  # fmt: skip
 
     def model_service_args(self) -> list[str]:
-        """What the draft and the target share: session idle TTL, batch gather time (when set)."""
-        ttl, gather = self.config.session_idle_ttl_s, self.config.batch_gather_ms
+        """What the draft and the target share: session idle TTL, batch gather time, prefix cache (when set)."""
+        ttl, gather, prefix = (
+            self.config.session_idle_ttl_s,
+            self.config.batch_gather_ms,
+            self.config.prefix_cache_tokens,
+        )
         return [*([] if ttl is None else ["--session-idle-ttl-s", str(ttl)]),
-                *([] if gather is None else ["--batch-gather-ms", str(gather)])]  # fmt: skip
+                *([] if gather is None else ["--batch-gather-ms", str(gather)]),
+                *([] if prefix is None else ["--prefix-cache-tokens", str(prefix)])]  # fmt: skip
 
     def memory_args(self, port: int) -> list[str]:
         """Arguments of the memory service (also for restarting it on another port)."""

@@ -334,6 +334,7 @@ def run_compare(args: argparse.Namespace) -> int:
             coordinator_port=0, target_port=0, draft_port=0, memory_port=0, dtype=args.dtype, device=args.device,
             draft_dtype=draft_dtype, draft_threads=args.draft_threads, target_threads=args.target_threads,
             draft_vocab=draft_vocab, batch_gather_ms=args.batch_gather_ms,
+            prefix_cache_tokens=args.prefix_cache_tokens,
         )  # fmt: skip
         threads = service_threads(stack_config)
         print(f"starting the stack (draft {draft} in {draft_dtype}, draft vocab {draft_vocab or 'full'}, "
@@ -353,7 +354,10 @@ def run_compare(args: argparse.Namespace) -> int:
                 for level in config.concurrency:
                     load.setdefault(mode, {})[level] = load_level(stack.coordinator_address, mode, level, config)
                     print(f"  load {mode} c={level}: {load[mode][level]['tokens_per_s']:.2f} tok/s", file=sys.stderr)
-    env = environment(args, draft_dtype, threads) | {"draft_vocab": draft_vocab or "full"}
+    env = environment(args, draft_dtype, threads) | {
+        "draft_vocab": draft_vocab or "full",
+        "prefix_cache_tokens": args.prefix_cache_tokens,
+    }
     summary = summarize(runs)
     rel = ratios(summary)
     print(format_report(env, summary, rel, load))

@@ -75,6 +75,20 @@ def test_the_stack_passes_the_batch_gather_time_to_both_model_services(tiny_pair
         assert args[args.index("--batch-gather-ms") + 1] == "0.0"
 
 
+def test_the_stack_passes_the_prefix_cache_size_and_benchmarks_turn_it_off(tiny_pair: TinyPair, tmp_path) -> None:
+    from calispec_tools.cli import build_parser
+
+    base = StackConfig(tiny_pair.draft, tiny_pair.target, tmp_path / "m.db", tmp_path)
+    assert "--prefix-cache-tokens" not in LocalStack(base).target_args(0, "127.0.0.1:1")  # the services' default
+    stack = LocalStack(replace(base, prefix_cache_tokens=0))
+    for args in (stack.draft_args(), stack.target_args(0, "127.0.0.1:1")):
+        assert args[args.index("--prefix-cache-tokens") + 1] == "0"
+    # the compared modes repeat each prompt: a cache would hand the later ones free prefills
+    parser = build_parser()
+    assert parser.parse_args(["bench", "compare"]).prefix_cache_tokens == 0
+    assert parser.parse_args(["eval", "--local"]).prefix_cache_tokens == 0
+
+
 def test_draft_vocab_defaults_to_the_pairs_cpu_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(PAIRS, "qwen-coder", replace(PAIRS["qwen-coder"], cpu_draft_vocab=1234))
     assert default_draft_vocab("qwen-coder", "cpu") == 1234
