@@ -83,18 +83,19 @@ class _RowsLayer(DynamicLayer):
 
 def _block_mask(lengths: list[int], widths: list[int], device: torch.device) -> torch.Tensor:
     """[1, 1, T, P + T] bool, True where a new token (query) may attend to a key; keys in the
-    layout of `_RowsLayer` (each row's cached entries, then its new tokens)."""
-    key_rows: list[int] = []
-    key_new: list[int] = []  # a key's index among the new tokens, -1 for a cached entry
-    first_new = 0
-    for b, (length, width) in enumerate(zip(lengths, widths, strict=True)):
-        key_rows += [b] * (length + width)
-        key_new += [-1] * length + list(range(first_new, first_new + width))
-        first_new += width
-    key_row = torch.tensor(key_rows, device=device)  # [P + T]
-    key_index = torch.tensor(key_new, device=device)  # [P + T]
-    query_row = torch.arange(len(widths), device=device).repeat_interleave(torch.tensor(widths, device=device))
-    query_index = torch.arange(first_new, device=device)  # [T]
+    layout of `_RowsLayer` (each row's cached entries, then its new tokens). Built with tensor ops,
+    not per-key Python lists: P grows with the context."""
+    cached = torch.tensor(lengths, device=device)  # [B] L_b
+    new = torch.tensor(widths, device=device)  # [B] n_b
+    spans = cached + new  # [B] each row's keys
+    key_row = torch.repeat_interleave(torch.arange(len(widths), device=device), spans)  # [P + T]
+    # offset: a key's place within its own row
+    offset = torch.arange(int(spans.sum()), device=device) - (spans.cumsum(0) - spans)[key_row]  # [P + T]
+    first_new = (new.cumsum(0) - new)[key_row]  # [P + T] where the key's row starts among the new tokens
+    is_new = offset >= cached[key_row]
+    key_index = torch.where(is_new, first_new + offset - cached[key_row], -1)  # [P + T] -1: a cached entry
+    query_row = torch.repeat_interleave(torch.arange(len(widths), device=device), new)  # [T]
+    query_index = torch.arange(int(new.sum()), device=device)  # [T]
     own_row = query_row[:, None] == key_row[None, :]  # [T, P + T]
     visible = key_index[None, :] <= query_index[:, None]  # cached entries (-1) and earlier new tokens
     return (own_row & visible)[None, None]
