@@ -111,6 +111,8 @@ def stack_config(args: argparse.Namespace, ports: tuple[int, int, int, int]) -> 
         draft_threads=args.draft_threads,
         target_threads=args.target_threads,
         calibration_file=None if args.no_calibration or args.draft else _shipped_file(args.pair),
+        default_tau=getattr(args, "default_tau", None),
+        default_lambda=getattr(args, "default_lambda", None),
     )
 
 
@@ -125,6 +127,20 @@ def _shipped_file(pair: str) -> Path | None:
     from calispec_tools.shipped_calibration import shipped_file  # grpc: not on the light CLI's import path
 
     return shipped_file(pair)
+
+
+def _tau(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"τ must be in (0, 1], got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def add_stack_args(parser: argparse.ArgumentParser) -> None:
@@ -377,6 +393,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--tls", action="store_true", help="mutual TLS between all services, TLS for clients")
     up.add_argument("--tls-dir", help="certificates (`calispec certs dev`; default: user data dir/tls, made once)")
     up.add_argument("--open", action="store_true", help="no API key: anyone on this machine may generate")
+    up.add_argument("--default-tau", type=_tau, help="CSD τ for requests that set none (default: the paper's 0.01)")
+    up.add_argument(
+        "--default-lambda", type=_non_negative,
+        help="CSD λ for requests that set none (default: the paper's 6; the shipped qwen-coder calibration's "
+        "held-out choice is 20, docs/calibration.md)",
+    )  # fmt: skip
     up.set_defaults(func=cmd_up)
 
     gen = sub.add_parser("generate", help="send one request to a running coordinator")

@@ -94,6 +94,8 @@ class StackConfig:
     draft_threads: int | None = None  # None with target_threads None: split_cores(os.cpu_count())
     draft_vocab: int = 0  # the draft's output layer pruned to ids [0, K) plus the special tokens; 0: full
     prefix_cache_tokens: int | None = None  # the model services' prefix cache (None: their default; 0: off)
+    default_tau: float | None = None  # the coordinator's τ and λ for requests that set none (None: the paper's)
+    default_lambda: int | None = None
     target_threads: int | None = None
     memory_sync_interval_s: float = 1.0
     memory_flush_interval_s: float = 0.5  # the memory service's group commit (its crash-loss bound)
@@ -189,7 +191,7 @@ class LocalStack:
             keys = ["--api-keys-file", str(c.api_keys_file)] if c.api_keys_file else []
             http = [] if c.http_port is None else ["--http-port", str(c.http_port)]
             self._spawn("coordinator", [
-                *self.tls_args("coordinator"), *keys, *http,
+                *self.tls_args("coordinator"), *keys, *http, *self.csd_default_args(),
                 "--port", str(c.coordinator_port), "--tokenizer", str(c.target_model),
                 "--draft-addr", self.services["draft_service"].address, *target_addrs,
             ])  # fmt: skip
@@ -216,6 +218,12 @@ class LocalStack:
             "--memory-writer-token-file", str(self.writer_token_file), "--memory-namespace", self.memory_namespace,
             *self.model_service_args(),
         ]  # fmt: skip
+
+    def csd_default_args(self) -> list[str]:
+        """The coordinator's server-side τ and λ, when set."""
+        tau, lam = self.config.default_tau, self.config.default_lambda
+        return [*([] if tau is None else ["--default-tau", str(tau)]),
+                *([] if lam is None else ["--default-lambda", str(lam)])]  # fmt: skip
 
     def model_service_args(self) -> list[str]:
         """What the draft and the target share: session idle TTL, batch gather time, prefix cache (when set)."""

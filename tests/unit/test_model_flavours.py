@@ -89,6 +89,21 @@ def test_the_stack_passes_the_prefix_cache_size_and_benchmarks_turn_it_off(tiny_
     assert parser.parse_args(["eval", "--local"]).prefix_cache_tokens == 0
 
 
+def test_up_maps_the_csd_defaults_onto_the_coordinator(tiny_pair: TinyPair, tmp_path) -> None:
+    from calispec_tools.cli import build_parser, stack_config
+
+    parser = build_parser()
+    args = parser.parse_args(["up", "--pair", "tiny", "--default-lambda", "20", "--default-tau", "0.1"])
+    config = stack_config(args, (0, 0, 0, 0))
+    assert (config.default_tau, config.default_lambda) == (0.1, 20)
+    spawned = LocalStack(config).csd_default_args()
+    assert spawned == ["--default-tau", "0.1", "--default-lambda", "20"]
+    assert LocalStack(replace(config, default_tau=None, default_lambda=None)).csd_default_args() == []
+    for bad in (["--default-tau", "0"], ["--default-lambda", "-1"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["up", *bad])
+
+
 def test_draft_vocab_defaults_to_the_pairs_cpu_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(PAIRS, "qwen-coder", replace(PAIRS["qwen-coder"], cpu_draft_vocab=1234))
     assert default_draft_vocab("qwen-coder", "cpu") == 1234
