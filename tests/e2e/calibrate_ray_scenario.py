@@ -46,8 +46,8 @@ def main(draft: str, target: str, work: Path) -> dict:
     try:
         t0 = time.monotonic()
         cli = [sys.executable, "-m", "calispec_tools.cli", "calibrate", "--corpus", str(corpus), "--generate",
-               "--max-new-tokens", "24", "--draft", draft, "--target", target, "--dtype", "float32", "--draft-dtype", "float32",
-               "--device", "cpu",
+               "--max-new-tokens", "24", "--draft", draft, "--target", target, "--dtype", "float32",
+               "--draft-dtype", "float32", "--device", "cpu",
                "--memory-addr", f"127.0.0.1:{port}", "--namespace", NAMESPACE, "--writer-token-file", str(token),
                "--ray", context.address_info["gcs_address"], "--workers", "2", "--worker-cpus", "1",
                "--json"]  # fmt: skip
