@@ -17,6 +17,7 @@ from calispec_core.limits import (
     MAX_SPECULATIVE_TOKENS,
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
+    check_csd_thresholds,
 )
 from calispec_core.sampling import SamplingConfig
 
@@ -63,8 +64,7 @@ class GenerationParams:
             self.num_speculative_tokens is None or 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
             f"num_speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], got {self.num_speculative_tokens}",
         )
-        require(0.0 < self.tau <= 1.0, f"tau must be in (0, 1], got {self.tau}")
-        require(self.lambda_ >= 0, f"lambda must be >= 0, got {self.lambda_}")
+        check_csd_thresholds(self.tau, self.lambda_)
         require(len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings")
         for s in self.stop:
             require(

@@ -1,10 +1,33 @@
 """Hard limits every service enforces the same way (requests beyond them are INVALID_ARGUMENT)."""
 
+from __future__ import annotations
+
+import argparse
+
+from calispec_core.errors import require
+
 MAX_SPECULATIVE_TOKENS = 16  # gamma; the paper uses 6
 MAX_NEW_TOKENS = 8192
 MAX_PROMPT_CHARS = 1_000_000
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
+MAX_LAMBDA = 2**31 - 1  # the coordinator API's int32 field
+
+
+def check_csd_thresholds(tau: float | None = None, lambda_: int | None = None) -> None:
+    """CSD's τ in (0, 1] and λ in [0, MAX_LAMBDA]: for requests, server defaults and flags alike."""
+    require(tau is None or 0.0 < tau <= 1.0, f"tau must be in (0, 1], got {tau}")
+    require(lambda_ is None or lambda_ >= 0, f"lambda must be >= 0, got {lambda_}")
+    require(lambda_ is None or lambda_ <= MAX_LAMBDA, f"lambda must be <= {MAX_LAMBDA}, got {lambda_}")
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an int >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
 
 # model dtypes a service accepts (calispec_core.modeling checks the same list; kept here, free of
 # torch and of the serving extras, so light command-line parsers can offer it)

@@ -15,7 +15,7 @@ from calispec_core import request_context
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError
-from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES
+from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, non_negative_int
 from calispec_core.observability import ManagedServer
 from calispec_core.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
@@ -93,13 +93,6 @@ def add_batching_args(parser: argparse.ArgumentParser, what: str) -> None:
     )  # fmt: skip
 
 
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="local Hugging Face-format model directory")
     parser.add_argument(
@@ -123,7 +116,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-sessions", type=int, default=256, help="open sessions before RESOURCE_EXHAUSTED")
     parser.add_argument(
         "--prefix-cache-tokens",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=DEFAULT_PREFIX_CACHE_TOKENS,
         help="prompt KV kept for reuse: a prompt that starts like a recent one prefills only the rest "
         "(0: off; default: %(default)s tokens)",

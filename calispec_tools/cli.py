@@ -31,7 +31,8 @@ import platformdirs
 
 from calispec.client import CalispecClient, CalispecRpcError, GenerationResult
 from calispec.types import Mode
-from calispec_core.limits import DTYPE_CHOICES
+from calispec_core.errors import InvalidArgument
+from calispec_core.limits import DTYPE_CHOICES, check_csd_thresholds
 from calispec_tools import cli_auth, cli_bench, cli_chat, cli_memory, cli_ray
 from calispec_tools.models.registry import PAIRS, ModelPullError, describe_pairs, pull_pair, pulled
 from calispec_tools.stack_state import StackState, clear_state
@@ -130,16 +131,19 @@ def _shipped_file(pair: str) -> Path | None:
 
 
 def _tau(text: str) -> float:
-    value = float(text)
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"τ must be in (0, 1], got {value}")
-    return value
+    return _checked(float(text), lambda tau: check_csd_thresholds(tau=tau))
 
 
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+def _lambda(text: str) -> int:
+    return _checked(int(text), lambda lam: check_csd_thresholds(lambda_=lam))
+
+
+def _checked(value: Any, check: Any) -> Any:
+    """An argparse type's value, kept in the range requests must keep (calispec_core.limits)."""
+    try:
+        check(value)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return value
 
 
@@ -395,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--open", action="store_true", help="no API key: anyone on this machine may generate")
     up.add_argument("--default-tau", type=_tau, help="CSD τ for requests that set none (default: the paper's 0.01)")
     up.add_argument(
-        "--default-lambda", type=_non_negative,
+        "--default-lambda", type=_lambda,
         help="CSD λ for requests that set none (default: the paper's 6; the shipped qwen-coder calibration's "
         "held-out choice is 20, docs/calibration.md)",
     )  # fmt: skip

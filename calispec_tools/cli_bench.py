@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from calispec.types import Mode
-from calispec_core.limits import DTYPE_CHOICES
+from calispec_core.limits import DTYPE_CHOICES, non_negative_int
 from calispec_tools.cli_auth import add_client_auth_args, client_auth
 
 MODE_NAMES = [m.name.lower() for m in Mode]
@@ -51,6 +51,14 @@ def _modes(text: str) -> list[str]:
     return modes
 
 
+def add_prefix_cache_arg(parser: argparse.ArgumentParser, when: str = "") -> None:
+    parser.add_argument(
+        "--prefix-cache-tokens", type=non_negative_int, default=0,
+        help=f"{when}the model services' prefix cache (default 0: off; the compared modes repeat each "
+        "prompt, and a cache would give the later ones free prefills)",
+    )  # fmt: skip
+
+
 def add_target_args(parser: argparse.ArgumentParser, required: bool = True) -> argparse._MutuallyExclusiveGroup:
     """The coordinator to drive; returns the exclusive group naming it (required unless told otherwise)."""
     where = parser.add_mutually_exclusive_group(required=required)
@@ -70,11 +78,7 @@ def add_target_args(parser: argparse.ArgumentParser, required: bool = True) -> a
         default="default",
         help="with --address: the pair namespace (calispec_tools/namespaces.py)",
     )
-    parser.add_argument(
-        "--prefix-cache-tokens", type=int, default=0,
-        help="--local: the model services' prefix cache (default 0: off; the compared modes repeat each "
-        "prompt, and a cache would give the later ones free prefills)",
-    )  # fmt: skip
+    add_prefix_cache_arg(parser, "--local: ")
     parser.add_argument("--out", help="output directory (default: ./calispec-<command>-<time>)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
     add_client_auth_args(parser)
@@ -231,11 +235,7 @@ def add_compare_parser(sub: Any) -> None:
         "--batch-gather-ms", type=float, default=None,
         help="the model services' --batch-gather-ms (default: theirs; 0: no gathering)",
     )  # fmt: skip
-    p.add_argument(
-        "--prefix-cache-tokens", type=int, default=0,
-        help="the model services' prefix cache (default 0: off; the compared modes repeat each "
-        "prompt, and a cache would give the later ones free prefills)",
-    )  # fmt: skip
+    add_prefix_cache_arg(p)
     p.add_argument("--json", help="also write everything to this JSON file")
     from calispec_tools.cli import add_model_flavour_args
 

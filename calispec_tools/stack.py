@@ -93,10 +93,10 @@ class StackConfig:
     draft_dtype: str | None = None  # None: `dtype` (e.g. int8 for a cheaper draft)
     draft_threads: int | None = None  # None with target_threads None: split_cores(os.cpu_count())
     draft_vocab: int = 0  # the draft's output layer pruned to ids [0, K) plus the special tokens; 0: full
+    target_threads: int | None = None
     prefix_cache_tokens: int | None = None  # the model services' prefix cache (None: their default; 0: off)
     default_tau: float | None = None  # the coordinator's τ and λ for requests that set none (None: the paper's)
     default_lambda: int | None = None
-    target_threads: int | None = None
     memory_sync_interval_s: float = 1.0
     memory_flush_interval_s: float = 0.5  # the memory service's group commit (its crash-loss bound)
     memory_namespace: str | None = None  # None: derived from the model pair (calispec_tools/namespaces.py)

@@ -11,8 +11,9 @@ import signal
 from pathlib import Path
 
 from calispec_core.access import ApiKeys, Quota, QuotaBook
-from calispec_core.errors import CalispecError
+from calispec_core.errors import CalispecError, InvalidArgument
 from calispec_core.generation import Defaults, Mode
+from calispec_core.limits import check_csd_thresholds
 from calispec_core.metrics import new_registry
 from calispec_core.service_cli import (
     add_server_args,
@@ -83,10 +84,10 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     args = parser.parse_args(argv)
     if args.lockstep_wait < 0:
         parser.error(f"--lockstep-wait must be >= 0 (0: off), got {args.lockstep_wait}")
-    if not 0.0 < args.default_tau <= 1.0:
-        parser.error(f"--default-tau must be in (0, 1], got {args.default_tau}")
-    if args.default_lambda < 0:
-        parser.error(f"--default-lambda must be >= 0, got {args.default_lambda}")
+    try:
+        check_csd_thresholds(args.default_tau, args.default_lambda)
+    except InvalidArgument as exc:
+        parser.error(f"--default-tau/--default-lambda: {exc}")
     defaults = Defaults(
         max_new_tokens=args.default_max_new_tokens,
         num_speculative_tokens=args.default_gamma,

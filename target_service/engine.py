@@ -20,7 +20,7 @@ from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
 from calispec_core.errors import CalispecError, InvalidArgument, require
 from calispec_core.generation import Mode
-from calispec_core.limits import MAX_SPECULATIVE_TOKENS
+from calispec_core.limits import MAX_SPECULATIVE_TOKENS, check_csd_thresholds
 from calispec_core.modeling import ModelRunner, Session, prefill_session
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.sampling import TARGET_STREAM, SamplingConfig, make_generator
@@ -47,8 +47,7 @@ class RescueConfig:
     lambda_: int = DEFAULT_LAMBDA
 
     def validate(self) -> RescueConfig:
-        require(0.0 < self.tau <= 1.0, f"tau must be in (0, 1], got {self.tau}")
-        require(0 <= self.lambda_ < 2**31, f"lambda must be >= 0, got {self.lambda_}")
+        check_csd_thresholds(self.tau, self.lambda_)
         return self
 
 

@@ -105,6 +105,7 @@ def test_sse_framing_ends_with_done(base_url: str) -> None:
         (lambda c: c.completions.create(model=MODEL, prompt="", max_tokens=4), 400, None),
         (lambda c: c.completions.create(model=MODEL, prompt="hi", extra_body={"mode": "fast"}), 400, "mode"),
         (lambda c: c.completions.create(model=MODEL, prompt="hi", extra_body={"tau": 5.0}), 400, None),
+        (lambda c: c.completions.create(model=MODEL, prompt="hi", extra_body={"lambda": 2**40}), 400, None),
         (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "robot", "content": "x"}]), 400, None),
         (lambda c: c.completions.create(model=MODEL, prompt="hi", stream=True, max_tokens=0), 400, None),
     ],

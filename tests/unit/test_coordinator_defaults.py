@@ -26,7 +26,10 @@ def test_without_flags_the_paper_defaults_hold() -> None:
     assert (config.defaults.tau, config.defaults.lambda_) == (Defaults.tau, Defaults.lambda_) == (0.01, 6)
 
 
-@pytest.mark.parametrize("bad", [["--default-tau", "0"], ["--default-tau", "1.5"], ["--default-lambda", "-1"]])
+@pytest.mark.parametrize(
+    "bad",
+    [["--default-tau", "0"], ["--default-tau", "1.5"], ["--default-lambda", "-1"], ["--default-lambda", str(2**31)]],
+)
 def test_out_of_range_defaults_are_usage_errors(bad: list[str]) -> None:
     with pytest.raises(SystemExit):
         parse_config([*BASE, *bad])

@@ -87,6 +87,9 @@ def test_the_stack_passes_the_prefix_cache_size_and_benchmarks_turn_it_off(tiny_
     parser = build_parser()
     assert parser.parse_args(["bench", "compare"]).prefix_cache_tokens == 0
     assert parser.parse_args(["eval", "--local"]).prefix_cache_tokens == 0
+    for command in (["bench", "compare"], ["eval", "--local"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args([*command, "--prefix-cache-tokens", "-1"])
 
 
 def test_up_maps_the_csd_defaults_onto_the_coordinator(tiny_pair: TinyPair, tmp_path) -> None:
@@ -99,7 +102,7 @@ def test_up_maps_the_csd_defaults_onto_the_coordinator(tiny_pair: TinyPair, tmp_
     spawned = LocalStack(config).csd_default_args()
     assert spawned == ["--default-tau", "0.1", "--default-lambda", "20"]
     assert LocalStack(replace(config, default_tau=None, default_lambda=None)).csd_default_args() == []
-    for bad in (["--default-tau", "0"], ["--default-lambda", "-1"]):
+    for bad in (["--default-tau", "0"], ["--default-lambda", "-1"], ["--default-lambda", str(2**31)]):
         with pytest.raises(SystemExit):
             parser.parse_args(["up", *bad])
 
