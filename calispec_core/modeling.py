@@ -16,8 +16,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 
+from calispec_core import attention
 from calispec_core.compute import compute_thread, on_compute_thread
 from calispec_core.errors import InvalidArgument, require
+from calispec_core.kv_cache import crop_to, new_session_cache
 from calispec_core.limits import FP32_LINEAR_CHOICES
 from calispec_core.onednn_linear import use_onednn_linear
 from calispec_core.prefix_cache import PrefixCache
@@ -113,10 +115,9 @@ class ModelRunner:
         self.device = resolve_device(spec.device)
         self.dtype = resolve_dtype(spec.dtype, self.device)  # of activations and logits
         self.dtype_name = spec.dtype if spec.dtype == INT8 else str(self.dtype).removeprefix("torch.")
-        # SDPA takes the batched path's boolean block mask as given (batch_forward); eager attention
-        # would add it to the scores and FlashAttention would ignore it.
+        # HF's SDPA attention, plus the batched pass's per-row attention (calispec_core/attention.py)
         model = AutoModelForCausalLM.from_pretrained(
-            str(spec.path), dtype=self.dtype, local_files_only=True, attn_implementation="sdpa"
+            str(spec.path), dtype=self.dtype, local_files_only=True, attn_implementation=attention.register()
         )
         model = model.to(self.device).eval()
         self.tokenizer = load_tokenizer(spec.path)
@@ -131,6 +132,7 @@ class ModelRunner:
         self.max_context: int = int(getattr(self.model.config, "max_position_embeddings", 4096))
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.forward_costs: dict[int, float] = {}  # ms by new tokens, once measured (forward_costs.py)
+        self.new_cache()  # refuses a model whose cache layers are not plain full attention, before serving
 
     def _eos_ids(self, model: torch.nn.Module) -> list[int]:
         eos = model.generation_config.eos_token_id
@@ -140,7 +142,8 @@ class ModelRunner:
         return [int(i) for i in ids if i is not None]
 
     def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.model.config)
+        """An empty session cache: grows in place (calispec_core/kv_cache.py)."""
+        return new_session_cache(self.model.config)
 
     @on_compute_thread
     @torch.inference_mode()
@@ -156,7 +159,7 @@ class ModelRunner:
     def forward_batch(
         self,
         input_ids: torch.Tensor,  # [B, S]
-        attention_mask: torch.Tensor,  # [B, P + S] 1 on real entries, or a custom [B, 1, S, P + S] bool mask
+        attention_mask: torch.Tensor | None,  # [B, P + S] 1 on real entries, a [B, 1, S, P + S] bool mask, or None
         position_ids: torch.Tensor,  # [B, S] each token's own position
         cache: DynamicCache,  # [B, H, P, D] per layer
         logits_to_keep: int | torch.Tensor,  # the last n positions, or the positions' indices [K]
@@ -196,6 +199,17 @@ class Session:
     def pending(self) -> list[int]:
         return self.tokens[self.cached_len :]
 
+    def checkpoint(self) -> tuple[int, int]:
+        """(tokens, cached entries) now, for `restore` after a failed forward."""
+        return len(self.tokens), self.cached_len
+
+    def restore(self, checkpoint: tuple[int, int]) -> None:
+        """Back to `checkpoint`: later tokens dropped, every cache layer back to its length then (a forward
+        that raised part of the way through extended only some layers)."""
+        tokens, cached = checkpoint
+        del self.tokens[tokens:]
+        crop_to(self.cache, cached)
+
     def truncate(self, length: int) -> None:
         """Drop tokens past `length` (and their cache entries).
 
@@ -207,9 +221,7 @@ class Session:
             f"rollback length {length} outside [1, {len(self.tokens)}] for session {self.session_id}",
         )
         del self.tokens[length:]
-        excess = self.cached_len - (length - 1)
-        if excess > 0:
-            self.cache.crop(-excess)
+        crop_to(self.cache, length - 1)
 
 
 def prefill_session(

@@ -7,10 +7,10 @@ cache do this at block granularity; here a prompt is one entry). Under lockstep 
 group end together, so their successors' prefills used to run back to back while every other
 session waited ("prefill storms", docs/performance.md).
 
-Entries hold the prefill's own KV tensors, shared without a copy: Hugging Face's `DynamicLayer`
-never writes into a stored tensor (it appends with `torch.cat` and crops to a view), and neither
-does `calispec_core.batch_forward` (it concatenates into new tensors). Bounded by cached tokens,
-least recently used out.
+Entries are copies, and a hit copies its prefix into the new session's cache: sessions write their
+caches in place (calispec_core/kv_cache.py), so a shared view would let one session's later tokens
+(or a rollback into its prompt) overwrite another's. One copy of a prompt's KV per prefill, far
+cheaper than the forward it replaces. Bounded by cached tokens, least recently used out.
 
 Exactness: a prompt that matches an entry up to its last cached token reuses bit-identical KV
 (the same prompt twice computes the same thing). A partial match computes the rest on top of the
@@ -83,8 +83,7 @@ class PrefixCache:
             self.stats.hits += 1
             self.stats.reused_tokens += length
         for layer, (keys, values) in zip(cache.layers, layers, strict=True):
-            layer.lazy_initialization(keys, values)
-            layer.keys, layer.values = keys[:, :, :length], values[:, :, :length]  # views: no copy
+            layer.update(keys[:, :, :length], values[:, :, :length])  # copied into the session's own buffer
         return length
 
     def store(self, prompt: Sequence[int], cache: DynamicCache) -> None:
@@ -92,12 +91,11 @@ class PrefixCache:
         if not self.max_tokens or len(prompt) < self.min_reused or len(prompt) > self.max_tokens:
             return
         key = tuple(prompt)
-        layers = [(layer.keys, layer.values) for layer in cache.layers]
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)
                 return
-            self._entries[key] = layers
+            self._entries[key] = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
             self._tokens += len(key)
             while self._tokens > self.max_tokens:
                 old, _ = self._entries.popitem(last=False)

@@ -179,12 +179,12 @@ class Proposer:
     @on_compute_thread
     def _draft_batch(self, jobs: Sequence[_Job]) -> list[Proposal]:
         """Runs on the scheduler thread. A failed batch changes nothing (the scheduler reruns its rows alone)."""
-        starts = [len(job.state.session.tokens) for job in jobs]
+        starts = [job.state.session.checkpoint() for job in jobs]
         try:
             return self._draft_steps(jobs)
         except BaseException:
-            for job, length in zip(jobs, starts, strict=True):
-                job.state.session.truncate(length)  # drop this batch's drafted tokens and their cache entries
+            for job, start in zip(jobs, starts, strict=True):
+                job.state.session.restore(start)  # drop this batch's drafted tokens and their cache entries
                 job.reset()
             raise
 
@@ -194,12 +194,11 @@ class Proposer:
         while active:
             sessions = [job.state.session for job in active]
             start = now_ns()
-            logits, caches = forward_rows(
+            logits = forward_rows(
                 self.runner, [s.cache for s in sessions], [s.pending() for s in sessions], [1] * len(active)
             )  # logits[b]: [1, C]
             forward_ns = now_ns() - start
-            for job, session, cache, row in zip(active, sessions, caches, logits, strict=True):
-                session.cache = cache
+            for job, row in zip(active, logits, strict=True):
                 job.forward_ns += forward_ns  # every row waited for the whole batched forward
                 job.step(row[None], self._pick)  # [1, 1, C]
             active = [job for job in active if not job.done]

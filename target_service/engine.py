@@ -20,6 +20,7 @@ from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
 from calispec_core.errors import CalispecError, InvalidArgument, require
 from calispec_core.generation import Mode
+from calispec_core.kv_cache import crop_to
 from calispec_core.limits import MAX_SPECULATIVE_TOKENS, check_csd_thresholds
 from calispec_core.modeling import ModelRunner, Session, prefill_session
 from calispec_core.prefix_cache import PrefixCache
@@ -142,7 +143,7 @@ class TargetEngine:
         try:
             with watch.phase("forward"):
                 inputs = [s.pending() + r.draft for s, r in zip(sessions, rows, strict=True)]
-                logits, caches = forward_rows(
+                logits = forward_rows(
                     self.runner, [s.cache for s in sessions], inputs, [len(r.draft) + 1 for r in rows]
                 )
             with watch.phase("verify"):
@@ -162,7 +163,6 @@ class TargetEngine:
             self.observer(batch, out)
         results = []
         for b, (row, accepted, next_token, bonus, rejections) in enumerate(zip(rows, *outcome, strict=True)):
-            row.state.session.cache = caches[b]
             self._commit(row.state.session, row.draft, accepted, next_token)
             positions = [i for i, hit in enumerate(rescued[b]) if hit]
             results.append(VerifyResult(accepted, positions, next_token, bool(bonus), rejections, len(rows)))
@@ -182,12 +182,11 @@ class TargetEngine:
 
     @staticmethod
     def _undo(rows: Sequence[_Row], cached: list[int], generator_states: list[torch.Tensor]) -> None:
-        """Back to the state before a failed round: a lone row's forward extended its cache in place."""
+        """Back to the state before a failed round: the forward extends caches in place, possibly only
+        some layers of them (when it raised part of the way through)."""
         for row, length, state in zip(rows, cached, generator_states, strict=True):
             row.state.generator.set_state(state)
-            excess = row.state.session.cached_len - length
-            if excess > 0:
-                row.state.session.cache.crop(-excess)
+            crop_to(row.state.session.cache, length)
 
     def _check_draft(self, state: TargetSession, draft: list[int], draft_probs: torch.Tensor | SparseQ | None) -> None:
         require(

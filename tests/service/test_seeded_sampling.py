@@ -51,6 +51,10 @@ class CountingCache:
     def crop(self, tokens_to_remove: int) -> None:  # negative, like DynamicCache.crop
         self.length += tokens_to_remove
 
+    @property
+    def layers(self) -> list[CountingCache]:  # kv_cache.crop_to crops layer by layer: one layer, itself
+        return [self]
+
 
 class ConstantRunner:
     """A model whose next-token logits never change: the distributions under test are exact.

@@ -143,3 +143,47 @@ def test_a_lone_round_that_raises_leaves_cache_tokens_and_randomness_as_they_wer
     results = [verify(engine, sid, [1, 2], uniform) for sid in ("failed", "twin")]
     assert results[0] == results[1]  # same seed, same draws: the failed round consumed no randomness
     assert snapshot(engine, "failed") == snapshot(engine, "twin")
+
+
+def layer_lengths(engine: TargetEngine, sid: str) -> list[int]:
+    return [layer.get_seq_length() for layer in engine.sessions.get(sid).session.cache.layers]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["lone", "batched"])
+def test_a_forward_that_raises_part_of_the_way_through_leaves_every_layer_as_it_was(
+    engine: TargetEngine, target_runner: ModelRunner, monkeypatch: pytest.MonkeyPatch, batched: bool
+) -> None:
+    """Caches grow in place, layer by layer: a fault in the second layer leaves the first extended. The
+    undo used to crop every layer by the first one's excess, cutting real entries out of the others."""
+    truth = reference_greedy(target_runner, PROMPT, 4)
+    assert len(target_runner.model.model.layers) >= 2
+    sids = ("faulty", "other") if batched else ("faulty",)
+    for sid in sids:
+        prefill(engine, sid)
+    before = {sid: layer_lengths(engine, sid) for sid in sids}
+
+    projection = target_runner.model.model.layers[1].self_attn.k_proj
+    original, forwards = projection.forward, []
+
+    def broken(hidden: torch.Tensor) -> torch.Tensor:
+        forwards.append(1)
+        if batched and len(forwards) == 1:
+            return original(hidden)  # the holder's lone round (one_batch) goes through
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(projection, "forward", broken)
+    calls = [lambda sid=sid: verify(engine, sid, truth[:2]) for sid in sids]
+    outcomes = one_batch(engine, calls) if batched else [_raises(calls[0])]
+    assert all(isinstance(o, RuntimeError) and "out of memory" in str(o) for o in outcomes)
+    assert {sid: layer_lengths(engine, sid) for sid in sids} == before
+    monkeypatch.undo()
+    for sid in sids:
+        result = verify(engine, sid, truth[:2])
+        assert (result.accepted_count, result.next_token) == (2, truth[2])
+        assert verify(engine, sid, [truth[3]]).accepted_count == 1
+
+
+def _raises(call: Callable[[], VerifyResult]) -> Exception:
+    with pytest.raises(RuntimeError) as info:
+        call()
+    return info.value

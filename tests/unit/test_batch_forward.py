@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from calispec_core.attention import ATTENTION
 from calispec_core.batch_forward import forward_rows
+from calispec_core.kv_cache import SessionLayer
 from calispec_core.modeling import ModelRunner, prefill_session
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20], [30, 31, 32]]  # different lengths, one with an empty cache
@@ -19,7 +21,8 @@ def test_rows_match_unbatched_forwards_and_caches_continue(target_runner: ModelR
         alone.append(target_runner.forward(s.pending() + draft, s.cache, len(draft) + 1)[0])
     sessions = [prefill_session(target_runner, f"batch{i}", p) for i, p in enumerate(PROMPTS)]
     inputs = [s.pending() + d for s, d in zip(sessions, DRAFTS, strict=True)]
-    rows, caches = forward_rows(target_runner, [s.cache for s in sessions], inputs, [len(d) + 1 for d in DRAFTS])
+    caches = [s.cache for s in sessions]
+    rows = forward_rows(target_runner, caches, inputs, [len(d) + 1 for d in DRAFTS])
     for expected, got in zip(alone, rows, strict=True):
         assert got.shape == expected.shape
         assert torch.allclose(got, expected, atol=TOLERANCE)
@@ -29,19 +32,38 @@ def test_rows_match_unbatched_forwards_and_caches_continue(target_runner: ModelR
     ]
 
     # each returned cache is that session's own: a further batched step equals a fresh prefill
-    rows2, _ = forward_rows(target_runner, caches, [[3]] * 3, [1, 1, 1])
+    rows2 = forward_rows(target_runner, caches, [[3]] * 3, [1, 1, 1])
     for i, (prompt, draft) in enumerate(zip(PROMPTS, DRAFTS, strict=True)):
         fresh = prefill_session(target_runner, f"fresh{i}", [*prompt, *draft, 3])
         expected = target_runner.forward(fresh.pending(), fresh.cache, 1)[0]
         assert torch.allclose(rows2[i], expected, atol=TOLERANCE)
 
 
-def test_single_row_uses_the_sessions_own_cache(target_runner: ModelRunner) -> None:
+def test_single_row_extends_the_sessions_own_cache(target_runner: ModelRunner) -> None:
     session = prefill_session(target_runner, "one", PROMPTS[0])
-    rows, caches = forward_rows(target_runner, [session.cache], [[*session.pending(), 1]], [2])
-    assert caches[0] is session.cache and rows[0].shape == (2, target_runner.vocab_size)
+    rows = forward_rows(target_runner, [session.cache], [[*session.pending(), 1]], [2])
+    assert rows[0].shape == (2, target_runner.vocab_size) and session.cached_len == len(PROMPTS[0]) + 1
 
 
-def test_models_load_with_the_attention_that_takes_the_block_mask(target_runner: ModelRunner) -> None:
-    """The packed batch relies on SDPA using its boolean mask as given (eager would add it)."""
-    assert target_runner.model.config._attn_implementation == "sdpa"
+def test_a_batched_pass_writes_into_each_sessions_buffer_and_copies_no_cache(target_runner: ModelRunner) -> None:
+    """Issue #11: no whole-KV copies per round. Each row's new entries land in its own preallocated buffer
+    (same storage before and after), and the entries it had are untouched."""
+    sessions = [prefill_session(target_runner, f"buf{i}", p) for i, p in enumerate(PROMPTS)]
+    cached = [(s, d) for s, d in zip(sessions, DRAFTS, strict=True) if s.cached_len]  # a 1-token prompt has none
+    before = [
+        [(layer.keys.clone(), layer.values.clone(), layer.keys.data_ptr()) for layer in s.cache.layers]
+        for s, _ in cached
+    ]
+    inputs = [s.pending() + d for s, d in zip(sessions, DRAFTS, strict=True)]
+    forward_rows(target_runner, [s.cache for s in sessions], inputs, [1, 1, 1])
+    for (session, draft), layers in zip(cached, before, strict=True):
+        for layer, (keys, values, pointer) in zip(session.cache.layers, layers, strict=True):
+            length = keys.shape[-2]
+            assert layer.keys.shape[-2] == length + 1 + len(draft)  # extended in place by pending + draft
+            assert layer.keys.data_ptr() == pointer  # the same buffer: nothing was reallocated or concatenated
+            assert torch.equal(layer.keys[:, :, :length], keys) and torch.equal(layer.values[:, :, :length], values)
+
+
+def test_models_load_with_the_per_row_attention(target_runner: ModelRunner) -> None:
+    assert target_runner.model.config._attn_implementation == ATTENTION
+    assert all(isinstance(layer, SessionLayer) for layer in target_runner.new_cache().layers)

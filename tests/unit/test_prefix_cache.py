@@ -64,7 +64,7 @@ def test_sessions_never_write_into_a_stored_entry(target_runner: ModelRunner) ->
     cache = PrefixCache(1024)
     session = prefill_session(target_runner, "a", tokens, cache)
     stored = [(k.clone(), v.clone()) for k, v in next(iter(cache._entries.values()))]
-    user = prefill_session(target_runner, "b", tokens, cache)  # a view of the entry
+    user = prefill_session(target_runner, "b", tokens, cache)  # starts from a copy of the entry
     for step in range(3):  # decode, then roll back into the shared part, then decode again
         user.tokens.append(int(next_logits(target_runner, user).argmax()))
         if step == 1:
