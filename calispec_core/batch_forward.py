@@ -8,7 +8,8 @@ proposal: under lockstep at concurrency 8 the proposals in one verify batch rang
 tokens, and padding them to the longest computed up to ~2x the tokens. In every layer each row's new
 keys and values are written into that session's own cache, and attention runs row by row against
 it (calispec_core/attention.py): no cache is copied or concatenated, the pass moves O(T) cache
-entries whatever the contexts.
+entries whatever the contexts. One row takes the same path: HF's own attention for a cached decode
+step (SDPA with `enable_gqa` on a cache view) cost more than the folded heads here.
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ def forward_rows(
     Returns each row's last keep[b] logits ([keep[b], V]). When the forward raises, caches may be
     extended in some layers only: `kv_cache.crop_to` each back to its old length.
     """
-    if len(caches) == 1:
-        return [runner.forward(inputs[0], caches[0], keep[0])[0]]
     device = runner.device
     lengths = [c.get_seq_length() for c in caches]  # L_b
     widths = [len(x) for x in inputs]  # n_b

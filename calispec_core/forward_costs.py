@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 
+from calispec_core.batch_forward import forward_rows
 from calispec_core.modeling import ModelRunner, Session, prefill_session
 
 # A verify forward is γ + 1 tokens per row (γ <= 16); a batch of B rows costs about one row of
@@ -26,13 +27,17 @@ def context_session(runner: ModelRunner, context: int = CONTEXT, headroom: int =
     return prefill_session(runner, "forward-cost", [(1000 + i) % vocab for i in range(context)])
 
 
-def one_forward_ms(runner: ModelRunner, session: Session, new_tokens: int) -> float:
-    """Wall time of one forward of `new_tokens` after the session's cache; the cache is left as it was."""
+def forward_ms(runner: ModelRunner, sessions: list[Session], new_tokens: int) -> float:
+    """Wall time of one forward of `new_tokens` per session, on the path rounds take (`forward_rows`, one
+    row or several); the caches are left as they were."""
     filler = [5 % max(runner.vocab_size - 1, 1)] * (new_tokens - 1)
     start = time.perf_counter()
-    runner.forward(session.pending() + filler, session.cache, new_tokens)
+    forward_rows(
+        runner, [s.cache for s in sessions], [s.pending() + filler for s in sessions], [new_tokens] * len(sessions)
+    )
     elapsed = (time.perf_counter() - start) * 1000
-    session.cache.crop(-new_tokens)  # back to the cached prefix
+    for session in sessions:
+        session.cache.crop(-new_tokens)  # back to the cached prefix
     return elapsed
 
 
@@ -50,7 +55,7 @@ def measure_forward_costs(runner: ModelRunner, token_counts: tuple[int, ...], re
     times: dict[int, list[float]] = {n: [] for n in counts}
     for rep in range(reps + 1):
         for n in counts:
-            elapsed = one_forward_ms(runner, session, n)
+            elapsed = forward_ms(runner, [session], n)
             if rep:  # the first pass warms up and is dropped
                 times[n].append(elapsed)
     return {n: statistics.median(ts) for n, ts in times.items()}

@@ -32,7 +32,7 @@ import platformdirs
 from calispec.client import CalispecClient, CalispecRpcError, GenerationResult
 from calispec.types import Mode
 from calispec_core.errors import InvalidArgument
-from calispec_core.limits import DTYPE_CHOICES, check_csd_thresholds
+from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, check_csd_thresholds
 from calispec_tools import cli_auth, cli_bench, cli_chat, cli_memory, cli_ray
 from calispec_tools.models.registry import PAIRS, ModelPullError, describe_pairs, pull_pair, pulled
 from calispec_tools.stack_state import StackState, clear_state
@@ -109,6 +109,7 @@ def stack_config(args: argparse.Namespace, ports: tuple[int, int, int, int]) -> 
         device=args.device,
         draft_dtype=args.draft_dtype or default_draft_dtype(args.device),
         draft_vocab=draft_vocab(args, None if args.draft else args.pair),
+        fp32_linear=args.fp32_linear,
         draft_threads=args.draft_threads,
         target_threads=args.target_threads,
         calibration_file=None if args.no_calibration or args.draft else _shipped_file(args.pair),
@@ -186,6 +187,13 @@ def add_model_flavour_args(parser: argparse.ArgumentParser) -> None:
         "the pair's CPU default, see docs/performance.md); moves acceptance only, never what sd emits",
     )
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--fp32-linear",
+        default=None,
+        choices=FP32_LINEAR_CHOICES,
+        help="both model services' float32 CPU Linear path (default: theirs, onednn; `default`: torch's MKL path, "
+        "whose multi-token forwards cost ~3x one token: what a CPU without bf16 units showed, docs/performance.md)",
+    )
     parser.add_argument("--draft-threads", type=int, default=None, help="draft torch threads")
     parser.add_argument(
         "--target-threads",

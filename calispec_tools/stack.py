@@ -93,6 +93,7 @@ class StackConfig:
     draft_dtype: str | None = None  # None: `dtype` (e.g. int8 for a cheaper draft)
     draft_threads: int | None = None  # None with target_threads None: split_cores(os.cpu_count())
     draft_vocab: int = 0  # the draft's output layer pruned to ids [0, K) plus the special tokens; 0: full
+    fp32_linear: str | None = None  # both model services' float32 CPU Linear path (None: theirs, onednn)
     target_threads: int | None = None
     prefix_cache_tokens: int | None = None  # the model services' prefix cache (None: their default; 0: off)
     default_tau: float | None = None  # the coordinator's τ and λ for requests that set none (None: the paper's)
@@ -226,15 +227,18 @@ class LocalStack:
                 *([] if lam is None else ["--default-lambda", str(lam)])]  # fmt: skip
 
     def model_service_args(self) -> list[str]:
-        """What the draft and the target share: session idle TTL, batch gather time, prefix cache (when set)."""
-        ttl, gather, prefix = (
+        """What the draft and the target share: session idle TTL, batch gather time, prefix cache, float32
+        Linear path (when set)."""
+        ttl, gather, prefix, linear = (
             self.config.session_idle_ttl_s,
             self.config.batch_gather_ms,
             self.config.prefix_cache_tokens,
+            self.config.fp32_linear,
         )
         return [*([] if ttl is None else ["--session-idle-ttl-s", str(ttl)]),
                 *([] if gather is None else ["--batch-gather-ms", str(gather)]),
-                *([] if prefix is None else ["--prefix-cache-tokens", str(prefix)])]  # fmt: skip
+                *([] if prefix is None else ["--prefix-cache-tokens", str(prefix)]),
+                *([] if linear is None else ["--fp32-linear", linear])]  # fmt: skip
 
     def memory_args(self, port: int) -> list[str]:
         """Arguments of the memory service (also for restarting it on another port)."""

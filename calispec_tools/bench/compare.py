@@ -266,6 +266,7 @@ def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int |
         "device": args.device,
         "dtype": args.dtype,
         "draft_dtype": draft_dtype,
+        "fp32_linear": args.fp32_linear or "onednn",
         "draft_threads": threads[0],
         "target_threads": threads[1],
         "hf_threads": torch.get_num_threads(),
@@ -334,7 +335,7 @@ def run_compare(args: argparse.Namespace) -> int:
             coordinator_port=0, target_port=0, draft_port=0, memory_port=0, dtype=args.dtype, device=args.device,
             draft_dtype=draft_dtype, draft_threads=args.draft_threads, target_threads=args.target_threads,
             draft_vocab=draft_vocab, batch_gather_ms=args.batch_gather_ms,
-            prefix_cache_tokens=args.prefix_cache_tokens,
+            prefix_cache_tokens=args.prefix_cache_tokens, fp32_linear=args.fp32_linear,
         )  # fmt: skip
         threads = service_threads(stack_config)
         print(f"starting the stack (draft {draft} in {draft_dtype}, draft vocab {draft_vocab or 'full'}, "

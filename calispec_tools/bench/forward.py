@@ -6,8 +6,9 @@ one (memory-bound forwards: GPUs, CPUs with bf16 matrix units). This prints the 
 ratio on this machine, so the speedups of `bench_pair` can be read against it. Nothing about
 time is asserted.
 
-`--batch B` times the services' batched path instead (`calispec_core/batch_forward.py`: B sessions of
-different cached lengths packed end to end into one forward, as a verify round at concurrency B does).
+Forwards take the services' path (`calispec_core/batch_forward.py`); `--batch B` times B sessions of
+different cached lengths in one forward, as a verify round at concurrency B does; `--context` sets the
+cached tokens (default 200).
 
 In float32 on CPU it compares the two Linear paths on one loaded model (`--linear`): `onednn`
 (multi-row products on oneDNN, what the services use) and `default` (torch's MKL path), interleaved
@@ -18,19 +19,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
-from calispec_core.batch_forward import forward_rows
-from calispec_core.forward_costs import context_session, one_forward_ms
-from calispec_core.modeling import DTYPE_CHOICES, FP32_LINEAR_CHOICES, ModelRunner, ModelSpec, Session
+from calispec_core.forward_costs import context_session, forward_ms
+from calispec_core.modeling import DTYPE_CHOICES, FP32_LINEAR_CHOICES, ModelRunner, ModelSpec
 from calispec_core.onednn_linear import onednn_linear_available, use_default_linear, use_onednn_linear
 from calispec_core.service_cli import configure_logging
 from calispec_tools.bench.compare import cpu_flags, cpu_model
 
-CONTEXT = 200  # cached tokens before the measured forward (the issue's reference point)
+CONTEXT = 200  # default cached tokens before the measured forward (the issue's reference point)
 SWITCH = {"onednn": use_onednn_linear, "default": use_default_linear}
 
 
@@ -48,9 +47,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="float32 Linear paths to compare, comma-separated (onednn: the services' path; default: torch's)",
     )
     parser.add_argument(
-        "--batch", type=int, default=1, help="sessions per forward (>1: the batched path, rows packed end to end)"
+        "--batch", type=int, default=1, help="sessions per forward (rows end to end, each attending to its own cache)"
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    parser.add_argument("--context", type=int, default=CONTEXT, help="cached tokens before the measured forward")
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args(argv)
     args.token_counts = [int(t) for t in args.tokens.split(",")]
@@ -60,31 +60,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def batched_forward_ms(runner: ModelRunner, sessions: list[Session], new_tokens: int) -> float:
-    """Wall time of one batched forward of `new_tokens` per session; the caches are cropped back after."""
-    filler = [5 % max(runner.vocab_size - 1, 1)] * (new_tokens - 1)
-    start = time.perf_counter()
-    forward_rows(
-        runner, [s.cache for s in sessions], [s.pending() + filler for s in sessions], [new_tokens] * len(sessions)
-    )
-    elapsed = (time.perf_counter() - start) * 1000
-    for session in sessions:
-        session.cache.crop(-new_tokens)
-    return elapsed
-
-
 def measure(
-    runner: ModelRunner, variants: list[str], token_counts: list[int], reps: int, batch: int = 1
+    runner: ModelRunner,
+    variants: list[str],
+    token_counts: list[int],
+    reps: int,
+    batch: int = 1,
+    context: int = CONTEXT,
 ) -> dict[tuple[str, int], float]:
     """Median ms per (variant, new tokens); variants interleaved within each repetition, one warm-up round."""
     headroom = max(token_counts)
-    sessions = [context_session(runner, CONTEXT + 16 * b, headroom) for b in range(batch)]  # unequal: padding
+    sessions = [context_session(runner, context + 16 * b, headroom) for b in range(batch)]  # unequal lengths
     times: dict[tuple[str, int], list[float]] = {(v, n): [] for v in variants for n in token_counts}
     for rep in range(reps + 1):
         for n in token_counts:
             for variant in variants:
                 SWITCH[variant](runner.model)
-                ms = batched_forward_ms(runner, sessions, n) if batch > 1 else one_forward_ms(runner, sessions[0], n)
+                ms = forward_ms(runner, sessions, n)
                 if rep > 0:
                     times[(variant, n)].append(ms)
     return {key: statistics.median(ms) for key, ms in times.items()}
@@ -116,9 +108,9 @@ def main(argv: list[str] | None = None) -> None:
         args.variants = ["default"]  # one Linear path only
     print(f"cpu {cpu_model()} flags {' '.join(cpu_flags()) or '-'}; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")  # fmt: skip
-    print(f"{runner.model_id} on {runner.device} in {runner.dtype_name}, context {CONTEXT}, batch {args.batch}, "
+    print(f"{runner.model_id} on {runner.device} in {runner.dtype_name}, context {args.context}, batch {args.batch}, "
           f"median of {args.reps} (interleaved)")  # fmt: skip
-    medians = measure(runner, args.variants, args.token_counts, args.reps, args.batch)
+    medians = measure(runner, args.variants, args.token_counts, args.reps, args.batch, args.context)
     print("\n".join(report(medians, args.variants, args.token_counts)), flush=True)
 
 

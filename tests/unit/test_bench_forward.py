@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from calispec_core.forward_costs import context_session
+from calispec_core.forward_costs import context_session, forward_ms
 from calispec_core.modeling import ModelRunner, ModelSpec
-from calispec_tools.bench.forward import batched_forward_ms, measure
+from calispec_tools.bench.forward import measure
 from tests.conftest import TinyPair
 
 
@@ -19,7 +19,7 @@ def own_runner(tiny_pair: TinyPair) -> ModelRunner:
 def test_batched_forward_leaves_every_session_as_it_was(own_runner: ModelRunner) -> None:
     sessions = [context_session(own_runner, 20 + 8 * b, headroom=7) for b in range(3)]
     before = [(s.cached_len, list(s.tokens)) for s in sessions]
-    assert batched_forward_ms(own_runner, sessions, 7) > 0
+    assert forward_ms(own_runner, sessions, 7) > 0
     assert [(s.cached_len, list(s.tokens)) for s in sessions] == before
 
 

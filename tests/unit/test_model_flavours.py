@@ -92,6 +92,22 @@ def test_the_stack_passes_the_prefix_cache_size_and_benchmarks_turn_it_off(tiny_
             parser.parse_args([*command, "--prefix-cache-tokens", "-1"])
 
 
+def test_the_fp32_linear_path_reaches_both_model_services(tiny_pair: TinyPair, tmp_path) -> None:
+    """`--fp32-linear default` puts the stack on torch's float32 path, the cost curve of a CPU without bf16 units."""
+    from calispec_tools.cli import build_parser, stack_config
+
+    parser = build_parser()
+    config = stack_config(parser.parse_args(["up", "--pair", "tiny"]), (0, 0, 0, 0))
+    assert "--fp32-linear" not in LocalStack(config).draft_args()  # the services' default (onednn)
+    config = stack_config(parser.parse_args(["up", "--pair", "tiny", "--fp32-linear", "default"]), (0, 0, 0, 0))
+    stack = LocalStack(config)
+    for args in (stack.draft_args(), stack.target_args(0, "127.0.0.1:1")):
+        assert args[args.index("--fp32-linear") + 1] == "default"
+    assert parser.parse_args(["bench", "compare", "--fp32-linear", "default"]).fp32_linear == "default"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["up", "--fp32-linear", "mkl"])
+
+
 def test_up_maps_the_csd_defaults_onto_the_coordinator(tiny_pair: TinyPair, tmp_path) -> None:
     from calispec_tools.cli import build_parser, stack_config
 
