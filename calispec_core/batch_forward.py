@@ -8,13 +8,14 @@ proposal: under lockstep at concurrency 8 the proposals in one verify batch rang
 tokens, and padding them to the longest computed up to ~2x the tokens. In every layer each row's new
 keys and values are written into that session's own cache, and attention runs row by row against
 it (calispec_core/attention.py): no cache is copied or concatenated, the pass moves O(T) cache
-entries whatever the contexts. One row takes the same path: HF's own attention for a cached decode
-step (SDPA with `enable_gqa` on a cache view) cost more than the folded heads here.
+entries whatever the contexts. A lone session's forward (`ModelRunner.forward`: rounds of one row,
+prefill chunks) is the same pass with one row.
 """
 
 from __future__ import annotations
 
 from itertools import accumulate
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
@@ -22,7 +23,9 @@ from transformers.cache_utils import DynamicLayer
 
 from calispec_core.attention import PackedRows, causal_masks
 from calispec_core.kv_cache import SessionLayer
-from calispec_core.modeling import ModelRunner
+
+if TYPE_CHECKING:
+    from calispec_core.modeling import ModelRunner
 
 
 def forward_rows(
@@ -33,6 +36,15 @@ def forward_rows(
     Returns each row's last keep[b] logits ([keep[b], V]). When the forward raises, caches may be
     extended in some layers only: `kv_cache.crop_to` each back to its old length.
     """
+    if len(caches) == 1:  # the runner's own one-session forward (the same pass)
+        return [runner.forward(inputs[0], caches[0], keep[0])[0]]
+    return packed_forward(runner, caches, inputs, keep)
+
+
+def packed_forward(
+    runner: ModelRunner, caches: list[DynamicCache], inputs: list[list[int]], keep: list[int]
+) -> list[torch.Tensor]:
+    """`forward_rows` for any number of rows (B >= 1): the rows' new tokens end to end, attention per row."""
     device = runner.device
     lengths = [c.get_seq_length() for c in caches]  # L_b
     widths = [len(x) for x in inputs]  # n_b

@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 
 from calispec_core import attention
+from calispec_core.batch_forward import packed_forward
 from calispec_core.compute import compute_thread, on_compute_thread
 from calispec_core.errors import InvalidArgument, require
 from calispec_core.kv_cache import crop_to, new_session_cache
@@ -148,11 +149,11 @@ class ModelRunner:
     @on_compute_thread
     @torch.inference_mode()
     def forward(self, token_ids: list[int], cache: DynamicCache, logits_to_keep: int) -> torch.Tensor:
-        """Feed token_ids after the cached prefix; returns the last logits, [1, logits_to_keep, V]
-        (V: logit_columns.width, the whole vocabulary unless the output layer is pruned)."""
-        input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, S]
-        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
-        return out.logits  # [1, logits_to_keep, V]
+        """Feed token_ids after the cached prefix (extended in place); returns the last logits,
+        [1, logits_to_keep, V] (V: logit_columns.width, the whole vocabulary unless the output layer is
+        pruned). The batched pass with one row: HF's own attention on a cached decode step (SDPA with
+        `enable_gqa` on the cache's views) cost more than the per-row attention's folded heads."""
+        return packed_forward(self, [cache], [token_ids], [logits_to_keep])[0][None]
 
     @on_compute_thread
     @torch.inference_mode()
