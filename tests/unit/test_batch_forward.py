@@ -6,8 +6,10 @@ import torch
 
 from calispec_core.attention import ATTENTION
 from calispec_core.batch_forward import forward_rows
+from calispec_core.compute import compute_thread
 from calispec_core.kv_cache import SessionLayer
-from calispec_core.modeling import ModelRunner, prefill_session
+from calispec_core.modeling import ModelRunner, ModelSpec, prefill_session
+from tests.conftest import TinyPair
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20], [30, 31, 32]]  # different lengths, one with an empty cache
 DRAFTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
@@ -67,3 +69,28 @@ def test_a_batched_pass_writes_into_each_sessions_buffer_and_copies_no_cache(tar
 def test_models_load_with_the_per_row_attention(target_runner: ModelRunner) -> None:
     assert target_runner.model.config._attn_implementation == ATTENTION
     assert all(isinstance(layer, SessionLayer) for layer in target_runner.new_cache().layers)
+
+
+def test_a_prefill_chunk_never_copies_the_output_layer(tiny_pair: TinyPair) -> None:
+    """HF's `logits_to_keep=1` slices the last hidden state as a strided [1, 1, H] view, which torch's
+    matmul runs as a bmm against the [V, H] output weight expanded and, in bf16, copied whole: 467 MB and
+    ~1.2 s per prefill chunk for the 1.5B target. The rounds' pass selects kept positions by index."""
+    runner = ModelRunner(ModelSpec(tiny_pair.target, dtype="bfloat16", device="cpu"))
+    weight = runner.model.get_output_embeddings().weight  # [V, H]
+    session = prefill_session(runner, "chunk", list(range(3, 40)))
+
+    def profiled() -> torch.profiler.profile:
+        with torch.profiler.profile(record_shapes=True) as prof:  # on the thread that computes
+            runner.forward([7, 8, 9, 10, 11, 12], session.cache, logits_to_keep=1)
+        return prof
+
+    prof = compute_thread().run(profiled)
+    assert any(event.name == "aten::linear" for event in prof.events())  # it saw the forward
+    copied = [
+        shape
+        for event in prof.events()
+        if event.name in ("aten::copy_", "aten::clone")
+        for shape in event.input_shapes
+        if shape and torch.Size(shape).numel() >= weight.numel()
+    ]
+    assert copied == []
