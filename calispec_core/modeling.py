@@ -165,7 +165,14 @@ class ModelRunner:
         cache: DynamicCache,  # [B, H, P, D] per layer
         logits_to_keep: int | torch.Tensor,  # the last n positions, or the positions' indices [K]
     ) -> torch.Tensor:  # [B, n or K, V]
-        """A multi-session forward: padded rows, or sessions packed end to end (calispec_core.batch_forward)."""
+        """A multi-session forward: padded rows, or sessions packed end to end (calispec_core.batch_forward).
+
+        The last n positions are kept by index: HF slices them as a strided view, which torch's matmul
+        runs against the output weight expanded per row and, in bf16, copied (467 MB a row for the 1.5B
+        target's 151,936 × 1,536 head; docs/performance.md)."""
+        if isinstance(logits_to_keep, int) and 0 < logits_to_keep < input_ids.shape[1]:
+            width = input_ids.shape[1]
+            logits_to_keep = torch.arange(width - logits_to_keep, width, device=input_ids.device)  # [n]
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -71,7 +71,7 @@ def test_models_load_with_the_per_row_attention(target_runner: ModelRunner) -> N
     assert all(isinstance(layer, SessionLayer) for layer in target_runner.new_cache().layers)
 
 
-def test_a_prefill_chunk_never_copies_the_output_layer(tiny_pair: TinyPair) -> None:
+def test_keeping_the_last_logits_never_copies_the_output_layer(tiny_pair: TinyPair) -> None:
     """HF's `logits_to_keep=1` slices the last hidden state as a strided [1, 1, H] view, which torch's
     matmul runs as a bmm against the [V, H] output weight expanded and, in bf16, copied whole: 467 MB and
     ~1.2 s per prefill chunk for the 1.5B target. The rounds' pass selects kept positions by index."""
@@ -84,13 +84,19 @@ def test_a_prefill_chunk_never_copies_the_output_layer(tiny_pair: TinyPair) -> N
             runner.forward([7, 8, 9, 10, 11, 12], session.cache, logits_to_keep=1)
         return prof
 
-    prof = compute_thread().run(profiled)
-    assert any(event.name == "aten::linear" for event in prof.events())  # it saw the forward
-    copied = [
-        shape
-        for event in prof.events()
-        if event.name in ("aten::copy_", "aten::clone")
-        for shape in event.input_shapes
-        if shape and torch.Size(shape).numel() >= weight.numel()
-    ]
-    assert copied == []
+    def profiled_batch() -> torch.profiler.profile:  # calibration's padded generation: [B, S], keep 1
+        ids = torch.arange(3, 27).view(2, 12)
+        with torch.profiler.profile(record_shapes=True) as prof:
+            runner.forward_batch(ids, torch.ones_like(ids), torch.arange(12).expand(2, 12), runner.new_cache(), 1)
+        return prof
+
+    for prof in (compute_thread().run(profiled), compute_thread().run(profiled_batch)):
+        assert any(event.name == "aten::linear" for event in prof.events())  # it saw the forward
+        copied = [
+            shape
+            for event in prof.events()
+            if event.name in ("aten::copy_", "aten::clone")
+            for shape in event.input_shapes
+            if shape and torch.Size(shape).numel() >= weight.numel()
+        ]
+        assert copied == []
