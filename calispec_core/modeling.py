@@ -246,9 +246,10 @@ def prefill_session(
     runner.check_token_ids(token_ids, "prompt")
     session = Session(session_id, list(token_ids), runner.new_cache())
     prefix = token_ids[:-1]
-    reused = prefix_cache.attach(prefix, session.cache) if prefix_cache is not None else 0
+    # The cache's copies are torch work: on the compute thread, like every forward (one OpenMP team per process)
+    reused = compute_thread().run(prefix_cache.attach, prefix, session.cache) if prefix_cache is not None else 0
     for start in range(reused, len(prefix), PREFILL_CHUNK):  # other sessions' forwards run between chunks
         runner.forward(prefix[start : start + PREFILL_CHUNK], session.cache, logits_to_keep=1)
     if prefix_cache is not None:
-        prefix_cache.store(prefix, session.cache)
+        compute_thread().run(prefix_cache.store, prefix, session.cache)
     return session

@@ -14,6 +14,7 @@ from calispec_core.batch_forward import forward_rows
 from calispec_core.compute import ComputeThread, compute_thread
 from calispec_core.modeling import ModelRunner, ModelSpec, prefill_session
 from calispec_core.openmp import SERVICE_SPIN_COUNT
+from calispec_core.prefix_cache import PrefixCache
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Stopwatch
 from draft_service import proposer as proposer_module
@@ -30,6 +31,22 @@ def test_loading_and_forwards_from_any_thread_run_on_the_compute_thread(tiny_pai
         list(pool.map(lambda i: prefill_session(runner, f"p{i}", [3, 4, 5 + i]), range(4)))
     assert threads and set(threads) == {compute_thread().ident}
     assert compute_thread().ident != threading.get_ident()
+
+
+def test_prefix_cache_copies_run_on_the_compute_thread(target_runner: ModelRunner, monkeypatch) -> None:
+    """Storing and attaching copy KV tensors (large copies run parallel regions): never on a handler thread."""
+    cache = PrefixCache(1024)
+    seen: list[tuple[str, int]] = []
+    for name in ("attach", "store"):
+        real = getattr(cache, name)
+        monkeypatch.setattr(
+            cache, name, lambda *a, _n=name, _r=real: seen.append((_n, threading.get_ident())) or _r(*a)
+        )
+    prompt = list(range(3, 40))
+    with ThreadPoolExecutor(1) as pool:  # a gRPC handler thread; one after the other, so the second hits
+        list(pool.map(lambda i: prefill_session(target_runner, f"pc{i}", prompt, cache), range(2)))
+    assert {name for name, _ in seen} == {"attach", "store"} and cache.stats.hits >= 1
+    assert {ident for _, ident in seen} == {compute_thread().ident}
 
 
 def test_a_draft_step_runs_on_the_compute_thread(draft_runner: ModelRunner, monkeypatch) -> None:
