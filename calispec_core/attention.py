@@ -32,18 +32,20 @@ class PackedRows:
     keys: list[torch.Tensor]  # [1, H_kv, L_b + n_b, D] per row: views of each session's own cache
     values: list[torch.Tensor]  # [1, H_kv, L_b + n_b, D] per row
     widths: list[int]  # n_b: the row's new tokens, its queries, end to end in the pass
-    masks: list[torch.Tensor | None]  # [n_b, L_b + n_b] bool per row; None where n_b = 1 (it sees every key)
+    masks: list[torch.Tensor | None]  # [g·n_b, L_b + n_b] bool per row (`causal_masks`); None where n_b = 1
 
 
-def causal_masks(lengths: list[int], widths: list[int], device: torch.device) -> list[torch.Tensor | None]:
-    """Per row: new token i (at position L_b + i) sees keys 0 .. L_b + i."""
+def causal_masks(lengths: list[int], widths: list[int], group: int, device: torch.device) -> list[torch.Tensor | None]:
+    """Per row: new token i (at position L_b + i) sees keys 0 .. L_b + i; repeated for the `group` query
+    heads folded onto each key/value head (rows (g, i)). Built once per pass, shared by every layer."""
     masks: list[torch.Tensor | None] = []
     for length, width in zip(lengths, widths, strict=True):
         if width == 1:
             masks.append(None)
             continue
         keys = torch.arange(length + width, device=device)  # [L_b + n_b]
-        masks.append(keys[None, :] <= (length + torch.arange(width, device=device))[:, None])  # [n_b, L_b + n_b]
+        mask = keys[None, :] <= (length + torch.arange(width, device=device))[:, None]  # [n_b, L_b + n_b]
+        masks.append(mask.repeat(group, 1))  # [g·n_b, L_b + n_b]
     return masks
 
 
@@ -75,15 +77,13 @@ def _grouped_attention(
     query: torch.Tensor,  # [1, H_q, n, D]
     key: torch.Tensor,  # [1, H_kv, K, D]
     value: torch.Tensor,  # [1, H_kv, K, D]
-    mask: torch.Tensor | None,  # [n, K] bool
+    mask: torch.Tensor | None,  # [g·n, K] bool, rows (g, i)
     scaling: float | None,
 ) -> torch.Tensor:  # [1, H_q, n, D]
     _, heads, width, dim = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads
     folded = query.reshape(1, kv_heads, group * width, dim)  # query head h -> kv head h // group, rows (g, i)
-    if mask is not None:
-        mask = mask.repeat(group, 1)  # [g·n, K]
     out = scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)  # [1, H_kv, g·n, D]
     return out.reshape(1, heads, width, dim)
 

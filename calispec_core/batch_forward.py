@@ -54,8 +54,10 @@ def packed_forward(
     )[None]  # [1, T]
     ends = accumulate(widths)  # where each row's new tokens end in T
     wanted = [i for end, k in zip(ends, keep, strict=True) for i in range(end - k, end)]
-    kept = torch.tensor(wanted, device=device)  # [Σ keep] the positions whose logits are returned
-    masks = causal_masks(lengths, widths, device)  # per row [n_b, L_b + n_b] or None
+    kept = torch.tensor(wanted, dtype=torch.long, device=device)  # [Σ keep] the positions whose logits are returned
+    config = runner.model.config
+    group = config.num_attention_heads // config.num_key_value_heads  # query heads per key/value head
+    masks = causal_masks(lengths, widths, group, device)  # per row [g·n_b, L_b + n_b] or None
     packed = runner.new_cache()
     packed.layers = [_RowsLayer([c.layers[i] for c in caches], widths, masks) for i in range(len(packed.layers))]
     logits = runner.forward_batch(input_ids, None, positions, packed, logits_to_keep=kept)[0]  # [Σ keep, V]

@@ -69,6 +69,12 @@ class SessionLayer(DynamicLayer):
             values[:, :, :length] = self.values
         self._key_buffer, self._value_buffer = keys, values
 
+    def _unsupported(self, *args: object, **kwargs: object) -> None:
+        """HF's versions replace `keys` with a new tensor that the next `append` would silently drop."""
+        raise NotImplementedError("session KV caches support neither beam search nor offloading")
+
+    reorder_cache = batch_select_indices = batch_repeat_interleave = offload = prefetch = _unsupported
+
     def crop_to(self, length: int) -> None:
         """Keep the first `length` entries (no copy; a longer request is a no-op)."""
         if self.get_seq_length() > length:

@@ -153,6 +153,7 @@ class ModelRunner:
         [1, logits_to_keep, V] (V: logit_columns.width, the whole vocabulary unless the output layer is
         pruned). The batched pass with one row: HF's own attention on a cached decode step (SDPA with
         `enable_gqa` on the cache's views) cost more than the per-row attention's folded heads."""
+        require(logits_to_keep >= 1, f"logits_to_keep must be >= 1, got {logits_to_keep}")
         return packed_forward(self, [cache], [token_ids], [logits_to_keep])[0][None]
 
     @on_compute_thread

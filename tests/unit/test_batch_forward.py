@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from calispec_core.attention import ATTENTION
 from calispec_core.batch_forward import forward_rows
 from calispec_core.compute import compute_thread
+from calispec_core.errors import InvalidArgument
 from calispec_core.kv_cache import SessionLayer
 from calispec_core.modeling import ModelRunner, ModelSpec, prefill_session
 from tests.conftest import TinyPair
@@ -100,3 +102,19 @@ def test_keeping_the_last_logits_never_copies_the_output_layer(tiny_pair: TinyPa
             if shape and torch.Size(shape).numel() >= weight.numel()
         ]
         assert copied == []
+
+
+def test_session_caches_refuse_what_they_cannot_keep(target_runner: ModelRunner) -> None:
+    """HF's beam-search and offloading hooks replace a layer's tensors; the next in-place write would drop that."""
+    layer = prefill_session(target_runner, "beam", PROMPTS[0]).cache.layers[0]
+    for call in (
+        lambda: layer.reorder_cache(torch.tensor([0])),
+        lambda: layer.batch_select_indices(torch.tensor([0])),
+        lambda: layer.batch_repeat_interleave(2),
+        layer.offload,
+        layer.prefetch,
+    ):
+        with pytest.raises(NotImplementedError):
+            call()
+    with pytest.raises(InvalidArgument, match="logits_to_keep"):
+        target_runner.forward([1, 2], prefill_session(target_runner, "zero", PROMPTS[0]).cache, 0)
