@@ -75,11 +75,6 @@ class SessionLayer(DynamicLayer):
 
     reorder_cache = batch_select_indices = batch_repeat_interleave = offload = prefetch = _unsupported
 
-    def crop_to(self, length: int) -> None:
-        """Keep the first `length` entries (no copy; a longer request is a no-op)."""
-        if self.get_seq_length() > length:
-            self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
-
 
 def new_session_cache(config: object) -> DynamicCache:
     """A `DynamicCache` for `config`'s model whose layers grow in place."""
@@ -93,9 +88,8 @@ def new_session_cache(config: object) -> DynamicCache:
 
 def crop_to(cache: DynamicCache, length: int) -> None:
     """Every layer back to at most `length` entries. Layer by layer, because a forward that raised part
-    of the way through has extended only the layers before the failure."""
+    of the way through has extended only the layers before the failure (a crop only shortens a
+    `SessionLayer`'s views)."""
     for layer in cache.layers:
-        if isinstance(layer, SessionLayer):
-            layer.crop_to(length)
-        elif (excess := layer.get_seq_length() - length) > 0:
+        if (excess := layer.get_seq_length() - length) > 0:
             layer.crop(-excess)

@@ -20,7 +20,6 @@ from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
 from calispec_core.errors import CalispecError, InvalidArgument, require
 from calispec_core.generation import Mode
-from calispec_core.kv_cache import crop_to
 from calispec_core.limits import MAX_SPECULATIVE_TOKENS, check_csd_thresholds
 from calispec_core.modeling import ModelRunner, Session, prefill_session
 from calispec_core.prefix_cache import PrefixCache
@@ -138,7 +137,7 @@ class TargetEngine:
         """
         watch = Stopwatch()
         sessions = [r.state.session for r in rows]
-        cached = [s.cached_len for s in sessions]
+        checkpoints = [s.checkpoint() for s in sessions]
         generator_states = [r.state.generator.get_state() for r in rows]
         try:
             with watch.phase("forward"):
@@ -157,7 +156,7 @@ class TargetEngine:
             with watch.phase("memory"):
                 self._record_events(*out.events(batch.draft_tokens))
         except BaseException:
-            self._undo(rows, cached, generator_states)
+            self._undo(rows, checkpoints, generator_states)
             raise
         if self.observer is not None:  # a round that made it: observed once, never rerun
             self.observer(batch, out)
@@ -181,12 +180,12 @@ class TargetEngine:
                 )
 
     @staticmethod
-    def _undo(rows: Sequence[_Row], cached: list[int], generator_states: list[torch.Tensor]) -> None:
+    def _undo(rows: Sequence[_Row], checkpoints: list[tuple[int, int]], generator_states: list[torch.Tensor]) -> None:
         """Back to the state before a failed round: the forward extends caches in place, possibly only
         some layers of them (when it raised part of the way through)."""
-        for row, length, state in zip(rows, cached, generator_states, strict=True):
+        for row, checkpoint, state in zip(rows, checkpoints, generator_states, strict=True):
             row.state.generator.set_state(state)
-            crop_to(row.state.session.cache, length)
+            row.state.session.restore(checkpoint)
 
     def _check_draft(self, state: TargetSession, draft: list[int], draft_probs: torch.Tensor | SparseQ | None) -> None:
         require(
