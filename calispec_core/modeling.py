@@ -37,13 +37,26 @@ INT8 = "int8"
 DTYPE_CHOICES = ["auto", *DTYPES, INT8]
 
 
-def cpu_has_fast_bf16() -> bool:
-    """True where the CPU has native bf16 matrix units (AMX or AVX512-BF16)."""
+def cpu_flags_text() -> str:
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        return Path("/proc/cpuinfo").read_text()
     except OSError:
+        return ""
+
+
+def onednn_bf16_usable() -> bool:
+    """Whether torch's oneDNN may run bf16 here: False where the CPU lacks AVX512 or oneDNN is capped
+    below it (`ONEDNN_MAX_CPU_ISA=AVX2`, how docs/performance.md emulates an AVX2-only CPU)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch built without oneDNN
         return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True where the CPU has native bf16 matrix units (AMX or AVX512-BF16) and torch may use them."""
+    flags = cpu_flags_text()
+    return ("amx_bf16" in flags or "avx512_bf16" in flags) and onednn_bf16_usable()
 
 
 def resolve_device(name: str) -> torch.device:

@@ -129,7 +129,7 @@ def format_report(env: dict[str, Any], methods: list[Method]) -> str:
 
 
 def run_calibration_bench(args: argparse.Namespace) -> int:
-    from calispec_tools.bench.compare import cpu_flags
+    from calispec_tools.bench.compare import cpu_flags, isa_caps
     from calispec_tools.cli import served_draft_dtype
     from calispec_tools.stack import LocalStack, StackConfig, service_threads
 
@@ -153,7 +153,8 @@ def run_calibration_bench(args: argparse.Namespace) -> int:
     import torch
 
     env = {
-        "cpu_flags": cpu_flags(), "torch": torch.__version__, "device": args.device, "dtype": args.dtype,
+        "cpu_flags": cpu_flags(), "isa_caps": isa_caps(), "torch": torch.__version__, "device": args.device,
+        "dtype": args.dtype,
         "draft_dtype": draft_dtype, "stack_threads": threads, "process_threads": torch.get_num_threads(),
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
         "batch_size": args.batch_size,

@@ -31,6 +31,9 @@ from typing import Any
 STACK_MODES = ("ar", "sd", "csd")
 HF_VARIANTS = ("hf_generate", "hf_assisted_default", "hf_assisted_gamma6")
 CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx512f", "avx2")
+# Kernel libraries' instruction-set caps: all four set to AVX2 make this CPU's kernels those of an
+# AVX2-only CPU (docs/performance.md, "Emulating a CPU without bf16 units"); printed beside the flags.
+ISA_CAP_VARS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS", "MKL_ENABLE_INSTRUCTIONS")
 
 
 @dataclass
@@ -62,6 +65,14 @@ def cpu_flags() -> list[str]:
         return []
     words = set(text.split())
     return [f for f in CPU_FLAGS if f in words]
+
+
+def isa_caps() -> str:
+    """The instruction-set caps in force ("none" without any) and the vector ISA torch's own kernels use."""
+    import torch
+
+    caps = [f"{name}={os.environ[name]}" for name in ISA_CAP_VARS if os.environ.get(name)]
+    return f"{' '.join(caps) or 'none'} (aten {torch.backends.cpu.get_cpu_capability()})"
 
 
 def cpu_model() -> str:
@@ -260,6 +271,7 @@ def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int |
 
     return {
         "cpu_flags": cpu_flags(),
+        "isa_caps": isa_caps(),
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,

@@ -27,7 +27,7 @@ from calispec_core.forward_costs import context_session, forward_ms
 from calispec_core.modeling import DTYPE_CHOICES, FP32_LINEAR_CHOICES, ModelRunner, ModelSpec
 from calispec_core.onednn_linear import onednn_linear_available, use_default_linear, use_onednn_linear
 from calispec_core.service_cli import configure_logging
-from calispec_tools.bench.compare import cpu_flags, cpu_model
+from calispec_tools.bench.compare import cpu_flags, cpu_model, isa_caps
 
 CONTEXT = 200  # default cached tokens before the measured forward (the reference point)
 SWITCH = {"onednn": use_onednn_linear, "default": use_default_linear}
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     runner = ModelRunner(spec)
     if runner.dtype_name != "float32" or runner.device.type != "cpu" or not onednn_linear_available():
         args.variants = ["default"]  # one Linear path only
-    print(f"cpu {cpu_model()} flags {' '.join(cpu_flags()) or '-'}; torch {torch.__version__}, "
+    print(f"cpu {cpu_model()} flags {' '.join(cpu_flags()) or '-'}, isa caps {isa_caps()}; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")  # fmt: skip
     print(f"{runner.model_id} on {runner.device} in {runner.dtype_name}, context {args.context}, batch {args.batch}, "
           f"median of {args.reps} (interleaved)")  # fmt: skip

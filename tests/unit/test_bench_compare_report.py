@@ -14,3 +14,14 @@ def test_load_levels_report_throughput_ratio_acceptance_and_batch() -> None:
     csd = next(line for line in lines if line.startswith("csd ") and "12.50" in line)
     assert csd.split()[-1] == "1.25"  # × ar
     assert lines[-1].split() == ["csd", "75.0%", "|", "6"]
+
+
+def test_the_environment_names_the_instruction_set_caps_in_force(monkeypatch) -> None:
+    from calispec_tools.bench.compare import ISA_CAP_VARS, isa_caps
+
+    for name in ISA_CAP_VARS:
+        monkeypatch.delenv(name, raising=False)
+    assert isa_caps().startswith("none (aten ")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", "AVX2")
+    assert isa_caps().startswith("ONEDNN_MAX_CPU_ISA=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 (aten ")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import replace
 
 import pytest
@@ -133,3 +134,28 @@ def test_draft_vocab_defaults_to_the_pairs_cpu_setting(monkeypatch: pytest.Monke
     assert draft_vocab(parser.parse_args(["--device", "cpu"]), "qwen-coder") == 1234
     assert draft_vocab(parser.parse_args(["--device", "cpu", "--draft-vocab", "0"]), "qwen-coder") == 0  # explicit wins
     assert draft_vocab(parser.parse_args(["--device", "cpu"]), None) == 0  # explicit model directories
+
+
+def test_auto_dtype_is_bf16_only_where_the_cpu_has_bf16_units_and_onednn_may_use_them(monkeypatch) -> None:
+    from calispec_core import modeling
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(modeling, "cpu_flags_text", lambda: "flags : fpu avx2 avx512f avx512_bf16")
+    monkeypatch.setattr(modeling, "onednn_bf16_usable", lambda: True)
+    assert modeling.resolve_dtype("auto", cpu) == torch.bfloat16
+    # bf16 units, but oneDNN capped below them (ONEDNN_MAX_CPU_ISA=AVX2): bf16 would run emulated, slowly
+    monkeypatch.setattr(modeling, "onednn_bf16_usable", lambda: False)
+    assert modeling.resolve_dtype("auto", cpu) == torch.float32
+    monkeypatch.setattr(modeling, "onednn_bf16_usable", lambda: True)
+    monkeypatch.setattr(modeling, "cpu_flags_text", lambda: "flags : fpu avx2 avx512f")
+    assert modeling.resolve_dtype("auto", cpu) == torch.float32
+
+
+def test_an_onednn_isa_cap_below_avx512_makes_bf16_unusable() -> None:
+    import subprocess
+    import sys
+
+    code = "from calispec_core.modeling import onednn_bf16_usable; print(onednn_bf16_usable())"
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
