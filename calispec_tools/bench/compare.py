@@ -264,6 +264,15 @@ def agreement(runs: list[Run]) -> dict[str, int]:
 # --- printing -------------------------------------------------------------------------------------
 
 
+def served_dtype(dtype: str, device: str) -> str:
+    """What `auto` resolves to here (the services resolve it alike: same machine, same ISA caps)."""
+    from calispec_core.modeling import INT8, resolve_device, resolve_dtype
+
+    if dtype == INT8:
+        return INT8
+    return str(resolve_dtype(dtype, resolve_device(device))).removeprefix("torch.")
+
+
 def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int | None, int | None]) -> dict[str, Any]:
     import torch
 
@@ -276,7 +285,7 @@ def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int |
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "device": args.device,
-        "dtype": args.dtype,
+        "dtype": f"{args.dtype} ({served_dtype(args.dtype, args.device)})",
         "draft_dtype": draft_dtype,
         "fp32_linear": args.fp32_linear or "onednn",
         "draft_threads": threads[0],

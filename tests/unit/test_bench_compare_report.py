@@ -25,3 +25,14 @@ def test_the_environment_names_the_instruction_set_caps_in_force(monkeypatch) ->
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", "AVX2")
     assert isa_caps().startswith("ONEDNN_MAX_CPU_ISA=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 (aten ")
+
+
+def test_the_environment_names_the_dtype_auto_resolves_to(monkeypatch) -> None:
+    from calispec_core import modeling
+    from calispec_tools.bench.compare import served_dtype
+
+    monkeypatch.setattr(modeling, "cpu_has_fast_bf16", lambda: False)
+    assert served_dtype("auto", "cpu") == "float32"
+    monkeypatch.setattr(modeling, "cpu_has_fast_bf16", lambda: True)
+    assert served_dtype("auto", "cpu") == "bfloat16"
+    assert served_dtype("int8", "cpu") == "int8"
