@@ -58,12 +58,17 @@ bench-verifier: install
 bench-pair: install
 	$(BIN)/python -m calispec_tools.bench.pair --pair $(PAIR) --dtype $(DTYPE)
 
+# ISA=avx2: every kernel library capped at AVX2, this CPU's kernels become an AVX2-only CPU's
+# (docs/performance.md, "Emulating a CPU without bf16 units"); auto dtype then resolves to float32
+AVX2_CAPS := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+ISA_ENV = $(if $(filter avx2,$(ISA)),$(AVX2_CAPS))
+
 bench-forward: install
-	$(BIN)/python -m calispec_tools.bench.forward --pair $(PAIR) --dtype $(DTYPE)
+	$(ISA_ENV) $(BIN)/python -m calispec_tools.bench.forward --pair $(PAIR) --dtype $(DTYPE)
 
 # the stack against HF assisted generation (docs/performance.md); QUICK=1 for a short run
 bench-compare: install
-	$(BIN)/calispec bench compare --pair $(PAIR) --dtype $(DTYPE) $(if $(QUICK),--prompts 2 --max-new-tokens 32 --concurrency 1)
+	$(ISA_ENV) $(BIN)/calispec bench compare --pair $(PAIR) --dtype $(DTYPE) $(if $(QUICK),--prompts 2 --max-new-tokens 32 --concurrency 1)
 
 # events/s of teacher-forced calibration against calibrating by SD through the stack (docs/calibration.md)
 bench-calibration: install
