@@ -248,3 +248,45 @@ class GammaPolicy:
                 self._plain_streak = 0
                 return min(probe, 2)
         return 0
+
+
+# Group rounds between tries of the losing arm. A try of a losing drafting arm at batch 8 costs ~3 plain
+# rounds' time for ~2.6 tokens, so trying every 12 rounds cost ~7 % of throughput; every 32, ~3 %.
+GROUP_EXPLORE_EVERY = 32
+GROUP_RATE_EMA = 0.3
+
+
+@dataclass
+class GroupArms:
+    """Whether a lockstep group of several requests drafts this round, from what each choice delivered.
+
+    The cost model prices forwards and a per-round overhead; at batch 8 on a few cores what decides is
+    what it leaves out: every member waits for the group's longest proposal, and the gates wait for the
+    slowest member (docs/performance.md, "Concurrency 8 under the AVX2 caps": `sd` at 0.83× `ar` while
+    the model predicted a gain). So the group also measures its two arms, drafting rounds and plain
+    rounds, as tokens per member per second of wall time from one round start to the next, and drafts
+    only while drafting delivers at least as much; plain rounds are first measured right after the first
+    drafting round, then the losing arm is tried again every GROUP_EXPLORE_EVERY rounds. A member's own
+    plain round inside a drafting group waits for the others' drafting, so only the whole group's choice
+    can measure plain rounds. No clocks here."""
+
+    rate: dict[bool, float] = field(default_factory=dict)  # arm (drafting?) -> tokens/member/s, EMA
+    rounds: int = 0
+
+    def observe(self, drafting: bool, tokens: int, members: int, seconds: float) -> None:
+        if members < 1 or seconds <= 0:
+            return
+        rate = tokens / members / seconds
+        old = self.rate.get(drafting)
+        self.rate[drafting] = rate if old is None else (1 - GROUP_RATE_EMA) * old + GROUP_RATE_EMA * rate
+
+    def draft_now(self) -> bool:
+        """Whether this round drafts (the members' own γ choices still apply when it does)."""
+        self.rounds += 1
+        drafting, plain = self.rate.get(True), self.rate.get(False)
+        if drafting is None:
+            return True  # what the members asked for, first
+        if plain is None:
+            return False  # one plain round to measure it, as soon as drafting is measured
+        winner = drafting >= plain
+        return winner if self.rounds % GROUP_EXPLORE_EVERY else not winner

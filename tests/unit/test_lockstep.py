@@ -216,3 +216,52 @@ def test_the_coordinator_cli_maps_lockstep_wait_onto_the_orchestrator() -> None:
     orchestrator = Orchestrator(CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096,
                                 speculation=speculation)  # fmt: skip
     assert orchestrator.lockstep.max_wait_s == 0.0
+
+
+def test_a_group_whose_plain_rounds_deliver_more_runs_plain_rounds() -> None:
+    """At concurrency 8 on 2 cores drafting rounds delivered less than plain ones while the cost model
+    predicted a gain (docs/performance.md): the group's measured rates decide, and cap γ at 0."""
+    lockstep = Lockstep(max_wait_s=60)
+    lockstep.arms.rate.update({True: 1.0, False: 5.0})  # tokens per member-second, as measured
+    assert lockstep.start_round("a", timeout_s=60, gamma=4) == 4  # a lone request keeps its own γ
+    caps: dict[str, int] = {}
+    b = threading.Thread(target=lambda: caps.__setitem__("b", lockstep.start_round("b", 60, 4)))
+    b.start()
+    wait_until(lambda: lockstep.waiting() == 1, interval_s=0.001)
+    lockstep.before_verify("a", timeout_s=60)
+    wait_until(lambda: lockstep.members() == 2, interval_s=0.001)
+    caps["a"] = lockstep.start_round("a", timeout_s=60, gamma=4)
+    assert _ends(b)
+    assert caps == {"a": 0, "b": 0}
+
+
+def test_a_groups_round_is_scored_at_the_next_round_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    lockstep = _group_of_two()  # drafting: nothing measured yet
+    scored: list[tuple] = []
+    monkeypatch.setattr(lockstep.arms, "observe", lambda *args: scored.append(args))
+    for member in ("a", "b"):
+        lockstep.report(member, 3)
+    lockstep.report("gone", 100)  # not a member: not counted
+    b = _in_thread(lambda m, t: (lockstep.before_verify(m, t), lockstep.start_round(m, t, 4)), "b")
+    lockstep.before_verify("a", timeout_s=60)
+    lockstep.start_round("a", timeout_s=60, gamma=4)
+    assert _ends(b)
+    [(drafting, tokens, members, seconds)] = scored
+    assert (drafting, tokens, members) == (True, 6, 2) and seconds > 0
+
+
+def test_group_arms_draft_while_drafting_delivers_and_retry_the_losing_arm() -> None:
+    from coordinator.cost_model import GROUP_EXPLORE_EVERY, GroupArms
+
+    arms = GroupArms()
+    assert arms.draft_now()  # nothing measured: what the members asked for
+    arms.observe(True, tokens=16, members=8, seconds=1.0)  # 2 tokens per member-second
+    assert not arms.draft_now()  # then a plain round, to measure it
+    arms.observe(False, tokens=8, members=8, seconds=0.25)  # 4: plain delivers more
+    assert [arms.draft_now() for _ in range(2 * GROUP_EXPLORE_EVERY)].count(True) == 2  # drafting retried
+    for _ in range(5):
+        arms.observe(True, tokens=64, members=8, seconds=1.0)  # drafting got better (8)
+    assert [arms.draft_now() for _ in range(GROUP_EXPLORE_EVERY)].count(True) == GROUP_EXPLORE_EVERY - 1
+    arms.observe(True, tokens=5, members=0, seconds=1.0)  # nothing to score: ignored
+    arms.observe(True, tokens=5, members=2, seconds=0.0)
+    assert arms.rate[True] > arms.rate[False]
