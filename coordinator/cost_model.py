@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from statistics import median
 
 # Used when a service reports no start-up costs: GPU-like (verification ~flat), a draft step a
 # fifth of a target step. The online correction then fixes the level, not the shape.
@@ -255,8 +253,7 @@ class GammaPolicy:
 # Group rounds between tries of the losing arm. A try of a losing drafting arm at batch 8 costs ~3 plain
 # rounds' time for ~2.6 tokens, so trying every 12 rounds cost ~7 % of throughput; every 32, ~3 %.
 GROUP_EXPLORE_EVERY = 32
-GROUP_WINDOW = 5  # recent rounds per arm; their median is the arm's rate (one stalled round is an outlier)
-GROUP_MIN_SCORED = 3  # rounds each arm is scored before the group exploits
+GROUP_RATE_EMA = 0.3
 
 
 @dataclass
@@ -268,31 +265,28 @@ class GroupArms:
     slowest member (docs/performance.md, "Concurrency 8 under the AVX2 caps": `sd` at 0.83× `ar` while
     the model predicted a gain). So the group also measures its two arms, drafting rounds and plain
     rounds, as tokens per member per second of wall time from one round start to the next, and drafts
-    only while drafting delivers at least as much. Each arm's rate is the median of its last
-    GROUP_WINDOW scored rounds (a round stalled by another request's prefill is an outlier, and the
-    group does not score rounds whose membership changed); the arms alternate until each has
-    GROUP_MIN_SCORED rounds, then the losing one is tried every GROUP_EXPLORE_EVERY rounds. A member's
-    own plain round inside a drafting group waits for the others' drafting, so only the whole group's
-    choice can measure plain rounds. No clocks here."""
+    only while drafting delivers at least as much; plain rounds are first measured right after the first
+    drafting round, then the losing arm is tried again every GROUP_EXPLORE_EVERY rounds. A member's own
+    plain round inside a drafting group waits for the others' drafting, so only the whole group's choice
+    can measure plain rounds. No clocks here."""
 
-    recent: dict[bool, deque[float]] = field(
-        default_factory=lambda: {arm: deque(maxlen=GROUP_WINDOW) for arm in (True, False)}
-    )  # arm (drafting?) -> tokens per member-second of its last rounds
+    rate: dict[bool, float] = field(default_factory=dict)  # arm (drafting?) -> tokens/member/s, EMA
     rounds: int = 0
 
     def observe(self, drafting: bool, tokens: int, members: int, seconds: float) -> None:
-        if members >= 1 and seconds > 0:
-            self.recent[drafting].append(tokens / members / seconds)
-
-    def rate(self, drafting: bool) -> float | None:
-        window = self.recent[drafting]
-        return median(window) if window else None
+        if members < 1 or seconds <= 0:
+            return
+        rate = tokens / members / seconds
+        old = self.rate.get(drafting)
+        self.rate[drafting] = rate if old is None else (1 - GROUP_RATE_EMA) * old + GROUP_RATE_EMA * rate
 
     def draft_now(self) -> bool:
         """Whether this round drafts (the members' own γ choices still apply when it does)."""
         self.rounds += 1
-        scored = {arm: len(window) for arm, window in self.recent.items()}
-        if min(scored.values()) < GROUP_MIN_SCORED:
-            return scored[True] <= scored[False]  # alternate, drafting first
-        winner = self.rate(True) >= self.rate(False)
+        drafting, plain = self.rate.get(True), self.rate.get(False)
+        if drafting is None:
+            return True  # what the members asked for, first
+        if plain is None:
+            return False  # one plain round to measure it, as soon as drafting is measured
+        winner = drafting >= plain
         return winner if self.rounds % GROUP_EXPLORE_EVERY else not winner

@@ -53,7 +53,6 @@ class Lockstep:
         self._round_members = 0  # members that started it
         self._round_drafts = False  # whether it drafts
         self._round_tokens = 0  # tokens its members reported
-        self._round_changed = False  # a member joined, left or was left behind during it: not scored
 
     def waiting(self) -> int:
         """Requests waiting now (at the current gate, or to join at the next round start)."""
@@ -76,7 +75,6 @@ class Lockstep:
         with self._state:
             end = self._end(timeout_s)
             self._joining += 1
-            self._round_changed |= member not in self._group  # a newcomer (its prefill just ran)
             while member not in self._group and self._drafting and (left := end - time.monotonic()) > 0:
                 self._state.wait(left)  # a round is in progress: join at its end
             self._joining -= 1
@@ -103,7 +101,6 @@ class Lockstep:
 
     def leave(self, member: Hashable) -> None:
         with self._state:
-            self._round_changed |= member in self._group
             self._group.discard(member)
             self._arrived.discard(member)
             self._wishes.pop(member, None)
@@ -123,7 +120,6 @@ class Lockstep:
         while self._generation == generation and (left := end - time.monotonic()) > 0:
             self._state.wait(left)
         if self._generation == generation:  # waited long enough: go without the ones missing
-            self._round_changed = True
             self._group &= self._arrived
             self._open()
 
@@ -139,15 +135,13 @@ class Lockstep:
         self._state.notify_all()
 
     def _choose_arm(self, members_draft: bool) -> None:
-        """(Holding the lock, at a round start) score the round that ended (unless its membership changed),
-        then choose this one's arm:
+        """(Holding the lock, at a round start) score the round that ended, then choose this one's arm:
         a group of several members drafts only while drafting delivers (a lone request keeps its own γ)."""
         now = time.monotonic()
-        if self._round_start is not None and self._round_members >= 2 and not self._round_changed:
+        if self._round_start is not None and self._round_members >= 2:
             self.arms.observe(self._round_drafts, self._round_tokens, self._round_members, now - self._round_start)
         members = len(self._arrived)
         if members >= 2 and members_draft and not self.arms.draft_now():
             self._cap = 0  # a plain round for every adaptive member
         self._round_start, self._round_members, self._round_tokens = now, members, 0
-        self._round_changed = False
         self._round_drafts = self._cap > 0
