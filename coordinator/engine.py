@@ -271,7 +271,6 @@ class Orchestrator:
             self.on_round(request.params.mode, proposal, verdict)
         drafted = proposal.token_ids[: verdict.accepted_count] if proposal else []
         new_tokens = [*drafted, verdict.next_token]
-        self.lockstep.report(request.request_id, len(new_tokens))
         if request.use_draft:
             self._sync_draft_later(request, proposal, verdict)
         return new_tokens

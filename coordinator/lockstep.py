@@ -14,10 +14,6 @@ for every running request; this is the same shape across services. A round has t
   request that drafts nothing this round arrives at once), so the target verifies them as one
   batch and no target forward overlaps a draft forward of the same group.
 
-A group of several requests also chooses, per round, whether to draft at all (`GroupArms` in
-`cost_model.py`): its rounds' measured tokens per member-second with and without drafting decide;
-a plain round caps every adaptive member's γ at 0.
-
 A member that keeps the others waiting longer than `max_wait_s` (a draft prefill, an outage
 waiting for its timeout, a slow client) is left behind: the group goes on without it, and it
 rejoins at the next round start. `max_wait_s` = 0 turns lockstep off.
@@ -30,7 +26,6 @@ import time
 from collections.abc import Hashable
 
 from calispec_core.errors import require
-from coordinator.cost_model import GroupArms
 
 
 class Lockstep:
@@ -48,11 +43,6 @@ class Lockstep:
         self._generation = 0  # counts opened gates: a waiter is free once it moves on
         self._wishes: dict[Hashable, int] = {}  # γ each member wants this round
         self._cap = 0  # the median wish of the drafting members at the last round start
-        self.arms = GroupArms()  # drafting vs plain rounds, as the group measured them
-        self._round_start: float | None = None  # when the current round's start gate opened
-        self._round_members = 0  # members that started it
-        self._round_drafts = False  # whether it drafts
-        self._round_tokens = 0  # tokens its members reported
 
     def waiting(self) -> int:
         """Requests waiting now (at the current gate, or to join at the next round start)."""
@@ -93,12 +83,6 @@ class Lockstep:
             if self._drafting and member in self._group:  # else out of step: verify at once
                 self._arrive(member, self._end(timeout_s))
 
-    def report(self, member: Hashable, tokens: int) -> None:
-        """The tokens a member's round emitted (for the group's choice between drafting and plain rounds)."""
-        with self._state:
-            if member in self._group:
-                self._round_tokens += tokens
-
     def leave(self, member: Hashable) -> None:
         with self._state:
             self._group.discard(member)
@@ -128,20 +112,7 @@ class Lockstep:
             wishes = sorted(w for m in self._arrived if (w := self._wishes[m]) > 0)  # those that draft
             self._cap = wishes[(len(wishes) - 1) // 2] if wishes else 0  # lower median: the shorter middle one
             self._wishes.clear()
-            self._choose_arm(bool(wishes))
         self._generation += 1
         self._drafting = not self._drafting
         self._arrived.clear()
         self._state.notify_all()
-
-    def _choose_arm(self, members_draft: bool) -> None:
-        """(Holding the lock, at a round start) score the round that ended, then choose this one's arm:
-        a group of several members drafts only while drafting delivers (a lone request keeps its own γ)."""
-        now = time.monotonic()
-        if self._round_start is not None and self._round_members >= 2:
-            self.arms.observe(self._round_drafts, self._round_tokens, self._round_members, now - self._round_start)
-        members = len(self._arrived)
-        if members >= 2 and members_draft and not self.arms.draft_now():
-            self._cap = 0  # a plain round for every adaptive member
-        self._round_start, self._round_members, self._round_tokens = now, members, 0
-        self._round_drafts = self._cap > 0
