@@ -78,6 +78,11 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
+def serving_dtype_name(name: str, device: torch.device) -> str:
+    """What a model service serves for `--dtype name`: `auto` resolved on this machine, int8 as int8."""
+    return name if name == INT8 else str(resolve_dtype(name, device)).removeprefix("torch.")
+
+
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     """Dynamic int8 quantisation of the Linear layers (fbgemm): about 2-4x cheaper decode steps on CPU."""
     torch.backends.quantized.engine = "fbgemm" if "fbgemm" in torch.backends.quantized.supported_engines else "qnnpack"
@@ -128,7 +133,7 @@ class ModelRunner:
         apply_threads(spec.threads)
         self.device = resolve_device(spec.device)
         self.dtype = resolve_dtype(spec.dtype, self.device)  # of activations and logits
-        self.dtype_name = spec.dtype if spec.dtype == INT8 else str(self.dtype).removeprefix("torch.")
+        self.dtype_name = serving_dtype_name(spec.dtype, self.device)
         # HF's SDPA attention, plus the batched pass's per-row attention (calispec_core/attention.py)
         model = AutoModelForCausalLM.from_pretrained(
             str(spec.path), dtype=self.dtype, local_files_only=True, attn_implementation=attention.register()

@@ -59,11 +59,9 @@ class CompareConfig:
 
 
 def cpu_flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    words = set(text.split())
+    from calispec_core.modeling import cpu_flags_text
+
+    words = set(cpu_flags_text().split())
     return [f for f in CPU_FLAGS if f in words]
 
 
@@ -77,10 +75,9 @@ def isa_caps() -> str:
 
 def cpu_model() -> str:
     """The CPU's marketing name from /proc/cpuinfo (its vendor decides MKL's float32 kernels)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
+    from calispec_core.modeling import cpu_flags_text
+
+    lines = cpu_flags_text().splitlines()
     names = [line.partition(":")[2].strip() for line in lines if line.startswith("model name")]
     return names[0] if names else platform.processor() or platform.machine()
 
@@ -264,19 +261,11 @@ def agreement(runs: list[Run]) -> dict[str, int]:
 # --- printing -------------------------------------------------------------------------------------
 
 
-def served_dtype(dtype: str, device: str) -> str:
-    """What `auto` resolves to here (the services resolve it alike: same machine, same ISA caps)."""
-    from calispec_core.modeling import INT8, resolve_device, resolve_dtype
-
-    if dtype == INT8:
-        return INT8
-    return str(resolve_dtype(dtype, resolve_device(device))).removeprefix("torch.")
-
-
 def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int | None, int | None]) -> dict[str, Any]:
     import torch
 
     from calispec_core.batch_scheduler import DEFAULT_GATHER_S
+    from calispec_core.modeling import resolve_device, serving_dtype_name
 
     return {
         "cpu_flags": cpu_flags(),
@@ -285,7 +274,7 @@ def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int |
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "device": args.device,
-        "dtype": f"{args.dtype} ({served_dtype(args.dtype, args.device)})",
+        "dtype": f"{args.dtype} ({serving_dtype_name(args.dtype, resolve_device(args.device))})",
         "draft_dtype": draft_dtype,
         "fp32_linear": args.fp32_linear or "onednn",
         "draft_threads": threads[0],

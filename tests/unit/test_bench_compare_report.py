@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from calispec_tools.bench.compare import format_report
 
 
@@ -29,10 +31,10 @@ def test_the_environment_names_the_instruction_set_caps_in_force(monkeypatch) ->
 
 def test_the_environment_names_the_dtype_auto_resolves_to(monkeypatch) -> None:
     from calispec_core import modeling
-    from calispec_tools.bench.compare import served_dtype
 
+    cpu = torch.device("cpu")
     monkeypatch.setattr(modeling, "cpu_has_fast_bf16", lambda: False)
-    assert served_dtype("auto", "cpu") == "float32"
+    assert modeling.serving_dtype_name("auto", cpu) == "float32"
     monkeypatch.setattr(modeling, "cpu_has_fast_bf16", lambda: True)
-    assert served_dtype("auto", "cpu") == "bfloat16"
-    assert served_dtype("int8", "cpu") == "int8"
+    assert modeling.serving_dtype_name("auto", cpu) == "bfloat16"
+    assert modeling.serving_dtype_name("int8", cpu) == "int8"
