@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from calispec_core.argmax import argmax_last
 from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
@@ -210,7 +211,7 @@ class Proposer:
         """One column of [1, 1, C] logits: argmax when greedy, else a sample from the warped q over the
         columns, truncated to its proposal_top_k most likely entries (the q that is sent)."""
         if sampling.greedy:
-            return logits[0, -1].argmax(), logits[0, -1:]
+            return argmax_last(logits[0, -1]), logits[0, -1:]
         q = warp_probs(
             logits,
             torch.tensor([sampling.temperature], device=logits.device),

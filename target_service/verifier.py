@@ -73,6 +73,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from calispec_core.argmax import argmax_last
 from calispec_core.errors import require
 from calispec_core.generation import Mode  # modes that may rescue are exactly those >= CSD (verify() relies on it)
 from calispec_core.sampling import warp_probs
@@ -184,7 +185,7 @@ def verify(inp: VerifyInput, pair_counts: PairCountFn) -> VerifyOutput:
     accepted, emitted = _standard_rule(inp, draft, valid, sampling_rows, lengths)  # [B, G], [B, G+1]
     accepted &= valid
     # t* of CSD for every row: greedy rows already emit the argmax; sampling rows need it separately.
-    target = logits[:, :draft_width].argmax(dim=-1) if any(sampling_rows) else emitted[:, :draft_width]  # [B, G]
+    target = argmax_last(logits[:, :draft_width]) if any(sampling_rows) else emitted[:, :draft_width]  # [B, G]
     confused = valid & ~accepted & (draft != target)  # [B, G] rejected with a (x̃, t*) confusion pair
 
     rescued = torch.zeros_like(confused)  # [B, G]
@@ -228,7 +229,7 @@ def _greedy_rule(
     logits: Tensor,  # [B, G+1, V]
     draft: Tensor,  # [B, G] int64
 ) -> tuple[Tensor, Tensor]:  # accepted [B, G] bool, t* [B, G+1] int64 (position G: the bonus)
-    target_tokens = logits.argmax(dim=-1)  # [B, G+1]
+    target_tokens = argmax_last(logits)  # [B, G+1]
     return draft == target_tokens[:, : draft.shape[1]], target_tokens
 
 

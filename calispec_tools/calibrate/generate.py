@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from calispec_core.argmax import argmax_last
 from calispec_core.modeling import ModelRunner
 
 
@@ -36,7 +37,7 @@ def continue_greedy(runner: ModelRunner, prompts: Sequence[list[int]], max_new_t
     outputs: list[list[int]] = [[] for _ in prompts]
     for _ in range(max(budgets, default=0)):
         logits = runner.forward_batch(ids, mask, positions, cache, logits_to_keep=1)  # [B, 1, V]
-        ids = logits[:, -1].argmax(dim=-1, keepdim=True)  # [B, 1]
+        ids = argmax_last(logits[:, -1]).unsqueeze(-1)  # [B, 1]
         for b, token in enumerate(ids.view(-1).tolist()):
             if len(outputs[b]) < budgets[b]:
                 outputs[b].append(token)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from calispec_core.argmax import argmax_last
 from calispec_core.compute import on_compute_thread
 from calispec_core.modeling import ModelRunner
 
@@ -108,7 +109,7 @@ def greedy_predictions(
     real = (segment >= 0).view(-1).nonzero().squeeze(1)  # [N] flat indices of real tokens, in bin order
     flat = hidden.reshape(-1, hidden.shape[-1])[real]  # [N, H]
     head = runner.model.get_output_embeddings()
-    preds = torch.cat([head(flat[i : i + chunk]).argmax(dim=-1) for i in range(0, flat.shape[0], chunk)])  # [N]
+    preds = torch.cat([argmax_last(head(flat[i : i + chunk])) for i in range(0, flat.shape[0], chunk)])  # [N]
     table = torch.full((len(bins) * width,), -1, dtype=torch.long, device=device)  # [B*S]
     table[real] = preds
     grid = table.view(len(bins), width).tolist()  # [B][S]
