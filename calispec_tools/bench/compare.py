@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -95,28 +95,60 @@ def stack_run(client: Any, variant: str, index: int, prompt: str, config: Compar
 
 
 def load_level(address: str, mode: str, concurrency: int, config: CompareConfig) -> dict[str, float]:
-    """`requests` requests over `concurrency` client threads; tokens/s over the level's wall time."""
+    """`requests` requests over `concurrency` client threads, streamed; tokens/s over the level's wall
+    time, and over the part of it when all `concurrency` clients had a request in flight."""
     from calispec.client import CalispecClient
 
     requests = config.load_requests or 2 * concurrency
     prompts = [config.prompts[i % len(config.prompts)] for i in range(requests)]
     with CalispecClient(address, timeout=900) as client:
-
-        def one(prompt: str) -> Any:
-            kwargs = {"mode": mode, "max_new_tokens": config.max_new_tokens}
-            return client.generate(prompt, num_speculative_tokens=config.gamma, timeout=900, **kwargs)
-
         start = time.perf_counter()
+
+        def one(prompt: str) -> StreamedRequest:
+            kwargs = {"mode": mode, "max_new_tokens": config.max_new_tokens}
+            record = StreamedRequest()
+            for chunk in client.generate_stream(prompt, num_speculative_tokens=config.gamma, timeout=900, **kwargs):
+                record.chunks.append((time.perf_counter() - start, len(chunk.token_ids)))
+                record.stats = chunk.stats or record.stats
+            return record
+
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             results = list(pool.map(one, prompts))
         seconds = time.perf_counter() - start
-    tokens = sum(len(r.token_ids) for r in results)
-    drafted = sum(r.stats.drafted for r in results)
+    tokens = sum(r.tokens for r in results)
+    stats = [r.stats for r in results if r.stats is not None]
+    drafted = sum(s.drafted for s in stats)
+    full_s, full_tokens = full_concurrency_window(results, concurrency)
     return {
         "requests": requests, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-        "acceptance": sum(r.stats.accepted for r in results) / drafted if drafted else float("nan"),
-        "max_batch": max(r.stats.max_batch_size for r in results),
+        "full_concurrency_s": full_s, "full_concurrency_tokens_per_s": full_tokens / full_s if full_s else float("nan"),
+        "acceptance": sum(s.accepted for s in stats) / drafted if drafted else float("nan"),
+        "max_batch": max((s.max_batch_size for s in stats), default=0),
     }  # fmt: skip
+
+
+@dataclass
+class StreamedRequest:
+    chunks: list[tuple[float, int]] = field(default_factory=list)  # (seconds since the level started, tokens)
+    stats: Any = None  # GenerationStats, from the last chunk
+
+    @property
+    def tokens(self) -> int:
+        return sum(n for _, n in self.chunks)
+
+    @property
+    def end_s(self) -> float:
+        return self.chunks[-1][0] if self.chunks else 0.0
+
+
+def full_concurrency_window(results: Sequence[StreamedRequest], concurrency: int) -> tuple[float, int]:
+    """(seconds, tokens) from the level's start until the first client ran out of requests: the closed
+    loop keeps `concurrency` requests in flight until its (requests - concurrency + 1)-th completion.
+    After it the level drains with fewer requests, and how long that lasts depends on how unevenly the
+    last requests progress, not on the throughput at this concurrency."""
+    ends = sorted(r.end_s for r in results)
+    until = ends[max(len(ends) - concurrency, 0)] if ends else 0.0
+    return until, sum(n for r in results for t, n in r.chunks if t <= until)
 
 
 # --- Hugging Face in process ----------------------------------------------------------------------
@@ -307,21 +339,29 @@ def format_report(env: dict[str, Any], summary: dict[str, Any], rel: dict[str, A
     lines.append("ovh: round time outside the two models' forwards as the services timed them (RPCs, sampling,")
     lines.append("     verification, hand-offs, bookkeeping); % of request time, ms per round")
     if load:
-        lines += ["", "throughput (tokens/s over all requests) by concurrency:"]
         levels = sorted({c for per_mode in load.values() for c in per_mode})
-        lines.append(f"{'mode':6s} " + " ".join(f"{'c=' + str(c):>9s}" for c in levels) + "   × ar")
-        for mode, per_level in load.items():
-            values = [per_level[c]["tokens_per_s"] for c in levels]
-            ratio = [per_level[c]["tokens_per_s"] / load["ar"][c]["tokens_per_s"] for c in levels]
-            lines.append(
-                f"{mode:6s} " + " ".join(f"{v:9.2f}" for v in values) + "   " + " ".join(f"{x:.2f}" for x in ratio)
-            )
+        lines += ["", "throughput (tokens/s over all requests) by concurrency:"]
+        lines += _throughput_table(load, levels, "tokens_per_s")
+        if all("full_concurrency_tokens_per_s" in row for per_mode in load.values() for row in per_mode.values()):
+            lines.append("throughput while every client had a request in flight (until the first ran out):")
+            lines += _throughput_table(load, levels, "full_concurrency_tokens_per_s")
         lines.append("acceptance | largest target batch seen, by concurrency:")
         for mode, per_level in load.items():
             cells = [f"{per_level[c].get('acceptance', float('nan')):.1%} | {per_level[c].get('max_batch', 0)}"
                      for c in levels]  # fmt: skip
             lines.append(f"{mode:6s} " + "  ".join(f"{c:>14s}" for c in cells))
     return "\n".join(lines)
+
+
+def _throughput_table(load: dict[str, dict[int, dict[str, float]]], levels: list[int], key: str) -> list[str]:
+    lines = [f"{'mode':6s} " + " ".join(f"{'c=' + str(c):>9s}" for c in levels) + "   × ar"]
+    for mode, per_level in load.items():
+        values = [per_level[c][key] for c in levels]
+        ratio = [per_level[c][key] / load["ar"][c][key] if "ar" in load else float("nan") for c in levels]
+        lines.append(
+            f"{mode:6s} " + " ".join(f"{v:9.2f}" for v in values) + "   " + " ".join(f"{x:.2f}" for x in ratio)
+        )
+    return lines
 
 
 # --- entry ----------------------------------------------------------------------------------------

@@ -38,3 +38,29 @@ def test_the_environment_names_the_dtype_auto_resolves_to(monkeypatch) -> None:
     monkeypatch.setattr(modeling, "cpu_has_fast_bf16", lambda: True)
     assert modeling.serving_dtype_name("auto", cpu) == "bfloat16"
     assert modeling.serving_dtype_name("int8", cpu) == "int8"
+
+
+def test_full_concurrency_window_ends_when_the_first_client_runs_out() -> None:
+    from calispec_tools.bench.compare import StreamedRequest, full_concurrency_window
+
+    def request(*chunks: tuple[float, int]) -> StreamedRequest:
+        return StreamedRequest(list(chunks))
+
+    # 4 requests over 2 clients: two in flight until the 3rd completion (t = 7), then one drains alone
+    results = [request((1, 2), (3, 2)), request((2, 1), (5, 1)), request((4, 3), (7, 3)), request((6, 5), (20, 5))]
+    seconds, tokens = full_concurrency_window(results, 2)
+    assert seconds == 7
+    assert tokens == 2 + 2 + 1 + 1 + 3 + 3 + 5  # everything streamed by t = 7, none of the drain's last chunk
+    assert full_concurrency_window(results, 8) == (3, 5)  # fewer requests than clients: until the first ends
+    assert full_concurrency_window([], 2) == (0.0, 0)
+
+
+def test_the_report_adds_full_concurrency_throughput_with_its_ratio() -> None:
+    level = {"requests": 16, "tokens": 100, "seconds": 10.0, "tokens_per_s": 10.0, "acceptance": 0.5, "max_batch": 8,
+             "full_concurrency_s": 8.0, "full_concurrency_tokens_per_s": 11.0}  # fmt: skip
+    load = {"ar": {8: level}, "csd": {8: {**level, "tokens_per_s": 9.0, "full_concurrency_tokens_per_s": 16.5}}}
+    lines = format_report({"dtype": "bf16"}, {}, {}, load).splitlines()
+    title = lines.index("throughput while every client had a request in flight (until the first ran out):")
+    csd_rows = [i for i, line in enumerate(lines) if line.startswith("csd ") and "|" not in line]
+    assert [lines[i].split()[-1] for i in csd_rows] == ["0.90", "1.50"]  # over all requests, at full concurrency
+    assert csd_rows[0] < title < csd_rows[1]
