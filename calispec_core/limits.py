@@ -21,6 +21,14 @@ def check_csd_thresholds(tau: float | None = None, lambda_: int | None = None) -
     require(lambda_ is None or lambda_ <= MAX_LAMBDA, f"lambda must be <= {MAX_LAMBDA}, got {lambda_}")
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an int >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     """An argparse type: an int >= 0."""
     value = int(text)

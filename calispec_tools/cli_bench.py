@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from calispec.types import Mode
-from calispec_core.limits import DTYPE_CHOICES, non_negative_int
+from calispec_core.limits import DTYPE_CHOICES, non_negative_int, positive_int
 from calispec_tools.cli_auth import add_client_auth_args, client_auth
 
 MODE_NAMES = [m.name.lower() for m in Mode]
@@ -230,6 +230,10 @@ def add_compare_parser(sub: Any) -> None:
     p.add_argument("--gamma", type=int, default=None, help="fixed γ for sd/csd (default: the stack's adaptive γ)")
     p.add_argument("--concurrency", type=_csv(int), default=[1, 4, 8], help="load levels (empty: skip the load test)")
     p.add_argument("--load-requests", type=int, default=0, help="requests per level and mode (0: twice the level)")
+    p.add_argument(
+        "--load-repeats", type=positive_int, default=1,
+        help="runs of each level, the modes alternating (ar, sd, csd, ar, ...); medians and paired ratios reported",
+    )  # fmt: skip
     p.add_argument("--skip-hf", action="store_true", help="the stack only (no in-process transformers runs)")
     p.add_argument(
         "--batch-gather-ms", type=float, default=None,

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -56,6 +57,7 @@ class CompareConfig:
     concurrency: list[int]
     load_requests: int  # per concurrency level and mode (0: twice the level)
     skip_hf: bool = False
+    load_repeats: int = 1  # runs of each level per mode, the modes alternating
 
 
 def cpu_flags() -> list[str]:
@@ -125,6 +127,35 @@ def load_level(address: str, mode: str, concurrency: int, config: CompareConfig)
         "acceptance": sum(s.accepted for s in stats) / drafted if drafted else float("nan"),
         "max_batch": max((s.max_batch_size for s in stats), default=0),
     }  # fmt: skip
+
+
+THROUGHPUTS = ("tokens_per_s", "full_concurrency_tokens_per_s")
+
+
+def run_load(address: str, config: CompareConfig) -> dict[str, dict[int, dict[str, Any]]]:
+    """Each level `load_repeats` times, the modes alternating within each repeat (so each repeat's modes
+    meet about the same machine: a shared host's speed drifts by 10-20 % between minutes)."""
+    runs: dict[str, dict[int, list[dict[str, float]]]] = defaultdict(lambda: defaultdict(list))
+    for level in config.concurrency:
+        for repeat in range(config.load_repeats):
+            for mode in STACK_MODES:
+                result = load_level(address, mode, level, config)
+                runs[mode][level].append(result)
+                print(f"  load {mode} c={level} run {repeat + 1}: {result['tokens_per_s']:.2f} tok/s", file=sys.stderr)
+    return {
+        mode: {level: combine_repeats(rows, runs["ar"][level]) for level, rows in per.items()}
+        for mode, per in runs.items()
+    }
+
+
+def combine_repeats(mine: list[dict[str, float]], ar: list[dict[str, float]]) -> dict[str, Any]:
+    """One level of one mode over its repeats: medians, each throughput's runs, and the median of its
+    ratios to `ar`'s run of the same repeat (paired, so drift between repeats cancels)."""
+    combined: dict[str, Any] = {k: statistics.median(r[k] for r in mine) for k in mine[0]}
+    for key in THROUGHPUTS:
+        combined[f"{key}_runs"] = [r[key] for r in mine]
+        combined[f"{key}_x_ar"] = statistics.median(m[key] / a[key] for m, a in zip(mine, ar, strict=True))
+    return combined
 
 
 @dataclass
@@ -345,6 +376,11 @@ def format_report(env: dict[str, Any], summary: dict[str, Any], rel: dict[str, A
         if all("full_concurrency_tokens_per_s" in row for per_mode in load.values() for row in per_mode.values()):
             lines.append("throughput while every client had a request in flight (until the first ran out):")
             lines += _throughput_table(load, levels, "full_concurrency_tokens_per_s")
+        repeated = [(m, c, row["tokens_per_s_runs"]) for m, per in load.items() for c, row in per.items()
+                    if len(row.get("tokens_per_s_runs", [])) > 1]  # fmt: skip
+        if repeated:
+            lines.append("repeats (medians above; × ar: the median of each repeat's ratio), tokens/s per run:")
+            lines += [f"{m:6s} c={c}: " + " ".join(f"{v:.2f}" for v in runs) for m, c, runs in repeated]
         lines.append("acceptance | largest target batch seen, by concurrency:")
         for mode, per_level in load.items():
             cells = [f"{per_level[c].get('acceptance', float('nan')):.1%} | {per_level[c].get('max_batch', 0)}"
@@ -353,11 +389,19 @@ def format_report(env: dict[str, Any], summary: dict[str, Any], rel: dict[str, A
     return "\n".join(lines)
 
 
+def _ratio_to_ar(load: dict[str, dict[int, dict[str, Any]]], mode: str, level: int, key: str) -> float:
+    """The paired median ratio when the level was repeated, else the plain ratio."""
+    row = load[mode][level]
+    if f"{key}_x_ar" in row:
+        return row[f"{key}_x_ar"]
+    return row[key] / load["ar"][level][key] if "ar" in load else float("nan")
+
+
 def _throughput_table(load: dict[str, dict[int, dict[str, float]]], levels: list[int], key: str) -> list[str]:
     lines = [f"{'mode':6s} " + " ".join(f"{'c=' + str(c):>9s}" for c in levels) + "   × ar"]
     for mode, per_level in load.items():
         values = [per_level[c][key] for c in levels]
-        ratio = [per_level[c][key] / load["ar"][c][key] if "ar" in load else float("nan") for c in levels]
+        ratio = [_ratio_to_ar(load, mode, c, key) for c in levels]
         lines.append(
             f"{mode:6s} " + " ".join(f"{v:9.2f}" for v in values) + "   " + " ".join(f"{x:.2f}" for x in ratio)
         )
@@ -375,7 +419,13 @@ def run_compare(args: argparse.Namespace) -> int:
 
     draft, target = args.model_dirs
     config = CompareConfig(
-        args.prompt_texts, args.max_new_tokens, args.gamma, args.concurrency, args.load_requests, args.skip_hf
+        args.prompt_texts,
+        args.max_new_tokens,
+        args.gamma,
+        args.concurrency,
+        args.load_requests,
+        args.skip_hf,
+        args.load_repeats,
     )
     draft_dtype = served_draft_dtype(args)
     draft_vocab = cli_draft_vocab(args, None if args.draft else args.pair)
@@ -400,11 +450,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
             runs = run_interleaved(client, hf, config, progress)
             del hf  # free its memory before the load test
-            load: dict[str, dict[int, dict[str, float]]] = {}
-            for mode in STACK_MODES:
-                for level in config.concurrency:
-                    load.setdefault(mode, {})[level] = load_level(stack.coordinator_address, mode, level, config)
-                    print(f"  load {mode} c={level}: {load[mode][level]['tokens_per_s']:.2f} tok/s", file=sys.stderr)
+            load = run_load(stack.coordinator_address, config)
     env = environment(args, draft_dtype, threads) | {
         "draft_vocab": draft_vocab or "full",
         "prefix_cache_tokens": args.prefix_cache_tokens,

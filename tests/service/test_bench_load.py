@@ -15,7 +15,8 @@ def test_a_load_level_counts_every_streamed_token_and_its_full_concurrency_part(
 ) -> None:
     server, coordinator = start_coordinator(model_services, tiny_pair.target)
     try:
-        config = CompareConfig(["a b c", "d e f g", "h i"], max_new_tokens=12, gamma=3, concurrency=[2], load_requests=5)
+        prompts = ["a b c", "d e f g", "h i"]
+        config = CompareConfig(prompts, max_new_tokens=12, gamma=3, concurrency=[2], load_requests=5)
         level = load_level(coordinator.address, mode, 2, config)
     finally:
         server.stop(None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from calispec_tools.bench.compare import format_report
@@ -64,3 +65,24 @@ def test_the_report_adds_full_concurrency_throughput_with_its_ratio() -> None:
     csd_rows = [i for i, line in enumerate(lines) if line.startswith("csd ") and "|" not in line]
     assert [lines[i].split()[-1] for i in csd_rows] == ["0.90", "1.50"]  # over all requests, at full concurrency
     assert csd_rows[0] < title < csd_rows[1]
+
+
+def test_repeated_levels_report_medians_and_paired_ratios() -> None:
+    from calispec_tools.bench.compare import combine_repeats
+
+    def run(tps: float, full: float) -> dict[str, float]:
+        return {"tokens_per_s": tps, "full_concurrency_tokens_per_s": full, "acceptance": 0.7, "max_batch": 8}
+
+    ar = [run(20, 20), run(10, 10), run(30, 30)]  # the machine drifted between repeats
+    csd = [run(24, 26), run(13, 12), run(33, 39)]  # 1.2x, 1.3x, 1.1x of ar in the same repeat
+    combined = combine_repeats(csd, ar)
+    assert combined["tokens_per_s"] == 24 and combined["tokens_per_s_runs"] == [24, 13, 33]
+    assert combined["tokens_per_s_x_ar"] == pytest.approx(1.2)  # paired; the ratio of medians would also be 1.2
+    assert combined["full_concurrency_tokens_per_s_x_ar"] == pytest.approx(1.3)  # 1.3, 1.2, 1.3: the ratio of
+    # medians (26 / 20) would also be 1.3, so check one that differs:
+    assert combine_repeats([run(10, 10), run(40, 40), run(11, 11)], ar)["tokens_per_s_x_ar"] == pytest.approx(0.5)
+    load = {"ar": {8: combine_repeats(ar, ar)}, "csd": {8: combined}}
+    lines = format_report({"dtype": "bf16"}, {}, {}, load).splitlines()
+    csd_rows = [line.split() for line in lines if line.startswith("csd ") and "|" not in line and ":" not in line]
+    assert [row[-1] for row in csd_rows] == ["1.20", "1.30"]
+    assert "csd    c=8: 24.00 13.00 33.00" in lines
