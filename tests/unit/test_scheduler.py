@@ -184,3 +184,33 @@ def test_a_negative_gather_time_is_refused() -> None:
 
     with pytest.raises(InvalidArgument, match="gather"):
         BatchScheduler(lambda rows: list(rows), max_batch=2, gather_s=-1)
+
+
+def test_a_group_split_by_one_short_step_is_gathered_whole_again() -> None:
+    """Under lockstep the coordinator sends a group's rows together; one step that caught only part of
+    them (a straggler, a member left behind) must not make the next steps wait for that part only, or
+    the group stays split (measured at concurrency 8: target batches of 5.1 rows on average, not 8)."""
+    step = GatedStep()
+    scheduler = BatchScheduler(step, max_batch=4, gather_s=0.01)
+    threads = [threading.Thread(target=scheduler.submit, args=(r,)) for r in (0, 1, 2, 3)]
+    threads[0].start()
+    assert step.entered.wait(timeout=30)
+    for t in threads[1:]:
+        t.start()
+    wait_until(lambda: scheduler._queue.qsize() == 3)
+    step.release.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert scheduler.submit(4) == 40  # after a step of 3 it gathers; nobody joins: a step of one row
+    assert step.batches == [[0], [1, 2, 3], [4]]
+    scheduler.gather_s = 30.0  # from here on the test never depends on timing
+    late = [threading.Thread(target=scheduler.submit, args=(5,))]
+    late[0].start()
+    wait_until(lambda: scheduler._queue.qsize() == 1)  # waits for the group of 3 seen two steps ago
+    late += [threading.Thread(target=scheduler.submit, args=(r,)) for r in (6, 7)]
+    for t in late[1:]:
+        t.start()
+    for t in late:
+        t.join(timeout=30)
+    scheduler.stop()
+    assert sorted(step.batches[-1]) == [5, 6, 7] and len(step.batches) == 4
