@@ -162,18 +162,23 @@ def test_rows_of_a_batch_coming_back_one_by_one_are_gathered_into_one_batch() ->
     assert results == {r: r * 10 for r in range(5)}
 
 
-def test_a_gather_nobody_joins_ends_and_the_row_runs() -> None:
-    step = GatedStep()
-    scheduler = BatchScheduler(step, max_batch=4, gather_s=0.01)
-    threads = [threading.Thread(target=scheduler.submit, args=(r,)) for r in (0, 1, 2)]
+def _one_then_the_rest(step: GatedStep, scheduler: BatchScheduler, rows: list[int]) -> None:
+    """rows[0] runs inline and holds the step while the others queue; then all complete (two batches)."""
+    threads = [threading.Thread(target=scheduler.submit, args=(r,)) for r in rows]
     threads[0].start()
     assert step.entered.wait(timeout=30)
     for t in threads[1:]:
         t.start()
-    wait_until(lambda: scheduler._queue.qsize() == 2)
+    wait_until(lambda: scheduler._queue.qsize() == len(rows) - 1)
     step.release.set()
     for t in threads:
         t.join(timeout=30)
+
+
+def test_a_gather_nobody_joins_ends_and_the_row_runs() -> None:
+    step = GatedStep()
+    scheduler = BatchScheduler(step, max_batch=4, gather_s=0.01)
+    _one_then_the_rest(step, scheduler, [0, 1, 2])
     assert scheduler.submit(5) == 50  # the other row of the last batch never comes back
     scheduler.stop()
     assert step.batches[-1] == [5]
@@ -192,15 +197,7 @@ def test_a_group_split_by_one_short_step_is_gathered_whole_again() -> None:
     the group stays split (measured at concurrency 8: target batches of 5.1 rows on average, not 8)."""
     step = GatedStep()
     scheduler = BatchScheduler(step, max_batch=4, gather_s=0.01)
-    threads = [threading.Thread(target=scheduler.submit, args=(r,)) for r in (0, 1, 2, 3)]
-    threads[0].start()
-    assert step.entered.wait(timeout=30)
-    for t in threads[1:]:
-        t.start()
-    wait_until(lambda: scheduler._queue.qsize() == 3)
-    step.release.set()
-    for t in threads:
-        t.join(timeout=30)
+    _one_then_the_rest(step, scheduler, [0, 1, 2, 3])
     assert scheduler.submit(4) == 40  # after a step of 3 it gathers; nobody joins: a step of one row
     assert step.batches == [[0], [1, 2, 3], [4]]
     scheduler.gather_s = 30.0  # from here on the test never depends on timing
