@@ -16,7 +16,10 @@ for every running request; this is the same shape across services. A round has t
 
 A member that keeps the others waiting longer than `max_wait_s` (a draft prefill, an outage
 waiting for its timeout, a slow client) is left behind: the group goes on without it, and it
-rejoins at the next round start. `max_wait_s` = 0 turns lockstep off.
+rejoins at the next round start. A newcomer waits longer, `max_wait_s` plus twice the last whole
+round: the members it waits for are busy with the round in progress, not late (bounded by
+`max_wait_s`, a newcomer that arrived while the group verified for longer than that left the whole
+group behind). `max_wait_s` = 0 turns lockstep off.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ class Lockstep:
         self._generation = 0  # counts opened gates: a waiter is free once it moves on
         self._wishes: dict[Hashable, int] = {}  # γ each member wants this round
         self._cap = 0  # the median wish of the drafting members at the last round start
+        self._verifying: set[Hashable] = set()  # members of the round now verifying (its gate opened)
+        self._round_started = 0.0  # monotonic time the last round started
+        self._round_s = 0.0  # how long the last whole round took (start to next start)
 
     def waiting(self) -> int:
         """Requests waiting now (at the current gate, or to join at the next round start)."""
@@ -63,7 +69,9 @@ class Lockstep:
         if self.max_wait_s == 0:
             return gamma
         with self._state:
-            end = self._end(timeout_s)
+            # a newcomer's wait is bounded by the round in progress, a member's by max_wait_s (module doc)
+            newcomer = member not in self._verifying  # not back from the round in progress
+            end = self._end(timeout_s, self.max_wait_s + 2 * self._round_s if newcomer else None)
             self._joining += 1
             while member not in self._group and self._drafting and (left := end - time.monotonic()) > 0:
                 self._state.wait(left)  # a round is in progress: join at its end
@@ -91,8 +99,8 @@ class Lockstep:
             if self._arrived and self._arrived >= self._group:  # the gate waited only for this one
                 self._open()
 
-    def _end(self, timeout_s: float) -> float:
-        return time.monotonic() + min(self.max_wait_s, max(timeout_s, 0.0))
+    def _end(self, timeout_s: float, wait_s: float | None = None) -> float:
+        return time.monotonic() + min(self.max_wait_s if wait_s is None else wait_s, max(timeout_s, 0.0))
 
     def _arrive(self, member: Hashable, end: float) -> None:
         """(Holding the lock) wait at the current gate until everyone is there or `end`."""
@@ -112,6 +120,11 @@ class Lockstep:
             wishes = sorted(w for m in self._arrived if (w := self._wishes[m]) > 0)  # those that draft
             self._cap = wishes[(len(wishes) - 1) // 2] if wishes else 0  # lower median: the shorter middle one
             self._wishes.clear()
+            now = time.monotonic()
+            self._round_s, self._round_started = (now - self._round_started if self._round_started else 0.0), now
+            self._verifying = set()
+        else:
+            self._verifying = set(self._group)
         self._generation += 1
         self._drafting = not self._drafting
         self._arrived.clear()

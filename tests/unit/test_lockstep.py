@@ -100,6 +100,21 @@ def test_a_straggler_is_left_behind_and_rejoins_at_a_round_start() -> None:
     assert _ends(b)  # together again
 
 
+def test_a_newcomer_waits_for_the_round_in_progress_and_leaves_nobody_behind() -> None:
+    """A newcomer arriving while the group verifies waits for the round, not max_wait_s: before, its
+    timeout left every verifying member behind and the group ran split (verifying at batch 8 under the
+    AVX2 caps takes longer than the 0.5 s default)."""
+    lockstep = Lockstep(max_wait_s=0.01)
+    lockstep.start_round("a", timeout_s=60, gamma=4)  # alone: starts at once
+    lockstep.before_verify("a", timeout_s=60)  # "a" verifies, for much longer than max_wait_s
+    lockstep._round_s = 60.0  # as if the last whole round had taken a minute
+    b = _in_thread(lockstep.start_round, "b", 4)
+    b.join(timeout=0.5)  # 50x max_wait_s: before, "b" had started a round of its own by now
+    assert b.is_alive() and lockstep.members() == 2  # waiting for "a", which is busy, not late
+    lockstep.start_round("a", timeout_s=60, gamma=4)
+    assert _ends(b) and lockstep.members() == 2  # the round starts with both
+
+
 @pytest.mark.parametrize(
     ("wishes", "cap"),
     [
