@@ -21,20 +21,21 @@ def check_csd_thresholds(tau: float | None = None, lambda_: int | None = None) -
     require(lambda_ is None or lambda_ <= MAX_LAMBDA, f"lambda must be <= {MAX_LAMBDA}, got {lambda_}")
 
 
+def _int_at_least(text: str, minimum: int) -> int:
+    value = int(text)
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An argparse type: an int >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+    return _int_at_least(text, 1)
 
 
 def non_negative_int(text: str) -> int:
     """An argparse type: an int >= 0."""
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+    return _int_at_least(text, 0)
 
 
 # model dtypes a service accepts (calispec_core.modeling checks the same list; kept here, free of

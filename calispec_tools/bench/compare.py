@@ -397,7 +397,7 @@ def _ratio_to_ar(load: dict[str, dict[int, dict[str, Any]]], mode: str, level: i
     return row[key] / load["ar"][level][key] if "ar" in load else float("nan")
 
 
-def _throughput_table(load: dict[str, dict[int, dict[str, float]]], levels: list[int], key: str) -> list[str]:
+def _throughput_table(load: dict[str, dict[int, dict[str, Any]]], levels: list[int], key: str) -> list[str]:
     lines = [f"{'mode':6s} " + " ".join(f"{'c=' + str(c):>9s}" for c in levels) + "   × ar"]
     for mode, per_level in load.items():
         values = [per_level[c][key] for c in levels]

@@ -86,3 +86,13 @@ def test_repeated_levels_report_medians_and_paired_ratios() -> None:
     csd_rows = [line.split() for line in lines if line.startswith("csd ") and "|" not in line and ":" not in line]
     assert [row[-1] for row in csd_rows] == ["1.20", "1.30"]
     assert "csd    c=8: 24.00 13.00 33.00" in lines
+
+
+def test_load_repeats_must_be_at_least_one() -> None:
+    import argparse
+
+    from calispec_core.limits import positive_int
+
+    assert positive_int("3") == 3
+    with pytest.raises(argparse.ArgumentTypeError, match="must be >= 1, got 0"):
+        positive_int("0")
