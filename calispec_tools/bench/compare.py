@@ -134,11 +134,12 @@ THROUGHPUTS = ("tokens_per_s", "full_concurrency_tokens_per_s")
 
 def run_load(address: str, config: CompareConfig) -> dict[str, dict[int, dict[str, Any]]]:
     """Each level `load_repeats` times, the modes alternating within each repeat (so each repeat's modes
-    meet about the same machine: a shared host's speed drifts by 10-20 % between minutes)."""
+    meet about the same machine: a shared host's speed drifts by 10-20 % between minutes), and each repeat
+    starting with the next mode (`rotated`)."""
     runs: dict[str, dict[int, list[dict[str, float]]]] = defaultdict(lambda: defaultdict(list))
     for level in config.concurrency:
         for repeat in range(config.load_repeats):
-            for mode in STACK_MODES:
+            for mode in rotated(STACK_MODES, repeat):
                 result = load_level(address, mode, level, config)
                 runs[mode][level].append(result)
                 print(f"  load {mode} c={level} run {repeat + 1}: {result['tokens_per_s']:.2f} tok/s", file=sys.stderr)
@@ -243,16 +244,29 @@ class HfPair:
 # --- the run --------------------------------------------------------------------------------------
 
 
+def rotated(items: Sequence[str], shift: int) -> list[str]:
+    """`items` starting at position `shift` (mod their number), then wrapping around. Interleaved runs take
+    turns going first: the machine drifts within a prompt's runs too (a later mode in a fixed order met a
+    slower machine on every prompt of one run: 10-15 % on both models' forwards, scratch, wave 11)."""
+    shift %= len(items)
+    return [*items[shift:], *items[:shift]]
+
+
 def run_interleaved(
     client: Any, hf: HfPair | None, config: CompareConfig, progress: Callable[[Run], None]
 ) -> list[Run]:
+
+    def run(variant: str, index: int, prompt: str) -> Run:
+        if variant in STACK_MODES:
+            return stack_run(client, variant, index, prompt, config)
+        assert hf is not None  # HF variants are listed only with a loaded pair
+        return hf.run(variant, index, prompt, config.max_new_tokens)
+
+    variants = [*STACK_MODES, *(HF_VARIANTS if hf is not None else ())]
     runs = []
     for index, prompt in enumerate(config.prompts):
-        for mode in STACK_MODES:
-            runs.append(stack_run(client, mode, index, prompt, config))
-            progress(runs[-1])
-        for variant in HF_VARIANTS if hf is not None else ():
-            runs.append(hf.run(variant, index, prompt, config.max_new_tokens))
+        for variant in rotated(variants, index):
+            runs.append(run(variant, index, prompt))
             progress(runs[-1])
     return runs
 

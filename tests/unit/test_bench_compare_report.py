@@ -96,3 +96,31 @@ def test_load_repeats_must_be_at_least_one() -> None:
     assert positive_int("3") == 3
     with pytest.raises(argparse.ArgumentTypeError, match="must be >= 1, got 0"):
         positive_int("0")
+
+
+def test_interleaved_runs_take_turns_going_first() -> None:
+    """A fixed order met a slower machine for its later modes on every prompt; rotated, each goes first once."""
+    from types import SimpleNamespace
+
+    from calispec_tools.bench.compare import HF_VARIANTS, STACK_MODES, CompareConfig, Run, run_interleaved
+
+    order: list[tuple[int, str]] = []
+
+    class Client:
+        def generate(self, prompt: str, mode: str, **kwargs: object) -> SimpleNamespace:
+            order.append((int(prompt), mode))
+            return SimpleNamespace(token_ids=[1], stats=SimpleNamespace(to_dict=dict))
+
+    class Hf:
+        def run(self, variant: str, index: int, prompt: str, max_new_tokens: int) -> Run:
+            order.append((index, variant))
+            return Run(variant, index, 1, 1.0, [1])
+
+    variants = [*STACK_MODES, *HF_VARIANTS]
+    config = CompareConfig([str(i) for i in range(len(variants))], 4, None, [], 0)
+    runs = run_interleaved(Client(), Hf(), config, lambda run: None)  # type: ignore[arg-type]
+    assert len(runs) == len(variants) ** 2
+    firsts = [next(v for i, v in order if i == prompt) for prompt in range(len(variants))]
+    assert sorted(firsts) == sorted(variants)  # every variant led one prompt
+    for prompt in range(len(variants)):
+        assert sorted(v for i, v in order if i == prompt) == sorted(variants)  # and each prompt ran them all
