@@ -34,6 +34,11 @@ CHANNEL_OPTIONS = [
     # calls on a channel in backoff fail at once, so a long outage would outlast the restart)
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
+# gRPC servers set SO_REUSEPORT by default: a second server on a port already served binds silently and
+# takes a share of its connections (grpc/grpc#16005), and servers binding port 0 while others stop can
+# land on one port, so a client reaches the wrong one (grpc/grpc#10755; the likely cause of a one-off
+# "connection refused" from a coordinator that was up, in a test). Without it, a port in use fails to bind.
+SERVER_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)]
 
 
 def _status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -153,7 +158,7 @@ def create_grpc_server(
             ErrorInterceptor(),
             *interceptors,
         ],
-        options=CHANNEL_OPTIONS,
+        options=SERVER_OPTIONS,
     )
     for register in registrars:
         register(server)
@@ -178,14 +183,17 @@ def bind_port(server: grpc.Server, address: str, tls: TlsConfig | None = None, r
     """
     tls = tls or TlsConfig()
     tls.check(address.rpartition(":")[0])
-    if tls.enabled:
-        cert, key, ca = tls.read()
-        credentials = grpc.ssl_server_credentials([(key, cert)], ca, require_client_auth=require_client_cert)
-        port = server.add_secure_port(address, credentials)
-    else:
-        port = server.add_insecure_port(address)
+    try:
+        if tls.enabled:
+            cert, key, ca = tls.read()
+            credentials = grpc.ssl_server_credentials([(key, cert)], ca, require_client_auth=require_client_cert)
+            port = server.add_secure_port(address, credentials)
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError as exc:  # newer gRPC raises where older ones returned 0
+        raise OSError(f"could not bind {address} (in use?): {exc}") from exc
     if port == 0:
-        raise OSError(f"could not bind {address}")
+        raise OSError(f"could not bind {address} (in use?)")
     return port
 
 
@@ -250,8 +258,7 @@ class _ServerWithHealthPort(grpc.Server):
 def _with_health_port(main: grpc.Server, servicer: health.HealthServicer, host: str, port: int) -> grpc.Server:
     from grpc_health.v1 import health_pb2_grpc
 
-    health_only = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_only = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=SERVER_OPTIONS)
     health_pb2_grpc.add_HealthServicer_to_server(servicer, health_only)
-    if health_only.add_insecure_port(f"{host}:{port}") == 0:
-        raise OSError(f"could not bind the health port {host}:{port}")
+    bind_port(health_only, f"{host}:{port}", TlsConfig(plaintext=True))  # the kubelet's probe speaks no TLS
     return _ServerWithHealthPort(main, health_only)
