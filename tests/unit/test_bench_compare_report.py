@@ -124,3 +124,21 @@ def test_interleaved_runs_take_turns_going_first() -> None:
     assert sorted(firsts) == sorted(variants)  # every variant led one prompt
     for prompt in range(len(variants)):
         assert sorted(v for i, v in order if i == prompt) == sorted(variants)  # and each prompt ran them all
+
+
+def test_load_repeats_take_turns_going_first(monkeypatch) -> None:
+    from calispec_tools.bench import compare
+
+    order: list[str] = []
+
+    def level(address: str, mode: str, concurrency: int, config: object) -> dict[str, float]:
+        order.append(mode)
+        return {"tokens_per_s": 1.0, "full_concurrency_tokens_per_s": 1.0}
+
+    monkeypatch.setattr(compare, "load_level", level)
+    config = compare.CompareConfig(["p"], 4, None, [8], 0, load_repeats=3)
+    compare.run_load("unused", config)
+    n = len(compare.STACK_MODES)
+    firsts = [order[i * n] for i in range(3)]
+    assert sorted(firsts) == sorted(compare.STACK_MODES)  # each mode led one repeat
+    assert all(sorted(order[i * n : (i + 1) * n]) == sorted(compare.STACK_MODES) for i in range(3))
