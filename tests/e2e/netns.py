@@ -29,8 +29,9 @@ def run_scenario(scenario: Path, args: list[str], prefix: str, timeout_s: float 
     work = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # short: Ray's unix sockets live under it
     script = f"ip link set lo up && exec {sys.executable} {scenario} {' '.join(args)} {work}"
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", "HOME": str(work),
-           # Ray waits 30 s for its GCS server's port by default; a busy 2-core CI box has missed that
-           "RAY_gcs_server_port_wait_time_s": "120"}  # fmt: skip
+           # Ray waits 30 s for its GCS server's port and for the raylet to register by default; a busy
+           # 2-core box has missed both ("The current node timed out during startup", wave 11)
+           "RAY_gcs_server_port_wait_time_s": "120", "RAY_raylet_start_wait_time_s": "120"}  # fmt: skip
     process = subprocess.Popen(
         ["unshare", "-n", "bash", "-c", script], cwd=REPO, env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,  # one group to kill
