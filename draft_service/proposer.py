@@ -76,9 +76,9 @@ class _Job:
         self.tokens.append(token)
         self.dists.append(dist)
         state.session.tokens.append(token)  # the next forward feeds it
-        unsure = self.min_confidence > 0 and confidence(logits, column) < self.min_confidence
+        full = len(self.tokens) == self.num_tokens  # then no confidence is needed (a softmax over the vocabulary)
         # like HF's assistant_confidence_threshold: an unsure token is kept, and drafting stops after it
-        self.done = len(self.tokens) == self.num_tokens or unsure
+        self.done = full or (self.min_confidence > 0 and confidence(logits, column) < self.min_confidence)
 
     def reset(self) -> None:
         self.tokens.clear()
