@@ -232,7 +232,8 @@ def add_compare_parser(sub: Any) -> None:
     p.add_argument("--load-requests", type=int, default=0, help="requests per level and mode (0: twice the level)")
     p.add_argument(
         "--load-repeats", type=positive_int, default=1,
-        help="runs of each level, the modes alternating (ar, sd, csd, ar, ...); medians and paired ratios reported",
+        help="runs of each level, the modes alternating, each run starting with the next mode "
+        "(ar sd csd, sd csd ar, ...); medians and paired ratios reported",
     )  # fmt: skip
     p.add_argument("--skip-hf", action="store_true", help="the stack only (no in-process transformers runs)")
     p.add_argument(
