@@ -48,6 +48,7 @@ class Verdict:
     service_ns: int  # whole Verify handler inside the target service
     memory_ns: int  # part of service_ns spent on the correction memory
     forward_ns: int = 0  # part of service_ns spent in the model forward
+    batch_tokens: int = 0  # new tokens over every session of that forward; 0: not reported
 
 
 class DraftBackend(Protocol):

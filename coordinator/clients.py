@@ -153,6 +153,7 @@ class GrpcTargetBackend:
             r.timing.total_ns,
             r.timing.memory_ns,
             r.timing.forward_ns,
+            r.batch_tokens,
         )
 
     def close(self, session_id: str, timeout: float) -> None:

@@ -13,10 +13,11 @@ picks the γ with the most expected tokens per millisecond, so it drafts nothing
 units) and drafts far where verification is nearly free (GPUs, AMX).
 
 Costs start from what the services measured at start-up (`ModelInfo.forward_costs`) and are
-corrected online from every round's measured service times (an exponential moving average of
-observed / predicted), so the curve's level follows load and noise while its shape stays the
-measured one. Acceptance is per request (it depends on the text), shrunk towards the pair-wide
-running acceptance while a request has seen few tokens. No gRPC here; no clocks either.
+corrected online from every round's measured times (`LearnedCurve`): a level that every observation
+moves (load, the host's drift) and, per measured point, a shape factor that the observations near it
+move by what the level leaves unexplained, so a start-up point that timed badly stops steering γ once
+rounds have measured it. Acceptance is per request (it depends on the text), shrunk towards the
+pair-wide running acceptance while a request has seen few tokens. No gRPC here; no clocks either.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ PRIOR_ACCEPTANCE = 0.6
 PRIOR_WEIGHT = 4.0  # pseudo-trials of the pair-wide acceptance in each request's estimate
 ACCEPTANCE_DECAY = 0.9  # per round: a request's acceptance follows its text
 COST_EMA = 0.2
+SHAPE_EMA = 0.2  # per observation at a point (weighted by closeness), of the residual the level leaves
+SHAPE_BOUNDS = (0.25, 4.0)  # how far rounds may bend a start-up point (a guard against outliers)
 MIN_GAIN = 1.03  # speculate only when the model predicts at least 3% more tokens/ms than a plain step
 PROBE_EVERY = 8  # target-only rounds between probes, where a better acceptance could make drafting pay
 PROBE_ALPHA = 0.9
@@ -101,14 +104,58 @@ class _Scale:
         self.seen = True
 
 
+class LearnedCurve:
+    """A start-up `CostCurve` corrected by what rounds measure (not thread-safe: `CostModel` locks).
+
+    The level (observed / predicted, an exponential moving average) follows every observation. Each
+    point past the first also has a shape factor, moved by the observations between it and its
+    neighbours (in proportion to how close they fall) by what the level leaves unexplained. The first
+    point anchors the shape: with observations at one count only, the level follows them and the
+    shape stays the measured one. Why: start-up timings can be off by a third for one count while
+    rounds measure it every time (the AVX2 EPYC's float32 target: 2 new tokens at 1.38-1.56x one token
+    in three start-ups, 1.13-1.17x in rounds and in `bench forward`), and γ = 1 or 2 lives on that
+    point; a level alone never fixes a shape."""
+
+    def __init__(self, measured: CostCurve) -> None:
+        self.measured = measured
+        self.level = _Scale()
+        self.shape = [1.0] * len(measured.xs)
+        self.curve = measured  # measured × shape, non-decreasing
+
+    def at(self, x: float) -> float:
+        return self.curve.at(x) * self.level.value
+
+    def observe(self, x: float, ms: float) -> None:
+        """One forward of `x` (new tokens, or rows for a draft step) took `ms`."""
+        predicted = self.curve.at(x)
+        if self.level.seen:  # what the level does not explain bends the points around x
+            residual = ms / (predicted * self.level.value) - 1.0
+            for i, weight in self._neighbours(x):
+                if i > 0:
+                    bent = self.shape[i] * (1.0 + SHAPE_EMA * weight * residual)
+                    self.shape[i] = min(max(bent, SHAPE_BOUNDS[0]), SHAPE_BOUNDS[1])
+            points = zip(self.measured.xs, self.measured.ys, self.shape, strict=True)
+            self.curve = CostCurve.of({x_i: y * s for x_i, y, s in points})
+        self.level.observe(ms / predicted)
+
+    def _neighbours(self, x: float) -> list[tuple[int, float]]:
+        """The measured points x falls between, each with its interpolation weight."""
+        xs = self.measured.xs
+        i = bisect_left(xs, x)
+        if i == len(xs):
+            return [(len(xs) - 1, 1.0)]  # beyond the last point: it alone extrapolates there
+        if xs[i] == x or i == 0:
+            return [(i, 1.0)]
+        upper = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return [(i - 1, 1.0 - upper), (i, upper)]
+
+
 class CostModel:
     """The pair's forward costs (shared by all requests; thread-safe) and the γ policy."""
 
     def __init__(self, target: CostCurve, draft: CostCurve, draft_call_ms: float = 0.5) -> None:
-        self.target = target
-        self.draft = draft
-        self._target_scale = _Scale()
-        self._draft_scale = _Scale()
+        self.target = LearnedCurve(target)  # ms by new tokens over all rows of a verify forward
+        self.draft = LearnedCurve(draft)  # ms of one draft step by sessions in it
         self.draft_call_ms = draft_call_ms  # per-round cost of the Propose round trip (RPC, (de)serialising)
         self.overhead_ms = 0.5  # per-round cost outside the services' handlers
         self.acceptance = PRIOR_ACCEPTANCE  # pair-wide running acceptance: each request's prior
@@ -121,11 +168,11 @@ class CostModel:
 
     def target_ms(self, tokens: float) -> float:
         """One target forward of `tokens` new tokens over all its rows."""
-        return self.target.at(tokens) * self._target_scale.value
+        return self.target.at(tokens)
 
     def draft_ms(self, tokens: int, batch: float = 1.0) -> float:
         """Drafting `tokens` for each of `batch` sessions: that many batched one-token-per-session forwards."""
-        return tokens * self.draft.at(batch) * self._draft_scale.value
+        return tokens * self.draft.at(batch)
 
     def round_ms(self, gamma: int, batch: float = 1.0) -> float:
         drafting = self.draft_ms(gamma, batch) + self.draft_call_ms if gamma > 0 else 0.0
@@ -152,12 +199,13 @@ class CostModel:
 
     # --- online corrections -----------------------------------------------------------------
 
-    def observe_target(self, tokens: int, ms: float, batch: int = 1) -> None:
-        """A Verify of `tokens` new tokens took `ms` in a forward of `batch` rows (as the target reports)."""
+    def observe_target(self, tokens: int, ms: float, batch: int = 1, batch_tokens: int = 0) -> None:
+        """A Verify of `tokens` new tokens took `ms` in a forward of `batch` rows and `batch_tokens` new
+        tokens over all of them (as the target reports; 0: unknown, taken as `batch` rows like this one)."""
         batch = max(batch, 1)
         with self._lock:
             self.batch = (1 - COST_EMA) * self.batch + COST_EMA * batch
-            self._target_scale.observe(ms / self.target.at(batch * tokens))
+            self.target.observe(batch_tokens or batch * tokens, ms)
 
     def observe_draft(self, tokens: int, forward_ms: float, service_ms: float, call_ms: float) -> None:
         """A Propose of `tokens` spent forward_ms in the draft's forwards (its `tokens` batched steps),
@@ -168,7 +216,7 @@ class CostModel:
         service time per drafted token ran ~9x the forward's, and γ collapsed to 0)."""
         with self._lock:
             spent = forward_ms if forward_ms > 0 else service_ms  # a draft that reports no forward time
-            self._draft_scale.observe(spent / (tokens * self.draft.at(self.batch)))
+            self.draft.observe(self.batch, spent / tokens)
             self.draft_call_ms = (1 - COST_EMA) * self.draft_call_ms + COST_EMA * max(call_ms - service_ms, 0.0)
 
     def observe_overhead(self, ms: float) -> None:

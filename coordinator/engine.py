@@ -331,7 +331,7 @@ class Orchestrator:
         # conversions, sampling and verification, hand-offs, bookkeeping)
         forwards_ns = verdict.forward_ns + (proposal.forward_ns if proposal else 0)
         request.stats.round_overhead_ms += ns_to_ms(max(round_ns - forwards_ns, 0))
-        self.costs.observe_target(drafted + 1, ns_to_ms(verdict.service_ns), verdict.batch_size)
+        self.costs.observe_target(drafted + 1, ns_to_ms(verdict.service_ns), verdict.batch_size, verdict.batch_tokens)
         if proposal is not None and not catching_up:  # a catch-up forward would inflate the per-token cost
             self.costs.observe_draft(
                 drafted, ns_to_ms(proposal.forward_ns), ns_to_ms(proposal.service_ns), ns_to_ms(propose_ns)

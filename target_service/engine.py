@@ -67,6 +67,7 @@ class VerifyResult:
     next_is_bonus: bool
     rejections: int
     batch_size: int
+    batch_tokens: int  # new tokens over every row of the forward (the count its cost follows)
 
 
 @dataclass
@@ -160,11 +161,13 @@ class TargetEngine:
             raise
         if self.observer is not None:  # a round that made it: observed once, never rerun
             self.observer(batch, out)
-        results = []
+        results, batch_tokens = [], sum(map(len, inputs))
         for b, (row, accepted, next_token, bonus, rejections) in enumerate(zip(rows, *outcome, strict=True)):
             self._commit(row.state.session, row.draft, accepted, next_token)
             positions = [i for i, hit in enumerate(rescued[b]) if hit]
-            results.append(VerifyResult(accepted, positions, next_token, bool(bonus), rejections, len(rows)))
+            results.append(
+                VerifyResult(accepted, positions, next_token, bool(bonus), rejections, len(rows), batch_tokens)
+            )
         for row in rows:  # every row waited for the whole batched forward: each reports it
             for phase in ("forward", "verify", "memory"):
                 row.watch.add(phase, watch.get(phase))

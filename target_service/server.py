@@ -93,6 +93,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             next_is_bonus=result.next_is_bonus,
             rejections=result.rejections,
             batch_size=result.batch_size,
+            batch_tokens=result.batch_tokens,
             timing=timing_to_pb(watch),
         )
 

@@ -42,7 +42,7 @@ class VerifyRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[bytes] = ..., draft_vocab_size: _Optional[int] = ..., draft_sparse_probs: _Optional[_Union[_common_pb2.SparseDistributions, _Mapping]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("accepted_count", "rescued_positions", "next_token_id", "next_is_bonus", "rejections", "timing", "batch_size")
+    __slots__ = ("accepted_count", "rescued_positions", "next_token_id", "next_is_bonus", "rejections", "timing", "batch_size", "batch_tokens")
     ACCEPTED_COUNT_FIELD_NUMBER: _ClassVar[int]
     RESCUED_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,7 @@ class VerifyResponse(_message.Message):
     REJECTIONS_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     accepted_count: int
     rescued_positions: _containers.RepeatedScalarFieldContainer[int]
     next_token_id: int
@@ -57,7 +58,8 @@ class VerifyResponse(_message.Message):
     rejections: int
     timing: _common_pb2.Timing
     batch_size: int
-    def __init__(self, accepted_count: _Optional[int] = ..., rescued_positions: _Optional[_Iterable[int]] = ..., next_token_id: _Optional[int] = ..., next_is_bonus: _Optional[bool] = ..., rejections: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.Timing, _Mapping]] = ..., batch_size: _Optional[int] = ...) -> None: ...
+    batch_tokens: int
+    def __init__(self, accepted_count: _Optional[int] = ..., rescued_positions: _Optional[_Iterable[int]] = ..., next_token_id: _Optional[int] = ..., next_is_bonus: _Optional[bool] = ..., rejections: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.Timing, _Mapping]] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ...) -> None: ...
 
 class TargetCloseRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -34,6 +34,7 @@ def test_batched_rounds_keep_every_session_exact(tiny_pair: TinyPair, target_run
     truths = [reference_greedy(target_runner, p, ROUNDS * 4) for p in PROMPTS]
     emitted: list[list[int]] = [[] for _ in PROMPTS]
     batch_sizes: list[list[int]] = [[] for _ in PROMPTS]
+    batch_tokens: list[list[int]] = [[] for _ in PROMPTS]
     try:
         with make_channel(f"127.0.0.1:{port}") as channel:
             stub = target_pb2_grpc.TargetServiceStub(channel)
@@ -49,6 +50,7 @@ def test_batched_rounds_keep_every_session_exact(tiny_pair: TinyPair, target_run
                 resp = stub.Verify(target_pb2.VerifyRequest(session_id=f"s{i}", draft_token_ids=draft), timeout=60)
                 emitted[i] += [*draft[: resp.accepted_count], resp.next_token_id]
                 batch_sizes[i].append(resp.batch_size)
+                batch_tokens[i].append(resp.batch_tokens)
 
             for r in range(ROUNDS):
                 threads = [threading.Thread(target=round_for, args=(i, r)) for i in range(len(PROMPTS))]
@@ -66,5 +68,7 @@ def test_batched_rounds_keep_every_session_exact(tiny_pair: TinyPair, target_run
         server.stop(None)
         runtime.stop()
     assert batch_sizes[0][0] == 1 and all(sizes[0] == len(PROMPTS) - 1 for sizes in batch_sizes[1:])
+    # each row: its pending token and 3 drafts; what the cost model prices a batch by
+    assert batch_tokens[0][0] == 4 and all(tokens[0] == 4 * (len(PROMPTS) - 1) for tokens in batch_tokens[1:])
     for truth, got in zip(truths, emitted, strict=True):
         assert got == truth[: len(got)] and len(got) >= ROUNDS * 2

@@ -10,6 +10,7 @@ from coordinator.cost_model import (
     CostCurve,
     CostModel,
     GammaPolicy,
+    LearnedCurve,
     expected_tokens,
 )
 
@@ -201,3 +202,63 @@ def test_the_batch_follows_what_the_target_reports() -> None:
         costs.observe_target(tokens=3, ms=520.0 * 24 / 32 + 259.0 * 8 / 32, batch=8)
     assert costs.batch == pytest.approx(8.0, rel=0.02)
     assert costs.best_gamma(0.8, 10) == costs.best_gamma(0.8, 10, batch=8) < alone
+
+
+# the float32 1.5B target on the AVX2 EPYC (2 threads): start-up timed 2 new tokens at 1.39x one token
+# (and 4 no dearer than 2), rounds and `bench forward` at ~1.15x
+STARTUP_AVX2 = {1: 480.0, 2: 667.0, 4: 667.0, 8: 777.0}
+
+
+def test_rounds_correct_a_start_up_point_that_timed_badly() -> None:
+    curve = LearnedCurve(CostCurve.of(STARTUP_AVX2))
+    for _ in range(60):
+        curve.observe(1, 450.0)
+        curve.observe(2, 520.0)
+    assert curve.at(1) == pytest.approx(450.0, rel=0.03)
+    assert curve.at(2) / curve.at(1) == pytest.approx(520.0 / 450.0, rel=0.03)
+
+
+def test_observations_at_one_count_move_the_level_and_keep_the_measured_shape() -> None:
+    curve = LearnedCurve(CostCurve.of(STARTUP_AVX2))
+    for _ in range(30):  # the host got twice as slow; rounds only ever measured one token
+        curve.observe(1, 960.0)
+    assert curve.at(1) == pytest.approx(960.0, rel=0.01)
+    assert curve.at(8) == pytest.approx(2 * 777.0, rel=0.01)
+
+
+def test_observations_between_points_bend_both_and_beyond_the_last_only_the_last() -> None:
+    curve = LearnedCurve(CostCurve.of({1: 100.0, 2: 200.0, 4: 400.0}))
+    curve.observe(1, 100.0)  # the level, seen
+    curve.observe(3, 150.0)  # half of what the curve predicts, between the points 2 and 4
+    assert curve.shape[0] == 1.0 and curve.shape[1] < 1.0 and curve.shape[2] < 1.0
+    beyond = LearnedCurve(CostCurve.of({1: 100.0, 2: 200.0, 4: 400.0}))
+    beyond.observe(1, 100.0)
+    beyond.observe(9, 450.0)
+    assert beyond.shape[:2] == [1.0, 1.0] and beyond.shape[2] < 1.0
+
+
+def test_a_corrected_curve_drafts_where_the_start_up_timing_said_drafting_loses() -> None:
+    """Measured on the AVX2 EPYC: a code prompt ran 16 of its first 20 rounds target-only at an
+    acceptance near 0.5 because the start-up curve priced 2-4 new tokens at 1.39x one token."""
+    costs = CostModel(CostCurve.of(STARTUP_AVX2), CostCurve.of({1: 75.0}), draft_call_ms=0.0)
+    costs.overhead_ms = 1.0
+    assert costs.best_gamma(alpha=0.45, max_gamma=10) == 0
+    for _ in range(40):
+        costs.observe_target(tokens=1, ms=450.0)
+        costs.observe_target(tokens=2, ms=520.0)
+        costs.observe_target(tokens=3, ms=540.0)
+    assert costs.best_gamma(alpha=0.45, max_gamma=10) > 0
+
+
+def test_a_batch_is_priced_by_the_tokens_the_target_reports_for_it() -> None:
+    """In lockstep a row verifying 4 tokens shares its forward with rows that drafted nothing: 8 rows
+    of 1 + 3 + ... tokens, not 8 x 4. The count the target reports is where the curve learns."""
+    reported = LearnedCurve(CostCurve.of(LOADED_TARGET))
+    costs = CostModel(CostCurve.of(LOADED_TARGET), CostCurve.of(BATCHED_DRAFT), draft_call_ms=0.0)
+    costs.observe_target(tokens=1, ms=231.0)  # the level, seen
+    reported.observe(1, 231.0)
+    for _ in range(30):  # 8 rows, 12 new tokens in all, as fast as the start-up curve's 12 points
+        costs.observe_target(tokens=4, ms=317.0, batch=8, batch_tokens=12)
+        reported.observe(12, 317.0)
+    assert costs.target_ms(12) == pytest.approx(reported.at(12)) == pytest.approx(317.0, rel=0.02)
+    assert costs.target_ms(32) == pytest.approx(520.0, rel=0.02)  # 8 x 4 tokens: not what was measured
