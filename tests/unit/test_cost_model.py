@@ -116,10 +116,27 @@ def test_acceptance_tracker_counts_the_failed_position_and_leans_on_the_prior_ea
 def test_policy_probes_after_target_only_rounds_only_where_acceptance_could_change_the_answer() -> None:
     payable = GammaPolicy(model(FLAT, draft_per_token=80.0), max_gamma=10)
     payable.tracker.prior = 0.05  # looks hopeless now, but good acceptance would pay: probe now and then
+    payable.tracker.examined = PROBE_EVERY  # on enough evidence (else it probes sooner: the next test)
     chosen = [payable.next_gamma() for _ in range(PROBE_EVERY + 1)]
     assert chosen[:PROBE_EVERY] == [0] * PROBE_EVERY and chosen[-1] > 0
     hopeless = GammaPolicy(model(STEEP, draft_per_token=382.0), max_gamma=10)
     assert [hopeless.next_gamma() for _ in range(3 * PROBE_EVERY)] == [0] * (3 * PROBE_EVERY)
+
+
+def test_a_request_probes_sooner_while_its_acceptance_rests_on_few_drafts() -> None:
+    policy = GammaPolicy(model(FLAT, draft_per_token=80.0), max_gamma=10)
+    policy.tracker.prior = 0.05  # looks hopeless, on one examined draft: probe after two plain rounds
+    policy.tracker.observe(drafted=3, accepted=0)
+    assert [policy.next_gamma() for _ in range(3)] == [0, 0, 2]
+    intervals, streak = [], 0
+    for _ in range(150):  # every probe fails: the interval grows with the evidence, up to PROBE_EVERY
+        gamma = policy.next_gamma()
+        streak += 1
+        if gamma:
+            intervals.append(streak - 1)
+            streak = 0
+            policy.tracker.observe(drafted=gamma, accepted=0)
+    assert intervals == sorted(intervals) and intervals[0] < PROBE_EVERY and intervals[-1] == PROBE_EVERY
 
 
 def test_a_proposal_that_first_catches_up_after_target_only_rounds_does_not_inflate_the_draft_cost() -> None:
