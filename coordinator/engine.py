@@ -257,6 +257,8 @@ class Orchestrator:
         cap = self._wait_for_others(request, lambda member, timeout: self.lockstep.start_round(member, timeout, gamma))
         if request.policy is not None:  # adaptive: no longer than the group's median wish
             gamma = min(gamma, cap)
+        tracing = log.isEnabledFor(logging.DEBUG)
+        plan = self._plan(request, gamma) if tracing else (0.0, 0.0)  # before this round teaches the model
         # a Propose after target-only rounds first feeds the draft every token it missed: not a per-token cost
         catching_up = len(request.draft_append) > 1 or request.draft_session is None
         proposal, propose_ns = self._propose(request, gamma) if gamma > 0 else (None, 0)
@@ -267,6 +269,8 @@ class Orchestrator:
         # per round; waiting for the other requests is the price of batching them, not overhead
         round_ns = now_ns() - start - request.opening_ns - request.waiting_ns
         self._learn(request, proposal, verdict, propose_ns, round_ns, catching_up)
+        if tracing:
+            self._log_round(request, gamma, plan, proposal, verdict, round_ns)
         if self.on_round is not None:
             self.on_round(request.params.mode, proposal, verdict)
         drafted = proposal.token_ids[: verdict.accepted_count] if proposal else []
@@ -341,6 +345,30 @@ class Orchestrator:
             self.costs.observe_overhead(ns_to_ms(round_ns - verdict.service_ns))
         if request.policy is not None:
             request.policy.tracker.observe(drafted, verdict.accepted_count)
+
+    def _plan(self, request: _Request, gamma: int) -> tuple[float, float]:
+        """The round's predicted ms and the request's acceptance estimate (nan for a fixed γ), as γ was chosen."""
+        alpha = request.policy.tracker.alpha if request.policy is not None else float("nan")
+        return self.costs.round_ms(gamma, self.costs.batch), alpha
+
+    @staticmethod
+    def _log_round(
+        request: _Request,
+        gamma: int,
+        plan: tuple[float, float],
+        proposal: Proposal | None,
+        verdict: Verdict,
+        round_ns: int,
+    ) -> None:
+        """One DEBUG line per round: what the policy chose and expected, what the round did and cost."""
+        predicted_ms, alpha = plan
+        log.debug(
+            "request %s round: gamma %d drafted %d accepted %d alpha %.2f batch %d | predicted %.1f ms, "
+            "measured %.1f ms (target forward %.1f, draft forwards %.1f)",
+            request.request_id, gamma, len(proposal.token_ids) if proposal else 0, verdict.accepted_count, alpha,
+            verdict.batch_size, predicted_ms, ns_to_ms(round_ns), ns_to_ms(verdict.forward_ns),
+            ns_to_ms(proposal.forward_ns) if proposal else 0.0,
+        )  # fmt: skip
 
     def _draft_propose(self, request: _Request, gamma: int) -> Proposal:
         timeout = min(request.deadline.remaining(), self.draft_timeout_s)

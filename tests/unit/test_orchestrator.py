@@ -180,3 +180,18 @@ def test_a_prefill_inside_a_round_is_not_round_overhead(monkeypatch: pytest.Monk
     stats = run(orchestrator, "c", params(max_new_tokens=5))[-1].stats
     assert stats is not None and len(draft.prefills) == 1
     assert stats.round_overhead_ms == 0.0
+
+
+def test_debug_log_traces_every_round_with_its_predicted_and_measured_cost(caplog: pytest.LogCaptureFixture) -> None:
+    orchestrator, _, _ = make()
+    with caplog.at_level("DEBUG", logger=engine_module.log.name):
+        stats = run(orchestrator, "c", params(max_new_tokens=12, num_speculative_tokens=3))[-1].stats
+    lines = [r.getMessage() for r in caplog.records if " round: gamma " in r.getMessage()]
+    assert stats is not None and len(lines) == stats.rounds
+    first = lines[0]
+    assert "gamma 3 drafted 3 accepted 2" in first  # d e, then '#' after the vowel: the target says f
+    assert "predicted " in first and "measured " in first and "alpha nan" in first  # fixed γ: no policy
+    adaptive, _, _ = make()
+    with caplog.at_level("DEBUG", logger=engine_module.log.name):
+        run(adaptive, "c", params(max_new_tokens=4, num_speculative_tokens=None))
+    assert "alpha 0.60" in [r.getMessage() for r in caplog.records if " round: gamma " in r.getMessage()][len(lines)]
