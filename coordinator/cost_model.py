@@ -113,7 +113,7 @@ class LearnedCurve:
     point anchors the shape: with observations at one count only, the level follows them and the
     shape stays the measured one. Why: start-up timings can be off by a third for one count while
     rounds measure it every time (the AVX2 EPYC's float32 target: 2 new tokens at 1.38-1.56x one token
-    in three start-ups, 1.13-1.17x in rounds and in `bench forward`), and γ = 1 or 2 lives on that
+    in three start-ups, 1.13-1.26x in rounds and in `bench forward`), and γ = 1 or 2 lives on that
     point; a level alone never fixes a shape."""
 
     def __init__(self, measured: CostCurve) -> None:
