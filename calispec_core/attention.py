@@ -66,14 +66,14 @@ def rows_attention(
         )
     heads, dim = query.shape[1], query.shape[-1]
     outputs = [
-        _grouped_attention(q, k, v, mask, scaling)  # [1, H_q, n_b, D]
+        grouped_attention(q, k, v, mask, scaling)  # [1, H_q, n_b, D]
         for q, k, v, mask in zip(query.split(key.widths, dim=2), key.keys, key.values, key.masks, strict=True)
     ]
     out = torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]  # [1, H_q, T, D]
     return out.transpose(1, 2).reshape(1, -1, heads, dim), None
 
 
-def _grouped_attention(
+def grouped_attention(
     query: torch.Tensor,  # [1, H_q, n, D]
     key: torch.Tensor,  # [1, H_kv, K, D]
     value: torch.Tensor,  # [1, H_kv, K, D]

@@ -20,7 +20,8 @@ from calispec_core import attention
 from calispec_core.batch_forward import packed_forward
 from calispec_core.compute import compute_thread, on_compute_thread
 from calispec_core.errors import InvalidArgument, require
-from calispec_core.kv_cache import crop_to, new_session_cache
+from calispec_core.kv_cache import SessionLayer, crop_to, new_session_cache
+from calispec_core.lean_decoder import LeanDecoder
 from calispec_core.limits import FP32_LINEAR_CHOICES
 from calispec_core.onednn_linear import use_onednn_linear
 from calispec_core.prefix_cache import PrefixCache
@@ -115,6 +116,7 @@ class ModelSpec:
     device: str = "auto"
     threads: int | None = None  # torch intra-op threads; None: torch's default (all cores)
     fp32_linear: str = "onednn"  # float32 CPU Linear path, one of FP32_LINEAR_CHOICES
+    lean_forward: bool = True  # rounds' passes through LeanDecoder where the model is one it reproduces
 
 
 class ModelRunner:
@@ -147,6 +149,8 @@ class ModelRunner:
         self.model = quantize_int8(model) if spec.dtype == INT8 else model
         if spec.dtype != INT8 and spec.fp32_linear == "onednn":
             use_onednn_linear(self.model)  # float32 CPU layers only; a no-op for bf16, CUDA
+        # Llama/Qwen2: HF's ops without its wrappers, q/k/v fused in int8 (bitwise the same pass)
+        self.decoder = LeanDecoder.build(self.model) if spec.lean_forward else None
         self.model_id = Path(spec.path).name
         self.max_context: int = int(getattr(self.model.config, "max_position_embeddings", 4096))
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
@@ -173,6 +177,21 @@ class ModelRunner:
         `enable_gqa` on the cache's views) cost more than the per-row attention's folded heads."""
         require(logits_to_keep >= 1, f"logits_to_keep must be >= 1, got {logits_to_keep}")
         return packed_forward(self, [cache], [token_ids], [logits_to_keep])[0][None]
+
+    @on_compute_thread
+    @torch.inference_mode()
+    def forward_lean(
+        self,
+        input_ids: torch.Tensor,  # [1, T] the rows' new tokens end to end
+        positions: torch.Tensor,  # [1, T]
+        rows: list[list[SessionLayer]],  # [layer][row]
+        widths: list[int],  # n_b
+        masks: list[torch.Tensor | None],  # per row [g·n_b, L_b + n_b] or None
+        kept: torch.Tensor,  # [K]
+    ) -> torch.Tensor:  # [K, V]
+        """A packed pass through `decoder` (calispec_core/batch_forward.py builds its arguments)."""
+        assert self.decoder is not None
+        return self.decoder.forward(input_ids, positions, rows, widths, masks, kept)
 
     @on_compute_thread
     @torch.inference_mode()

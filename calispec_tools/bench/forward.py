@@ -12,7 +12,9 @@ cached tokens (default 200).
 
 In float32 on CPU it compares the two Linear paths on one loaded model (`--linear`): `onednn`
 (multi-row products on oneDNN, what the services use) and `default` (torch's MKL path), interleaved
-per repetition and token count so drift on a shared machine hits both alike.
+per repetition and token count so drift on a shared machine hits both alike. `--passes lean,hf` compares
+the services' lean pass (calispec_core/lean_decoder.py) with Hugging Face's pass through the same
+modules the same way, on `--linear`'s first path.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from calispec_tools.bench.compare import cpu_flags, cpu_model, isa_caps
 
 CONTEXT = 200  # default cached tokens before the measured forward (the issue's reference point)
 SWITCH = {"onednn": use_onednn_linear, "default": use_default_linear}
+PASSES = ("lean", "hf")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -52,11 +55,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--context", type=int, default=CONTEXT, help="cached tokens before the measured forward")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--passes", default="lean", help="forward passes to compare, comma-separated: lean (the services'), hf"
+    )
     args = parser.parse_args(argv)
     args.token_counts = [int(t) for t in args.tokens.split(",")]
     args.variants = [v for v in args.linear.split(",") if v]
+    args.passes = [v for v in args.passes.split(",") if v]
     if bad := [v for v in args.variants if v not in FP32_LINEAR_CHOICES]:
         parser.error(f"--linear: unknown path(s) {bad}; choose from {FP32_LINEAR_CHOICES}")
+    if bad := [v for v in args.passes if v not in PASSES]:
+        parser.error(f"--passes: unknown pass(es) {bad}; choose from {PASSES}")
+    if len(args.passes) > 1:
+        args.variants = args.variants[:1]  # passes compared on one Linear path
     return args
 
 
@@ -68,17 +79,23 @@ def measure(
     batch: int = 1,
     context: int = CONTEXT,
 ) -> dict[tuple[str, int], float]:
-    """Median ms per (variant, new tokens); variants interleaved within each repetition, one warm-up round."""
+    """Median ms per (variant, new tokens); variants interleaved within each repetition, one warm-up round.
+    A variant is a Linear path (`onednn`, `default`) or a pass (`lean`, `hf`)."""
     headroom = max(token_counts)
     sessions = [context_session(runner, context + 16 * b, headroom) for b in range(batch)]  # unequal lengths
     times: dict[tuple[str, int], list[float]] = {(v, n): [] for v in variants for n in token_counts}
+    lean = runner.decoder
     for rep in range(reps + 1):
         for n in token_counts:
             for variant in variants:
-                SWITCH[variant](runner.model)
+                if variant in SWITCH:
+                    SWITCH[variant](runner.model)
+                else:
+                    runner.decoder = lean if variant == "lean" else None
                 ms = forward_ms(runner, sessions, n)
                 if rep > 0:
                     times[(variant, n)].append(ms)
+    runner.decoder = lean
     return {key: statistics.median(ms) for key, ms in times.items()}
 
 
@@ -106,10 +123,16 @@ def main(argv: list[str] | None = None) -> None:
     runner = ModelRunner(spec)
     if runner.dtype_name != "float32" or runner.device.type != "cpu" or not onednn_linear_available():
         args.variants = ["default"]  # one Linear path only
+    SWITCH[args.variants[0]](runner.model)
+    if len(args.passes) > 1 and runner.decoder is not None:
+        args.variants = args.passes  # the passes compared on that Linear path
+    elif runner.decoder is not None and args.passes == ["hf"]:
+        runner.decoder = None
     print(f"cpu {cpu_model()} flags {' '.join(cpu_flags()) or '-'}, isa caps {isa_caps()}; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")  # fmt: skip
+    passes = "/".join(args.variants) if args.variants == args.passes else ("lean" if runner.decoder else "hf")
     print(f"{runner.model_id} on {runner.device} in {runner.dtype_name}, context {args.context}, batch {args.batch}, "
-          f"median of {args.reps} (interleaved)")  # fmt: skip
+          f"{passes} pass, median of {args.reps} (interleaved)")  # fmt: skip
     medians = measure(runner, args.variants, args.token_counts, args.reps, args.batch, args.context)
     print("\n".join(report(medians, args.variants, args.token_counts)), flush=True)
 

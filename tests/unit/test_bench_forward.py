@@ -26,3 +26,11 @@ def test_batched_forward_leaves_every_session_as_it_was(own_runner: ModelRunner)
 def test_measure_times_every_token_count_of_a_batch(own_runner: ModelRunner) -> None:
     medians = measure(own_runner, ["default"], [1, 4], reps=1, batch=2)
     assert set(medians) == {("default", 1), ("default", 4)} and all(ms > 0 for ms in medians.values())
+
+
+def test_measure_compares_the_lean_pass_with_hfs_and_restores_it(own_runner: ModelRunner) -> None:
+    lean = own_runner.decoder
+    assert lean is not None
+    medians = measure(own_runner, ["lean", "hf"], [1, 2], reps=1)
+    assert set(medians) == {("lean", 1), ("lean", 2), ("hf", 1), ("hf", 2)} and all(ms > 0 for ms in medians.values())
+    assert own_runner.decoder is lean

@@ -24,7 +24,8 @@ from draft_service.proposer import Proposer
 def test_loading_and_forwards_from_any_thread_run_on_the_compute_thread(tiny_pair) -> None:
     runner = ModelRunner(ModelSpec(tiny_pair.target, "float32", "cpu"))
     threads: list[int] = []
-    runner.model.register_forward_pre_hook(lambda *_: threads.append(threading.get_ident()))
+    # the embedding: every pass calls it (HF's, and the lean one that does not call the model itself)
+    runner.model.get_input_embeddings().register_forward_pre_hook(lambda *_: threads.append(threading.get_ident()))
     session = prefill_session(runner, "s", [5, 6, 7])
     with ThreadPoolExecutor(4) as pool:  # like gRPC handler threads
         list(pool.map(lambda _: runner.forward(session.pending(), session.cache, 1), range(1)))

@@ -1,0 +1,183 @@
+"""The packed forward for Llama-family decoders (Llama, Qwen2): Hugging Face's ops, without its wrappers.
+
+`batch_forward.packed_forward` runs a pass through the model's own modules and, when the model is one
+of these, through `LeanDecoder` instead of `model(...)`. Why: on the 2-core AVX2 EPYC of wave 13 the int8
+0.5B draft's one-token step (~55-67 ms) spent ~11 % of its time in what surrounds the ops (keyword
+plumbing through ~10 decorated modules a layer, the attention-interface lookup, the mask HF prepares
+and the pass ignores), and ~8 % more in two of its three q/k/v projection calls: each is a separate
+fbgemm call that quantises the same activations again. A drafting round pays the draft's step γ times.
+
+Exactness: the same torch ops in the same order as HF's decoder layer, on the model's own modules
+(embedding, rotary embedding, norms' weights, projections, activation, output layer), with attention
+row by row as calispec_core/attention.py runs it, so a pass equals HF's pass bitwise (tested). In int8
+the q, k and v projections are one fbgemm call whose per-channel weight scales repeat each
+projection's own scale: the same int8 weights, the same activation quantisation, the same outputs
+bitwise (tested). Float layers keep their three calls. Any other model, or one whose norms or
+activation these ops would not reproduce, takes HF's path (`LeanDecoder.build` returns None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
+
+from calispec_core.attention import grouped_attention
+from calispec_core.kv_cache import SessionLayer
+
+MODEL_TYPES = ("llama", "qwen2")
+LAYER_CLASSES = {  # (decoder layer, attention, MLP) as HF names them
+    ("LlamaDecoderLayer", "LlamaAttention", "LlamaMLP"),
+    ("Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP"),
+}
+
+
+@dataclass(frozen=True)
+class _Layer:
+    input_norm: torch.nn.Module
+    qkv: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # [1, T, E] -> q, k, v
+    o_proj: torch.nn.Module
+    post_norm: torch.nn.Module
+    mlp: torch.nn.Module  # gate_proj, up_proj, down_proj, act_fn
+    head_dim: int  # D
+    scaling: float  # D^-0.5, as the attention module holds it
+
+
+class LeanDecoder:
+    """One packed pass over a Llama-family model's modules (not thread-safe: the compute thread runs it)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        config = model.config
+        self.model = model
+        self.heads = config.num_attention_heads  # H_q
+        self.kv_heads = config.num_key_value_heads  # H_kv
+        self.layers = [_layer(layer) for layer in model.model.layers[: config.num_hidden_layers]]
+
+    @classmethod
+    def build(cls, model: torch.nn.Module) -> LeanDecoder | None:
+        """A decoder for `model`, or None where its layers are not the ones these ops reproduce."""
+        return cls(model) if reproduces(model) else None
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [1, T] the rows' new tokens end to end
+        positions: torch.Tensor,  # [1, T] each token's position in its own row
+        caches: list[list[SessionLayer]],  # [layer][row] each row's own cache layer, extended in place
+        widths: list[int],  # n_b: new tokens per row, Σ n_b = T
+        masks: list[torch.Tensor | None],  # per row [g·n_b, L_b + n_b] bool (attention.causal_masks)
+        kept: torch.Tensor,  # [K] positions in T whose logits are returned
+    ) -> torch.Tensor:  # [K, V]
+        base = self.model.model
+        hidden = base.embed_tokens(input_ids)  # [1, T, E]
+        cos, sin = base.rotary_emb(hidden, positions)  # [1, T, D] each
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, D]
+        for layer, rows in zip(self.layers, caches, strict=True):
+            hidden = self._layer(layer, rows, hidden, cos, sin, widths, masks)
+        hidden = base.norm(hidden)  # [1, T, E]
+        return self.model.lm_head(hidden[:, kept, :])[0]  # [K, V]
+
+    def _layer(
+        self,
+        layer: _Layer,
+        rows: list[SessionLayer],
+        hidden: torch.Tensor,  # [1, T, E]
+        cos: torch.Tensor,  # [1, 1, T, D]
+        sin: torch.Tensor,  # [1, 1, T, D]
+        widths: list[int],
+        masks: list[torch.Tensor | None],
+    ) -> torch.Tensor:  # [1, T, E]
+        tokens, dim = hidden.shape[1], layer.head_dim
+        query, key, value = layer.qkv(layer.input_norm(hidden))
+        query = _rotate(query.view(1, tokens, self.heads, dim).transpose(1, 2), cos, sin)  # [1, H_q, T, D]
+        key = _rotate(key.view(1, tokens, self.kv_heads, dim).transpose(1, 2), cos, sin)  # [1, H_kv, T, D]
+        value = value.view(1, tokens, self.kv_heads, dim).transpose(1, 2)  # [1, H_kv, T, D]
+        outputs = []
+        for row, q, k, v, mask in zip(
+            rows, query.split(widths, 2), key.split(widths, 2), value.split(widths, 2), masks, strict=True
+        ):
+            row.append(k, v)
+            outputs.append(grouped_attention(q, row.keys, row.values, mask, layer.scaling))  # [1, H_q, n_b, D]
+        attended = torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]  # [1, H_q, T, D]
+        attended = attended.transpose(1, 2).reshape(1, tokens, -1)  # [1, T, H_q·D]
+        hidden = hidden + layer.o_proj(attended)
+        mlp = layer.mlp
+        normed = layer.post_norm(hidden)
+        return hidden + mlp.down_proj(mlp.act_fn(mlp.gate_proj(normed)) * mlp.up_proj(normed))
+
+
+def reproduces(model: torch.nn.Module) -> bool:
+    """Whether `model` is built of the Llama/Qwen2 classes whose forward `LeanDecoder` repeats op for op (the
+    norms, activation and rotary embedding are the model's own modules, called as HF calls them)."""
+    base = getattr(model, "model", None)
+    layers = getattr(base, "layers", None)
+    if getattr(model.config, "model_type", None) not in MODEL_TYPES or layers is None:
+        return False
+    if not all(hasattr(base, name) for name in ("embed_tokens", "rotary_emb", "norm")) or not hasattr(model, "lm_head"):
+        return False
+    return all(
+        (type(layer).__name__, type(layer.self_attn).__name__, type(layer.mlp).__name__) in LAYER_CLASSES
+        for layer in layers
+    )
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF's apply_rotary_pos_emb for one of q, k: x·cos + rotate_half(x)·sin."""
+    half = x.shape[-1] // 2
+    return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
+
+
+def _layer(layer: torch.nn.Module) -> _Layer:
+    attn = layer.self_attn
+    return _Layer(
+        layer.input_layernorm, _qkv(attn), attn.o_proj, layer.post_attention_layernorm, layer.mlp, attn.head_dim,
+        attn.scaling,
+    )  # fmt: skip
+
+
+def _qkv(attn: torch.nn.Module) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    fused = fuse_dynamic_int8(projections)
+    if fused is None:
+        return lambda x: (projections[0](x), projections[1](x), projections[2](x))
+    widths = [p.out_features for p in projections]
+    return lambda x: fused(x).split(widths, dim=-1)
+
+
+def fuse_dynamic_int8(projections: tuple[torch.nn.Module, ...]) -> DynamicQuantizedLinear | None:
+    """One dynamic int8 Linear computing every projection's output side by side (the same bits as
+    calling each; None unless all are dynamic int8 Linears over one input width).
+
+    Each output channel keeps the scale and zero point its own projection's weight had (a per-tensor
+    weight becomes per-channel with its scale repeated), so the int8 weights are the same and fbgemm
+    dequantises every output with the same factors; the activations are quantised once per call, as
+    each separate call would have quantised the same input."""
+    if not all(type(p) is DynamicQuantizedLinear and p.weight().dtype == torch.qint8 for p in projections):
+        return None
+    weights = [p.weight() for p in projections]  # qint8 [N_i, E]
+    if len({w.shape[1] for w in weights}) != 1:
+        return None
+    scales, zero_points = zip(*(_channel_qparams(w) for w in weights), strict=True)
+    weight = torch._make_per_channel_quantized_tensor(
+        torch.cat([w.int_repr() for w in weights]), torch.cat(scales), torch.cat(zero_points), 0
+    )  # qint8 [Σ N_i, E]
+    biases = [p.bias() for p in projections]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0], dtype=torch.float32) for b, w in
+                          zip(biases, weights, strict=True)])  # fmt: skip
+    fused = DynamicQuantizedLinear(weight.shape[1], weight.shape[0], dtype=torch.qint8)
+    fused.set_weight_bias(weight, bias)
+    return fused
+
+
+def _channel_qparams(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per output channel: (scales [N] float64, zero points [N] int64) of a qint8 weight."""
+    if weight.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        rows = weight.shape[0]
+        return (
+            torch.full((rows,), weight.q_scale(), dtype=torch.float64),
+            torch.full((rows,), weight.q_zero_point(), dtype=torch.int64),
+        )
+    return weight.q_per_channel_scales().to(torch.float64), weight.q_per_channel_zero_points().to(torch.int64)
