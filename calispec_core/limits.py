@@ -41,6 +41,7 @@ def non_negative_int(text: str) -> int:
 # model dtypes a service accepts (calispec_core.modeling checks the same list; kept here, free of
 # torch and of the serving extras, so light command-line parsers can offer it)
 DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16", "int8"]
+LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]  # every service's --log-level
 # how float32 Linear layers multiply on CPU: "onednn" sends multi-row products (the verify forward) to
 # oneDNN, whose cost stays flat in rows where MKL's SGEMM grows ~linearly on some CPUs
 # (calispec_core/onednn_linear.py); "default" keeps torch's own path. Other dtypes ignore it.

@@ -15,7 +15,7 @@ from calispec_core import request_context
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError
-from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, non_negative_int
+from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, LOG_LEVELS, non_negative_int
 from calispec_core.observability import ManagedServer
 from calispec_core.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
@@ -29,7 +29,7 @@ DEFAULT_DRAIN_TIMEOUT_S = 20.0  # + the stop grace stays under Kubernetes' defau
 def add_server_args(parser: argparse.ArgumentParser, default_port: int) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: %(default)s)")
     parser.add_argument("--port", type=int, default=default_port, help="port; 0 picks a free one")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
     add_tls_args(parser)
     add_operations_args(parser)
 

@@ -32,7 +32,7 @@ import platformdirs
 from calispec.client import CalispecClient, CalispecRpcError, GenerationResult
 from calispec.types import Mode
 from calispec_core.errors import InvalidArgument
-from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, check_csd_thresholds
+from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, LOG_LEVELS, check_csd_thresholds
 from calispec_tools import cli_auth, cli_bench, cli_chat, cli_memory, cli_ray
 from calispec_tools.models.registry import PAIRS, ModelPullError, describe_pairs, pull_pair, pulled
 from calispec_tools.stack_state import StackState, clear_state
@@ -115,6 +115,7 @@ def stack_config(args: argparse.Namespace, ports: tuple[int, int, int, int]) -> 
         calibration_file=None if args.no_calibration or args.draft else _shipped_file(args.pair),
         default_tau=getattr(args, "default_tau", None),
         default_lambda=getattr(args, "default_lambda", None),
+        log_level=args.log_level,
     )
 
 
@@ -160,6 +161,10 @@ def add_stack_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--memory-db", help="correction-memory SQLite file (default: user data dir)")
     parser.add_argument("--log-dir", help="service logs (default: user data dir/logs)")
+    parser.add_argument(
+        "--log-level", default="INFO", choices=LOG_LEVELS,
+        help="every service's log level (DEBUG: the coordinator logs one line per round, docs/observability.md)",
+    )  # fmt: skip
     add_model_flavour_args(parser)
 
 

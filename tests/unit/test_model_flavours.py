@@ -159,3 +159,17 @@ def test_an_onednn_isa_cap_below_avx512_makes_bf16_unusable() -> None:
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_up_sets_every_services_log_level(tiny_pair: TinyPair) -> None:
+    """The coordinator's per-round DEBUG lines need `calispec up --log-level DEBUG` to reach the services."""
+    from calispec_tools.cli import build_parser, stack_config
+
+    parser = build_parser()
+    assert stack_config(parser.parse_args(["up", "--pair", "tiny"]), (0, 0, 0, 0)).log_level == "INFO"
+    assert (
+        stack_config(parser.parse_args(["up", "--pair", "tiny", "--log-level", "DEBUG"]), (0, 0, 0, 0)).log_level
+        == "DEBUG"
+    )
+    with pytest.raises(SystemExit):
+        parser.parse_args(["up", "--log-level", "CHATTY"])
