@@ -165,8 +165,8 @@ def fuse_dynamic_int8(projections: tuple[torch.nn.Module, ...]) -> DynamicQuanti
     biases = [p.bias() for p in projections]
     bias = None
     if any(b is not None for b in biases):
-        bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0], dtype=torch.float32) for b, w in
-                          zip(biases, weights, strict=True)])  # fmt: skip
+        zeros = [torch.zeros(w.shape[0], dtype=torch.float32) for w in weights]  # x + 0.0 == x
+        bias = torch.cat([b if b is not None else z for b, z in zip(biases, zeros, strict=True)])
     fused = DynamicQuantizedLinear(weight.shape[1], weight.shape[0], dtype=torch.qint8)
     fused.set_weight_bias(weight, bias)
     return fused
