@@ -18,7 +18,6 @@ activation these ops would not reproduce, takes HF's path (`LeanDecoder.build` r
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,13 +35,12 @@ LAYER_CLASSES = {  # (decoder layer, attention, MLP) as HF names them
 
 @dataclass(frozen=True)
 class _Layer:
-    input_norm: torch.nn.Module
-    qkv: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # [1, T, E] -> q, k, v
-    o_proj: torch.nn.Module
-    post_norm: torch.nn.Module
-    mlp: torch.nn.Module  # gate_proj, up_proj, down_proj, act_fn
-    head_dim: int  # D
-    scaling: float  # D^-0.5, as the attention module holds it
+    """One decoder layer. Its modules are looked up on every pass, so a Linear path switched after
+    build (`onednn_linear.use_default_linear`, as `bench forward` does) is the one both passes run."""
+
+    module: torch.nn.Module  # HF's decoder layer: norms, self_attn (q/k/v/o_proj), mlp
+    fused_qkv: DynamicQuantizedLinear | None  # int8 only: q, k, v in one call (same bits as three)
+    widths: tuple[int, int, int]  # q, k, v output features
 
 
 class LeanDecoder:
@@ -88,8 +86,14 @@ class LeanDecoder:
         widths: list[int],
         masks: list[torch.Tensor | None],
     ) -> torch.Tensor:  # [1, T, E]
-        tokens, dim = hidden.shape[1], layer.head_dim
-        query, key, value = layer.qkv(layer.input_norm(hidden))
+        module = layer.module
+        attn, mlp = module.self_attn, module.mlp
+        tokens, dim = hidden.shape[1], attn.head_dim
+        normed = module.input_layernorm(hidden)
+        if layer.fused_qkv is not None:
+            query, key, value = layer.fused_qkv(normed).split(layer.widths, dim=-1)
+        else:
+            query, key, value = attn.q_proj(normed), attn.k_proj(normed), attn.v_proj(normed)
         query = _rotate(query.view(1, tokens, self.heads, dim).transpose(1, 2), cos, sin)  # [1, H_q, T, D]
         key = _rotate(key.view(1, tokens, self.kv_heads, dim).transpose(1, 2), cos, sin)  # [1, H_kv, T, D]
         value = value.view(1, tokens, self.kv_heads, dim).transpose(1, 2)  # [1, H_kv, T, D]
@@ -98,12 +102,11 @@ class LeanDecoder:
             rows, query.split(widths, 2), key.split(widths, 2), value.split(widths, 2), masks, strict=True
         ):
             row.append(k, v)
-            outputs.append(grouped_attention(q, row.keys, row.values, mask, layer.scaling))  # [1, H_q, n_b, D]
+            outputs.append(grouped_attention(q, row.keys, row.values, mask, attn.scaling))  # [1, H_q, n_b, D]
         attended = torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]  # [1, H_q, T, D]
         attended = attended.transpose(1, 2).reshape(1, tokens, -1)  # [1, T, H_q·D]
-        hidden = hidden + layer.o_proj(attended)
-        mlp = layer.mlp
-        normed = layer.post_norm(hidden)
+        hidden = hidden + attn.o_proj(attended)
+        normed = module.post_attention_layernorm(hidden)
         return hidden + mlp.down_proj(mlp.act_fn(mlp.gate_proj(normed)) * mlp.up_proj(normed))
 
 
@@ -130,19 +133,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 def _layer(layer: torch.nn.Module) -> _Layer:
     attn = layer.self_attn
-    return _Layer(
-        layer.input_layernorm, _qkv(attn), attn.o_proj, layer.post_attention_layernorm, layer.mlp, attn.head_dim,
-        attn.scaling,
-    )  # fmt: skip
-
-
-def _qkv(attn: torch.nn.Module) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-    fused = fuse_dynamic_int8(projections)
-    if fused is None:
-        return lambda x: (projections[0](x), projections[1](x), projections[2](x))
-    widths = [p.out_features for p in projections]
-    return lambda x: fused(x).split(widths, dim=-1)
+    widths = (attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features)
+    return _Layer(layer, fuse_dynamic_int8(projections), widths)
 
 
 def fuse_dynamic_int8(projections: tuple[torch.nn.Module, ...]) -> DynamicQuantizedLinear | None:
@@ -156,7 +149,7 @@ def fuse_dynamic_int8(projections: tuple[torch.nn.Module, ...]) -> DynamicQuanti
     if not all(type(p) is DynamicQuantizedLinear and p.weight().dtype == torch.qint8 for p in projections):
         return None
     weights = [p.weight() for p in projections]  # qint8 [N_i, E]
-    if len({w.shape[1] for w in weights}) != 1:
+    if len({w.shape[1] for w in weights}) != 1 or any(_per_channel(w) and w.q_per_channel_axis() != 0 for w in weights):
         return None
     scales, zero_points = zip(*(_channel_qparams(w) for w in weights), strict=True)
     weight = torch._make_per_channel_quantized_tensor(
@@ -172,9 +165,13 @@ def fuse_dynamic_int8(projections: tuple[torch.nn.Module, ...]) -> DynamicQuanti
     return fused
 
 
+def _per_channel(weight: torch.Tensor) -> bool:
+    return weight.qscheme() not in (torch.per_tensor_affine, torch.per_tensor_symmetric)
+
+
 def _channel_qparams(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per output channel: (scales [N] float64, zero points [N] int64) of a qint8 weight."""
-    if weight.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+    """Per output channel: (scales [N] float64, zero points [N] int64) of a qint8 weight (per-channel: axis 0)."""
+    if not _per_channel(weight):
         rows = weight.shape[0]
         return (
             torch.full((rows,), weight.q_scale(), dtype=torch.float64),

@@ -85,17 +85,19 @@ def measure(
     sessions = [context_session(runner, context + 16 * b, headroom) for b in range(batch)]  # unequal lengths
     times: dict[tuple[str, int], list[float]] = {(v, n): [] for v in variants for n in token_counts}
     lean = runner.decoder
-    for rep in range(reps + 1):
-        for n in token_counts:
-            for variant in variants:
-                if variant in SWITCH:
-                    SWITCH[variant](runner.model)
-                else:
-                    runner.decoder = lean if variant == "lean" else None
-                ms = forward_ms(runner, sessions, n)
-                if rep > 0:
-                    times[(variant, n)].append(ms)
-    runner.decoder = lean
+    try:
+        for rep in range(reps + 1):
+            for n in token_counts:
+                for variant in variants:
+                    if variant in SWITCH:
+                        SWITCH[variant](runner.model)
+                    else:
+                        runner.decoder = lean if variant == "lean" else None
+                    ms = forward_ms(runner, sessions, n)
+                    if rep > 0:
+                        times[(variant, n)].append(ms)
+    finally:
+        runner.decoder = lean
     return {key: statistics.median(ms) for key, ms in times.items()}
 
 

@@ -28,9 +28,13 @@ def test_measure_times_every_token_count_of_a_batch(own_runner: ModelRunner) -> 
     assert set(medians) == {("default", 1), ("default", 4)} and all(ms > 0 for ms in medians.values())
 
 
-def test_measure_compares_the_lean_pass_with_hfs_and_restores_it(own_runner: ModelRunner) -> None:
+def test_measure_compares_the_lean_pass_with_hfs_and_restores_it(own_runner: ModelRunner, monkeypatch) -> None:
     lean = own_runner.decoder
     assert lean is not None
+    hf_calls: list[int] = []
+    hf_pass = own_runner.forward_batch
+    monkeypatch.setattr(own_runner, "forward_batch", lambda *a, **k: hf_calls.append(1) or hf_pass(*a, **k))
     medians = measure(own_runner, ["lean", "hf"], [1, 2], reps=1)
     assert set(medians) == {("lean", 1), ("lean", 2), ("hf", 1), ("hf", 2)} and all(ms > 0 for ms in medians.values())
+    assert len(hf_calls) == 2 * 2  # the `hf` variant's forwards only (warm-up + 1 rep, 2 token counts)
     assert own_runner.decoder is lean

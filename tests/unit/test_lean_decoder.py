@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from calispec_core.batch_forward import forward_rows
 from calispec_core.lean_decoder import LeanDecoder, fuse_dynamic_int8
 from calispec_core.modeling import ModelRunner, ModelSpec, prefill_session, quantize_int8
+from calispec_core.onednn_linear import use_default_linear, use_onednn_linear
 from tests.conftest import TinyPair
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11] * 3, [20], [30, 31, 32]]  # different cached lengths, one empty
@@ -41,9 +42,12 @@ def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     return _model_dir(tmp_path_factory.mktemp(request.param), tiny_pair, model)
 
 
-def _passes(runner: ModelRunner, lean: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Logits of a 3-row verify-like pass then a 1-row step, and every cache entry written."""
-    decoder = runner.decoder
+def _passes(runner: ModelRunner, lean: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[torch.Tensor], ...]:
+    """Logits of a 3-row verify-like pass then a 1-row step, and every cache entry written; checks
+    which pass ran (HF's goes through `forward_batch`, the lean one never does)."""
+    decoder, hf_calls = runner.decoder, []
+    hf_pass = runner.forward_batch
+    monkeypatch.setattr(runner, "forward_batch", lambda *a, **k: hf_calls.append(1) or hf_pass(*a, **k))
     runner.decoder = decoder if lean else None
     try:
         sessions = [prefill_session(runner, f"s{i}", p) for i, p in enumerate(PROMPTS)]
@@ -51,20 +55,38 @@ def _passes(runner: ModelRunner, lean: bool) -> tuple[list[torch.Tensor], list[t
         logits = forward_rows(runner, [s.cache for s in sessions], inputs, [len(d) + 1 for d in DRAFTS])
         logits += forward_rows(runner, [sessions[0].cache], [[3, 4]], [2])
         entries = [t for s in sessions for layer in s.cache.layers for t in (layer.keys, layer.values)]
-        return logits, entries
     finally:
         runner.decoder = decoder
+        monkeypatch.undo()
+    assert bool(hf_calls) is not lean
+    return logits, entries
 
 
-@pytest.mark.parametrize("dtype", ["float32", "int8"])
-def test_lean_pass_equals_hf_pass_bitwise(model_dir: Path, dtype: str) -> None:
-    runner = ModelRunner(ModelSpec(model_dir, dtype=dtype, device="cpu", threads=1))
-    assert isinstance(runner.decoder, LeanDecoder)
-    lean_logits, lean_cache = _passes(runner, lean=True)
-    hf_logits, hf_cache = _passes(runner, lean=False)
+def _assert_lean_equals_hf(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    lean_logits, lean_cache = _passes(runner, True, monkeypatch)
+    hf_logits, hf_cache = _passes(runner, False, monkeypatch)
     assert [x.shape for x in lean_logits] == [(4, 384), (3, 384), (5, 384), (2, 384)]
     assert all(torch.equal(a, b) for a, b in zip(lean_logits, hf_logits, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(lean_cache, hf_cache, strict=True))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_lean_pass_equals_hf_pass_bitwise(model_dir: Path, dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = ModelRunner(ModelSpec(model_dir, dtype=dtype, device="cpu"))
+    assert isinstance(runner.decoder, LeanDecoder)
+    fused = [layer.fused_qkv is not None for layer in runner.decoder.layers]
+    assert fused == [dtype == "int8"] * len(fused)  # int8: q/k/v one call in every layer
+    _assert_lean_equals_hf(runner, monkeypatch)
+
+
+def test_lean_pass_follows_a_linear_path_switched_after_load(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bench forward` switches float32 Linear paths on a loaded model: the lean pass must run the switched
+    modules (it used to keep q/k/v/o on oneDNN and time a mixed path under the `default` label)."""
+    runner = ModelRunner(ModelSpec(model_dir, dtype="float32", device="cpu", fp32_linear="onednn"))
+    use_default_linear(runner.model)
+    _assert_lean_equals_hf(runner, monkeypatch)
+    use_onednn_linear(runner.model)
+    _assert_lean_equals_hf(runner, monkeypatch)
 
 
 def test_the_tiny_pair_takes_the_lean_pass(target_runner: ModelRunner, draft_runner: ModelRunner) -> None:
@@ -81,11 +103,16 @@ def test_lean_forward_off_and_other_architectures_take_hfs_pass(model_dir: Path)
     assert LeanDecoder.build(model) is None
 
 
+@pytest.mark.parametrize("per_channel", [False, True])
 @pytest.mark.parametrize("bias", [(True, True, True), (False, False, False), (True, False, True)])
-def test_fused_int8_projections_equal_separate_calls_bitwise(bias: tuple[bool, bool, bool]) -> None:
+def test_fused_int8_projections_equal_separate_calls_bitwise(bias: tuple[bool, bool, bool], per_channel: bool) -> None:
     torch.manual_seed(1)
     layers = torch.nn.Sequential(*(torch.nn.Linear(64, n, bias=b) for n, b in zip((64, 16, 16), bias, strict=True)))
-    projections = tuple(quantize_int8(layers))
+    if per_channel:
+        qconfig = {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}
+        projections = tuple(torch.ao.quantization.quantize_dynamic(layers, qconfig, dtype=torch.qint8))
+    else:
+        projections = tuple(quantize_int8(layers))
     fused = fuse_dynamic_int8(projections)
     assert fused is not None
     for rows in (1, 7, 24):
