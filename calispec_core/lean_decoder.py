@@ -51,7 +51,7 @@ class LeanDecoder:
         self.model = model
         self.heads = config.num_attention_heads  # H_q
         self.kv_heads = config.num_key_value_heads  # H_kv
-        self.layers = [_layer(layer) for layer in model.model.layers[: config.num_hidden_layers]]
+        self.layers = [_build_layer(layer) for layer in model.model.layers[: config.num_hidden_layers]]
 
     @classmethod
     def build(cls, model: torch.nn.Module) -> LeanDecoder | None:
@@ -72,11 +72,11 @@ class LeanDecoder:
         cos, sin = base.rotary_emb(hidden, positions)  # [1, T, D] each
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, D]
         for layer, rows in zip(self.layers, caches, strict=True):
-            hidden = self._layer(layer, rows, hidden, cos, sin, widths, masks)
+            hidden = self._run_layer(layer, rows, hidden, cos, sin, widths, masks)
         hidden = base.norm(hidden)  # [1, T, E]
         return self.model.lm_head(hidden[:, kept, :])[0]  # [K, V]
 
-    def _layer(
+    def _run_layer(
         self,
         layer: _Layer,
         rows: list[SessionLayer],
@@ -131,7 +131,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
 
 
-def _layer(layer: torch.nn.Module) -> _Layer:
+def _build_layer(layer: torch.nn.Module) -> _Layer:
     attn = layer.self_attn
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)
     widths = (attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features)

@@ -257,8 +257,7 @@ class Orchestrator:
         cap = self._wait_for_others(request, lambda member, timeout: self.lockstep.start_round(member, timeout, gamma))
         if request.policy is not None:  # adaptive: no longer than the group's median wish
             gamma = min(gamma, cap)
-        tracing = log.isEnabledFor(logging.DEBUG)
-        plan = self._plan(request, gamma) if tracing else (0.0, 0.0)  # before this round teaches the model
+        plan = self._plan(request, gamma) if log.isEnabledFor(logging.DEBUG) else None  # before the round is learnt
         # a Propose after target-only rounds first feeds the draft every token it missed: not a per-token cost
         catching_up = len(request.draft_append) > 1 or request.draft_session is None
         proposal, propose_ns = self._propose(request, gamma) if gamma > 0 else (None, 0)
@@ -269,7 +268,7 @@ class Orchestrator:
         # per round; waiting for the other requests is the price of batching them, not overhead
         round_ns = now_ns() - start - request.opening_ns - request.waiting_ns
         self._learn(request, proposal, verdict, propose_ns, round_ns, catching_up)
-        if tracing:
+        if plan is not None:
             self._log_round(request, gamma, plan, proposal, verdict, round_ns)
         if self.on_round is not None:
             self.on_round(request.params.mode, proposal, verdict)
