@@ -42,7 +42,9 @@ def non_negative_int(text: str) -> int:
 # torch and of the serving extras, so light command-line parsers can offer it)
 DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16", "int8"]
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]  # every service's --log-level
-# how float32 Linear layers multiply on CPU: "onednn" sends multi-row products (the verify forward) to
-# oneDNN, whose cost stays flat in rows where MKL's SGEMM grows ~linearly on some CPUs
-# (calispec_core/onednn_linear.py); "default" keeps torch's own path. Other dtypes ignore it.
-FP32_LINEAR_CHOICES = ("onednn", "default")
+# how float32 Linear layers multiply on CPU (calispec_core/onednn_linear.py): "onednn" runs them on
+# oneDNN, whose cost stays flat in rows where MKL's SGEMM grows ~linearly on some CPUs; "packed" also
+# keeps each weight prepacked for multi-row products (cheaper verify forwards, twice the float32
+# weights' memory); "auto" packs where the host's (or the pod's) free memory holds the copy twice over,
+# else onednn; "default" keeps torch's own path. Other dtypes ignore it.
+FP32_LINEAR_CHOICES = ("auto", "packed", "onednn", "default")

@@ -23,7 +23,7 @@ from calispec_core.errors import InvalidArgument, require
 from calispec_core.kv_cache import SessionLayer, crop_to, new_session_cache
 from calispec_core.lean_decoder import LeanDecoder
 from calispec_core.limits import FP32_LINEAR_CHOICES
-from calispec_core.onednn_linear import use_onednn_linear
+from calispec_core.onednn_linear import set_fp32_linear_path
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.vocab_pruning import pruned_columns
 
@@ -115,7 +115,7 @@ class ModelSpec:
     dtype: str = "auto"
     device: str = "auto"
     threads: int | None = None  # torch intra-op threads; None: torch's default (all cores)
-    fp32_linear: str = "onednn"  # float32 CPU Linear path, one of FP32_LINEAR_CHOICES
+    fp32_linear: str = "auto"  # float32 CPU Linear path, one of FP32_LINEAR_CHOICES (auto: packed where it fits)
     lean_forward: bool = True  # rounds' passes through LeanDecoder where the model is one it reproduces
 
 
@@ -147,8 +147,8 @@ class ModelRunner:
         self.logit_columns = pruned_columns(model, self.tokenizer, output_vocab, self.eos_token_ids)
         self.vocab_size: int = self.logit_columns.vocab_size
         self.model = quantize_int8(model) if spec.dtype == INT8 else model
-        if spec.dtype != INT8 and spec.fp32_linear == "onednn":
-            use_onednn_linear(self.model)  # float32 CPU layers only; a no-op for bf16, CUDA
+        # float32 CPU layers only ("" for bf16, int8, CUDA); after quantising, after pruning the head
+        self.fp32_linear = set_fp32_linear_path(self.model, spec.fp32_linear)
         # Llama/Qwen2: HF's ops without its wrappers, q/k/v fused in int8 (bitwise the same pass)
         self.decoder = LeanDecoder.build(self.model) if spec.lean_forward else None
         self.model_id = Path(spec.path).name

@@ -1,29 +1,42 @@
-"""float32 Linear layers whose multi-row products run on oneDNN instead of MKL's sgemm.
+"""float32 Linear layers that multiply on oneDNN instead of MKL, optionally on prepacked weights.
 
-Why: the speculative verify forward multiplies every weight matrix by γ+1 rows. Through
-`F.linear`, torch's CPU float32 path calls MKL: one row goes to a memory-bound GEMV (fast), but
-2 to 16 rows go to MKL's SGEMM, which on the AMD EPYC dev machine (a non-Intel CPU, where MKL does
-not pick its fast kernels; `MKL_ENABLE_INSTRUCTIONS` does not change that) runs a compute-bound
-path: 7 rows of the 1536 -> 8960 MLP weight cost ~15x one row, and the whole float32 target forward
-grows almost linearly with new tokens. oneDNN's matmul on the same plain weight
-(`torch.ops.mkldnn._linear_pointwise`) stays memory-bound for a few rows: 7 rows cost ~1.3x one row.
-See docs/performance.md, "float32 multi-token forward".
+Why: the speculative verify forward multiplies every weight matrix by γ+1 rows. Through `F.linear`,
+torch's CPU float32 path calls MKL: 2 to 16 rows go to MKL's SGEMM, which on AMD EPYCs (non-Intel
+CPUs, where MKL does not pick its fast kernels; `MKL_ENABLE_INSTRUCTIONS` does not change that) runs a
+compute-bound path: 7 rows of the 1536 -> 8960 MLP weight cost ~4-15x one row, and the whole float32
+target forward grows almost linearly with new tokens. oneDNN's matmul on the same plain weight
+(`torch.ops.mkldnn._linear_pointwise`) stays memory-bound for a few rows. On the AVX2-only EPYC of
+wave 14 oneDNN also streams one row faster than MKL's GEMV (3.3 vs 5.0 ms for that weight read from
+memory, ~17 GB/s against ~11), so every row count goes to oneDNN. See docs/performance.md, "float32
+multi-token forward".
 
 What: `use_onednn_linear(model)` swaps every float32 `nn.Linear` for a `OneDnnLinear` holding the
 *same* weight and bias parameters (no copy, no re-layout: tied embeddings stay tied, memory stays
-the same). One row still takes `F.linear` (MKL's GEMV, as fast as anything here); more rows take
-oneDNN. Results equal `F.linear` within float32 rounding (a different summation order), so greedy
-speculative decoding stays exact with respect to the served model. `use_default_linear` undoes it
-(benchmarks compare both on one loaded model).
+the same). With `packed=True` each layer also keeps its weight reordered once into oneDNN's blocked
+layout for products of a few rows (`_reorder_linear_weight`), and 2+ row products run on it: 20-30 %
+cheaper for 2-24 rows on that CPU, slower than the plain weight for one row (so one row keeps it), at
+the price of a second copy of every float32 weight. Results equal `F.linear` within float32 rounding
+(a different summation order), so greedy speculative decoding stays exact with respect to the served
+model. `use_default_linear` undoes it (benchmarks compare the paths on one loaded model).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from calispec_core.host_memory import available_bytes
+
+log = logging.getLogger(__name__)
+
+# oneDNN picks the packed layout for this many rows; 4 to 32 measured alike for 2-24 row products
+# (docs/performance.md), one row runs on the plain weight either way.
+PACK_ROWS = 16
+PACK_HEADROOM = 2.0  # `auto` packs where free memory holds the packed copy this many times over
 
 
 def onednn_linear_available() -> bool:
@@ -31,8 +44,14 @@ def onednn_linear_available() -> bool:
     return torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
 
 
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` [out, in] reordered into oneDNN's blocked layout for products of about PACK_ROWS rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+
+
 class OneDnnLinear(nn.Module):
-    """`nn.Linear` with the same parameters; inputs of more than one row run on oneDNN (float32 CPU)."""
+    """`nn.Linear` with the same parameters whose float32 CPU products run on oneDNN; with a packed copy
+    of the weight, products of several rows run on that copy."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -40,11 +59,21 @@ class OneDnnLinear(nn.Module):
         self.out_features = linear.out_features
         self.weight = linear.weight  # the same Parameter object: ties and state_dict keys survive
         self.bias = linear.bias
+        self.packed: torch.Tensor | None = None  # not a buffer: state_dict keeps the model's own keys
+        self.use_packed = False
+
+    def set_packed(self, on: bool) -> None:
+        """Run 2+ row products on the packed weight (packed once, kept while the module lives) or not."""
+        if on and self.packed is None:
+            self.packed = pack_weight(self.weight)
+        self.use_packed = on
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        if x.numel() <= x.shape[-1] or x.dtype != torch.float32 or x.device.type != "cpu":
-            return F.linear(x, self.weight, self.bias)  # one row: MKL's GEMV is memory-bound already
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            return F.linear(x, self.weight, self.bias)
+        several = x.numel() > x.shape[-1]
+        weight = self.packed if several and self.use_packed else self.weight
+        return torch.ops.mkldnn._linear_pointwise(x, weight, self.bias, "none", [], "")
 
     def to_linear(self) -> nn.Linear:
         linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
@@ -53,7 +82,10 @@ class OneDnnLinear(nn.Module):
         return linear
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"packed={self.use_packed}"
+        )
 
 
 def _swap(model: nn.Module, wanted: Callable[[nn.Module], bool], make: Callable[[nn.Module], nn.Module]) -> int:
@@ -69,15 +101,52 @@ def _float32_cpu_linear(module: nn.Module) -> bool:
     return type(module) is nn.Linear and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
 
 
-def use_onednn_linear(model: nn.Module) -> int:
-    """Swap the float32 CPU `nn.Linear` layers of an inference model for `OneDnnLinear`; returns how many.
+def use_onednn_linear(model: nn.Module, packed: bool = False) -> int:
+    """Swap the float32 CPU `nn.Linear` layers of an inference model for `OneDnnLinear`, multi-row products
+    on packed weights or not (layers swapped before switch too); returns how many layers run on oneDNN.
 
     Parameters stop requiring grad (the oneDNN op has no autograd formula; serving never trains).
     """
     if not onednn_linear_available():
         return 0
     model.requires_grad_(False)
-    return _swap(model, _float32_cpu_linear, OneDnnLinear)
+    _swap(model, _float32_cpu_linear, OneDnnLinear)
+    layers = [module for module in model.modules() if isinstance(module, OneDnnLinear)]
+    for layer in layers:
+        layer.set_packed(packed)
+    return len(layers)
+
+
+def packed_copy_bytes(model: nn.Module) -> int:
+    """What `packed=True` adds: one float32 copy of every float32 CPU Linear weight (a tied one too)."""
+    layers = [m for m in model.modules() if _float32_cpu_linear(m) or isinstance(m, OneDnnLinear)]
+    return sum(layer.weight.numel() * layer.weight.element_size() for layer in layers)
+
+
+def packed_copy_fits(model: nn.Module, available: int | None) -> bool:
+    """`auto`'s choice: pack where `available` bytes hold the copy PACK_HEADROOM times over, so as much again
+    stays free for KV caches and whatever else shares the host (the other model service, a pod's limit)."""
+    need = packed_copy_bytes(model)
+    return need > 0 and available is not None and available >= PACK_HEADROOM * need
+
+
+def set_fp32_linear_path(model: nn.Module, path: str) -> str:
+    """Put `model`'s float32 CPU Linear layers on `path` (limits.FP32_LINEAR_CHOICES; `auto`: packed where the
+    copy fits, else onednn); returns the path they run, "" where the model has none (bf16, int8, CUDA)."""
+    need = packed_copy_bytes(model)
+    if need == 0:
+        return ""
+    if path == "default" or not onednn_linear_available():
+        return "default"
+    available = available_bytes()
+    packed = path == "packed" or (path == "auto" and packed_copy_fits(model, available))
+    use_onednn_linear(model, packed=packed)
+    resolved = "packed" if packed else "onednn"
+    gib = 2**30
+    free = "unknown" if available is None else f"{available / gib:.1f} GiB"
+    log.info("float32 Linear layers on %s (%s asked; a packed copy: %.1f GiB, available: %s)",
+             resolved, path, need / gib, free)  # fmt: skip
+    return resolved
 
 
 def use_default_linear(model: nn.Module) -> int:

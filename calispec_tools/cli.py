@@ -196,8 +196,9 @@ def add_model_flavour_args(parser: argparse.ArgumentParser) -> None:
         "--fp32-linear",
         default=None,
         choices=FP32_LINEAR_CHOICES,
-        help="both model services' float32 CPU Linear path (default: theirs, onednn; `default`: torch's MKL path, "
-        "whose multi-token forwards cost ~3x one token: what a CPU without bf16 units showed, docs/performance.md)",
+        help="both model services' float32 CPU Linear path (default: theirs, auto = packed where the memory allows, "
+        "else onednn; packed: prepacked weights for multi-token forwards, twice the float32 weights' memory; "
+        "`default`: torch's MKL path, whose multi-token forwards cost ~3x one token on AMD CPUs; docs/performance.md)",
     )
     parser.add_argument("--draft-threads", type=int, default=None, help="draft torch threads")
     parser.add_argument(

@@ -149,6 +149,11 @@ class ServiceProcess:
                 self.banner = line.strip()
                 return
 
+    def banner_value(self, key: str) -> str | None:
+        """A `key=value` word of the readiness line (the model services print dtype= and fp32_linear=)."""
+        match = re.search(rf"\b{re.escape(key)}=(\S+)", self.banner)
+        return match.group(1) if match else None
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

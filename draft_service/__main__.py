@@ -72,7 +72,10 @@ def main(argv: list[str] | None = None) -> None:
     with startup_step("draft_service", "cannot start"):
         server, port = create_server(config, runner)
     metrics_banner("draft_service", server)
-    banner = f"draft_service listening on {config.host}:{port} model={config.model.path}"
+    banner = (
+        f"draft_service listening on {config.host}:{port} model={config.model.path} dtype={runner.dtype_name} "
+        f"fp32_linear={runner.fp32_linear or '-'}"
+    )
     if runner.logit_columns.kept is not None:
         banner += f" draft_vocab={runner.logit_columns.width}"
     serve_until_signalled(server, banner, drain_timeout_s=config.drain_timeout_s)

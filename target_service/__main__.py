@@ -71,7 +71,10 @@ def main(argv: list[str] | None = None) -> None:
     with startup_step("target_service", "cannot start"):
         server, port, runtime = create_server(config, runner)
     metrics_banner("target_service", server)
-    banner = f"target_service listening on {config.host}:{port} model={config.model.path}"
+    banner = (
+        f"target_service listening on {config.host}:{port} model={config.model.path} dtype={runner.dtype_name} "
+        f"fp32_linear={runner.fp32_linear or '-'}"
+    )
     serve_until_signalled(server, banner, runtime.stop, drain_timeout_s=config.drain_timeout_s)
 
 

@@ -10,8 +10,9 @@ Forwards take the services' path (`calispec_core/batch_forward.py`); `--batch B`
 different cached lengths in one forward, as a verify round at concurrency B does; `--context` sets the
 cached tokens (default 200).
 
-In float32 on CPU it compares the two Linear paths on one loaded model (`--linear`): `onednn`
-(multi-row products on oneDNN, what the services use) and `default` (torch's MKL path), interleaved
+In float32 on CPU it compares the Linear paths on one loaded model (`--linear`): `onednn`
+(products on oneDNN, what the services use by default), `packed` (multi-row products on prepacked
+weights, `--fp32-linear packed`) and `default` (torch's MKL path), interleaved
 per repetition and token count so drift on a shared machine hits both alike. `--passes lean,hf` compares
 the services' lean pass (calispec_core/lean_decoder.py) with Hugging Face's pass through the same
 modules the same way, on `--linear`'s first path.
@@ -21,18 +22,23 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from calispec_core.forward_costs import context_session, forward_ms
-from calispec_core.modeling import DTYPE_CHOICES, FP32_LINEAR_CHOICES, ModelRunner, ModelSpec
+from calispec_core.modeling import DTYPE_CHOICES, ModelRunner, ModelSpec
 from calispec_core.onednn_linear import onednn_linear_available, use_default_linear, use_onednn_linear
 from calispec_core.service_cli import configure_logging
 from calispec_tools.bench.compare import cpu_flags, cpu_model, isa_caps
 
 CONTEXT = 200  # default cached tokens before the measured forward (the issue's reference point)
-SWITCH = {"onednn": use_onednn_linear, "default": use_default_linear}
+SWITCH = {
+    "onednn": partial(use_onednn_linear, packed=False),
+    "packed": partial(use_onednn_linear, packed=True),  # packs again after `default` dropped the layers
+    "default": use_default_linear,
+}
 PASSES = ("lean", "hf")
 
 
@@ -46,8 +52,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--linear",
-        default=",".join(FP32_LINEAR_CHOICES),
-        help="float32 Linear paths to compare, comma-separated (onednn: the services' path; default: torch's)",
+        default=",".join(SWITCH),
+        help="float32 Linear paths to compare, comma-separated (onednn and packed: the services'; default: torch's)",
     )
     parser.add_argument(
         "--batch", type=int, default=1, help="sessions per forward (rows end to end, each attending to its own cache)"
@@ -62,8 +68,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.token_counts = [int(t) for t in args.tokens.split(",")]
     args.variants = [v for v in args.linear.split(",") if v]
     args.passes = [v for v in args.passes.split(",") if v]
-    if bad := [v for v in args.variants if v not in FP32_LINEAR_CHOICES]:
-        parser.error(f"--linear: unknown path(s) {bad}; choose from {FP32_LINEAR_CHOICES}")
+    if bad := [v for v in args.variants if v not in SWITCH]:
+        parser.error(f"--linear: unknown path(s) {bad}; choose from {tuple(SWITCH)}")
     if bad := [v for v in args.passes if v not in PASSES]:
         parser.error(f"--passes: unknown pass(es) {bad}; choose from {PASSES}")
     if len(args.passes) > 1:

@@ -76,6 +76,15 @@ def client(stack: LocalStack) -> Iterator[CountingClient]:
         yield c
 
 
+def test_model_services_name_their_dtype_and_float32_linear_path(stack: LocalStack) -> None:
+    """`auto` packs a model whose copy fits (the tiny pair always does), so the exactness tests below run
+    the packed path; bench compare reports what the banner says."""
+    for name in ("draft_service", "target_service"):
+        service = stack.services[name]
+        assert (service.banner_value("dtype"), service.banner_value("fp32_linear")) == ("float32", "packed")
+    assert stack.services["memory_service"].banner_value("fp32_linear") is None
+
+
 def test_greedy_sd_equals_ar_token_for_token(client: CalispecClient) -> None:
     for prompt in PROMPTS:
         ar = client.generate(prompt, max_new_tokens=40, mode="ar")

@@ -99,7 +99,7 @@ def test_the_fp32_linear_path_reaches_both_model_services(tiny_pair: TinyPair, t
 
     parser = build_parser()
     config = stack_config(parser.parse_args(["up", "--pair", "tiny"]), (0, 0, 0, 0))
-    assert "--fp32-linear" not in LocalStack(config).draft_args()  # the services' default (onednn)
+    assert "--fp32-linear" not in LocalStack(config).draft_args()  # the services' default (auto)
     config = stack_config(parser.parse_args(["up", "--pair", "tiny", "--fp32-linear", "default"]), (0, 0, 0, 0))
     stack = LocalStack(config)
     for args in (stack.draft_args(), stack.target_args(0, "127.0.0.1:1")):

@@ -9,10 +9,20 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
+from calispec_core import onednn_linear
 from calispec_core.compute import compute_thread
 from calispec_core.errors import InvalidArgument
 from calispec_core.modeling import ModelRunner, ModelSpec, prefill_session
-from calispec_core.onednn_linear import OneDnnLinear, use_default_linear, use_onednn_linear
+from calispec_core.onednn_linear import (
+    OneDnnLinear,
+    pack_weight,
+    packed_copy_bytes,
+    packed_copy_fits,
+    set_fp32_linear_path,
+    use_default_linear,
+    use_onednn_linear,
+)
+from calispec_core.protocol import model_info_to_pb
 from tests.conftest import TinyPair
 
 PROMPT = [5, 17, 42, 8, 99, 3, 250, 61]
@@ -27,40 +37,115 @@ def plain_runner(tiny_pair: TinyPair) -> ModelRunner:
     return ModelRunner(ModelSpec(tiny_pair.target, dtype="float32", device="cpu", fp32_linear="default"))
 
 
-def test_float32_runners_serve_every_linear_layer_through_onednn(target_runner, plain_runner) -> None:
+def test_float32_runners_serve_every_linear_layer_through_onednn(target_runner, onednn_runner, plain_runner) -> None:
     linears = sum(type(m) is nn.Linear for m in plain_runner.model.modules())
-    assert linears > 0 and onednn_layers(target_runner.model) == linears  # what the services load
+    for runner in (target_runner, onednn_runner):  # what the services load (auto), and onednn asked for
+        assert linears > 0 and onednn_layers(runner.model) == linears
     assert onednn_layers(plain_runner.model) == 0
+    assert (onednn_runner.fp32_linear, plain_runner.fp32_linear) == ("onednn", "default")
+
+
+@pytest.fixture(scope="module")
+def packed_runner(tiny_pair: TinyPair) -> ModelRunner:
+    return ModelRunner(ModelSpec(tiny_pair.target, dtype="float32", device="cpu", fp32_linear="packed"))
+
+
+@pytest.fixture(scope="module")
+def onednn_runner(tiny_pair: TinyPair) -> ModelRunner:
+    return ModelRunner(ModelSpec(tiny_pair.target, dtype="float32", device="cpu", fp32_linear="onednn"))
 
 
 @torch.inference_mode()
-def test_multi_row_forwards_run_on_onednn_and_one_row_on_torchs_path(target_runner: ModelRunner) -> None:
-    session = prefill_session(target_runner, "rows", PROMPT)
+def test_every_forward_runs_on_onednn_one_row_included(onednn_runner: ModelRunner) -> None:
+    """One row too: on the AVX2-only EPYC of wave 14 oneDNN streams a row ~1.5x faster than MKL's GEMV."""
+    session = prefill_session(onednn_runner, "rows", PROMPT)
 
     def ops_of(tokens: list[int]) -> set[str]:
         with profile(activities=[ProfilerActivity.CPU]) as prof:  # sees the ops of its own thread
-            target_runner.forward(tokens, session.cache, len(tokens))
+            onednn_runner.forward(tokens, session.cache, len(tokens))
         session.cache.crop(-len(tokens))
         return {event.key for event in prof.key_averages()}
 
     ops_of = partial(compute_thread().run, ops_of)  # forwards run on the compute thread
 
-    assert "mkldnn::_linear_pointwise" in ops_of([*session.pending(), 7, 9, 11])
-    assert "mkldnn::_linear_pointwise" not in ops_of(session.pending())
+    for tokens in ([*session.pending(), 7, 9, 11], session.pending()):
+        ops = ops_of(tokens)
+        assert "mkldnn::_linear_pointwise" in ops and "aten::addmm" not in ops and "aten::mm" not in ops
 
 
 @torch.inference_mode()
-def test_onednn_logits_equal_the_plain_float32_models(target_runner, plain_runner) -> None:
+def test_packed_layers_multiply_several_rows_on_the_packed_weight_and_one_row_on_the_plain_one() -> None:
+    torch.manual_seed(0)
+    layer = OneDnnLinear(nn.Linear(16, 24))
+    layer.set_packed(True)
+    x = torch.randn(1, 3, 16)
+    expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+    layer.packed = pack_weight(torch.zeros_like(layer.weight))  # which weight each product reads
+    torch.testing.assert_close(layer(x), layer.bias.expand(1, 3, 24))
+    torch.testing.assert_close(layer(x[:, :1]), expected[:, :1], rtol=1e-5, atol=1e-5)
+    layer.set_packed(False)
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_runners_pack_every_layer_once_and_onednn_ones_none(onednn_runner, packed_runner) -> None:
+    packed = [m for m in packed_runner.model.modules() if isinstance(m, OneDnnLinear)]
+    assert packed and all(m.use_packed and m.packed is not None and m.packed.is_mkldnn for m in packed)
+    plain = [m for m in onednn_runner.model.modules() if isinstance(m, OneDnnLinear)]
+    assert plain and all(not m.use_packed and m.packed is None for m in plain)
+    assert set(packed_runner.model.state_dict()) == set(onednn_runner.model.state_dict())  # copies are not state
+    assert packed_runner.fp32_linear == "packed" and model_info_to_pb(packed_runner).fp32_linear == "packed"
+
+
+def test_auto_packs_where_free_memory_holds_the_copy_twice_over() -> None:
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 16, bias=False))
+    need = packed_copy_bytes(model)
+    assert need == (16 * 32 + 32 * 16) * 4
+    assert packed_copy_fits(model, 2 * need) and not packed_copy_fits(model, 2 * need - 1)
+    assert not packed_copy_fits(model, None)  # unknown (not Linux): no second copy
+    assert not packed_copy_fits(nn.Sequential(nn.Linear(4, 4).to(torch.bfloat16)), 1 << 40)  # nothing to pack
+
+
+@pytest.mark.parametrize(("available", "expected"), [(1 << 40, "packed"), (1 << 10, "onednn"), (None, "onednn")])
+def test_the_auto_path_follows_the_memory_available(monkeypatch, available, expected) -> None:
+    monkeypatch.setattr(onednn_linear, "available_bytes", lambda: available)
+    model = nn.Sequential(nn.Linear(64, 64))
+    assert set_fp32_linear_path(model, "auto") == expected
+    assert model[0].use_packed == (expected == "packed")
+
+
+def test_explicit_paths_ignore_memory_and_other_dtypes_report_none(monkeypatch) -> None:
+    monkeypatch.setattr(onednn_linear, "available_bytes", lambda: 0)
+    assert set_fp32_linear_path(nn.Sequential(nn.Linear(8, 8)), "packed") == "packed"
+    assert set_fp32_linear_path(nn.Sequential(nn.Linear(8, 8)), "onednn") == "onednn"
+    plain = nn.Sequential(nn.Linear(8, 8))
+    assert set_fp32_linear_path(plain, "default") == "default" and type(plain[0]) is nn.Linear
+    assert set_fp32_linear_path(nn.Sequential(nn.Linear(8, 8).to(torch.bfloat16)), "auto") == ""
+
+
+@torch.inference_mode()
+def test_packed_logits_equal_the_plain_float32_models(packed_runner, plain_runner) -> None:
     for new in ([11], [11, 12, 13, 14, 15, 16, 17]):  # a decode step and a 7-token verify forward
-        a_session, b_session = (prefill_session(r, "same", PROMPT) for r in (target_runner, plain_runner))
-        a = target_runner.forward(a_session.pending() + new, a_session.cache, len(new) + 1)
+        a_session, b_session = (prefill_session(r, "same", PROMPT) for r in (packed_runner, plain_runner))
+        a = packed_runner.forward(a_session.pending() + new, a_session.cache, len(new) + 1)
         b = plain_runner.forward(b_session.pending() + new, b_session.cache, len(new) + 1)
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
 @torch.inference_mode()
-def test_greedy_verify_forward_accepts_exactly_the_target_only_greedy_tokens(target_runner: ModelRunner) -> None:
+def test_onednn_logits_equal_the_plain_float32_models(onednn_runner, plain_runner) -> None:
+    for new in ([11], [11, 12, 13, 14, 15, 16, 17]):  # a decode step and a 7-token verify forward
+        a_session, b_session = (prefill_session(r, "same", PROMPT) for r in (onednn_runner, plain_runner))
+        a = onednn_runner.forward(a_session.pending() + new, a_session.cache, len(new) + 1)
+        b = plain_runner.forward(b_session.pending() + new, b_session.cache, len(new) + 1)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("runner_name", ["onednn_runner", "packed_runner"])
+@torch.inference_mode()
+def test_greedy_verify_forward_accepts_exactly_the_target_only_greedy_tokens(runner_name: str, request) -> None:
     """Greedy SD is exact when a multi-row verify forward (oneDNN) argmaxes to what one-row steps decode."""
+    target_runner: ModelRunner = request.getfixturevalue(runner_name)
     session = prefill_session(target_runner, "ar", PROMPT)
     greedy: list[int] = []
     for _ in range(12):  # target-only decoding, one row per forward
@@ -102,5 +187,6 @@ def test_both_model_services_take_the_linear_path_flag() -> None:
     from target_service.__main__ import parse_config as target_config
 
     for parse in (draft_config, target_config):
-        assert parse(["--model", "m"])[0].model.fp32_linear == "onednn"
+        assert parse(["--model", "m"])[0].model.fp32_linear == "auto"
         assert parse(["--model", "m", "--fp32-linear", "default"])[0].model.fp32_linear == "default"
+        assert parse(["--model", "m", "--fp32-linear", "packed"])[0].model.fp32_linear == "packed"
