@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 STACK_MODES = ("ar", "sd", "csd")
+MODEL_SERVICES = ("draft", "target")
 HF_VARIANTS = ("hf_generate", "hf_assisted_default", "hf_assisted_gamma6")
 CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx512f", "avx2")
 # Kernel libraries' instruction-set caps: all four set to AVX2 make this CPU's kernels those of an
@@ -187,26 +188,38 @@ def full_concurrency_window(results: Sequence[StreamedRequest], concurrency: int
 
 
 class HfPair:
-    """The pair loaded with transformers, as a user of `generate(assistant_model=...)` would."""
+    """The pair loaded with transformers, as a user of `generate(assistant_model=...)` would, in the dtypes the
+    stack serves: an int8 model (the stack's CPU draft by default) gets the same dynamic quantisation the
+    model services apply (`quantize_int8`), so both sides run the same weights. The Linear path stays HF's
+    (torch's own); the stack's oneDNN path, lean pass and pruned draft head are its own engineering."""
 
-    def __init__(self, draft: Path, target: Path, dtype: str, device: str) -> None:
+    def __init__(self, draft: Path, target: Path, dtype: str, device: str, draft_dtype: str | None = None) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        from calispec_core.modeling import resolve_device, resolve_dtype
+        from calispec_core.modeling import resolve_device
 
         self.torch = torch
         self.device = resolve_device(device)
-        self.dtype = resolve_dtype("float32" if dtype == "int8" else dtype, self.device)
-        load = dict(dtype=self.dtype, local_files_only=True)
         self.tokenizer = AutoTokenizer.from_pretrained(str(target), local_files_only=True)
-        self.target = AutoModelForCausalLM.from_pretrained(str(target), **load).to(self.device).eval()
-        self.draft = AutoModelForCausalLM.from_pretrained(str(draft), **load).to(self.device).eval()
+        self.target = self._load(target, dtype)
+        self.draft = self._load(draft, draft_dtype or dtype)
         config = self.draft.generation_config
         self.assistant_defaults = {
             name: getattr(config, name, None)
             for name in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
         }
+
+    def _load(self, path: Path, dtype: str) -> Any:
+        """One model in `dtype` as the model services load it (`auto` resolved, int8 quantised dynamically)."""
+        from transformers import AutoModelForCausalLM
+
+        from calispec_core.modeling import INT8, quantize_int8, resolve_dtype
+
+        torch_dtype = resolve_dtype(dtype, self.device)  # int8: float32 weights, quantised below
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
+        model = model.to(self.device).eval()
+        return quantize_int8(model) if dtype == INT8 else model
 
     def _assistant(self, variant: str) -> Any:
         """The draft configured for the variant (HF's heuristic schedule mutates it: reset every call)."""
@@ -352,8 +365,8 @@ def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int |
         "torch": torch.__version__,
         "device": args.device,
         "dtype": f"{args.dtype} ({serving_dtype_name(args.dtype, resolve_device(args.device))})",
-        "draft_dtype": draft_dtype,
-        "fp32_linear": args.fp32_linear or "onednn",
+        "draft_dtype": draft_dtype,  # HF's assistant too (HfPair)
+        "fp32_linear": args.fp32_linear or "auto",  # the stack's, as asked (run_compare adds what it resolved to)
         "draft_threads": threads[0],
         "target_threads": threads[1],
         "hf_threads": torch.get_num_threads(),
@@ -455,7 +468,8 @@ def run_compare(args: argparse.Namespace) -> int:
         print(f"starting the stack (draft {draft} in {draft_dtype}, draft vocab {draft_vocab or 'full'}, "
               f"target {target})...", file=sys.stderr)  # fmt: skip
         with LocalStack(stack_config) as stack, CalispecClient(stack.coordinator_address, timeout=900) as client:
-            hf = None if config.skip_hf else HfPair(draft, target, args.dtype, args.device)
+            linear = {name: stack.services[f"{name}_service"].banner_value("fp32_linear") for name in MODEL_SERVICES}
+            hf = None if config.skip_hf else HfPair(draft, target, args.dtype, args.device, draft_dtype)
             warm_up(client, hf, config.prompts[0])
 
             def progress(run: Run) -> None:
@@ -468,6 +482,7 @@ def run_compare(args: argparse.Namespace) -> int:
     env = environment(args, draft_dtype, threads) | {
         "draft_vocab": draft_vocab or "full",
         "prefix_cache_tokens": args.prefix_cache_tokens,
+        "fp32_linear": f"{args.fp32_linear or 'auto'} (target {linear['target']}, draft {linear['draft']})",
     }
     summary = summarize(runs)
     rel = ratios(summary)

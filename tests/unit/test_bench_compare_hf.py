@@ -1,0 +1,30 @@
+"""`calispec bench compare`'s in-process peer: HF loads the pair in the dtypes the stack serves."""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
+
+from calispec_tools.bench.compare import HfPair
+from tests.conftest import TinyPair
+
+PROMPT = "def add(a, b):"
+
+
+def linear_kinds(model: nn.Module) -> set[type]:
+    return {type(m) for m in model.modules() if isinstance(m, (nn.Linear, DynamicQuantizedLinear))}
+
+
+def test_an_int8_stack_draft_is_an_int8_assistant_too(tiny_pair: TinyPair) -> None:
+    """The stack serves its CPU draft in int8; an assistant in float32 would compare a slower draft."""
+    hf = HfPair(tiny_pair.draft, tiny_pair.target, "float32", "cpu", draft_dtype="int8")
+    assert linear_kinds(hf.draft) == {DynamicQuantizedLinear}
+    assert linear_kinds(hf.target) == {nn.Linear}
+    plain = hf.run("hf_generate", 0, PROMPT, 12)
+    for variant in ("hf_assisted_default", "hf_assisted_gamma6"):  # greedy assisted decoding is lossless
+        assert hf.run(variant, 0, PROMPT, 12).token_ids == plain.token_ids
+
+
+def test_without_a_draft_dtype_both_models_take_the_stacks_dtype(tiny_pair: TinyPair) -> None:
+    hf = HfPair(tiny_pair.draft, tiny_pair.target, "float32", "cpu")
+    assert linear_kinds(hf.draft) == linear_kinds(hf.target) == {nn.Linear}
