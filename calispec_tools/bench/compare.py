@@ -465,11 +465,13 @@ def run_compare(args: argparse.Namespace) -> int:
             prefix_cache_tokens=args.prefix_cache_tokens, fp32_linear=args.fp32_linear,
         )  # fmt: skip
         threads = service_threads(stack_config)
+        # HF first: the services' `--fp32-linear auto` packs only where the memory left holds the copy, and a
+        # peer loaded after them took that memory (the packed float32 target was OOM-killed on 24 GB, wave 14)
+        hf = None if config.skip_hf else HfPair(draft, target, args.dtype, args.device, draft_dtype)
         print(f"starting the stack (draft {draft} in {draft_dtype}, draft vocab {draft_vocab or 'full'}, "
               f"target {target})...", file=sys.stderr)  # fmt: skip
         with LocalStack(stack_config) as stack, CalispecClient(stack.coordinator_address, timeout=900) as client:
             linear = {name: stack.services[f"{name}_service"].banner_value("fp32_linear") for name in MODEL_SERVICES}
-            hf = None if config.skip_hf else HfPair(draft, target, args.dtype, args.device, draft_dtype)
             warm_up(client, hf, config.prompts[0])
 
             def progress(run: Run) -> None:

@@ -28,3 +28,40 @@ def test_an_int8_stack_draft_is_an_int8_assistant_too(tiny_pair: TinyPair) -> No
 def test_without_a_draft_dtype_both_models_take_the_stacks_dtype(tiny_pair: TinyPair) -> None:
     hf = HfPair(tiny_pair.draft, tiny_pair.target, "float32", "cpu")
     assert linear_kinds(hf.draft) == linear_kinds(hf.target) == {nn.Linear}
+
+
+def test_hf_loads_before_the_stack_so_auto_sees_the_memory_it_took(monkeypatch, tmp_path) -> None:
+    """The services' `--fp32-linear auto` packs where free memory allows; a peer loaded after them took that
+    memory and got the packed target OOM-killed (wave 14)."""
+    from pathlib import Path
+
+    import calispec_tools.stack as stack_module
+    from calispec_tools.bench import compare
+    from calispec_tools.cli import build_parser
+
+    order: list[str] = []
+
+    class Peer:
+        def __init__(self, *args, **kwargs) -> None:
+            order.append("hf")
+
+    class Stack:
+        def __init__(self, config) -> None:
+            self.config = config
+
+        def __enter__(self):
+            order.append("stack")
+            raise RuntimeError("stop here")
+
+        def __exit__(self, *exc) -> None:
+            return None
+
+    monkeypatch.setattr(compare, "HfPair", Peer)
+    monkeypatch.setattr(stack_module, "LocalStack", Stack)
+    args = build_parser().parse_args(["bench", "compare", "--pair", "tiny"])
+    args.model_dirs, args.prompt_texts = (Path(tmp_path / "d"), Path(tmp_path / "t")), ["x"]
+    try:
+        compare.run_compare(args)
+    except RuntimeError as exc:
+        assert str(exc) == "stop here"
+    assert order == ["hf", "stack"]
