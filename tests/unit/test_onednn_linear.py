@@ -123,20 +123,13 @@ def test_explicit_paths_ignore_memory_and_other_dtypes_report_none(monkeypatch) 
     assert set_fp32_linear_path(nn.Sequential(nn.Linear(8, 8).to(torch.bfloat16)), "auto") == ""
 
 
+@pytest.mark.parametrize("runner_name", ["onednn_runner", "packed_runner"])
 @torch.inference_mode()
-def test_packed_logits_equal_the_plain_float32_models(packed_runner, plain_runner) -> None:
+def test_onednn_logits_equal_the_plain_float32_models(runner_name: str, plain_runner, request) -> None:
+    runner: ModelRunner = request.getfixturevalue(runner_name)
     for new in ([11], [11, 12, 13, 14, 15, 16, 17]):  # a decode step and a 7-token verify forward
-        a_session, b_session = (prefill_session(r, "same", PROMPT) for r in (packed_runner, plain_runner))
-        a = packed_runner.forward(a_session.pending() + new, a_session.cache, len(new) + 1)
-        b = plain_runner.forward(b_session.pending() + new, b_session.cache, len(new) + 1)
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-
-
-@torch.inference_mode()
-def test_onednn_logits_equal_the_plain_float32_models(onednn_runner, plain_runner) -> None:
-    for new in ([11], [11, 12, 13, 14, 15, 16, 17]):  # a decode step and a 7-token verify forward
-        a_session, b_session = (prefill_session(r, "same", PROMPT) for r in (onednn_runner, plain_runner))
-        a = onednn_runner.forward(a_session.pending() + new, a_session.cache, len(new) + 1)
+        a_session, b_session = (prefill_session(r, "same", PROMPT) for r in (runner, plain_runner))
+        a = runner.forward(a_session.pending() + new, a_session.cache, len(new) + 1)
         b = plain_runner.forward(b_session.pending() + new, b_session.cache, len(new) + 1)
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
