@@ -55,9 +55,10 @@ class InProcessDraft:
         append: list[int],
         timeout: float,
         min_confidence: float = 0.0,
+        cohort: int = 0,
     ) -> Proposal:
         watch = Stopwatch()
-        p = self.proposer.propose(session_id, num_tokens, rollback_to, append, watch, min_confidence)
+        p = self.proposer.propose(session_id, num_tokens, rollback_to, append, watch, min_confidence, cohort)
         probs = b"" if p.probs is None else p.probs.numpy().astype("<f4").tobytes()  # as on the wire
         sparse = b"" if p.sparse is None else sparse_q_to_pb(p.sparse).SerializeToString()
         vocab = self.proposer.runner.vocab_size
@@ -84,7 +85,7 @@ class InProcessTarget:
         self.engine.prefill(session_id, token_ids, sampling, RescueConfig(mode, tau, lambda_), watch)
         return watch.total_ns
 
-    def verify(self, session_id: str, proposal: Proposal | None, timeout: float) -> Verdict:
+    def verify(self, session_id: str, proposal: Proposal | None, timeout: float, cohort: int = 0) -> Verdict:
         watch = Stopwatch()
         draft = proposal.token_ids if proposal else []
         probs: torch.Tensor | SparseQ | None = None
@@ -93,7 +94,7 @@ class InProcessTarget:
         elif proposal and proposal.probs:
             rows = np.frombuffer(proposal.probs, dtype="<f4").reshape(len(draft), proposal.vocab_size)
             probs = torch.from_numpy(rows.copy())
-        r = self.engine.verify(session_id, draft, probs, watch)
+        r = self.engine.verify(session_id, draft, probs, watch, cohort)
         return Verdict(
             r.accepted_count, r.rescued_positions, r.next_token, r.next_is_bonus, r.rejections, r.batch_size,
             watch.total_ns, watch.get("memory"), watch.get("forward"),

@@ -62,6 +62,7 @@ class DraftBackend(Protocol):
         append: list[int],
         timeout: float,
         min_confidence: float = 0.0,
+        cohort: int = 0,  # Propose calls sent at this moment, this one included (0: no hint)
     ) -> Proposal: ...
     def close(self, session_id: str, timeout: float) -> None: ...
 
@@ -80,5 +81,7 @@ class TargetBackend(Protocol):
         lambda_: int,
         timeout: float,
     ) -> int: ...
-    def verify(self, session_id: str, proposal: Proposal | None, timeout: float) -> Verdict: ...
+    def verify(
+        self, session_id: str, proposal: Proposal | None, timeout: float, cohort: int = 0
+    ) -> Verdict: ...  # cohort: Verify calls sent at this moment, this one included (0: no hint)
     def close(self, session_id: str, timeout: float) -> None: ...

@@ -83,6 +83,7 @@ class GrpcDraftBackend:
         append: list[int],
         timeout: float,
         min_confidence: float = 0.0,
+        cohort: int = 0,
     ) -> Proposal:
         request = draft_pb2.ProposeRequest(
             session_id=session_id,
@@ -90,6 +91,7 @@ class GrpcDraftBackend:
             rollback_to=rollback_to,
             append_token_ids=append,
             min_confidence=min_confidence,
+            cohort=cohort,
         )
         response = _call("draft", self.stub.Propose, request, timeout)
         sparse = response.sparse_probs.SerializeToString() if response.HasField("sparse_probs") else b""
@@ -134,8 +136,8 @@ class GrpcTargetBackend:
         )
         return _call("target", self.stub.Prefill, request, timeout).timing.total_ns
 
-    def verify(self, session_id: str, proposal: Proposal | None, timeout: float) -> Verdict:
-        request = target_pb2.VerifyRequest(session_id=session_id)
+    def verify(self, session_id: str, proposal: Proposal | None, timeout: float, cohort: int = 0) -> Verdict:
+        request = target_pb2.VerifyRequest(session_id=session_id, cohort=cohort)
         if proposal is not None:
             request.draft_token_ids.extend(proposal.token_ids)
             request.draft_probs = proposal.probs

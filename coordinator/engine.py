@@ -254,15 +254,18 @@ class Orchestrator:
         start, request.opening_ns, request.waiting_ns = now_ns(), 0, 0
         remaining = request.max_new_tokens - len(request.generated)
         gamma = min(self._gamma(request), remaining - 1)
-        cap = self._wait_for_others(request, lambda member, timeout: self.lockstep.start_round(member, timeout, gamma))
+        start_gate = self._wait_for_others(
+            request, lambda member, timeout: self.lockstep.start_round(member, timeout, gamma)
+        )
         if request.policy is not None:  # adaptive: no longer than the group's median wish
-            gamma = min(gamma, cap)
+            gamma = min(gamma, start_gate.cap)
         plan = self._plan(request, gamma) if log.isEnabledFor(logging.DEBUG) else None  # before the round is learnt
         # a Propose after target-only rounds first feeds the draft every token it missed: not a per-token cost
         catching_up = len(request.draft_append) > 1 or request.draft_session is None
-        proposal, propose_ns = self._propose(request, gamma) if gamma > 0 else (None, 0)
-        self._wait_for_others(request, self.lockstep.before_verify)
-        verdict = self._verify(request, proposal)
+        # each call's cohort: the members sent with it, so the service batches them whole (lockstep.py)
+        proposal, propose_ns = self._propose(request, gamma, start_gate.cohort) if gamma > 0 else (None, 0)
+        cohort = self._wait_for_others(request, self.lockstep.before_verify)
+        verdict = self._verify(request, proposal, cohort)
         self._account(request, gamma, proposal, verdict)
         # a prefill inside the round (a draft reopened after an outage, a failover) is per request, not
         # per round; waiting for the other requests is the price of batching them, not overhead
@@ -285,14 +288,14 @@ class Orchestrator:
             return request.policy.next_gamma()
         return request.params.num_speculative_tokens or self.speculation.seeded_gamma
 
-    def _propose(self, request: _Request, gamma: int) -> tuple[Proposal | None, int]:
+    def _propose(self, request: _Request, gamma: int, cohort: int) -> tuple[Proposal | None, int]:
         """γ draft tokens (fewer after an early stop) and the Propose call's wall time (ns);
         None while the draft is unavailable: the round then runs target-only."""
         if not self.draft_circuit.allow():
             request.stats.draft_unavailable_rounds += 1
             return None, 0
         try:
-            proposal, call_ns = self._draft_tokens(request, gamma)
+            proposal, call_ns = self._draft_tokens(request, gamma, cohort)
         except (Unavailable, DeadlineExceeded) as exc:
             self._draft_failed(request, exc)
             request.stats.draft_unavailable_rounds += 1
@@ -306,16 +309,16 @@ class Orchestrator:
         self.draft_circuit.failed()
         request.draft_session = None  # reopened from the committed sequence once the draft is back
 
-    def _draft_tokens(self, request: _Request, gamma: int) -> tuple[Proposal, int]:
+    def _draft_tokens(self, request: _Request, gamma: int, cohort: int) -> tuple[Proposal, int]:
         if request.draft_session is None:
             self._open_draft(request)
         start = now_ns()
         try:
-            proposal = self._draft_propose(request, gamma)
+            proposal = self._draft_propose(request, gamma, cohort)
         except SessionLost:  # the draft restarted or reaped the session while we ran target-only: it is up
             self._open_draft(request)
             start = now_ns()
-            proposal = self._draft_propose(request, gamma)
+            proposal = self._draft_propose(request, gamma, 1)  # out of step with the others now
         request.draft_rollback_to, request.draft_append = None, []
         return proposal, now_ns() - start
 
@@ -369,7 +372,7 @@ class Orchestrator:
             ns_to_ms(proposal.forward_ns) if proposal else 0.0,
         )  # fmt: skip
 
-    def _draft_propose(self, request: _Request, gamma: int) -> Proposal:
+    def _draft_propose(self, request: _Request, gamma: int, cohort: int) -> Proposal:
         timeout = min(request.deadline.remaining(), self.draft_timeout_s)
         min_confidence = self.speculation.draft_min_confidence if request.policy is not None else 0.0
         return self.draft.propose(
@@ -379,6 +382,7 @@ class Orchestrator:
             request.draft_append,
             timeout,
             min_confidence=min_confidence,
+            cohort=cohort,
         )
 
     def _open_draft(self, request: _Request) -> None:
@@ -402,14 +406,17 @@ class Orchestrator:
         finally:
             request.waiting_ns += now_ns() - start
 
-    def _verify(self, request: _Request, proposal: Proposal | None) -> Verdict:
+    def _verify(self, request: _Request, proposal: Proposal | None, cohort: int) -> Verdict:
         """The target's verdict; a replica that is gone is replaced and the same proposal verified there."""
         while True:
             assert request.target is not None
             try:
-                return request.target.verify(request.target_session, proposal, request.deadline.remaining())
+                return request.target.verify(
+                    request.target_session, proposal, request.deadline.remaining(), cohort=cohort
+                )
             except Unavailable as exc:
                 self._target_failed(request, request.target, exc)
+                cohort = 1  # on another replica, alone
                 with _opening(request):
                     self._open_target(request)
 

@@ -20,6 +20,10 @@ rejoins at the next round start. A newcomer waits longer, `max_wait_s` plus twic
 round: the members it waits for are busy with the round in progress, not late (bounded by
 `max_wait_s`, a newcomer that arrived while the group verified for longer than that left the whole
 group behind). `max_wait_s` = 0 turns lockstep off.
+
+Each gate also says how many members leave it together (the round's drafters, its verifiers): the
+coordinator passes that on as the calls' `cohort`, so the model service batches exactly them (a
+batcher that guessed from its recent steps could stay split for good, `batch_scheduler.py`).
 """
 
 from __future__ import annotations
@@ -27,8 +31,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Hashable
+from typing import NamedTuple
 
 from calispec_core.errors import require
+
+
+class RoundStart(NamedTuple):
+    cap: int  # γ cap for adaptive members (the drafting members' lower median wish)
+    cohort: int  # members whose Propose calls leave together (0: lockstep off; 1: out of step)
 
 
 class Lockstep:
@@ -41,11 +51,12 @@ class Lockstep:
         self._state = threading.Condition()
         self._group: set[Hashable] = set()  # members of the round in progress (or gathering)
         self._arrived: set[Hashable] = set()  # members at the current gate
-        self._joining = 0  # requests waiting for the round in progress to end
+        self._joining: set[Hashable] = set()  # requests waiting for the round in progress to end
         self._drafting = False  # gate: False = round start, True = before verify
         self._generation = 0  # counts opened gates: a waiter is free once it moves on
         self._wishes: dict[Hashable, int] = {}  # γ each member wants this round
         self._cap = 0  # the median wish of the drafting members at the last round start
+        self._drafters = 0  # members that wished to draft at the last round start
         self._verifying: set[Hashable] = set()  # members of the round now verifying (its gate opened)
         self._round_started = 0.0  # monotonic time the last round started
         self._round_s = 0.0  # how long the last whole round took (start to next start)
@@ -53,43 +64,48 @@ class Lockstep:
     def waiting(self) -> int:
         """Requests waiting now (at the current gate, or to join at the next round start)."""
         with self._state:
-            return len(self._arrived) + self._joining
+            return len(self._arrived) + len(self._joining)
 
     def members(self) -> int:
         """Requests in the group now."""
         with self._state:
             return len(self._group)
 
-    def start_round(self, member: Hashable, timeout_s: float, gamma: int) -> int:
+    def start_round(self, member: Hashable, timeout_s: float, gamma: int) -> RoundStart:
         """Wait until every member is ready to start a round (a newcomer first waits for the round
         in progress to end). `gamma`: the draft tokens this member would like; returns the median
         wish of the members that draft, a cap for members whose γ is adaptive: the group's drafting
         lasts as long as its longest proposal, so one member drafting far past the others holds all
-        of them (members that draft nothing hold nobody, so their wishes do not count)."""
+        of them (members that draft nothing hold nobody, so their wishes do not count); and how many
+        members draft this round."""
         if self.max_wait_s == 0:
-            return gamma
+            return RoundStart(gamma, 0)
         with self._state:
             # a newcomer's wait is bounded by the round in progress, a member's by max_wait_s (module doc)
             newcomer = member not in self._verifying  # not back from the round in progress
             end = self._end(timeout_s, self.max_wait_s + 2 * self._round_s if newcomer else None)
-            self._joining += 1
+            self._joining.add(member)
             while member not in self._group and self._drafting and (left := end - time.monotonic()) > 0:
                 self._state.wait(left)  # a round is in progress: join at its end
-            self._joining -= 1
+            self._joining.discard(member)
             if self._drafting and member not in self._group:
-                return gamma  # waited long enough: this round runs out of step
+                return RoundStart(gamma, 1)  # waited long enough: this round runs out of step
             self._group.add(member)
             self._wishes[member] = gamma
             self._arrive(member, end)
-            return self._cap  # set when this gate opened (a later one opens only once this member is left behind)
+            # set when this gate opened (a later one opens only once this member is left behind)
+            return RoundStart(self._cap, max(self._drafters, 1))
 
-    def before_verify(self, member: Hashable, timeout_s: float) -> None:
-        """Wait until every member of this round has its proposal."""
+    def before_verify(self, member: Hashable, timeout_s: float) -> int:
+        """Wait until every member of this round has its proposal; returns how many verify together
+        (0: lockstep off; 1: this member is out of step)."""
         if self.max_wait_s == 0:
-            return
+            return 0
         with self._state:
-            if self._drafting and member in self._group:  # else out of step: verify at once
-                self._arrive(member, self._end(timeout_s))
+            if not (self._drafting and member in self._group):
+                return 1  # out of step: verify at once
+            self._arrive(member, self._end(timeout_s))
+            return max(len(self._verifying), 1)
 
     def leave(self, member: Hashable) -> None:
         with self._state:
@@ -119,12 +135,15 @@ class Lockstep:
         if not self._drafting:  # a round starts: the drafting members' median wish caps the adaptive ones
             wishes = sorted(w for m in self._arrived if (w := self._wishes[m]) > 0)  # those that draft
             self._cap = wishes[(len(wishes) - 1) // 2] if wishes else 0  # lower median: the shorter middle one
+            self._drafters = len(wishes)
             self._wishes.clear()
             now = time.monotonic()
             self._round_s, self._round_started = (now - self._round_started if self._round_started else 0.0), now
             self._verifying = set()
-        else:
+        else:  # the group verifies; those waiting to join are members from the next round start (before
+            # they wake: a member back from an instant verify would otherwise start the round without them)
             self._verifying = set(self._group)
+            self._group |= self._joining
         self._generation += 1
         self._drafting = not self._drafting
         self._arrived.clear()

@@ -146,8 +146,10 @@ class Proposer:
         append: list[int],
         watch: Stopwatch,
         min_confidence: float = 0.0,
+        cohort: int = 0,
     ) -> Proposal:
-        """Up to num_tokens tokens; fewer when a token's draft probability falls below min_confidence."""
+        """Up to num_tokens tokens; fewer when a token's draft probability falls below min_confidence.
+        `cohort`: the Propose calls sent with this one (BatchScheduler.submit)."""
         require(
             1 <= num_tokens <= MAX_SPECULATIVE_TOKENS,
             f"num_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], got {num_tokens}",
@@ -162,7 +164,7 @@ class Proposer:
                 f"session {session_id!r} would exceed the context ({self.runner.max_context})",
             )
             self._rollback(session, length, append)
-            proposal = self.scheduler.submit(_Job(state, num_tokens, min_confidence, self.runner.logit_columns))
+            proposal = self.scheduler.submit(_Job(state, num_tokens, min_confidence, self.runner.logit_columns), cohort)
             watch.add("forward", proposal.forward_ns)
             return proposal
 

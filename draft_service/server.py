@@ -46,6 +46,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             list(request.append_token_ids),
             watch,
             min_confidence=request.min_confidence,
+            cohort=request.cohort,
         )
         self.metrics.proposed(len(proposal.token_ids))
         response = draft_pb2.ProposeResponse(

@@ -120,13 +120,19 @@ class TargetEngine:
         self.scheduler.stop()
 
     def verify(
-        self, session_id: str, draft: list[int], draft_probs: torch.Tensor | SparseQ | None, watch: Stopwatch
+        self,
+        session_id: str,
+        draft: list[int],
+        draft_probs: torch.Tensor | SparseQ | None,
+        watch: Stopwatch,
+        cohort: int = 0,
     ) -> VerifyResult:
-        """Verify `draft` (may be empty: one plain decoding step) and commit the outcome."""
+        """Verify `draft` (may be empty: one plain decoding step) and commit the outcome. `cohort`: the
+        Verify calls sent with this one (BatchScheduler.submit)."""
         state = self.sessions.get(session_id)
         with state.session.lock:  # one round at a time per session
             self._check_draft(state, draft, draft_probs)
-            return self.scheduler.submit(_Row(state, draft, draft_probs, watch))
+            return self.scheduler.submit(_Row(state, draft, draft_probs, watch), cohort)
 
     @on_compute_thread
     def _round(self, rows: Sequence[_Row]) -> list[VerifyResult]:

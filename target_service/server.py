@@ -84,7 +84,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         probs = draft_q_from_pb(request)
         if self.link is not None and draft:
             self.link.note_request()  # the memory write carrying this round's events names the request
-        result = self.engine.verify(request.session_id, draft, probs, watch)
+        result = self.engine.verify(request.session_id, draft, probs, watch, request.cohort)
         self.metrics.verified(len(draft), result)
         return target_pb2.VerifyResponse(
             accepted_count=result.accepted_count,

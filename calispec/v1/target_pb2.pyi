@@ -28,18 +28,20 @@ class TargetPrefillResponse(_message.Message):
     def __init__(self, timing: _Optional[_Union[_common_pb2.Timing, _Mapping]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "draft_token_ids", "draft_probs", "draft_vocab_size", "draft_sparse_probs")
+    __slots__ = ("session_id", "draft_token_ids", "draft_probs", "draft_vocab_size", "draft_sparse_probs", "cohort")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     DRAFT_SPARSE_PROBS_FIELD_NUMBER: _ClassVar[int]
+    COHORT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_probs: bytes
     draft_vocab_size: int
     draft_sparse_probs: _common_pb2.SparseDistributions
-    def __init__(self, session_id: _Optional[str] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[bytes] = ..., draft_vocab_size: _Optional[int] = ..., draft_sparse_probs: _Optional[_Union[_common_pb2.SparseDistributions, _Mapping]] = ...) -> None: ...
+    cohort: int
+    def __init__(self, session_id: _Optional[str] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[bytes] = ..., draft_vocab_size: _Optional[int] = ..., draft_sparse_probs: _Optional[_Union[_common_pb2.SparseDistributions, _Mapping]] = ..., cohort: _Optional[int] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
     __slots__ = ("accepted_count", "rescued_positions", "next_token_id", "next_is_bonus", "rejections", "timing", "batch_size", "batch_tokens")

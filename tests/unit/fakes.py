@@ -60,6 +60,7 @@ class FakeDraft(_Killable):
         self.sessions: dict[str, list[int]] = {}
         self.proposals: list[list[int]] = []
         self.prefills: list[list[int]] = []
+        self.cohorts: list[int] = []  # each Propose's cohort hint
 
     def info(self, timeout: float) -> ModelFacts:
         return facts()
@@ -70,8 +71,9 @@ class FakeDraft(_Killable):
         self.prefills.append(list(token_ids))
         return 1_000
 
-    def propose(self, session_id, num_tokens, rollback_to, append, timeout, min_confidence=0.0) -> Proposal:
+    def propose(self, session_id, num_tokens, rollback_to, append, timeout, min_confidence=0.0, cohort=0) -> Proposal:
         self._check_up()
+        self.cohorts.append(cohort)
         seq = self._session(session_id)
         if rollback_to is not None:
             del seq[rollback_to:]
@@ -99,6 +101,7 @@ class FakeTarget(_Killable):
         self.sessions: dict[str, list[int]] = {}
         self.rejections = 0
         self.prefills: list[list[int]] = []
+        self.cohorts: list[int] = []  # each Verify's cohort hint
 
     def info(self, timeout: float) -> ModelFacts:
         return facts()
@@ -109,8 +112,9 @@ class FakeTarget(_Killable):
         self.prefills.append(list(token_ids))
         return 3_000
 
-    def verify(self, session_id: str, proposal: Proposal | None, timeout: float) -> Verdict:
+    def verify(self, session_id: str, proposal: Proposal | None, timeout: float, cohort: int = 0) -> Verdict:
         self._check_up()
+        self.cohorts.append(cohort)
         seq = self._session(session_id)
         draft = proposal.token_ids if proposal else []
         accepted = 0

@@ -12,7 +12,7 @@ import coordinator.__main__ as coordinator_cli
 from calispec_core.errors import InvalidArgument
 from calispec_core.timing import Deadline
 from coordinator.engine import Orchestrator, SpeculationConfig
-from coordinator.lockstep import Lockstep
+from coordinator.lockstep import Lockstep, RoundStart
 from tests.helpers import wait_until
 from tests.unit.fakes import EOS, CharTokenizer, FakeDraft, FakeTarget
 from tests.unit.test_orchestrator import alphabet_target, params, sloppy_draft
@@ -22,8 +22,8 @@ def test_a_lone_request_never_waits() -> None:
     lockstep = Lockstep(max_wait_s=600)
 
     def two_round_starts() -> None:
-        assert lockstep.start_round("a", timeout_s=600, gamma=4) == 4  # nobody else: its own wish
-        lockstep.before_verify("a", timeout_s=600)
+        assert lockstep.start_round("a", timeout_s=600, gamma=4) == RoundStart(4, 1)  # nobody else: its own wish
+        assert lockstep.before_verify("a", timeout_s=600) == 1  # verifies alone
         lockstep.start_round("a", timeout_s=600, gamma=4)
 
     rounds = threading.Thread(target=two_round_starts)
@@ -116,19 +116,22 @@ def test_a_newcomer_waits_for_the_round_in_progress_and_leaves_nobody_behind() -
 
 
 @pytest.mark.parametrize(
-    ("wishes", "cap"),
+    ("wishes", "cap", "drafters"),
     [
-        ({"a": 1, "b": 3, "c": 10}, 3),  # one member drafting 10 would hold the other two
-        ({"a": 0, "b": 0, "c": 4}, 4),  # members that draft nothing hold nobody: no cap from them
+        ({"a": 1, "b": 3, "c": 10}, 3, 3),  # one member drafting 10 would hold the other two
+        ({"a": 0, "b": 0, "c": 4}, 4, 1),  # members that draft nothing hold nobody: no cap from them
     ],
 )
-def test_a_round_caps_gamma_at_the_median_wish_of_its_drafting_members(wishes: dict[str, int], cap: int) -> None:
+def test_a_round_caps_gamma_at_the_median_wish_of_its_drafting_members(
+    wishes: dict[str, int], cap: int, drafters: int
+) -> None:
     lockstep = Lockstep(max_wait_s=60)
-    assert lockstep.start_round("a", timeout_s=60, gamma=wishes["a"]) == wishes["a"]  # alone: its own wish
+    assert lockstep.start_round("a", timeout_s=60, gamma=wishes["a"]).cap == wishes["a"]  # alone: its own wish
     caps: dict[str, int] = {}
+    cohorts: dict[str, int] = {}
 
     def start(member: str) -> None:
-        caps[member] = lockstep.start_round(member, 60, wishes[member])
+        caps[member], cohorts[member] = lockstep.start_round(member, 60, wishes[member])
 
     joining = [threading.Thread(target=start, args=(m,)) for m in ("b", "c")]
     for thread in joining:
@@ -136,9 +139,31 @@ def test_a_round_caps_gamma_at_the_median_wish_of_its_drafting_members(wishes: d
     wait_until(lambda: lockstep.waiting() == 2, interval_s=0.001)
     lockstep.before_verify("a", timeout_s=60)
     wait_until(lambda: lockstep.members() == 3, interval_s=0.001)
-    caps["a"] = lockstep.start_round("a", timeout_s=60, gamma=wishes["a"])
+    caps["a"], cohorts["a"] = lockstep.start_round("a", timeout_s=60, gamma=wishes["a"])
     assert all(_ends(t) for t in joining)
     assert caps == {"a": cap, "b": cap, "c": cap}
+    assert cohorts == {"a": drafters, "b": drafters, "c": drafters}  # the Propose calls sent together
+
+
+def test_the_verify_gate_says_how_many_verify_together_and_a_straggler_goes_alone() -> None:
+    """The count becomes the Verify calls' cohort: the target batches exactly the group's rows."""
+    lockstep = _group_of_two()
+    counts: dict[str, int] = {}
+    a = threading.Thread(target=lambda: counts.update(a=lockstep.before_verify("a", 60)))
+    a.start()
+    wait_until(lambda: lockstep.waiting() == 1, interval_s=0.001)
+    counts["b"] = lockstep.before_verify("b", timeout_s=60)
+    assert _ends(a) and counts == {"a": 2, "b": 2}
+    lockstep.max_wait_s = 0.01  # "b" does not come back in time:
+    assert lockstep.start_round("a", timeout_s=60, gamma=4) == RoundStart(4, 1)  # "a" drafts alone...
+    assert lockstep.before_verify("a", timeout_s=60) == 1  # ...and verifies alone
+    assert lockstep.before_verify("b", timeout_s=60) == 1  # "b", out of step, too
+
+
+def test_without_lockstep_the_gates_give_no_cohort() -> None:
+    lockstep = Lockstep(max_wait_s=0)
+    assert lockstep.start_round("a", timeout_s=60, gamma=3) == RoundStart(3, 0)
+    assert lockstep.before_verify("a", timeout_s=60) == 0  # no hint: the service goes by its own history
 
 
 def test_negative_wait_is_refused() -> None:
@@ -157,14 +182,14 @@ class SlowFirstDraft(FakeDraft):
         self.slow_in_propose = threading.Event()
         self.rounds_of_fast_meanwhile: int | None = None
 
-    def propose(self, session_id, num_tokens, rollback_to, append, timeout, min_confidence=0.0):
+    def propose(self, session_id, num_tokens, rollback_to, append, timeout, min_confidence=0.0, cohort=0):
         if session_id == "slow" and self.rounds_of_fast_meanwhile is None:
             lockstep = self.lockstep
             assert lockstep is not None
             self.slow_in_propose.set()
             wait_until(lambda: lockstep.waiting() == 1 or self.target.verifies["fast"] >= 2, interval_s=0.001)
             self.rounds_of_fast_meanwhile = self.target.verifies["fast"]
-        return super().propose(session_id, num_tokens, rollback_to, append, timeout, min_confidence)
+        return super().propose(session_id, num_tokens, rollback_to, append, timeout, min_confidence, cohort)
 
 
 class CountingTarget(FakeTarget):
@@ -172,13 +197,16 @@ class CountingTarget(FakeTarget):
         super().__init__(alphabet_target)
         self.verifies: Counter[str] = Counter()
 
-    def verify(self, session_id, proposal, timeout):
-        verdict = super().verify(session_id, proposal, timeout)
+    def verify(self, session_id, proposal, timeout, cohort=0):
+        verdict = super().verify(session_id, proposal, timeout, cohort)
         self.verifies[session_id] += 1
         return verdict
 
 
-def _rounds_of_one_request_during_the_first_round_of_another(lockstep_wait_s: float) -> int:
+def _rounds_of_one_request_during_the_first_round_of_another(
+    lockstep_wait_s: float,
+) -> tuple[int, list[int], list[int]]:
+    """(rounds "fast" ran meanwhile, the cohort of every Propose, of every Verify)."""
     target = CountingTarget()
     draft = SlowFirstDraft(target)
     speculation = SpeculationConfig(lockstep_wait_s=lockstep_wait_s)
@@ -208,16 +236,24 @@ def _rounds_of_one_request_during_the_first_round_of_another(lockstep_wait_s: fl
         thread.join(timeout=60)
     assert outputs == {"slow": "defghijklmno", "fast": "defghijklmno"}
     assert draft.rounds_of_fast_meanwhile is not None
-    return draft.rounds_of_fast_meanwhile
+    return draft.rounds_of_fast_meanwhile, draft.cohorts, target.cohorts
 
 
 def test_no_request_starts_a_round_while_another_is_mid_round() -> None:
-    assert _rounds_of_one_request_during_the_first_round_of_another(lockstep_wait_s=60) == 0
+    rounds, propose_cohorts, verify_cohorts = _rounds_of_one_request_during_the_first_round_of_another(60)
+    assert rounds == 0
+    # the calls carry their cohort: two once both are in step (so the services batch them whole), one
+    # alone. Both in step at all: "fast" joins at the verify gate of "slow"'s round; it used to add itself
+    # only when its thread woke, and "slow", back at once from the fakes' instant verify, started every
+    # round without it (all cohorts 1)
+    assert set(propose_cohorts) == {1, 2} and set(verify_cohorts) == {1, 2}
 
 
 def test_without_lockstep_requests_drift_apart() -> None:
     """The scenario above does drift without the barrier (so the test above can fail)."""
-    assert _rounds_of_one_request_during_the_first_round_of_another(lockstep_wait_s=0) >= 2
+    rounds, propose_cohorts, verify_cohorts = _rounds_of_one_request_during_the_first_round_of_another(0)
+    assert rounds >= 2
+    assert set(propose_cohorts) == {0} and set(verify_cohorts) == {0}  # no hint: the services' own history
 
 
 def test_the_coordinator_cli_maps_lockstep_wait_onto_the_orchestrator() -> None:

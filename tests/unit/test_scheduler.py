@@ -211,3 +211,41 @@ def test_a_group_split_by_one_short_step_is_gathered_whole_again() -> None:
         t.join(timeout=30)
     scheduler.stop()
     assert sorted(step.batches[-1]) == [5, 6, 7] and len(step.batches) == 4
+
+
+def test_an_announced_cohort_is_gathered_whole_even_when_recent_steps_were_single() -> None:
+    """History alone cannot re-merge a group split from its start (every step had part of it): the
+    coordinator's cohort does. Measured without it: a concurrency-8 level whose every round's 8 Verify
+    rows ran as two forwards of 4."""
+    step = GatedStep()
+    step.release.set()
+    scheduler = BatchScheduler(step, max_batch=4, gather_s=30.0)  # long: the test never depends on timing
+    assert scheduler.submit(9) == 90  # a lone step: history now says one row
+    rows = [threading.Thread(target=scheduler.submit, args=(0, 3))]
+    rows[0].start()
+    wait_until(lambda: scheduler._queue.qsize() == 1)  # announced three: it waits instead of running alone
+    rows += [threading.Thread(target=scheduler.submit, args=(r, 3)) for r in (1, 2)]
+    for t in rows[1:]:
+        t.start()
+    for t in rows:
+        t.join(timeout=30)
+    scheduler.stop()
+    assert step.batches[0] == [9] and sorted(step.batches[1]) == [0, 1, 2] and len(step.batches) == 2
+
+
+def test_a_row_announced_alone_runs_at_once_whatever_recent_steps_had() -> None:
+    """A straggler out of step (cohort 1) must not wait for a group it is not part of."""
+    step = GatedStep()
+    scheduler = BatchScheduler(step, max_batch=4, gather_s=30.0)
+    _one_then_the_rest(step, scheduler, [0, 1, 2])  # recent steps: 1 and 2 rows
+    assert scheduler._expected() == 2
+    done = threading.Thread(target=scheduler.submit, args=(5, 1))
+    done.start()
+    assert _ends(done)  # with the history's expectation it would wait the 30 s gather
+    scheduler.stop()
+    assert step.batches[-1] == [5]
+
+
+def _ends(thread: threading.Thread) -> bool:
+    thread.join(timeout=10)
+    return not thread.is_alive()
