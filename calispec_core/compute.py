@@ -7,6 +7,9 @@ that loaded the model and 42-50 ms on any other thread of the same process (a gR
 batcher); a worker thread that loaded the model and ran every forward itself took 29.5 ms. The bf16
 target's few large ops did not notice. So model services hand their compute to this one thread
 and wait for it (a hand-off costs tens of microseconds); code already on it runs directly.
+
+With a `HostComputeLock` (the model services of one CPU host share one), each job handed to the
+thread holds it while it runs, so the two services' forwards take turns instead of overlapping.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
+
+from calispec_core.host_lock import HostComputeLock
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -27,12 +32,21 @@ class ComputeThread:
     def __init__(self, name: str = "torch-compute") -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.ident = self._executor.submit(threading.get_ident).result()
+        self.host_lock: HostComputeLock | None = None  # held by every job handed to the thread
 
     def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """fn(*args, **kwargs) on the compute thread (directly when called from it); returns or raises its outcome."""
+        """fn(*args, **kwargs) on the compute thread (directly when called from it: a job already holds the
+        host lock); returns or raises its outcome."""
         if threading.get_ident() == self.ident:
             return fn(*args, **kwargs)
-        return self._executor.submit(fn, *args, **kwargs).result()
+        return self._executor.submit(self._job, fn, *args, **kwargs).result()
+
+    def _job(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        lock = self.host_lock
+        if lock is None:
+            return fn(*args, **kwargs)
+        with lock.held():
+            return fn(*args, **kwargs)
 
 
 _shared: ComputeThread | None = None

@@ -20,6 +20,7 @@ from calispec_core import attention
 from calispec_core.batch_forward import packed_forward
 from calispec_core.compute import compute_thread, on_compute_thread
 from calispec_core.errors import InvalidArgument, require
+from calispec_core.host_lock import HostComputeLock
 from calispec_core.kv_cache import SessionLayer, crop_to, new_session_cache
 from calispec_core.lean_decoder import LeanDecoder
 from calispec_core.limits import FP32_LINEAR_CHOICES
@@ -117,6 +118,8 @@ class ModelSpec:
     threads: int | None = None  # torch intra-op threads; None: torch's default (all cores)
     fp32_linear: str = "auto"  # float32 CPU Linear path, one of FP32_LINEAR_CHOICES (auto: packed where it fits)
     lean_forward: bool = True  # rounds' passes through LeanDecoder where the model is one it reproduces
+    # a lock file the model services of this host share: their forwards take turns (host_lock.py); None: off
+    compute_lock: Path | None = None
 
 
 class ModelRunner:
@@ -125,8 +128,11 @@ class ModelRunner:
     def __init__(self, spec: ModelSpec, output_vocab: int = 0) -> None:
         """output_vocab > 0 (draft services only): keep the output rows of ids [0, output_vocab) and of
         the special tokens; the logits then cover `logit_columns` (calispec_core/vocab_pruning.py).
-        Loads on the process's compute thread, where every forward runs too (calispec_core/compute.py)."""
+        Loads on the process's compute thread, where every forward runs too (calispec_core/compute.py);
+        with `spec.compute_lock`, every later job there takes turns with the host's other model services."""
         compute_thread().run(self._load, spec, output_vocab)
+        if spec.compute_lock is not None:
+            compute_thread().host_lock = HostComputeLock(spec.compute_lock)
 
     def _load(self, spec: ModelSpec, output_vocab: int) -> None:
         if not Path(spec.path).is_dir():

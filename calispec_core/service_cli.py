@@ -82,6 +82,13 @@ def _milliseconds(text: str) -> float:
     return value
 
 
+def _lock_file(text: str) -> Path:
+    path = Path(text)
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"the lock file's directory {path.parent} does not exist")
+    return path
+
+
 def add_batching_args(parser: argparse.ArgumentParser, what: str) -> None:
     """The model services' batcher (calispec_core/batch_scheduler.py); `what`: what a batch does."""
     parser.add_argument(
@@ -106,6 +113,13 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         "--threads", type=int, default=None, help="torch intra-op threads (default: all cores; in a pod: its CPU limit)"
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument(
+        "--compute-lock",
+        type=_lock_file,
+        default=None,
+        help="a lock file shared with the other model services of this host: their forwards take turns instead "
+        "of fighting over the same cores (`calispec up` sets one on CPU; calispec_core/host_lock.py)",
+    )
     parser.add_argument(
         "--fp32-linear",
         default=FP32_LINEAR_CHOICES[0],

@@ -112,6 +112,7 @@ def stack_config(args: argparse.Namespace, ports: tuple[int, int, int, int]) -> 
         fp32_linear=args.fp32_linear,
         draft_threads=args.draft_threads,
         target_threads=args.target_threads,
+        compute_lock=not args.no_compute_lock,
         calibration_file=None if args.no_calibration or args.draft else _shipped_file(args.pair),
         default_tau=getattr(args, "default_tau", None),
         default_lambda=getattr(args, "default_lambda", None),
@@ -205,7 +206,14 @@ def add_model_flavour_args(parser: argparse.ArgumentParser) -> None:
         "--target-threads",
         type=int,
         default=None,
-        help="target torch threads (with neither given, the cores are split: a third to the draft)",
+        help="target torch threads (with neither given: all cores each on CPU, where the two take turns; with "
+        "--no-compute-lock the cores are split, a third to the draft)",
+    )
+    parser.add_argument(
+        "--no-compute-lock",
+        action="store_true",
+        help="on CPU, let the draft and target compute at once (by default their forwards take turns through a "
+        "shared lock file: two thread pools on the same cores slow each other 2-5x; calispec_core/host_lock.py)",
     )
     parser.add_argument(
         "--no-calibration", action="store_true", help="do not seed a fresh memory with the pair's shipped calibration"

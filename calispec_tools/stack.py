@@ -44,10 +44,17 @@ def split_cores(cores: int) -> tuple[int, int]:
 
 
 def service_threads(config: StackConfig) -> tuple[int | None, int | None]:
-    """(draft, target) threads: explicit ones win; with neither given the machine's cores are split."""
+    """(draft, target) threads: explicit ones win; with neither given, all cores each where the two take
+    turns (a compute lock on CPU), else the machine's cores split between them."""
     if config.draft_threads is None and config.target_threads is None:
-        return split_cores(os.cpu_count() or 1)
+        return (None, None) if compute_lock_path(config) else split_cores(os.cpu_count() or 1)
     return config.draft_threads, config.target_threads
+
+
+def compute_lock_path(config: StackConfig) -> Path | None:
+    """The lock file the model services share on CPU, so their forwards take turns (calispec_core/host_lock.py);
+    None where they compute apart (a GPU) or the stack was told not to."""
+    return config.log_dir / "compute.lock" if config.compute_lock and runs_on_cpu(config.device) else None
 
 
 def runs_on_cpu(device: str) -> bool:
@@ -108,6 +115,7 @@ class StackConfig:
     target_replicas: int = 1  # replica i > 0 is named `target_service:i` and listens on target_port + i (or 0)
     session_idle_ttl_s: float | None = None  # draft and target sessions; None: the services' default
     batch_gather_ms: float | None = None  # draft and target batchers (--batch-gather-ms); None: the default
+    compute_lock: bool = True  # on CPU the model services' forwards take turns (calispec_core/host_lock.py)
     metrics: bool = False  # serve /metrics on a free port per service (`calispec up` prints the URLs)
     log_level: str = "INFO"
 
@@ -233,7 +241,8 @@ class LocalStack:
 
     def model_service_args(self) -> list[str]:
         """What the draft and the target share: session idle TTL, batch gather time, prefix cache, float32
-        Linear path (when set)."""
+        Linear path (when set), the compute lock (on CPU)."""
+        lock = compute_lock_path(self.config)
         ttl, gather, prefix, linear = (
             self.config.session_idle_ttl_s,
             self.config.batch_gather_ms,
@@ -243,7 +252,8 @@ class LocalStack:
         return [*([] if ttl is None else ["--session-idle-ttl-s", str(ttl)]),
                 *([] if gather is None else ["--batch-gather-ms", str(gather)]),
                 *([] if prefix is None else ["--prefix-cache-tokens", str(prefix)]),
-                *([] if linear is None else ["--fp32-linear", linear])]  # fmt: skip
+                *([] if linear is None else ["--fp32-linear", linear]),
+                *([] if lock is None else ["--compute-lock", str(lock)])]  # fmt: skip
 
     def memory_args(self, port: int) -> list[str]:
         """Arguments of the memory service (also for restarting it on another port)."""

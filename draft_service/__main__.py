@@ -43,7 +43,12 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
     if args.draft_vocab < 0:
         parser.error(f"--draft-vocab must be >= 0 (0: the full output layer), got {args.draft_vocab}")
     spec = ModelSpec(
-        Path(args.model), dtype=args.dtype, device=args.device, threads=args.threads, fp32_linear=args.fp32_linear
+        Path(args.model),
+        dtype=args.dtype,
+        device=args.device,
+        threads=args.threads,
+        fp32_linear=args.fp32_linear,
+        compute_lock=args.compute_lock,
     )
     config = DraftConfig(
         model=spec,

@@ -42,7 +42,12 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
     args = parser.parse_args(argv)
     config = TargetConfig(
         model=ModelSpec(
-            Path(args.model), dtype=args.dtype, device=args.device, threads=args.threads, fp32_linear=args.fp32_linear
+            Path(args.model),
+            dtype=args.dtype,
+            device=args.device,
+            threads=args.threads,
+            fp32_linear=args.fp32_linear,
+            compute_lock=args.compute_lock,
         ),
         host=args.host,
         port=args.port,

@@ -367,8 +367,8 @@ def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int |
         "dtype": f"{args.dtype} ({serving_dtype_name(args.dtype, resolve_device(args.device))})",
         "draft_dtype": draft_dtype,  # HF's assistant too (HfPair)
         "fp32_linear": args.fp32_linear or "auto",  # the stack's, as asked (run_compare adds what it resolved to)
-        "draft_threads": threads[0],
-        "target_threads": threads[1],
+        "draft_threads": threads[0] or "all cores",
+        "target_threads": threads[1] or "all cores",
         "hf_threads": torch.get_num_threads(),
         "gamma": args.gamma if args.gamma else "adaptive",
         "batch_gather_ms": DEFAULT_GATHER_S * 1000 if args.batch_gather_ms is None else args.batch_gather_ms,
@@ -442,7 +442,7 @@ def run_compare(args: argparse.Namespace) -> int:
     from calispec.client import CalispecClient
     from calispec_tools.cli import draft_vocab as cli_draft_vocab
     from calispec_tools.cli import served_draft_dtype
-    from calispec_tools.stack import LocalStack, StackConfig, service_threads
+    from calispec_tools.stack import LocalStack, StackConfig, compute_lock_path, service_threads
 
     draft, target = args.model_dirs
     config = CompareConfig(
@@ -463,6 +463,7 @@ def run_compare(args: argparse.Namespace) -> int:
             draft_dtype=draft_dtype, draft_threads=args.draft_threads, target_threads=args.target_threads,
             draft_vocab=draft_vocab, batch_gather_ms=args.batch_gather_ms,
             prefix_cache_tokens=args.prefix_cache_tokens, fp32_linear=args.fp32_linear,
+            compute_lock=not args.no_compute_lock,
         )  # fmt: skip
         threads = service_threads(stack_config)
         # HF first: the services' `--fp32-linear auto` packs only where the memory left holds the copy, and a
@@ -485,6 +486,7 @@ def run_compare(args: argparse.Namespace) -> int:
         "draft_vocab": draft_vocab or "full",
         "prefix_cache_tokens": args.prefix_cache_tokens,
         "fp32_linear": f"{args.fp32_linear or 'auto'} (target {linear['target']}, draft {linear['draft']})",
+        "compute_lock": "on" if compute_lock_path(stack_config) else "off",  # forwards take turns (host_lock.py)
     }
     summary = summarize(runs)
     rel = ratios(summary)

@@ -1,0 +1,108 @@
+"""The host compute lock: the model services of one CPU host take turns computing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from calispec_core.compute import ComputeThread
+from calispec_core.host_lock import HostComputeLock
+from calispec_tools.stack import LocalStack, StackConfig, compute_lock_path, service_threads, split_cores
+from tests.conftest import TinyPair
+
+HOLDER = """
+import sys
+from calispec_core.host_lock import HostComputeLock
+lock = HostComputeLock(sys.argv[1])
+lock.acquire()
+print("held", flush=True)
+sys.stdin.read()  # until the test closes our stdin (or kills us)
+"""
+
+
+def _holder(path: Path) -> subprocess.Popen[str]:
+    """Another process holding the lock on `path` (as the other model service would)."""
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert child.stdout is not None and child.stdout.readline().strip() == "held"
+    return child
+
+
+def test_a_lock_held_by_another_process_excludes_this_one_until_it_lets_go(tmp_path: Path) -> None:
+    lock = HostComputeLock(tmp_path / "compute.lock")
+    child = _holder(lock.path)
+    assert not lock.acquire(blocking=False)
+    assert child.stdin is not None
+    child.stdin.close()  # the holder ends: its lock goes with it
+    assert lock.acquire()  # waits for that, however long it takes
+    assert child.wait(timeout=60) == 0
+    lock.release()
+    lock.close()
+
+
+def test_a_holder_that_dies_never_blocks_the_other_service(tmp_path: Path) -> None:
+    lock = HostComputeLock(tmp_path / "compute.lock")
+    child = _holder(lock.path)
+    child.kill()  # a crashed service: the kernel drops its lock
+    child.wait(timeout=60)
+    assert lock.acquire()
+    lock.release()
+    lock.close()
+
+
+def test_every_job_on_the_compute_thread_holds_the_lock_and_nested_calls_keep_it(tmp_path: Path) -> None:
+    compute = ComputeThread("test-compute")
+    compute.host_lock = HostComputeLock(tmp_path / "compute.lock")
+    other = HostComputeLock(tmp_path / "compute.lock")  # as another process would see it (a separate flock)
+
+    def inner() -> bool:
+        return other.acquire(blocking=False)
+
+    def job() -> tuple[bool, bool]:
+        nested = compute.run(inner)  # already on the thread: runs directly, no second acquire or early release
+        return nested, other.acquire(blocking=False)
+
+    assert compute.run(job) == (False, False)  # held throughout the job
+    assert other.acquire(blocking=False)  # and released after it
+    other.release()
+
+
+def test_a_cpu_stack_gives_both_model_services_one_lock_and_all_cores(tiny_pair: TinyPair, tmp_path: Path) -> None:
+    base = StackConfig(tiny_pair.draft, tiny_pair.target, tmp_path / "m.db", tmp_path, device="cpu")
+    stack = LocalStack(base)
+    locks = [args[args.index("--compute-lock") + 1] for args in (stack.draft_args(), stack.target_args(0, "x:1"))]
+    assert locks == [str(tmp_path / "compute.lock")] * 2
+    assert service_threads(base) == (None, None)  # they take turns: each may use every core
+    apart = replace(base, compute_lock=False)  # --no-compute-lock: both at once, on split cores
+    assert compute_lock_path(apart) is None and "--compute-lock" not in LocalStack(apart).draft_args()
+    assert service_threads(apart) == split_cores(os.cpu_count() or 1)
+    assert compute_lock_path(replace(base, device="cuda")) is None  # on a GPU they compute apart
+
+
+def test_both_model_services_take_the_compute_lock_flag(tmp_path: Path) -> None:
+    from draft_service.__main__ import parse_config as draft_config
+    from target_service.__main__ import parse_config as target_config
+
+    for parse in (draft_config, target_config):
+        assert parse(["--model", "m"])[0].model.compute_lock is None
+        config = parse(["--model", "m", "--compute-lock", str(tmp_path / "c.lock")])[0]
+        assert config.model.compute_lock == tmp_path / "c.lock"
+        with pytest.raises(SystemExit):  # a usage error at start-up, not a failure at the first forward
+            parse(["--model", "m", "--compute-lock", str(tmp_path / "missing" / "c.lock")])
+
+
+def test_a_runner_given_a_compute_lock_puts_every_later_job_under_it(tiny_pair: TinyPair, tmp_path: Path) -> None:
+    from calispec_core.compute import compute_thread
+    from calispec_core.modeling import ModelRunner, ModelSpec
+
+    try:
+        ModelRunner(ModelSpec(tiny_pair.draft, device="cpu", compute_lock=tmp_path / "c.lock"))
+        lock = compute_thread().host_lock
+        assert lock is not None and lock.path == tmp_path / "c.lock"
+    finally:
+        compute_thread().host_lock = None  # the process's compute thread is shared by the other tests
