@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from calispec_core import request_context
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S
@@ -19,6 +20,9 @@ from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, LOG_LEVELS,
 from calispec_core.observability import ManagedServer
 from calispec_core.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
+
+if TYPE_CHECKING:
+    from calispec_core.modeling import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +101,16 @@ def add_batching_args(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--batch-gather-ms", type=_milliseconds, default=DEFAULT_GATHER_S * 1000,
         help="how long an idle batcher waits for the last batch's other sessions to come back (0: never)",
+    )  # fmt: skip
+
+
+def model_spec(args: argparse.Namespace) -> ModelSpec:
+    """The ModelSpec that `add_model_args`' flags describe."""
+    from calispec_core.modeling import ModelSpec  # torch: only for the model services that parse these
+
+    return ModelSpec(
+        Path(args.model), dtype=args.dtype, device=args.device, threads=args.threads,
+        fp32_linear=args.fp32_linear, compute_lock=args.compute_lock,
     )  # fmt: skip
 
 

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from calispec_core.modeling import ModelRunner, ModelSpec
+from calispec_core.modeling import ModelRunner
 from calispec_core.service_cli import (
     add_batching_args,
     add_model_args,
     add_server_args,
     configure_logging,
     metrics_banner,
+    model_spec,
     serve_until_signalled,
     startup_step,
     tls_from_args,
@@ -42,14 +42,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
     args = parser.parse_args(argv)
     if args.draft_vocab < 0:
         parser.error(f"--draft-vocab must be >= 0 (0: the full output layer), got {args.draft_vocab}")
-    spec = ModelSpec(
-        Path(args.model),
-        dtype=args.dtype,
-        device=args.device,
-        threads=args.threads,
-        fp32_linear=args.fp32_linear,
-        compute_lock=args.compute_lock,
-    )
+    spec = model_spec(args)
     config = DraftConfig(
         model=spec,
         host=args.host,

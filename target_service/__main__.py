@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from calispec_core.modeling import ModelRunner, ModelSpec
+from calispec_core.modeling import ModelRunner
 from calispec_core.service_cli import (
     add_batching_args,
     add_model_args,
     add_server_args,
     configure_logging,
     metrics_banner,
+    model_spec,
     serve_until_signalled,
     startup_step,
     tls_from_args,
@@ -41,14 +42,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
     )
     args = parser.parse_args(argv)
     config = TargetConfig(
-        model=ModelSpec(
-            Path(args.model),
-            dtype=args.dtype,
-            device=args.device,
-            threads=args.threads,
-            fp32_linear=args.fp32_linear,
-            compute_lock=args.compute_lock,
-        ),
+        model=model_spec(args),
         host=args.host,
         port=args.port,
         max_sessions=args.max_sessions,
