@@ -51,6 +51,11 @@ def service_threads(config: StackConfig) -> tuple[int | None, int | None]:
     return config.draft_threads, config.target_threads
 
 
+def threads_label(threads: int | None) -> int | str:
+    """A service's torch threads as benchmarks print them (None: the service's default, every core)."""
+    return "all cores" if threads is None else threads
+
+
 def compute_lock_path(config: StackConfig) -> Path | None:
     """The lock file the model services share on CPU, so their forwards take turns (calispec_core/host_lock.py);
     None where they compute apart (a GPU) or the stack was told not to."""

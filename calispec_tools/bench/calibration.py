@@ -131,7 +131,7 @@ def format_report(env: dict[str, Any], methods: list[Method]) -> str:
 def run_calibration_bench(args: argparse.Namespace) -> int:
     from calispec_tools.bench.compare import cpu_flags, isa_caps
     from calispec_tools.cli import served_draft_dtype
-    from calispec_tools.stack import LocalStack, StackConfig, service_threads
+    from calispec_tools.stack import LocalStack, StackConfig, service_threads, threads_label
 
     prompts = benchmark_prompts(args.prompts)
     texts = [] if args.no_text else text_documents()
@@ -142,7 +142,7 @@ def run_calibration_bench(args: argparse.Namespace) -> int:
             draft_model=draft, target_model=target, memory_db=Path(tmp) / "memory.db", log_dir=Path(tmp) / "logs",
             coordinator_port=0, target_port=0, draft_port=0, memory_port=0, dtype=args.dtype, device=args.device,
             draft_dtype=draft_dtype, draft_threads=args.draft_threads,
-            target_threads=args.target_threads,
+            target_threads=args.target_threads, compute_lock=not args.no_compute_lock,
         )  # fmt: skip
         threads = service_threads(config)
         print(f"SD through a local stack over {len(prompts)} prompts...", file=sys.stderr)
@@ -155,7 +155,8 @@ def run_calibration_bench(args: argparse.Namespace) -> int:
     env = {
         "cpu_flags": cpu_flags(), "isa_caps": isa_caps(), "torch": torch.__version__, "device": args.device,
         "dtype": args.dtype,
-        "draft_dtype": draft_dtype, "stack_threads": threads, "process_threads": torch.get_num_threads(),
+        "draft_dtype": draft_dtype, "stack_threads": [threads_label(t) for t in threads],
+        "process_threads": torch.get_num_threads(),
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
         "batch_size": args.batch_size,
     }  # fmt: skip

@@ -356,6 +356,7 @@ def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int |
 
     from calispec_core.batch_scheduler import DEFAULT_GATHER_S
     from calispec_core.modeling import resolve_device, serving_dtype_name
+    from calispec_tools.stack import threads_label
 
     return {
         "cpu_flags": cpu_flags(),
@@ -367,8 +368,8 @@ def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int |
         "dtype": f"{args.dtype} ({serving_dtype_name(args.dtype, resolve_device(args.device))})",
         "draft_dtype": draft_dtype,  # HF's assistant too (HfPair)
         "fp32_linear": args.fp32_linear or "auto",  # the stack's, as asked (run_compare adds what it resolved to)
-        "draft_threads": threads[0] or "all cores",
-        "target_threads": threads[1] or "all cores",
+        "draft_threads": threads_label(threads[0]),
+        "target_threads": threads_label(threads[1]),
         "hf_threads": torch.get_num_threads(),
         "gamma": args.gamma if args.gamma else "adaptive",
         "batch_gather_ms": DEFAULT_GATHER_S * 1000 if args.batch_gather_ms is None else args.batch_gather_ms,
