@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calispec_tools.bench.rpc_floor import format_floors, model_service_floors
+
 STACK_MODES = ("ar", "sd", "csd")
 MODEL_SERVICES = ("draft", "target")
 HF_VARIANTS = ("hf_generate", "hf_assisted_default", "hf_assisted_gamma6")
@@ -378,7 +380,13 @@ def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int |
     }
 
 
-def format_report(env: dict[str, Any], summary: dict[str, Any], rel: dict[str, Any], load: dict[str, Any]) -> str:
+def format_report(
+    env: dict[str, Any],
+    summary: dict[str, Any],
+    rel: dict[str, Any],
+    load: dict[str, Any],
+    floors: dict[str, dict[str, float]] | None = None,
+) -> str:
     lines = ["environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
     lines.append(f"{'variant':20s} {'tok/s':>7s} {'× ar':>6s} {'× assist':>8s} {'accept':>7s} {'acc/rnd':>7s} "
                  f"{'tok/rnd':>7s} {'mean γ':>6s} {'γ=0':>5s} {'ovh %':>6s} {'ovh ms':>6s}")  # fmt: skip
@@ -397,6 +405,8 @@ def format_report(env: dict[str, Any], summary: dict[str, Any], rel: dict[str, A
         lines.append(cells)
     lines.append("ovh: round time outside the two models' forwards as the services timed them (RPCs, sampling,")
     lines.append("     verification, hand-offs, bookkeeping); % of request time, ms per round")
+    if floors:  # a round makes one round trip to each model service, after a forward
+        lines.append("     " + format_floors(floors) + " (GetModelInfo)")
     if load:
         levels = sorted({c for per_mode in load.values() for c in per_mode})
         lines += ["", "throughput (tokens/s over all requests) by concurrency:"]
@@ -475,6 +485,7 @@ def run_compare(args: argparse.Namespace) -> int:
         with LocalStack(stack_config) as stack, CalispecClient(stack.coordinator_address, timeout=900) as client:
             linear = {name: stack.services[f"{name}_service"].banner_value("fp32_linear") for name in MODEL_SERVICES}
             warm_up(client, hf, config.prompts[0])
+            floors = model_service_floors(*(stack.services[f"{name}_service"].address for name in MODEL_SERVICES))
 
             def progress(run: Run) -> None:
                 print(f"  prompt {run.prompt} {run.variant:20s} {run.tokens:4d} tokens {run.seconds:7.2f} s "
@@ -491,7 +502,7 @@ def run_compare(args: argparse.Namespace) -> int:
     }
     summary = summarize(runs)
     rel = ratios(summary)
-    print(format_report(env, summary, rel, load))
+    print(format_report(env, summary, rel, load, floors))
     same = agreement(runs)
     print(
         "greedy outputs identical to the stack's ar: "
@@ -499,7 +510,7 @@ def run_compare(args: argparse.Namespace) -> int:
     )
     if args.json:
         doc = {"environment": env, "summary": summary, "ratios": rel, "load": load, "agreement": same,
-               "runs": [asdict(r) for r in runs]}  # fmt: skip
+               "rpc_floor_ms": floors, "runs": [asdict(r) for r in runs]}  # fmt: skip
         Path(args.json).write_text(json.dumps(doc, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
