@@ -264,7 +264,10 @@ class Orchestrator:
         catching_up = len(request.draft_append) > 1 or request.draft_session is None
         # each call's cohort: the members sent with it, so the service batches them whole (lockstep.py)
         proposal, propose_ns = self._propose(request, gamma, start_gate.cohort) if gamma > 0 else (None, 0)
-        cohort = self._wait_for_others(request, self.lockstep.before_verify)
+        replica = request.target.address if request.target is not None else None
+        cohort = self._wait_for_others(
+            request, lambda member, timeout: self.lockstep.before_verify(member, timeout, replica)
+        )
         verdict = self._verify(request, proposal, cohort)
         self._account(request, gamma, proposal, verdict)
         # a prefill inside the round (a draft reopened after an outage, a failover) is per request, not

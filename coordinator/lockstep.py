@@ -58,6 +58,7 @@ class Lockstep:
         self._cap = 0  # the median wish of the drafting members at the last round start
         self._drafters = 0  # members that wished to draft at the last round start
         self._verifying: set[Hashable] = set()  # members of the round now verifying (its gate opened)
+        self._shards: dict[Hashable, Hashable] = {}  # each member's target replica at its last verify gate
         self._round_started = 0.0  # monotonic time the last round started
         self._round_s = 0.0  # how long the last whole round took (start to next start)
 
@@ -96,24 +97,29 @@ class Lockstep:
             # set when this gate opened (a later one opens only once this member is left behind)
             return RoundStart(self._cap, max(self._drafters, 1))
 
-    def before_verify(self, member: Hashable, timeout_s: float) -> int:
-        """Wait until every member of this round has its proposal; returns how many verify together
-        (0: lockstep off; 1: this member is out of step)."""
+    def before_verify(self, member: Hashable, timeout_s: float, shard: Hashable = None) -> int:
+        """Wait until every member of this round has its proposal; returns how many of them verify together
+        on this member's `shard` (its target replica: each replica batches only its own rows; 0: lockstep
+        off; 1: this member is out of step)."""
         if self.max_wait_s == 0:
             return 0
         with self._state:
             if not (self._drafting and member in self._group):
                 return 1  # out of step: verify at once
+            self._shards[member] = shard
             self._arrive(member, self._end(timeout_s))
-            return max(len(self._verifying), 1)
+            return max(sum(1 for m in self._verifying if self._shards.get(m) == shard), 1)
 
     def leave(self, member: Hashable) -> None:
         with self._state:
             self._group.discard(member)
             self._arrived.discard(member)
             self._wishes.pop(member, None)
+            self._shards.pop(member, None)
             if self._arrived and self._arrived >= self._group:  # the gate waited only for this one
                 self._open()
+            elif self._drafting and not self._group:  # the round lost its last member: back to a round
+                self._open()  # start, or the gate stayed shut and every later request ran out of step
 
     def _end(self, timeout_s: float, wait_s: float | None = None) -> float:
         return time.monotonic() + min(self.max_wait_s if wait_s is None else wait_s, max(timeout_s, 0.0))

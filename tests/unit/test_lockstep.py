@@ -87,6 +87,28 @@ def test_a_member_leaving_releases_those_waiting_for_it() -> None:
     assert _ends(a)
 
 
+def test_the_last_member_leaving_mid_round_reopens_the_round_start() -> None:
+    """A lone member that failed while drafting left the gate shut: every later request then waited
+    as a newcomer for a round nobody would end, ran out of step, and never joined a group again."""
+    lockstep = Lockstep(max_wait_s=60)
+    lockstep.start_round("a", timeout_s=60, gamma=4)  # alone: drafting
+    lockstep.leave("a")  # its Propose raised
+    b = _in_thread(lockstep.start_round, "b", 4)
+    assert _ends(b)  # before: held for max_wait_s, then out of step
+    assert lockstep.members() == 1
+    assert lockstep.before_verify("b", timeout_s=60) == 1  # in step: it passes its own verify gate
+
+
+def test_newcomers_waiting_when_the_last_member_leaves_mid_round_start_the_next_round() -> None:
+    lockstep = Lockstep(max_wait_s=60)
+    lockstep.start_round("a", timeout_s=60, gamma=4)
+    b = _in_thread(lockstep.start_round, "b", 4)
+    wait_until(lambda: lockstep.waiting() == 1, interval_s=0.001)
+    lockstep.leave("a")
+    assert _ends(b)
+    assert lockstep.members() == 1
+
+
 def test_a_straggler_is_left_behind_and_rejoins_at_a_round_start() -> None:
     lockstep = _group_of_two()
     lockstep.max_wait_s = 0.01
@@ -158,6 +180,30 @@ def test_the_verify_gate_says_how_many_verify_together_and_a_straggler_goes_alon
     assert lockstep.start_round("a", timeout_s=60, gamma=4) == RoundStart(4, 1)  # "a" drafts alone...
     assert lockstep.before_verify("a", timeout_s=60) == 1  # ...and verifies alone
     assert lockstep.before_verify("b", timeout_s=60) == 1  # "b", out of step, too
+
+
+def test_each_target_replica_is_told_only_its_own_rows() -> None:
+    """Members spread over replicas: a replica told the whole group's count waited 50 ms every round for
+    rows that went to the other one."""
+    lockstep = _group_of_two()
+    counts: dict[str, int] = {}
+    a = threading.Thread(target=lambda: counts.update(a=lockstep.before_verify("a", 60, "replica-1")))
+    a.start()
+    wait_until(lambda: lockstep.waiting() == 1, interval_s=0.001)
+    counts["b"] = lockstep.before_verify("b", timeout_s=60, shard="replica-2")
+    assert _ends(a) and counts == {"a": 1, "b": 1}
+
+
+def test_the_coordinator_names_each_requests_replica_at_the_verify_gate() -> None:
+    draft, target = FakeDraft(sloppy_draft), FakeTarget(alphabet_target)
+    orchestrator = Orchestrator(CharTokenizer(), draft, [target], (EOS,), max_context=4096)
+    shards: list[object] = []
+    original = orchestrator.lockstep.before_verify
+    orchestrator.lockstep.before_verify = lambda member, timeout, shard=None: (  # type: ignore[method-assign]
+        shards.append(shard) or original(member, timeout, shard)
+    )
+    list(orchestrator.generate("c", params(num_speculative_tokens=3, max_new_tokens=6), Deadline(60)))
+    assert shards and set(shards) == {target.address}
 
 
 def test_without_lockstep_the_gates_give_no_cohort() -> None:
