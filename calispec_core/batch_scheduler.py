@@ -36,7 +36,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from calispec_core.errors import Unavailable, require
 
@@ -49,6 +49,12 @@ Result = TypeVar("Result")
 DEFAULT_GATHER_S = 0.005  # how long an idle scheduler waits for the last step's other rows to come back
 RECENT_STEPS = 8  # a step waits for as many rows as the largest of the last RECENT_STEPS steps had
 COHORT_GATHER_S = 0.05  # how long an idle scheduler waits for the rest of a cohort its callers announced
+
+
+class _Split(NamedTuple):
+    announced: int  # the cohort its rows announced
+    remaining: int  # its rows that had not come when the others left
+    left_at: float  # monotonic time they left
 
 
 class BatchScheduler(Generic[Row, Result]):
@@ -71,7 +77,9 @@ class BatchScheduler(Generic[Row, Result]):
         self._state = threading.Condition()
         self._busy = False
         self._queued = 0
-        self._cohort = 0  # the largest cohort the queued rows announced (0: none did)
+        self._cohort = 0  # the most rows the queued rows' cohorts still expect (0: none announced one)
+        self._announced = 0  # the largest cohort the queued rows announced
+        self._split: _Split | None = None  # the last cohort that left without all its rows
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._stopped = False
         self._thread.start()
@@ -89,7 +97,8 @@ class BatchScheduler(Generic[Row, Result]):
             if inline:
                 self._busy = True
             else:
-                self._cohort = max(self._cohort, cohort)
+                self._cohort = max(self._cohort, self._still_expected(cohort))
+                self._announced = max(self._announced, cohort)
                 self._queued += 1
                 self._queue.put((row, future))
                 self._state.notify_all()
@@ -129,7 +138,7 @@ class BatchScheduler(Generic[Row, Result]):
                 self._busy = True
                 size = min(self._queued, self.max_batch)
                 self._queued -= size
-                self._cohort = 0
+                self._cohort_left(size)
             batch = [self._queue.get_nowait() for _ in range(size)]
             try:
                 self._run_batch(batch)
@@ -145,6 +154,22 @@ class BatchScheduler(Generic[Row, Result]):
         deadline = time.monotonic() + (max(self.gather_s, COHORT_GATHER_S) if self._cohort else self.gather_s)
         while self._queued < expected and not self._stopped and (left := deadline - time.monotonic()) > 0:
             self._state.wait(left)
+
+    def _still_expected(self, cohort: int) -> int:
+        """(Holding the lock) how many rows a row announcing `cohort` still waits for: fewer when part of
+        its cohort just left without it (a gather that timed out, a cohort larger than max_batch), or the
+        late rows would wait the whole COHORT_GATHER_S again for rows that are gone."""
+        split = self._split
+        if split and cohort == split.announced and time.monotonic() - split.left_at <= COHORT_GATHER_S:
+            return split.remaining
+        return cohort
+
+    def _cohort_left(self, size: int) -> None:
+        """(Holding the lock) `size` rows left for a step; remember what their cohort still expects."""
+        remaining = self._cohort - size
+        self._split = _Split(self._announced, remaining, time.monotonic()) if remaining > 0 else None
+        self._cohort = remaining if remaining > 0 and self._queued else 0
+        self._announced = self._announced if self._cohort else 0
 
     def _expected(self) -> int:
         """How many rows are likely to come back together: the largest recent step's."""

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from calispec_core import batch_scheduler
 from calispec_core.batch_scheduler import BatchScheduler
 from tests.helpers import wait_until
 
@@ -249,3 +250,36 @@ def test_a_row_announced_alone_runs_at_once_whatever_recent_steps_had() -> None:
 def _ends(thread: threading.Thread) -> bool:
     thread.join(timeout=10)
     return not thread.is_alive()
+
+
+def test_the_late_rows_of_a_cohort_that_left_without_them_wait_only_for_each_other(monkeypatch) -> None:
+    """A cohort larger than a batch (or whose gather timed out) leaves in part; its late rows used to
+    announce the whole cohort again and wait the full gather for rows that had already gone."""
+    monkeypatch.setattr(batch_scheduler, "COHORT_GATHER_S", 30.0)  # long: the test never depends on timing
+    step = GatedStep()
+    scheduler = BatchScheduler(step, max_batch=2, gather_s=30.0)
+    first = [threading.Thread(target=scheduler.submit, args=(r, 3)) for r in (0, 1)]
+    for t in first:
+        t.start()
+    assert step.entered.wait(timeout=30)  # two of the three left (a batch holds two)
+    late = threading.Thread(target=scheduler.submit, args=(2, 3))
+    late.start()
+    wait_until(lambda: scheduler._queue.qsize() == 1)
+    step.release.set()
+    assert _ends(late)  # before: it waited the 30 s gather for a second row that never came
+    assert all(_ends(t) for t in first)
+    scheduler.stop()
+    assert [sorted(b) for b in step.batches] == [[0, 1], [2]]
+
+
+def test_rows_of_a_cohort_larger_than_a_batch_queued_together_leave_in_full_batches(monkeypatch) -> None:
+    monkeypatch.setattr(batch_scheduler, "COHORT_GATHER_S", 30.0)
+    step = GatedStep()
+    step.release.set()
+    scheduler = BatchScheduler(step, max_batch=2, gather_s=30.0)
+    rows = [threading.Thread(target=scheduler.submit, args=(r, 3)) for r in (0, 1, 2)]
+    for t in rows:
+        t.start()
+    assert all(_ends(t) for t in rows)  # the third row's batch expects one row, not the cohort's three
+    scheduler.stop()
+    assert sorted(len(b) for b in step.batches) == [1, 2]
