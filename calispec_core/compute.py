@@ -18,6 +18,7 @@ import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 from calispec_core.host_lock import HostComputeLock
@@ -40,6 +41,18 @@ class ComputeThread:
         if threading.get_ident() == self.ident:
             return fn(*args, **kwargs)
         return self._executor.submit(self._job, fn, *args, **kwargs).result()
+
+    def use_host_lock(self, path: Path | None) -> None:
+        """Every later job holds an flock on `path` (None: no lock); the lock before is closed. Installed on
+        the thread between two jobs, so no job holds the lock being closed."""
+        if threading.get_ident() == self.ident:
+            raise RuntimeError("a compute job cannot replace the lock it holds")
+        self._executor.submit(self._install, path).result()
+
+    def _install(self, path: Path | None) -> None:
+        old, self.host_lock = self.host_lock, (HostComputeLock(path) if path is not None else None)
+        if old is not None:
+            old.close()
 
     def _job(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         lock = self.host_lock

@@ -29,6 +29,7 @@ class HostComputeLock:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.closed = False
 
     def acquire(self, blocking: bool = True) -> bool:
         """Take the lock (waiting for it unless `blocking` is False); returns whether it is held."""
@@ -50,4 +51,6 @@ class HostComputeLock:
             self.release()
 
     def close(self) -> None:
-        os.close(self._fd)
+        if not self.closed:
+            os.close(self._fd)
+            self.closed = True

@@ -20,7 +20,6 @@ from calispec_core import attention
 from calispec_core.batch_forward import packed_forward
 from calispec_core.compute import compute_thread, on_compute_thread
 from calispec_core.errors import InvalidArgument, require
-from calispec_core.host_lock import HostComputeLock
 from calispec_core.kv_cache import SessionLayer, crop_to, new_session_cache
 from calispec_core.lean_decoder import LeanDecoder
 from calispec_core.limits import FP32_LINEAR_CHOICES
@@ -131,8 +130,7 @@ class ModelRunner:
         Loads on the process's compute thread, where every forward runs too (calispec_core/compute.py);
         with `spec.compute_lock`, every later job there takes turns with the host's other model services."""
         compute_thread().run(self._load, spec, output_vocab)
-        if spec.compute_lock is not None:
-            compute_thread().host_lock = HostComputeLock(spec.compute_lock)
+        compute_thread().use_host_lock(spec.compute_lock)  # one model per service: its spec decides
 
     def _load(self, spec: ModelSpec, output_vocab: int) -> None:
         if not Path(spec.path).is_dir():

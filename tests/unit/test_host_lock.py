@@ -70,6 +70,8 @@ def test_every_job_on_the_compute_thread_holds_the_lock_and_nested_calls_keep_it
     assert compute.run(job) == (False, False)  # held throughout the job
     assert other.acquire(blocking=False)  # and released after it
     other.release()
+    other.close()
+    compute.use_host_lock(None)
 
 
 def test_a_cpu_stack_gives_both_model_services_one_lock_and_all_cores(tiny_pair: TinyPair, tmp_path: Path) -> None:
@@ -105,4 +107,26 @@ def test_a_runner_given_a_compute_lock_puts_every_later_job_under_it(tiny_pair: 
         lock = compute_thread().host_lock
         assert lock is not None and lock.path == tmp_path / "c.lock"
     finally:
-        compute_thread().host_lock = None  # the process's compute thread is shared by the other tests
+        compute_thread().use_host_lock(None)  # the process's compute thread is shared by the other tests
+    assert lock.closed  # replaced locks are closed, not leaked
+
+
+def test_a_runner_without_a_compute_lock_lifts_the_one_before(tiny_pair: TinyPair, tmp_path: Path) -> None:
+    """The last runner's spec decides: before, a runner without a lock left an earlier runner's lock on
+    every job of the process (and a second lock leaked the first's descriptor)."""
+    from calispec_core.compute import compute_thread
+    from calispec_core.modeling import ModelRunner, ModelSpec
+
+    ModelRunner(ModelSpec(tiny_pair.draft, device="cpu", compute_lock=tmp_path / "first.lock"))
+    first = compute_thread().host_lock
+    ModelRunner(ModelSpec(tiny_pair.draft, device="cpu", compute_lock=tmp_path / "second.lock"))
+    assert first is not None and first.closed
+    second = compute_thread().host_lock
+    ModelRunner(ModelSpec(tiny_pair.draft, device="cpu"))
+    assert compute_thread().host_lock is None and second is not None and second.closed
+
+
+def test_a_job_cannot_replace_the_lock_it_holds(tmp_path: Path) -> None:
+    compute = ComputeThread("test-compute")
+    with pytest.raises(RuntimeError):
+        compute.run(compute.use_host_lock, tmp_path / "c.lock")
