@@ -2,9 +2,10 @@
 
 Closed: every call goes through. After a failure it opens: callers skip the backend (the
 request runs target-only) until the backoff has passed; then exactly one caller probes it
-(half-open) while the others keep skipping. A success closes it; a failure reopens it with a
-doubled backoff (capped), so a dead draft costs one failed call per backoff period, not one
-per round.
+(half-open) while the others keep skipping, until it reports (or `probe_expiry_s` passes: a
+prober that never reports must not keep the backend skipped for good). A success closes it; a
+failure reopens it with a doubled backoff (capped), so a dead draft costs one failed call per
+backoff period, not one per round, and a hung one a single stalled probe at a time.
 """
 
 from __future__ import annotations
@@ -16,9 +17,15 @@ from collections.abc import Callable
 
 class CircuitBreaker:
     def __init__(
-        self, backoff_s: float = 0.5, max_backoff_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+        self,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        probe_expiry_s: float = 60.0,
     ) -> None:
         self._lock = threading.Lock()
+        self._probe_expiry_s = probe_expiry_s
+        self._probe_ends = 0.0  # a probe in flight is given up on after this
         self._initial_backoff_s = backoff_s
         self._max_backoff_s = max_backoff_s
         self._backoff_s = backoff_s
@@ -37,10 +44,10 @@ class CircuitBreaker:
             if not self._open:
                 return True
             now = self._clock()
-            if now < self._retry_at:
-                return False
-            self._retry_at = now + self._backoff_s  # the others skip while this caller probes
-            self._probing = True
+            if now < self._retry_at or (self._probing and now < self._probe_ends):
+                return False  # backing off, or one probe in flight (a hung backend holds it until its timeout)
+            self._retry_at = now + self._backoff_s
+            self._probing, self._probe_ends = True, now + self._probe_expiry_s
             return True
 
     def succeeded(self) -> None:

@@ -91,7 +91,7 @@ class _Request:
     opened: list[tuple[DraftBackend | TargetBackend, str]] = field(default_factory=list)  # sessions to close
     _sessions_per_service: Counter[str] = field(default_factory=Counter)
     policy: GammaPolicy | None = None  # adaptive γ; None when the request fixes γ
-    opening_ns: int = 0  # wall time spent opening sessions (prefills) during the current round
+    opening_ns: int = 0  # wall time spent on outages during the current round (failed calls, reopened sessions)
     waiting_ns: int = 0  # wall time spent waiting for the other requests (lockstep) during the current round
     gammas: int = 0  # sum of the γ asked for, for stats.mean_gamma
 
@@ -112,7 +112,7 @@ class _Request:
 
 @contextmanager
 def _opening(request: _Request) -> Iterator[None]:
-    """Time spent opening a session (a prefill), kept out of the round's overhead."""
+    """Time spent opening a session (a prefill) after an outage, kept out of the round's overhead."""
     start = now_ns()
     try:
         yield
@@ -244,9 +244,12 @@ class Orchestrator:
                 continue
             if not stopped:
                 text += detok.finish()
-            yield Chunk(new_tokens, text, request.request_id, finish, self._final_stats(request))
             if request.stats.drafted:
                 self.costs.observe_acceptance(request.stats.acceptance_rate)
+            # out of the group before the last chunk: its consumer may never ask for more (an HTTP stream
+            # whose first chunk is its last), and the others would wait for this request at every round start
+            self.lockstep.leave(request.request_id)
+            yield Chunk(new_tokens, text, request.request_id, finish, self._final_stats(request))
             return
 
     def _round(self, request: _Request) -> list[int]:
@@ -297,9 +300,11 @@ class Orchestrator:
         if not self.draft_circuit.allow():
             request.stats.draft_unavailable_rounds += 1
             return None, 0
+        start, opening_ns = now_ns(), request.opening_ns
         try:
             proposal, call_ns = self._draft_tokens(request, gamma, cohort)
         except (Unavailable, DeadlineExceeded) as exc:
+            request.opening_ns = opening_ns + now_ns() - start  # an outage's wait, not a per-round cost
             self._draft_failed(request, exc)
             request.stats.draft_unavailable_rounds += 1
             return None, 0
@@ -413,15 +418,18 @@ class Orchestrator:
         """The target's verdict; a replica that is gone is replaced and the same proposal verified there."""
         while True:
             assert request.target is not None
+            start = now_ns()
             try:
                 return request.target.verify(
                     request.target_session, proposal, request.deadline.remaining(), cohort=cohort
                 )
             except Unavailable as exc:
-                self._target_failed(request, request.target, exc)
-                cohort = 1  # on another replica, alone
+                failed_ns = now_ns() - start
                 with _opening(request):
+                    self._target_failed(request, request.target, exc)
                     self._open_target(request)
+                request.opening_ns += failed_ns  # the failed call too: an outage's wait, not a round's cost
+                cohort = 1  # on another replica, alone
 
     @staticmethod
     def _sync_draft_later(request: _Request, proposal: Proposal | None, verdict: Verdict) -> None:
@@ -477,6 +485,8 @@ class Orchestrator:
     def _close(self, request: _Request) -> None:
         """Best effort: a session left behind only costs memory until the service restarts."""
         for backend, session_id in request.opened:
+            if backend is not self.draft and backend.address in request.failed_targets:
+                continue  # a replica that failed this request: the close would wait out its timeout too
             try:
                 backend.close(session_id, CLOSE_TIMEOUT_S)
             except Exception as exc:  # closing must not mask the request's outcome

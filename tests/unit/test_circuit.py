@@ -58,3 +58,22 @@ def test_success_resets_the_backoff() -> None:
     circuit.failed()
     clock.now = 4.0
     assert circuit.allow()  # back to 1 s
+
+
+def test_one_probe_at_a_time_even_when_it_outlasts_the_backoff() -> None:
+    """A hung draft answers a probe only at its call timeout (10 s) while the backoff is 0.5 s: each
+    backoff period used to let one more request probe it, and stall, before the first had reported."""
+    clock = Clock()
+    circuit = CircuitBreaker(backoff_s=0.5, max_backoff_s=10.0, clock=clock, probe_expiry_s=60.0)
+    circuit.failed()
+    clock.now = 0.5
+    assert circuit.allow()  # the probe, now hanging
+    for clock.now in (1.0, 5.0, 10.0):
+        assert not circuit.allow()
+    circuit.failed()  # its timeout: backoff doubles to 1 s
+    clock.now = 11.0
+    assert circuit.allow()  # the next probe
+    clock.now = 71.5
+    assert circuit.allow()  # a probe that never reported is given up on after probe_expiry_s
+    circuit.succeeded()
+    assert circuit.allow() and circuit.allow()

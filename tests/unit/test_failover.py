@@ -134,3 +134,40 @@ def test_the_requests_own_deadline_is_not_a_draft_outage() -> None:
     with pytest.raises(DeadlineExceeded):
         list(orchestrator.generate("c", params(), deadline))
     assert not orchestrator.draft_circuit.is_open
+
+
+def test_sessions_on_a_replica_that_failed_the_request_are_not_closed() -> None:
+    """Closing there waits out the close timeout too (a replica that drops packets: 5 s a session)."""
+    a, b = target("a:1"), target("b:1")
+    orchestrator, _ = make([a, b])
+    stream = orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60))
+    first = next(stream)
+    a.kill()
+    chunks = [first, *stream]
+    assert "".join(c.text for c in chunks) == EXPECTED
+    assert a.failed_calls == 1  # the Verify that failed; no Close after it
+
+
+def test_a_failed_draft_call_is_not_round_overhead(monkeypatch) -> None:
+    """A draft timing out after 10 s used to enter the shared overhead estimate (its EMA moved by ~2 s,
+    biasing every request's γ) and the request's round_overhead_ms."""
+    import coordinator.engine as engine_module
+
+    clock = [0]
+    monkeypatch.setattr(engine_module, "now_ns", lambda: clock[0])  # time moves only in the failing call
+    orchestrator, draft = make([target("a:1")])
+    propose = draft.propose
+
+    def timing_out(*args, **kwargs):
+        if len(draft.proposals) == 1:  # the second round's call hangs, then times out
+            clock[0] += 10**10
+            raise DeadlineExceeded("draft timed out")
+        return propose(*args, **kwargs)
+
+    draft.propose = timing_out
+    before = orchestrator.costs.overhead_ms
+    chunks = list(orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60)))
+    assert "".join(c.text for c in chunks) == EXPECTED
+    assert chunks[-1].stats.draft_unavailable_rounds >= 1
+    assert chunks[-1].stats.round_overhead_ms == 0.0
+    assert orchestrator.costs.overhead_ms <= before

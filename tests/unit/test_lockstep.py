@@ -313,3 +313,15 @@ def test_the_coordinator_cli_maps_lockstep_wait_onto_the_orchestrator() -> None:
     orchestrator = Orchestrator(CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096,
                                 speculation=speculation)  # fmt: skip
     assert orchestrator.lockstep.max_wait_s == 0.0
+
+
+def test_a_finished_request_leaves_the_group_before_its_last_chunk() -> None:
+    """A consumer may never ask past the last chunk (an HTTP stream whose first chunk is its last): the
+    request stayed a member until its generator was collected, and the others waited for it at every
+    round start."""
+    orchestrator = Orchestrator(CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096)
+    stream = orchestrator.generate("c", params(num_speculative_tokens=3, max_new_tokens=1), Deadline(60))
+    last = next(stream)
+    assert last.finish_reason is not None
+    assert orchestrator.lockstep.members() == 0
+    stream.close()
