@@ -29,7 +29,7 @@ from typing import TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
-from calispec_core.errors import Cancelled, DeadlineExceeded, InvalidArgument, Unavailable, require
+from calispec_core.errors import CalispecError, Cancelled, DeadlineExceeded, InvalidArgument, Unavailable, require
 from calispec_core.generation import FinishReason, GenerationParams, GenerationStats, Mode, validate_prompt
 from calispec_core.timing import Deadline, Stopwatch, now_ns, ns_to_ms
 from coordinator.backends import DraftBackend, Proposal, SessionLost, TargetBackend, Verdict
@@ -95,9 +95,11 @@ class _Request:
     waiting_ns: int = 0  # wall time spent waiting for the other requests (lockstep) during the current round
     gammas: int = 0  # sum of the γ asked for, for stats.mean_gamma
 
+    draft_refused: bool = False  # the draft refused this request: it runs target-only from then on
+
     @property
     def use_draft(self) -> bool:
-        return self.params.mode != Mode.AR
+        return self.params.mode != Mode.AR and not self.draft_refused
 
     @property
     def committed_ids(self) -> list[int]:
@@ -191,6 +193,8 @@ class Orchestrator:
                 self._prefill_draft(request)
             except (Unavailable, DeadlineExceeded) as exc:
                 self._draft_failed(request, exc)
+            except CalispecError as exc:
+                self._draft_refused(request, exc)
             else:
                 self.draft_circuit.succeeded()
 
@@ -308,6 +312,11 @@ class Orchestrator:
             self._draft_failed(request, exc)
             request.stats.draft_unavailable_rounds += 1
             return None, 0
+        except CalispecError as exc:
+            request.opening_ns = opening_ns + now_ns() - start
+            self._draft_refused(request, exc)
+            request.stats.draft_unavailable_rounds += 1
+            return None, 0
         self.draft_circuit.succeeded()
         return proposal, call_ns
 
@@ -316,6 +325,14 @@ class Orchestrator:
         log.warning("draft unavailable for request %s (%s); running target-only", request.request_id, exc)
         self.draft_circuit.failed()
         request.draft_session = None  # reopened from the committed sequence once the draft is back
+
+    def _draft_refused(self, request: _Request, exc: CalispecError) -> None:
+        """The draft is up but refused this request (its sessions full, a sequence past its context, a bug
+        of its own): the draft is optional, so the request goes on target-only; the others keep drafting."""
+        request.deadline.remaining()  # raises if it was the request's own deadline that ran out
+        log.warning("draft refused request %s (%s); it runs target-only", request.request_id, exc)
+        self.draft_circuit.succeeded()  # it answered: not an outage (and a half-open probe has reported)
+        request.draft_refused = True
 
     def _draft_tokens(self, request: _Request, gamma: int, cohort: int) -> tuple[Proposal, int]:
         if request.draft_session is None:
@@ -416,6 +433,7 @@ class Orchestrator:
 
     def _verify(self, request: _Request, proposal: Proposal | None, cohort: int) -> Verdict:
         """The target's verdict; a replica that is gone is replaced and the same proposal verified there."""
+        session_lost = False
         while True:
             assert request.target is not None
             start = now_ns()
@@ -425,11 +443,16 @@ class Orchestrator:
                 )
             except Unavailable as exc:
                 failed_ns = now_ns() - start
+                # a replica that answers it lost the session (restarted, or reaped it as idle) is up: reopen
+                # the session without marking the replica failed, once; a second loss counts as a failure
+                reopen_only = isinstance(exc, SessionLost) and not session_lost
+                session_lost = session_lost or isinstance(exc, SessionLost)
                 with _opening(request):
-                    self._target_failed(request, request.target, exc)
+                    if not reopen_only:
+                        self._target_failed(request, request.target, exc)
                     self._open_target(request)
                 request.opening_ns += failed_ns  # the failed call too: an outage's wait, not a round's cost
-                cohort = 1  # on another replica, alone
+                cohort = 1  # alone, out of step with the others
 
     @staticmethod
     def _sync_draft_later(request: _Request, proposal: Proposal | None, verdict: Verdict) -> None:

@@ -171,3 +171,47 @@ def test_a_failed_draft_call_is_not_round_overhead(monkeypatch) -> None:
     assert chunks[-1].stats.draft_unavailable_rounds >= 1
     assert chunks[-1].stats.round_overhead_ms == 0.0
     assert orchestrator.costs.overhead_ms <= before
+
+
+def test_a_draft_that_refuses_a_request_leaves_it_target_only_and_the_others_drafting() -> None:
+    """The draft is optional: its session registry full (RESOURCE_EXHAUSTED), a sequence past its context
+    (INVALID_ARGUMENT) or a bug of its own (INTERNAL) used to fail the whole request."""
+    from calispec_core.errors import CalispecError, ResourceExhausted
+
+    orchestrator, draft = make([target("a:1")])
+    prefill = draft.prefill
+    refusals = [ResourceExhausted("draft sessions full")]
+
+    def refusing_prefill(*args, **kwargs) -> int:
+        if refusals:
+            raise refusals.pop()
+        return prefill(*args, **kwargs)
+
+    draft.prefill = refusing_prefill
+    chunks = list(orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60)))
+    assert "".join(c.text for c in chunks) == EXPECTED
+    assert chunks[-1].stats.drafted == 0 and draft.prefills == []
+    assert not orchestrator.draft_circuit.is_open  # it answered: the next request drafts
+    after = list(orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60)))
+    assert "".join(c.text for c in after) == EXPECTED and after[-1].stats.drafted > 0
+    propose = draft.propose
+    draft.propose = lambda *a, **kw: (_ for _ in ()).throw(CalispecError("draft failed with INTERNAL"))
+    mid = list(orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60)))
+    assert "".join(c.text for c in mid) == EXPECTED and mid[-1].stats.drafted == 0
+    draft.propose = propose
+
+
+def test_a_target_session_lost_on_a_live_replica_is_reopened_there_without_failing_it() -> None:
+    """A replica that answers NOT_FOUND for the session (reaped as idle, or a quick restart) is up: it
+    used to be marked failed for every request, and with one replica the request failed UNAVAILABLE."""
+    only = target("a:1")
+    orchestrator, _ = make([only])
+    stream = orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60))
+    first = next(stream)
+    only.sessions.clear()
+    chunks = [first, *stream]
+    assert "".join(c.text for c in chunks) == EXPECTED
+    assert chunks[-1].stats.target_failovers == 0
+    assert only.prefills[-1] == [ord("c"), *first.token_ids]  # reopened from what was emitted
+    again = list(orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60)))
+    assert "".join(c.text for c in again) == EXPECTED
