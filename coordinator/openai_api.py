@@ -15,6 +15,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -289,7 +290,23 @@ async def stream(
             yield sse(ErrorResponse(error=ErrorBody(message=str(exc), type=kind, code=exc.code.lower())))
         yield sse("[DONE]")
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    return OwnedStream(events(), held.close, media_type="text/event-stream")
+
+
+class OwnedStream(StreamingResponse):
+    """A stream that gives back what it holds (its drain and quota slots) however the response ends: also
+    when the client leaves before the first byte, where the body's generator never starts and its own
+    `with` never runs (closing twice is harmless)."""
+
+    def __init__(self, content: AsyncIterator[str], release: Callable[[], object], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
 
 
 async def _prepend(first: Chunk, rest: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
