@@ -123,7 +123,9 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         self, request: memory_pb2.WatchRequest, context: grpc.ServicerContext
     ) -> Iterator[memory_pb2.WatchResponse]:
         namespace = validate_namespace(request.namespace)
-        self._store.declare_vocab(namespace, request.vocab_size)
+        # checked, never declared: a read needs no writer token, and a stream that fixed a fresh namespace's
+        # vocabulary let any reader lock every verifier out of it (FAILED_PRECONDITION for good)
+        self._store.vocab_limit(namespace, request.vocab_size)
         resume = request.resume_version if request.HasField("resume_version") else None
         updates = watch(
             namespace,

@@ -46,6 +46,13 @@ MAX_BACKOFF_S = 5.0
 # Refusals that retrying will not cure: a wrong token, or a namespace of another vocabulary.
 _CONFIG_ERRORS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
 MAX_NOTED_REQUESTS = 8  # request ids named by one RecordEvents (the most recent ones)
+# One RecordEvents carries at most this much; a backlog (after an outage) goes as several. The memory
+# service refuses a write over 100,000 pairs or over its writer's burst (default 1,000,000 events), and
+# refused whole, a backlog only grew: every later flush was refused for good. A refusal for size
+# (RESOURCE_EXHAUSTED) halves the events per write, down to one; each success doubles it back.
+MAX_FLUSH_PAIRS = 10_000
+MAX_FLUSH_EVENTS = 100_000
+MAX_WRITES_PER_FLUSH = 64  # a flush sends at most this many writes; the next flush goes on
 
 Key = tuple[int, int]
 
@@ -91,6 +98,7 @@ class MemoryLink:
         self._chunks: list[tuple[int, int, int]] = []  # snapshot chunks received so far
         self._watch_ok = False
         self._flush_ok = True
+        self._flush_events = MAX_FLUSH_EVENTS  # events per RecordEvents now (halved by size refusals)
         self._last_message: float | None = None
         self._reconnects = 0
         self._flush_failures = 0
@@ -132,7 +140,9 @@ class MemoryLink:
         for thread in self._threads:
             if thread.is_alive():
                 thread.join()
-        self.flush()
+        if not self.flush():
+            left = self.table.stats().local_events
+            log.warning("stopping with %d rejection event(s) the memory service never recorded", left)
         self._channel.close()
 
     def status(self) -> LinkStatus:
@@ -186,9 +196,17 @@ class MemoryLink:
         return ok
 
     def _flush_locked(self) -> bool:
-        batch = self.table.take_unflushed()
+        for _ in range(MAX_WRITES_PER_FLUSH):
+            sent = self._send_one()
+            if sent is not True:
+                return sent is None  # None: nothing (left) to send
+        return True
+
+    def _send_one(self) -> bool | None:
+        """Send one write of the unflushed events; None when there was nothing to send."""
+        batch = self.table.take_unflushed(MAX_FLUSH_PAIRS, self._flush_events)
         if batch is None:
-            return True
+            return None
         events = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for d, t, c in batch.pairs()]
         request = memory_pb2.RecordEventsRequest(
             namespace=self.namespace, events=events, vocab_size=self.table.vocab_size
@@ -198,14 +216,18 @@ class MemoryLink:
             response = self._stub.RecordEvents(request, timeout=self.rpc_timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
             self.table.mark_failed(batch.batch_id)
+            too_big = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            if too_big:  # over the writer's burst (or its rate): smaller writes, down to one event
+                self._flush_events = max(1, min(self._flush_events, int(batch.counts.sum())) // 2)
             log.log(
-                logging.ERROR if exc.code() in _CONFIG_ERRORS else logging.DEBUG,
+                logging.ERROR if exc.code() in _CONFIG_ERRORS else logging.WARNING if too_big else logging.DEBUG,
                 "RecordEvents failed: %s %s",
                 exc.code(),
                 exc.details(),
             )
             return False
         self.table.mark_flushed(batch.batch_id, response.version)
+        self._flush_events = min(self._flush_events * 2, MAX_FLUSH_EVENTS)
         return True
 
     # -- watcher --------------------------------------------------------------------------------

@@ -87,6 +87,18 @@ class _Counts:
         parts = (self, *others)
         return _Counts.from_keys(torch.cat([p.keys for p in parts]), torch.cat([p.counts for p in parts]))
 
+    def split(self, max_pairs: int, max_events: int) -> tuple[_Counts, _Counts]:
+        """(the first pairs, at most max_pairs of them with at most max_events in all; the rest). A first pair
+        counted more than max_events is split: max_events of it now, the remainder stays."""
+        within = int((self.counts.cumsum(0) <= max_events).sum())  # the prefix whose events fit
+        n = min(within, max_pairs)
+        if n == 0:  # the first pair alone is over the limit
+            first = self.counts[:1].clamp(max=max_events)  # [1]
+            rest = self.counts.clone()  # [N]
+            rest[0] -= first[0]
+            return _Counts(self.keys[:1], first), _Counts(self.keys[rest > 0], rest[rest > 0])
+        return _Counts(self.keys[:n], self.counts[:n]), _Counts(self.keys[n:], self.counts[n:])
+
     def lookup(self, keys: Tensor) -> Tensor:  # [...] int64 -> [...] int64; unknown keys -> 0
         if self.keys.numel() == 0:
             return torch.zeros_like(keys)
@@ -174,16 +186,22 @@ class PairTable:
 
     # -- flusher --------------------------------------------------------------------------------
 
-    def take_unflushed(self) -> FlushBatch | None:
-        """Close the open batch and hand it to the flusher; None when there is nothing to send."""
+    def take_unflushed(self, max_pairs: int | None = None, max_events: int | None = None) -> FlushBatch | None:
+        """Close (a first part of) the open batch and hand it to the flusher; None when there is nothing
+        to send. `max_pairs` / `max_events` bound one batch (the memory service refuses larger writes);
+        what is left stays open for the next call."""
+        require(all(limit is None or limit > 0 for limit in (max_pairs, max_events)), "flush limits must be > 0")
         with self._lock:
             events = self._open
             if events.keys.numel() == 0:
                 return None
+            rest = _Counts.empty(self.device)
+            if max_pairs is not None or max_events is not None:
+                events, rest = events.split(max_pairs or events.keys.numel(), max_events or int(events.counts.sum()))
             batch_id = self._next_batch_id
             self._next_batch_id += 1
             self._batches[batch_id] = _Batch(events)
-            self._open = _Counts.empty(self.device)
+            self._open = rest
         keys = events.keys.cpu()
         return FlushBatch(batch_id, keys // self.vocab_size, keys % self.vocab_size, events.counts.cpu())
 

@@ -38,8 +38,9 @@ class Memory:
         self.store.close()
 
 
-def start_memory(db: Path, port: int = 0) -> Memory:
-    config = MemoryConfig(port=port, db_path=db, flush_interval_s=FLUSH_S, writer_token=TOKEN, watch_heartbeat_s=0.2)
+def start_memory(db: Path, port: int = 0, burst: float | None = None) -> Memory:
+    config = MemoryConfig(port=port, db_path=db, flush_interval_s=FLUSH_S, writer_token=TOKEN, watch_heartbeat_s=0.2,
+                          writer_burst_events=burst)  # fmt: skip
     server, bound, store = create_server(config)
     server.start()
     return Memory(server, bound, store)
@@ -154,6 +155,24 @@ def test_one_out_of_vocabulary_pair_does_not_cut_the_verifier_off(memory: Memory
         wait_until(lambda: link.connected and count(table, 5, 7) > LAMBDA)
         assert health.status[MEMORY_HEALTH_SERVICE] == health_pb2.HealthCheckResponse.SERVING
         assert table.stats().skipped_pairs == 1
-        assert memory.store.table_stats("ns").vocab_size == 100  # the watcher declared its vocabulary
+        assert memory.store.table_stats("ns").vocab_size == 0  # a read (Watch) declares nothing...
+        table.add_local(torch.tensor([1]), torch.tensor([2]))
+        wait_until(lambda: memory.store.table_stats("ns").vocab_size == 100)  # ...the verifier's first write does
     finally:
         link.stop()
+
+
+def test_a_backlog_larger_than_one_write_allows_still_reaches_the_memory(tmp_path: Path) -> None:
+    """After a long outage the backlog went as one write over the writer's burst (or 100,000 pairs), was
+    refused whole, went back, and grew: every later flush was refused for good."""
+    memory = start_memory(tmp_path / "memory.db", burst=10)
+    table = PairTable(vocab_size=100)
+    link, _ = make_link(memory.port, table)
+    try:
+        table.add_local(torch.arange(20) % 7, torch.arange(20) % 5)  # 20 events: twice the burst
+        wait_until(lambda: memory.store.stats("ns")[0] == 20)
+        wait_until(lambda: table.stats().local_events == 0)
+        assert link.status().flush_failures >= 1  # the first, whole write was refused
+    finally:
+        link.stop()
+        memory.stop()

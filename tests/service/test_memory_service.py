@@ -303,6 +303,19 @@ def test_the_first_declared_vocabulary_bounds_every_later_write(channel: grpc.Ch
     assert (stats.total_events, stats.distinct_pairs, stats.vocab_size) == (3, 1, 100)  # nothing changed
 
 
+def test_a_reader_cannot_fix_a_namespaces_vocabulary(channel: grpc.Channel, tmp_path: Path) -> None:
+    """Watch needs no writer token: a stream that declared a fresh namespace's vocabulary locked every
+    verifier of another vocabulary size out of it for good."""
+    reader = memory_pb2_grpc.MemoryServiceStub(channel)  # no writer token
+    stream = reader.Watch(memory_pb2.WatchRequest(namespace="fresh", vocab_size=50), timeout=10)
+    next(iter(stream))  # the stream is served...
+    stream.cancel()
+    assert reader.GetStats(memory_pb2.GetStatsRequest(namespace="fresh")).vocab_size == 0  # ...and declares nothing
+    writer = WriterStub(channel)
+    writer.RecordEvents(memory_pb2.RecordEventsRequest(namespace="fresh", events=events((1, 2, 3)), vocab_size=100))
+    assert reader.GetStats(memory_pb2.GetStatsRequest(namespace="fresh")).vocab_size == 100
+
+
 def test_a_refused_first_write_declares_no_vocabulary(stub: memory_pb2_grpc.MemoryServiceStub) -> None:
     with pytest.raises(grpc.RpcError):
         stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 200, 1)), vocab_size=100))

@@ -117,6 +117,24 @@ def test_failed_send_returns_events_to_the_next_flush() -> None:
         table.mark_flushed(first.batch_id, version=1)  # gone: its events travel in `second`
 
 
+def test_a_flush_takes_at_most_the_limits_and_leaves_the_rest_open() -> None:
+    table = PairTable(VOCAB)
+    _add(table, [(0, 1)] * 5 + [(1, 2)] * 2 + [(2, 3)])  # pairs in key order, counts 5, 2, 1
+    by_pairs = table.take_unflushed(max_pairs=2)
+    assert by_pairs is not None and by_pairs.pairs() == [(0, 1, 5), (1, 2, 2)]
+    table.mark_failed(by_pairs.batch_id)
+    by_events = table.take_unflushed(max_events=3)  # the first pair alone is over: 3 of its 5 now
+    assert by_events is not None and by_events.pairs() == [(0, 1, 3)]
+    rest = table.take_unflushed(max_events=4)
+    assert rest is not None and rest.pairs() == [(0, 1, 2), (1, 2, 2)]
+    last = table.take_unflushed(max_pairs=10, max_events=10)
+    assert last is not None and last.pairs() == [(2, 3, 1)]
+    assert table.take_unflushed() is None
+    assert table.stats().local_events == 8  # all still counted locally while in flight
+    with pytest.raises(InvalidArgument):
+        table.take_unflushed(max_events=0)
+
+
 def test_stale_snapshot_is_ignored() -> None:
     table = PairTable(VOCAB)
     assert table.replace_snapshot([(1, 1, 5)], version=5)
