@@ -9,6 +9,7 @@ calls are batched by `BatchScheduler`; a lone call is a batch of one.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from calispec_core.sparse_q import SparseQ
 from calispec_core.timing import Stopwatch
 from target_service.pair_table import PairTable
 from target_service.verifier import PLACEHOLDER_TOKEN_ID, VerifyInput, VerifyOutput, verify
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TAU = 0.01
 DEFAULT_LAMBDA = 6
@@ -166,7 +169,10 @@ class TargetEngine:
             self._undo(rows, checkpoints, generator_states)
             raise
         if self.observer is not None:  # a round that made it: observed once, never rerun
-            self.observer(batch, out)
+            try:
+                self.observer(batch, out)
+            except Exception:  # an analysis' bug must not leave the round uncommitted (or rerun it)
+                log.exception("the round observer failed; the round is committed")
         results, batch_tokens = [], sum(map(len, inputs))
         for b, (row, accepted, next_token, bonus, rejections) in enumerate(zip(rows, *outcome, strict=True)):
             self._commit(row.state.session, row.draft, accepted, next_token)
