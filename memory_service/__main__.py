@@ -39,6 +39,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
     parser.add_argument("--port", type=int, default=defaults.port, help="0 picks a free port")
     parser.add_argument("--db", type=Path, default=defaults.db_path, help="SQLite file of the counts")
     parser.add_argument("--max-workers", type=int, default=defaults.max_workers)
+    parser.add_argument(
+        "--max-watch-streams", type=int, default=None, help="Watch streams open at once (default: max workers - 8)"
+    )
     parser.add_argument("--max-pairs-default", type=int, default=defaults.max_pairs_default)
     parser.add_argument(
         "--flush-interval",
@@ -76,6 +79,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
             db_path=args.db,
             max_pairs_default=args.max_pairs_default,
             max_workers=args.max_workers,
+            max_watch_streams=args.max_watch_streams,
             flush_interval_s=args.flush_interval,
             limits=TableLimits(args.max_pairs, args.max_pairs_per_draft, args.half_life),
             writer_tokens=read_writer_tokens(args.writer_token_file) if args.writer_token_file else (),

@@ -16,6 +16,9 @@ def default_db_path() -> Path:
     return Path(platformdirs.user_data_dir("calispec")) / "memory.db"
 
 
+WORKERS_FOR_CALLS = 8  # workers Watch streams leave to the unary calls (RecordEvents, GetPairs, GetStats)
+
+
 @dataclass(frozen=True)
 class MemoryConfig:
     host: str = "127.0.0.1"
@@ -26,6 +29,9 @@ class MemoryConfig:
     max_pairs_default: int = 65536
     # Each Watch stream holds a worker thread for its lifetime: size this above the verifier count.
     max_workers: int = 64
+    # Watch streams open at once (None: all workers but WORKERS_FOR_CALLS); more are refused, so that
+    # readers can never take the workers the verifiers' writes need.
+    max_watch_streams: int | None = None
     # Crash bound: a kill -9 loses at most the events acknowledged in the last flush interval.
     flush_interval_s: float = 0.5
     limits: TableLimits = field(default_factory=TableLimits)
@@ -49,12 +55,19 @@ class MemoryConfig:
             raise ValueError(f"max_pairs_default must be in [1, {MAX_PAIRS_LIMIT}], got {self.max_pairs_default}")
         if self.max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {self.max_workers}")
+        if self.max_watch_streams is not None and not 1 <= self.max_watch_streams < self.max_workers:
+            raise ValueError(f"max_watch_streams must be in [1, max_workers), got {self.max_watch_streams}")
         if not 0 < self.flush_interval_s <= 60:
             raise ValueError(f"flush_interval_s must be in (0, 60], got {self.flush_interval_s}")
         if self.writer_events_per_s < 0:
             raise ValueError(f"writer_events_per_s must be >= 0, got {self.writer_events_per_s}")
         if self.watch_heartbeat_s <= 0:
             raise ValueError(f"watch_heartbeat_s must be > 0, got {self.watch_heartbeat_s}")
+
+    def watch_stream_limit(self) -> int:
+        if self.max_watch_streams is not None:
+            return self.max_watch_streams
+        return max(self.max_workers - WORKERS_FOR_CALLS, max(self.max_workers // 2, 1))
 
     def writer_identities(self) -> dict[str, str]:
         """identity -> token, from both fields."""

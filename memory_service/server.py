@@ -7,6 +7,7 @@ reach clients through the shared error interceptor of `calispec_core.grpc_server
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 
 import grpc
@@ -14,7 +15,7 @@ import grpc
 from calispec.v1 import memory_pb2, memory_pb2_grpc
 from calispec_core.access import PeerAllowlistInterceptor, caller_identity
 from calispec_core.credentials import WRITER_TOKEN_METADATA
-from calispec_core.errors import CalispecError
+from calispec_core.errors import CalispecError, ResourceExhausted
 from calispec_core.grpc_server import create_grpc_server
 from calispec_core.metrics import new_registry
 from calispec_core.observability import ManagedServer, Observe
@@ -60,6 +61,7 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         self._gate = gate
         self._config = config
         self._metrics = metrics or MemoryMetrics(new_registry(), store)  # a registry of its own
+        self._watch_slots = threading.BoundedSemaphore(config.watch_stream_limit())
 
     def RecordEvents(
         self, request: memory_pb2.RecordEventsRequest, context: grpc.ServicerContext
@@ -120,6 +122,17 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         )
 
     def Watch(
+        self, request: memory_pb2.WatchRequest, context: grpc.ServicerContext
+    ) -> Iterator[memory_pb2.WatchResponse]:
+        if not self._watch_slots.acquire(blocking=False):
+            limit = self._config.watch_stream_limit()
+            raise ResourceExhausted(f"too many Watch streams open ({limit}); retry later, or poll GetPairs")
+        try:
+            yield from self._watch(request, context)
+        finally:
+            self._watch_slots.release()
+
+    def _watch(
         self, request: memory_pb2.WatchRequest, context: grpc.ServicerContext
     ) -> Iterator[memory_pb2.WatchResponse]:
         namespace = validate_namespace(request.namespace)

@@ -17,7 +17,7 @@ from calispec_core.credentials import writer_metadata
 from calispec_core.grpc_server import make_channel, wait_for_ready
 from memory_service.config import MemoryConfig
 from memory_service.server import SERVICE_NAME, create_server
-from tests.helpers import spawn_memory_service
+from tests.helpers import spawn_memory_service, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "test-writer-token-0123456789"
@@ -322,3 +322,45 @@ def test_a_refused_first_write_declares_no_vocabulary(stub: memory_pb2_grpc.Memo
     assert stub.GetStats(memory_pb2.GetStatsRequest(namespace="ns")).vocab_size == 0
     stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 200, 1)), vocab_size=300))
     assert stub.GetStats(memory_pb2.GetStatsRequest(namespace="ns")).vocab_size == 300
+
+
+def test_watch_streams_beyond_the_limit_are_refused_and_leave_the_writes_their_workers(tmp_path: Path) -> None:
+    """Each stream holds a worker for its life: one client opening as many streams as workers queued every
+    verifier's RecordEvents behind them (its timeout fired, and a late retry counted twice)."""
+    config = MemoryConfig(port=0, db_path=tmp_path / "memory.db", writer_token=TOKEN, max_workers=3,
+                          max_watch_streams=1, watch_heartbeat_s=0.2)  # fmt: skip
+    server, port, store = create_server(config)
+    server.start()
+    channel = make_channel(f"127.0.0.1:{port}")
+    try:
+        reader = memory_pb2_grpc.MemoryServiceStub(channel)
+        first = reader.Watch(memory_pb2.WatchRequest(namespace="ns"), timeout=30)
+        next(first)
+        with pytest.raises(grpc.RpcError) as info:
+            next(reader.Watch(memory_pb2.WatchRequest(namespace="ns"), timeout=30))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        WriterStub(channel).RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 2, 3))),
+                                         timeout=10)  # fmt: skip
+        first.cancel()
+
+        def reopened() -> bool:
+            try:
+                stream = reader.Watch(memory_pb2.WatchRequest(namespace="ns"), timeout=30)
+                next(stream)
+            except grpc.RpcError:
+                return False
+            stream.cancel()
+            return True
+
+        wait_until(reopened)  # the slot comes back once the cancelled stream has ended
+    finally:
+        channel.close()
+        server.stop(None).wait()
+        store.close()
+
+
+def test_the_watch_stream_limit_leaves_workers_for_calls() -> None:
+    assert MemoryConfig(max_workers=64).watch_stream_limit() == 56
+    assert MemoryConfig(max_workers=4).watch_stream_limit() == 2
+    with pytest.raises(ValueError):
+        MemoryConfig(max_workers=4, max_watch_streams=4)
