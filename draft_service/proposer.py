@@ -135,6 +135,10 @@ class Proposer:
     def rollback(self, session_id: str, length: int, append: list[int]) -> int:
         state = self.sessions.get(session_id)
         with state.session.lock:
+            require(
+                length + len(append) < self.runner.max_context,  # as Propose: room for at least one token
+                f"session {session_id!r} would exceed the context ({self.runner.max_context})",
+            )
             self._rollback(state.session, length, append)
             return len(state.session.tokens)
 
@@ -183,11 +187,13 @@ class Proposer:
     def _draft_batch(self, jobs: Sequence[_Job]) -> list[Proposal]:
         """Runs on the scheduler thread. A failed batch changes nothing (the scheduler reruns its rows alone)."""
         starts = [job.state.session.checkpoint() for job in jobs]
+        draws = [job.state.generator.get_state() for job in jobs]  # a seeded rerun must draw the same
         try:
             return self._draft_steps(jobs)
         except BaseException:
-            for job, start in zip(jobs, starts, strict=True):
+            for job, start, drawn in zip(jobs, starts, draws, strict=True):
                 job.state.session.restore(start)  # drop this batch's drafted tokens and their cache entries
+                job.state.generator.set_state(drawn)
                 job.reset()
             raise
 

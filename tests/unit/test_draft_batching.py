@@ -14,10 +14,10 @@ from tests.conftest import TinyPair
 PROMPTS = [[5, 17, 42, 8, 99], [3], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]  # different lengths, one empty cache
 
 
-def proposer_with_sessions(runner: ModelRunner, prefix: str) -> Proposer:
+def proposer_with_sessions(runner: ModelRunner, prefix: str, sampling: SamplingConfig | None = None) -> Proposer:
     proposer = Proposer(runner, max_sessions=8)
     for i, prompt in enumerate(PROMPTS):
-        proposer.prefill(f"{prefix}{i}", prompt, SamplingConfig(), Stopwatch())
+        proposer.prefill(f"{prefix}{i}", prompt, sampling or SamplingConfig(), Stopwatch())
     return proposer
 
 
@@ -58,13 +58,19 @@ def test_an_early_stop_ends_one_sessions_proposal_while_the_batch_goes_on(draft_
 
 
 @torch.inference_mode()
-def test_a_failed_batch_leaves_every_session_as_it_was(draft_runner: ModelRunner, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    "sampling", [SamplingConfig(), SamplingConfig(temperature=1.0, seed=7)], ids=["greedy", "seeded"]
+)
+def test_a_failed_batch_leaves_every_session_as_it_was(
+    draft_runner: ModelRunner, monkeypatch, sampling: SamplingConfig
+) -> None:
+    """Seeded: the rerun draws what a run without the failure draws (the generators were not rewound)."""
     import draft_service.proposer as proposer_module
 
-    proposer = proposer_with_sessions(draft_runner, "d")
+    proposer = proposer_with_sessions(draft_runner, "d", sampling)
     before = [list(proposer.sessions.get(f"d{i}").session.tokens) for i in range(len(PROMPTS))]
-    expected = [proposer_with_sessions(draft_runner, "e").propose(f"e{i}", 3, None, [], Stopwatch()).token_ids
-                for i in range(len(PROMPTS))]  # fmt: skip
+    fresh = proposer_with_sessions(draft_runner, "e", sampling)
+    expected = [fresh.propose(f"e{i}", 3, None, [], Stopwatch()).token_ids for i in range(len(PROMPTS))]
     real, steps = proposer_module.forward_rows, []
 
     def failing_second_step(*args, **kwargs):
@@ -81,4 +87,19 @@ def test_a_failed_batch_leaves_every_session_as_it_was(draft_runner: ModelRunner
     assert all(not job.tokens for job in jobs)
     monkeypatch.setattr(proposer_module, "forward_rows", real)
     assert [p.token_ids for p in proposer._draft_batch(jobs)] == expected  # the cache was rolled back too
+    proposer.stop()
+
+
+def test_a_rollback_past_the_context_is_refused_and_changes_nothing(draft_runner: ModelRunner) -> None:
+    """Propose checked the context; Rollback did not: repeated appends grew a session without bound (and it
+    could no longer propose)."""
+    from calispec_core.errors import InvalidArgument
+
+    proposer = proposer_with_sessions(draft_runner, "r")
+    session = proposer.sessions.get("r0").session
+    before = list(session.tokens)
+    with pytest.raises(InvalidArgument, match="exceed the context"):
+        proposer.rollback("r0", len(before), [7] * draft_runner.max_context)
+    assert session.tokens == before
+    assert proposer.rollback("r0", len(before), [7]) == len(before) + 1  # within the context: fine
     proposer.stop()
