@@ -34,10 +34,11 @@ class ClientAuth:
     def resolve(
         cls, token: str | None = None, tls_ca: str | Path | None = None, tls_server_name: str | None = None
     ) -> ClientAuth:
-        """Explicit arguments win; else CALISPEC_TOKEN / CALISPEC_TLS_CA from the environment."""
-        token = token or os.environ.get(TOKEN_ENV) or None
-        ca = tls_ca or os.environ.get(TLS_CA_ENV) or None
-        return cls(token, Path(ca) if ca else None, tls_server_name)
+        """Explicit arguments win, "" included (no key, plaintext); None falls back to CALISPEC_TOKEN /
+        CALISPEC_TLS_CA from the environment."""
+        token = token if token is not None else os.environ.get(TOKEN_ENV)
+        ca = tls_ca if tls_ca is not None else os.environ.get(TLS_CA_ENV)
+        return cls(token or None, Path(ca) if ca else None, tls_server_name)
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:

@@ -171,7 +171,8 @@ class CalispecClient:
         tls_ca: str | Path | None = None,
         tls_server_name: str | None = None,
     ) -> None:
-        """`token` (API key) and `tls_ca` default to CALISPEC_TOKEN / CALISPEC_TLS_CA; no CA: plaintext."""
+        """`token` (API key) and `tls_ca` default to CALISPEC_TOKEN / CALISPEC_TLS_CA ("": none, whatever the
+        environment says); no CA: plaintext."""
         self.default_timeout = timeout
         auth = ClientAuth.resolve(token, tls_ca, tls_server_name)
         self._metadata = auth.metadata
@@ -242,7 +243,8 @@ class AsyncCalispecClient:
         tls_ca: str | Path | None = None,
         tls_server_name: str | None = None,
     ) -> None:
-        """`token` (API key) and `tls_ca` default to CALISPEC_TOKEN / CALISPEC_TLS_CA; no CA: plaintext."""
+        """`token` (API key) and `tls_ca` default to CALISPEC_TOKEN / CALISPEC_TLS_CA ("": none, whatever the
+        environment says); no CA: plaintext."""
         self.default_timeout = timeout
         auth = ClientAuth.resolve(token, tls_ca, tls_server_name)
         self._metadata = auth.metadata

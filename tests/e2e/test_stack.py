@@ -207,8 +207,13 @@ def test_openai_api_in_the_coordinator_process(stack: LocalStack, client: Calisp
     assert done.usage is not None and done.usage.completion_tokens == len(expected.token_ids)
 
 
-def test_demo_serves_one_request_end_to_end(tiny_pair: TinyPair, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """`make run` is `calispec demo`: it must start the stack, answer and stop (it once crashed on client flags)."""
+def test_demo_serves_one_request_end_to_end(
+    tiny_pair: TinyPair, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make run` is `calispec demo`: it must start the stack, answer and stop (it once crashed on client flags,
+    and then on the credentials `calispec up --tls` tells users to export: the demo's stack is plaintext)."""
+    monkeypatch.setenv("CALISPEC_TLS_CA", str(tmp_path / "an-old-ca.pem"))
+    monkeypatch.setenv("CALISPEC_TOKEN", "a-key-of-another-stack")
     args = ["demo", "--draft", str(tiny_pair.draft), "--target", str(tiny_pair.target), "--dtype", "float32"]
     args += ["--memory-db", str(tmp_path / "memory.db"), "--log-dir", str(tmp_path / "logs")]
     args += ["--prompt", "def add(a, b):", "--mode", "sd", "--max-new-tokens", "8"]
