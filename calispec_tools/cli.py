@@ -311,10 +311,15 @@ def up_security(args: argparse.Namespace, secrets_dir: Path) -> tuple[Path | Non
     return tls_dir, keys_file, cli_auth.add_api_key(keys_file, "dev")
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    # until the stack is up, Ctrl-C and SIGTERM interrupt its start-up (a pull, a model load; LocalStack
+    # stops what had started); from then on they stop the running stack
+    signal.signal(signal.SIGTERM, _interrupt)
     with tempfile.TemporaryDirectory(prefix="calispec-up-") as secrets_dir:
         tls_dir, keys_file, key = up_security(args, Path(secrets_dir))
         config = stack_config(args, (args.port, args.target_port, args.draft_port, args.memory_port))
@@ -345,6 +350,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                 f"--address {stack.coordinator_address}   (Ctrl-C stops the stack)",
                 flush=True,
             )
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: stop.set())
             try:
                 stop.wait()
             finally:
@@ -374,8 +381,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(stack.calibration.message, file=sys.stderr)
         shown = f"chat {messages!r}" if messages else f"prompt: {args.prompt!r}"
         print(f"{shown}  mode: {args.mode or 'csd'}\n", file=sys.stderr)
-        # the demo stack runs open on loopback (no API key, no TLS): the client needs no credentials
-        return run_request(stack.coordinator_address, args, messages, token=None, tls_ca=None)
+        # the demo stack runs open on loopback (no API key, no TLS): no credentials, not even the environment's
+        # (`calispec up --tls` tells users to export CALISPEC_TLS_CA; the demo then spoke TLS to plaintext)
+        return run_request(stack.coordinator_address, args, messages, token="", tls_ca="")
 
 
 def cmd_models_tiny(args: argparse.Namespace) -> int:

@@ -125,6 +125,9 @@ class StackConfig:
     log_level: str = "INFO"
 
 
+STOP_ORDER = ("coordinator", "draft_service", "target_service", "memory_service")  # the reverse of start
+
+
 @dataclass
 class ServiceProcess:
     name: str
@@ -341,12 +344,18 @@ class LocalStack:
         return self._spawn(name, args)
 
     def stop(self) -> None:
-        """Stop in reverse dependency order: coordinator first, memory last."""
-        for name in reversed(list(self.services)):
-            self.stop_service(name)
-        if self._secrets_dir is not None:
-            shutil.rmtree(self._secrets_dir, ignore_errors=True)
-            self._secrets_dir = None
+        """Stop in reverse dependency order, coordinator first and memory last (also after a restart put a
+        service at the end), and every service however the stopping goes: an interrupt (a second Ctrl-C)
+        while one drains kills the rest rather than leave them running in their own sessions."""
+        try:
+            for name in sorted(self.services, key=lambda n: STOP_ORDER.index(n.partition(":")[0])):
+                self.stop_service(name)
+        finally:
+            for name in list(self.services):
+                self.kill_service(name)
+            if self._secrets_dir is not None:
+                shutil.rmtree(self._secrets_dir, ignore_errors=True)
+                self._secrets_dir = None
 
     def __enter__(self) -> LocalStack:
         return self.start()

@@ -1,0 +1,82 @@
+"""The local stack stops every service in order however stopping goes, and `calispec up` can be interrupted
+while it starts."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from calispec_tools import cli
+from calispec_tools.stack import LocalStack, ServiceProcess, StackConfig
+
+
+class FakeProcess:
+    def __init__(self, name: str, log: list[str], interrupt_on_wait: bool = False) -> None:
+        self.name, self.log, self.interrupt_on_wait, self.code = name, log, interrupt_on_wait, None
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def send_signal(self, sig: int) -> None:
+        self.log.append(f"term {self.name}")
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.interrupt_on_wait and self.code is None:
+            self.interrupt_on_wait = False
+            raise KeyboardInterrupt  # a second Ctrl-C while this one drains
+        self.code = 0
+        return 0
+
+    def kill(self) -> None:
+        self.log.append(f"kill {self.name}")
+
+
+def _stack(tmp_path: Path, names: list[str], log: list[str], interrupted: str = "") -> LocalStack:
+    stack = LocalStack(StackConfig(Path("d"), Path("t"), tmp_path / "m.db", tmp_path))
+    for name in names:
+        process = FakeProcess(name, log, interrupt_on_wait=name == interrupted)
+        stack.services[name] = ServiceProcess(name, process, tmp_path / f"{name}.log", [])  # type: ignore[arg-type]
+    return stack
+
+
+def test_the_stack_stops_coordinator_first_and_memory_last_even_after_a_restart(tmp_path: Path) -> None:
+    """A restart put the memory service last in the dict, and the reverse order then stopped it first: the
+    targets' last event flushes met a memory service already gone."""
+    log: list[str] = []
+    names = ["draft_service", "target_service", "target_service:1", "coordinator", "memory_service"]  # restarted
+    _stack(tmp_path, names, log).stop()
+    assert log == ["term coordinator", "term draft_service", "term target_service", "term target_service:1",
+                   "term memory_service"]  # fmt: skip
+
+
+def test_an_interrupt_while_one_service_drains_still_ends_the_others(tmp_path: Path) -> None:
+    """The services run in sessions of their own: skipped, they outlived the stack holding ports and memory."""
+    log: list[str] = []
+    stack = _stack(tmp_path, ["memory_service", "draft_service", "target_service", "coordinator"], log, "coordinator")
+    with pytest.raises(KeyboardInterrupt):
+        stack.stop()
+    assert log[0] == "term coordinator"
+    assert {"kill draft_service", "kill target_service", "kill memory_service"} <= set(log)
+    assert stack.services == {}
+
+
+def test_sigterm_interrupts_calispec_up_while_the_stack_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its handlers only set an event: a pull or a model load could not be interrupted until it was done."""
+
+    def slow_start(*args: object) -> object:
+        os.kill(os.getpid(), signal.SIGTERM)  # the user gives up during start-up
+        raise AssertionError("start-up went on after SIGTERM")
+
+    monkeypatch.setattr(cli, "stack_config", slow_start)
+    monkeypatch.setattr(cli, "up_security", lambda args, secrets: (None, None, None))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    args = cli.build_parser().parse_args(["up", "--pair", "tiny"])
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cli.cmd_up(args)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
