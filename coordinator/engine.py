@@ -114,7 +114,7 @@ class _Request:
 
 @contextmanager
 def _opening(request: _Request) -> Iterator[None]:
-    """Time spent opening a session (a prefill) after an outage, kept out of the round's overhead."""
+    """Time spent opening a session (a prefill), kept out of the round's overhead."""
     start = now_ns()
     try:
         yield
@@ -191,10 +191,8 @@ class Orchestrator:
         if request.use_draft and self.draft_circuit.allow():
             try:
                 self._prefill_draft(request)
-            except (Unavailable, DeadlineExceeded) as exc:
-                self._draft_failed(request, exc)
             except CalispecError as exc:
-                self._draft_refused(request, exc)
+                self._draft_unusable(request, exc)
             else:
                 self.draft_circuit.succeeded()
 
@@ -307,14 +305,9 @@ class Orchestrator:
         start, opening_ns = now_ns(), request.opening_ns
         try:
             proposal, call_ns = self._draft_tokens(request, gamma, cohort)
-        except (Unavailable, DeadlineExceeded) as exc:
-            request.opening_ns = opening_ns + now_ns() - start  # an outage's wait, not a per-round cost
-            self._draft_failed(request, exc)
-            request.stats.draft_unavailable_rounds += 1
-            return None, 0
         except CalispecError as exc:
-            request.opening_ns = opening_ns + now_ns() - start
-            self._draft_refused(request, exc)
+            request.opening_ns = opening_ns + now_ns() - start  # an outage's wait, not a per-round cost
+            self._draft_unusable(request, exc)
             request.stats.draft_unavailable_rounds += 1
             return None, 0
         self.draft_circuit.succeeded()
@@ -325,6 +318,13 @@ class Orchestrator:
         log.warning("draft unavailable for request %s (%s); running target-only", request.request_id, exc)
         self.draft_circuit.failed()
         request.draft_session = None  # reopened from the committed sequence once the draft is back
+
+    def _draft_unusable(self, request: _Request, exc: CalispecError) -> None:
+        """A draft call failed: an outage (down, or too slow) or a refusal of this request alone."""
+        if isinstance(exc, (Unavailable, DeadlineExceeded)):
+            self._draft_failed(request, exc)
+        else:
+            self._draft_refused(request, exc)
 
     def _draft_refused(self, request: _Request, exc: CalispecError) -> None:
         """The draft is up but refused this request (its sessions full, a sequence past its context, a bug
@@ -442,16 +442,14 @@ class Orchestrator:
                     request.target_session, proposal, request.deadline.remaining(), cohort=cohort
                 )
             except Unavailable as exc:
-                failed_ns = now_ns() - start
                 # a replica that answers it lost the session (restarted, or reaped it as idle) is up: reopen
                 # the session without marking the replica failed, once; a second loss counts as a failure
                 reopen_only = isinstance(exc, SessionLost) and not session_lost
                 session_lost = session_lost or isinstance(exc, SessionLost)
-                with _opening(request):
-                    if not reopen_only:
-                        self._target_failed(request, request.target, exc)
-                    self._open_target(request)
-                request.opening_ns += failed_ns  # the failed call too: an outage's wait, not a round's cost
+                if not reopen_only:
+                    self._target_failed(request, request.target, exc)
+                self._open_target(request)
+                request.opening_ns += now_ns() - start  # the failed call and the new session: an outage's wait
                 cohort = 1  # alone, out of step with the others
 
     @staticmethod

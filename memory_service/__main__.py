@@ -40,7 +40,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
     parser.add_argument("--db", type=Path, default=defaults.db_path, help="SQLite file of the counts")
     parser.add_argument("--max-workers", type=int, default=defaults.max_workers)
     parser.add_argument(
-        "--max-watch-streams", type=int, default=None, help="Watch streams open at once (default: max workers - 8)"
+        "--max-watch-streams",
+        type=int,
+        default=None,
+        help="Watch streams open at once (default: max workers - 8, or half of them below 16 workers)",
     )
     parser.add_argument("--max-pairs-default", type=int, default=defaults.max_pairs_default)
     parser.add_argument(

@@ -29,7 +29,8 @@ class MemoryConfig:
     max_pairs_default: int = 65536
     # Each Watch stream holds a worker thread for its lifetime: size this above the verifier count.
     max_workers: int = 64
-    # Watch streams open at once (None: all workers but WORKERS_FOR_CALLS); more are refused, so that
+    # Watch streams open at once (None: all workers but WORKERS_FOR_CALLS, or half of them when fewer than
+    # 2 * WORKERS_FOR_CALLS); more are refused, so that
     # readers can never take the workers the verifiers' writes need.
     max_watch_streams: int | None = None
     # Crash bound: a kill -9 loses at most the events acknowledged in the last flush interval.
