@@ -371,7 +371,7 @@ class Orchestrator:
         elif proposal is None:
             self.costs.observe_overhead(ns_to_ms(round_ns - verdict.service_ns))
         if request.policy is not None:
-            request.policy.tracker.observe(drafted, verdict.accepted_count)
+            request.policy.observe(drafted, verdict.accepted_count)
 
     def _plan(self, request: _Request, gamma: int) -> tuple[float, float]:
         """The round's predicted ms and the request's acceptance estimate (nan for a fixed γ), as γ was chosen."""

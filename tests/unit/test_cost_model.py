@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from coordinator.cost_model import (
+    MAX_PROBE_INTERVAL,
     PROBE_EVERY,
     AcceptanceTracker,
     CostCurve,
@@ -123,20 +124,50 @@ def test_policy_probes_after_target_only_rounds_only_where_acceptance_could_chan
     assert [hopeless.next_gamma() for _ in range(3 * PROBE_EVERY)] == [0] * (3 * PROBE_EVERY)
 
 
-def test_a_request_probes_sooner_while_its_acceptance_rests_on_few_drafts() -> None:
-    policy = GammaPolicy(model(FLAT, draft_per_token=80.0), max_gamma=10)
-    policy.tracker.prior = 0.05  # looks hopeless, on one examined draft: probe after two plain rounds
-    policy.tracker.observe(drafted=3, accepted=0)
-    assert [policy.next_gamma() for _ in range(3)] == [0, 0, 2]
+def probe_intervals(policy: GammaPolicy, rounds: int, accepted: int = 0) -> list[int]:
+    """Target-only rounds before each probe over `rounds` rounds, every probe keeping `accepted` drafts."""
     intervals, streak = [], 0
-    for _ in range(150):  # every probe fails: the interval grows with the evidence, up to PROBE_EVERY
+    for _ in range(rounds):
         gamma = policy.next_gamma()
         streak += 1
         if gamma:
             intervals.append(streak - 1)
             streak = 0
-            policy.tracker.observe(drafted=gamma, accepted=0)
-    assert intervals == sorted(intervals) and intervals[0] < PROBE_EVERY and intervals[-1] == PROBE_EVERY
+        policy.observe(drafted=gamma, accepted=min(accepted, gamma))
+    return intervals
+
+
+def test_a_request_probes_sooner_while_its_acceptance_rests_on_few_drafts() -> None:
+    policy = GammaPolicy(model(FLAT, draft_per_token=80.0), max_gamma=10)
+    policy.tracker.prior = 0.05  # looks hopeless, on one examined draft: probe after two plain rounds
+    policy.observe(drafted=3, accepted=0)
+    assert [policy.next_gamma() for _ in range(3)] == [0, 0, 2]
+
+
+def test_fruitless_probes_back_off_and_a_paying_one_resets_the_interval() -> None:
+    """Prose on the coder pair (wave 16): probes every <= 8 rounds that never paid cost it 5-10 % of `ar`."""
+    policy = GammaPolicy(model(FLAT, draft_per_token=80.0), max_gamma=10)
+    policy.tracker.prior = 0.05
+    intervals = probe_intervals(policy, 400)  # every probe fails
+    assert intervals == sorted(intervals) and intervals[0] < PROBE_EVERY
+    assert intervals[-1] == MAX_PROBE_INTERVAL and len(intervals) < 400 // PROBE_EVERY
+    while not (gamma := policy.next_gamma()):
+        policy.observe(drafted=0, accepted=0)
+    policy.tracker = AcceptanceTracker(prior=0.95)  # the text turned draftable: the probe passes, drafting pays
+    policy.observe(drafted=gamma, accepted=gamma)
+    assert policy.next_gamma() > 0
+    policy.tracker = AcceptanceTracker(prior=0.05)
+    assert probe_intervals(policy, 40)[0] < PROBE_EVERY  # hopeless again: probes start over on evidence
+
+
+def test_a_probe_cut_to_no_drafts_is_not_counted_as_fruitless() -> None:
+    policy = GammaPolicy(model(FLAT, draft_per_token=80.0), max_gamma=10)
+    policy.tracker.prior, policy.tracker.examined = 0.05, PROBE_EVERY
+    chosen = []
+    for _ in range(3 * (PROBE_EVERY + 1)):
+        chosen.append(policy.next_gamma())
+        policy.observe(drafted=0, accepted=0)  # the lockstep group's cap let none of them draft
+    assert [i for i, g in enumerate(chosen) if g] == [PROBE_EVERY, 2 * PROBE_EVERY + 1, 3 * PROBE_EVERY + 2]
 
 
 def test_a_proposal_that_first_catches_up_after_target_only_rounds_does_not_inflate_the_draft_cost() -> None:
