@@ -6,6 +6,10 @@ RESOURCE_EXHAUSTED. Every use of a session (`get`) touches it; a session idle fo
 than `idle_ttl_s` is closed by `reap()`, which runs on a background thread
 (`start_reaper`) and before every capacity check, so a full registry of stale sessions
 still admits a new one. A session its owner is using right now (`is_busy`) is never reaped.
+
+A session is opened through `opening(id)`, which claims its id and a slot before the prefill
+computes: concurrent Prefills for the last slot (or for one id) cannot all compute a KV cache, and
+hold its memory, only for all but one to be refused afterwards.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -58,25 +63,37 @@ class SessionRegistry(Generic[S]):
         self._is_busy = is_busy
         self._clock = clock
         self._sessions: dict[str, _Entry[S]] = {}
+        self._opening: set[str] = set()  # ids claimed by prefills still computing (they hold slots)
         self._lock = threading.Lock()
         self._reaped = 0
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
 
-    def check_capacity(self) -> None:
-        """Fail fast, before an expensive prefill; `add` checks again under the lock."""
-        self.reap()
-        if len(self) >= self.max_sessions:
-            raise ResourceExhausted(f"session limit reached ({self.max_sessions}); retry later")
-
-    def add(self, session_id: str, state: S) -> None:
+    @contextmanager
+    def opening(self, session_id: str) -> Iterator[Callable[[S], None]]:
+        """Claim `session_id` and a slot for the block (the prefill); call what it yields with the
+        session's state to open it. A block that raises, or ends without opening, frees both."""
         self.reap()
         with self._lock:
-            if session_id in self._sessions:
+            if session_id in self._sessions or session_id in self._opening:
                 raise AlreadyExists(f"session {session_id!r} already exists")
-            if len(self._sessions) >= self.max_sessions:
+            if len(self._sessions) + len(self._opening) >= self.max_sessions:
                 raise ResourceExhausted(f"session limit reached ({self.max_sessions}); retry later")
-            self._sessions[session_id] = _Entry(state, self._clock())
+            self._opening.add(session_id)
+
+        def open_session(state: S) -> None:
+            with self._lock:
+                self._sessions[session_id] = _Entry(state, self._clock())
+
+        try:
+            yield open_session
+        finally:
+            with self._lock:
+                self._opening.discard(session_id)
+
+    def add(self, session_id: str, state: S) -> None:
+        with self.opening(session_id) as open_session:
+            open_session(state)
 
     def get(self, session_id: str) -> S:
         """The session's state; counts as a use (resets its idle time)."""

@@ -126,11 +126,11 @@ class Proposer:
 
     def prefill(self, session_id: str, token_ids: list[int], sampling: SamplingConfig, watch: Stopwatch) -> None:
         sampling.validate(self.runner.vocab_size)
-        self.sessions.check_capacity()
-        with watch.phase("forward"):
-            session = prefill_session(self.runner, session_id, token_ids, self.prefix_cache)
-        generator = make_generator(sampling.seed, DRAFT_STREAM, self.runner.device)
-        self.sessions.add(session_id, DraftSession(session, sampling, generator))
+        with self.sessions.opening(session_id) as open_session:
+            with watch.phase("forward"):
+                session = prefill_session(self.runner, session_id, token_ids, self.prefix_cache)
+            generator = make_generator(sampling.seed, DRAFT_STREAM, self.runner.device)
+            open_session(DraftSession(session, sampling, generator))
 
     def rollback(self, session_id: str, length: int, append: list[int]) -> int:
         state = self.sessions.get(session_id)

@@ -110,11 +110,11 @@ class TargetEngine:
     ) -> None:
         sampling.validate(self.runner.vocab_size)
         rescue.validate()
-        self.sessions.check_capacity()
-        with watch.phase("forward"):
-            session = prefill_session(self.runner, session_id, token_ids, self.prefix_cache)
-        generator = make_generator(sampling.seed, TARGET_STREAM, self.runner.device)
-        self.sessions.add(session_id, TargetSession(session, sampling, rescue, generator))
+        with self.sessions.opening(session_id) as open_session:
+            with watch.phase("forward"):
+                session = prefill_session(self.runner, session_id, token_ids, self.prefix_cache)
+            generator = make_generator(sampling.seed, TARGET_STREAM, self.runner.device)
+            open_session(TargetSession(session, sampling, rescue, generator))
 
     def close(self, session_id: str) -> None:
         self.sessions.remove(session_id)

@@ -43,10 +43,9 @@ def test_a_full_registry_of_abandoned_sessions_admits_new_ones() -> None:
     reg.add("abandoned-1", "x")
     reg.add("abandoned-2", "y")
     with pytest.raises(ResourceExhausted):
-        reg.check_capacity()
+        reg.add("new", "z")
     clock.now += 10.5
-    reg.check_capacity()  # reaps first: no background thread needed for the limit to recover
-    reg.add("new", "z")
+    reg.add("new", "z")  # reaps first: no background thread needed for the limit to recover
     assert len(reg) == 1 and reg.stats().reaped_sessions == 2
 
 
@@ -79,3 +78,26 @@ def test_duplicate_and_unknown_ids() -> None:
     with pytest.raises(NotFound):
         reg.remove("nope")
     assert reg.remove("s") == "s" and len(reg) == 0
+
+
+def test_a_prefill_in_flight_holds_its_slot_and_its_id() -> None:
+    """Concurrent Prefills for the last slot (or one id) used to all compute a KV cache; all but one were
+    refused only afterwards, having held the memory of every one."""
+    reg, _ = registry(max_sessions=2)
+    reg.add("open", "x")
+    with reg.opening("first") as open_first:
+        with pytest.raises(ResourceExhausted), reg.opening("second"):  # refused before its prefill computes
+            pytest.fail("a second prefill ran for the last slot")
+        with pytest.raises(AlreadyExists), reg.opening("open"):
+            pytest.fail("a prefill ran for an open session's id")
+        open_first("y")
+    assert reg.get("first") == "y" and len(reg) == 2
+
+
+def test_a_prefill_that_fails_frees_its_slot_and_its_id() -> None:
+    reg, _ = registry(max_sessions=1)
+    with pytest.raises(MemoryError), reg.opening("s"):
+        raise MemoryError("the prefill ran out of memory")
+    with reg.opening("s") as open_session:  # nothing left claimed
+        open_session("t")
+    assert reg.get("s") == "t"
