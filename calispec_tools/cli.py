@@ -35,7 +35,7 @@ from calispec_core.errors import InvalidArgument
 from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, LOG_LEVELS, check_csd_thresholds
 from calispec_tools import cli_auth, cli_bench, cli_chat, cli_memory, cli_ray
 from calispec_tools.models.registry import PAIRS, ModelPullError, describe_pairs, pull_pair, pulled
-from calispec_tools.stack_state import StackState, clear_state
+from calispec_tools.stack_state import StackState, clear_state, process_start_time, stop_stack
 
 if TYPE_CHECKING:
     from calispec_tools.stack import StackConfig
@@ -337,6 +337,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             StackState(
                 os.getpid(), stack.coordinator_address, stack.memory_address,
                 stack.memory_namespace, str(config.draft_model), str(config.target_model), str(stack.writer_token_file),
+                process_start_time(os.getpid()),
             ).write()  # fmt: skip
             client_env = "".join(
                 f"export {var}={value}\n"
@@ -357,6 +358,17 @@ def cmd_up(args: argparse.Namespace) -> int:
             finally:
                 clear_state(os.getpid())
         print("stopping...", file=sys.stderr)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    """Stop the stack a `calispec up` on this machine runs (it stops its services in order, then exits)."""
+    try:
+        stopped = stop_stack(args.timeout)
+    except TimeoutError as exc:
+        print(f"calispec down: {exc}", file=sys.stderr)
+        return 1
+    print(f"stopped the stack of `calispec up` (pid {stopped.pid})" if stopped else "no stack is running")
     return 0
 
 
@@ -434,6 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
         "held-out choice is 20, docs/calibration.md)",
     )  # fmt: skip
     up.set_defaults(func=cmd_up)
+
+    down = sub.add_parser("down", help="stop the stack `calispec up` runs (from another shell)")
+    down.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for it to stop")
+    down.set_defaults(func=cmd_down)
 
     gen = sub.add_parser("generate", help="send one request to a running coordinator")
     gen.add_argument("--address", default=DEFAULT_ADDRESS, help="coordinator HOST:PORT")

@@ -1,0 +1,77 @@
+"""The running stack's state file: telling a live `calispec up` from a stale file, and `calispec down`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from calispec_tools.stack_state import StackState, process_start_time, running_stack, stop_stack
+
+# a stand-in for `calispec up`: writes the state, says so, and on SIGTERM removes it and exits
+FAKE_UP = """
+import os, signal, sys, threading
+from pathlib import Path
+from calispec_tools.stack_state import StackState, clear_state, process_start_time
+path, stop = Path(sys.argv[1]), threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+if sys.argv[2] == "ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+StackState(os.getpid(), "c", "m", "ns", "d", "t", "w", process_start_time(os.getpid())).write(path)
+print("ready", flush=True)
+stop.wait()
+clear_state(os.getpid(), path)
+"""
+
+
+def fake_up(path: Path, sigterm: str = "stop") -> subprocess.Popen[str]:
+    process = subprocess.Popen([sys.executable, "-c", FAKE_UP, str(path), sigterm], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    return process
+
+
+def state(started: int) -> StackState:
+    return StackState(os.getpid(), "c", "m", "ns", "d", "t", "w", started)
+
+
+def test_a_state_whose_pid_now_names_another_process_is_stale() -> None:
+    """A crashed `calispec up` left its file; its pid was given to another process since."""
+    me = process_start_time(os.getpid())
+    assert me > 0
+    state(me).write()
+    assert running_stack() == state(me)
+    state(me + 1).write()
+    assert running_stack() is None
+    state(0).write()  # a file from before start times were recorded: the pid alone decides
+    assert running_stack() == state(0)
+
+
+def test_a_zombie_is_not_a_running_stack() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+    StackState(child.pid, "c", "m", "ns", "d", "t", "w", 0).write()
+    assert running_stack() is None
+    child.wait()
+
+
+def test_down_stops_the_running_stack_and_waits_for_it(no_running_stack: Path) -> None:
+    assert stop_stack(timeout_s=5) is None  # none runs
+    up = fake_up(no_running_stack)
+    stopped = stop_stack(timeout_s=60)
+    assert stopped is not None and stopped.pid == up.pid
+    assert up.wait(timeout=60) == 0 and not no_running_stack.exists()
+
+
+def test_down_says_so_when_the_stack_does_not_stop(no_running_stack: Path) -> None:
+    up = fake_up(no_running_stack, sigterm="ignore")
+    try:
+        with pytest.raises(TimeoutError, match=str(up.pid)):
+            stop_stack(timeout_s=0.3)
+        assert running_stack() is not None
+    finally:
+        up.send_signal(signal.SIGKILL)
+        up.wait()
