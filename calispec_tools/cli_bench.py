@@ -225,7 +225,9 @@ def add_compare_parser(sub: Any) -> None:
     p.add_argument("--draft", help="draft model dir (with --target; overrides --pair)")
     p.add_argument("--target", help="target model dir")
     p.add_argument("--prompts", type=int, default=4,
-                   help="how many of the 4 built-in prompts (code, math, prose; repeated if more)")  # fmt: skip
+                   help="how many of the built-in prompts (4: code, code, math, prose; repeated if more)")  # fmt: skip
+    p.add_argument("--kinds", type=_csv(str), default=["code", "math", "prose"],
+                   help="which kinds of built-in prompt to take them from, e.g. `prose`")  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--gamma", type=int, default=None, help="fixed γ for sd/csd (default: the stack's adaptive γ)")
     p.add_argument("--concurrency", type=_csv(int), default=[1, 4, 8], help="load levels (empty: skip the load test)")
@@ -253,7 +255,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from calispec_tools.bench.pair import PROMPTS
     from calispec_tools.models.registry import PAIRS, chat_prompt
 
-    texts = [t for ts in PROMPTS.values() for t in ts]
+    unknown = set(args.kinds) - set(PROMPTS)
+    if unknown or not args.kinds:
+        raise SystemExit(f"--kinds: choose from {', '.join(PROMPTS)} (got {', '.join(sorted(unknown)) or 'none'})")
+    texts = [t for kind, ts in PROMPTS.items() if kind in args.kinds for t in ts]
     texts = [texts[i % len(texts)] for i in range(max(args.prompts, 1))]
     args.model_dirs = bench_pair_dirs(args)
     if not (args.draft and args.target) and args.pair != "tiny":

@@ -377,6 +377,7 @@ def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int |
         "batch_gather_ms": DEFAULT_GATHER_S * 1000 if args.batch_gather_ms is None else args.batch_gather_ms,
         "max_new_tokens": args.max_new_tokens,
         "prompts": len(args.prompt_texts),
+        "kinds": "+".join(getattr(args, "kinds", None) or ["code", "math", "prose"]),
     }
 
 
