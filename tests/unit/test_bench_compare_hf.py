@@ -65,3 +65,23 @@ def test_hf_loads_before_the_stack_so_auto_sees_the_memory_it_took(monkeypatch, 
     except RuntimeError as exc:
         assert str(exc) == "stop here"
     assert order == ["hf", "stack"]
+
+
+def test_kinds_picks_the_built_in_prompts_of_those_kinds(monkeypatch) -> None:
+    import pytest
+
+    from calispec_tools.bench import compare
+    from calispec_tools.bench.pair import PROMPTS
+    from calispec_tools.cli import build_parser
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(compare, "run_compare", lambda args: seen.append(args.prompt_texts) or 0)
+    parser = build_parser()
+    args = parser.parse_args(["bench", "compare", "--pair", "tiny", "--kinds", "prose", "--prompts", "3"])
+    monkeypatch.setattr("calispec_tools.cli_bench.bench_pair_dirs", lambda args: ("d", "t"))
+    assert args.func(args) == 0 and seen == [PROMPTS["prose"] * 3]
+    args = parser.parse_args(["bench", "compare", "--pair", "tiny", "--kinds", "math,code", "--prompts", "3"])
+    assert args.func(args) == 0 and seen[-1] == [*PROMPTS["code"], *PROMPTS["math"]]  # in the built-in order
+    args = parser.parse_args(["bench", "compare", "--pair", "tiny", "--kinds", "poetry"])
+    with pytest.raises(SystemExit, match="--kinds: choose from code, math, prose"):
+        args.func(args)
