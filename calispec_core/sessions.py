@@ -77,12 +77,14 @@ class SessionRegistry(Generic[S]):
         with self._lock:
             if session_id in self._sessions or session_id in self._opening:
                 raise AlreadyExists(f"session {session_id!r} already exists")
-            if len(self._sessions) + len(self._opening) >= self.max_sessions:
+            if self._taken() >= self.max_sessions:
                 raise ResourceExhausted(f"session limit reached ({self.max_sessions}); retry later")
             self._opening.add(session_id)
 
         def open_session(state: S) -> None:
             with self._lock:
+                require(session_id in self._opening, f"session {session_id!r} opened twice or after its prefill")
+                self._opening.discard(session_id)  # the claim becomes the session: one slot, not two
                 self._sessions[session_id] = _Entry(state, self._clock())
 
         try:
@@ -129,8 +131,9 @@ class SessionRegistry(Generic[S]):
         return expired
 
     def stats(self) -> SessionStats:
+        """Open sessions count the ones still prefilling: they hold their slots (a drain waits for them)."""
         with self._lock:
-            return SessionStats(len(self._sessions), self.max_sessions, self.idle_ttl_s, self._reaped)
+            return SessionStats(self._taken(), self.max_sessions, self.idle_ttl_s, self._reaped)
 
     def start_reaper(self) -> None:
         """Reap on a daemon thread, a few times per TTL, until `stop_reaper`."""
@@ -157,5 +160,9 @@ class SessionRegistry(Generic[S]):
             return session_id in self._sessions
 
     def __len__(self) -> int:
+        """Slots taken: open sessions and prefills in flight."""
         with self._lock:
-            return len(self._sessions)
+            return self._taken()
+
+    def _taken(self) -> int:  # with the lock held
+        return len(self._sessions) + len(self._opening)

@@ -38,7 +38,7 @@ from calispec_tools.models.registry import PAIRS, ModelPullError, describe_pairs
 from calispec_tools.stack_state import StackState, clear_state, process_start_time, stop_stack
 
 if TYPE_CHECKING:
-    from calispec_tools.stack import StackConfig
+    from calispec_tools.stack import LocalStack, StackConfig
 
 DEFAULT_ADDRESS = "127.0.0.1:50050"
 DEMO_PROMPT = "def fibonacci(n):"
@@ -334,26 +334,15 @@ def cmd_up(args: argparse.Namespace) -> int:
                 print(f"{name:15s} {service.address}  metrics: {service.metrics_url}  log: {service.log_path}")
             if stack.http_url:
                 print(f"OpenAI-compatible API: {stack.http_url}  (model {config.target_model.name!r})")
-            StackState(
-                os.getpid(), stack.coordinator_address, stack.memory_address,
-                stack.memory_namespace, str(config.draft_model), str(config.target_model), str(stack.writer_token_file),
-                process_start_time(os.getpid()),
-            ).write()  # fmt: skip
-            client_env = "".join(
-                f"export {var}={value}\n"
-                for var, value in (("CALISPEC_TOKEN", key), ("CALISPEC_TLS_CA", tls_dir and tls_dir / "ca.pem"))
-                if value
-            )
-            print(f"memory namespace: {stack.memory_namespace}")
-            print(stack.calibration.message if stack.calibration else "calibration: none for this pair or disabled")
-            print(
-                f"memory db: {config.memory_db}\n{client_env}ready: calispec generate --prompt '...' "
-                f"--address {stack.coordinator_address}   (Ctrl-C stops the stack)",
-                flush=True,
-            )
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM):  # before the state file names this process
                 signal.signal(sig, lambda *_: stop.set())
             try:
+                StackState(
+                    os.getpid(), stack.coordinator_address, stack.memory_address, stack.memory_namespace,
+                    str(config.draft_model), str(config.target_model), str(stack.writer_token_file),
+                    process_start_time(os.getpid()),
+                ).write()  # fmt: skip
+                print_ready(stack, config, key, tls_dir)
                 stop.wait()
             finally:
                 clear_state(os.getpid())
@@ -361,11 +350,26 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def print_ready(stack: LocalStack, config: StackConfig, key: str | None, tls_dir: Path | None) -> None:
+    client_env = "".join(
+        f"export {var}={value}\n"
+        for var, value in (("CALISPEC_TOKEN", key), ("CALISPEC_TLS_CA", tls_dir and tls_dir / "ca.pem"))
+        if value
+    )
+    print(f"memory namespace: {stack.memory_namespace}")
+    print(stack.calibration.message if stack.calibration else "calibration: none for this pair or disabled")
+    print(
+        f"memory db: {config.memory_db}\n{client_env}ready: calispec generate --prompt '...' "
+        f"--address {stack.coordinator_address}   (Ctrl-C or `calispec down` stops the stack)",
+        flush=True,
+    )
+
+
 def cmd_down(args: argparse.Namespace) -> int:
     """Stop the stack a `calispec up` on this machine runs (it stops its services in order, then exits)."""
     try:
         stopped = stop_stack(args.timeout)
-    except TimeoutError as exc:
+    except (TimeoutError, PermissionError) as exc:
         print(f"calispec down: {exc}", file=sys.stderr)
         return 1
     print(f"stopped the stack of `calispec up` (pid {stopped.pid})" if stopped else "no stack is running")

@@ -62,7 +62,12 @@ def stop_stack(timeout_s: float, path: Path | None = None) -> StackState | None:
     state = running_stack(path)
     if state is None:
         return None
-    os.kill(state.pid, signal.SIGTERM)
+    try:
+        os.kill(state.pid, signal.SIGTERM)
+    except ProcessLookupError:  # it exited since (Ctrl-C there, another `down`)
+        return state
+    except PermissionError:
+        raise PermissionError(f"`calispec up` (pid {state.pid}) belongs to another user") from None
     deadline = time.monotonic() + timeout_s
     while _alive(state.pid, state.started):  # not our child: no wait(); poll its pid
         if time.monotonic() > deadline:
@@ -84,8 +89,9 @@ def clear_state(pid: int, path: Path | None = None) -> None:
 def process_start_time(pid: int) -> int:
     """The process's start time in clock ticks after boot (0 where /proc cannot say; -1 for a zombie)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()
-        return -1 if fields[0] == "Z" else int(fields[19])  # state, starttime; the name in () may hold spaces
+        # after the name in (), which may hold spaces, ")" and bytes cut mid-character: state, ..., starttime
+        fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        return -1 if fields[0] == b"Z" else int(fields[19])
     except (OSError, ValueError, IndexError):
         return 0
 

@@ -358,6 +358,7 @@ def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int |
 
     from calispec_core.batch_scheduler import DEFAULT_GATHER_S
     from calispec_core.modeling import resolve_device, serving_dtype_name
+    from calispec_tools.bench.pair import PROMPTS
     from calispec_tools.stack import threads_label
 
     return {
@@ -377,7 +378,7 @@ def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int |
         "batch_gather_ms": DEFAULT_GATHER_S * 1000 if args.batch_gather_ms is None else args.batch_gather_ms,
         "max_new_tokens": args.max_new_tokens,
         "prompts": len(args.prompt_texts),
-        "kinds": "+".join(getattr(args, "kinds", None) or ["code", "math", "prose"]),
+        "kinds": "+".join(k for k in PROMPTS if k in (getattr(args, "kinds", None) or PROMPTS)),  # as they ran
     }
 
 

@@ -160,14 +160,27 @@ def test_fruitless_probes_back_off_and_a_paying_one_resets_the_interval() -> Non
     assert probe_intervals(policy, 40)[0] < PROBE_EVERY  # hopeless again: probes start over on evidence
 
 
-def test_a_probe_cut_to_no_drafts_is_not_counted_as_fruitless() -> None:
+def test_only_a_failed_probe_backs_off() -> None:
+    """A probe that drafted nothing (the draft's circuit open, the last token) or kept every draft (acceptance
+    climbing back towards paying, which takes a few) leaves the interval alone; a normal round's failure too."""
     policy = GammaPolicy(model(FLAT, draft_per_token=80.0), max_gamma=10)
     policy.tracker.prior, policy.tracker.examined = 0.05, PROBE_EVERY
-    chosen = []
-    for _ in range(3 * (PROBE_EVERY + 1)):
-        chosen.append(policy.next_gamma())
-        policy.observe(drafted=0, accepted=0)  # the lockstep group's cap let none of them draft
-    assert [i for i, g in enumerate(chosen) if g] == [PROBE_EVERY, 2 * PROBE_EVERY + 1, 3 * PROBE_EVERY + 2]
+    for outcome in ("none drafted", "all kept"):
+        chosen = []
+        for _ in range(3 * (PROBE_EVERY + 1)):
+            gamma = policy.next_gamma()
+            chosen.append(gamma)
+            policy.observe(drafted=0 if outcome == "none drafted" else gamma, accepted=gamma)
+        drafting = [i for i, g in enumerate(chosen) if g]
+        assert drafting[:2] == [PROBE_EVERY, 2 * PROBE_EVERY + 1]  # the interval did not double
+        if outcome == "none drafted":
+            assert drafting[2] == 3 * PROBE_EVERY + 2
+        else:  # two probes that kept everything, and drafting pays on its own
+            assert drafting[2:] == list(range(drafting[1] + 1, len(chosen)))
+        policy.tracker = AcceptanceTracker(prior=0.05)
+        policy.tracker.examined = PROBE_EVERY
+    policy.observe(drafted=4, accepted=0)  # not a probe: the request's own drafting round failed
+    assert [policy.next_gamma() for _ in range(PROBE_EVERY + 1)][-1] > 0
 
 
 def test_a_proposal_that_first_catches_up_after_target_only_rounds_does_not_inflate_the_draft_cost() -> None:

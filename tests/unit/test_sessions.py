@@ -101,3 +101,55 @@ def test_a_prefill_that_fails_frees_its_slot_and_its_id() -> None:
     with reg.opening("s") as open_session:  # nothing left claimed
         open_session("t")
     assert reg.get("s") == "t"
+
+
+def test_a_claim_becomes_the_session_once() -> None:
+    reg, _ = registry(max_sessions=2)
+    with reg.opening("s") as open_session:
+        assert len(reg) == 1 and reg.stats().open_sessions == 1  # a prefill in flight holds its slot
+        open_session("x")
+        assert len(reg) == 1  # one slot, not two, between opening and the block's end
+        with pytest.raises(InvalidArgument, match="opened twice"):
+            open_session("y")
+    with pytest.raises(InvalidArgument, match="after its prefill"):
+        open_session("z")
+    assert reg.get("s") == "x" and len(reg) == 1
+
+
+def test_the_draft_refuses_a_prefill_for_the_last_slot_before_computing_it(draft_runner, monkeypatch) -> None:
+    """The service-level claim: a second Prefill while the first computes is refused at once."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from calispec_core.sampling import SamplingConfig
+    from calispec_core.timing import Stopwatch
+    from draft_service import proposer as proposer_module
+    from draft_service.proposer import Proposer
+
+    real, computing, release = proposer_module.prefill_session, threading.Event(), threading.Event()
+    computed: list[str] = []
+
+    def prefill_session(runner, session_id, token_ids, cache):
+        computed.append(session_id)
+        if session_id == "first":
+            computing.set()
+            release.wait()
+        return real(runner, session_id, token_ids, cache)
+
+    monkeypatch.setattr(proposer_module, "prefill_session", prefill_session)
+    proposer = Proposer(draft_runner, max_sessions=1)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(proposer.prefill, "first", [1, 2, 3], SamplingConfig(), Stopwatch())
+            computing.wait()
+            try:
+                with pytest.raises(ResourceExhausted):
+                    proposer.prefill("second", [1, 2, 3], SamplingConfig(), Stopwatch())
+                with pytest.raises(AlreadyExists):
+                    proposer.prefill("first", [1, 2, 3], SamplingConfig(), Stopwatch())
+            finally:
+                release.set()
+            first.result()
+        assert computed == ["first"] and "first" in proposer.sessions
+    finally:
+        proposer.stop()

@@ -75,3 +75,43 @@ def test_down_says_so_when_the_stack_does_not_stop(no_running_stack: Path) -> No
     finally:
         up.send_signal(signal.SIGKILL)
         up.wait()
+
+
+def run_down(capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    from calispec_tools.cli import build_parser
+
+    args = build_parser().parse_args(["down", "--timeout", "60"])
+    code = args.func(args)
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_calispec_down_says_what_it_did(no_running_stack: Path, capsys, monkeypatch) -> None:
+    assert run_down(capsys) == (0, "no stack is running\n")
+    up = fake_up(no_running_stack)
+    assert run_down(capsys) == (0, f"stopped the stack of `calispec up` (pid {up.pid})\n")
+    assert up.wait(timeout=60) == 0
+    from calispec_tools import stack_state
+
+    state(process_start_time(os.getpid())).write()  # "running": this process
+
+    def refused(pid: int, sig: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(stack_state.os, "kill", refused)
+    code, said = run_down(capsys)
+    assert code == 1 and "belongs to another user" in said
+
+
+def test_a_stack_that_exits_before_the_signal_counts_as_stopped(monkeypatch) -> None:
+    """Ctrl-C in its shell, or a second `down`, between finding the stack and signalling it."""
+    from calispec_tools import stack_state
+
+    monkeypatch.setattr(stack_state, "running_stack", lambda path=None: state(1))
+    monkeypatch.setattr(stack_state, "_alive", lambda pid, started=0: False)
+
+    def gone(pid: int, sig: int) -> None:
+        raise ProcessLookupError(3, "No such process")
+
+    monkeypatch.setattr(stack_state.os, "kill", gone)
+    assert stop_stack(timeout_s=5) == state(1)
