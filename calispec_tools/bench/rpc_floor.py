@@ -9,7 +9,8 @@ what the transport alone costs there.
 `python -m calispec_tools.bench.rpc_floor` times the same for transports with nothing of the stack
 in them, each server in its own process on loopback: a gRPC unary call to a bare server with a
 trivial handler (grpcio's thread-pool server, as the services run), a gRPC bidirectional stream
-(one call, messages ping-ponged on it) and a raw TCP echo. On the 2-core AVX2 EPYC VMs a bare gRPC
+(one call, messages ping-ponged on it), a unary call with grpc.aio at both ends (no thread-pool
+hand-off) and a raw TCP echo. On the 2-core AVX2 EPYC VMs a bare gRPC
 round trip after an idle gap costs ~2.5-3 ms, a raw TCP one ~0.2 ms (docs/performance.md,
 "Per-round overhead"). Nothing about time is asserted anywhere.
 """
@@ -95,6 +96,45 @@ def _serve_grpc(ports: multiprocessing.Queue) -> None:
     server.wait_for_termination()
 
 
+def _serve_grpc_aio(ports: multiprocessing.Queue) -> None:
+    import asyncio
+
+    import grpc
+
+    async def echo(request: bytes, context: Any) -> bytes:
+        return request
+
+    async def serve() -> None:
+        server = grpc.aio.server()
+        handlers = {"Echo": grpc.unary_unary_rpc_method_handler(echo)}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("calispec.bench.Echo", handlers),))
+        ports.put(server.add_insecure_port("127.0.0.1:0"))
+        await server.start()
+        await server.wait_for_termination()
+
+    asyncio.run(serve())
+
+
+def _aio_floor(port: int, calls: int) -> dict[str, float]:
+    """grpc.aio at both ends: no thread-pool hand-off in the server, the client's call on its event loop."""
+    import asyncio
+
+    import grpc
+
+    async def open_channel() -> Any:  # made on the loop that will run its calls
+        return grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+
+    loop = asyncio.new_event_loop()
+    try:
+        channel = loop.run_until_complete(open_channel())
+        unary = channel.unary_unary(_METHOD)
+        floor = floor_of(lambda: loop.run_until_complete(unary(PAYLOAD, timeout=30)), calls)
+        loop.run_until_complete(channel.close())
+        return floor
+    finally:
+        loop.close()
+
+
 def _serve_tcp(ports: multiprocessing.Queue) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     ports.put(listener.getsockname()[1])
@@ -120,7 +160,10 @@ def transport_floors(calls: int = CALLS) -> dict[str, dict[str, float]]:
 
     context = multiprocessing.get_context("spawn")
     ports: multiprocessing.Queue = context.Queue()
-    servers = [context.Process(target=serve, args=(ports,), daemon=True) for serve in (_serve_grpc, _serve_tcp)]
+    servers = [
+        context.Process(target=serve, args=(ports,), daemon=True)
+        for serve in (_serve_grpc, _serve_grpc_aio, _serve_tcp)
+    ]
     floors: dict[str, dict[str, float]] = {}
     try:
         servers[0].start()
@@ -139,6 +182,9 @@ def transport_floors(calls: int = CALLS) -> dict[str, dict[str, float]]:
             outbox.put(b"")
         servers[0].terminate()  # alone on the machine while the next one is timed
         servers[1].start()
+        floors["grpc aio"] = _aio_floor(ports.get(timeout=60), calls)
+        servers[1].terminate()
+        servers[2].start()
         with socket.create_connection(("127.0.0.1", ports.get(timeout=60))) as sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             floors["raw tcp"] = floor_of(lambda: sock.sendall(PAYLOAD) or _exactly(sock, len(PAYLOAD)), calls)
