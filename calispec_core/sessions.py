@@ -115,14 +115,19 @@ class SessionRegistry(Generic[S]):
         return entry.state
 
     def reap(self) -> list[str]:
-        """Close every session idle for longer than the TTL and not busy; returns their ids."""
+        """Close every session idle for longer than the TTL and not busy; returns their ids. A busy session
+        counts as used at every reap, so a call longer than the TTL (the reaper runs 4 times per TTL)
+        leaves its session most of a TTL after it ends, not a reap away from expiry."""
         if self.idle_ttl_s <= 0:
             return []
         with self._lock:
-            deadline = self._clock() - self.idle_ttl_s
-            expired = [
-                sid for sid, e in self._sessions.items() if e.last_used < deadline and not self._is_busy(e.state)
-            ]
+            now = self._clock()
+            expired = []
+            for sid, entry in self._sessions.items():
+                if self._is_busy(entry.state):  # in use now: its idle time starts no earlier than this
+                    entry.last_used = now
+                elif entry.last_used < now - self.idle_ttl_s:
+                    expired.append(sid)
             for sid in expired:
                 del self._sessions[sid]
             self._reaped += len(expired)

@@ -56,6 +56,9 @@ def test_a_busy_session_is_never_reaped() -> None:
     clock.now += 100
     assert reg.reap() == []
     busy.clear()
+    clock.now += 6  # the call just ended: idle for 6 s, not since it started 106 s ago
+    assert reg.reap() == []
+    clock.now += 5
     assert reg.reap() == ["s"]
 
 
