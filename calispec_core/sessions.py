@@ -81,17 +81,25 @@ class SessionRegistry(Generic[S]):
                 raise ResourceExhausted(f"session limit reached ({self.max_sessions}); retry later")
             self._opening.add(session_id)
 
+        opened = False
+
         def open_session(state: S) -> None:
+            nonlocal opened
             with self._lock:
-                require(session_id in self._opening, f"session {session_id!r} opened twice or after its prefill")
+                require(
+                    not opened and session_id in self._opening,
+                    f"session {session_id!r} opened twice or after its prefill",
+                )
                 self._opening.discard(session_id)  # the claim becomes the session: one slot, not two
                 self._sessions[session_id] = _Entry(state, self._clock())
+                opened = True
 
         try:
             yield open_session
         finally:
             with self._lock:
-                self._opening.discard(session_id)
+                if not opened:  # else the id may be another prefill's claim by now (closed, then reopened)
+                    self._opening.discard(session_id)
 
     def add(self, session_id: str, state: S) -> None:
         with self.opening(session_id) as open_session:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import platformdirs
 
+_kill = os.kill  # stop_stack's signal (the tests replace it, not os.kill)
+
 
 def state_path() -> Path:
     return Path(platformdirs.user_data_dir("calispec")) / "stack.json"
@@ -63,7 +65,7 @@ def stop_stack(timeout_s: float, path: Path | None = None) -> StackState | None:
     if state is None:
         return None
     try:
-        os.kill(state.pid, signal.SIGTERM)
+        _kill(state.pid, signal.SIGTERM)
     except ProcessLookupError:  # it exited since (Ctrl-C there, another `down`)
         return state
     except PermissionError:

@@ -282,8 +282,8 @@ class GammaPolicy:
     tracker: AcceptanceTracker = field(init=False)
     _plain_streak: int = 0
     _probing: bool = False  # the last γ chosen was a probe
-    _probed: bool = False  # ... and a draft of it failed (none drafted: the circuit open, the last token)
-    _fruitless: int = 0  # failed probes in a row after which drafting still did not pay
+    _probed: bool = False  # ... and it failed: drafted, and not every draft kept
+    _fruitless: int = 0  # failed probes since drafting last paid or a probe kept every draft
 
     def __post_init__(self) -> None:
         self.tracker = AcceptanceTracker(self.costs.acceptance)
@@ -306,8 +306,9 @@ class GammaPolicy:
     def observe(self, drafted: int, accepted: int) -> None:
         """The round's outcome: `drafted` may fall short of the γ chosen (a lockstep cap, an early stop)."""
         self.tracker.observe(drafted, accepted)
-        # a probe that kept every draft lifts acceptance towards paying (it may take a few): no backoff
         self._probed = self._probing and accepted < drafted
+        if self._probing and 0 < drafted == accepted:  # the text may have turned draftable: probe on evidence
+            self._fruitless = 0
 
     def _probe_interval(self) -> int:
         """Target-only rounds before a probe: PROBE_EVERY once the request's acceptance rests on as many
@@ -315,7 +316,8 @@ class GammaPolicy:
         and one failed first round (0 of 3 kept: α 0.56 -> 0.45) used to hold code prompts whose drafts
         later passed 85 % of the time at γ = 0 for 8 rounds, twice (the AVX2 EPYC, 16 of ~34 rounds).
 
-        Each failed probe in a row that left drafting unpaid doubles the interval, up to MAX_PROBE_INTERVAL: on
+        Each failed probe that left drafting unpaid doubles the interval, up to MAX_PROBE_INTERVAL, until a
+        round drafts on its own merit or a probe keeps every draft (then it starts over): on
         text the draft cannot follow (prose on the coder pair) a probe costs its draft forwards and a
         wider verify for about one token, and probing every 8 rounds cost that prompt 5-10 % against
         `ar` (wave 16: 12 of 65 rounds, 0.90-0.95x). Text that turns draftable waits at most 32 rounds."""

@@ -125,13 +125,16 @@ def _aio_floor(port: int, calls: int) -> dict[str, float]:
         return grpc.aio.insecure_channel(f"127.0.0.1:{port}")
 
     loop = asyncio.new_event_loop()
+    channel = loop.run_until_complete(open_channel())
+    unary = channel.unary_unary(_METHOD)
+
+    async def call() -> bytes:  # the call made on the running loop (no default loop needed)
+        return await unary(PAYLOAD, timeout=30)
+
     try:
-        channel = loop.run_until_complete(open_channel())
-        unary = channel.unary_unary(_METHOD)
-        floor = floor_of(lambda: loop.run_until_complete(unary(PAYLOAD, timeout=30)), calls)
-        loop.run_until_complete(channel.close())
-        return floor
+        return floor_of(lambda: loop.run_until_complete(call()), calls)
     finally:
+        loop.run_until_complete(channel.close())
         loop.close()
 
 
@@ -180,20 +183,24 @@ def transport_floors(calls: int = CALLS) -> dict[str, dict[str, float]]:
 
             floors["grpc stream"] = floor_of(ping, calls)
             outbox.put(b"")
-        servers[0].terminate()  # alone on the machine while the next one is timed
+        _stop(servers[0])  # alone on the machine while the next one is timed
         servers[1].start()
         floors["grpc aio"] = _aio_floor(ports.get(timeout=60), calls)
-        servers[1].terminate()
+        _stop(servers[1])
         servers[2].start()
         with socket.create_connection(("127.0.0.1", ports.get(timeout=60))) as sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             floors["raw tcp"] = floor_of(lambda: sock.sendall(PAYLOAD) or _exactly(sock, len(PAYLOAD)), calls)
     finally:
         for server in servers:
-            if server.is_alive():
-                server.terminate()
-                server.join()
+            _stop(server)
     return floors
+
+
+def _stop(server: multiprocessing.process.BaseProcess) -> None:
+    if server.is_alive():
+        server.terminate()
+        server.join()
 
 
 def main(argv: list[str] | None = None) -> int:

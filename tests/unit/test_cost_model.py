@@ -160,6 +160,18 @@ def test_fruitless_probes_back_off_and_a_paying_one_resets_the_interval() -> Non
     assert probe_intervals(policy, 40)[0] < PROBE_EVERY  # hopeless again: probes start over on evidence
 
 
+def test_a_probe_that_keeps_every_draft_ends_the_backoff() -> None:
+    policy = GammaPolicy(model(FLAT, draft_per_token=80.0), max_gamma=10)
+    policy.tracker.prior = 0.05
+    assert probe_intervals(policy, 400)[-1] == MAX_PROBE_INTERVAL  # backed off all the way
+    while not (gamma := policy.next_gamma()):
+        policy.observe(drafted=0, accepted=0)
+    policy.observe(drafted=gamma, accepted=gamma)  # kept every draft; one probe is not enough to pay
+    assert policy.next_gamma() == 0
+    policy.observe(drafted=0, accepted=0)
+    assert probe_intervals(policy, 40)[0] < PROBE_EVERY  # the next probe comes on evidence, not after 32
+
+
 def test_only_a_failed_probe_backs_off() -> None:
     """A probe that drafted nothing (the draft's circuit open, the last token) or kept every draft (acceptance
     climbing back towards paying, which takes a few) leaves the interval alone; a normal round's failure too."""
@@ -170,7 +182,8 @@ def test_only_a_failed_probe_backs_off() -> None:
         for _ in range(3 * (PROBE_EVERY + 1)):
             gamma = policy.next_gamma()
             chosen.append(gamma)
-            policy.observe(drafted=0 if outcome == "none drafted" else gamma, accepted=gamma)
+            drafted = 0 if outcome == "none drafted" else gamma
+            policy.observe(drafted=drafted, accepted=drafted)
         drafting = [i for i, g in enumerate(chosen) if g]
         assert drafting[:2] == [PROBE_EVERY, 2 * PROBE_EVERY + 1]  # the interval did not double
         if outcome == "none drafted":

@@ -119,6 +119,20 @@ def test_a_claim_becomes_the_session_once() -> None:
     assert reg.get("s") == "x" and len(reg) == 1
 
 
+def test_an_opened_prefill_leaves_a_later_claim_of_its_id_alone() -> None:
+    """Opened, closed and claimed again by another Prefill, all before the first one's block ends."""
+    reg, _ = registry(max_sessions=2)
+    with reg.opening("s") as open_first:
+        open_first("first")
+        reg.remove("s")
+        second = reg.opening("s")
+        open_second = second.__enter__()
+    assert len(reg) == 1  # the second claim still holds its slot
+    open_second("second")
+    second.__exit__(None, None, None)
+    assert reg.get("s") == "second" and len(reg) == 1
+
+
 def test_the_draft_refuses_a_prefill_for_the_last_slot_before_computing_it(draft_runner, monkeypatch) -> None:
     """The service-level claim: a second Prefill while the first computes is refused at once."""
     import threading
@@ -144,7 +158,7 @@ def test_the_draft_refuses_a_prefill_for_the_last_slot_before_computing_it(draft
     try:
         with ThreadPoolExecutor(1) as pool:
             first = pool.submit(proposer.prefill, "first", [1, 2, 3], SamplingConfig(), Stopwatch())
-            computing.wait()
+            assert computing.wait(60)
             try:
                 with pytest.raises(ResourceExhausted):
                     proposer.prefill("second", [1, 2, 3], SamplingConfig(), Stopwatch())

@@ -98,7 +98,7 @@ def test_calispec_down_says_what_it_did(no_running_stack: Path, capsys, monkeypa
     def refused(pid: int, sig: int) -> None:
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr(stack_state.os, "kill", refused)
+    monkeypatch.setattr(stack_state, "_kill", refused)
     code, said = run_down(capsys)
     assert code == 1 and "belongs to another user" in said
 
@@ -113,5 +113,5 @@ def test_a_stack_that_exits_before_the_signal_counts_as_stopped(monkeypatch) -> 
     def gone(pid: int, sig: int) -> None:
         raise ProcessLookupError(3, "No such process")
 
-    monkeypatch.setattr(stack_state.os, "kill", gone)
+    monkeypatch.setattr(stack_state, "_kill", gone)
     assert stop_stack(timeout_s=5) == state(1)
