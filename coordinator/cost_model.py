@@ -282,7 +282,6 @@ class GammaPolicy:
     tracker: AcceptanceTracker = field(init=False)
     _plain_streak: int = 0
     _probing: bool = False  # the last γ chosen was a probe
-    _probed: bool = False  # ... and it failed: drafted, and not every draft kept
     _fruitless: int = 0  # failed probes since drafting last paid or a probe kept every draft
 
     def __post_init__(self) -> None:
@@ -290,11 +289,10 @@ class GammaPolicy:
 
     def next_gamma(self) -> int:
         gamma = self.costs.best_gamma(self.tracker.alphas(self.max_gamma), self.max_gamma)
-        probed, self._probing, self._probed = self._probed, False, False
+        self._probing = False
         if gamma > 0:
             self._plain_streak = self._fruitless = 0
             return gamma
-        self._fruitless += probed
         self._plain_streak += 1
         if self._plain_streak > self._probe_interval():  # re-measure acceptance where it could change the answer
             probe = self.costs.best_gamma(PROBE_ALPHA, self.max_gamma)
@@ -306,9 +304,8 @@ class GammaPolicy:
     def observe(self, drafted: int, accepted: int) -> None:
         """The round's outcome: `drafted` may fall short of the γ chosen (a lockstep cap, an early stop)."""
         self.tracker.observe(drafted, accepted)
-        self._probed = self._probing and accepted < drafted
-        if self._probing and 0 < drafted == accepted:  # the text may have turned draftable: probe on evidence
-            self._fruitless = 0
+        if self._probing and drafted:  # a failed probe backs off; one that kept every draft starts over
+            self._fruitless = self._fruitless + 1 if accepted < drafted else 0
 
     def _probe_interval(self) -> int:
         """Target-only rounds before a probe: PROBE_EVERY once the request's acceptance rests on as many
@@ -320,6 +317,7 @@ class GammaPolicy:
         round drafts on its own merit or a probe keeps every draft (then it starts over): on
         text the draft cannot follow (prose on the coder pair) a probe costs its draft forwards and a
         wider verify for about one token, and probing every 8 rounds cost that prompt 5-10 % against
-        `ar` (wave 16: 12 of 65 rounds, 0.90-0.95x). Text that turns draftable waits at most 32 rounds."""
+        `ar` (wave 16: 12 of 65 rounds, 0.90-0.95x). Text that turns draftable waits at most 32 rounds for
+        its first probe."""
         evidence = min(PROBE_EVERY, 1 + int(self.tracker.examined))
         return min(MAX_PROBE_INTERVAL, evidence << self._fruitless)
