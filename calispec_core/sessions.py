@@ -9,7 +9,9 @@ still admits a new one. A session its owner is using right now (`is_busy`) is ne
 
 A session is opened through `opening(id)`, which claims its id and a slot before the prefill
 computes: concurrent Prefills for the last slot (or for one id) cannot all compute a KV cache, and
-hold its memory, only for all but one to be refused afterwards.
+hold its memory, only for all but one to be refused afterwards. A Close for a session still
+prefilling (its client gave up waiting) is honoured when the prefill ends: the session is dropped
+then, instead of living until its TTL.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from calispec_core.errors import AlreadyExists, NotFound, ResourceExhausted, require
+from calispec_core.errors import AlreadyExists, Cancelled, NotFound, ResourceExhausted, require
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ class SessionRegistry(Generic[S]):
         self._clock = clock
         self._sessions: dict[str, _Entry[S]] = {}
         self._opening: set[str] = set()  # ids claimed by prefills still computing (they hold slots)
+        self._closed_opening: set[str] = set()  # of those, closed already: dropped when the prefill ends
         self._lock = threading.Lock()
         self._reaped = 0
         self._stop = threading.Event()
@@ -72,7 +75,8 @@ class SessionRegistry(Generic[S]):
     @contextmanager
     def opening(self, session_id: str) -> Iterator[Callable[[S], None]]:
         """Claim `session_id` and a slot for the block (the prefill); call what it yields with the
-        session's state to open it. A block that raises, or ends without opening, frees both."""
+        session's state to open it. A block that raises, or ends without opening, frees both; so does a
+        `remove` while the block runs (opening then raises Cancelled)."""
         self.reap()
         with self._lock:
             if session_id in self._sessions or session_id in self._opening:
@@ -90,6 +94,8 @@ class SessionRegistry(Generic[S]):
                     not opened and session_id in self._opening,
                     f"session {session_id!r} opened twice or after its prefill",
                 )
+                if session_id in self._closed_opening:  # freed by the finally below, as any failed prefill
+                    raise Cancelled(f"session {session_id!r} was closed while its prefill computed")
                 self._opening.discard(session_id)  # the claim becomes the session: one slot, not two
                 self._sessions[session_id] = _Entry(state, self._clock())
                 opened = True
@@ -100,6 +106,7 @@ class SessionRegistry(Generic[S]):
             with self._lock:
                 if not opened:  # else the id may be another prefill's claim by now (closed, then reopened)
                     self._opening.discard(session_id)
+                    self._closed_opening.discard(session_id)
 
     def add(self, session_id: str, state: S) -> None:
         with self.opening(session_id) as open_session:
@@ -115,9 +122,13 @@ class SessionRegistry(Generic[S]):
             raise NotFound(f"unknown session {session_id!r} (closed, expired after idling, or never opened)")
         return entry.state
 
-    def remove(self, session_id: str) -> S:
+    def remove(self, session_id: str) -> S | None:
+        """Close the session; returns its state (None for one still prefilling: dropped when that ends)."""
         with self._lock:
             entry = self._sessions.pop(session_id, None)
+            if entry is None and session_id in self._opening:
+                self._closed_opening.add(session_id)
+                return None
         if entry is None:
             raise NotFound(f"unknown session {session_id!r}")
         return entry.state

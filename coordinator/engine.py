@@ -122,6 +122,17 @@ def _opening(request: _Request) -> Iterator[None]:
         request.opening_ns += now_ns() - start
 
 
+@contextmanager
+def _closed_if_abandoned(request: _Request, backend: DraftBackend | TargetBackend, session_id: str) -> Iterator[None]:
+    """A prefill we stop waiting for may still open its session on the service afterwards: close it with the
+    request's others (a Close that arrives while it computes drops it when done: sessions.py)."""
+    try:
+        yield
+    except DeadlineExceeded:
+        request.opened.append((backend, session_id))
+        raise
+
+
 class Orchestrator:
     """Runs requests against one draft and N target replicas (a request sticks to one replica)."""
 
@@ -203,15 +214,16 @@ class Orchestrator:
             target = self.replicas.pick(exclude=request.failed_targets)  # UNAVAILABLE when none is left
             session_id = request.next_session_id("target")
             try:
-                ns = target.prefill(
-                    session_id,
-                    request.committed_ids,
-                    p.sampling,
-                    p.mode,
-                    p.tau,
-                    p.lambda_,
-                    request.deadline.remaining(),
-                )
+                with _closed_if_abandoned(request, target, session_id):
+                    ns = target.prefill(
+                        session_id,
+                        request.committed_ids,
+                        p.sampling,
+                        p.mode,
+                        p.tau,
+                        p.lambda_,
+                        request.deadline.remaining(),
+                    )
             except Unavailable as exc:
                 self._target_failed(request, target, exc)
                 continue
@@ -259,6 +271,9 @@ class Orchestrator:
         start, request.opening_ns, request.waiting_ns = now_ns(), 0, 0
         remaining = request.max_new_tokens - len(request.generated)
         gamma = min(self._gamma(request), remaining - 1)
+        if gamma > 0 and not self.draft_circuit.allow():  # the draft is down: this round runs target-only,
+            request.stats.draft_unavailable_rounds += 1  # and its member is no row of the Propose cohort
+            gamma = 0
         start_gate = self._wait_for_others(
             request, lambda member, timeout: self.lockstep.start_round(member, timeout, gamma)
         )
@@ -298,10 +313,7 @@ class Orchestrator:
 
     def _propose(self, request: _Request, gamma: int, cohort: int) -> tuple[Proposal | None, int]:
         """γ draft tokens (fewer after an early stop) and the Propose call's wall time (ns);
-        None while the draft is unavailable: the round then runs target-only."""
-        if not self.draft_circuit.allow():
-            request.stats.draft_unavailable_rounds += 1
-            return None, 0
+        None when the call fails: the round then runs target-only."""
         start, opening_ns = now_ns(), request.opening_ns
         try:
             proposal, call_ns = self._draft_tokens(request, gamma, cohort)
@@ -417,7 +429,8 @@ class Orchestrator:
     def _prefill_draft(self, request: _Request) -> None:
         session_id = request.next_session_id("draft")
         timeout = min(request.deadline.remaining(), self.draft_timeout_s)
-        ns = self.draft.prefill(session_id, request.committed_ids, request.params.sampling, timeout)
+        with _closed_if_abandoned(request, self.draft, session_id):
+            ns = self.draft.prefill(session_id, request.committed_ids, request.params.sampling, timeout)
         request.draft_session = session_id
         request.opened.append((self.draft, session_id))
         request.draft_rollback_to, request.draft_append = None, []

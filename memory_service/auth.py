@@ -101,6 +101,15 @@ class WriterGate:
                 )
             bucket.tokens -= cost
 
+    def refund(self, identity: str, events: int) -> None:
+        """Give back a charge for a write that then changed nothing (the store refused it)."""
+        if self.events_per_s <= 0:
+            return
+        with self._lock:
+            bucket = self._buckets.get(identity)
+            if bucket is not None:
+                bucket.tokens = min(self.burst, bucket.tokens + max(events, 1))
+
     def _forget_idlest_if_full(self) -> None:
         if len(self._buckets) >= MAX_TRACKED_WRITERS:
             idlest = min(self._buckets, key=lambda w: self._buckets[w].updated)

@@ -22,7 +22,7 @@ from calispec_core.observability import ManagedServer, Observe
 from memory_service.auth import WriterGate
 from memory_service.config import MemoryConfig
 from memory_service.metrics import MemoryMetrics
-from memory_service.store import CorrectionStore, Pair, validate_events, validate_namespace
+from memory_service.store import AcceptedNotDurable, CorrectionStore, Event, Pair, validate_events, validate_namespace
 from memory_service.watch import Update, UpdateKind, WatchHub, watch
 
 log = logging.getLogger(__name__)
@@ -73,16 +73,29 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
             writer = _writer_identity(self._gate, context)
             validate_namespace(request.namespace)
             vocab = self._store.vocab_limit(request.namespace, request.vocab_size)
-            self._gate.charge(writer, validate_events(events, vocab))
-            recorded, version = self._store.record(
-                request.namespace, events, durable=request.wait_durable, vocab_size=request.vocab_size
-            )
+            cost = validate_events(events, vocab)
+            self._gate.charge(writer, cost)
+            recorded, version = self._record_or_refund(writer, cost, request, events)
         except CalispecError as exc:
             self._metrics.dropped.labels(exc.code).inc(sum(count for _, _, count in events))
             raise
         self._metrics.received.inc(recorded)
         log.debug("recorded %d events in %s (version %d)", recorded, request.namespace, version)
         return memory_pb2.RecordEventsResponse(recorded=recorded, version=version, durable=request.wait_durable)
+
+    def _record_or_refund(
+        self, writer: str, cost: int, request: memory_pb2.RecordEventsRequest, events: list[Event]
+    ) -> tuple[int, int]:
+        """A write the store refuses (closed, or the namespace full) changed nothing: its charge goes back."""
+        try:
+            return self._store.record(
+                request.namespace, events, durable=request.wait_durable, vocab_size=request.vocab_size
+            )
+        except AcceptedNotDurable:
+            raise  # buffered: it will be committed, so it did use the budget
+        except CalispecError:
+            self._gate.refund(writer, cost)
+            raise
 
     def GetPairs(
         self, request: memory_pb2.GetPairsRequest, context: grpc.ServicerContext

@@ -168,6 +168,10 @@ def validate_events(events: Sequence[Event], vocab_size: int | None = None) -> i
     return total
 
 
+class AcceptedNotDurable(Unavailable):
+    """A durable write whose events are buffered (they will be committed) but not yet on disk."""
+
+
 @dataclass(frozen=True)
 class TableLimits:
     """Caps per namespace and decay; see the module doc for the eviction rule."""
@@ -530,7 +534,7 @@ class CorrectionStore:
         with self._cond:
             done = self._cond.wait_for(lambda: self._committed_seq >= seq or self._closed, DURABLE_WAIT_S)
             if not done or self._committed_seq < seq:
-                raise Unavailable("the write was accepted but not committed in time; it may still be committed")
+                raise AcceptedNotDurable("the write was accepted but not committed in time; it may still be committed")
 
     def _load_state(self) -> tuple[dict[str, int], dict[str, int], float]:
         with self._transaction(write=False) as db:

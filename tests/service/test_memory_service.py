@@ -17,6 +17,7 @@ from calispec_core.credentials import writer_metadata
 from calispec_core.grpc_server import make_channel, wait_for_ready
 from memory_service.config import MemoryConfig
 from memory_service.server import SERVICE_NAME, create_server
+from memory_service.store import MAX_TOTAL_EVENTS, CorrectionStore
 from tests.helpers import spawn_memory_service, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -244,6 +245,30 @@ def test_each_identity_in_the_tokens_file_has_its_own_rate_limit(tmp_path: Path)
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "target-0" in info.value.details()
             raw.RecordEvents(write, metadata=writer_metadata("token-of-target-1-0123"))  # its own bucket
+    finally:
+        server.stop(None).wait()
+        store.close()
+
+
+def test_a_write_the_store_refuses_gives_its_writer_budget_back(tmp_path: Path) -> None:
+    """A write the store refused after the rate limit took its events (here: the namespace's total count
+    would overflow) kept the charge: the writer's next, valid write was refused as over its limit."""
+    db_path = tmp_path / "m.db"
+    with CorrectionStore(db_path, flush_interval_s=0) as seeding:
+        seeding.record("full", [(1, 2, 1)], durable=True)
+    with sqlite_utils.Database(db_path) as db:  # one event away from the namespace's cap
+        db.execute("UPDATE namespace_versions SET total_events = ?", (MAX_TOTAL_EVENTS - 1,))
+    config = MemoryConfig(port=0, db_path=db_path, writer_token=TOKEN, writer_events_per_s=1, writer_burst_events=100)
+    server, port, store = create_server(config)
+    server.start()
+    try:
+        with make_channel(f"127.0.0.1:{port}") as channel:
+            stub = WriterStub(channel)
+            with pytest.raises(grpc.RpcError, match="overflow") as info:
+                stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="full", events=events((1, 2, 100))))
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            reply = stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 2, 100))))
+            assert reply.recorded == 100  # the whole burst was still there
     finally:
         server.stop(None).wait()
         store.close()

@@ -206,3 +206,19 @@ def test_a_target_session_lost_on_a_live_replica_is_reopened_there_without_faili
     assert only.prefills[-1] == [ord("c"), *first.token_ids]  # reopened from what was emitted
     again = list(orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60)))
     assert "".join(c.text for c in again) == EXPECTED
+
+
+def test_a_prefill_given_up_on_is_closed_with_the_request() -> None:
+    """A draft prefill slower than its timeout still opens the session on the service once it ends: nobody
+    closed it, and it held a slot and its KV cache until the draft's idle TTL."""
+    orchestrator, draft = make([target("a:1")])
+    prefill = draft.prefill
+
+    def opened_after_the_timeout(session_id, *args, **kwargs) -> int:
+        prefill(session_id, *args, **kwargs)  # the service goes on and opens it
+        raise DeadlineExceeded("draft: Deadline Exceeded")
+
+    draft.prefill = opened_after_the_timeout
+    chunks = list(orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60)))
+    assert "".join(c.text for c in chunks) == EXPECTED and chunks[-1].stats.drafted == 0
+    assert len(draft.prefills) == 1 and draft.sessions == {}  # the Close went out with the request's end

@@ -325,3 +325,23 @@ def test_a_finished_request_leaves_the_group_before_its_last_chunk() -> None:
     assert last.finish_reason is not None
     assert orchestrator.lockstep.members() == 0
     stream.close()
+
+
+def test_a_member_the_open_draft_circuit_skips_is_no_drafter_of_its_round() -> None:
+    """It used to wish its γ at the round start, so the round's Propose cohort counted it: the draft's
+    batcher then waited up to 50 ms for a row that never came (each time a probe went out alone)."""
+    draft, target = FakeDraft(sloppy_draft), FakeTarget(alphabet_target)
+    speculation = SpeculationConfig(lockstep_wait_s=60)
+    orchestrator = Orchestrator(CharTokenizer(), draft, [target], (EOS,), max_context=4096, speculation=speculation)
+    orchestrator.draft_circuit.failed()  # open, backing off: every round skips the draft
+    wishes: list[int] = []
+    start_round = orchestrator.lockstep.start_round
+
+    def recording(member, timeout_s, gamma):
+        wishes.append(gamma)
+        return start_round(member, timeout_s, gamma)
+
+    orchestrator.lockstep.start_round = recording  # type: ignore[method-assign]
+    chunks = list(orchestrator.generate("c", params(num_speculative_tokens=3, max_new_tokens=6), Deadline(60)))
+    assert "".join(c.text for c in chunks) == "defghi" and chunks[-1].stats.draft_unavailable_rounds == 5
+    assert wishes == [0] * 6 and draft.cohorts == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from calispec_core.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
+from calispec_core.errors import AlreadyExists, Cancelled, InvalidArgument, NotFound, ResourceExhausted
 from calispec_core.sessions import SessionRegistry, SessionStats
 
 
@@ -117,6 +117,20 @@ def test_a_claim_becomes_the_session_once() -> None:
     with pytest.raises(InvalidArgument, match="after its prefill"):
         open_session("z")
     assert reg.get("s") == "x" and len(reg) == 1
+
+
+def test_a_close_while_the_prefill_computes_drops_the_session_when_it_ends() -> None:
+    """Its client gave up waiting and closed it: it used to be NOT_FOUND, and the session, opened a moment
+    later, held its slot and KV cache until its TTL."""
+    reg, _ = registry(max_sessions=1)
+    with pytest.raises(Cancelled, match="closed while its prefill"), reg.opening("s") as open_session:
+        assert reg.remove("s") is None  # accepted: nothing to hand back yet
+        open_session("kv")
+    assert "s" not in reg and len(reg) == 0
+    with pytest.raises(NotFound):
+        reg.remove("s")
+    reg.add("s", "again")  # the id and the slot are free
+    assert reg.get("s") == "again"
 
 
 def test_an_opened_prefill_leaves_a_later_claim_of_its_id_alone() -> None:
