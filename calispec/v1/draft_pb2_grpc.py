@@ -91,7 +91,9 @@ class DraftServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Close(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Ends a session. One whose Prefill still computes is dropped when that ends (the Prefill then
+        fails CANCELLED); an unknown id is NOT_FOUND.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
