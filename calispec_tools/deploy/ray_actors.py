@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -182,6 +183,8 @@ class ServiceHost:
             except Exception:  # stopping must go on: the next step may still save data
                 log.exception("stopping %s", self.kind)
         self._stop = []
+        # its writer token and TLS key: they outlived every deployment before (one directory per actor)
+        shutil.rmtree(self._secrets, ignore_errors=True)
 
 
 def _parsed(parse: Any, argv: list[str]) -> Any:

@@ -47,3 +47,15 @@ def test_ray_commands_without_ray_say_how_to_install_it(monkeypatch: pytest.Monk
     monkeypatch.delitem(sys.modules, "calispec_tools.deploy.ray_actors", raising=False)
     with pytest.raises(SystemExit, match=r"pip install -e '\.\[ray\]'"):
         cli_ray.main(["status"])
+
+
+def test_a_service_actor_removes_its_secrets_when_it_stops(tmp_path: Path) -> None:
+    """Each actor's writer token (and TLS key) stayed in a /tmp directory after every deployment."""
+    from calispec_tools.deploy.ray_actors import ServiceHost
+
+    host = ServiceHost()  # the actor's class, here in this process
+    host.start("memory", "127.0.0.1", 0, ["--db", str(tmp_path / "m.db")], writer_token="a-writer-token-0123456789")
+    secrets_dir = host._secrets
+    assert (secrets_dir / "writer-token").read_text(encoding="utf-8").strip() == "a-writer-token-0123456789"
+    host.stop()
+    assert not secrets_dir.exists()
