@@ -50,6 +50,14 @@ class CircuitBreaker:
             self._probing, self._probe_ends = True, now + self._probe_expiry_s
             return True
 
+    def give_up_probe(self) -> None:
+        """The caller allowed to probe never called (its request ended first): the next caller probes at once,
+        instead of everyone skipping the backend until `probe_expiry_s`."""
+        with self._lock:
+            if self._open and self._probing:
+                self._probing = False
+                self._retry_at = self._clock()
+
     def succeeded(self) -> None:
         with self._lock:
             self._open = self._probing = False

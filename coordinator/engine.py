@@ -20,6 +20,7 @@ loses a token; UNAVAILABLE only when no replica is left.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -123,14 +124,22 @@ def _opening(request: _Request) -> Iterator[None]:
 
 
 @contextmanager
-def _closed_if_abandoned(request: _Request, backend: DraftBackend | TargetBackend, session_id: str) -> Iterator[None]:
-    """A prefill we stop waiting for may still open its session on the service afterwards: close it with the
-    request's others (a Close that arrives while it computes drops it when done: sessions.py)."""
+def _closed_if_abandoned(backend: DraftBackend | TargetBackend, session_id: str) -> Iterator[None]:
+    """A prefill we stop waiting for may still open its session on the service afterwards: close it (a Close
+    that arrives while it computes drops it when done: sessions.py). On a thread of its own: nobody waits
+    for it, and a hung service would otherwise hold the request's end for the Close's timeout."""
     try:
         yield
     except DeadlineExceeded:
-        request.opened.append((backend, session_id))
+        threading.Thread(target=_close_quietly, args=(backend, session_id), name="close-abandoned", daemon=True).start()
         raise
+
+
+def _close_quietly(backend: DraftBackend | TargetBackend, session_id: str) -> None:
+    try:
+        backend.close(session_id, CLOSE_TIMEOUT_S)
+    except Exception as exc:  # best effort: the service's idle TTL ends it otherwise
+        log.info("closing abandoned session %s failed: %s", session_id, exc)
 
 
 class Orchestrator:
@@ -213,17 +222,10 @@ class Orchestrator:
         while True:
             target = self.replicas.pick(exclude=request.failed_targets)  # UNAVAILABLE when none is left
             session_id = request.next_session_id("target")
+            ids, timeout = request.committed_ids, request.deadline.remaining()
             try:
-                with _closed_if_abandoned(request, target, session_id):
-                    ns = target.prefill(
-                        session_id,
-                        request.committed_ids,
-                        p.sampling,
-                        p.mode,
-                        p.tau,
-                        p.lambda_,
-                        request.deadline.remaining(),
-                    )
+                with _closed_if_abandoned(target, session_id):
+                    ns = target.prefill(session_id, ids, p.sampling, p.mode, p.tau, p.lambda_, timeout)
             except Unavailable as exc:
                 self._target_failed(request, target, exc)
                 continue
@@ -270,13 +272,19 @@ class Orchestrator:
         """One propose/verify round; returns the tokens it emits."""
         start, request.opening_ns, request.waiting_ns = now_ns(), 0, 0
         remaining = request.max_new_tokens - len(request.generated)
-        gamma = min(self._gamma(request), remaining - 1)
-        if gamma > 0 and not self.draft_circuit.allow():  # the draft is down: this round runs target-only,
-            request.stats.draft_unavailable_rounds += 1  # and its member is no row of the Propose cohort
+        gamma = self._drafting_gamma(request, min(self._gamma(request), remaining - 1))
+        probing = gamma > 0 and self.draft_circuit.is_open  # allowed while open: this request probes the draft
+        try:
+            start_gate = self._wait_for_others(
+                request, lambda member, timeout: self.lockstep.start_round(member, timeout, gamma)
+            )
+        except BaseException:
+            if probing:  # it never called: the next request may probe at once
+                self.draft_circuit.give_up_probe()
+            raise
+        if gamma > 0 and not probing and self.draft_circuit.is_open:  # the draft failed while it waited
+            request.stats.draft_unavailable_rounds += 1
             gamma = 0
-        start_gate = self._wait_for_others(
-            request, lambda member, timeout: self.lockstep.start_round(member, timeout, gamma)
-        )
         if request.policy is not None:  # adaptive: no longer than the group's median wish
             gamma = min(gamma, start_gate.cap)
         plan = self._plan(request, gamma) if log.isEnabledFor(logging.DEBUG) else None  # before the round is learnt
@@ -303,6 +311,14 @@ class Orchestrator:
         if request.use_draft:
             self._sync_draft_later(request, proposal, verdict)
         return new_tokens
+
+    def _drafting_gamma(self, request: _Request, gamma: int) -> int:
+        """γ, or 0 where the draft circuit skips the draft: asked before the round's start gate, so a skipped
+        request is no drafter of its round and the Propose cohort counts only the calls really sent."""
+        if gamma > 0 and not self.draft_circuit.allow():
+            request.stats.draft_unavailable_rounds += 1
+            return 0
+        return gamma
 
     def _gamma(self, request: _Request) -> int:
         if not request.use_draft:
@@ -429,7 +445,7 @@ class Orchestrator:
     def _prefill_draft(self, request: _Request) -> None:
         session_id = request.next_session_id("draft")
         timeout = min(request.deadline.remaining(), self.draft_timeout_s)
-        with _closed_if_abandoned(request, self.draft, session_id):
+        with _closed_if_abandoned(self.draft, session_id):
             ns = self.draft.prefill(session_id, request.committed_ids, request.params.sampling, timeout)
         request.draft_session = session_id
         request.opened.append((self.draft, session_id))

@@ -283,13 +283,13 @@ class CorrectionStore:
         """
         validate_namespace(namespace)
         recorded = validate_events(events, self.vocab_limit(namespace, vocab_size))
-        self.declare_vocab(namespace, vocab_size)  # only once the whole request is known to be valid
         with self._cond:
-            self._check_open()
+            self._check_room(namespace, recorded)
+        self.declare_vocab(namespace, vocab_size)  # only once the whole request is known to be accepted
+        with self._cond:
+            self._check_room(namespace, recorded)  # again: the lock was let go to declare
             if not events:
                 return 0, self._versions.get(namespace, 0)
-            if self._totals.get(namespace, 0) + recorded > MAX_TOTAL_EVENTS:
-                raise ResourceExhausted(f"namespace {namespace!r} is full: its total count would overflow")
             self._totals[namespace] = self._totals.get(namespace, 0) + recorded
             counter = self._open.events.setdefault(namespace, Counter())
             for draft, target, count in events:
@@ -451,6 +451,11 @@ class CorrectionStore:
         self.close()
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _check_room(self, namespace: str, recorded: int) -> None:  # with self._cond held
+        self._check_open()
+        if self._totals.get(namespace, 0) + recorded > MAX_TOTAL_EVENTS:
+            raise ResourceExhausted(f"namespace {namespace!r} is full: its total count would overflow")
 
     def _check_open(self) -> None:
         if self._closed:

@@ -77,3 +77,16 @@ def test_one_probe_at_a_time_even_when_it_outlasts_the_backoff() -> None:
     assert circuit.allow()  # a probe that never reported is given up on after probe_expiry_s
     circuit.succeeded()
     assert circuit.allow() and circuit.allow()
+
+
+def test_a_probe_given_up_before_its_call_lets_the_next_caller_probe() -> None:
+    clock = Clock()
+    circuit = CircuitBreaker(backoff_s=1.0, clock=clock)
+    circuit.failed()
+    clock.now = 1.0
+    assert circuit.allow() and not circuit.allow()  # one probe in flight
+    circuit.give_up_probe()  # its request ended before the call
+    assert circuit.allow() and circuit.is_open  # the next caller probes at once; still open until it reports
+    circuit.succeeded()
+    circuit.give_up_probe()  # closed: nothing to give up
+    assert circuit.allow() and not circuit.is_open

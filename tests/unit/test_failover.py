@@ -9,6 +9,7 @@ from calispec_core.generation import Mode
 from calispec_core.timing import Deadline
 from coordinator.circuit import CircuitBreaker
 from coordinator.engine import Orchestrator
+from tests.helpers import wait_until
 from tests.unit.fakes import EOS, CharTokenizer, FakeDraft, FakeTarget
 from tests.unit.test_circuit import Clock
 from tests.unit.test_orchestrator import alphabet_target, params, sloppy_draft
@@ -221,4 +222,27 @@ def test_a_prefill_given_up_on_is_closed_with_the_request() -> None:
     draft.prefill = opened_after_the_timeout
     chunks = list(orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60)))
     assert "".join(c.text for c in chunks) == EXPECTED and chunks[-1].stats.drafted == 0
-    assert len(draft.prefills) == 1 and draft.sessions == {}  # the Close went out with the request's end
+    assert len(draft.prefills) == 1
+    wait_until(lambda: draft.sessions == {})  # the Close goes out on a thread of its own
+
+
+def test_a_probe_whose_request_ends_at_the_round_start_lets_the_next_request_probe() -> None:
+    """The draft circuit is asked before the lockstep start gate: a request granted the probe that then ended
+    at the gate (its deadline) left the probe in flight, and every request skipped the draft for 60 s."""
+    clock = Clock()
+    orchestrator, draft = make([target("a:1")], clock)
+    draft.kill()  # the request's draft prefill fails: the circuit opens for 1 s
+    gamma = orchestrator._gamma
+
+    def backoff_passed(request):
+        clock.now = 5.0
+        return gamma(request)
+
+    def deadline_at_the_gate(member, timeout_s, gamma):
+        raise DeadlineExceeded("deadline exceeded")
+
+    orchestrator._gamma = backoff_passed  # type: ignore[method-assign]
+    orchestrator.lockstep.start_round = deadline_at_the_gate  # type: ignore[method-assign]
+    with pytest.raises(DeadlineExceeded):
+        list(orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60)))
+    assert orchestrator.draft_circuit.is_open and orchestrator.draft_circuit.allow()  # the next one probes

@@ -11,10 +11,12 @@ import pytest
 import coordinator.__main__ as coordinator_cli
 from calispec_core.errors import InvalidArgument
 from calispec_core.timing import Deadline
+from coordinator.circuit import CircuitBreaker
 from coordinator.engine import Orchestrator, SpeculationConfig
 from coordinator.lockstep import Lockstep, RoundStart
 from tests.helpers import wait_until
 from tests.unit.fakes import EOS, CharTokenizer, FakeDraft, FakeTarget
+from tests.unit.test_circuit import Clock
 from tests.unit.test_orchestrator import alphabet_target, params, sloppy_draft
 
 
@@ -332,7 +334,8 @@ def test_a_member_the_open_draft_circuit_skips_is_no_drafter_of_its_round() -> N
     batcher then waited up to 50 ms for a row that never came (each time a probe went out alone)."""
     draft, target = FakeDraft(sloppy_draft), FakeTarget(alphabet_target)
     speculation = SpeculationConfig(lockstep_wait_s=60)
-    orchestrator = Orchestrator(CharTokenizer(), draft, [target], (EOS,), max_context=4096, speculation=speculation)
+    circuit = CircuitBreaker(clock=Clock())  # time stands still: the backoff never passes
+    orchestrator = Orchestrator(CharTokenizer(), draft, [target], (EOS,), 4096, circuit, speculation=speculation)
     orchestrator.draft_circuit.failed()  # open, backing off: every round skips the draft
     wishes: list[int] = []
     start_round = orchestrator.lockstep.start_round

@@ -178,7 +178,10 @@ def test_namespace_total_overflow_is_refused_and_changes_nothing(db_path: Path) 
     before = (raw_counts(db_path), raw_versions(db_path))
     with pytest.raises(ResourceExhausted, match="overflow"):
         record(store, "ns", [(1, 2, 2), (5, 6, 2)])
+    with pytest.raises(ResourceExhausted, match="overflow"):  # one declaring a vocabulary declares none
+        store.record("ns", [(1, 2, 4)], durable=True, vocab_size=100)
     assert (raw_counts(db_path), raw_versions(db_path)) == before
+    assert store.vocab_limit("ns") is None
     assert record(store, "ns", [(1, 2, 3)])[1] == 2  # exactly up to the cap still fits
     store.close()
 

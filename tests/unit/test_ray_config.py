@@ -49,6 +49,7 @@ def test_ray_commands_without_ray_say_how_to_install_it(monkeypatch: pytest.Monk
         cli_ray.main(["status"])
 
 
+@pytest.mark.slow  # Ray itself: `make test-slow` installs it
 def test_a_service_actor_removes_its_secrets_when_it_stops(tmp_path: Path) -> None:
     """Each actor's writer token (and TLS key) stayed in a /tmp directory after every deployment."""
     from calispec_tools.deploy.ray_actors import ServiceHost
