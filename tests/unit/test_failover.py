@@ -246,3 +246,23 @@ def test_a_probe_whose_request_ends_at_the_round_start_lets_the_next_request_pro
     with pytest.raises(DeadlineExceeded):
         list(orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60)))
     assert orchestrator.draft_circuit.is_open and orchestrator.draft_circuit.allow()  # the next one probes
+
+
+def test_a_request_allowed_to_draft_before_the_draft_failed_does_not_call_it() -> None:
+    """The circuit is asked before the round's start gate; the draft failing while a request waits there
+    (another request's call) must not send this one's Propose into the dead draft."""
+    orchestrator, draft = make([target("a:1")])  # its clock stands still: the circuit stays open
+    start_round = orchestrator.lockstep.start_round
+    calls = []
+
+    def draft_fails_meanwhile(member, timeout_s, gamma):
+        if not calls:
+            orchestrator.draft_circuit.failed()
+        calls.append(gamma)
+        return start_round(member, timeout_s, gamma)
+
+    orchestrator.lockstep.start_round = draft_fails_meanwhile  # type: ignore[method-assign]
+    chunks = list(orchestrator.generate("c", params(num_speculative_tokens=3, max_new_tokens=6), Deadline(60)))
+    assert "".join(c.text for c in chunks) == EXPECTED[:6]
+    assert calls[0] == 3 and draft.proposals == []  # allowed at first, skipped once the draft had failed
+    assert chunks[-1].stats.draft_unavailable_rounds == 5
