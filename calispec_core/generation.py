@@ -76,3 +76,13 @@ class GenerationParams:
 def validate_prompt(prompt: str) -> None:
     require(len(prompt) > 0, "prompt must not be empty")
     require(len(prompt) <= MAX_PROMPT_CHARS, f"prompt longer than {MAX_PROMPT_CHARS} characters")
+    require_unicode(prompt, "prompt")
+
+
+def require_unicode(text: str, what: str) -> None:
+    """Text that UTF-8 cannot encode (a lone surrogate, which JSON's \\ud800 escapes allow) is the caller's
+    error: the tokenizer would fail on it as a bug (HTTP 500)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"{what} is not valid Unicode (a lone surrogate at character {exc.start})") from None

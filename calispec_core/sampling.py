@@ -21,6 +21,7 @@ MIN_TEMPERATURE = 1e-5
 # A positive top-p below MIN_TOP_P counts as MIN_TOP_P (keep only the most likely token): smaller
 # values would round to 0 in float32, which means "top-p off".
 MIN_TOP_P = 1e-6
+MAX_TOP_K = 2**31 - 1  # the public API's int32; a model service bounds it by its vocabulary as well
 
 # Names of the services' random streams (see stream_seed): never the same for two services.
 DRAFT_STREAM = "draft"
@@ -57,7 +58,7 @@ class SamplingConfig:
             f"temperature must be in [0, {MAX_TEMPERATURE}], got {self.temperature}",
         )
         require(0.0 <= self.top_p <= 1.0, f"top_p must be in [0, 1], got {self.top_p}")
-        require(self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}")
+        require(0 <= self.top_k <= MAX_TOP_K, f"top_k must be in [0, {MAX_TOP_K}], got {self.top_k}")
         if vocab_size is not None:
             require(self.top_k <= vocab_size, f"top_k must be <= vocab size {vocab_size}, got {self.top_k}")
         if self.seed is not None:

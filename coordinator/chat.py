@@ -13,6 +13,7 @@ from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from calispec_core.errors import InvalidArgument, require
+from calispec_core.generation import require_unicode
 from calispec_core.limits import MAX_PROMPT_CHARS
 
 ROLES = ("system", "user", "assistant")
@@ -43,6 +44,7 @@ def _validate(turns: Sequence[ChatTurn]) -> None:
     require(len(turns) <= MAX_CHAT_MESSAGES, f"at most {MAX_CHAT_MESSAGES} messages")
     for i, turn in enumerate(turns):
         require(turn.role in ROLES, f"messages[{i}].role must be one of {', '.join(ROLES)}, got {turn.role!r}")
+        require_unicode(turn.content, f"messages[{i}].content")
     total = sum(len(t.content) for t in turns)
     require(total <= MAX_PROMPT_CHARS, f"messages longer than {MAX_PROMPT_CHARS} characters")
 

@@ -12,17 +12,18 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
-from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -30,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from calispec.types import Mode
 from calispec_core.access import ApiKeys, QuotaBook
 from calispec_core.credentials import TlsConfig
-from calispec_core.errors import CalispecError, InvalidArgument, NotFound, Unauthenticated, Unavailable
+from calispec_core.errors import CalispecError, Cancelled, InvalidArgument, NotFound, Unauthenticated, Unavailable
 from calispec_core.generation import Defaults, GenerationParams
 from calispec_core.metrics import new_registry
 from calispec_core.observability import DrainGate
@@ -121,21 +122,90 @@ class Outcome:
 
     text: str
     finish: Chunk
-    completion_tokens: int
+    token_ids: list[int]
 
     def usage(self) -> Usage:
         assert self.finish.stats is not None
-        return Usage.of(self.finish.stats.prompt_tokens, self.completion_tokens)
+        return Usage.of(self.finish.stats.prompt_tokens, len(self.token_ids))
+
+
+class HttpGeneration:
+    """A generation an HTTP request drives from the thread pool, one `next` at a time, and can end early.
+
+    A client that leaves (a stream closed mid-way, a request given up on) ends it: the round in flight
+    finishes, then the generator is closed, so its sessions are closed and its place in lockstep given
+    back at once. Before, an abandoned generator stayed suspended until garbage collection: its sessions
+    open until their idle TTL, and the lockstep group waiting for it at every round start."""
+
+    def __init__(self, chunks: Generator[Chunk, None, None], gone: threading.Event) -> None:
+        self._chunks = chunks
+        self._lock = threading.Lock()  # held by the thread running a round
+        self._gone = gone  # the orchestrator's `cancelled`: checked at every round start
+        self._done = False
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return self
+
+    def __next__(self) -> Chunk:
+        with self._lock:
+            if self._gone.is_set():  # abandoned, maybe before its first round: never a silent, empty end
+                self._done = True
+                raise Cancelled("request cancelled: the client went away")
+            try:
+                chunk = next(self._chunks)
+            except BaseException:
+                self._done = True
+                raise
+            self._done = chunk.finish_reason is not None
+            return chunk
+
+    def next_or_none(self) -> Chunk | None:
+        return next(self, None)
+
+    def abandon(self) -> None:
+        """The client is gone: stop at the next round start and close the generator once no round runs
+        (on a thread of its own: the caller may be the event loop)."""
+        if self._done:
+            return
+        self._gone.set()
+        threading.Thread(target=self._close, name="http-abandoned", daemon=True).start()
+
+    def _close(self) -> None:
+        with self._lock:
+            self._chunks.close()  # GeneratorExit at its yield: the orchestrator's `finally` closes the sessions
 
 
 def gather(chunks: Iterator[Chunk]) -> Outcome:
-    text, count, last = [], 0, None
+    text: list[str] = []
+    ids: list[int] = []
+    last = None
     for chunk in chunks:
         text.append(chunk.text)
-        count += len(chunk.token_ids)
+        ids += chunk.token_ids
         last = chunk
     assert last is not None and last.finish_reason is not None
-    return Outcome("".join(text), last, count)
+    return Outcome("".join(text), last, ids)
+
+
+async def gathered(generation: HttpGeneration, request: Request) -> Outcome:
+    """The whole generation, ended early if the client disconnects meanwhile (its answer then goes nowhere)."""
+
+    async def abandon_on_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":  # the body is read: only this is left
+            pass
+        generation.abandon()
+
+    failure: Exception | None = None
+    async with anyio.create_task_group() as group:
+        group.start_soon(abandon_on_disconnect)
+        try:
+            outcome = await run_in_threadpool(gather, generation)
+        except Exception as exc:  # raised below, as itself: not wrapped in the task group's ExceptionGroup
+            failure = exc
+        group.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    return outcome
 
 
 def sse(payload: BaseModel | str) -> str:
@@ -183,26 +253,30 @@ class OpenAIApi:
             raise Unauthenticated("missing or unknown API key (send Authorization: Bearer <key>)")
         return name
 
-    def chunks(self, prompt: Callable[[], str], req: CalispecParams, max_tokens: int | None) -> Iterator[Chunk]:
+    def chunks(self, prompt: Callable[[], str], req: CalispecParams, max_tokens: int | None) -> HttpGeneration:
         """The generation, lazily (nothing runs before the first `next`), with the per-request bookkeeping."""
+        gone = threading.Event()
 
         def begin(timer: RequestTimer) -> Iterator[Chunk]:
             params = generation_params(req, self.settings.defaults, max_tokens)
             timer.mode = params.mode.name.lower()
-            return self.orchestrator.generate(prompt(), params, Deadline(self.settings.request_timeout_s))
+            deadline = Deadline(self.settings.request_timeout_s)
+            return self.orchestrator.generate(prompt(), params, deadline, gone.is_set)
 
-        return tracked(self.metrics, begin)
+        return HttpGeneration(tracked(self.metrics, begin), gone)
 
     def chat_prompt(self, req: ChatCompletionRequest) -> str:
         return render_chat(self.orchestrator.tokenizer, [ChatTurn(m.role, m.content) for m in req.messages])
 
-    async def completion(self, req: CompletionRequest, held: ExitStack):
+    async def completion(self, req: CompletionRequest, held: ExitStack, request: Request):
         chunks = self.chunks(lambda: completion_prompt(req), req, req.max_tokens)
         rid, model = new_id("cmpl"), self.settings.model_name
         if not req.stream:
             with held:
-                done = await run_in_threadpool(gather, chunks)
-            choice = CompletionChoice(text=done.text, finish_reason=openai_finish_reason(done.finish.finish_reason))
+                done = await gathered(chunks, request)
+            ids = done.token_ids if req.return_token_ids else None
+            finish = openai_finish_reason(done.finish.finish_reason)
+            choice = CompletionChoice(text=done.text, finish_reason=finish, token_ids=ids)
             return CompletionResponse(id=rid, model=model, choices=[choice], usage=done.usage())
 
         def event(chunk: Chunk) -> CompletionResponse:
@@ -217,12 +291,12 @@ class OpenAIApi:
 
         return await stream(chunks, held, [], event, usage_event if req.include_usage_chunk else None)
 
-    async def chat_completion(self, req: ChatCompletionRequest, held: ExitStack):
+    async def chat_completion(self, req: ChatCompletionRequest, held: ExitStack, request: Request):
         chunks = self.chunks(lambda: self.chat_prompt(req), req, req.token_limit())
         rid, model = new_id("chatcmpl"), self.settings.model_name
         if not req.stream:
             with held:
-                done = await run_in_threadpool(gather, chunks)
+                done = await gathered(chunks, request)
             choice = ChatChoice(
                 message=AssistantMessage(content=done.text),
                 finish_reason=openai_finish_reason(done.finish.finish_reason),
@@ -256,7 +330,7 @@ def completion_prompt(req: CompletionRequest) -> str:
 
 
 async def stream(
-    chunks: Iterator[Chunk],
+    chunks: HttpGeneration,
     held: ExitStack,
     opening: list[BaseModel],
     event: Callable[[Chunk], BaseModel],
@@ -264,6 +338,7 @@ async def stream(
 ) -> StreamingResponse | JSONResponse:
     """Server-sent events. The first round runs before the response starts, so that a bad request
     still gets its HTTP error status; a failure later arrives as an `error` event."""
+    held.callback(chunks.abandon)  # however the response ends (a no-op once the generation finished)
     try:
         first = await run_in_threadpool(next, chunks)
     except CalispecError as exc:
@@ -280,7 +355,7 @@ async def stream(
             yield sse(message)
         completion_tokens = 0
         try:
-            async for chunk in _prepend(first, iterate_in_threadpool(chunks)):
+            async for chunk in _prepend(first, chunks):
                 completion_tokens += len(chunk.token_ids)
                 yield sse(event(chunk))
                 if chunk.finish_reason is not None and usage_event is not None and chunk.stats is not None:
@@ -309,10 +384,12 @@ class OwnedStream(StreamingResponse):
             self._release()
 
 
-async def _prepend(first: Chunk, rest: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+async def _prepend(first: Chunk, rest: HttpGeneration) -> AsyncIterator[Chunk]:
     yield first
-    if first.finish_reason is None:
-        async for chunk in rest:
+    chunk: Chunk | None = first
+    while chunk is not None and chunk.finish_reason is None:
+        chunk = await run_in_threadpool(rest.next_or_none)
+        if chunk is not None:
             yield chunk
 
 
@@ -356,14 +433,18 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
+        if first.get("type") == "json_invalid":  # its loc is a character offset, not a field
+            detail = first.get("ctx", {}).get("error", "")
+            message = f"the body is not valid JSON: {detail} at character {first.get('loc', ('', '?'))[-1]}"
+            return error_response(400, message, "invalid_request_error", None, "invalid_argument")
         where = [str(p) for p in first.get("loc", ()) if p != "body"]
         message = f"{'.'.join(where) or 'body'}: {first.get('msg', 'invalid request')}"
-        return error_response(400, message, "invalid_request_error", ".".join(where) or None)
+        return error_response(400, message, "invalid_request_error", ".".join(where) or None, "invalid_argument")
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response(exc.status_code, str(exc.detail), kind)
+        kind, code = ("not_found_error", "not_found") if exc.status_code == 404 else ("invalid_request_error", None)
+        return error_response(exc.status_code, str(exc.detail), kind, code=code)
 
     @app.get("/v1/models")
     async def models(request: Request) -> ModelList:
@@ -374,7 +455,7 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request):
         held = api.admit(request, body.model)
         try:
-            return await api.completion(body, held)
+            return await api.completion(body, held, request)
         except BaseException:
             held.close()  # a stream that started owns its slot; anything that failed before gives it back
             raise
@@ -383,7 +464,7 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         held = api.admit(request, body.model)
         try:
-            return await api.chat_completion(body, held)
+            return await api.chat_completion(body, held, request)
         except BaseException:
             held.close()
             raise

@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from calispec.types import MODE_NAMES, FinishReason
 
@@ -42,6 +42,25 @@ class CalispecParams(BaseModel):
     tau: float | None = None
     lambda_: int | None = Field(default=None, alias="lambda")
     return_token_ids: bool = False  # vLLM's extension: each choice carries its new token ids
+    # not implemented: accepted only at their no-op values (clients send those by default)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    best_of: Literal[1] | None = None
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float) -> float:
+        if value != 0:
+            raise ValueError("penalties are not supported: send 0 or leave it out")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("logit_bias is not supported: send {} or leave it out")
+        return value
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 
@@ -118,6 +119,63 @@ def test_errors_have_openais_shape_and_status(oai: openai.OpenAI, call, status: 
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     assert error["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
     assert error["param"] == param
+
+
+def _post_raw(base_url: str, path: str, body_json: str) -> httpx.Response:
+    return httpx.post(
+        f"{base_url}{path}", content=body_json.encode(), headers={"content-type": "application/json"}, timeout=60
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        # JSON may escape a lone surrogate, which no UTF-8 encodes: the tokenizer failed on it (500)
+        (
+            "/completions",
+            '{"model": "%s", "prompt": "abc \\ud800 def", "max_tokens": 4}',
+            "prompt is not valid Unicode",
+        ),
+        (
+            "/completions",
+            '{"model": "%s", "prompt": "abc \\ud800", "max_tokens": 4, "stream": true}',
+            "prompt is not valid Unicode",
+        ),
+        (
+            "/chat/completions",
+            '{"model": "%s", "messages": [{"role": "user", "content": "x \\udfff"}], "max_tokens": 4}',
+            "messages[0].content is not valid Unicode",
+        ),
+        # past the wire's integer: packing it into the services' request failed (500)
+        ("/completions", '{"model": "%s", "prompt": "hi", "max_tokens": 4, "top_k": 4294967296}', "top_k must be"),
+        ("/completions", '{"model": "%s", "prompt": "hi", "presence_penalty": 0.5}', "penalties are not supported"),
+        ("/completions", '{"model": "%s", "prompt": "hi", "logit_bias": {"1": 2}}', "logit_bias is not supported"),
+        ("/completions", '{"model": "%s", "prompt": "hi",', "not valid JSON"),
+    ],
+)
+def test_caller_errors_found_by_probing_are_400s(base_url: str, path: str, body: str, message: str) -> None:
+    response = _post_raw(base_url, path, body.replace("%s", MODEL))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert message in error["message"] and error["code"] == "invalid_argument"
+
+
+def test_no_op_values_of_unimplemented_fields_are_accepted(oai: openai.OpenAI) -> None:
+    reply = oai.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0, presence_penalty=0, frequency_penalty=0,
+        logit_bias={}, best_of=1,
+    )  # fmt: skip
+    assert reply.choices[0].finish_reason == "length"
+
+
+def test_a_unary_completion_returns_its_token_ids(oai: openai.OpenAI, base_url: str) -> None:
+    """`return_token_ids` was honoured only when streaming."""
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 5, "temperature": 0, "return_token_ids": True}
+    unary = httpx.post(f"{base_url}/completions", json=body, timeout=60).json()
+    with httpx.stream("POST", f"{base_url}/completions", json={**body, "stream": True}, timeout=60) as response:
+        events = [e.removeprefix("data: ") for e in "".join(response.iter_text()).split("\n\n") if e]
+    streamed = [i for e in events[:-1] for i in json.loads(e)["choices"][0]["token_ids"] or []]
+    assert unary["choices"][0]["token_ids"] == streamed and len(streamed) == 5
 
 
 def test_api_keys_and_quotas_are_the_coordinators(chat_coordinator: Coordinator, tmp_path) -> None:

@@ -1,16 +1,22 @@
-"""The OpenAI API's event stream gives back its drain and quota slots however the response ends."""
+"""The OpenAI API gives back what a request holds however its response ends: its drain and quota slots,
+and its generation (the orchestrator's sessions and place in lockstep) when the client leaves early."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Generator
 from contextlib import ExitStack
 
 import pytest
 from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
+from calispec_core.errors import Cancelled
+from calispec_core.generation import FinishReason
 from coordinator.engine import Chunk
-from coordinator.openai_api import stream
+from coordinator.openai_api import HttpGeneration, gathered, stream
+from tests.helpers import wait_until
 
 
 class Event(BaseModel):
@@ -28,8 +34,9 @@ def _chunks() -> list[Chunk]:
     return [Chunk([1], "a", "r"), Chunk([2], "b", "r")]
 
 
-async def _serve(held: ExitStack, send) -> None:
-    response = await stream(iter(_chunks()), held, [], lambda c: Event(text=c.text), None)
+async def _serve(held: ExitStack, send, generation: HttpGeneration | None = None) -> None:
+    generation = generation or HttpGeneration((c for c in _chunks()), threading.Event())
+    response = await stream(generation, held, [], lambda c: Event(text=c.text), None)
 
     async def receive() -> dict:
         await asyncio.Event().wait()  # the client says nothing more
@@ -62,3 +69,77 @@ def test_a_stream_that_ends_gives_its_slot_back_once() -> None:
     assert released == ["slot"]
     text = b"".join(body).decode()
     assert '"text":"a"' in text and '"text":"b"' in text and "[DONE]" in text
+
+
+class EndlessGeneration:
+    """Chunks until the request is cancelled (as the orchestrator checks `cancelled` at each round start);
+    records whether its `finally` ran: the orchestrator's closes its sessions and leaves lockstep there."""
+
+    def __init__(self) -> None:
+        self.gone = threading.Event()
+        self.closed = threading.Event()
+        self.in_round = threading.Event()
+
+    def chunks(self, block: bool = False) -> Generator[Chunk, None, None]:
+        try:
+            while True:
+                self.in_round.set()
+                if block and not self.gone.wait(timeout=20):  # a round that lasts until the client leaves
+                    raise AssertionError("the client's disconnect never reached the generation")
+                if self.gone.is_set():
+                    raise Cancelled("request cancelled by the client")
+                yield Chunk([1], "a", "r")
+        finally:
+            self.closed.set()
+
+
+def test_a_client_gone_mid_stream_ends_its_generation() -> None:
+    """An abandoned generator stayed suspended until garbage collection: its draft and target sessions
+    open until their idle TTL (probed: 121 s), and its lockstep group waiting for it at every round start."""
+    endless = EndlessGeneration()
+    generation = HttpGeneration(endless.chunks(), endless.gone)
+    held, released = _held()
+    sent: list[dict] = []
+
+    async def gone_after_two_events(message: dict) -> None:
+        sent.append(message)
+        if len(sent) > 2:
+            raise OSError("connection reset by peer")
+
+    with pytest.raises(ClientDisconnect):
+        asyncio.run(_serve(held, gone_after_two_events, generation))
+    assert released == ["slot"]
+    wait_until(endless.closed.is_set)  # closed on a thread of its own, once no round runs
+    assert endless.gone.is_set()
+
+
+def test_a_client_that_disconnects_from_a_unary_request_ends_its_generation() -> None:
+    """A non-streaming request ran to the end of its generation after its client had left."""
+    endless = EndlessGeneration()
+    generation = HttpGeneration(endless.chunks(block=True), endless.gone)
+
+    class LeftRequest:
+        async def receive(self) -> dict:  # the client leaves while the first round runs
+            assert await asyncio.to_thread(endless.in_round.wait, 20)
+            return {"type": "http.disconnect"}
+
+    with pytest.raises(Cancelled):  # itself, not wrapped in an ExceptionGroup by the watcher's task group
+        asyncio.run(gathered(generation, LeftRequest()))  # type: ignore[arg-type]
+    wait_until(endless.closed.is_set)
+
+
+def test_a_generation_that_finished_is_not_abandoned() -> None:
+    chunks = (c for c in [Chunk([1], "a", "r"), Chunk([2], "b", "r", FinishReason.STOP)])
+    gone = threading.Event()
+    generation = HttpGeneration(chunks, gone)
+    assert [c.text for c in generation] == ["a", "b"]
+    generation.abandon()
+    assert not gone.is_set()
+
+
+def test_a_generation_abandoned_before_its_first_round_is_cancelled_not_empty() -> None:
+    gone = threading.Event()
+    generation = HttpGeneration((c for c in [Chunk([1], "a", "r", FinishReason.STOP)]), gone)
+    generation.abandon()
+    with pytest.raises(Cancelled):
+        next(generation)
