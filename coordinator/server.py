@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name
 # gRPC servers report a call without a deadline as ~9.2e18 s remaining; anything this long is "none"
 NO_CLIENT_DEADLINE_S = 1e9
+
+
+CANCEL_GRACE_S = 2.0  # past a request's deadline, before its call is cancelled (a round ends it first, normally)
 
 
 def request_timeout(client_remaining: float | None, default_s: float) -> float:
@@ -84,16 +88,24 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self.metrics = metrics or CoordinatorMetrics(new_registry())  # a registry of its own
 
     def _chunks(self, request, context) -> Iterator[Chunk]:
-        """The orchestrator's chunks, timed, counted and logged (`coordinator.request_log`)."""
+        """The orchestrator's chunks, timed, counted and logged (`coordinator.request_log`). The call is
+        cancelled a moment past its deadline: a client that stops reading a stream blocks this worker thread
+        in gRPC's send, where no round checks the deadline (32 unread streams held every worker for good)."""
+        timeout_s = request_timeout(context.time_remaining(), self.config.rpc_timeout_s)
 
         def begin(timer: RequestTimer) -> Iterator[Chunk]:
             params = params_from_pb(request.params, self.config.defaults)
             timer.mode = params.mode.name.lower()
-            deadline = Deadline(request_timeout(context.time_remaining(), self.config.rpc_timeout_s))
             prompt = self._prompt(request)
-            return self.orchestrator.generate(prompt, params, deadline, lambda: not context.is_active())
+            return self.orchestrator.generate(prompt, params, Deadline(timeout_s), lambda: not context.is_active())
 
-        return tracked(self.metrics, begin)
+        watchdog = threading.Timer(timeout_s + CANCEL_GRACE_S, context.cancel)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            yield from tracked(self.metrics, begin)
+        finally:
+            watchdog.cancel()
 
     def _prompt(self, request) -> str:
         """The raw prompt, or the chat messages rendered with the target's chat template."""

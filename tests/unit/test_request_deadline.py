@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+
+import coordinator.server as server_module
+from calispec.v1 import coordinator_pb2
 from coordinator.__main__ import parse_config
-from coordinator.server import request_timeout
+from coordinator.config import CoordinatorConfig
+from coordinator.engine import Orchestrator
+from coordinator.server import CoordinatorServicer, request_timeout
+from tests.unit.fakes import EOS, CharTokenizer, FakeDraft, FakeTarget
+from tests.unit.test_orchestrator import alphabet_target, sloppy_draft
 
 
 def test_no_client_deadline_gets_the_server_default() -> None:
@@ -19,3 +28,36 @@ def test_a_client_deadline_is_honoured_shorter_or_longer() -> None:
 def test_the_default_is_configurable() -> None:
     config, _ = parse_config(["--draft-addr", "d:1", "--target-addr", "t:1", "--tokenizer", "x", "--rpc-timeout", "9"])
     assert config.rpc_timeout_s == 9.0
+
+
+class UnreadStreamContext:
+    """A call whose client set no deadline and stops reading after the first message."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+
+    def time_remaining(self) -> None:
+        return None
+
+    def is_active(self) -> bool:
+        return not self.cancelled.is_set()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+def test_a_stream_its_client_stops_reading_is_cancelled_past_its_deadline(monkeypatch) -> None:
+    """Its worker thread blocked in gRPC's send, where no round checks the deadline: 32 unread streams held
+    every worker of the coordinator, and every other gRPC request timed out, for as long as they stayed open."""
+    monkeypatch.setattr(server_module, "CANCEL_GRACE_S", 0.0)
+    orchestrator = Orchestrator(CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096)
+    config = CoordinatorConfig("d:1", ("t:1",), Path("tokenizer"), rpc_timeout_s=0.2)
+    servicer = CoordinatorServicer(orchestrator, config)
+    context = UnreadStreamContext()
+    request = coordinator_pb2.GenerateStreamRequest(
+        prompt="c", params=coordinator_pb2.GenerationParams(max_new_tokens=8)
+    )
+    stream = servicer.GenerateStream(request, context)
+    assert next(stream).text  # the client reads one message, then gRPC's send of the next one blocks
+    assert context.cancelled.wait(timeout=20)  # cancelled (by the watchdog) past the request's deadline
+    stream.close()  # as gRPC drops the cancelled call's iterator
