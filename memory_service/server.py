@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 import grpc
 
 from calispec.v1 import memory_pb2, memory_pb2_grpc
 from calispec_core.access import PeerAllowlistInterceptor, caller_identity
 from calispec_core.credentials import WRITER_TOKEN_METADATA
-from calispec_core.errors import CalispecError, ResourceExhausted
+from calispec_core.errors import CalispecError, ResourceExhausted, Unauthenticated
 from calispec_core.grpc_server import create_grpc_server
 from calispec_core.metrics import new_registry
 from calispec_core.observability import ManagedServer, Observe
@@ -53,6 +54,17 @@ def _writer_identity(gate: WriterGate, context: grpc.ServicerContext) -> str:
     return gate.identify(token, certificate_name=caller_identity(context), peer=context.peer())
 
 
+@contextmanager
+def _slot(slots: threading.BoundedSemaphore, whose: str) -> Iterator[None]:
+    if not slots.acquire(blocking=False):
+        who = f" ({whose})" if whose else ""
+        raise ResourceExhausted(f"too many Watch streams open{who}; retry later, or poll GetPairs")
+    try:
+        yield
+    finally:
+        slots.release()
+
+
 class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
     def __init__(
         self, store: CorrectionStore, gate: WriterGate, config: MemoryConfig, metrics: MemoryMetrics | None = None
@@ -61,7 +73,11 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         self._gate = gate
         self._config = config
         self._metrics = metrics or MemoryMetrics(new_registry(), store)  # a registry of its own
-        self._watch_slots = threading.BoundedSemaphore(config.watch_stream_limit())
+        limit = config.watch_stream_limit()
+        self._watch_slots = threading.BoundedSemaphore(limit)
+        # a Watch needs no token, so without a cap of their own one reader that never reads could hold every
+        # slot (probed: 56 of 56), and a verifier that reconnects would find none
+        self._reader_watch_slots = threading.BoundedSemaphore(max(limit // 2, 1))
 
     def RecordEvents(
         self, request: memory_pb2.RecordEventsRequest, context: grpc.ServicerContext
@@ -137,13 +153,18 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
     def Watch(
         self, request: memory_pb2.WatchRequest, context: grpc.ServicerContext
     ) -> Iterator[memory_pb2.WatchResponse]:
-        if not self._watch_slots.acquire(blocking=False):
-            limit = self._config.watch_stream_limit()
-            raise ResourceExhausted(f"too many Watch streams open ({limit}); retry later, or poll GetPairs")
-        try:
+        with ExitStack() as slots:
+            if not self._is_verifier(context):  # a reader: first one of the readers' slots
+                slots.enter_context(_slot(self._reader_watch_slots, "readers without a writer token"))
+            slots.enter_context(_slot(self._watch_slots, ""))
             yield from self._watch(request, context)
-        finally:
-            self._watch_slots.release()
+
+    def _is_verifier(self, context: grpc.ServicerContext) -> bool:
+        try:
+            _writer_identity(self._gate, context)
+        except Unauthenticated:
+            return False
+        return True
 
     def _watch(
         self, request: memory_pb2.WatchRequest, context: grpc.ServicerContext

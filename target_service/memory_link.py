@@ -259,7 +259,7 @@ class MemoryLink:
             namespace=self.namespace, resume_version=resume, vocab_size=self.table.vocab_size
         )
         self._chunks = []
-        call = self._stub.Watch(request)
+        call = self._stub.Watch(request, metadata=self._metadata)  # a verifier's token: a Watch slot of its own
         self._call = call
         if self._stop.is_set():  # stop() ran before the call existed
             call.cancel()

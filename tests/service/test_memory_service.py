@@ -384,6 +384,37 @@ def test_watch_streams_beyond_the_limit_are_refused_and_leave_the_writes_their_w
         store.close()
 
 
+def test_readers_without_a_token_cannot_take_every_watch_slot(tmp_path: Path) -> None:
+    """A Watch needs no token: one client that opened streams and never read them held every slot (probed: 56
+    of 56), and a verifier reconnecting its memory link was refused. Readers now have half the slots."""
+    config = MemoryConfig(port=0, db_path=tmp_path / "memory.db", writer_token=TOKEN, max_workers=8,
+                          max_watch_streams=4, watch_heartbeat_s=0.2)  # fmt: skip
+    server, port, store = create_server(config)
+    server.start()
+    channel = make_channel(f"127.0.0.1:{port}")
+    try:
+        reader = memory_pb2_grpc.MemoryServiceStub(channel)
+        held, refused = [], None
+        for _ in range(4):
+            stream = reader.Watch(memory_pb2.WatchRequest(namespace="ns"), timeout=30)
+            try:
+                next(stream)
+            except grpc.RpcError as exc:
+                refused = exc
+                break
+            held.append(stream)
+        assert len(held) == 2 and refused is not None and refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "without a writer token" in refused.details()
+        verifier = reader.Watch(memory_pb2.WatchRequest(namespace="ns"), timeout=30, metadata=WRITER)
+        assert next(verifier).kind is not None  # a slot left for the verifiers
+        for stream in [*held, verifier]:
+            stream.cancel()
+    finally:
+        channel.close()
+        server.stop(None).wait()
+        store.close()
+
+
 def test_the_watch_stream_limit_leaves_workers_for_calls() -> None:
     assert MemoryConfig(max_workers=64).watch_stream_limit() == 56
     assert MemoryConfig(max_workers=4).watch_stream_limit() == 2
