@@ -203,7 +203,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         except grpc.RpcError as exc:
             return _fail(f"{exc.code().name}: {exc.details()}")
     pairs = [(p.draft_token_id, p.target_token_id, p.count) for p in reply.pairs]
-    dump_export(args.out, namespace, reply.version, pairs, vocab_size)
+    try:
+        dump_export(args.out, namespace, reply.version, pairs, vocab_size)
+    except MemoryFileError as exc:
+        return _fail(str(exc))
     print(f"exported {len(pairs)} pairs of {namespace} at version {reply.version} to {args.out}")
     return 0
 

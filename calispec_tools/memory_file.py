@@ -62,8 +62,12 @@ def dump_export(
         "vocab_size": vocab_size,
     }
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(document, separators=(",", ":")) + "\n", encoding="utf-8")
-    tmp.replace(path)  # a reader never sees a half-written export
+    try:
+        tmp.write_text(json.dumps(document, separators=(",", ":")) + "\n", encoding="utf-8")
+        tmp.replace(path)  # a reader never sees a half-written export
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise MemoryFileError(f"cannot write {path}: {exc.strerror}") from exc
 
 
 def load_export(path: Path, namespace: str) -> Export:
@@ -72,8 +76,10 @@ def load_export(path: Path, namespace: str) -> Export:
         document: Any = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise MemoryFileError(f"cannot read {path}: {exc.strerror}") from exc
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MemoryFileError(f"{path} is not a Calispec memory export (not JSON: {exc})") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as exc:
+        # ValueError: an integer past Python's digit limit; RecursionError: nesting past the parser's depth
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise MemoryFileError(f"{path} is not a Calispec memory export (not JSON we can read: {reason})") from exc
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise MemoryFileError(f"{path} is not a Calispec memory export (format is not {FORMAT!r})")
     if document.get("format_version") != FORMAT_VERSION:

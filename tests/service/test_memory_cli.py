@@ -65,6 +65,9 @@ BAD_FILES = [
     pytest.param(lambda doc: {**doc, "format_version": 2}, "format version 2", id="wrong-version"),
     pytest.param(lambda doc: {**doc, "namespace": "pair-b"}, "holds namespace 'pair-b'", id="wrong-namespace"),
     pytest.param(lambda doc: {**doc, "format": "other"}, "not a Calispec memory export", id="wrong-format"),
+    # these crashed with a traceback (found by probing)
+    pytest.param(lambda doc: "[" * 100_000, "nested too deeply", id="deep-nesting"),
+    pytest.param(lambda doc: '{"pairs": [[1, 2, ' + "9" * 5000 + "]]}", "not JSON we can read", id="huge-integer"),
 ]
 
 
@@ -90,6 +93,16 @@ def test_bad_import_fails_cleanly_and_changes_nothing(
     assert message in err and "nothing was imported" in err
     store.flush()
     assert store.snapshot("pair-a") == before
+
+
+def test_an_export_to_a_path_it_cannot_write_fails_cleanly(
+    memory: tuple[str, CorrectionStore], tmp_path, capsys
+) -> None:
+    address, store = memory
+    store.record("pair-a", [(1, 2, 3)], durable=True)
+    out = tmp_path / "no-such-dir" / "a.json"  # a FileNotFoundError traceback before
+    assert run("memory", "export", "--namespace", "pair-a", "--out", str(out), "--memory-addr", address) == 1
+    assert f"cannot write {out}" in capsys.readouterr().err
 
 
 def test_import_without_the_writer_token_is_refused(memory: tuple[str, CorrectionStore], tmp_path: Path) -> None:
