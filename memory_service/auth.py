@@ -86,6 +86,11 @@ class WriterGate:
         if self.events_per_s <= 0:
             return  # rate limiting disabled
         cost = max(events, 1)  # an empty write still costs a request
+        if cost > self.burst:  # RESOURCE_EXHAUSTED still: a verifier's link answers it with smaller writes
+            raise ResourceExhausted(
+                f"a write of {cost:g} events is larger than the writer burst of {self.burst:g}: it is never "
+                "admitted; send smaller writes, or start the memory service with a larger --writer-burst"
+            )
         with self._lock:
             now = self._clock()
             bucket = self._buckets.get(identity)

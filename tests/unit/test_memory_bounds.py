@@ -143,3 +143,11 @@ def test_writer_tokens_file_formats(tmp_path) -> None:
         path.write_text(bad)
         with pytest.raises(FailedPrecondition):
             read_writer_tokens(path)
+
+
+def test_a_write_larger_than_the_burst_says_it_is_never_admitted() -> None:
+    """It said "retry later", and every retry (an import over 1 M events) was refused the same way."""
+    gate = WriterGate("a-writer-token-0123456789", events_per_s=10, burst_events=20)
+    with pytest.raises(ResourceExhausted, match=r"never admitted.*--writer-burst"):
+        gate.admit("a-writer-token-0123456789", 21)
+    assert gate.admit("a-writer-token-0123456789", 20) == "writer"  # the refusal took nothing
