@@ -30,10 +30,8 @@ from typing import Any
 import grpc
 
 from calispec._channel import ClientAuth
-from calispec.types import FinishReason, GenerationStats, Mode
+from calispec.types import REQUEST_ID_METADATA, FinishReason, GenerationStats, Mode, is_valid_request_id
 from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc
-
-REQUEST_ID_METADATA = "x-request-id"  # the services log a request under this id (calispec_core.request_context)
 
 
 class CalispecRpcError(Exception):
@@ -83,7 +81,7 @@ def build_params(
     top_p: float = 0.0,
     top_k: int = 0,
     seed: int | None = None,
-    stop: list[str] | tuple[str, ...] = (),
+    stop: str | Sequence[str] = (),
     num_speculative_tokens: int | None = None,
     mode: str | Mode | None = None,
     tau: float | None = None,
@@ -91,7 +89,11 @@ def build_params(
 ) -> coordinator_pb2.GenerationParams:
     """Request parameters; None / 0 leaves a field to the server's default."""
     msg = coordinator_pb2.GenerationParams(
-        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, stop=list(stop)
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        stop=[stop] if isinstance(stop, str) else list(stop),  # one string is one stop string, not its letters
     )
     if mode is not None:
         msg.mode = int(Mode.parse(mode) if isinstance(mode, str) else mode)
@@ -154,9 +156,18 @@ def _chunk(msg: coordinator_pb2.GenerateStreamResponse) -> StreamChunk:
     )
 
 
+def _timeout(timeout: float | None, default: float | None) -> float | None:
+    """The call's deadline in seconds: 0 is one that has passed already, not "none" (None is)."""
+    return timeout if timeout is not None else default
+
+
 def _with_request_id(metadata: tuple[tuple[str, str], ...], request_id: str | None) -> tuple[tuple[str, str], ...]:
     """`x-request-id`: the id every service logs this request under (the coordinator makes one if absent)."""
-    return (*metadata, (REQUEST_ID_METADATA, request_id)) if request_id else metadata
+    if not request_id:  # None or "": none sent
+        return metadata
+    if not is_valid_request_id(request_id):  # gRPC itself failed such metadata as INTERNAL
+        raise ValueError(f"request_id must be 1-256 of A-Z a-z 0-9 . _ : , / + = @ -, got {request_id!r}")
+    return (*metadata, (REQUEST_ID_METADATA, request_id))
 
 
 class CalispecClient:
@@ -204,7 +215,9 @@ class CalispecClient:
     ) -> GenerationResult:
         metadata = _with_request_id(self._metadata, request_id)
         try:
-            return _result(self._stub.Generate(request, timeout=timeout or self.default_timeout, metadata=metadata))
+            return _result(
+                self._stub.Generate(request, timeout=_timeout(timeout, self.default_timeout), metadata=metadata)
+            )
         except grpc.RpcError as exc:
             raise CalispecRpcError.from_rpc(exc) from None
 
@@ -212,7 +225,7 @@ class CalispecClient:
         self, request: coordinator_pb2.GenerateStreamRequest, timeout: float | None, request_id: str | None
     ) -> Iterator[StreamChunk]:
         metadata = _with_request_id(self._metadata, request_id)
-        call = self._stub.GenerateStream(request, timeout=timeout or self.default_timeout, metadata=metadata)
+        call = self._stub.GenerateStream(request, timeout=_timeout(timeout, self.default_timeout), metadata=metadata)
         try:
             for msg in call:
                 yield _chunk(msg)
@@ -276,7 +289,7 @@ class AsyncCalispecClient:
     ) -> GenerationResult:
         metadata = _with_request_id(self._metadata, request_id)
         try:
-            call = self._stub.Generate(request, timeout=timeout or self.default_timeout, metadata=metadata)
+            call = self._stub.Generate(request, timeout=_timeout(timeout, self.default_timeout), metadata=metadata)
             return _result(await call)
         except grpc.RpcError as exc:
             raise CalispecRpcError.from_rpc(exc) from None
@@ -285,7 +298,7 @@ class AsyncCalispecClient:
         self, request: coordinator_pb2.GenerateStreamRequest, timeout: float | None, request_id: str | None
     ) -> AsyncIterator[StreamChunk]:
         metadata = _with_request_id(self._metadata, request_id)
-        call = self._stub.GenerateStream(request, timeout=timeout or self.default_timeout, metadata=metadata)
+        call = self._stub.GenerateStream(request, timeout=_timeout(timeout, self.default_timeout), metadata=metadata)
         try:
             async for msg in call:
                 yield _chunk(msg)

@@ -7,9 +7,19 @@ core re-exports these types, so the client and the services share one definition
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import asdict, dataclass
 
 from calispec.v1 import common_pb2, coordinator_pb2
+
+REQUEST_ID_METADATA = "x-request-id"  # every service logs a request under this id
+MAX_REQUEST_ID_CHARS = 256  # a verifier's memory flush carries several ids, comma-separated
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:,/+=@-]+")
+
+
+def is_valid_request_id(value: str) -> bool:
+    """Safe to log and to send as gRPC metadata: bounded, printable, no spaces or control characters."""
+    return bool(value) and len(value) <= MAX_REQUEST_ID_CHARS and _REQUEST_ID.fullmatch(value) is not None
 
 
 class Mode(enum.IntEnum):

@@ -9,7 +9,6 @@ handler's duration; `RequestIdLogFilter` puts it on every log record (`%(request
 from __future__ import annotations
 
 import logging
-import re
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -18,9 +17,10 @@ from typing import Any
 
 import grpc
 
-REQUEST_ID_METADATA = "x-request-id"
-MAX_REQUEST_ID_CHARS = 256  # a verifier's memory flush carries several ids, comma-separated
-_ALLOWED = re.compile(r"[A-Za-z0-9._:,/+=@-]+")
+from calispec.types import MAX_REQUEST_ID_CHARS as MAX_REQUEST_ID_CHARS  # re-exported for the services
+from calispec.types import REQUEST_ID_METADATA as REQUEST_ID_METADATA
+from calispec.types import is_valid_request_id
+
 NO_REQUEST = "-"
 
 _request_id: ContextVar[str | None] = ContextVar("calispec_request_id", default=None)
@@ -36,9 +36,7 @@ def current_request_id() -> str | None:
 
 def sanitize(value: str | None) -> str | None:
     """A client's id if it is safe to log and forward (bounded, no spaces or control characters)."""
-    if value and len(value) <= MAX_REQUEST_ID_CHARS and _ALLOWED.fullmatch(value):
-        return value
-    return None
+    return value if value and is_valid_request_id(value) else None
 
 
 def from_metadata(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
