@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -37,6 +38,20 @@ class WriterStub:
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._stub, name)
+
+
+@contextmanager
+def serving(config: MemoryConfig) -> Iterator[tuple[grpc.Channel, CorrectionStore]]:
+    """A memory service of its own for one test: its channel and store, stopped and closed after."""
+    server, port, store = create_server(config)
+    server.start()
+    channel = make_channel(f"127.0.0.1:{port}")
+    try:
+        yield channel, store
+    finally:
+        channel.close()
+        server.stop(None).wait()
+        store.close()
 
 
 @pytest.fixture
@@ -354,10 +369,7 @@ def test_watch_streams_beyond_the_limit_are_refused_and_leave_the_writes_their_w
     verifier's RecordEvents behind them (its timeout fired, and a late retry counted twice)."""
     config = MemoryConfig(port=0, db_path=tmp_path / "memory.db", writer_token=TOKEN, max_workers=3,
                           max_watch_streams=1, watch_heartbeat_s=0.2)  # fmt: skip
-    server, port, store = create_server(config)
-    server.start()
-    channel = make_channel(f"127.0.0.1:{port}")
-    try:
+    with serving(config) as (channel, _):
         reader = memory_pb2_grpc.MemoryServiceStub(channel)
         first = reader.Watch(memory_pb2.WatchRequest(namespace="ns"), timeout=30)
         next(first)
@@ -378,10 +390,6 @@ def test_watch_streams_beyond_the_limit_are_refused_and_leave_the_writes_their_w
             return True
 
         wait_until(reopened)  # the slot comes back once the cancelled stream has ended
-    finally:
-        channel.close()
-        server.stop(None).wait()
-        store.close()
 
 
 def test_readers_without_a_token_cannot_take_every_watch_slot(tmp_path: Path) -> None:
@@ -389,10 +397,7 @@ def test_readers_without_a_token_cannot_take_every_watch_slot(tmp_path: Path) ->
     of 56), and a verifier reconnecting its memory link was refused. Readers now have half the slots."""
     config = MemoryConfig(port=0, db_path=tmp_path / "memory.db", writer_token=TOKEN, max_workers=8,
                           max_watch_streams=4, watch_heartbeat_s=0.2)  # fmt: skip
-    server, port, store = create_server(config)
-    server.start()
-    channel = make_channel(f"127.0.0.1:{port}")
-    try:
+    with serving(config) as (channel, _):
         reader = memory_pb2_grpc.MemoryServiceStub(channel)
         held, refused = [], None
         for _ in range(4):
@@ -409,10 +414,6 @@ def test_readers_without_a_token_cannot_take_every_watch_slot(tmp_path: Path) ->
         assert next(verifier).kind is not None  # a slot left for the verifiers
         for stream in [*held, verifier]:
             stream.cancel()
-    finally:
-        channel.close()
-        server.stop(None).wait()
-        store.close()
 
 
 def test_the_watch_stream_limit_leaves_workers_for_calls() -> None:
