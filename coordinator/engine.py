@@ -139,7 +139,7 @@ def _close_quietly(backend: DraftBackend | TargetBackend, session_id: str) -> No
     try:
         backend.close(session_id, CLOSE_TIMEOUT_S)
     except Exception as exc:  # best effort: the service's idle TTL ends it otherwise
-        log.info("closing abandoned session %s failed: %s", session_id, exc)
+        log.warning("closing session %s failed: %s", session_id, exc)
 
 
 class Orchestrator:
@@ -537,7 +537,4 @@ class Orchestrator:
         for backend, session_id in request.opened:
             if backend is not self.draft and backend.address in request.failed_targets:
                 continue  # a replica that failed this request: the close would wait out its timeout too
-            try:
-                backend.close(session_id, CLOSE_TIMEOUT_S)
-            except Exception as exc:  # closing must not mask the request's outcome
-                log.warning("closing session %s failed: %s", session_id, exc)
+            _close_quietly(backend, session_id)  # closing must not mask the request's outcome
