@@ -8,6 +8,7 @@ CALISPEC_TOKEN) as `authorization: Bearer <key>` metadata on every call.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ _OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_reconnect_backoff_ms", 2000),  # find a restarted coordinator within ~2 s (gRPC default: up to 120 s)
 ]
+# gRPC refuses metadata values outside printable ASCII (0x20-0x7E) with an opaque INTERNAL "Invalid metadata";
+# a space cannot be part of a bearer token (the server strips it) or of a certificate's name either.
+_VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,10 @@ class ClientAuth:
     token: str | None = None  # API key
     tls_ca: Path | None = None  # CA bundle that signs the coordinator's certificate; None: plaintext
     tls_server_name: str | None = None  # name the certificate must carry (default: the address's host)
+
+    def __post_init__(self) -> None:
+        _check_visible("token (API key)", self.token, secret=True)
+        _check_visible("tls_server_name", self.tls_server_name)
 
     @classmethod
     def resolve(
@@ -47,7 +55,7 @@ class ClientAuth:
     def _secure(self) -> tuple[grpc.ChannelCredentials, list[tuple[str, Any]]] | None:
         if self.tls_ca is None:
             return None
-        credentials = grpc.ssl_channel_credentials(root_certificates=self.tls_ca.read_bytes())
+        credentials = grpc.ssl_channel_credentials(root_certificates=read_ca_bundle(self.tls_ca))
         options = (
             [*_OPTIONS, ("grpc.ssl_target_name_override", self.tls_server_name)] if self.tls_server_name else _OPTIONS
         )
@@ -64,3 +72,29 @@ class ClientAuth:
         if secure is None:
             return grpc.aio.insecure_channel(address, options=_OPTIONS)
         return grpc.aio.secure_channel(address, secure[0], options=secure[1])
+
+
+def _check_visible(what: str, value: str | None, secret: bool = False) -> None:
+    """ValueError unless `value` is printable ASCII without spaces (None or "": not given); a secret is not echoed."""
+    if not value or _VISIBLE_ASCII.fullmatch(value):
+        return
+    index = next(i for i, c in enumerate(value) if not _VISIBLE_ASCII.fullmatch(c))
+    shown = "" if secret else f" {value!r}"
+    raise ValueError(
+        f"{what}{shown} must be printable ASCII without spaces or control characters: "
+        f"it has {value[index]!r} at position {index}"
+    )
+
+
+def read_ca_bundle(path: Path) -> bytes:
+    """The CA bundle's PEM bytes; ValueError naming the path when it cannot be read or holds no certificate
+    (gRPC would only fail each call's handshake, or the read would escape as a bare FileNotFoundError)."""
+    try:
+        pem = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(
+            f"cannot read the TLS CA bundle {path} (tls_ca / {TLS_CA_ENV}): {exc.strerror or exc}"
+        ) from exc
+    if b"-----BEGIN CERTIFICATE-----" not in pem:
+        raise ValueError(f"the TLS CA bundle {path} (tls_ca / {TLS_CA_ENV}) holds no PEM certificate")
+    return pem

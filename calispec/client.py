@@ -11,7 +11,9 @@
 chat template (INVALID_ARGUMENT when the model has none: send a raw prompt then).
 
 Secured coordinators: `CalispecClient(address, token=KEY, tls_ca="ca.pem")`, or set
-CALISPEC_TOKEN and CALISPEC_TLS_CA (see docs/security.md).
+CALISPEC_TOKEN and CALISPEC_TLS_CA (see docs/security.md). Credentials it cannot use (a CA bundle
+it cannot read or that holds no PEM certificate, a token that is not printable ASCII without
+spaces) raise ValueError when the client is made.
 
 Errors arrive as `CalispecRpcError` with the gRPC status code name (`INVALID_ARGUMENT`,
 `DEADLINE_EXCEEDED`, ...). `timeout` is the request's deadline in seconds; without one the

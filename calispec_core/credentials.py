@@ -16,8 +16,13 @@ import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from calispec_core.errors import FailedPrecondition
+
+if TYPE_CHECKING:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
 # gRPC metadata keys must be lowercase.
 WRITER_TOKEN_METADATA = "x-calispec-writer-token"
@@ -136,6 +141,12 @@ class TlsConfig:
         assert self.cert is not None and self.key is not None and self.ca is not None
         return _read_pem(self.cert), _read_pem(self.key), _read_pem(self.ca)
 
+    def read_checked(self) -> tuple[bytes, bytes, bytes]:
+        """`read`, with the files checked first: gRPC reports any fault in them as a failed bind."""
+        cert, key, ca = self.read()
+        check_pem(cert, key, ca, self)
+        return cert, key, ca
+
 
 def is_loopback(host: str) -> bool:
     host = host.strip("[]")
@@ -152,3 +163,38 @@ def _read_pem(path: Path) -> bytes:
         return Path(path).read_bytes()
     except OSError as exc:
         raise FailedPrecondition(f"cannot read {path}: {exc.strerror}") from exc
+
+
+# cryptography (the serve extra) is imported in these functions: only a server checks its files, and the
+# light client install, which imports this module, lacks the package.
+
+
+def check_pem(cert: bytes, key: bytes, ca: bytes, tls: TlsConfig) -> None:
+    """FailedPrecondition naming the file unless `cert` starts with a certificate whose public key is that of
+    the private key `key` (unencrypted), and `ca` holds certificates."""
+    from cryptography.hazmat.primitives import serialization
+
+    leaf = _certificates(cert, f"TLS certificate {tls.cert}")[0]
+    _certificates(ca, f"TLS CA bundle {tls.ca}")
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if _private_key(key, tls.key).public_key().public_bytes(*spki) != leaf.public_key().public_bytes(*spki):
+        raise FailedPrecondition(f"TLS key {tls.key} is not the key of the certificate in {tls.cert}")
+
+
+def _certificates(pem: bytes, what: str) -> list[x509.Certificate]:
+    from cryptography import x509
+
+    try:
+        return x509.load_pem_x509_certificates(pem)
+    except ValueError as exc:  # none in the file, or a damaged one
+        raise FailedPrecondition(f"{what} holds no valid PEM certificate: {exc}") from exc
+
+
+def _private_key(pem: bytes, path: Path | None) -> PrivateKeyTypes:
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        return serialization.load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:  # TypeError: an encrypted key
+        raise FailedPrecondition(f"TLS key {path} is not an unencrypted PEM private key: {exc}") from exc

@@ -183,10 +183,10 @@ def bind_port(server: grpc.Server, address: str, tls: TlsConfig | None = None, r
     """
     tls = tls or TlsConfig()
     tls.check(address.rpartition(":")[0])
+    # checked before binding: gRPC reports a bad certificate, key or CA as a failure to bind
+    credentials = _server_credentials(tls, require_client_cert) if tls.enabled else None
     try:
-        if tls.enabled:
-            cert, key, ca = tls.read()
-            credentials = grpc.ssl_server_credentials([(key, cert)], ca, require_client_auth=require_client_cert)
+        if credentials is not None:
             port = server.add_secure_port(address, credentials)
         else:
             port = server.add_insecure_port(address)
@@ -195,6 +195,11 @@ def bind_port(server: grpc.Server, address: str, tls: TlsConfig | None = None, r
     if port == 0:
         raise OSError(f"could not bind {address} (in use?)")
     return port
+
+
+def _server_credentials(tls: TlsConfig, require_client_cert: bool) -> grpc.ServerCredentials:
+    cert, key, ca = tls.read_checked()
+    return grpc.ssl_server_credentials([(key, cert)], ca, require_client_auth=require_client_cert)
 
 
 def _channel_options(server_name: str | None) -> list[tuple[str, Any]]:

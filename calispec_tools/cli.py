@@ -274,7 +274,11 @@ def run_request(
     address: str, args: argparse.Namespace, messages: list[dict[str, str]] | None = None, **auth: Any
 ) -> int:
     """One request: `args.prompt`, or the chat `messages` when given."""
-    with CalispecClient(address, **(auth or cli_auth.client_auth(args))) as client:
+    try:
+        client = CalispecClient(address, **(auth or cli_auth.client_auth(args)))
+    except ValueError as exc:  # credentials the SDK cannot use
+        return cli_auth.usage_error(exc)
+    with client:
         try:
             if messages is not None:
                 result = client.chat(messages, timeout=args.timeout, **request_kwargs(args))
@@ -283,6 +287,8 @@ def run_request(
         except CalispecRpcError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
+        except ValueError as exc:  # a parameter the request cannot carry (e.g. --seed beyond 64 bits)
+            return cli_auth.usage_error(exc)
     print_result(result, args.json)
     return 0
 

@@ -16,6 +16,8 @@ from typing import Any
 
 from calispec_core.access import key_line, new_api_key
 
+USAGE_ERROR = 2  # exit status of input the command cannot use (argparse's for a bad flag)
+
 
 def add_client_auth_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("coordinator access")
@@ -29,6 +31,12 @@ def add_client_auth_args(parser: argparse.ArgumentParser) -> None:
 def client_auth(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments of CalispecClient / AsyncCalispecClient from the flags above."""
     return {"token": args.token, "tls_ca": args.tls_ca, "tls_server_name": args.tls_server_name}
+
+
+def usage_error(exc: Exception) -> int:
+    """One line for input the SDK refuses (an unreadable CA bundle, a token gRPC metadata cannot carry)."""
+    print(f"error: {exc}", file=sys.stderr)
+    return USAGE_ERROR
 
 
 def add_api_key(file: Path, name: str) -> str:

@@ -9,7 +9,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from calispec.client import CalispecClient, CalispecRpcError
+from calispec.client import CalispecClient, CalispecRpcError, build_params
+from calispec_tools.cli_auth import usage_error
 
 Conversation = list[dict[str, str]]
 EXIT_COMMANDS = ("/exit", "/quit")
@@ -75,7 +76,12 @@ def run_chat(
     auth: dict[str, Any],  # token / tls_ca / tls_server_name (cli_auth.client_auth)
 ) -> int:
     conversation: Conversation = [{"role": "system", "content": system}] if system else []
-    with CalispecClient(address, **auth) as client:
+    try:
+        build_params(**params)  # refused here, once, rather than as every turn's traceback
+        client = CalispecClient(address, **auth)
+    except ValueError as exc:  # credentials or parameters the SDK cannot use
+        return usage_error(exc)
+    with client:
         if message is not None:
             return one_shot(client, [*conversation, {"role": "user", "content": message}], params, timeout)
         return repl(client, conversation, params, timeout)

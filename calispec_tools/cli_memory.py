@@ -72,12 +72,19 @@ def add_memory_tls_args(parser: argparse.ArgumentParser) -> None:
 
 
 def memory_tls(args: argparse.Namespace) -> TlsConfig | None:
+    """The --memory-tls-* files, read once here: an unreadable one is one line (exit 1), not a traceback from
+    the channel the command opens later."""
     files = (args.memory_tls_cert, args.memory_tls_key, args.memory_tls_ca)
     if not any(files):
         return None
     if not all(files):
         raise SystemExit("error: give all three of --memory-tls-cert, --memory-tls-key and --memory-tls-ca")
-    return TlsConfig(*files)
+    tls = TlsConfig(*files)
+    try:
+        tls.read()
+    except CalispecError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    return tls
 
 
 def _stub(address: str, tls: TlsConfig | None) -> tuple[grpc.Channel, memory_pb2_grpc.MemoryServiceStub]:

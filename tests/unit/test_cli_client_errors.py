@@ -1,0 +1,71 @@
+"""The CLI's client commands given credentials or parameters they cannot use: one line, no traceback (exit 2;
+the memory commands exit 1, as for each of their errors).
+
+Every case fails before a connection is tried, so no service runs (the address is a closed port).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from calispec_tools import cli
+
+CLOSED = "127.0.0.1:1"
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+REQUESTS = {"generate": ["generate", "--prompt", "hi"], "chat": ["chat", "-m", "hi"]}
+
+
+def request(command: str, *flags: str) -> list[str]:
+    return [*REQUESTS[command], "--address", CLOSED, *flags]
+
+
+@pytest.mark.parametrize("command", REQUESTS)
+def test_a_missing_tls_ca_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
+    """It was a FileNotFoundError traceback."""
+    missing = tmp_path / "ca.pem"
+    assert cli.main(request(command, "--tls-ca", str(missing))) == 2
+    assert str(missing) in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("command", REQUESTS)
+def test_a_missing_tls_ca_from_the_environment_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    monkeypatch.setenv("CALISPEC_TLS_CA", str(tmp_path / "env-ca.pem"))
+    assert cli.main(request(command)) == 2
+    assert "env-ca.pem (tls_ca / CALISPEC_TLS_CA)" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("command", REQUESTS)
+def test_a_token_with_a_newline_is_one_line(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    """It reached gRPC, which failed the call with INTERNAL "Invalid metadata"."""
+    assert cli.main(request(command, "--token", "csk_bad\ntoken")) == 2
+    line = one_error_line(capsys)
+    assert "token (API key) must be printable ASCII" in line and "csk_" not in line
+
+
+@pytest.mark.parametrize("command", REQUESTS)
+def test_a_parameter_the_request_cannot_carry_is_one_line(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    assert cli.main(request(command, "--seed", str(2**70))) == 2
+    assert "out of range" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    "argv", [["namespaces"], ["stats", "--namespace", "n"], ["export", "--namespace", "n", "--out", "x.json"]]
+)
+def test_memory_commands_with_missing_tls_files_are_one_line(tmp_path: Path, argv: list[str]) -> None:
+    """A FailedPrecondition traceback: the commands caught grpc.RpcError only."""
+    missing = tmp_path / "client.pem"
+    tls = ["--memory-tls-cert", str(missing), "--memory-tls-key", str(tmp_path / "k"), "--memory-tls-ca", "ca"]
+    with pytest.raises(SystemExit, match=f"^error: cannot read {missing}: No such file or directory$"):
+        cli.main(["memory", *argv, "--memory-addr", CLOSED, *tls])  # SystemExit(message): one line, exit 1
