@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 
 from calispec_core.errors import require
 
@@ -36,6 +38,59 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """An argparse type: an int >= 0."""
     return _int_at_least(text, 0)
+
+
+def int_in_range(minimum: int, maximum: int) -> Callable[[str], int]:
+    """An argparse type: an int in [minimum, maximum]."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be in [{minimum}, {maximum}], got {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse names the type in "invalid int value: 'x'"
+    return parse
+
+
+MAX_PORT = 65535
+_port = int_in_range(0, MAX_PORT)
+
+
+def port(text: str) -> int:
+    """An argparse type: a TCP port, 0 (a free one) to 65535; unchecked, 70000 would bind 70000 mod 2**16."""
+    return _port(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # nan would slip past every comparison below
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite float > 0 (a timeout or an interval that 0 would break)."""
+    value = _finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite float >= 0."""
+    value = _finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    """An argparse type: a float in [0, 1]."""
+    value = _finite_float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
 
 
 # model dtypes a service accepts (calispec_core.modeling checks the same list; kept here, free of

@@ -16,7 +16,14 @@ from calispec_core import request_context
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError
-from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, LOG_LEVELS, non_negative_int
+from calispec_core.limits import (
+    DTYPE_CHOICES,
+    FP32_LINEAR_CHOICES,
+    LOG_LEVELS,
+    non_negative_float,
+    non_negative_int,
+    port,
+)
 from calispec_core.observability import ManagedServer
 from calispec_core.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
@@ -32,7 +39,7 @@ DEFAULT_DRAIN_TIMEOUT_S = 20.0  # + the stop grace stays under Kubernetes' defau
 
 def add_server_args(parser: argparse.ArgumentParser, default_port: int) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=default_port, help="port; 0 picks a free one")
+    parser.add_argument("--port", type=port, default=default_port, help="port; 0 picks a free one")
     parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
     add_tls_args(parser)
     add_operations_args(parser)
@@ -50,7 +57,7 @@ def add_tls_args(parser: argparse.ArgumentParser) -> None:
         help="serve plaintext on a non-loopback host (only behind a mesh that does TLS); loopback needs no flag",
     )
     group.add_argument(
-        "--health-port", type=int, default=None, help="also serve grpc.health.v1 alone, plaintext, on this port"
+        "--health-port", type=port, default=None, help="also serve grpc.health.v1 alone, plaintext, on this port"
     )
 
 
@@ -67,13 +74,13 @@ def add_operations_args(parser: argparse.ArgumentParser) -> None:
     """--metrics-port and --drain-timeout-s, the same for every service."""
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=port,
         default=None,
         help="serve Prometheus metrics on http://HOST:PORT/metrics (0 picks a free port; default: off)",
     )
     parser.add_argument(
         "--drain-timeout-s",
-        type=float,
+        type=non_negative_float,
         default=DEFAULT_DRAIN_TIMEOUT_S,
         help="on SIGTERM: health NOT_SERVING, new requests refused, open ones get this long to finish",
     )
@@ -220,3 +227,12 @@ def startup_step(service: str, what: str) -> Iterator[None]:
         lines = str(exc).strip().splitlines()
         print(f"{service}: {what}: {lines[0] if lines else type(exc).__name__}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+
+
+@contextmanager
+def interrupt_exits_quietly() -> Iterator[None]:
+    """Ctrl-C before `stop_on_signals` is in (a start-up that waits): exit 130, as for SIGINT, no traceback."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None

@@ -8,23 +8,47 @@ from __future__ import annotations
 
 import argparse
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 from calispec_core.access import ApiKeys, Quota, QuotaBook
 from calispec_core.errors import CalispecError, InvalidArgument
 from calispec_core.generation import Defaults, Mode
-from calispec_core.limits import check_csd_thresholds
+from calispec_core.limits import (
+    MAX_NEW_TOKENS,
+    MAX_SPECULATIVE_TOKENS,
+    check_csd_thresholds,
+    int_in_range,
+    non_negative_float,
+    non_negative_int,
+    port,
+    positive_float,
+    probability,
+)
 from calispec_core.metrics import new_registry
+from calispec_core.observability import ManagedServer
 from calispec_core.service_cli import (
     add_server_args,
     configure_logging,
+    interrupt_exits_quietly,
     metrics_banner,
     serve_until_signalled,
+    startup_step,
     tls_from_args,
 )
 from coordinator.config import CoordinatorConfig
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.server import build_orchestrator, check_access, create_server
+
+_gamma = int_in_range(1, MAX_SPECULATIVE_TOKENS)  # what a draft accepts for γ
+
+
+def _burst(text: str) -> float:
+    """--quota-burst: a request takes one from the bucket, so a burst under 1 would admit none."""
+    value = positive_float(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (a request takes one), got {text}")
+    return value
 
 
 def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]:
@@ -38,14 +62,18 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         help="HOST:PORT whose every DNS address is a target replica, re-resolved while serving "
         "(e.g. a Kubernetes headless Service)",
     )
-    parser.add_argument("--target-refresh", type=float, default=10.0, help="seconds between --target-dns lookups")
+    parser.add_argument(
+        "--target-refresh", type=positive_float, default=10.0, help="seconds between --target-dns lookups"
+    )
     parser.add_argument("--tokenizer", required=True, help="the target's tokenizer directory")
     parser.add_argument("--default-mode", default="csd", choices=[m.name.lower() for m in Mode])
-    parser.add_argument("--default-max-new-tokens", type=int, default=Defaults.max_new_tokens)
     parser.add_argument(
-        "--default-gamma", type=int, default=None, help="fixed γ for requests that set none (default: adaptive)"
+        "--default-max-new-tokens", type=int_in_range(1, MAX_NEW_TOKENS), default=Defaults.max_new_tokens
     )
-    parser.add_argument("--max-gamma", type=int, default=10, help="adaptive γ's upper bound")
+    parser.add_argument(
+        "--default-gamma", type=_gamma, default=None, help="fixed γ for requests that set none (default: adaptive)"
+    )
+    parser.add_argument("--max-gamma", type=_gamma, default=10, help="adaptive γ's upper bound")
     parser.add_argument(
         "--default-tau", type=float, default=Defaults.tau, help="CSD gate threshold τ for requests that set none"
     )
@@ -54,36 +82,43 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     )
     parser.add_argument(
         "--draft-min-confidence",
-        type=float,
+        type=probability,
         default=0.4,
         help="adaptive γ: the draft stops a proposal after a token it gives less probability (0: off)",
     )
     parser.add_argument(
         "--lockstep-wait",
-        type=float,
+        type=non_negative_float,
         default=0.5,
         help="seconds a request waits for the others so that their rounds draft and verify together "
         "(docs/performance.md, lockstep rounds; 0: off)",
     )
     parser.add_argument(
-        "--connect-timeout", type=float, default=60.0, help="seconds to wait for draft and target at start-up"
+        "--connect-timeout", type=positive_float, default=60.0, help="seconds to wait for draft and target at start-up"
     )
     parser.add_argument(
-        "--rpc-timeout", type=float, default=60.0, help="seconds a request may take when its client set no deadline"
+        "--rpc-timeout",
+        type=positive_float,
+        default=60.0,
+        help="seconds a request may take when its client set no deadline",
     )
     parser.add_argument(
-        "--draft-timeout", type=float, default=10.0, help="seconds after which a draft call counts as an outage"
+        "--draft-timeout",
+        type=positive_float,
+        default=10.0,
+        help="seconds after which a draft call counts as an outage",
     )
     parser.add_argument(
-        "--draft-max-backoff", type=float, default=10.0, help="longest wait between probes of a draft that is down"
+        "--draft-max-backoff",
+        type=non_negative_float,
+        default=10.0,
+        help="longest wait between probes of a draft that is down",
     )
     add_access_args(parser)
     http = parser.add_argument_group("OpenAI-compatible HTTP API (docs/api.md; off unless --http-port is given)")
-    http.add_argument("--http-port", type=int, default=None, help="serve /v1/* on --host:PORT; 0 picks a free one")
+    http.add_argument("--http-port", type=port, default=None, help="serve /v1/* on --host:PORT; 0 picks a free one")
     http.add_argument("--served-model-name", help="the `model` HTTP requests name (default: the tokenizer dir's name)")
     args = parser.parse_args(argv)
-    if args.lockstep_wait < 0:
-        parser.error(f"--lockstep-wait must be >= 0 (0: off), got {args.lockstep_wait}")
     try:
         check_csd_thresholds(args.default_tau, args.default_lambda)
     except InvalidArgument as exc:
@@ -138,31 +173,44 @@ def add_access_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--allow-anonymous", action="store_true", help="serve a non-loopback host without API keys (explicit)"
     )
-    group.add_argument("--quota-rpm", type=float, default=0.0, help="requests per minute per API key (0: no limit)")
-    group.add_argument("--quota-burst", type=float, default=None, help="requests at once (default: a minute's worth)")
-    group.add_argument("--quota-concurrent", type=int, default=0, help="requests in flight per API key (0: no limit)")
+    group.add_argument(
+        "--quota-rpm", type=non_negative_float, default=0.0, help="requests per minute per API key (0: no limit)"
+    )
+    group.add_argument("--quota-burst", type=_burst, default=None, help="requests at once (default: a minute's worth)")
+    group.add_argument(
+        "--quota-concurrent", type=non_negative_int, default=0, help="requests in flight per API key (0: no limit)"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     config, log_level = parse_config(argv)
     configure_logging(log_level)
-    keys = ApiKeys(config.api_keys_file) if config.api_keys_file else None
-    if keys is not None:
-        signal.signal(signal.SIGHUP, lambda *_: keys.reload())
-    quotas = QuotaBook(config.quota) if config.quota.limited else None  # one book for both APIs
-    orchestrator = build_orchestrator(config)
-    metrics = CoordinatorMetrics(new_registry())  # one set for both APIs, served on --metrics-port
-    server, port = create_server(config, orchestrator, keys=keys, quotas=quotas, metrics=metrics)
-    banner = f"coordinator listening on {config.host}:{port}"
+    with interrupt_exits_quietly():  # start-up waits up to --connect-timeout for the model services
+        server, banner, on_stop = start(config)
+        serve_until_signalled(server, banner, on_stop=on_stop, drain_timeout_s=config.drain_timeout_s)
+
+
+def start(config: CoordinatorConfig) -> tuple[ManagedServer, str, Callable[[], None] | None]:
+    """Connect, bind, start the HTTP API if asked: (server, banner, what stops the HTTP API); exit 2 on failure."""
+    with startup_step("coordinator", "cannot start"):
+        keys = ApiKeys(config.api_keys_file) if config.api_keys_file else None
+        if keys is not None:
+            signal.signal(signal.SIGHUP, lambda *_: keys.reload())
+        quotas = QuotaBook(config.quota) if config.quota.limited else None  # one book for both APIs
+        orchestrator = build_orchestrator(config)
+        metrics = CoordinatorMetrics(new_registry())  # one set for both APIs, served on --metrics-port
+        server, bound = create_server(config, orchestrator, keys=keys, quotas=quotas, metrics=metrics)
+    banner = f"coordinator listening on {config.host}:{bound}"
     http = None
     if config.http_port is not None:
         from coordinator.openai_api import serve_http  # FastAPI and uvicorn only when the HTTP API is on
 
-        http = serve_http(orchestrator, config, keys, quotas, metrics, server.gate)  # counted in the drain
+        with startup_step("coordinator", f"cannot serve HTTP on {config.host}:{config.http_port}"):
+            http = serve_http(orchestrator, config, keys, quotas, metrics, server.gate)  # counted in the drain
         scheme = "https" if config.tls.enabled else "http"
         banner += f" (OpenAI-compatible API at {scheme}://{config.host}:{http.port}/v1)"
     metrics_banner("coordinator", server)
-    serve_until_signalled(server, banner, on_stop=http.stop if http else None, drain_timeout_s=config.drain_timeout_s)
+    return server, banner, http.stop if http else None
 
 
 if __name__ == "__main__":

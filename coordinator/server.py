@@ -6,8 +6,10 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
+from transformers import PreTrainedTokenizerBase
 
 from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc
 from calispec_core.access import ApiKeyInterceptor, ApiKeys, QuotaBook, QuotaInterceptor
@@ -162,6 +164,7 @@ def _initial_target_addresses(config: CoordinatorConfig) -> list[str]:
 
 def build_orchestrator(config: CoordinatorConfig) -> Orchestrator:
     """Connect to the model services (waiting up to connect_timeout_s) and check the pair."""
+    tokenizer = _tokenizer(config.tokenizer)  # first: a bad path fails at once, not after the wait
     draft = GrpcDraftBackend(config.draft_address, config.tls)
     targets = [GrpcTargetBackend(a, config.tls) for a in _initial_target_addresses(config)]
     for backend in [draft, *targets]:
@@ -169,7 +172,6 @@ def build_orchestrator(config: CoordinatorConfig) -> Orchestrator:
             wait_for_ready(backend.channel, config.connect_timeout_s)
         except grpc.FutureTimeoutError as exc:
             raise CalispecError(f"no service at {backend.address} after {config.connect_timeout_s}s") from exc
-    tokenizer = load_tokenizer(config.tokenizer)
     draft_facts = draft.info(config.rpc_timeout_s)
     target_facts = [t.info(config.rpc_timeout_s) for t in targets]
     for facts in target_facts:
@@ -193,6 +195,16 @@ def build_orchestrator(config: CoordinatorConfig) -> Orchestrator:
         costs=costs,
         speculation=policy,
     )
+
+
+def _tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of `path`, or an error naming it (Hugging Face reads a missing directory as a Hub repo id)."""
+    if not path.is_dir():
+        raise FailedPrecondition(f"cannot load the tokenizer: {path} is not a directory")
+    try:
+        return load_tokenizer(path)
+    except (OSError, ValueError) as exc:  # what transformers raises for a directory without a tokenizer
+        raise FailedPrecondition(f"cannot load the tokenizer in {path}: {exc}") from exc
 
 
 def access_interceptors(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from calispec_core.credentials import read_writer_tokens
 from calispec_core.errors import CalispecError
+from calispec_core.limits import port as tcp_port
 from calispec_core.request_context import configure_logging
 from calispec_core.service_cli import (
     add_operations_args,
@@ -36,7 +37,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
     defaults = MemoryConfig()
     parser = argparse.ArgumentParser(prog="python -m memory_service", description=__doc__)
     parser.add_argument("--host", default=defaults.host)
-    parser.add_argument("--port", type=int, default=defaults.port, help="0 picks a free port")
+    parser.add_argument("--port", type=tcp_port, default=defaults.port, help="0 picks a free port")
     parser.add_argument("--db", type=Path, default=defaults.db_path, help="SQLite file of the counts")
     parser.add_argument("--max-workers", type=int, default=defaults.max_workers)
     parser.add_argument(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from calispec_core.limits import positive_float
 from calispec_core.modeling import ModelRunner
 from calispec_core.service_cli import (
     add_batching_args,
@@ -30,7 +31,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
     parser.add_argument("--memory-namespace", default="default", help="correction-memory namespace of this pair")
     parser.add_argument(
         "--memory-sync-interval",
-        type=float,
+        type=positive_float,
         default=1.0,
         help="seconds between shipping events and refreshing the pair table",
     )

@@ -34,6 +34,11 @@ class TargetConfig:
     metrics_port: int | None = None  # Prometheus /metrics; None: off, 0: a free port
     drain_timeout_s: float = 20.0  # on SIGTERM: how long open sessions get to finish
 
+    def __post_init__(self) -> None:
+        # The memory link's flusher waits this long between flushes: 0 or less would spin a core.
+        if not self.memory_sync_interval_s > 0:  # also refuses nan
+            raise ValueError(f"memory_sync_interval_s must be > 0, got {self.memory_sync_interval_s}")
+
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
