@@ -24,6 +24,7 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,8 +32,8 @@ import platformdirs
 
 from calispec.client import CalispecClient, CalispecRpcError, GenerationResult
 from calispec.types import Mode
-from calispec_core.errors import InvalidArgument
-from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, LOG_LEVELS, check_csd_thresholds
+from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, LOG_LEVELS
+from calispec_tools import arg_types as at
 from calispec_tools import cli_auth, cli_bench, cli_chat, cli_memory, cli_ray
 from calispec_tools.models.registry import PAIRS, ModelPullError, describe_pairs, pull_pair, pulled
 from calispec_tools.stack_state import StackState, clear_state, process_start_time, stop_stack
@@ -133,23 +134,6 @@ def _shipped_file(pair: str) -> Path | None:
     return shipped_file(pair)
 
 
-def _tau(text: str) -> float:
-    return _checked(float(text), lambda tau: check_csd_thresholds(tau=tau))
-
-
-def _lambda(text: str) -> int:
-    return _checked(int(text), lambda lam: check_csd_thresholds(lambda_=lam))
-
-
-def _checked(value: Any, check: Any) -> Any:
-    """An argparse type's value, kept in the range requests must keep (calispec_core.limits)."""
-    try:
-        check(value)
-    except InvalidArgument as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return value
-
-
 def add_stack_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", help="draft model directory (default: the --pair's)")
     parser.add_argument("--target", help="target model directory (default: the --pair's)")
@@ -187,7 +171,7 @@ def add_model_flavour_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--draft-vocab",
-        type=int,
+        type=at.non_negative_int,
         default=None,
         help="prune the draft's output layer to token ids [0, K) plus the special tokens (0: full; default: "
         "the pair's CPU default, see docs/performance.md); moves acceptance only, never what sd emits",
@@ -201,10 +185,10 @@ def add_model_flavour_args(parser: argparse.ArgumentParser) -> None:
         "else onednn; packed: prepacked weights for multi-token forwards, twice the float32 weights' memory; "
         "`default`: torch's MKL path, whose multi-token forwards cost ~3x one token on AMD CPUs; docs/performance.md)",
     )
-    parser.add_argument("--draft-threads", type=int, default=None, help="draft torch threads")
+    parser.add_argument("--draft-threads", type=at.positive_int, default=None, help="draft torch threads")
     parser.add_argument(
         "--target-threads",
-        type=int,
+        type=at.positive_int,
         default=None,
         help="target torch threads (with neither given: all cores each on CPU, where the two take turns; with "
         "--no-compute-lock the cores are split, a third to the draft)",
@@ -321,7 +305,36 @@ def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
+def stack_command(command: str, run: Callable[[], int]) -> int:
+    """`up` and `demo`: what ends the stack's start is one line, not a traceback (LocalStack has stopped
+    whatever it had started by then): exit 2 for what the user must fix (a port taken, a path that
+    cannot be written, a service that cannot start), 130 for Ctrl-C."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        print(f"{command}: interrupted (every service it started is stopped)", file=sys.stderr)
+        return 130
+    except TimeoutError as exc:  # a service not ready in time: the message names its log
+        print(f"error: {exc}", file=sys.stderr)
+        return cli_auth.USAGE_ERROR
+    except OSError as exc:  # --log-dir, --memory-db's directory, --tls-dir
+        print(f"error: cannot use {exc.filename or 'a path'}: {exc.strerror or exc}", file=sys.stderr)
+        return cli_auth.USAGE_ERROR
+    except RuntimeError as exc:
+        from calispec_tools.stack import ServiceStartError  # loaded already: the stack raised it
+
+        if not isinstance(exc, ServiceStartError):
+            raise
+        print(f"error: {exc.line}", file=sys.stderr)
+        return cli_auth.USAGE_ERROR
+
+
 def cmd_up(args: argparse.Namespace) -> int:
+    return stack_command("calispec up", lambda: serve_stack(args))
+
+
+def serve_stack(args: argparse.Namespace) -> int:
+    """`calispec up`: start the stack, then serve until Ctrl-C, SIGTERM or `calispec down`."""
     stop = threading.Event()
     # until the stack is up, Ctrl-C and SIGTERM interrupt its start-up (a pull, a model load; LocalStack
     # stops what had started); from then on they stop the running stack
@@ -393,6 +406,10 @@ def demo_messages(args: argparse.Namespace) -> list[dict[str, str]] | None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    return stack_command("calispec demo", lambda: run_demo(args))
+
+
+def run_demo(args: argparse.Namespace) -> int:
     messages = demo_messages(args)
     config = stack_config(args, (0, 0, 0, 0))
     print(f"starting the stack (draft {config.draft_model}, target {config.target_model})...", file=sys.stderr)
@@ -440,18 +457,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="start the four services locally until Ctrl-C")
     add_stack_args(up)
-    up.add_argument("--port", type=int, default=50050, help="coordinator port (the public API)")
-    up.add_argument("--target-port", type=int, default=50051)
-    up.add_argument("--draft-port", type=int, default=50052)
-    up.add_argument("--memory-port", type=int, default=50053)
-    up.add_argument("--http-port", type=int, default=8000, help="the OpenAI-compatible HTTP API (/v1/...)")
+    up.add_argument("--port", type=at.port, default=50050, help="coordinator port (the public API)")
+    up.add_argument("--target-port", type=at.port, default=50051)
+    up.add_argument("--draft-port", type=at.port, default=50052)
+    up.add_argument("--memory-port", type=at.port, default=50053)
+    up.add_argument("--http-port", type=at.port, default=8000, help="the OpenAI-compatible HTTP API (/v1/...)")
     up.add_argument("--no-http", action="store_true", help="serve the gRPC API only")
     up.add_argument("--tls", action="store_true", help="mutual TLS between all services, TLS for clients")
     up.add_argument("--tls-dir", help="certificates (`calispec certs dev`; default: user data dir/tls, made once)")
     up.add_argument("--open", action="store_true", help="no API key: anyone on this machine may generate")
-    up.add_argument("--default-tau", type=_tau, help="CSD τ for requests that set none (default: the paper's 0.01)")
+    up.add_argument("--default-tau", type=at.tau, help="CSD τ for requests that set none (default: the paper's 0.01)")
     up.add_argument(
-        "--default-lambda", type=_lambda,
+        "--default-lambda", type=at.lambda_,
         help="CSD λ for requests that set none (default: the paper's 6; the shipped qwen-coder calibration's "
         "held-out choice is 20, docs/calibration.md)",
     )  # fmt: skip

@@ -54,12 +54,21 @@ def add_api_key(file: Path, name: str) -> str:
 def cmd_certs_dev(args: argparse.Namespace) -> int:
     from calispec_tools.certs import ROLES, make_dev_certs
 
-    certs = make_dev_certs(Path(args.dir), namespace=args.namespace)
+    try:
+        certs = make_dev_certs(Path(args.dir), namespace=args.namespace)
+    except OSError as exc:
+        return _unwritable(exc, args.dir)
     print(f"CA: {certs.ca}")
     for role in ROLES:
         print(f"{role:12s} --tls-cert {certs.cert(role)} --tls-key {certs.key(role)} --tls-ca {certs.ca}")
     print("clients of the coordinator need only the CA: --tls-ca (or CALISPEC_TLS_CA)", file=sys.stderr)
     return 0
+
+
+def _unwritable(exc: OSError, given: str) -> int:
+    """One line, exit 2: a path the command cannot write is the caller's to fix."""
+    print(f"error: cannot write {exc.filename or given}: {exc.strerror or exc}", file=sys.stderr)
+    return USAGE_ERROR
 
 
 def cmd_keys_add(args: argparse.Namespace) -> int:
@@ -68,6 +77,8 @@ def cmd_keys_add(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a directory, a missing or read-only place
+        return _unwritable(exc, args.file)
     print(key)
     print(f"added key {args.name!r} to {args.file} (only its SHA-256 is stored: keep the key now)", file=sys.stderr)
     return 0

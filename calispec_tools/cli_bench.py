@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from calispec.types import Mode
-from calispec_core.limits import DTYPE_CHOICES, non_negative_int, positive_int
+from calispec_core.limits import DTYPE_CHOICES
+from calispec_tools import arg_types as at
 from calispec_tools.cli_auth import add_client_auth_args, client_auth
 
 MODE_NAMES = [m.name.lower() for m in Mode]
+LEVELS = at.csv_of(at.positive_int, "positive ints")  # --concurrency sweeps: 0 clients would measure nothing
 
 
 @dataclass(frozen=True)
@@ -31,16 +33,6 @@ class Endpoints:
     namespace: str  # the pair's correction-memory namespace
     tokenizer: Path | None  # to label token ids in reports (None: ids only)
     writer_token_file: Path | None = None  # --local: the stack's verifier credential (calibration writes)
-
-
-def _csv(kind: type) -> Any:
-    def parse(text: str) -> list[Any]:
-        try:
-            return [kind(part) for part in text.split(",") if part.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
-
-    return parse
 
 
 def _modes(text: str) -> list[str]:
@@ -53,7 +45,7 @@ def _modes(text: str) -> list[str]:
 
 def add_prefix_cache_arg(parser: argparse.ArgumentParser, when: str = "") -> None:
     parser.add_argument(
-        "--prefix-cache-tokens", type=non_negative_int, default=0,
+        "--prefix-cache-tokens", type=at.non_negative_int, default=0,
         help=f"{when}the model services' prefix cache (default 0: off; the compared modes repeat each "
         "prompt, and a cache would give the later ones free prefills)",
     )  # fmt: skip
@@ -154,19 +146,31 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--modes", type=_modes, default=["ar", "sd", "csd"], help="comma-separated (default ar,sd,csd)")
     p.add_argument("--prompts", default="code,math,prose", help="built-in sets (code, math, prose) and/or JSONL files")
     loop = p.add_mutually_exclusive_group()
-    loop.add_argument("--concurrency", type=_csv(int), help="closed loop; a list sweeps, e.g. 1,2,4,8 (default 1)")
-    loop.add_argument("--rate", type=_csv(float), help="open loop, requests/s; a list sweeps, e.g. 0.5,1,2")
-    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of open-loop gaps (1 = Poisson)")
-    p.add_argument("--num-requests", type=int, default=30, help="measured requests per level, all modes together")
-    p.add_argument("--duration", type=float, default=None, help="per level: stop starting requests after N s")
-    p.add_argument("--warmup", type=int, default=None, help="warm-up requests per level (default: one per mode)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="overrides the prompts' own (default 64)")
-    p.add_argument("--gamma", type=int, default=None)
-    p.add_argument("--tau", type=float, default=None)
-    p.add_argument("--lambda", dest="lambda_", type=int, default=None)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=300.0, help="per-request deadline, seconds")
+    loop.add_argument("--concurrency", type=LEVELS, help="closed loop; a list sweeps, e.g. 1,2,4,8 (default 1)")
+    loop.add_argument(
+        "--rate", type=at.csv_of(at.rate, "rates > 0"), help="open loop, requests/s; a list sweeps, e.g. 0.5,1,2"
+    )
+    p.add_argument(
+        "--burstiness", type=at.positive_float, default=1.0, help="gamma shape of open-loop gaps (1 = Poisson)"
+    )
+    p.add_argument(
+        "--num-requests", type=at.positive_int, default=30, help="measured requests per level, all modes together"
+    )
+    p.add_argument(
+        "--duration", type=at.positive_float, default=None, help="per level: stop starting requests after N s"
+    )
+    p.add_argument(
+        "--warmup", type=at.non_negative_int, default=None, help="warm-up requests per level (default: one per mode)"
+    )
+    p.add_argument(
+        "--max-new-tokens", type=at.max_new_tokens, default=None, help="overrides the prompts' own (default 64)"
+    )
+    p.add_argument("--gamma", type=at.gamma, default=None)
+    p.add_argument("--tau", type=at.tau, default=None)
+    p.add_argument("--lambda", dest="lambda_", type=at.lambda_, default=None)
+    p.add_argument("--temperature", type=at.non_negative_float, default=0.0)
+    p.add_argument("--seed", type=at.non_negative_int, default=0)
+    p.add_argument("--timeout", type=at.positive_float, default=300.0, help="per-request deadline, seconds")
     p.set_defaults(func=cmd_bench)
 
 
@@ -224,22 +228,24 @@ def add_compare_parser(sub: Any) -> None:
     p.add_argument("--pair", default="qwen-coder", help="a pulled pair (default qwen-coder) or `tiny`")
     p.add_argument("--draft", help="draft model dir (with --target; overrides --pair)")
     p.add_argument("--target", help="target model dir")
-    p.add_argument("--prompts", type=int, default=4,
+    p.add_argument("--prompts", type=at.positive_int, default=4,
                    help="how many of the built-in prompts (4: code, code, math, prose; repeated if more)")  # fmt: skip
-    p.add_argument("--kinds", type=_csv(str), default=["code", "math", "prose"],
+    p.add_argument("--kinds", type=at.csv_of(str, "kinds"), default=["code", "math", "prose"],
                    help="which kinds of built-in prompt to take them from, e.g. `prose`")  # fmt: skip
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--gamma", type=int, default=None, help="fixed γ for sd/csd (default: the stack's adaptive γ)")
-    p.add_argument("--concurrency", type=_csv(int), default=[1, 4, 8], help="load levels (empty: skip the load test)")
-    p.add_argument("--load-requests", type=int, default=0, help="requests per level and mode (0: twice the level)")
+    p.add_argument("--max-new-tokens", type=at.max_new_tokens, default=128)
+    p.add_argument("--gamma", type=at.gamma, default=None, help="fixed γ for sd/csd (default: the stack's adaptive γ)")
+    p.add_argument("--concurrency", type=LEVELS, default=[1, 4, 8], help="load levels (empty: skip the load test)")
     p.add_argument(
-        "--load-repeats", type=positive_int, default=1,
+        "--load-requests", type=at.non_negative_int, default=0, help="requests per level and mode (0: twice the level)"
+    )
+    p.add_argument(
+        "--load-repeats", type=at.positive_int, default=1,
         help="runs of each level, the modes alternating, each run starting with the next mode "
         "(ar sd csd, sd csd ar, ...); medians and paired ratios reported",
     )  # fmt: skip
     p.add_argument("--skip-hf", action="store_true", help="the stack only (no in-process transformers runs)")
     p.add_argument(
-        "--batch-gather-ms", type=float, default=None,
+        "--batch-gather-ms", type=at.non_negative_float, default=None,
         help="the model services' --batch-gather-ms (default: theirs; 0: no gathering)",
     )  # fmt: skip
     add_prefix_cache_arg(p)
@@ -289,11 +295,13 @@ def add_calibration_bench_parser(sub: Any) -> None:
     p.add_argument("--pair", default="qwen-coder", help="a pulled pair (default qwen-coder) or `tiny`")
     p.add_argument("--draft", help="draft model dir (with --target; overrides --pair)")
     p.add_argument("--target", help="target model dir")
-    p.add_argument("--prompts", type=int, default=16, help="prompts of the shipped calibration corpus")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--gamma", type=int, default=6, help="fixed γ of the SD run (and of the sd events)")
-    p.add_argument("--batch-size", type=int, default=16, help="teacher-forced rows per forward")
-    p.add_argument("--max-tokens", type=int, default=512, help="text documents are cut into windows this long")
+    p.add_argument("--prompts", type=at.positive_int, default=16, help="prompts of the shipped calibration corpus")
+    p.add_argument("--max-new-tokens", type=at.max_new_tokens, default=64)
+    p.add_argument("--gamma", type=at.gamma, default=6, help="fixed γ of the SD run (and of the sd events)")
+    p.add_argument("--batch-size", type=at.positive_int, default=16, help="teacher-forced rows per forward")
+    p.add_argument(
+        "--max-tokens", type=at.positive_int, default=512, help="text documents are cut into windows this long"
+    )
     p.add_argument("--no-text", action="store_true", help="skip the dense run over the corpus's text documents")
     from calispec_tools.cli import add_model_flavour_args
 
@@ -304,8 +312,6 @@ def add_calibration_bench_parser(sub: Any) -> None:
 def cmd_calibration_bench(args: argparse.Namespace) -> int:
     from calispec_tools.bench.calibration import run_calibration_bench
 
-    if args.prompts < 1 or args.max_new_tokens < 1 or args.gamma < 1:
-        raise SystemExit("--prompts, --max-new-tokens and --gamma must be >= 1")
     args.model_dirs = bench_pair_dirs(args)
     return run_calibration_bench(args)
 
@@ -325,20 +331,26 @@ def add_eval_parser(sub: Any) -> None:
         "--task-set", default="eval", choices=sorted(TASK_SETS),
         help="eval: the reported tasks; dev: held-out tuning tasks (choose λ, τ there, then run eval)",
     )  # fmt: skip
-    p.add_argument("--limit", type=int, default=None, help="first N tasks of each kind (quick runs)")
-    p.add_argument("--sweep-tau", type=_csv(float), default=[], help="csd τ values, e.g. 0.001,0.01,0.1")
-    p.add_argument("--sweep-lambda", type=_csv(int), default=[], help="csd λ values, e.g. 2,6,10")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--gamma", type=int, default=6, help="fixed γ (the paper's; adaptive γ may not draft at all)")
+    p.add_argument("--limit", type=at.positive_int, default=None, help="first N tasks of each kind (quick runs)")
+    p.add_argument(
+        "--sweep-tau", type=at.csv_of(at.tau, "τ values"), default=[], help="csd τ values, e.g. 0.001,0.01,0.1"
+    )
+    p.add_argument(
+        "--sweep-lambda", type=at.csv_of(at.lambda_, "λ values"), default=[], help="csd λ values, e.g. 2,6,10"
+    )
+    p.add_argument("--max-new-tokens", type=at.max_new_tokens, default=256)
+    p.add_argument("--gamma", type=at.gamma, default=6, help="fixed γ (the paper's; adaptive γ may not draft at all)")
     p.add_argument("--prompt-format", default="raw", choices=PROMPT_FORMATS, help="qwen-chat for instruct pairs")
-    p.add_argument("--timeout", type=float, default=300.0, help="per-request deadline, seconds")
-    p.add_argument("--sandbox-timeout", type=float, default=10.0, help="per code task, seconds")
+    p.add_argument("--timeout", type=at.positive_float, default=300.0, help="per-request deadline, seconds")
+    p.add_argument("--sandbox-timeout", type=at.positive_float, default=10.0, help="per code task, seconds")
     p.add_argument(
         "--ratio-analysis", action="store_true",
         help="also load the pair in this process (--draft/--target, or the tiny pair) and measure the target "
         "probability ratio p(draft)/p(target) of every rejection under greedy SD over the tasks",
     )  # fmt: skip
-    p.add_argument("--ratio-top", type=int, default=15, help="pairs in the ratio report (most frequent first)")
+    p.add_argument(
+        "--ratio-top", type=at.positive_int, default=15, help="pairs in the ratio report (most frequent first)"
+    )
     p.add_argument(
         "--calibration-study", action="store_true",
         help="with --local: every mode on a fresh stack per calibration (--calibrations): none, the shipped "
@@ -346,11 +358,11 @@ def add_eval_parser(sub: Any) -> None:
     )  # fmt: skip
     p.add_argument("--calibrations", default="none,shipped,task", help="the study's calibrations, comma-separated")
     p.add_argument(
-        "--calibration-limit", type=int, default=None,
+        "--calibration-limit", type=at.positive_int, default=None,
         help="task calibration: prompts per task kind (default: --limit, else every prompt of the set)",
     )  # fmt: skip
     p.add_argument(
-        "--calibration-batch-size", type=int, default=8,
+        "--calibration-batch-size", type=at.positive_int, default=8,
         help="documents per forward when calibrating here (as `calispec calibrate --batch-size`)",
     )  # fmt: skip
     p.set_defaults(func=cmd_eval)

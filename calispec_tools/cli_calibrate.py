@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from calispec_core.limits import DTYPE_CHOICES
+from calispec_tools import arg_types as at
+from calispec_tools.cli_auth import USAGE_ERROR
 
 DEFAULT_COORDINATOR = "127.0.0.1:50050"
 
@@ -34,13 +36,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "--generate)")  # fmt: skip
     p.add_argument(
         "--gamma",
-        type=int,
+        type=at.gamma,
         default=6,
         help="speculative tokens per round (sd events; --prompts: fixed, adaptive γ may not draft at all)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=128, help="--generate / --prompts: tokens per prompt")
-    p.add_argument("--max-tokens", type=int, default=512, help="documents are cut into windows of this many tokens")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument(
+        "--max-new-tokens", type=at.max_new_tokens, default=128, help="--generate / --prompts: tokens per prompt"
+    )
+    p.add_argument(
+        "--max-tokens", type=at.positive_int, default=512, help="documents are cut into windows of this many tokens"
+    )
+    p.add_argument("--batch-size", type=at.positive_int, default=8)
     p.add_argument("--pair", default=None, help="model pair (default: the running stack's, else qwen-coder)")
     p.add_argument("--draft", help="draft model dir (with --target)")
     p.add_argument("--target", help="target model dir (with --draft)")
@@ -54,13 +60,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-addr", default=None, help="memory service HOST:PORT (default: the running stack's)")
     p.add_argument("--writer-token-file", type=Path, default=None, help="default: the running stack's")
     p.add_argument("--export", type=Path, default=None, help="write an export file instead of the memory service")
-    p.add_argument("--min-count", type=int, default=1, help="--export: keep pairs counted at least this often")
+    p.add_argument(
+        "--min-count", type=at.positive_int, default=1, help="--export: keep pairs counted at least this often"
+    )
     p.add_argument("--ray", metavar="ADDRESS", default=None, help="run as a Ray job on this cluster")
-    p.add_argument("--workers", type=int, default=2, help="--ray: worker actors (each loads the pair)")
-    p.add_argument("--worker-cpus", type=float, default=1.0, help="--ray: CPUs per worker")
+    p.add_argument("--workers", type=at.positive_int, default=2, help="--ray: worker actors (each loads the pair)")
+    p.add_argument("--worker-cpus", type=at.positive_float, default=1.0, help="--ray: CPUs per worker")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--address", default=DEFAULT_COORDINATOR, help="--prompts: coordinator HOST:PORT")
-    p.add_argument("--timeout", type=float, default=300.0, help="--prompts: per request, seconds")
+    p.add_argument("--timeout", type=at.positive_float, default=300.0, help="--prompts: per request, seconds")
     from calispec_tools.cli_auth import add_client_auth_args
     from calispec_tools.cli_memory import add_memory_tls_args
 
@@ -69,9 +77,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_calibrate)
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, status: int = 1) -> int:
     print(f"error: {message}", file=sys.stderr)
-    return 1
+    return status
+
+
+def _memory_failure(address: str, exc: Any) -> str:
+    """One line for a memory service that did not answer (a grpc.RpcError), naming its address."""
+    return f"memory service {address}: {exc.code().name}: {exc.details()}"
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -103,6 +116,8 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
     from calispec_tools.calibrate.corpus import load_corpus
     from calispec_tools.calibrate.job import CalibrateConfig
 
+    if args.export is not None and (problem := export_path_problem(args.export)):
+        return _fail(problem, USAGE_ERROR)
     config = CalibrateConfig(
         mode=args.events, generate=args.generate, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
         max_tokens=args.max_tokens, batch_size=args.batch_size,
@@ -132,13 +147,33 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
     return 0
 
 
+def export_path_problem(path: Path) -> str | None:
+    """Why an export cannot be written to `path`, or None. Checked before the calibration runs (hours on a
+    real pair), not when its result is written: the temporary file dump_export writes first is made here."""
+    if path.is_dir():
+        return f"cannot write --export {path}: it is a directory"
+    probe = path.with_name(path.name + ".tmp")
+    try:
+        with probe.open("a"):  # "a": a stale temporary file is kept, not emptied; dump_export replaces it
+            pass
+        probe.unlink()
+    except OSError as exc:
+        return f"cannot write --export {path}: {exc.strerror}"
+    return None
+
+
 def _memory_target(args: argparse.Namespace) -> tuple[str, str, str]:
+    import grpc
+
     from calispec_core.credentials import read_writer_token
     from calispec_core.errors import CalispecError
     from calispec_tools.cli_memory import memory_address, memory_tls, resolve_namespace, writer_token_file
 
     address = memory_address(args.memory_addr)
-    namespace = resolve_namespace(address, args.namespace, memory_tls(args))
+    try:
+        namespace = resolve_namespace(address, args.namespace, memory_tls(args))
+    except grpc.RpcError as exc:
+        raise SystemExit(f"error: {_memory_failure(address, exc)}") from None
     try:
         token = read_writer_token(writer_token_file(args.writer_token_file))
     except CalispecError as exc:
@@ -180,7 +215,7 @@ def _run_local(
 
 
 def _to_export(args: argparse.Namespace, docs: Any, config: Any, draft: Path, target: Path) -> int:
-    from calispec_tools.memory_file import dump_export
+    from calispec_tools.memory_file import MemoryFileError, dump_export
     from calispec_tools.namespaces import pair_namespace
 
     namespace = args.namespace or pair_namespace(draft, target)
@@ -188,7 +223,10 @@ def _to_export(args: argparse.Namespace, docs: Any, config: Any, draft: Path, ta
     summary = calibrator.run(docs)
     kept = [(d, t, c) for (d, t), c in summary.pairs.items() if c >= args.min_count]
     vocab = calibrator.target.vocab_size
-    dump_export(args.export, namespace, 0, kept, vocab, exported_at="")  # no timestamp: the same run, the same bytes
+    try:
+        dump_export(args.export, namespace, 0, kept, vocab, exported_at="")  # no timestamp: the same run, same bytes
+    except MemoryFileError as exc:  # checked before the run; the place changed since
+        return _fail(str(exc))
     _print_summary(summary.to_dict() | {"namespace": namespace, "exported_pairs": len(kept)}, summary.pairs, args.json)
     print(f"wrote {args.export}", file=sys.stderr)
     return 0
@@ -229,6 +267,8 @@ def read_prompts(path: Path) -> list[str]:
 
 
 def calibrate_by_sd(args: argparse.Namespace) -> int:
+    import grpc
+
     from calispec.client import CalispecClient, CalispecRpcError
     from calispec_tools.cli_auth import client_auth
     from calispec_tools.cli_memory import memory_address, memory_tls, resolve_namespace
@@ -241,8 +281,11 @@ def calibrate_by_sd(args: argparse.Namespace) -> int:
     if not prompts:
         return _fail(f"{args.prompts} holds no prompts")
     address, tls = memory_address(args.memory_addr), memory_tls(args)
-    namespace = resolve_namespace(address, args.namespace, tls)
-    before = memory_events(address, namespace, tls=tls)
+    try:  # before any request: events sent to a memory service nobody can count would be lost
+        namespace = resolve_namespace(address, args.namespace, tls)
+        before = memory_events(address, namespace, tls=tls)
+    except grpc.RpcError as exc:
+        return _fail(_memory_failure(address, exc))
     rejections = 0
     start = time.perf_counter()
     with CalispecClient(args.address, **client_auth(args)) as client:
@@ -257,7 +300,10 @@ def calibrate_by_sd(args: argparse.Namespace) -> int:
             rejections += result.stats.rejections
             print(f"[{i}/{len(prompts)}] rejections {result.stats.rejections}", file=sys.stderr)
     # The target ships its events in the background: wait until the memory holds them all.
-    seeded = wait_for_events(address, namespace, before + rejections, timeout_s=30, tls=tls) - before
+    try:
+        seeded = wait_for_events(address, namespace, before + rejections, timeout_s=30, tls=tls) - before
+    except grpc.RpcError as exc:
+        return _fail(f"{_memory_failure(address, exc)} (after {len(prompts)} prompts)")
     elapsed = time.perf_counter() - start
     print(
         f"calibration: {len(prompts)} prompts, {rejections} rejection events, {seeded} recorded in {namespace} "

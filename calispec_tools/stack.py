@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -125,6 +126,14 @@ class StackConfig:
     log_level: str = "INFO"
 
 
+class ServiceStartError(RuntimeError):
+    """A service exited before it served. str(): its log's tail; `line`: why, in one line (the CLI's error)."""
+
+    def __init__(self, message: str, line: str) -> None:
+        super().__init__(message)
+        self.line = line
+
+
 STOP_ORDER = ("coordinator", "draft_service", "target_service", "memory_service")  # the reverse of start
 
 
@@ -137,6 +146,7 @@ class ServiceProcess:
     port: int = 0
     banner: str = ""  # the readiness line
     metrics_url: str | None = None
+    log_start: int = 0  # where this run's lines begin in the (appended) log file
     _lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
 
     @property
@@ -156,7 +166,7 @@ class ServiceProcess:
             except queue.Empty:
                 raise TimeoutError(f"{self.name} not ready after {timeout_s}s; see {self.log_path}") from None
             if line is None:
-                raise RuntimeError(f"{self.name} exited with {self.process.wait()}; log:\n{self.log_tail()}")
+                raise self.start_error(self.process.wait())
             if metrics := METRICS_BANNER.match(line):
                 self.metrics_url = metrics.group(2)
             match = BANNER.match(line)
@@ -170,11 +180,24 @@ class ServiceProcess:
         match = re.search(rf"\b{re.escape(key)}=(\S+)", self.banner)
         return match.group(1) if match else None
 
+    def start_error(self, code: int) -> ServiceStartError:
+        """The service's own last line says why it exited (services print one `cannot start:` line)."""
+        tail = self.log_tail()
+        why = tail.splitlines()[-1].strip() if tail.strip() else f"exited with {code}"
+        if not why.startswith(self.name.partition(":")[0]):
+            why = f"{self.name}: {why}"
+        message = f"{self.name} exited with {code}; log:\n{tail}"
+        return ServiceStartError(message, f"{why} (exit {code}; log: {self.log_path})")
+
     def log_tail(self, lines: int = 30) -> str:
+        """The last lines this run wrote (the file also holds earlier runs')."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            with self.log_path.open("rb") as log_file:
+                log_file.seek(self.log_start)
+                text = log_file.read().decode(errors="replace")
         except OSError:
             return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
 
 
 class LocalStack:
@@ -289,12 +312,20 @@ class LocalStack:
         cmd = [sys.executable, "-m", module, "--host", c.host, "--log-level", c.log_level, *args]
         if c.metrics:
             cmd += ["--metrics-port", "0"]
-        with open(log_path, "w") as log_file:
+        # Appended, never truncated: a second stack given the same --log-dir (a `calispec up` whose port
+        # is taken, a `calispec demo` beside `calispec up`) must not wipe the running stack's logs, and a
+        # restarted service keeps its crash's. Daemons do the same (nginx's error.log); the marker line
+        # tells the runs apart, and O_APPEND keeps two writers' lines whole.
+        marker = f"--- {name} starting {time.strftime('%Y-%m-%d %H:%M:%S')} (launcher pid {os.getpid()})\n"
+        with open(log_path, "ab") as log_file:
+            log_file.write(marker.encode())
+            log_file.flush()
+            log_start = log_file.tell()
             process = subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=log_file, text=True, env=os.environ.copy(),
                 start_new_session=True,  # Ctrl-C reaches us, and we stop the children in order
             )  # fmt: skip
-        service = ServiceProcess(name, process, log_path, args)
+        service = ServiceProcess(name, process, log_path, args, log_start=log_start)
         self.services[name] = service
         assert process.stdout is not None
         threading.Thread(target=service.pump, args=(process.stdout,), daemon=True, name=f"pump-{name}").start()

@@ -1,0 +1,83 @@
+"""argparse types of the tools' numeric flags (bench, eval, calibrate, up): a value out of range is an
+argparse error (one line, exit 2) before anything runs, never a traceback half-way (`bench --rate -1`)
+nor a run that measures nothing (`--concurrency 0`, `--num-requests -5`).
+
+The services' types (calispec_core/limits.py) plus what only the tools need: request ranges (γ,
+max_new_tokens, τ, λ), open-loop rates and comma-separated sweeps. Light on purpose (no torch, no
+grpc): `calispec --help` builds every parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TypeVar
+
+from calispec_core.errors import InvalidArgument
+from calispec_core.limits import (
+    MAX_NEW_TOKENS,
+    MAX_SPECULATIVE_TOKENS,
+    check_csd_thresholds,
+    int_in_range,
+    non_negative_float,
+    non_negative_int,
+    port,
+    positive_float,
+    positive_int,
+)
+
+T = TypeVar("T")
+
+__all__ = [
+    "csv_of", "gamma", "lambda_", "max_new_tokens", "non_negative_float", "non_negative_int", "port",
+    "positive_float", "positive_int", "rate", "tau",
+]  # fmt: skip
+
+gamma = int_in_range(1, MAX_SPECULATIVE_TOKENS)  # the range every request's fixed γ must keep
+max_new_tokens = int_in_range(1, MAX_NEW_TOKENS)
+
+
+def rate(text: str) -> float:
+    """Requests per second: > 0, where inf sends every request at once (bench/arrivals.py)."""
+    value = float(text)
+    if not value > 0:  # nan too
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _checked(value: T, check: Callable[[T], None]) -> T:
+    """A value kept in the range requests must keep (calispec_core.limits)."""
+    try:
+        check(value)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def tau(text: str) -> float:
+    """CSD's τ, in (0, 1]."""
+    return _checked(float(text), lambda t: check_csd_thresholds(tau=t))
+
+
+def lambda_(text: str) -> int:
+    """CSD's λ, in [0, MAX_LAMBDA]."""
+    return _checked(int(text), lambda lam: check_csd_thresholds(lambda_=lam))
+
+
+def csv_of(kind: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
+    """A comma-separated list of `kind` (a sweep); `what` names the items in the error."""
+
+    def parse(text: str) -> list[T]:
+        values = []
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            try:
+                values.append(kind(part))
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}") from None
+            except argparse.ArgumentTypeError as exc:
+                raise argparse.ArgumentTypeError(f"{part}: {exc}") from None
+        return values
+
+    return parse

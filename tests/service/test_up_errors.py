@@ -1,0 +1,134 @@
+"""`calispec up` and `calispec demo` when their stack cannot start: one line and exit 2 (Ctrl-C: 130, the
+services it had started stopped), never a traceback; and a second stack never truncates a running one's logs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from calispec_tools import cli
+from calispec_tools.stack import LocalStack, ServiceProcess, ServiceStartError, StackConfig
+from tests.helpers import REPO_ROOT
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A loopback port something else listens on (what a running stack's memory service would hold)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+@pytest.fixture
+def a_file(tmp_path: Path) -> Path:
+    path = tmp_path / "a-file"
+    path.write_text("not a directory\n")
+    return path
+
+
+@pytest.fixture
+def signal_handlers() -> Iterator[None]:
+    """cmd_up installs its own SIGINT/SIGTERM handlers: the test session keeps its own."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def stack_args(tmp_path: Path, *extra: str) -> list[str]:
+    """A pair nobody reads (the memory service, started first, fails before either model loads)."""
+    return ["--draft", str(tmp_path / "no-draft"), "--target", str(tmp_path / "no-target"),
+            "--log-dir", str(tmp_path / "logs"), "--memory-db", str(tmp_path / "memory.db"), *extra]  # fmt: skip
+
+
+def calispec(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    return subprocess.run(
+        [sys.executable, "-m", "calispec_tools.cli", *argv],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+
+
+def assert_one_line(result: subprocess.CompletedProcess[str], *expected: str) -> None:
+    """The error is the last line, and one line (demo says "starting the stack..." before it)."""
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert [line for line in lines if line.startswith("error:")] == lines[-1:], result.stderr
+    for text in expected:
+        assert text in lines[-1], lines[-1]
+
+
+def test_up_on_a_taken_port_says_so_in_one_line(tmp_path: Path, taken_port: int) -> None:
+    result = calispec(tmp_path, "up", "--open", "--no-http", "--memory-port", str(taken_port), *stack_args(tmp_path))
+    assert_one_line(result, "memory_service", f"could not bind 127.0.0.1:{taken_port}", "memory_service.log")
+
+
+@pytest.mark.parametrize("command", ["up", "demo"])
+def test_an_unusable_log_dir_is_one_line(tmp_path: Path, a_file: Path, command: str) -> None:
+    extra = ["--open", "--memory-port", "0", "--no-http"] if command == "up" else []
+    result = calispec(tmp_path, command, *extra, *stack_args(tmp_path), "--log-dir", str(a_file / "logs"))
+    assert_one_line(result, str(a_file), "Not a directory")
+
+
+@pytest.mark.parametrize("command", ["up", "demo"])
+def test_an_unusable_memory_db_is_one_line(tmp_path: Path, a_file: Path, command: str) -> None:
+    extra = ["--open", "--memory-port", "0", "--no-http"] if command == "up" else []
+    result = calispec(tmp_path, command, *extra, *stack_args(tmp_path), "--memory-db", str(a_file / "memory.db"))
+    assert_one_line(result, "memory_service: cannot start", str(a_file))
+
+
+def test_a_second_stack_on_the_same_log_dir_keeps_the_running_stacks_logs(tmp_path: Path, taken_port: int) -> None:
+    """Its log files were opened with "w" before its bind failed: the running stack's logs were emptied."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    running = logs / "memory_service.log"
+    running.write_text("memory_service listening on 127.0.0.1:50053 (the running stack's)\n")
+    config = StackConfig(tmp_path / "d", tmp_path / "t", tmp_path / "memory.db", logs, memory_port=taken_port)
+    with pytest.raises(RuntimeError) as failed:
+        LocalStack(config).start()
+    text = running.read_text()
+    assert text.startswith("memory_service listening on 127.0.0.1:50053 (the running stack's)\n")
+    assert "--- memory_service starting" in text and "could not bind" in text  # this run's lines follow, marked
+    assert isinstance(failed.value, ServiceStartError)
+    assert "the running stack's" not in str(failed.value)  # the error quotes this run's lines only
+    assert "could not bind" in failed.value.line and "\n" not in failed.value.line
+
+
+@pytest.mark.parametrize("command", ["up", "demo"])
+def test_ctrl_c_while_the_stack_starts_stops_what_started_and_exits_130(
+    tmp_path: Path,
+    command: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    signal_handlers: None,
+) -> None:
+    started: list[ServiceProcess] = []
+    spawn = LocalStack._spawn
+
+    def recorded(stack: LocalStack, name: str, args: list[str]) -> ServiceProcess:
+        started.append(spawn(stack, name, args))
+        return started[-1]
+
+    def ctrl_c(stack: LocalStack) -> list[str]:  # the memory service serves; the draft is about to start
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalStack, "_spawn", recorded)
+    monkeypatch.setattr(LocalStack, "draft_args", ctrl_c)
+    extra = ["--open", "--memory-port", "0", "--no-http"] if command == "up" else []
+    try:
+        code = cli.main([command, *extra, *stack_args(tmp_path)])
+    except KeyboardInterrupt:  # caught here: escaping, it would end the whole pytest session
+        pytest.fail(f"Ctrl-C escaped `calispec {command}` as a traceback")
+    assert code == 130
+    assert capsys.readouterr().err.endswith(f"calispec {command}: interrupted (every service it started is stopped)\n")
+    assert [s.name for s in started] == ["memory_service"]
+    assert started[0].process.poll() is not None  # stopped, not left serving in its own session

@@ -1,0 +1,178 @@
+"""Bad input to the tools is one clear line before anything runs: numeric flags out of range are argparse
+errors, paths that cannot be written and a memory service that does not answer are named, never a traceback."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from calispec_tools import cli, cli_calibrate
+
+
+@pytest.fixture
+def a_file(tmp_path: Path) -> Path:
+    path = tmp_path / "a-file"
+    path.write_text("not a directory\n")
+    return path
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str], *expected: str) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+# -- numeric flags -----------------------------------------------------------------------------------
+
+EVAL = ["eval", "--address", "127.0.0.1:1"]
+CALIBRATE = ["calibrate", "--corpus", "corpus.jsonl"]
+OUT_OF_RANGE = [
+    (["bench", "--rate", "-1"], "--rate"),  # was a ValueError traceback from the arrival process
+    (["bench", "--rate", "0.5,0"], "--rate"),
+    (["bench", "--rate", "nan"], "--rate"),
+    (["bench", "--concurrency", "0"], "--concurrency"),  # was an empty report
+    (["bench", "--concurrency", "2,-1"], "--concurrency"),
+    (["bench", "--num-requests", "-5"], "--num-requests"),  # was an empty report
+    (["bench", "--num-requests", "0"], "--num-requests"),
+    (["bench", "--burstiness", "0"], "--burstiness"),
+    (["bench", "--duration", "-1"], "--duration"),
+    (["bench", "--warmup", "-1"], "--warmup"),
+    (["bench", "--max-new-tokens", "0"], "--max-new-tokens"),
+    (["bench", "--gamma", "0"], "--gamma"),
+    (["bench", "--gamma", "17"], "--gamma"),
+    (["bench", "--tau", "2"], "--tau"),
+    (["bench", "--lambda", "-1"], "--lambda"),
+    (["bench", "--temperature", "-0.5"], "--temperature"),
+    (["bench", "--seed", "-1"], "--seed"),
+    (["bench", "--timeout", "0"], "--timeout"),
+    (["bench", "compare", "--prompts", "0"], "--prompts"),
+    (["bench", "compare", "--concurrency", "0"], "--concurrency"),
+    (["bench", "compare", "--load-requests", "-1"], "--load-requests"),
+    (["bench", "compare", "--batch-gather-ms", "-1"], "--batch-gather-ms"),
+    (["bench", "compare", "--target-threads", "0"], "--target-threads"),
+    (["bench", "calibration", "--prompts", "0"], "--prompts"),
+    (["bench", "calibration", "--batch-size", "0"], "--batch-size"),
+    ([*EVAL, "--limit", "0"], "--limit"),
+    ([*EVAL, "--sweep-tau", "0.01,2"], "--sweep-tau"),
+    ([*EVAL, "--sweep-lambda", "6,-1"], "--sweep-lambda"),
+    ([*EVAL, "--timeout", "-1"], "--timeout"),
+    ([*EVAL, "--sandbox-timeout", "0"], "--sandbox-timeout"),
+    ([*EVAL, "--ratio-top", "0"], "--ratio-top"),
+    ([*EVAL, "--calibration-batch-size", "0"], "--calibration-batch-size"),
+    ([*CALIBRATE, "--batch-size", "0"], "--batch-size"),
+    ([*CALIBRATE, "--min-count", "0"], "--min-count"),
+    ([*CALIBRATE, "--workers", "0"], "--workers"),
+    ([*CALIBRATE, "--worker-cpus", "0"], "--worker-cpus"),
+    ([*CALIBRATE, "--gamma", "0"], "--gamma"),
+    (["up", "--draft-vocab", "-1"], "--draft-vocab"),
+    (["up", "--memory-port", "70000"], "--memory-port"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"), OUT_OF_RANGE, ids=[f"{argv[0]} {' '.join(argv[-2:])}" for argv, _ in OUT_OF_RANGE]
+)
+def test_a_numeric_flag_out_of_range_is_an_argparse_error(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args(argv)
+    assert exited.value.code == 2
+    assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_the_numeric_flags_still_take_what_they_document() -> None:
+    args = cli.build_parser().parse_args(["bench", "--rate", "inf,0.5", "--warmup", "0", "--gamma", "16"])
+    assert args.rate == [float("inf"), 0.5] and args.warmup == 0 and args.gamma == 16  # inf: all at once
+    args = cli.build_parser().parse_args(["bench", "--concurrency", "1,4", "--num-requests", "1"])
+    assert args.concurrency == [1, 4] and args.num_requests == 1
+    args = cli.build_parser().parse_args(["bench", "compare", "--concurrency", "", "--load-requests", "0"])
+    assert args.concurrency == [] and args.load_requests == 0  # empty: skip the load test; 0: twice the level
+    args = cli.build_parser().parse_args([*EVAL, "--sweep-tau", "0.001,1", "--sweep-lambda", "0,6"])
+    assert args.sweep_tau == [0.001, 1.0] and args.sweep_lambda == [0, 6]
+
+
+# -- paths that cannot be written ----------------------------------------------------------------------
+
+
+def test_keys_add_to_a_directory_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["keys", "add", "ci-bot", "--file", str(tmp_path)]) == 2
+    one_error_line(capsys, f"cannot write {tmp_path}", "Is a directory")
+
+
+def test_keys_add_under_a_file_is_one_line(a_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["keys", "add", "ci-bot", "--file", str(a_file / "keys")]) == 2
+    one_error_line(capsys, f"cannot write {a_file}")
+
+
+def test_certs_dev_into_an_unusable_directory_is_one_line(a_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["certs", "dev", str(a_file / "certs")]) == 2
+    one_error_line(capsys, f"cannot write {a_file / 'certs'}", "Not a directory")
+
+
+@pytest.mark.parametrize(
+    ("make_path", "cause"),
+    [
+        (lambda tmp, file: tmp, "it is a directory"),
+        (lambda tmp, file: tmp / "missing" / "out.json", "No such file or directory"),
+        (lambda tmp, file: file / "out.json", "Not a directory"),
+    ],
+    ids=["directory", "missing-parent", "parent-is-a-file"],
+)
+def test_calibrate_export_is_checked_before_the_calibration_runs(
+    tmp_path: Path, a_file: Path, make_path, cause: str, monkeypatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was checked when the result was written: a traceback after the whole calibration (hours)."""
+
+    def calibration_ran(*args: object) -> None:
+        raise AssertionError("the calibration ran before --export was checked")
+
+    monkeypatch.setattr(cli_calibrate, "_load", calibration_ran)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "def add(a, b):\\n    return a + b\\n"}\n')
+    export = make_path(tmp_path, a_file)
+    pair = ["--draft", str(tmp_path / "d"), "--target", str(tmp_path / "t")]
+    assert cli.main(["calibrate", "--corpus", str(corpus), *pair, "--export", str(export)]) == 2
+    one_error_line(capsys, f"cannot write --export {export}", cause)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "corpus.jsonl"]  # the probe left nothing
+
+
+# -- a memory service that does not answer ---------------------------------------------------------------
+
+
+@pytest.fixture
+def refusing_address() -> Iterator[str]:
+    """Bound, never listening: connections are refused, and no other process can take the port meanwhile."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("namespace", [[], ["--namespace", "pair/x"]], ids=["listing", "counting"])
+def test_calibrate_by_sd_names_an_unreachable_memory_service(
+    namespace: list[str], refusing_address: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It raised a raw _InactiveRpcError (listing the namespaces, or counting the events before any request)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def fibonacci(n):\n")
+    argv = ["calibrate", "--prompts", str(prompts), "--memory-addr", refusing_address, *namespace]
+    assert cli.main(argv) == 1
+    one_error_line(capsys, f"memory service {refusing_address}: UNAVAILABLE")
+
+
+def test_calibrate_corpus_names_an_unreachable_memory_service(
+    refusing_address: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "def add(a, b):\\n    return a + b\\n"}\n')
+    argv = ["calibrate", "--corpus", str(corpus), "--draft", "d", "--target", "t", "--memory-addr", refusing_address]
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    message = str(exited.value.code)  # SystemExit(str): one line on stderr, exit 1
+    assert message.startswith(f"error: memory service {refusing_address}: UNAVAILABLE") and "\n" not in message
