@@ -157,6 +157,16 @@ class Quota:
     burst: float | None = None  # requests a quiet caller may send at once (default: a minute's worth)
     max_concurrent: int = 0  # 0: unlimited
 
+    def __post_init__(self) -> None:
+        # Each would refuse every request: a negative rate drains the bucket for good, a request takes one
+        # from a burst (so one under 1 admits none), and any count is >= a negative limit.
+        if not self.requests_per_minute >= 0:  # nan too
+            raise ValueError(f"requests_per_minute must be >= 0 (0: no limit), got {self.requests_per_minute}")
+        if self.burst is not None and not self.burst >= 1:
+            raise ValueError(f"burst must be >= 1 (a request takes one), got {self.burst}")
+        if self.max_concurrent < 0:
+            raise ValueError(f"max_concurrent must be >= 0 (0: no limit), got {self.max_concurrent}")
+
     @property
     def limited(self) -> bool:
         return self.requests_per_minute > 0 or self.max_concurrent > 0

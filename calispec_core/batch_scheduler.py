@@ -30,6 +30,7 @@ run again alone and only the rows that still fail see an error.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -66,7 +67,8 @@ class BatchScheduler(Generic[Row, Result]):
         gather_s: float = DEFAULT_GATHER_S,
     ) -> None:
         require(max_batch >= 1, f"max_batch must be >= 1, got {max_batch}")
-        require(gather_s >= 0, f"batch gather time must be >= 0, got {gather_s}")
+        # inf overflowed the worker's wait: it died, and every row queued after it waited forever
+        require(0 <= gather_s < math.inf, f"batch gather time must be a finite number >= 0, got {gather_s}")
         self._step = step
         self.max_batch = max_batch
         self.gather_s = gather_s

@@ -31,6 +31,17 @@ def mode_from_wire(value: int, default: Mode) -> Mode:
     return Mode(value)
 
 
+def check_lengths(max_new_tokens: int, num_speculative_tokens: int | None) -> None:
+    """max_new_tokens in [1, MAX_NEW_TOKENS]; γ unset (adaptive) or in [1, MAX_SPECULATIVE_TOKENS]."""
+    require(
+        1 <= max_new_tokens <= MAX_NEW_TOKENS, f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {max_new_tokens}"
+    )
+    require(
+        num_speculative_tokens is None or 1 <= num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
+        f"num_speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], got {num_speculative_tokens}",
+    )
+
+
 @dataclass(frozen=True)
 class Defaults:
     """What a request gets for parameters it leaves unset (the paper's settings)."""
@@ -40,6 +51,11 @@ class Defaults:
     mode: Mode = Mode.CSD
     tau: float = 0.01
     lambda_: int = 6
+
+    def __post_init__(self) -> None:
+        # Every request that leaves one of these unset gets it: a bad default would fail each of them.
+        check_lengths(self.max_new_tokens, self.num_speculative_tokens)
+        check_csd_thresholds(self.tau, self.lambda_)
 
 
 @dataclass(frozen=True)
@@ -55,15 +71,8 @@ class GenerationParams:
     lambda_: int
 
     def validate(self) -> GenerationParams:
-        require(
-            1 <= self.max_new_tokens <= MAX_NEW_TOKENS,
-            f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {self.max_new_tokens}",
-        )
+        check_lengths(self.max_new_tokens, self.num_speculative_tokens)
         self.sampling.validate()
-        require(
-            self.num_speculative_tokens is None or 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
-            f"num_speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], got {self.num_speculative_tokens}",
-        )
         check_csd_thresholds(self.tau, self.lambda_)
         require(len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings")
         for s in self.stop:

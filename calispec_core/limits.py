@@ -85,6 +85,14 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def burst(text: str) -> float:
+    """An argparse type: a token bucket's burst, a finite float >= 1 (a call takes at least one: less admits none)."""
+    value = _finite_float(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (each call takes at least one), got {text}")
+    return value
+
+
 def probability(text: str) -> float:
     """An argparse type: a float in [0, 1]."""
     value = _finite_float(text)

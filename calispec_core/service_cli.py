@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import signal
 import sys
 import threading
@@ -23,6 +24,7 @@ from calispec_core.limits import (
     non_negative_float,
     non_negative_int,
     port,
+    positive_int,
 )
 from calispec_core.observability import ManagedServer
 from calispec_core.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
@@ -88,8 +90,8 @@ def add_operations_args(parser: argparse.ArgumentParser) -> None:
 
 def _milliseconds(text: str) -> float:
     value = float(text)
-    if not value >= 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be >= 0 ms, got {text}")
+    if not 0 <= value < math.inf:  # nan too; inf would hold a queued row until its batch filled, maybe forever
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 ms, got {text}")
     return value
 
 
@@ -103,7 +105,7 @@ def _lock_file(text: str) -> Path:
 def add_batching_args(parser: argparse.ArgumentParser, what: str) -> None:
     """The model services' batcher (calispec_core/batch_scheduler.py); `what`: what a batch does."""
     parser.add_argument(
-        "--max-batch-size", type=int, default=8, help=f"sessions {what} in one forward pass (1: no batching)"
+        "--max-batch-size", type=positive_int, default=8, help=f"sessions {what} in one forward pass (1: no batching)"
     )
     parser.add_argument(
         "--batch-gather-ms", type=_milliseconds, default=DEFAULT_GATHER_S * 1000,
@@ -131,7 +133,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         "(CPU; an explicit opt-in: output is exact w.r.t. the int8 model served)",
     )
     parser.add_argument(
-        "--threads", type=int, default=None, help="torch intra-op threads (default: all cores; in a pod: its CPU limit)"
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch intra-op threads (default: all cores; in a pod: its CPU limit)",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument(
@@ -150,7 +155,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         "forwards (20-30%% cheaper verifies, twice the float32 weights' memory); auto: packed where free memory "
         "(host or cgroup) holds that copy twice over, else onednn; default: torch's path (docs/performance.md)",
     )
-    parser.add_argument("--max-sessions", type=int, default=256, help="open sessions before RESOURCE_EXHAUSTED")
+    parser.add_argument(
+        "--max-sessions", type=positive_int, default=256, help="open sessions before RESOURCE_EXHAUSTED"
+    )
     parser.add_argument(
         "--prefix-cache-tokens",
         type=non_negative_int,
@@ -160,7 +167,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--session-idle-ttl-s",
-        type=float,
+        type=non_negative_float,  # finite: an inf TTL overflowed the reaper's wait and ended it
         default=DEFAULT_IDLE_TTL_S,
         help="close a session unused for this many seconds (0: never; default: %(default)s)",
     )

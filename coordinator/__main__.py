@@ -17,6 +17,7 @@ from calispec_core.generation import Defaults, Mode
 from calispec_core.limits import (
     MAX_NEW_TOKENS,
     MAX_SPECULATIVE_TOKENS,
+    burst,
     check_csd_thresholds,
     int_in_range,
     non_negative_float,
@@ -41,14 +42,6 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.server import build_orchestrator, check_access, create_server
 
 _gamma = int_in_range(1, MAX_SPECULATIVE_TOKENS)  # what a draft accepts for γ
-
-
-def _burst(text: str) -> float:
-    """--quota-burst: a request takes one from the bucket, so a burst under 1 would admit none."""
-    value = positive_float(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (a request takes one), got {text}")
-    return value
 
 
 def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]:
@@ -176,7 +169,7 @@ def add_access_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--quota-rpm", type=non_negative_float, default=0.0, help="requests per minute per API key (0: no limit)"
     )
-    group.add_argument("--quota-burst", type=_burst, default=None, help="requests at once (default: a minute's worth)")
+    group.add_argument("--quota-burst", type=burst, default=None, help="requests at once (default: a minute's worth)")
     group.add_argument(
         "--quota-concurrent", type=non_negative_int, default=0, help="requests in flight per API key (0: no limit)"
     )

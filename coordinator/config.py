@@ -8,6 +8,7 @@ from pathlib import Path
 from calispec_core.access import Quota
 from calispec_core.credentials import TlsConfig
 from calispec_core.generation import Defaults
+from calispec_core.limits import MAX_SPECULATIVE_TOKENS
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,16 @@ class CoordinatorConfig:
     max_gamma: int = 10  # adaptive γ's upper bound (requests may fix γ up to MAX_SPECULATIVE_TOKENS)
     draft_min_confidence: float = 0.4  # adaptive γ: the draft's early stop (HF's assistant_confidence_threshold)
     lockstep_wait_s: float = 0.5  # how long requests wait for each other to run rounds together (0: off)
+
+    def __post_init__(self) -> None:
+        # A request without a deadline of its own would time out at once; the DNS watcher would spin; adaptive γ
+        # would never draft (0), or pick a γ the draft refuses (> MAX_SPECULATIVE_TOKENS): its request goes target-only.
+        if not self.rpc_timeout_s > 0:  # nan too
+            raise ValueError(f"rpc_timeout_s must be > 0, got {self.rpc_timeout_s}")
+        if not self.target_refresh_s > 0:
+            raise ValueError(f"target_refresh_s must be > 0, got {self.target_refresh_s}")
+        if not 1 <= self.max_gamma <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"max_gamma must be in [1, {MAX_SPECULATIVE_TOKENS}], got {self.max_gamma}")
 
     @property
     def model_name(self) -> str:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from calispec_core.limits import non_negative_int
 from calispec_core.modeling import ModelRunner
 from calispec_core.service_cli import (
     add_batching_args,
     add_model_args,
     add_server_args,
     configure_logging,
+    interrupt_exits_quietly,
     metrics_banner,
     model_spec,
     serve_until_signalled,
@@ -27,7 +29,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
     add_batching_args(parser, "drafting")
     parser.add_argument(
         "--proposal-top-k",
-        type=int,
+        type=non_negative_int,
         default=DEFAULT_PROPOSAL_TOP_K,
         help="sampling proposals draw from and send q's K most likely tokens, renormalised (exact); "
         "0: the full distribution, sent dense",
@@ -65,6 +67,11 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
 def main(argv: list[str] | None = None) -> None:
     config, log_level = parse_config(argv)
     configure_logging(log_level)
+    with interrupt_exits_quietly():  # Ctrl-C before the SIGINT handler is in: model load, cost measurement
+        serve(config)
+
+
+def serve(config: DraftConfig) -> None:
     with startup_step("draft_service", f"cannot load the model in {config.model.path}"):
         runner = ModelRunner(config.model, output_vocab=config.draft_vocab)
     with startup_step("draft_service", "cannot start"):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from calispec_core.credentials import read_writer_tokens
 from calispec_core.errors import CalispecError
+from calispec_core.limits import burst, non_negative_float, positive_float, positive_int
 from calispec_core.limits import port as tcp_port
 from calispec_core.request_context import configure_logging
 from calispec_core.service_cli import (
@@ -39,23 +40,25 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
     parser.add_argument("--host", default=defaults.host)
     parser.add_argument("--port", type=tcp_port, default=defaults.port, help="0 picks a free port")
     parser.add_argument("--db", type=Path, default=defaults.db_path, help="SQLite file of the counts")
-    parser.add_argument("--max-workers", type=int, default=defaults.max_workers)
+    parser.add_argument("--max-workers", type=positive_int, default=defaults.max_workers)
     parser.add_argument(
         "--max-watch-streams",
-        type=int,
+        type=positive_int,
         default=None,
         help="Watch streams open at once (default: max workers - 8, or half of them below 16 workers)",
     )
-    parser.add_argument("--max-pairs-default", type=int, default=defaults.max_pairs_default)
+    parser.add_argument("--max-pairs-default", type=positive_int, default=defaults.max_pairs_default)
     parser.add_argument(
         "--flush-interval",
-        type=float,
+        type=positive_float,
         default=defaults.flush_interval_s,
         help="seconds between group commits; a kill -9 loses at most the events of the last interval",
     )
-    parser.add_argument("--max-pairs", type=int, default=defaults.limits.max_pairs, help="cap per namespace")
-    parser.add_argument("--max-pairs-per-draft", type=int, default=defaults.limits.max_pairs_per_draft)
-    parser.add_argument("--half-life", type=float, default=0.0, help="count half-life in seconds (0: no decay)")
+    parser.add_argument("--max-pairs", type=positive_int, default=defaults.limits.max_pairs, help="cap per namespace")
+    parser.add_argument("--max-pairs-per-draft", type=positive_int, default=defaults.limits.max_pairs_per_draft)
+    parser.add_argument(
+        "--half-life", type=non_negative_float, default=0.0, help="count half-life in seconds (0: no decay)"
+    )
     parser.add_argument(
         "--writer-token-file",
         type=Path,
@@ -67,9 +70,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
         help="accept writes without a token (a test bench only: any client could then poison the table)",
     )
     parser.add_argument(
-        "--writer-rate-limit", type=float, default=defaults.writer_events_per_s, help="events/s per writer identity"
+        "--writer-rate-limit",
+        type=non_negative_float,
+        default=defaults.writer_events_per_s,
+        help="events/s per writer identity (0: no limit)",
     )
-    parser.add_argument("--writer-burst", type=float, default=None, help="events (default: 10 s of the rate)")
+    parser.add_argument("--writer-burst", type=burst, default=None, help="events (default: 10 s of the rate)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
     add_tls_args(parser)
     add_operations_args(parser)

@@ -60,8 +60,12 @@ class MemoryConfig:
             raise ValueError(f"max_watch_streams must be in [1, max_workers), got {self.max_watch_streams}")
         if not 0 < self.flush_interval_s <= 60:
             raise ValueError(f"flush_interval_s must be in (0, 60], got {self.flush_interval_s}")
-        if self.writer_events_per_s < 0:
+        if not self.writer_events_per_s >= 0:  # nan too: it slipped past `< 0`
             raise ValueError(f"writer_events_per_s must be >= 0, got {self.writer_events_per_s}")
+        # A write costs at least one event: a smaller burst (also 10 s of a rate under 0.1/s) refuses every write.
+        burst = self.writer_burst_events if self.writer_burst_events is not None else 10 * self.writer_events_per_s
+        if self.writer_events_per_s > 0 and not burst >= 1:
+            raise ValueError(f"the writer burst must be >= 1 event, got {burst:g}")
         if self.watch_heartbeat_s <= 0:
             raise ValueError(f"watch_heartbeat_s must be > 0, got {self.watch_heartbeat_s}")
 

@@ -12,6 +12,7 @@ from calispec_core.service_cli import (
     add_model_args,
     add_server_args,
     configure_logging,
+    interrupt_exits_quietly,
     metrics_banner,
     model_spec,
     serve_until_signalled,
@@ -66,6 +67,11 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
 def main(argv: list[str] | None = None) -> None:
     config, log_level = parse_config(argv)
     configure_logging(log_level)
+    with interrupt_exits_quietly():  # Ctrl-C before the SIGINT handler is in: model load, cost measurement
+        serve(config)
+
+
+def serve(config: TargetConfig) -> None:
     with startup_step("target_service", f"cannot load the model in {config.model.path}"):
         runner = ModelRunner(config.model)
     with startup_step("target_service", "cannot start"):

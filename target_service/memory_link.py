@@ -20,6 +20,7 @@ local counts; `connected` turns false, the health service reports the sub-servic
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -78,6 +79,8 @@ class MemoryLink:
         writer_id: str | None = None,
         tls: TlsConfig | None = None,
     ) -> None:
+        if not 0 < sync_interval_s < math.inf:  # the flusher waits this long between flushes: <= 0 spins a core
+            raise ValueError(f"sync_interval_s must be a finite number > 0, got {sync_interval_s}")
         self.address = address
         self.namespace = namespace
         self.table = table

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sqlite3
@@ -14,11 +15,20 @@ from types import SimpleNamespace
 import pytest
 
 import coordinator.__main__ as coordinator_cli
+import draft_service.__main__ as draft_cli
+import target_service.__main__ as target_cli
+from calispec_core.access import Quota
+from calispec_core.batch_scheduler import BatchScheduler
+from calispec_core.generation import Defaults
 from calispec_core.modeling import ModelSpec
+from coordinator.config import CoordinatorConfig
 from draft_service.__main__ import parse_config as parse_draft
 from memory_service.__main__ import parse_args as parse_memory
+from memory_service.config import MemoryConfig
 from target_service.__main__ import parse_config as parse_target
 from target_service.config import TargetConfig
+from target_service.memory_link import MemoryLink
+from target_service.pair_table import PairTable
 from tests.conftest import TinyPair
 from tests.helpers import REPO_ROOT
 
@@ -167,6 +177,115 @@ def test_the_target_config_refuses_a_memory_sync_interval_of_zero() -> None:
         TargetConfig(ModelSpec(Path("m")), memory_sync_interval_s=0)
 
 
+@pytest.mark.parametrize("interval", [0, -1, math.nan, math.inf])
+def test_the_memory_link_refuses_a_sync_interval_of_zero_or_less(interval: float) -> None:
+    """Its flusher waits this long between flushes: -1 spun a core (refused before it opens a channel)."""
+    with pytest.raises(ValueError, match="sync_interval_s must be a finite number > 0"):
+        MemoryLink("127.0.0.1:1", "default", PairTable(vocab_size=8), sync_interval_s=interval)
+
+
+MODEL_FLAGS_BROKEN = [  # (flag, value): each broke a model service (a crash after the model load, a hang, a spin)
+    ("--max-batch-size", "0"),
+    ("--max-batch-size", "-1"),
+    ("--max-sessions", "0"),
+    ("--threads", "0"),
+    ("--session-idle-ttl-s", "-1"),
+    ("--session-idle-ttl-s", "nan"),
+    ("--session-idle-ttl-s", "inf"),  # overflowed the reaper's wait
+    ("--batch-gather-ms", "inf"),  # overflowed the batcher's wait: rows queued behind it waited forever
+]
+
+
+@pytest.mark.parametrize(
+    ("service", "flag", "value"),
+    [
+        *[(service, flag, value) for service in ("draft", "target") for flag, value in MODEL_FLAGS_BROKEN],
+        ("draft", "--proposal-top-k", "-1"),
+        ("memory", "--half-life", "-1"),
+        ("memory", "--half-life", "nan"),
+        ("memory", "--writer-burst", "0"),
+        ("memory", "--writer-burst", "0.5"),  # a write costs at least one event: every write refused
+        ("memory", "--writer-burst", "-5"),
+        ("memory", "--writer-burst", "nan"),
+        ("memory", "--writer-rate-limit", "-1"),
+        ("memory", "--writer-rate-limit", "nan"),
+        ("memory", "--writer-rate-limit", "inf"),
+        ("memory", "--max-workers", "0"),
+        ("memory", "--max-watch-streams", "0"),
+        ("memory", "--max-pairs-default", "0"),
+        ("memory", "--max-pairs", "0"),
+        ("memory", "--max-pairs-per-draft", "0"),
+        ("memory", "--flush-interval", "0"),
+    ],
+)
+def test_service_flags_that_would_break_it_are_usage_errors_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], service: str, flag: str, value: str
+) -> None:
+    assert f"argument {flag}:" in usage_error(capsys, service, f"{flag}={value}")
+
+
+def test_the_model_services_accept_the_edges_of_their_ranges() -> None:
+    edges = ["--max-batch-size=1", "--max-sessions=1", "--threads=1", "--session-idle-ttl-s=0", "--batch-gather-ms=0"]
+    for parse in (parse_draft, parse_target):
+        config, _ = parse(["--model", "m", *edges, "--prefix-cache-tokens=0"])
+        assert (config.max_batch_size, config.max_sessions, config.model.threads) == (1, 1, 1)
+        assert config.session_idle_ttl_s == 0 and config.batch_gather_s == 0 and config.prefix_cache_tokens == 0
+    assert parse_draft(["--model", "m", "--proposal-top-k=0"])[0].proposal_top_k == 0
+
+
+def test_the_memory_service_accepts_the_edges_of_its_ranges() -> None:
+    config, _ = parse_memory(
+        ["--allow-unauthenticated-writes", "--half-life=0", "--writer-rate-limit=0.05", "--writer-burst=1",
+         "--max-workers=2", "--max-watch-streams=1", "--max-pairs-default=1", "--max-pairs=1",
+         "--max-pairs-per-draft=1", "--flush-interval=0.001"]
+    )  # fmt: skip
+    assert (config.limits.half_life_s, config.writer_events_per_s, config.writer_burst_events) == (0, 0.05, 1)
+    assert (config.max_workers, config.max_watch_streams, config.max_pairs_default) == (2, 1, 1)
+    assert (config.limits.max_pairs, config.limits.max_pairs_per_draft) == (1, 1)
+    assert parse_memory(["--allow-unauthenticated-writes", "--writer-rate-limit=0"])[0].writer_events_per_s == 0
+
+
+def test_a_writer_rate_whose_default_burst_admits_no_write_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """10 s of 0.05 events/s is half an event: every write was refused as larger than the burst."""
+    assert "the writer burst must be >= 1 event, got 0.5" in usage_error(capsys, "memory", "--writer-rate-limit=0.05")
+
+
+# -- domain configs: values that would spin, hang or fail every request are refused where they are made ----------
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Quota(requests_per_minute=-1), "requests_per_minute must be >= 0"),
+        (lambda: Quota(requests_per_minute=math.nan), "requests_per_minute must be >= 0"),
+        (lambda: Quota(requests_per_minute=60, burst=0.5), "burst must be >= 1"),
+        (lambda: Quota(max_concurrent=-1), "max_concurrent must be >= 0"),
+        (lambda: Defaults(max_new_tokens=0), "max_new_tokens must be in"),
+        (lambda: Defaults(num_speculative_tokens=17), "num_speculative_tokens must be in"),
+        (lambda: Defaults(tau=0.0), "tau must be in"),
+        (lambda: CoordinatorConfig("d:1", ("t:1",), Path("t"), rpc_timeout_s=0), "rpc_timeout_s must be > 0"),
+        (lambda: CoordinatorConfig("d:1", (), Path("t"), target_refresh_s=-1), "target_refresh_s must be > 0"),
+        (lambda: CoordinatorConfig("d:1", ("t:1",), Path("t"), max_gamma=0), "max_gamma must be in"),
+        (lambda: CoordinatorConfig("d:1", ("t:1",), Path("t"), max_gamma=17), "max_gamma must be in"),
+        (lambda: MemoryConfig(writer_events_per_s=math.nan), "writer_events_per_s must be >= 0"),
+        (lambda: MemoryConfig(writer_events_per_s=10, writer_burst_events=0.5), "writer burst must be >= 1"),
+        (lambda: MemoryConfig(writer_events_per_s=0.05), "writer burst must be >= 1 event, got 0.5"),
+        (lambda: BatchScheduler(lambda rows: list(rows), 1, gather_s=math.inf), "gather time must be a finite"),
+    ],
+)
+def test_domain_configs_refuse_values_that_would_break_every_request(make: Callable[[], object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_domain_configs_keep_their_meaningful_edges() -> None:
+    assert Quota(requests_per_minute=0, burst=1, max_concurrent=0).limited is False
+    assert Defaults(max_new_tokens=1, num_speculative_tokens=16).num_speculative_tokens == 16
+    assert CoordinatorConfig("d:1", ("t:1",), Path("t"), max_gamma=16, rpc_timeout_s=0.001).max_gamma == 16
+    assert MemoryConfig(writer_events_per_s=0, writer_burst_events=0.5).writer_events_per_s == 0  # no limit at all
+    assert MemoryConfig(writer_events_per_s=0.1).writer_events_per_s == 0.1  # a burst of exactly one event
+
+
 @pytest.mark.parametrize(
     ("flag", "value"),
     [
@@ -304,3 +423,25 @@ def test_ctrl_c_exits_the_coordinator_quietly(
         monkeypatch.setattr(coordinator_cli, "serve_until_signalled", interrupt)
     code, err = run_coordinator(monkeypatch, capsys, tmp_path, 1)
     assert code == 130 and err == ""
+
+
+@pytest.mark.parametrize("service", ["draft", "target"])
+@pytest.mark.parametrize("phase", ["load", "start"])
+def test_ctrl_c_exits_a_model_service_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], service: str, phase: str
+) -> None:
+    """Ctrl-C while the model loads (minutes for a large one) or its forward costs are measured, before the
+    SIGINT handler is in: it printed a KeyboardInterrupt traceback."""
+    cli = draft_cli if service == "draft" else target_cli
+    monkeypatch.setattr(cli, "configure_logging", lambda _level: None)
+    if phase == "load":
+        monkeypatch.setattr(cli, "ModelRunner", interrupt)
+    else:
+        monkeypatch.setattr(cli, "ModelRunner", lambda *_a, **_k: SimpleNamespace())
+        monkeypatch.setattr(cli, "create_server", interrupt)
+    with pytest.raises(SystemExit) as exit_:
+        try:
+            cli.main(["--model", "m", "--port", "0"])
+        except KeyboardInterrupt:
+            pytest.fail("Ctrl-C escaped main: a traceback")
+    assert exit_.value.code == 130 and capsys.readouterr().err == ""
