@@ -153,10 +153,12 @@ def export_path_problem(path: Path) -> str | None:
     if path.is_dir():
         return f"cannot write --export {path}: it is a directory"
     probe = path.with_name(path.name + ".tmp")
+    existed = probe.exists()
     try:
         with probe.open("a"):  # "a": a stale temporary file is kept, not emptied; dump_export replaces it
             pass
-        probe.unlink()
+        if not existed:  # only what the probe made: a file already there is not the probe's to remove
+            probe.unlink()
     except OSError as exc:
         return f"cannot write --export {path}: {exc.strerror}"
     return None

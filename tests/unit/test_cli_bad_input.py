@@ -143,6 +143,16 @@ def test_calibrate_export_is_checked_before_the_calibration_runs(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "corpus.jsonl"]  # the probe left nothing
 
 
+def test_the_export_probe_keeps_a_file_it_did_not_make(tmp_path: Path) -> None:
+    """The probe removed `<export>.tmp` even when it was there before (its comment said it is kept)."""
+    existing = tmp_path / "out.json.tmp"
+    existing.write_text("someone's file\n")
+    assert cli_calibrate.export_path_problem(tmp_path / "out.json") is None
+    assert existing.read_text() == "someone's file\n"
+    assert cli_calibrate.export_path_problem(tmp_path / "new.json") is None
+    assert not (tmp_path / "new.json.tmp").exists()  # what it made, it removes
+
+
 # -- a memory service that does not answer ---------------------------------------------------------------
 
 
