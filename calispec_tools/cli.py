@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import platformdirs
 
-from calispec.client import CalispecClient, CalispecRpcError, GenerationResult
+from calispec.client import CalispecClient, CalispecRpcError, GenerationResult, build_params
 from calispec.types import Mode
 from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, LOG_LEVELS
 from calispec_tools import arg_types as at
@@ -267,9 +267,10 @@ def run_request(
 ) -> int:
     """One request: `args.prompt`, or the chat `messages` when given."""
     try:
+        build_params(**request_kwargs(args))  # a parameter the request cannot carry (e.g. --seed beyond 64 bits)
         client = CalispecClient(address, **(auth or cli_auth.client_auth(args)))
-    except ValueError as exc:  # credentials the SDK cannot use
-        return cli_auth.usage_error(exc)
+    except ValueError as exc:  # parameters or credentials the SDK cannot use; checked before the call, so
+        return cli_auth.usage_error(exc)  # a ValueError from the call itself stays a bug's traceback
     with client:
         try:
             if messages is not None:
@@ -279,8 +280,6 @@ def run_request(
         except CalispecRpcError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        except ValueError as exc:  # a parameter the request cannot carry (e.g. --seed beyond 64 bits)
-            return cli_auth.usage_error(exc)
     print_result(result, args.json)
     return 0
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from calispec.client import CalispecClient
 from calispec_tools import cli
 
 CLOSED = "127.0.0.1:1"
@@ -69,3 +70,18 @@ def test_memory_commands_with_missing_tls_files_are_one_line(tmp_path: Path, arg
     tls = ["--memory-tls-cert", str(missing), "--memory-tls-key", str(tmp_path / "k"), "--memory-tls-ca", "ca"]
     with pytest.raises(SystemExit, match=f"^error: cannot read {missing}: No such file or directory$"):
         cli.main(["memory", *argv, "--memory-addr", CLOSED, *tls])  # SystemExit(message): one line, exit 1
+
+
+@pytest.mark.parametrize("method", ["generate", "chat"])  # `calispec generate`; the chat of `calispec demo`
+def test_a_value_error_from_the_call_itself_is_not_a_usage_error(monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    """Parameters are checked before the call; a ValueError the call raises (e.g. a finish reason this SDK does
+    not know, from a newer coordinator) is no input of the user's: it was printed as one, exit 2."""
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise ValueError("7 is not a valid FinishReason")
+
+    monkeypatch.setattr(CalispecClient, method, broken)
+    args = cli.build_parser().parse_args(request("generate"))
+    messages = [{"role": "user", "content": "hi"}] if method == "chat" else None
+    with pytest.raises(ValueError, match="FinishReason"):
+        cli.run_request(CLOSED, args, messages)
