@@ -315,7 +315,11 @@ def _interrupt(*_: object) -> None:
 def stack_command(command: str, run: Callable[[], int]) -> int:
     """`up` and `demo`: what ends the stack's start is one line, not a traceback (LocalStack has stopped
     whatever it had started by then): exit 2 for what the user must fix (a port taken, a path that
-    cannot be written, a service that cannot start), 130 for Ctrl-C."""
+    cannot be written, a service that cannot start), 130 for Ctrl-C and SIGTERM."""
+    # SIGTERM interrupts the start-up as Ctrl-C does (a pull, a model load; LocalStack stops what had
+    # started): its default action would end this process alone, and the services, each in a session of
+    # its own, would go on serving. `up` hands both signals to its running stack once that is up.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return run()
     except KeyboardInterrupt:
@@ -334,6 +338,9 @@ def stack_command(command: str, run: Callable[[], int]) -> int:
             raise
         print(f"error: {exc.line}", file=sys.stderr)
         return cli_auth.USAGE_ERROR
+    finally:
+        if previous is not None:  # None: a handler not set from Python, which cannot be put back
+            signal.signal(signal.SIGTERM, previous)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -343,9 +350,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 def serve_stack(args: argparse.Namespace) -> int:
     """`calispec up`: start the stack, then serve until Ctrl-C, SIGTERM or `calispec down`."""
     stop = threading.Event()
-    # until the stack is up, Ctrl-C and SIGTERM interrupt its start-up (a pull, a model load; LocalStack
-    # stops what had started); from then on they stop the running stack
-    signal.signal(signal.SIGTERM, _interrupt)
+    # until the stack is up, Ctrl-C and SIGTERM interrupt its start-up (stack_command); from then on they
+    # stop the running stack
     with tempfile.TemporaryDirectory(prefix="calispec-up-") as secrets_dir:
         tls_dir, keys_file, key = up_security(args, Path(secrets_dir))
         config = stack_config(args, (args.port, args.target_port, args.draft_port, args.memory_port))

@@ -87,3 +87,36 @@ def test_sigterm_interrupts_calispec_up_while_the_stack_starts(
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+@pytest.mark.parametrize("command", ["up", "demo"])
+def test_sigterm_interrupts_the_start_of_every_stack_command(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """`calispec demo` left SIGTERM to its default action: the process ended alone and the services it had
+    started, each in a session of its own, went on serving. The handler in place before is put back."""
+    received: list[int] = []
+
+    def record(sig: int, _frame: object) -> None:
+        received.append(sig)
+
+    def slow_start(*args: object) -> object:
+        os.kill(os.getpid(), signal.SIGTERM)  # the user gives up during start-up
+        raise AssertionError("start-up went on after SIGTERM")
+
+    monkeypatch.setattr(cli, "stack_config", slow_start)
+    monkeypatch.setattr(cli, "up_security", lambda args, secrets: (None, None, None))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGTERM, record)  # without the command's own handler, this one gets it (not pytest's end)
+    try:
+        try:
+            code = cli.main([command, "--pair", "tiny"])
+        except KeyboardInterrupt:  # caught here: escaping, it would end the whole pytest session
+            pytest.fail(f"the interrupt escaped `calispec {command}` as a traceback")
+        assert code == 130 and received == []
+        err = capsys.readouterr().err
+        assert err.endswith(f"calispec {command}: interrupted (every service it started is stopped)\n")
+        assert signal.getsignal(signal.SIGTERM) is record
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
