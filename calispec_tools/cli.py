@@ -424,6 +424,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def run_demo(args: argparse.Namespace) -> int:
     messages = demo_messages(args)
+    try:  # before the stack starts (minutes of model loads), not when its one request is sent
+        build_params(**request_kwargs(args))
+    except ValueError as exc:
+        return cli_auth.usage_error(exc)
     config = stack_config(args, (0, 0, 0, 0))
     print(f"starting the stack (draft {config.draft_model}, target {config.target_model})...", file=sys.stderr)
     from calispec_tools.stack import LocalStack  # the serving stack: not on the light CLI's import path

@@ -85,3 +85,16 @@ def test_a_value_error_from_the_call_itself_is_not_a_usage_error(monkeypatch: py
     messages = [{"role": "user", "content": "hi"}] if method == "chat" else None
     with pytest.raises(ValueError, match="FinishReason"):
         cli.run_request(CLOSED, args, messages)
+
+
+def test_demo_checks_its_request_before_the_stack_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The request was checked when it was sent: after the stack had started (minutes of model loads)."""
+
+    def stack_config(*_args: object) -> None:
+        raise AssertionError("the stack started before the request was checked")
+
+    monkeypatch.setattr(cli, "stack_config", stack_config)
+    assert cli.main(["demo", "--pair", "tiny", "--seed", str(2**70)]) == 2
+    assert "out of range" in one_error_line(capsys)
