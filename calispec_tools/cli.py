@@ -326,18 +326,15 @@ def stack_command(command: str, run: Callable[[], int]) -> int:
         print(f"{command}: interrupted (every service it started is stopped)", file=sys.stderr)
         return 130
     except TimeoutError as exc:  # a service not ready in time: the message names its log
-        print(f"error: {exc}", file=sys.stderr)
-        return cli_auth.USAGE_ERROR
+        return cli_auth.usage_error(exc)
     except OSError as exc:  # --log-dir, --memory-db's directory, --tls-dir
-        print(f"error: cannot use {exc.filename or 'a path'}: {exc.strerror or exc}", file=sys.stderr)
-        return cli_auth.USAGE_ERROR
+        return cli_auth.usage_error(f"cannot use {exc.filename or 'a path'}: {exc.strerror or exc}")
     except RuntimeError as exc:
         from calispec_tools.stack import ServiceStartError  # loaded already: the stack raised it
 
         if not isinstance(exc, ServiceStartError):
             raise
-        print(f"error: {exc.line}", file=sys.stderr)
-        return cli_auth.USAGE_ERROR
+        return cli_auth.usage_error(exc.line)
     finally:
         if previous is not None:  # None: a handler not set from Python, which cannot be put back
             signal.signal(signal.SIGTERM, previous)

@@ -33,9 +33,10 @@ def client_auth(args: argparse.Namespace) -> dict[str, Any]:
     return {"token": args.token, "tls_ca": args.tls_ca, "tls_server_name": args.tls_server_name}
 
 
-def usage_error(exc: Exception) -> int:
-    """One line for input the SDK refuses (an unreadable CA bundle, a token gRPC metadata cannot carry)."""
-    print(f"error: {exc}", file=sys.stderr)
+def usage_error(problem: Exception | str) -> int:
+    """One line, exit 2, for input the command cannot use (an unreadable CA bundle, a token gRPC metadata
+    cannot carry, a path it cannot write, a key name of two words)."""
+    print(f"error: {problem}", file=sys.stderr)
     return USAGE_ERROR
 
 
@@ -66,17 +67,15 @@ def cmd_certs_dev(args: argparse.Namespace) -> int:
 
 
 def _unwritable(exc: OSError, given: str) -> int:
-    """One line, exit 2: a path the command cannot write is the caller's to fix."""
-    print(f"error: cannot write {exc.filename or given}: {exc.strerror or exc}", file=sys.stderr)
-    return USAGE_ERROR
+    """A path the command cannot write is the caller's to fix: a usage error."""
+    return usage_error(f"cannot write {exc.filename or given}: {exc.strerror or exc}")
 
 
 def cmd_keys_add(args: argparse.Namespace) -> int:
     try:
         key = add_api_key(Path(args.file), args.name)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except ValueError as exc:  # a name of more than one word: exit 2, as for the path below
+        return usage_error(exc)
     except OSError as exc:  # a directory, a missing or read-only place
         return _unwritable(exc, args.file)
     print(key)

@@ -111,6 +111,15 @@ def test_keys_add_under_a_file_is_one_line(a_file: Path, capsys: pytest.CaptureF
     one_error_line(capsys, f"cannot write {a_file}")
 
 
+def test_keys_add_with_a_name_of_two_words_is_a_usage_error_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 1, where the same command's unwritable --file is 2 (and the keys file is not touched)."""
+    assert cli.main(["keys", "add", "ci bot", "--file", str(tmp_path / "keys")]) == 2
+    one_error_line(capsys, "key name must be one word")
+    assert not (tmp_path / "keys").exists()
+
+
 def test_certs_dev_into_an_unusable_directory_is_one_line(a_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["certs", "dev", str(a_file / "certs")]) == 2
     one_error_line(capsys, f"cannot write {a_file / 'certs'}", "Not a directory")
