@@ -53,6 +53,9 @@ def int_in_range(minimum: int, maximum: int) -> Callable[[str], int]:
     return parse
 
 
+gamma = int_in_range(1, MAX_SPECULATIVE_TOKENS)  # an argparse type: the range every fixed γ must keep
+max_new_tokens = int_in_range(1, MAX_NEW_TOKENS)  # an argparse type: the range of max_new_tokens
+
 MAX_PORT = 65535
 _port = int_in_range(0, MAX_PORT)
 

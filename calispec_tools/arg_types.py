@@ -2,9 +2,9 @@
 argparse error (one line, exit 2) before anything runs, never a traceback half-way (`bench --rate -1`)
 nor a run that measures nothing (`--concurrency 0`, `--num-requests -5`).
 
-The services' types (calispec_core/limits.py) plus what only the tools need: request ranges (γ,
-max_new_tokens, τ, λ), open-loop rates and comma-separated sweeps. Light on purpose (no torch, no
-grpc): `calispec --help` builds every parser.
+The services' types (calispec_core/limits.py, γ and max_new_tokens included: the coordinator's
+defaults take them too) plus what only the tools need: τ and λ as flags, open-loop rates and
+comma-separated sweeps. Light on purpose (no torch, no grpc): `calispec --help` builds every parser.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from typing import TypeVar
 
 from calispec_core.errors import InvalidArgument
 from calispec_core.limits import (
-    MAX_NEW_TOKENS,
-    MAX_SPECULATIVE_TOKENS,
     check_csd_thresholds,
-    int_in_range,
+    gamma,
+    max_new_tokens,
     non_negative_float,
     non_negative_int,
     port,
@@ -32,9 +31,6 @@ __all__ = [
     "csv_of", "gamma", "lambda_", "max_new_tokens", "non_negative_float", "non_negative_int", "port",
     "positive_float", "positive_int", "rate", "tau",
 ]  # fmt: skip
-
-gamma = int_in_range(1, MAX_SPECULATIVE_TOKENS)  # the range every request's fixed γ must keep
-max_new_tokens = int_in_range(1, MAX_NEW_TOKENS)
 
 
 def rate(text: str) -> float:

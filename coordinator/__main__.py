@@ -15,11 +15,10 @@ from calispec_core.access import ApiKeys, Quota, QuotaBook
 from calispec_core.errors import CalispecError, InvalidArgument
 from calispec_core.generation import Defaults, Mode
 from calispec_core.limits import (
-    MAX_NEW_TOKENS,
-    MAX_SPECULATIVE_TOKENS,
     burst,
     check_csd_thresholds,
-    int_in_range,
+    gamma,
+    max_new_tokens,
     non_negative_float,
     non_negative_int,
     port,
@@ -41,8 +40,6 @@ from coordinator.config import CoordinatorConfig
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.server import build_orchestrator, check_access, create_server
 
-_gamma = int_in_range(1, MAX_SPECULATIVE_TOKENS)  # what a draft accepts for γ
-
 
 def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]:
     parser = argparse.ArgumentParser(prog="python -m coordinator", description=__doc__)
@@ -60,13 +57,11 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     )
     parser.add_argument("--tokenizer", required=True, help="the target's tokenizer directory")
     parser.add_argument("--default-mode", default="csd", choices=[m.name.lower() for m in Mode])
+    parser.add_argument("--default-max-new-tokens", type=max_new_tokens, default=Defaults.max_new_tokens)
     parser.add_argument(
-        "--default-max-new-tokens", type=int_in_range(1, MAX_NEW_TOKENS), default=Defaults.max_new_tokens
+        "--default-gamma", type=gamma, default=None, help="fixed γ for requests that set none (default: adaptive)"
     )
-    parser.add_argument(
-        "--default-gamma", type=_gamma, default=None, help="fixed γ for requests that set none (default: adaptive)"
-    )
-    parser.add_argument("--max-gamma", type=_gamma, default=10, help="adaptive γ's upper bound")
+    parser.add_argument("--max-gamma", type=gamma, default=10, help="adaptive γ's upper bound")
     parser.add_argument(
         "--default-tau", type=float, default=Defaults.tau, help="CSD gate threshold τ for requests that set none"
     )
