@@ -9,6 +9,7 @@ a request id (`X-Request-Id`, echoed back), and a place in the drain (503 while 
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import socket
 import threading
@@ -141,7 +142,9 @@ class HttpGeneration:
         self._chunks = chunks
         self._lock = threading.Lock()  # held by the thread running a round
         self._gone = gone  # the orchestrator's `cancelled`: checked at every round start
-        self._done = False
+        self._done = False  # nothing more to run: its last chunk is out, or it failed or was cancelled
+        self._last_out = False  # its last chunk is out: all that is left is its end (its bookkeeping)
+        self._ended = False  # the generator returned or raised: nothing at all is left
 
     def __iter__(self) -> Iterator[Chunk]:
         return self
@@ -154,9 +157,9 @@ class HttpGeneration:
             try:
                 chunk = next(self._chunks)
             except BaseException:
-                self._done = True
+                self._done = self._ended = True
                 raise
-            self._done = chunk.finish_reason is not None
+            self._done = self._last_out = chunk.finish_reason is not None
             return chunk
 
     def next_or_none(self) -> Chunk | None:
@@ -164,15 +167,29 @@ class HttpGeneration:
 
     def abandon(self) -> None:
         """The client is gone: stop at the next round start and close the generator once no round runs
-        (on a thread of its own: the caller may be the event loop)."""
-        if self._done:
+        (on a thread of its own: the caller may be the event loop). A generation whose last chunk is out is
+        not cancelled but run to its end (a client gone between its last chunk and the stream's end).
+        Both under the caller's context: the request's log line keeps its request id."""
+        if self._ended:
             return
-        self._gone.set()
-        threading.Thread(target=self._close, name="http-abandoned", daemon=True).start()
+        if not self._done:
+            self._gone.set()
+        run = contextvars.copy_context().run
+        threading.Thread(target=run, args=(self._close,), name="http-abandoned", daemon=True).start()
 
     def _close(self) -> None:
         with self._lock:
-            self._chunks.close()  # GeneratorExit at its yield: the orchestrator's `finally` closes the sessions
+            if self._ended:
+                return
+            self._ended = True
+            if not self._last_out:  # GeneratorExit at its yield (CANCELLED): the orchestrator's `finally` closes
+                self._chunks.close()  # the sessions
+                return
+            try:  # nothing to cancel: run its end, where it is counted OK and its sessions close
+                for _ in self._chunks:
+                    pass
+            except Exception as exc:  # counted and logged by `tracked`; nobody is left to tell
+                log.debug("an abandoned generation failed at its end: %s", exc)
 
 
 def gather(chunks: Iterator[Chunk]) -> Outcome:
@@ -385,12 +402,12 @@ class OwnedStream(StreamingResponse):
 
 
 async def _prepend(first: Chunk, rest: HttpGeneration) -> AsyncIterator[Chunk]:
+    """`first`, then the rest, pulled past the last chunk to the generation's end (before the stream's
+    `[DONE]`): there the request is counted OK and logged under its id, and its sessions are closed. Stopping
+    at the last chunk left the generation suspended until garbage collection ended it, counted CANCELLED."""
     yield first
-    chunk: Chunk | None = first
-    while chunk is not None and chunk.finish_reason is None:
-        chunk = await run_in_threadpool(rest.next_or_none)
-        if chunk is not None:
-            yield chunk
+    while (chunk := await run_in_threadpool(rest.next_or_none)) is not None:
+        yield chunk
 
 
 class RequestIdMiddleware:

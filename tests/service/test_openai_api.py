@@ -246,3 +246,36 @@ def test_http_request_is_counted_timed_and_logged_under_its_request_id(
     assert len(lines) == 2
     assert lines[0].startswith("request id=http-req-7 mode=sd status=OK ")
     assert f"id={fresh.headers['x-request-id']} " in lines[1]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/completions", {"prompt": PROMPT, "max_tokens": 4, **SD}),
+        ("/chat/completions", {"messages": MESSAGES, "max_tokens": 4, **SD}),
+    ],
+)
+def test_a_completed_http_stream_is_counted_ok_under_its_request_id(
+    chat_coordinator: Coordinator, caplog: pytest.LogCaptureFixture, path: str, body: dict
+) -> None:
+    """Every stream that ended normally was counted CANCELLED (its generation left suspended after the last
+    chunk, then closed by garbage collection), and logged so, at times under `id=-`."""
+    metrics = CoordinatorMetrics(new_registry())
+    settings = ApiSettings(MODEL, Defaults(), request_timeout_s=60, metrics=metrics)
+    server = start_http_server(create_app(chat_coordinator.orchestrator, settings), "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.port}/v1{path}"
+    request = {"model": MODEL, "temperature": 0, "stream": True, **body}
+    try:
+        with (
+            caplog.at_level(logging.INFO, logger="coordinator.request_log"),
+            httpx.stream("POST", url, json=request, headers={"X-Request-Id": "sse-8"}) as response,
+        ):
+            raw = "".join(response.iter_text())
+    finally:
+        server.stop()
+    assert response.status_code == 200 and raw.endswith("data: [DONE]\n\n")
+    sample = metrics.registry.get_sample_value
+    assert sample("calispec_requests_total", {"mode": "sd", "status": "OK"}) == 1
+    assert not sample("calispec_requests_total", {"mode": "sd", "status": "CANCELLED"})
+    lines = [r.getMessage() for r in caplog.records if r.name == "coordinator.request_log"]
+    assert len(lines) == 1 and lines[0].startswith("request id=sse-8 mode=sd status=OK ")

@@ -4,8 +4,9 @@ and its generation (the orchestrator's sessions and place in lockstep) when the 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from contextlib import ExitStack
 
 import pytest
@@ -13,9 +14,13 @@ from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
 from calispec_core.errors import Cancelled
-from calispec_core.generation import FinishReason
+from calispec_core.generation import FinishReason, GenerationStats
+from calispec_core.metrics import new_registry
+from calispec_core.request_context import bound_request_id
 from coordinator.engine import Chunk
+from coordinator.metrics import CoordinatorMetrics, RequestTimer
 from coordinator.openai_api import HttpGeneration, gathered, stream
+from coordinator.request_log import tracked
 from tests.helpers import wait_until
 
 
@@ -143,3 +148,74 @@ def test_a_generation_abandoned_before_its_first_round_is_cancelled_not_empty() 
     generation.abandon()
     with pytest.raises(Cancelled):
         next(generation)
+
+
+def _tracked(metrics: CoordinatorMetrics, chunks: list[Chunk]) -> HttpGeneration:
+    """A generation with the HTTP API's bookkeeping (`tracked`), of these chunks."""
+
+    def begin(timer: RequestTimer) -> Iterator[Chunk]:
+        timer.mode = "sd"
+        return iter(chunks)
+
+    return HttpGeneration(tracked(metrics, begin), threading.Event())
+
+
+def _finishing_chunks() -> list[Chunk]:
+    return [Chunk([1], "a", "r"), Chunk([2], "b", "r", FinishReason.STOP, GenerationStats(prompt_tokens=1))]
+
+
+def _requests(metrics: CoordinatorMetrics, status: str) -> float:
+    return metrics.requests.labels("sd", status)._value.get()
+
+
+def _log_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "coordinator.request_log"]
+
+
+def test_a_stream_that_ends_is_counted_ok_under_its_request_id_before_it_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The stream stopped pulling at the last chunk: the generation stayed suspended until garbage collection
+    closed it, and every completed HTTP stream was counted CANCELLED, its log line at times under `id=-`."""
+    metrics = CoordinatorMetrics(new_registry())
+    generation = _tracked(metrics, _finishing_chunks())
+    held, released = _held()
+
+    async def client(message: dict) -> None:
+        pass
+
+    with caplog.at_level(logging.INFO, logger="coordinator.request_log"), bound_request_id("http-req-9"):
+        asyncio.run(_serve(held, client, generation))
+        assert (_requests(metrics, "OK"), _requests(metrics, "CANCELLED")) == (1, 0)  # while `generation` lives
+    assert released == ["slot"]
+    assert [line.split(" tokens=")[0] for line in _log_lines(caplog)] == [
+        "request id=http-req-9 mode=sd status=OK prompt_tokens=1"
+    ]
+
+
+def test_a_client_gone_after_the_last_chunk_leaves_a_finished_request_not_a_cancelled_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its last chunk is out: abandoning it runs its end (counted OK, sessions closed), under its request id."""
+    metrics = CoordinatorMetrics(new_registry())
+    generation = _tracked(metrics, _finishing_chunks())
+    assert [next(generation).text, next(generation).text] == ["a", "b"]  # the end not yet pulled
+    with caplog.at_level(logging.INFO, logger="coordinator.request_log"):
+        with bound_request_id("http-req-10"):
+            generation.abandon()
+        wait_until(lambda: _log_lines(caplog))  # run on a thread of its own, logged last
+    assert (_requests(metrics, "OK"), _requests(metrics, "CANCELLED")) == (1, 0)
+    assert _log_lines(caplog)[0].startswith("request id=http-req-10 mode=sd status=OK ")
+
+
+def test_a_client_gone_mid_stream_is_cancelled_under_its_request_id(caplog: pytest.LogCaptureFixture) -> None:
+    """The generation is closed on a thread of its own: its log line said `id=-`."""
+    metrics = CoordinatorMetrics(new_registry())
+    generation = _tracked(metrics, _finishing_chunks())
+    assert next(generation).text == "a"
+    with caplog.at_level(logging.INFO, logger="coordinator.request_log"):
+        with bound_request_id("http-req-11"):
+            generation.abandon()
+        wait_until(lambda: _log_lines(caplog))
+    assert (_requests(metrics, "OK"), _requests(metrics, "CANCELLED")) == (0, 1)
+    assert _log_lines(caplog)[0].startswith("request id=http-req-11 mode=sd status=CANCELLED ")
