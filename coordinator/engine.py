@@ -64,12 +64,20 @@ class SpeculationConfig:
 
     max_gamma: int = 10
     draft_min_confidence: float = 0.4  # HF's assistant_confidence_threshold default
-    # Adaptive γ follows measured times, so a seeded request (whose samples must reproduce) that
-    # sets no γ gets this fixed one instead.
+    # Adaptive γ follows measured times, so a seeded sampling request (whose samples must reproduce)
+    # that sets no γ gets this fixed one instead (`adaptive_gamma`).
     seeded_gamma: int = 6
     # Lockstep rounds (`lockstep.py`): how long a request waits for the others to finish their
     # rounds before all start the next one together; 0 turns lockstep off.
     lockstep_wait_s: float = 0.5
+
+
+def adaptive_gamma(params: GenerationParams) -> bool:
+    """Whether a request's γ adapts: it sets none, and its output does not hang on γ's choices. A seeded
+    sampling request's does (its random draws depend on how the rounds fall): it gets the fixed
+    `SpeculationConfig.seeded_gamma`. A greedy one draws nothing, its seed unused: adaptive like any greedy."""
+    sampling = params.sampling
+    return params.num_speculative_tokens is None and (sampling.seed is None or sampling.greedy)
 
 
 @dataclass
@@ -200,7 +208,7 @@ class Orchestrator:
             )
         request = _Request(uuid.uuid4().hex, prompt_ids, params, min(params.max_new_tokens, room), deadline)
         request.stats.prompt_tokens = len(prompt_ids)
-        if request.use_draft and params.num_speculative_tokens is None and params.sampling.seed is None:
+        if request.use_draft and adaptive_gamma(params):
             request.policy = GammaPolicy(self.costs, self.speculation.max_gamma)
         return request
 

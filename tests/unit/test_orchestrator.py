@@ -11,7 +11,7 @@ from calispec_core.generation import Defaults, FinishReason, GenerationParams, M
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
 from coordinator import engine as engine_module
-from coordinator.engine import Orchestrator
+from coordinator.engine import Orchestrator, adaptive_gamma
 from tests.unit.fakes import EOS, CharTokenizer, FakeDraft, FakeTarget
 
 
@@ -148,6 +148,34 @@ def test_seeded_request_without_gamma_gets_a_fixed_gamma_so_its_samples_reproduc
     seeded = SamplingConfig(temperature=0.5, seed=3)
     run(orchestrator, "c", params(max_new_tokens=30, num_speculative_tokens=None, sampling=seeded))
     assert {len(p) for p in draft.proposals[:-1]} == {6}  # SpeculationConfig.seeded_gamma; the last is clipped
+
+
+@pytest.mark.parametrize(
+    ("sampling", "gamma", "adaptive"),
+    [
+        (SamplingConfig(temperature=0.0, seed=3), None, True),  # greedy draws nothing: its seed is unused
+        (SamplingConfig(temperature=1e-6, seed=3), None, True),  # below MIN_TEMPERATURE: greedy
+        (SamplingConfig(temperature=0.5, seed=3), None, False),  # its samples must reproduce
+        (SamplingConfig(temperature=0.5), None, True),
+        (SamplingConfig(), None, True),
+        (SamplingConfig(temperature=0.0, seed=3), 4, False),  # the request fixes γ
+        (SamplingConfig(temperature=0.5), 4, False),
+    ],
+)
+def test_gamma_adapts_unless_fixed_by_the_request_or_its_seeded_samples(
+    sampling: SamplingConfig, gamma: int | None, adaptive: bool
+) -> None:
+    """A seeded greedy request got the seeded sampling's fixed γ = 6: a greedy output does not hang on γ."""
+    assert adaptive_gamma(params(sampling=sampling, num_speculative_tokens=gamma)) is adaptive
+
+
+def test_a_seeded_greedy_request_runs_with_adaptive_gamma(caplog: pytest.LogCaptureFixture) -> None:
+    orchestrator, _, _ = make()
+    greedy = SamplingConfig(temperature=0.0, seed=3)
+    with caplog.at_level("DEBUG", logger=engine_module.log.name):
+        run(orchestrator, "c", params(max_new_tokens=4, num_speculative_tokens=None, sampling=greedy))
+    first = next(r.getMessage() for r in caplog.records if " round: gamma " in r.getMessage())
+    assert "alpha 0.60" in first  # the policy's estimate (a fixed γ logs alpha nan)
 
 
 @pytest.mark.parametrize("forward_ns", [0, 10**10])
