@@ -29,8 +29,12 @@ T = TypeVar("T")
 
 __all__ = [
     "csv_of", "gamma", "lambda_", "max_new_tokens", "non_negative_float", "non_negative_int", "port",
-    "positive_float", "positive_int", "rate", "tau",
+    "positive_float", "positive_int", "rate", "tau", "window_tokens",
 ]  # fmt: skip
+
+# a calibration window predicts each of its tokens from those before it: one token compares nothing
+# (calispec_tools/calibrate/job.py's CalibrateConfig refuses less)
+MIN_WINDOW_TOKENS = 2
 
 
 def rate(text: str) -> float:
@@ -47,6 +51,15 @@ def _checked(value: T, check: Callable[[T], None]) -> T:
         check(value)
     except InvalidArgument as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def window_tokens(text: str) -> int:
+    """Calibration's --max-tokens (the window length): an int >= MIN_WINDOW_TOKENS."""
+    value = int(text)
+    if value < MIN_WINDOW_TOKENS:
+        raise argparse.ArgumentTypeError(f"must be >= {MIN_WINDOW_TOKENS} (a window of one token compares nothing), "
+                                         f"got {value}")  # fmt: skip
     return value
 
 

@@ -298,41 +298,52 @@ def up_security(args: argparse.Namespace, secrets_dir: Path) -> tuple[Path | Non
     tls_dir = None
     if args.tls:
         from calispec_tools.certs import make_dev_certs
+        from calispec_tools.stack import user_path
 
         tls_dir = Path(args.tls_dir) if args.tls_dir else data_dir() / "tls"
         if not (tls_dir / "ca.pem").exists():
-            make_dev_certs(tls_dir)
+            with user_path():  # --tls-dir: a usage error when it cannot be written
+                make_dev_certs(tls_dir)
     if args.open:
         return tls_dir, None, None
     keys_file = secrets_dir / "api-keys"
     return tls_dir, keys_file, cli_auth.add_api_key(keys_file, "dev")
 
 
-def _interrupt(*_: object) -> None:
-    raise KeyboardInterrupt
+SIGINT_EXIT = 128 + signal.SIGINT  # 130: the shell's code of a command Ctrl-C ended
+SIGTERM_EXIT = 128 + signal.SIGTERM  # 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during the stack's start: unwinds as Ctrl-C does (LocalStack stops what had started), and
+    exits 143, not Ctrl-C's 130."""
+
+
+def _terminate(*_: object) -> None:
+    raise Terminated
 
 
 def stack_command(command: str, run: Callable[[], int]) -> int:
     """`up` and `demo`: what ends the stack's start is one line, not a traceback (LocalStack has stopped
-    whatever it had started by then): exit 2 for what the user must fix (a port taken, a path that
-    cannot be written, a service that cannot start), 130 for Ctrl-C and SIGTERM."""
+    whatever it had started by then): exit 2 for what the user must fix (a port taken, a path of theirs
+    that cannot be used, a service that cannot start), 1 for a service not ready in time, 130 for Ctrl-C
+    and 143 for SIGTERM."""
     # SIGTERM interrupts the start-up as Ctrl-C does (a pull, a model load; LocalStack stops what had
     # started): its default action would end this process alone, and the services, each in a session of
     # its own, would go on serving. `up` hands both signals to its running stack once that is up.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return run()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print(f"{command}: interrupted (every service it started is stopped)", file=sys.stderr)
-        return 130
-    except TimeoutError as exc:  # a service not ready in time: the message names its log
-        return cli_auth.usage_error(exc)
-    except OSError as exc:  # --log-dir, --memory-db's directory, --tls-dir
-        return cli_auth.usage_error(f"cannot use {exc.filename or 'a path'}: {exc.strerror or exc}")
+        return SIGTERM_EXIT if isinstance(exc, Terminated) else SIGINT_EXIT
+    except TimeoutError as exc:  # a service not ready in time (a slow machine, not the user's input): names its log
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except RuntimeError as exc:
-        from calispec_tools.stack import ServiceStartError  # loaded already: the stack raised it
+        from calispec_tools.stack import StackStartError  # loaded already: the stack (or up_security) raised it
 
-        if not isinstance(exc, ServiceStartError):
+        if not isinstance(exc, StackStartError):
             raise
         return cli_auth.usage_error(exc.line)
     finally:
@@ -436,7 +447,7 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"{shown}  mode: {args.mode or 'csd'}\n", file=sys.stderr)
         # the demo stack runs open on loopback (no API key, no TLS): no credentials, not even the environment's
         # (`calispec up --tls` tells users to export CALISPEC_TLS_CA; the demo then spoke TLS to plaintext)
-        return run_request(stack.coordinator_address, args, messages, token="", tls_ca="")
+        return run_request(stack.coordinator_address, args, messages, **cli_auth.own_stack_auth())
 
 
 def cmd_models_tiny(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from calispec._channel import ClientAuth, read_ca_bundle
 from calispec_core.access import key_line, new_api_key
 
 USAGE_ERROR = 2  # exit status of input the command cannot use (argparse's for a bad flag)
@@ -31,6 +32,24 @@ def add_client_auth_args(parser: argparse.ArgumentParser) -> None:
 def client_auth(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments of CalispecClient / AsyncCalispecClient from the flags above."""
     return {"token": args.token, "tls_ca": args.tls_ca, "tls_server_name": args.tls_server_name}
+
+
+def checked_client_auth(args: argparse.Namespace) -> dict[str, Any]:
+    """client_auth(args), checked as the SDK will use it, before any client is built: ValueError naming a CA
+    bundle (--tls-ca or CALISPEC_TLS_CA) it cannot read or that holds no PEM certificate, or a token or
+    server name gRPC metadata cannot carry (the commands print it as one line, exit 2)."""
+    options = client_auth(args)
+    auth = ClientAuth.resolve(**options)
+    if auth.tls_ca is not None:
+        read_ca_bundle(auth.tls_ca)
+    return options
+
+
+def own_stack_auth() -> dict[str, Any]:
+    """Client keyword arguments for a stack the command started itself (demo, bench/eval --local, bench compare
+    and calibration): it runs open on loopback, so no credentials, not even the environment's ("" overrides
+    CALISPEC_TOKEN / CALISPEC_TLS_CA, meant for the stack `calispec up --tls` runs)."""
+    return {"token": "", "tls_ca": ""}
 
 
 def usage_error(problem: Exception | str) -> int:

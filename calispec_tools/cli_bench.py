@@ -20,7 +20,7 @@ from typing import Any
 from calispec.types import Mode
 from calispec_core.limits import DTYPE_CHOICES
 from calispec_tools import arg_types as at
-from calispec_tools.cli_auth import add_client_auth_args, client_auth
+from calispec_tools.cli_auth import add_client_auth_args, checked_client_auth, own_stack_auth, usage_error
 
 MODE_NAMES = [m.name.lower() for m in Mode]
 LEVELS = at.csv_of(at.positive_int, "positive ints")  # --concurrency sweeps: 0 clients would measure nothing
@@ -122,6 +122,23 @@ def endpoints(args: argparse.Namespace) -> Iterator[Endpoints]:
     yield Endpoints(args.address, args.memory_address, args.memory_namespace, tokenizer)
 
 
+def coordinator_auth(args: argparse.Namespace) -> dict[str, Any]:
+    """Client keyword arguments for the coordinator: --local's own stack runs open on loopback (no credentials,
+    not even the environment's); --address: the flags', else the environment's, checked (ValueError: what the
+    SDK cannot use, e.g. a missing --tls-ca)."""
+    return own_stack_auth() if args.local else checked_client_auth(args)
+
+
+def bench_auth(args: argparse.Namespace) -> dict[str, Any]:
+    """The load's credentials, checked: with --openai-url the API key only (the HTTP API serves the
+    coordinator's keys; its TLS is the URL's), else coordinator_auth's."""
+    if args.openai_url:
+        from calispec._channel import ClientAuth
+
+        return {"token": ClientAuth.resolve(args.token).token}
+    return coordinator_auth(args)
+
+
 def out_dir(args: argparse.Namespace, command: str) -> Path:
     path = Path(args.out) if args.out else Path(f"calispec-{command}-{time.strftime('%Y%m%d-%H%M%S')}")
     path.mkdir(parents=True, exist_ok=True)
@@ -181,7 +198,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
     from calispec_tools.bench import report
     from calispec_tools.bench.prompts import load_prompts
-    from calispec_tools.bench.runner import Level, LoadConfig, run_sweep
+    from calispec_tools.bench.runner import Level, LoadConfig
 
     prompts = load_prompts(args.prompts)
     if args.rate:
@@ -193,19 +210,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         warmup_requests=args.warmup, burstiness=args.burstiness, seed=args.seed, max_new_tokens=args.max_new_tokens,
         gamma=args.gamma, tau=args.tau, lambda_=args.lambda_, temperature=args.temperature, timeout_s=args.timeout,
     )  # fmt: skip
+    try:  # credentials the SDK cannot use: one line, exit 2, before any output or stack
+        auth = bench_auth(args)
+    except ValueError as exc:
+        return usage_error(exc)
     out = out_dir(args, "bench")
-    if args.openai_url:
-        from calispec._channel import ClientAuth
-        from calispec_tools.bench.openai_client import OpenAIStreamClient
-
-        address = args.openai_url
-        api_key = ClientAuth.resolve(args.token).token or "unused"  # the coordinator's API keys serve both APIs
-        client = OpenAIStreamClient(address, args.timeout, args.openai_model, api_key=api_key)
-        results = asyncio.run(run_sweep(address, prompts, config, levels, client=client))
-    else:
-        with endpoints(args) as ep:
-            address, auth = ep.coordinator, client_auth(args) if not args.local else {}
-            results = asyncio.run(run_sweep(address, prompts, config, levels, client_options=auth))
+    address, results = run_bench(args, prompts, config, levels, auth)
     print(report.format_table(results))
     full_config = {
         "load": config.to_dict(), "levels": [lv.__dict__ for lv in levels], "address": address,
@@ -217,6 +227,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
         written += report.write_plots(out, results)
     print("\nwrote " + ", ".join(str(p) for p in written), file=sys.stderr)
     return 0 if any(lv["total"]["ok"] for lv in results) else 1
+
+
+def run_bench(
+    args: argparse.Namespace, prompts: list[Any], config: Any, levels: list[Any], auth: dict[str, Any]
+) -> tuple[str, list[dict[str, Any]]]:
+    """(the address driven, the sweep's results): the HTTP API at --openai-url, else the coordinator."""
+    from calispec_tools.bench.runner import run_sweep
+
+    if args.openai_url:
+        from calispec_tools.bench.openai_client import OpenAIStreamClient
+
+        client = OpenAIStreamClient(args.openai_url, args.timeout, args.openai_model, api_key=auth["token"] or "unused")
+        return args.openai_url, asyncio.run(run_sweep(args.openai_url, prompts, config, levels, client=client))
+    with endpoints(args) as ep:
+        return ep.coordinator, asyncio.run(run_sweep(ep.coordinator, prompts, config, levels, client_options=auth))
 
 
 def add_compare_parser(sub: Any) -> None:
@@ -300,7 +325,7 @@ def add_calibration_bench_parser(sub: Any) -> None:
     p.add_argument("--gamma", type=at.gamma, default=6, help="fixed γ of the SD run (and of the sd events)")
     p.add_argument("--batch-size", type=at.positive_int, default=16, help="teacher-forced rows per forward")
     p.add_argument(
-        "--max-tokens", type=at.positive_int, default=512, help="text documents are cut into windows this long"
+        "--max-tokens", type=at.window_tokens, default=512, help="text documents are cut into windows this long"
     )
     p.add_argument("--no-text", action="store_true", help="skip the dense run over the corpus's text documents")
     from calispec_tools.cli import add_model_flavour_args
@@ -509,6 +534,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from calispec_tools.memory_reads import fetch_pairs, memory_events, wait_for_events
 
     _check_eval_args(args)
+    try:  # credentials the SDK cannot use: one line, exit 2, before any output or stack
+        auth = coordinator_auth(args)
+    except ValueError as exc:
+        return usage_error(exc)
     kinds = [k.strip() for k in args.tasks.split(",") if k.strip()]
     tasks = load_tasks(kinds, TASK_SETS[args.task_set], limit=args.limit)
     variant_list = variants(args.modes, args.sweep_tau, args.sweep_lambda)
@@ -520,7 +549,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     with endpoints(args) as ep:
         before = memory_events(ep.memory, ep.namespace) if ep.memory else 0
-        auth = client_auth(args) if not args.local else {}
         rows = run_eval(ep.coordinator, tasks, variant_list, config, progress, client_options=auth)
         print(file=sys.stderr)
         analysis = None

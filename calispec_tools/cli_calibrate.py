@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-new-tokens", type=at.max_new_tokens, default=128, help="--generate / --prompts: tokens per prompt"
     )
     p.add_argument(
-        "--max-tokens", type=at.positive_int, default=512, help="documents are cut into windows of this many tokens"
+        "--max-tokens", type=at.window_tokens, default=512, help="documents are cut into windows of this many tokens"
     )
     p.add_argument("--batch-size", type=at.positive_int, default=8)
     p.add_argument("--pair", default=None, help="model pair (default: the running stack's, else qwen-coder)")
@@ -272,7 +272,7 @@ def calibrate_by_sd(args: argparse.Namespace) -> int:
     import grpc
 
     from calispec.client import CalispecClient, CalispecRpcError
-    from calispec_tools.cli_auth import client_auth
+    from calispec_tools.cli_auth import checked_client_auth
     from calispec_tools.cli_memory import memory_address, memory_tls, resolve_namespace
     from calispec_tools.memory_reads import memory_events, wait_for_events
 
@@ -282,6 +282,10 @@ def calibrate_by_sd(args: argparse.Namespace) -> int:
         return _fail(f"cannot read prompts: {exc}")
     if not prompts:
         return _fail(f"{args.prompts} holds no prompts")
+    try:  # the coordinator's credentials (--tls-ca, CALISPEC_TLS_CA, --token): one line, not a traceback
+        auth = checked_client_auth(args)
+    except ValueError as exc:
+        return _fail(str(exc), USAGE_ERROR)
     address, tls = memory_address(args.memory_addr), memory_tls(args)
     try:  # before any request: events sent to a memory service nobody can count would be lost
         namespace = resolve_namespace(address, args.namespace, tls)
@@ -290,7 +294,7 @@ def calibrate_by_sd(args: argparse.Namespace) -> int:
         return _fail(_memory_failure(address, exc))
     rejections = 0
     start = time.perf_counter()
-    with CalispecClient(args.address, **client_auth(args)) as client:
+    with CalispecClient(args.address, **auth) as client:
         for i, prompt in enumerate(prompts, 1):
             try:
                 result = client.generate(

@@ -18,6 +18,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -126,12 +128,32 @@ class StackConfig:
     log_level: str = "INFO"
 
 
-class ServiceStartError(RuntimeError):
-    """A service exited before it served. str(): its log's tail; `line`: why, in one line (the CLI's error)."""
+class StackStartError(RuntimeError):
+    """The stack cannot start for a reason its user must fix; `line`: why, in one line (the CLI's usage error)."""
 
     def __init__(self, message: str, line: str) -> None:
         super().__init__(message)
         self.line = line
+
+
+class ServiceStartError(StackStartError):
+    """A service exited before it served. str(): its log's tail; `line`: why, in one line (the CLI's error)."""
+
+
+@contextmanager
+def user_path() -> Iterator[None]:
+    """Around a start-up step that writes a path the user chose (--log-dir, --tls-dir): an OSError there is
+    theirs to fix, a StackStartError naming the path. Other OSErrors (and any later) stay what they are."""
+    try:
+        yield
+    except OSError as exc:
+        raise StackStartError(str(exc), f"cannot use {exc.filename or 'a path'}: {exc.strerror or exc}") from exc
+
+
+def _open_log(path: Path) -> IO[bytes]:
+    """A service's log, to append to (in --log-dir: an OSError is the user's to fix)."""
+    with user_path():
+        return open(path, "ab")
 
 
 STOP_ORDER = ("coordinator", "draft_service", "target_service", "memory_service")  # the reverse of start
@@ -214,7 +236,8 @@ class LocalStack:
 
     def start(self) -> LocalStack:
         c = self.config
-        c.log_dir.mkdir(parents=True, exist_ok=True)
+        with user_path():
+            c.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             # A fresh random writer token per run, in a private directory: only the target (the
             # verifier) and the memory service get it, so clients of the stack cannot write counts.
@@ -317,7 +340,7 @@ class LocalStack:
         # restarted service keeps its crash's. Daemons do the same (nginx's error.log); the marker line
         # tells the runs apart, and O_APPEND keeps two writers' lines whole.
         marker = f"--- {name} starting {time.strftime('%Y-%m-%d %H:%M:%S')} (launcher pid {os.getpid()})\n"
-        with open(log_path, "ab") as log_file:
+        with _open_log(log_path) as log_file:
             log_file.write(marker.encode())
             log_file.flush()
             log_start = log_file.tell()

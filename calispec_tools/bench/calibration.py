@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calispec_tools.calibrate.corpus import Document, load_corpus
+from calispec_tools.cli_auth import own_stack_auth
 
 if TYPE_CHECKING:
     from calispec_tools.stack import LocalStack
@@ -60,7 +61,7 @@ def sd_through_stack(stack: LocalStack, prompts: list[str], gamma: int, max_new_
     from calispec.client import CalispecClient
 
     events = tokens = 0
-    with CalispecClient(stack.coordinator_address, timeout=900) as client:
+    with CalispecClient(stack.coordinator_address, timeout=900, **own_stack_auth()) as client:
         warm = client.generate(prompts[0], mode="sd", max_new_tokens=4, num_speculative_tokens=gamma)
         before = recorded_pairs(stack, warm.stats.rejections)
         start = time.perf_counter()

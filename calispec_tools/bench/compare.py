@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from calispec_tools.bench.rpc_floor import format_floors, model_service_floors
+from calispec_tools.cli_auth import own_stack_auth
 
 STACK_MODES = ("ar", "sd", "csd")
 MODEL_SERVICES = ("draft", "target")
@@ -106,7 +107,7 @@ def load_level(address: str, mode: str, concurrency: int, config: CompareConfig)
 
     requests = config.load_requests or 2 * concurrency
     prompts = [config.prompts[i % len(config.prompts)] for i in range(requests)]
-    with CalispecClient(address, timeout=900) as client:
+    with CalispecClient(address, timeout=900, **own_stack_auth()) as client:  # the stack run_compare started
         start = time.perf_counter()
 
         def one(prompt: str) -> StreamedRequest:
@@ -484,7 +485,10 @@ def run_compare(args: argparse.Namespace) -> int:
         hf = None if config.skip_hf else HfPair(draft, target, args.dtype, args.device, draft_dtype)
         print(f"starting the stack (draft {draft} in {draft_dtype}, draft vocab {draft_vocab or 'full'}, "
               f"target {target})...", file=sys.stderr)  # fmt: skip
-        with LocalStack(stack_config) as stack, CalispecClient(stack.coordinator_address, timeout=900) as client:
+        with (
+            LocalStack(stack_config) as stack,
+            CalispecClient(stack.coordinator_address, timeout=900, **own_stack_auth()) as client,
+        ):
             linear = {name: stack.services[f"{name}_service"].banner_value("fp32_linear") for name in MODEL_SERVICES}
             warm_up(client, hf, config.prompts[0])
             floors = model_service_floors(*(stack.services[f"{name}_service"].address for name in MODEL_SERVICES))

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from calispec_core.modeling import ModelRunner
+from calispec_tools.arg_types import MIN_WINDOW_TOKENS
 from calispec_tools.calibrate.corpus import Document, encode, windows
 from calispec_tools.calibrate.generate import continue_greedy
 from calispec_tools.calibrate.teacher import EVENT_MODES, Pair, Row, SdRule, batch_events
@@ -31,8 +32,10 @@ class CalibrateConfig:
     def validate(self) -> CalibrateConfig:
         if self.mode not in EVENT_MODES:
             raise ValueError(f"mode must be one of {EVENT_MODES}, got {self.mode!r}")
-        if not (self.gamma >= 1 and self.max_new_tokens >= 1 and self.max_tokens >= 2 and self.batch_size >= 1):
-            raise ValueError("gamma, max_new_tokens, batch_size must be >= 1 and max_tokens >= 2")
+        if not (self.gamma >= 1 and self.max_new_tokens >= 1 and self.batch_size >= 1):
+            raise ValueError("gamma, max_new_tokens, batch_size must be >= 1")
+        if self.max_tokens < MIN_WINDOW_TOKENS:  # the flags' own minimum (calispec_tools/arg_types.py)
+            raise ValueError(f"max_tokens must be >= {MIN_WINDOW_TOKENS}, got {self.max_tokens}")
         return self
 
 

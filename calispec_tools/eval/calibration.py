@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from calispec_tools.calibrate.corpus import Document, load_corpus
+from calispec_tools.cli_auth import own_stack_auth
 from calispec_tools.eval.rejections import analyse
 from calispec_tools.eval.report import summarize
 from calispec_tools.eval.runner import EvalConfig, Variant, run_eval
@@ -124,13 +125,14 @@ def run_study(
     on_done: Callable[[dict[str, Any]], None] = lambda row: None,
     calibrations: Sequence[str] = STUDY_VARIANTS,
 ) -> dict[str, Any]:
-    """Every calibration on its own fresh stack: calibrate, then the tasks in its variants (rows carry it)."""
+    """Every calibration on its own fresh stack: calibrate, then the tasks in its variants (rows carry it).
+    The stacks are the study's own (open on loopback): its clients take no credentials from the environment."""
     rows: list[dict[str, Any]] = []
     info: dict[str, dict[str, Any]] = {}
     for label, label_variants in study_plan(calibrations, variants).items():
         with start_stack(label) as ep:
             info[label] = {**calibrate(label, ep), "namespace": ep.namespace, "before": concentration(ep)}
-            variant_rows = run_eval(ep.coordinator, tasks, label_variants, config, on_done)
+            variant_rows = run_eval(ep.coordinator, tasks, label_variants, config, on_done, own_stack_auth())
             # verifiers ship a request's rejection events a sync interval after its reply: wait for the last ones
             ran = sum(r["stats"]["rejections"] for r in variant_rows if r["stats"])
             wait_for_events(ep.memory, ep.namespace, info[label]["before"]["recorded_events"] + ran)

@@ -1,5 +1,6 @@
 """`calispec up` and `calispec demo` when their stack cannot start: one line and exit 2 (Ctrl-C: 130, the
-services it had started stopped), never a traceback; and a second stack never truncates a running one's logs."""
+services it had started stopped; SIGTERM: 143, tests/unit/test_stack_lifecycle.py), never a traceback; and a
+second stack never truncates a running one's logs."""
 
 from __future__ import annotations
 

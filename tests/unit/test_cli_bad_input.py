@@ -58,6 +58,7 @@ OUT_OF_RANGE = [
     (["bench", "compare", "--target-threads", "0"], "--target-threads"),
     (["bench", "calibration", "--prompts", "0"], "--prompts"),
     (["bench", "calibration", "--batch-size", "0"], "--batch-size"),
+    (["bench", "calibration", "--max-tokens", "1"], "--max-tokens"),  # CalibrateConfig's minimum is 2
     ([*EVAL, "--limit", "0"], "--limit"),
     ([*EVAL, "--sweep-tau", "0.01,2"], "--sweep-tau"),
     ([*EVAL, "--sweep-lambda", "6,-1"], "--sweep-lambda"),
@@ -66,6 +67,7 @@ OUT_OF_RANGE = [
     ([*EVAL, "--ratio-top", "0"], "--ratio-top"),
     ([*EVAL, "--calibration-batch-size", "0"], "--calibration-batch-size"),
     ([*CALIBRATE, "--batch-size", "0"], "--batch-size"),
+    ([*CALIBRATE, "--max-tokens", "1"], "--max-tokens"),  # passed, then failed CalibrateConfig's check (exit 1)
     ([*CALIBRATE, "--min-count", "0"], "--min-count"),
     ([*CALIBRATE, "--workers", "0"], "--workers"),
     ([*CALIBRATE, "--worker-cpus", "0"], "--worker-cpus"),
@@ -85,6 +87,16 @@ def test_a_numeric_flag_out_of_range_is_an_argparse_error(
         cli.build_parser().parse_args(argv)
     assert exited.value.code == 2
     assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_calibrate_max_tokens_takes_what_the_calibration_takes() -> None:
+    """The flag's minimum is the config's: what argparse lets through, the calibration runs."""
+    from calispec_tools.calibrate.job import CalibrateConfig
+
+    assert cli.build_parser().parse_args([*CALIBRATE, "--max-tokens", "2"]).max_tokens == 2
+    CalibrateConfig(max_tokens=2).validate()
+    with pytest.raises(ValueError, match="max_tokens must be >= 2"):
+        CalibrateConfig(max_tokens=1).validate()
 
 
 def test_the_numeric_flags_still_take_what_they_document() -> None:

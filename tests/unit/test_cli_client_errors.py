@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from calispec.client import CalispecClient
-from calispec_tools import cli
+from calispec_tools import cli, cli_calibrate
 
 CLOSED = "127.0.0.1:1"
 
@@ -98,3 +98,70 @@ def test_demo_checks_its_request_before_the_stack_starts(
     monkeypatch.setattr(cli, "stack_config", stack_config)
     assert cli.main(["demo", "--pair", "tiny", "--seed", str(2**70)]) == 2
     assert "out of range" in one_error_line(capsys)
+
+
+# bench and eval against --address build their clients' credentials from the same flags and environment
+LOADS = {
+    "bench": lambda out: ["bench", "--address", CLOSED, "--prompts", "code", "--out", str(out)],
+    "eval": lambda out: ["eval", "--address", CLOSED, "--limit", "1", "--out", str(out)],
+}
+
+
+@pytest.mark.parametrize("command", LOADS)
+def test_bench_and_eval_name_a_missing_tls_ca_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """A ValueError traceback from the SDK (generate/chat printed one line); the output directory is not made."""
+    missing, out = tmp_path / "ca.pem", tmp_path / "out"
+    assert cli.main([*LOADS[command](out), "--tls-ca", str(missing)]) == 2
+    assert str(missing) in one_error_line(capsys)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", LOADS)
+def test_bench_and_eval_name_a_ca_from_the_environment_that_is_no_pem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate\n")
+    monkeypatch.setenv("CALISPEC_TLS_CA", str(not_pem))
+    assert cli.main(LOADS[command](tmp_path / "out")) == 2
+    assert "holds no PEM certificate" in one_error_line(capsys)
+
+
+def test_bench_against_the_http_api_names_a_bad_token_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--openai-url", "http://127.0.0.1:1/v1", "--prompts", "code", "--token", "csk_bad\ntoken"]
+    assert cli.main(argv) == 2
+    line = one_error_line(capsys)
+    assert "token (API key) must be printable ASCII" in line and "csk_" not in line
+
+
+def test_calibrate_by_sd_names_a_missing_tls_ca_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`calibrate --prompts` sends its requests to the coordinator: the same ValueError traceback."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def fibonacci(n):\n")
+    missing = tmp_path / "ca.pem"
+    argv = ["calibrate", "--prompts", str(prompts), "--memory-addr", CLOSED, "--tls-ca", str(missing)]
+    assert cli.main(argv) == 2
+    assert str(missing) in one_error_line(capsys)
+
+
+class CalibrationRan(Exception):
+    pass
+
+
+def test_calibrate_corpus_ignores_a_stale_tls_ca_in_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Teacher-forced calibration talks to no coordinator: a stale CALISPEC_TLS_CA must not stop it."""
+
+    def calibration_ran(*_args: object) -> None:
+        raise CalibrationRan
+
+    monkeypatch.setenv("CALISPEC_TLS_CA", str(tmp_path / "stale-ca.pem"))
+    monkeypatch.setattr(cli_calibrate, "_load", calibration_ran)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "def add(a, b):\\n    return a + b\\n"}\n')
+    argv = ["calibrate", "--corpus", str(corpus), "--draft", "d", "--target", "t", "--export", str(tmp_path / "x")]
+    with pytest.raises(CalibrationRan):
+        cli.main(argv)

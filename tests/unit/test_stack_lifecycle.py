@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from calispec_tools import cli
-from calispec_tools.stack import LocalStack, ServiceProcess, StackConfig
+from calispec_tools.stack import LocalStack, ServiceProcess, StackConfig, StackStartError
 
 
 class FakeProcess:
@@ -67,7 +68,7 @@ def test_sigterm_interrupts_calispec_up_while_the_stack_starts(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Its handlers only set an event: a pull or a model load could not be interrupted until it was done.
-    The interrupt ends it with one line and 130, not a traceback."""
+    The interrupt ends it with one line and 143 (128 + SIGTERM; it was Ctrl-C's 130), not a traceback."""
 
     def slow_start(*args: object) -> object:
         os.kill(os.getpid(), signal.SIGTERM)  # the user gives up during start-up
@@ -82,7 +83,7 @@ def test_sigterm_interrupts_calispec_up_while_the_stack_starts(
             code = cli.cmd_up(args)
         except KeyboardInterrupt:  # caught here: escaping, it would end the whole pytest session
             pytest.fail("the interrupt escaped `calispec up` as a traceback")
-        assert code == 130
+        assert code == 143
         assert capsys.readouterr().err == "calispec up: interrupted (every service it started is stopped)\n"
     finally:
         for sig, handler in handlers.items():
@@ -94,7 +95,8 @@ def test_sigterm_interrupts_the_start_of_every_stack_command(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str
 ) -> None:
     """`calispec demo` left SIGTERM to its default action: the process ended alone and the services it had
-    started, each in a session of its own, went on serving. The handler in place before is put back."""
+    started, each in a session of its own, went on serving. The handler in place before is put back. Exit 143,
+    128 + SIGTERM (it was 130, Ctrl-C's code)."""
     received: list[int] = []
 
     def record(sig: int, _frame: object) -> None:
@@ -113,10 +115,65 @@ def test_sigterm_interrupts_the_start_of_every_stack_command(
             code = cli.main([command, "--pair", "tiny"])
         except KeyboardInterrupt:  # caught here: escaping, it would end the whole pytest session
             pytest.fail(f"the interrupt escaped `calispec {command}` as a traceback")
-        assert code == 130 and received == []
+        assert code == 143 and received == []
         err = capsys.readouterr().err
         assert err.endswith(f"calispec {command}: interrupted (every service it started is stopped)\n")
         assert signal.getsignal(signal.SIGTERM) is record
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+def _raises(exc: BaseException) -> Callable[[], int]:
+    def run() -> int:
+        raise exc
+
+    return run
+
+
+def test_ctrl_c_during_the_start_still_exits_130(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.stack_command("calispec up", _raises(KeyboardInterrupt())) == 130
+    assert capsys.readouterr().err == "calispec up: interrupted (every service it started is stopped)\n"
+
+
+def test_a_service_not_ready_in_time_is_no_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """A slow machine, not the user's input: exit 1 with one line (it was 2, a usage error)."""
+    timeout = TimeoutError("draft_service not ready after 600s; see /logs/draft_service.log")
+    assert cli.stack_command("calispec demo", _raises(timeout)) == 1
+    assert capsys.readouterr().err == "error: draft_service not ready after 600s; see /logs/draft_service.log\n"
+
+
+@pytest.mark.parametrize(
+    "error", [BrokenPipeError(32, "Broken pipe"), PermissionError(13, "Permission denied", "/data/stack.json")]
+)
+def test_an_os_error_outside_the_users_paths_is_not_reported_as_one(error: OSError) -> None:
+    """Any OSError, at any point (printing to a closed pipe while serving, the state file), was "cannot use a
+    path", exit 2: only the start-up steps that write the user's paths are usage errors now."""
+    with pytest.raises(type(error)):
+        cli.stack_command("calispec up", _raises(error))
+
+
+def test_an_unusable_tls_dir_is_still_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`up --tls --tls-dir` under a file: the certificates cannot be written, the user's to fix (exit 2)."""
+
+    def stack_config(*_args: object) -> None:
+        raise AssertionError("the stack's start went on past its --tls-dir")
+
+    monkeypatch.setattr(cli, "stack_config", stack_config)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory\n")
+    args = cli.build_parser().parse_args(["up", "--tls", "--tls-dir", str(a_file / "tls"), "--open"])
+    assert cli.stack_command("calispec up", lambda: cli.serve_stack(args)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot use {a_file}") and "Not a directory" in err and err.count("\n") == 1
+
+
+def test_an_unusable_log_dir_names_it_without_starting_anything(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory\n")
+    stack = LocalStack(StackConfig(Path("d"), Path("t"), tmp_path / "m.db", a_file / "logs"))
+    with pytest.raises(StackStartError) as failed:
+        stack.start()
+    assert failed.value.line == f"cannot use {a_file / 'logs'}: Not a directory" and stack.services == {}
