@@ -226,7 +226,7 @@ def add_request_args(parser: argparse.ArgumentParser, prompt_required: bool, wit
     parser.add_argument("--stop", action="append", default=[], help="stop string; repeatable")
     parser.add_argument("--gamma", type=int, default=None, help="speculative tokens per round")
     parser.add_argument("--tau", type=float, default=None)
-    parser.add_argument("--lambda", dest="lambda_", type=int, default=None)
+    parser.add_argument("--lambda", dest="lambda_", metavar="LAMBDA", type=int, default=None)
     parser.add_argument("--timeout", type=float, default=120.0, help="request deadline, seconds")
     if with_prompt:
         parser.add_argument("--json", action="store_true", help="print one JSON object: response and stats")
@@ -377,17 +377,23 @@ def serve_stack(args: argparse.Namespace) -> int:
             for sig in (signal.SIGINT, signal.SIGTERM):  # before the state file names this process
                 signal.signal(sig, lambda *_: stop.set())
             try:
-                StackState(
-                    os.getpid(), stack.coordinator_address, stack.memory_address, stack.memory_namespace,
-                    str(config.draft_model), str(config.target_model), str(stack.writer_token_file),
-                    process_start_time(os.getpid()),
-                ).write()  # fmt: skip
+                up_state(stack, config).write()
                 print_ready(stack, config, key, tls_dir)
                 stop.wait()
             finally:
                 clear_state(os.getpid())
         print("stopping...", file=sys.stderr)
     return 0
+
+
+def up_state(stack: LocalStack, config: StackConfig) -> StackState:
+    """What `calispec up` records for the other commands: the model dirs absolute (resolved), since
+    `calispec calibrate` reads them from any working directory."""
+    return StackState(
+        os.getpid(), stack.coordinator_address, stack.memory_address, stack.memory_namespace,
+        str(config.draft_model.resolve()), str(config.target_model.resolve()), str(stack.writer_token_file),
+        process_start_time(os.getpid()),
+    )  # fmt: skip
 
 
 def print_ready(stack: LocalStack, config: StackConfig, key: str | None, tls_dir: Path | None) -> None:

@@ -184,7 +184,7 @@ def add_bench_parser(sub: Any) -> None:
     )
     p.add_argument("--gamma", type=at.gamma, default=None)
     p.add_argument("--tau", type=at.tau, default=None)
-    p.add_argument("--lambda", dest="lambda_", type=at.lambda_, default=None)
+    p.add_argument("--lambda", dest="lambda_", metavar="LAMBDA", type=at.lambda_, default=None)
     p.add_argument("--temperature", type=at.non_negative_float, default=0.0)
     p.add_argument("--seed", type=at.non_negative_int, default=0)
     p.add_argument("--timeout", type=at.positive_float, default=300.0, help="per-request deadline, seconds")
@@ -371,7 +371,8 @@ def add_eval_parser(sub: Any) -> None:
     p.add_argument(
         "--ratio-analysis", action="store_true",
         help="also load the pair in this process (--draft/--target, or the tiny pair) and measure the target "
-        "probability ratio p(draft)/p(target) of every rejection under greedy SD over the tasks",
+        "probability ratio p(draft)/p(target) of every rejection under greedy SD over the tasks (not with "
+        "--calibration-study)",
     )  # fmt: skip
     p.add_argument(
         "--ratio-top", type=at.positive_int, default=15, help="pairs in the ratio report (most frequent first)"
@@ -406,11 +407,15 @@ def _decoder(tokenizer_dir: Path | None) -> Any:
     return lambda token_id: tok.decode([token_id])
 
 
-def _check_eval_args(args: argparse.Namespace) -> None:
+def eval_args_problem(args: argparse.Namespace) -> str | None:
+    """Why these eval flags cannot run together, or None (checked before any stack starts)."""
     if args.calibration_study and not args.local:
-        raise SystemExit("--calibration-study starts a fresh stack per variant: use it with --local")
+        return "--calibration-study starts a fresh stack per variant: use it with --local"
+    if args.calibration_study and args.ratio_analysis:  # the study reports no ratios: refused, never dropped
+        return "--ratio-analysis does not run in --calibration-study: run them as two evals"
     if args.ratio_analysis and not args.local and not (args.draft and args.target):
-        raise SystemExit("--ratio-analysis loads the pair in this process: give --draft and --target (or --local)")
+        return "--ratio-analysis loads the pair in this process: give --draft and --target (or --local)"
+    return None
 
 
 def _ratio_analysis(args: argparse.Namespace, tasks: list[Any], config: Any) -> dict[str, Any]:
@@ -533,7 +538,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from calispec_tools.eval.tasks import TASK_SETS, load_tasks
     from calispec_tools.memory_reads import fetch_pairs, memory_events, wait_for_events
 
-    _check_eval_args(args)
+    if problem := eval_args_problem(args):
+        return usage_error(problem)
     try:  # credentials the SDK cannot use: one line, exit 2, before any output or stack
         auth = coordinator_auth(args)
     except ValueError as exc:

@@ -112,6 +112,15 @@ def model_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
     return ensure_pulled_pair(args.pair or "qwen-coder")
 
 
+def missing_model_dir(*dirs: Path) -> str | None:
+    """The first of the pair's directories that is not one, or None: named before anything loads (a stale
+    stack's pair, a mistyped --draft), not as a traceback from the model loader."""
+    for path in dirs:
+        if not path.is_dir():
+            return f"model directory not found: {path}"
+    return None
+
+
 def calibrate_corpus(args: argparse.Namespace) -> int:
     from calispec_tools.calibrate.corpus import load_corpus
     from calispec_tools.calibrate.job import CalibrateConfig
@@ -130,6 +139,8 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
     if args.events == "sd" and not args.generate:
         print("warning: --events sd reproduces SD exactly only on the target's own text (--generate)", file=sys.stderr)
     draft, target = model_dirs(args)
+    if not args.ray and (problem := missing_model_dir(draft, target)):  # --ray: the workers' paths
+        return _fail(problem, USAGE_ERROR)
     if args.export is not None:
         return _to_export(args, docs, config, draft, target)
     address, namespace, token = _memory_target(args)

@@ -3,13 +3,15 @@ errors, paths that cannot be written and a memory service that does not answer a
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from calispec_tools import cli, cli_calibrate
+from calispec_tools import cli, cli_bench, cli_calibrate
+from calispec_tools.stack_state import StackState
 
 
 @pytest.fixture
@@ -202,8 +204,58 @@ def test_calibrate_corpus_names_an_unreachable_memory_service(
 ) -> None:
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"text": "def add(a, b):\\n    return a + b\\n"}\n')
-    argv = ["calibrate", "--corpus", str(corpus), "--draft", "d", "--target", "t", "--memory-addr", refusing_address]
+    pair = [tmp_path / "d", tmp_path / "t"]
+    for model in pair:  # present: the memory service is what fails
+        model.mkdir()
+    argv = ["calibrate", "--corpus", str(corpus), "--draft", str(pair[0]), "--target", str(pair[1])]
+    argv += ["--memory-addr", refusing_address]
     with pytest.raises(SystemExit) as exited:
         cli.main(argv)
     message = str(exited.value.code)  # SystemExit(str): one line on stderr, exit 1
     assert message.startswith(f"error: memory service {refusing_address}: UNAVAILABLE") and "\n" not in message
+
+
+# -- flags that cannot run together ------------------------------------------------------------------------
+
+
+def test_eval_refuses_the_ratio_analysis_in_the_calibration_study(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The study returned before the ratio analysis ran: eval.json had no ratios, and nothing said so."""
+
+    def stack_started(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a stack started before the flags were checked")
+
+    monkeypatch.setattr(cli_bench, "local_stack", stack_started)
+    out = tmp_path / "out"
+    argv = ["eval", "--local", "--ratio-analysis", "--calibration-study", "--no-plots", "--out", str(out)]
+    assert cli.main(argv) == 2
+    one_error_line(capsys, "--ratio-analysis", "--calibration-study")
+    assert not out.exists()
+
+
+# -- model directories that are not there ------------------------------------------------------------------
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    path = tmp_path / "corpus.jsonl"
+    path.write_text('{"text": "def add(a, b):\\n    return a + b\\n"}\n')
+    return path
+
+
+def test_calibrate_names_a_missing_model_dir(corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It was the model loader's InvalidArgument, a traceback."""
+    pair = ["--draft", "/nonexistent/d", "--target", "/nonexistent/t"]
+    assert cli.main(["calibrate", "--corpus", str(corpus), *pair, "--export", str(tmp_path / "y.json")]) == 2
+    one_error_line(capsys, "model directory not found: /nonexistent/d")
+
+
+def test_calibrate_names_a_missing_dir_of_the_running_stacks_pair(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The pair comes from the running `calispec up` when no --draft/--target is given."""
+    (tmp_path / "d").mkdir()
+    StackState(os.getpid(), "c", "m", "ns", str(tmp_path / "d"), "/nonexistent/t", "w", 0).write()
+    assert cli.main(["calibrate", "--corpus", str(corpus), "--export", str(tmp_path / "y.json")]) == 2
+    one_error_line(capsys, "model directory not found: /nonexistent/t")

@@ -162,6 +162,9 @@ def test_calibrate_corpus_ignores_a_stale_tls_ca_in_the_environment(
     monkeypatch.setattr(cli_calibrate, "_load", calibration_ran)
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"text": "def add(a, b):\\n    return a + b\\n"}\n')
-    argv = ["calibrate", "--corpus", str(corpus), "--draft", "d", "--target", "t", "--export", str(tmp_path / "x")]
+    (tmp_path / "d").mkdir()
+    (tmp_path / "t").mkdir()
+    pair = ["--draft", str(tmp_path / "d"), "--target", str(tmp_path / "t")]
+    argv = ["calibrate", "--corpus", str(corpus), *pair, "--export", str(tmp_path / "x")]
     with pytest.raises(CalibrationRan):
         cli.main(argv)

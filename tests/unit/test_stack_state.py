@@ -115,3 +115,24 @@ def test_a_stack_that_exits_before_the_signal_counts_as_stopped(monkeypatch) -> 
 
     monkeypatch.setattr(stack_state, "_kill", gone)
     assert stop_stack(timeout_s=5) == state(1)
+
+
+def test_up_records_the_pair_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`calispec up --draft rel/d --target rel/t` recorded the relative paths: `calispec calibrate` from another
+    directory then looked for the pair there (a model loader traceback)."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    from calispec_tools import cli, cli_calibrate
+
+    pair = [tmp_path / "models" / "d", tmp_path / "models" / "t"]
+    for model in pair:
+        model.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    config: Any = SimpleNamespace(draft_model=Path("models/d"), target_model=Path("models/t"))
+    stack: Any = SimpleNamespace(coordinator_address="c", memory_address="m", memory_namespace="ns",
+                                 writer_token_file=tmp_path / "w")  # fmt: skip
+    cli.up_state(stack, config).write()
+    monkeypatch.chdir(pair[0])  # another working directory
+    args = cli.build_parser().parse_args(["calibrate", "--corpus", "corpus.jsonl"])
+    assert cli_calibrate.model_dirs(args) == (pair[0].resolve(), pair[1].resolve())
