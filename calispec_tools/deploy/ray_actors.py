@@ -286,7 +286,8 @@ class Controller:
             if idle_polls >= 2:
                 return
             time.sleep(0.2)
-        log.warning("%s still has sessions after %.0fs; stopping it (they fail UNAVAILABLE)", name, deadline)
+        timeout = self.config.drain_timeout_s
+        log.warning("%s still has sessions after %.0fs; stopping it (they fail UNAVAILABLE)", name, timeout)
 
     def _stop_actor(self, name: str) -> None:
         actor = self.actors.pop(name)

