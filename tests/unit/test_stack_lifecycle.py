@@ -64,37 +64,12 @@ def test_an_interrupt_while_one_service_drains_still_ends_the_others(tmp_path: P
     assert stack.services == {}
 
 
-def test_sigterm_interrupts_calispec_up_while_the_stack_starts(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Its handlers only set an event: a pull or a model load could not be interrupted until it was done.
-    The interrupt ends it with one line and 143 (128 + SIGTERM; it was Ctrl-C's 130), not a traceback."""
-
-    def slow_start(*args: object) -> object:
-        os.kill(os.getpid(), signal.SIGTERM)  # the user gives up during start-up
-        raise AssertionError("start-up went on after SIGTERM")
-
-    monkeypatch.setattr(cli, "stack_config", slow_start)
-    monkeypatch.setattr(cli, "up_security", lambda args, secrets: (None, None, None))
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    args = cli.build_parser().parse_args(["up", "--pair", "tiny"])
-    try:
-        try:
-            code = cli.cmd_up(args)
-        except KeyboardInterrupt:  # caught here: escaping, it would end the whole pytest session
-            pytest.fail("the interrupt escaped `calispec up` as a traceback")
-        assert code == 143
-        assert capsys.readouterr().err == "calispec up: interrupted (every service it started is stopped)\n"
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-
-
 @pytest.mark.parametrize("command", ["up", "demo"])
 def test_sigterm_interrupts_the_start_of_every_stack_command(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str
 ) -> None:
-    """`calispec demo` left SIGTERM to its default action: the process ended alone and the services it had
+    """Its handlers only set an event: a pull or a model load could not be interrupted until it was done. And
+    `calispec demo` left SIGTERM to its default action: the process ended alone and the services it had
     started, each in a session of its own, went on serving. The handler in place before is put back. Exit 143,
     128 + SIGTERM (it was 130, Ctrl-C's code)."""
     received: list[int] = []
