@@ -17,7 +17,9 @@ import draft_service.__main__ as draft_cli
 import memory_service.__main__ as memory_cli
 import target_service.__main__ as target_cli
 from calispec_core.service_cli import STOP_GRACE_S
+from calispec_tools.cli import build_parser as calispec_parser
 from calispec_tools.deploy.k8s import Doc, containers, load_all, pod_spec, render
+from calispec_tools.models.registry import pair_root
 from coordinator.server import SERVICE_NAME as COORDINATOR
 from draft_service.server import SERVICE_NAME as DRAFT
 from memory_service.server import SERVICE_NAME as MEMORY
@@ -25,6 +27,7 @@ from target_service.metrics import QUEUE_DEPTH
 from target_service.server import SERVICE_NAME as TARGET
 
 REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy" / "k8s"
 OVERLAYS = ["cpu", "gpu"]
 K8S_VERSION = "1.33"
 VAR = re.compile(r"\$\((\w+)\)")
@@ -163,8 +166,10 @@ def test_every_pod_serves_metrics_where_prometheus_looks_and_drains_within_its_g
             if policy["podSelector"] == {}
             for rule in policy.get("ingress", [])
         ), "no policy lets Prometheus reach the metrics port"
-        # SIGTERM -> drain (bounded) -> stop with its grace: all before the kubelet's SIGKILL
-        assert config.drain_timeout_s + STOP_GRACE_S < spec.get("terminationGracePeriodSeconds", 30)
+        # preStop -> SIGTERM -> drain (bounded) -> stop with its grace: all before the kubelet's SIGKILL
+        # (the grace period counts from the start of preStop)
+        grace = spec.get("terminationGracePeriodSeconds", 30)
+        assert _pre_stop_s(container) + config.drain_timeout_s + STOP_GRACE_S < grace, container["name"]
 
 
 def test_the_gpu_hpa_scales_on_the_verify_queue_the_target_exports() -> None:
@@ -305,3 +310,194 @@ def test_memory_is_one_writer_on_its_own_volume(docs: list[Doc], tmp_path: Path)
     config, _ = memory_cli.parse_args(_resolved_args(docs, container, token_file))
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == claim["metadata"]["name"]]
     assert config.db_path.parent == Path(mount["mountPath"]) and not mount.get("readOnly")
+
+
+# --- the models claim and the Job that fills it ---------------------------------------------------
+
+MODELS_CLAIM = "calispec-models"
+
+
+def _pull_job() -> Doc:
+    (job,) = [d for d in render(K8S / "models-pull") if d["kind"] == "Job"]
+    return job
+
+
+def _claim_mounts(spec: Doc) -> list[tuple[Doc, Doc]]:
+    """(volume, mount) for every mount of the models claim in a pod spec."""
+    volumes = {
+        v["name"]: v for v in spec["volumes"] if v.get("persistentVolumeClaim", {}).get("claimName") == MODELS_CLAIM
+    }
+    return [(volumes[m["name"]], m) for c in spec["containers"] for m in c["volumeMounts"] if m["name"] in volumes]
+
+
+def test_the_models_claim_is_shared_read_write_many_and_read_only_where_it_serves(docs: list[Doc]) -> None:
+    """A ReadOnlyMany claim cannot be filled by the pull Job: ReadWriteMany, written only by that Job."""
+    claim = find(docs, "PersistentVolumeClaim", MODELS_CLAIM)
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    serving = [spec for spec, _ in _pod_specs(docs) if _claim_mounts(spec)]
+    assert {spec["containers"][0]["name"] for spec in serving} == {"coordinator", "draft", "target"}
+    for spec in serving:
+        for volume, mount in _claim_mounts(spec):
+            assert volume["persistentVolumeClaim"].get("readOnly") is True, spec["containers"][0]["name"]
+            assert mount.get("readOnly") is True, spec["containers"][0]["name"]
+
+
+def test_the_pull_job_writes_the_pair_where_the_services_load_it(docs: list[Doc]) -> None:
+    import kubernetes_validate
+
+    job = _pull_job()
+    kubernetes_validate.validate(job, K8S_VERSION, strict=True)
+    assert job["metadata"]["namespace"] == find(docs, "PersistentVolumeClaim", MODELS_CLAIM)["metadata"]["namespace"]
+    spec = job["spec"]["template"]["spec"]
+    ((_, pull_mount),) = _claim_mounts(spec)
+    assert not pull_mount.get("readOnly"), "the pull Job is the claim's one writer"
+    command = spec["containers"][0]["command"]
+    assert command[0] == "calispec"  # the project's entry point, in the image's venv
+    args = calispec_parser().parse_args(command[1:])
+    assert args.func.__name__ == "cmd_models_pull"
+    # where the pull puts the pair, relative to the claim's root
+    pulled = pair_root(Path(args.cache_dir), args.pair).relative_to(pull_mount["mountPath"])
+    config = find(docs, "ConfigMap", "calispec-config")["data"]
+    for serving, _ in _pod_specs(docs):
+        for _, mount in _claim_mounts(serving):
+            for key, role in [("CALISPEC_DRAFT_MODEL", "draft"), ("CALISPEC_TARGET_MODEL", "target")]:
+                assert Path(config[key]).relative_to(mount["mountPath"]) == pulled / role, key
+
+
+def test_the_pull_job_runs_like_the_services() -> None:
+    """Non-root, read-only root with a writable /tmp, no API token, bounded retries (it resumes)."""
+    spec = _pull_job()["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    assert spec["securityContext"]["runAsNonRoot"] and spec["securityContext"]["runAsUser"] == 10001
+    assert spec["securityContext"]["fsGroup"] == 10001  # the new volume's root becomes writable for uid 10001
+    assert spec["automountServiceAccountToken"] is False
+    assert container["securityContext"]["readOnlyRootFilesystem"] and container["resources"]["limits"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    tmp = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert tmp and "emptyDir" in volumes[tmp[0]["name"]]
+    assert spec["restartPolicy"] in {"Never", "OnFailure"} and _pull_job()["spec"]["backoffLimit"] >= 1
+
+
+# --- shutdown: preStop, drain, grace --------------------------------------------------------------
+
+SLEEP_COMMANDS = {"sleep", "/bin/sleep", "/usr/bin/sleep"}
+
+
+def _pre_stop_s(container: Doc) -> float:
+    """Seconds the container's preStop hook holds SIGTERM back (0 without one)."""
+    hook = container.get("lifecycle", {}).get("preStop")
+    if hook is None:
+        return 0.0
+    if "sleep" in hook:
+        return float(hook["sleep"]["seconds"])
+    command = hook["exec"]["command"]
+    assert command[0] in SLEEP_COMMANDS and len(command) == 2, command
+    return float(command[1])
+
+
+def test_load_balanced_pods_keep_serving_while_their_endpoints_go(docs: list[Doc]) -> None:
+    """SIGTERM refuses new work at once; endpoints, kube-proxy and Ingresses drop the pod seconds later."""
+    for doc in docs:
+        if doc["kind"] != "Deployment":
+            continue
+        container = doc["spec"]["template"]["spec"]["containers"][0]
+        assert 5 <= _pre_stop_s(container) <= 15, container["name"]
+
+
+def test_the_pre_stop_command_exists_in_every_base_image() -> None:
+    """`sleep` (coreutils) is in the Debian and Ubuntu bases; a distroless base would need another hook."""
+    dockerfile = (REPO / "Dockerfile").read_text()
+    readme = (REPO / "deploy" / "README.md").read_text()
+    bases = re.findall(r"^ARG BASE_IMAGE=(\S+)", dockerfile, re.MULTILINE)  # the default (CPU)
+    bases += re.findall(r"--build-arg BASE_IMAGE=(\S+)", dockerfile + readme)  # the documented CUDA build
+    assert len(bases) >= 2 and any("cuda" in base for base in bases), bases
+    for base in bases:
+        assert "distroless" not in base and any(name in base for name in ("python:", "ubuntu", "debian")), base
+    hooks = [c.get("lifecycle", {}).get("preStop") for c in containers(render(K8S / "overlays" / "cpu"))]
+    assert all("sleep" in h or h["exec"]["command"][0] in SLEEP_COMMANDS for h in hooks if h)
+
+
+# --- disruption budgets, spreading, probes, service account tokens --------------------------------
+
+
+def _min_replicas(docs: list[Doc], kind: str, name: str) -> int:
+    hpas = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler" and d["spec"]["scaleTargetRef"]["name"] == name]
+    if hpas:
+        return int(hpas[0]["spec"].get("minReplicas", 1))
+    return int(find(docs, kind, name)["spec"].get("replicas", 1))
+
+
+def test_no_disruption_budget_blocks_a_node_drain(docs: list[Doc]) -> None:
+    """At the fewest replicas its workload may run, every PDB still allows one eviction.
+
+    minAvailable: 1 over the GPU HPA's single target allowed none: `kubectl drain` waited forever.
+    """
+    for pdb in (d for d in docs if d["kind"] == "PodDisruptionBudget"):
+        selector = pdb["spec"]["selector"]["matchLabels"]
+        (workload,) = [d for d in docs if pod_spec(d) is not None and d["spec"]["selector"]["matchLabels"] == selector]
+        count = _min_replicas(docs, workload["kind"], workload["metadata"]["name"])
+        budget = pdb["spec"]
+        allowed = budget["maxUnavailable"] if "maxUnavailable" in budget else count - budget["minAvailable"]
+        assert isinstance(allowed, int) and allowed >= 1, f"{pdb['metadata']['name']}: {count} replicas, {budget}"
+
+
+def test_target_replicas_prefer_different_nodes(docs: list[Doc]) -> None:
+    for name in ["target", "coordinator"]:
+        spec = pod_spec(find(docs, "Deployment", name))
+        assert spec is not None
+        spreads = [
+            s
+            for s in spec.get("topologySpreadConstraints", [])
+            if s["topologyKey"] == "kubernetes.io/hostname"
+            and s["labelSelector"]["matchLabels"] == {"app.kubernetes.io/name": name}
+        ]
+        assert spreads and spreads[0]["maxSkew"] == 1, name
+        # a preference: a cluster with one suitable node still schedules every replica
+        assert spreads[0]["whenUnsatisfiable"] == "ScheduleAnyway", name
+
+
+def test_no_pod_gets_a_service_account_token(docs: list[Doc]) -> None:
+    """None of the services calls the Kubernetes API: a mounted token is only something to steal."""
+    for spec, container in _pod_specs(docs):
+        assert spec.get("automountServiceAccountToken") is False, container["name"]
+
+
+def test_probes_allow_a_busy_cpu_more_than_the_default_second(docs: list[Doc]) -> None:
+    for _, container in _pod_specs(docs):
+        for kind in ["startupProbe", "readinessProbe", "livenessProbe"]:
+            if kind not in container:
+                continue
+            probe = container[kind]
+            timeout = probe.get("timeoutSeconds", 1)
+            assert 3 <= timeout <= probe.get("periodSeconds", 10), f"{container['name']} {kind}: {timeout} s"
+
+
+def test_the_coordinator_startup_probe_outlasts_its_connect_timeout(docs: list[Doc], tmp_path: Path) -> None:
+    """It binds its health port only after draft and target answer (or --connect-timeout runs out):
+    a startup budget no longer than that timeout restarts a coordinator that was about to serve."""
+    spec = pod_spec(find(docs, "Deployment", "coordinator"))
+    assert spec is not None
+    container = spec["containers"][0]
+    config, _ = coordinator_cli.parse_config(_resolved_args(docs, container, tmp_path / "token"))
+    probe = container["startupProbe"]
+    budget = probe.get("initialDelaySeconds", 0) + probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
+    margin_s = 60  # the tokenizer load and the bind after the connect
+    assert budget >= config.connect_timeout_s + margin_s, f"startup {budget} s, connect {config.connect_timeout_s} s"
+
+
+def test_draft_and_target_batch_alike_as_the_readme_says(docs: list[Doc], tmp_path: Path) -> None:
+    """The draft batches Propose calls across sessions; the GPU overlay's batch size reaches it too."""
+    token_file = tmp_path / "token"
+    token_file.write_text("x" * 32)
+    configured = int(find(docs, "ConfigMap", "calispec-config")["data"]["CALISPEC_MAX_BATCH_SIZE"])
+    for name in ["draft", "target"]:
+        spec = pod_spec(find(docs, "Deployment", name))
+        assert spec is not None
+        config, _ = SERVICES[name][0](_resolved_args(docs, spec["containers"][0], token_file))
+        assert config.max_batch_size == configured, name
+
+
+def test_the_gpu_overlay_batch_size_is_the_one_the_readme_names() -> None:
+    docs = render(K8S / "overlays" / "gpu")
+    size = find(docs, "ConfigMap", "calispec-config")["data"]["CALISPEC_MAX_BATCH_SIZE"]
+    assert f"--max-batch-size {size}" in " ".join((REPO / "deploy" / "README.md").read_text().split())
