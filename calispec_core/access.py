@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import secrets
 import threading
 import time
@@ -32,6 +33,8 @@ from calispec_core.errors import FailedPrecondition, PermissionDenied, ResourceE
 log = logging.getLogger(__name__)
 
 AUTHORIZATION_METADATA = "authorization"
+# `Bearer <token>`: the scheme in any case (RFC 9110 §11.1), then spaces or tabs; blanks around the token
+_BEARER = re.compile(r"[ \t]*bearer[ \t]+([^ \t]+)[ \t]*", re.IGNORECASE)
 EXEMPT_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 KEY_PREFIX = "csk_"  # recognisable in logs and by secret scanners
 
@@ -51,10 +54,18 @@ def peer_common_name(context: grpc.ServicerContext) -> str | None:
     return names[0].decode() if names else None
 
 
+def parse_bearer(value: str | None) -> str | None:
+    """The token of an `Authorization` value in the Bearer scheme (`bearer`, `BEARER`, ... alike, spaces or
+    tabs before the token), else None: no value, another scheme, no token, or more than one word after it."""
+    match = _BEARER.fullmatch(value) if value else None
+    return match.group(1) if match else None
+
+
 def bearer_token(context: grpc.ServicerContext) -> str | None:
+    """The Bearer token of the call's `authorization` metadata (the HTTP API reads its header the same way)."""
     for key, value in context.invocation_metadata() or ():
-        if key == AUTHORIZATION_METADATA and isinstance(value, str) and value.startswith("Bearer "):
-            return value.removeprefix("Bearer ").strip()
+        if key == AUTHORIZATION_METADATA and isinstance(value, str) and (token := parse_bearer(value)) is not None:
+            return token
     return None
 
 

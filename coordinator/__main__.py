@@ -23,6 +23,7 @@ from calispec_core.limits import (
     non_negative_int,
     port,
     positive_float,
+    positive_int,
     probability,
 )
 from calispec_core.metrics import new_registry
@@ -36,7 +37,7 @@ from calispec_core.service_cli import (
     startup_step,
     tls_from_args,
 )
-from coordinator.config import CoordinatorConfig
+from coordinator.config import HTTP_MAX_BODY_BYTES, CoordinatorConfig
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.server import build_orchestrator, check_access, create_server
 
@@ -106,6 +107,12 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     http = parser.add_argument_group("OpenAI-compatible HTTP API (docs/api.md; off unless --http-port is given)")
     http.add_argument("--http-port", type=port, default=None, help="serve /v1/* on --host:PORT; 0 picks a free one")
     http.add_argument("--served-model-name", help="the `model` HTTP requests name (default: the tokenizer dir's name)")
+    http.add_argument(
+        "--http-max-body-bytes",
+        type=positive_int,
+        default=HTTP_MAX_BODY_BYTES,
+        help="larger request bodies are refused (413) unread; the default fits the longest valid prompt",
+    )
     args = parser.parse_args(argv)
     try:
         check_csd_thresholds(args.default_tau, args.default_lambda)
@@ -138,6 +145,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         health_port=args.health_port,
         http_port=args.http_port,
         served_model_name=args.served_model_name,
+        http_max_body_bytes=args.http_max_body_bytes,
         max_gamma=args.max_gamma,
         draft_min_confidence=args.draft_min_confidence,
         lockstep_wait_s=args.lockstep_wait,

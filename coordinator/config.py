@@ -8,7 +8,12 @@ from pathlib import Path
 from calispec_core.access import Quota
 from calispec_core.credentials import TlsConfig
 from calispec_core.generation import Defaults
-from calispec_core.limits import MAX_SPECULATIVE_TOKENS
+from calispec_core.limits import MAX_PROMPT_CHARS, MAX_SPECULATIVE_TOKENS
+
+# The largest HTTP request body the OpenAI-compatible API reads: a longest valid prompt at its longest JSON
+# (12 bytes a character: an escaped surrogate pair, `\ud83d\ude00`, as json.dumps writes any character past
+# U+FFFF), plus 1 MiB for the rest of a valid request (1024 chat messages' keys, 16 stop strings, the fields).
+HTTP_MAX_BODY_BYTES = 12 * MAX_PROMPT_CHARS + 2**20
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,7 @@ class CoordinatorConfig:
     health_port: int | None = None
     http_port: int | None = None  # the OpenAI-compatible HTTP API on host:http_port (0: a free port); None: off
     served_model_name: str | None = None  # the `model` HTTP requests name; None: the tokenizer directory's name
+    http_max_body_bytes: int = HTTP_MAX_BODY_BYTES  # larger HTTP request bodies are refused (413) before parsing
     max_gamma: int = 10  # adaptive γ's upper bound (requests may fix γ up to MAX_SPECULATIVE_TOKENS)
     draft_min_confidence: float = 0.4  # adaptive γ: the draft's early stop (HF's assistant_confidence_threshold)
     lockstep_wait_s: float = 0.5  # how long requests wait for each other to run rounds together (0: off)
@@ -47,6 +53,8 @@ class CoordinatorConfig:
             raise ValueError(f"target_refresh_s must be > 0, got {self.target_refresh_s}")
         if not 1 <= self.max_gamma <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"max_gamma must be in [1, {MAX_SPECULATIVE_TOKENS}], got {self.max_gamma}")
+        if self.http_max_body_bytes < 1:
+            raise ValueError(f"http_max_body_bytes must be >= 1, got {self.http_max_body_bytes}")
 
     @property
     def model_name(self) -> str:

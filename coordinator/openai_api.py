@@ -1,10 +1,12 @@
 """The OpenAI-compatible HTTP API, served from the coordinator process (FastAPI + uvicorn).
 
-`/v1/models`, `/v1/completions`, `/v1/chat/completions`, streaming by server-sent events. Requests
-drive the same Orchestrator as the gRPC servicer (no second loop, no extra hop); the blocking
-generator runs in Starlette's thread pool. Errors use OpenAI's shape and HTTP statuses.
-Each request gets the gRPC path's bookkeeping (`coordinator.request_log`: metrics, one log line),
-a request id (`X-Request-Id`, echoed back), and a place in the drain (503 while draining).
+`/v1/models`, `/v1/models/{id}`, `/v1/completions`, `/v1/chat/completions`, streaming by server-sent
+events, and an unauthenticated `/health`. Requests drive the same Orchestrator as the gRPC servicer (no
+second loop, no extra hop); the blocking generator runs in Starlette's thread pool. Errors use OpenAI's
+shape and HTTP statuses. Each request gets the gRPC path's bookkeeping (`coordinator.request_log`:
+metrics, one log line), a request id (`X-Request-Id`, echoed back), and a place in the drain (503 while
+draining). `RequestGuard` checks the API key and the body's size, media type and coding before a byte of
+the body is read.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import contextvars
 import logging
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ import anyio
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers, MutableHeaders
@@ -30,7 +33,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from calispec.types import Mode
-from calispec_core.access import ApiKeys, QuotaBook
+from calispec_core.access import ApiKeys, QuotaBook, parse_bearer
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError, Cancelled, InvalidArgument, NotFound, Unauthenticated, Unavailable
 from calispec_core.generation import Defaults, GenerationParams
@@ -40,7 +43,7 @@ from calispec_core.request_context import REQUEST_ID_METADATA, bound_request_id,
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
 from coordinator.chat import ChatTurn, render_chat
-from coordinator.config import CoordinatorConfig
+from coordinator.config import HTTP_MAX_BODY_BYTES, CoordinatorConfig
 from coordinator.engine import Chunk, Orchestrator
 from coordinator.metrics import CoordinatorMetrics, RequestTimer
 from coordinator.openai_protocol import (
@@ -79,6 +82,20 @@ HTTP_ERRORS: dict[str, tuple[int, str]] = {
     "UNAVAILABLE": (503, "service_unavailable"),
     "DEADLINE_EXCEEDED": (504, "timeout_error"),
 }
+# the framework's own refusals (HTTPException: no route, wrong method, a body too large or unparsable)
+# -> (OpenAI error type, code: the gRPC status name in lower case, as for the domain's errors)
+HTTP_STATUS_ERRORS: dict[int, tuple[str, str]] = {
+    400: ("invalid_request_error", "invalid_argument"),
+    404: ("not_found_error", "not_found"),
+    405: ("invalid_request_error", "unimplemented"),
+    413: ("invalid_request_error", "resource_exhausted"),  # what gRPC answers a message over its size limit
+}
+HEALTH_PATH = "/health"  # unauthenticated, as vLLM's: 200 serving, 503 draining or without a target replica
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
+JSON_BODY_PATHS = frozenset({COMPLETIONS_PATH, CHAT_PATH})
+CALLER_SCOPE_KEY = "calispec.caller"  # the caller's name, as RequestGuard found it
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies pass each event on at once
 
 
 @dataclass(frozen=True)
@@ -90,18 +107,55 @@ class ApiSettings:
     quotas: QuotaBook | None = None  # the coordinator's per-caller quotas (shared with gRPC): 429 beyond them
     metrics: CoordinatorMetrics | None = None  # the coordinator's (shared with gRPC); None: a registry of its own
     gate: DrainGate | None = None  # the gRPC server's drain gate: HTTP requests count in its drain
+    max_body_bytes: int = HTTP_MAX_BODY_BYTES  # larger request bodies: 413, unread
 
 
-def error_response(status: int, message: str, kind: str, param: str | None = None, code: str | None = None):
+def error_response(
+    status: int,
+    message: str,
+    kind: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     body = ErrorResponse(error=ErrorBody(message=message, type=kind, param=param, code=code))
-    return JSONResponse(body.model_dump(), status_code=status)
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 def domain_error_response(exc: CalispecError) -> JSONResponse:
     status, kind = HTTP_ERRORS.get(exc.code, (500, "internal_error"))
     if status == 500:
         log.error("request failed: %s", exc)
-    return error_response(status, str(exc), kind, getattr(exc, "param", None), exc.code.lower())
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None  # RFC 9110 §11.6.1: the scheme to use
+    return error_response(status, str(exc), kind, getattr(exc, "param", None), exc.code.lower(), headers)
+
+
+def http_error_response(request: Request, exc: HTTPException, max_body_bytes: int) -> JSONResponse:
+    """The framework's refusals in OpenAI's shape, their headers (405's `Allow`) kept."""
+    kind, code = HTTP_STATUS_ERRORS.get(exc.status_code, ("invalid_request_error", None))
+    message = str(exc.detail)
+    if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not parse the body as JSON
+        message = unparsable_body_message(exc.__cause__)
+    elif exc.status_code == 404:
+        message = f"no such endpoint: {request.url.path}"
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        message = f"{request.method} is not allowed on {request.url.path} (allowed: {allowed})"
+    elif exc.status_code == 413:
+        message = body_too_large_message(max_body_bytes)
+    return error_response(exc.status_code, message, kind, code=code, headers=exc.headers)
+
+
+def unparsable_body_message(cause: BaseException) -> str:
+    if isinstance(cause, UnicodeDecodeError):
+        return "the body is not valid JSON: it is not UTF-8 text"
+    if isinstance(cause, RecursionError):
+        return "the body is not valid JSON: it is nested too deeply"
+    return f"the body is not valid JSON: {type(cause).__name__}: {cause}"
+
+
+def body_too_large_message(max_body_bytes: int) -> str:
+    return f"the request body is larger than this server's limit of {max_body_bytes} bytes"
 
 
 def generation_params(req: CalispecParams, defaults: Defaults, max_tokens: int | None) -> GenerationParams:
@@ -238,11 +292,13 @@ class OpenAIApi:
         self.settings = settings
         self.metrics = settings.metrics or CoordinatorMetrics(new_registry())
         self.gate = settings.gate or DrainGate(())
+        self.started = int(time.time())  # the served model's `created`: the same on every call
 
     def admit(self, request: Request, model: str) -> ExitStack:
-        """Refuse while draining (503, as gRPC's UNAVAILABLE), authenticate (401), check the model (404)
-        and take a quota slot (429); the drain counts the request and the quota slot stays taken
-        until the returned stack is closed: by the endpoint, or by the stream when it ends."""
+        """Refuse while draining (503, as gRPC's UNAVAILABLE), name the caller (RequestGuard authenticated it
+        before the body was read), check the model (404) and take a quota slot (429); the drain counts the
+        request and the quota slot stays taken until the returned stack is closed: by the endpoint, or by the
+        stream when it ends."""
         if not self.gate.admit():
             raise Unavailable("the server is draining before shutdown; retry elsewhere")
         held = ExitStack()
@@ -261,14 +317,31 @@ class OpenAIApi:
         return held
 
     def caller(self, request: Request) -> str:
+        """The caller's name, as RequestGuard found it before the body was read (else from the headers now)."""
+        name = request.scope.get(CALLER_SCOPE_KEY)
+        return name if isinstance(name, str) else self.identify(request.headers, request.scope.get("client"))
+
+    def identify(self, headers: Headers, client: tuple[str, int] | None) -> str:
+        """The caller's API key's name (401 without a known one), or its address when the server is open."""
         keys = self.settings.keys
         if keys is None:
-            return f"anonymous@{request.client.host if request.client else 'unknown'}"
-        header = request.headers.get("authorization", "")
-        name = keys.identify(header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else None)
+            return f"anonymous@{client[0] if client else 'unknown'}"
+        name = keys.identify(parse_bearer(headers.get("authorization")))
         if name is None:
             raise Unauthenticated("missing or unknown API key (send Authorization: Bearer <key>)")
         return name
+
+    def unhealthy(self) -> str | None:
+        """Why the server should get no traffic now, or None. Only states that end without traffic: a target
+        replica's open circuit closes only when a request probes it, so it does not count here."""
+        if self.gate.draining:
+            return "the server is draining before shutdown"
+        if len(self.orchestrator.replicas) == 0:
+            return "no target replica is configured (the DNS name resolves to none)"
+        return None
+
+    def model_card(self) -> ModelCard:
+        return ModelCard(id=self.settings.model_name, created=self.started)
 
     def chunks(self, prompt: Callable[[], str], req: CalispecParams, max_tokens: int | None) -> HttpGeneration:
         """The generation, lazily (nothing runs before the first `next`), with the per-request bookkeeping."""
@@ -382,7 +455,7 @@ async def stream(
             yield sse(ErrorResponse(error=ErrorBody(message=str(exc), type=kind, code=exc.code.lower())))
         yield sse("[DONE]")
 
-    return OwnedStream(events(), held.close, media_type="text/event-stream")
+    return OwnedStream(events(), held.close, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 class OwnedStream(StreamingResponse):
@@ -433,9 +506,64 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send_with_id)
 
 
+class RequestGuard:
+    """What is checked before the app reads a byte of the body, so that a caller without a key, or a body
+    over the limit, costs no memory: the API key (401; `/health` is exempt), the declared size
+    (`Content-Length` over the limit: 413), and for the JSON endpoints the body's media type and coding
+    (400 unless `application/json`, uncompressed). A body without a `Content-Length` (chunked) is counted as
+    it is read, by the routes' `max_body_size` (413 once past the limit)."""
+
+    def __init__(self, app: ASGIApp, api: OpenAIApi) -> None:
+        self.app = app
+        self.api = api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] == HEALTH_PATH:
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        try:
+            scope[CALLER_SCOPE_KEY] = self.api.identify(headers, scope.get("client"))
+        except Unauthenticated as exc:
+            await domain_error_response(exc)(scope, receive, send)
+            return
+        refusal = self.refusal(scope, headers)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope: Scope, headers: Headers) -> JSONResponse | None:
+        limit = self.api.settings.max_body_bytes
+        try:
+            declared = int(headers.get("content-length", "0"))
+        except ValueError:  # the server refuses a malformed Content-Length before the app is called
+            declared = 0
+        if declared > limit:
+            return guard_error(413, body_too_large_message(limit))
+        if scope["method"] != "POST" or scope["path"] not in JSON_BODY_PATHS:
+            return None
+        media_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media_type != "application/json":  # FastAPI would take such a body as bytes: a baffling 400
+            shown = f"got {media_type!r}" if media_type else "none was sent"
+            message = f"Content-Type must be application/json ({shown})"
+            return guard_error(400, message)
+        coding = headers.get("content-encoding", "identity").strip().lower()
+        if coding not in ("", "identity"):
+            message = f"Content-Encoding {coding!r} is not supported: send the body uncompressed"
+            return guard_error(400, message, {"Accept-Encoding": "identity"})
+        return None
+
+
+def guard_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    kind, code = HTTP_STATUS_ERRORS[status]
+    return error_response(status, message, kind, code=code, headers=headers)
+
+
 def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
     api = OpenAIApi(orchestrator, settings)
     app = FastAPI(title="Calispec (OpenAI-compatible)", docs_url=None, redoc_url=None)
+    app.add_middleware(RequestGuard, api=api)  # inside RequestIdMiddleware: its refusals carry the request id
     app.add_middleware(RequestIdMiddleware)
 
     @app.exception_handler(CalispecError)
@@ -460,15 +588,28 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
-        kind, code = ("not_found_error", "not_found") if exc.status_code == 404 else ("invalid_request_error", None)
-        return error_response(exc.status_code, str(exc.detail), kind, code=code)
+        return http_error_response(request, exc, settings.max_body_bytes)
+
+    @app.get(HEALTH_PATH, include_in_schema=False)
+    async def health() -> Response:
+        reason = api.unhealthy()
+        if reason is not None:
+            return error_response(503, reason, "service_unavailable", code="unavailable")
+        return Response(status_code=200)
 
     @app.get("/v1/models")
     async def models(request: Request) -> ModelList:
         api.caller(request)
-        return ModelList(data=[ModelCard(id=settings.model_name)])
+        return ModelList(data=[api.model_card()])
 
-    @app.post("/v1/completions", response_model=None)
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, request: Request) -> ModelCard:
+        api.caller(request)
+        if model_id != settings.model_name:
+            raise ModelNotFound(f"the model {model_id!r} does not exist; this server serves {settings.model_name!r}")
+        return api.model_card()
+
+    @app.post(COMPLETIONS_PATH, response_model=None, max_body_size=settings.max_body_bytes)
     async def completions(body: CompletionRequest, request: Request):
         held = api.admit(request, body.model)
         try:
@@ -477,7 +618,7 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
             held.close()  # a stream that started owns its slot; anything that failed before gives it back
             raise
 
-    @app.post("/v1/chat/completions", response_model=None)
+    @app.post(CHAT_PATH, response_model=None, max_body_size=settings.max_body_bytes)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         held = api.admit(request, body.model)
         try:
@@ -510,7 +651,16 @@ def serve_http(
 ) -> HttpServer:
     """The HTTP API of a coordinator process, next to its gRPC server: same keys, same quotas, same TLS
     certificate (server-side; HTTP clients authenticate with API keys), same metrics, same drain."""
-    settings = ApiSettings(config.model_name, config.defaults, config.rpc_timeout_s, keys, quotas, metrics, gate)
+    settings = ApiSettings(
+        config.model_name,
+        config.defaults,
+        config.rpc_timeout_s,
+        keys,
+        quotas,
+        metrics,
+        gate,
+        config.http_max_body_bytes,
+    )
     return start_http_server(create_app(orchestrator, settings), config.host, config.http_port or 0, config.tls)
 
 

@@ -11,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from calispec.client import CalispecClient, CalispecRpcError
-from calispec.v1 import memory_pb2, memory_pb2_grpc, target_pb2, target_pb2_grpc
+from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc, memory_pb2, memory_pb2_grpc, target_pb2, target_pb2_grpc
 from calispec_core.access import Quota, key_line
 from calispec_core.credentials import writer_metadata
 from calispec_core.grpc_server import make_channel
@@ -28,7 +28,7 @@ from target_service.server import create_server as create_target
 from tests.conftest import TinyPair
 from tests.helpers import reference_greedy, rpc_code
 
-KEYS = {name: f"csk_test-key-of-{name}-0123456789" for name in ("alice", "quota", "reload")}
+KEYS = {name: f"csk_test-key-of-{name}-0123456789" for name in ("alice", "quota", "reload", "scheme")}
 TOKEN = "test-writer-token-0123456789"
 
 
@@ -120,6 +120,17 @@ def test_a_request_without_a_valid_key_is_unauthenticated(stack: Stack, token: s
     with pytest.raises(CalispecRpcError) as info:
         _generate(stack, token)
     assert info.value.code == "UNAUTHENTICATED"
+
+
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER"])
+def test_the_bearer_scheme_is_case_insensitive(stack: Stack, scheme: str) -> None:
+    """RFC 9110 §11.1: `authorization: bearer KEY` was UNAUTHENTICATED (the SDK always sends `Bearer`)."""
+    credentials = grpc.ssl_channel_credentials(root_certificates=stack.certs.ca.read_bytes())
+    request = coordinator_pb2.GenerateRequest(prompt="hello", params=coordinator_pb2.GenerationParams(max_new_tokens=2))
+    with grpc.secure_channel(stack.address, credentials) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        reply = stub.Generate(request, metadata=[("authorization", f"{scheme} {KEYS['scheme']}")], timeout=30)
+    assert len(reply.token_ids) == 2
 
 
 def test_a_key_over_its_quota_gets_resource_exhausted(stack: Stack) -> None:

@@ -12,7 +12,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 import coordinator.__main__ as coordinator_cli
 import draft_service.__main__ as draft_cli
-from calispec_core.access import ApiKeys, Quota, QuotaBook, key_line
+from calispec_core.access import ApiKeys, Quota, QuotaBook, bearer_token, key_line, parse_bearer
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import FailedPrecondition, ResourceExhausted
 from calispec_tools.certs import make_dev_certs
@@ -69,6 +69,35 @@ def test_api_keys_are_hashed_at_rest_and_reloaded_when_the_file_changes(tmp_path
     assert keys.identify("csk_bob-secret") == "bob"
     with pytest.raises(FailedPrecondition, match="SHA256HEX"):
         ApiKeys(path)  # but a broken file at startup is an error
+
+
+@pytest.mark.parametrize(
+    "value", ["Bearer csk_k", "bearer csk_k", "BEARER csk_k", "bEaReR csk_k", "Bearer\tcsk_k", " Bearer \t csk_k \t"]
+)
+def test_the_bearer_scheme_is_matched_in_any_case_with_blanks_before_the_token(value: str) -> None:
+    """RFC 9110 §11.1: auth schemes are case-insensitive; `bearer KEY` and `BEARER KEY` were refused."""
+    assert parse_bearer(value) == "csk_k"
+
+
+@pytest.mark.parametrize("value", [None, "", "csk_k", "Bearer", "Bearer ", "Bearercsk_k", "Basic csk_k", "Bearer a b"])
+def test_other_authorization_values_carry_no_bearer_token(value: str | None) -> None:
+    assert parse_bearer(value) is None
+
+
+class _Metadata:
+    """A servicer context as far as `bearer_token` reads one."""
+
+    def __init__(self, *metadata: tuple[str, str]) -> None:
+        self._metadata = metadata
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+
+def test_grpc_metadata_is_read_the_same_way() -> None:
+    assert bearer_token(_Metadata(("authorization", "bearer csk_k"))) == "csk_k"  # type: ignore[arg-type]
+    assert bearer_token(_Metadata(("authorization", "BEARER  csk_k"))) == "csk_k"  # type: ignore[arg-type]
+    assert bearer_token(_Metadata(("x-other", "Bearer csk_x"), ("authorization", "Basic x"))) is None  # type: ignore[arg-type]
 
 
 def test_quota_limits_rate_and_concurrency_per_caller() -> None:
