@@ -46,14 +46,10 @@ proto: install
 
 # The qwen-coder pair's shipped calibration: teacher-forced over the repo's own corpus (never the eval
 # tasks), then checked against the sha256 recorded in the repo (docs/calibration.md).
-# One file per target dtype, counted on that dtype's numerics: CAL_DTYPE=bfloat16 (the default file,
-# qwen-coder.json) or CAL_DTYPE=float32 (qwen-coder.float32.json, what CPUs without bf16 units serve).
 CALIBRATION_DIR := calispec_tools/data/calibration
-CAL_DTYPE ?= bfloat16
-CAL_FILE  := qwen-coder$(if $(filter-out bfloat16,$(CAL_DTYPE)),.$(CAL_DTYPE)).json
 calibration: install
 	$(BIN)/calispec calibrate --corpus $(CALIBRATION_DIR)/corpus --generate --max-new-tokens 96 --batch-size 32 --pair qwen-coder \
-		--dtype $(CAL_DTYPE) --min-count 2 --export $(CALIBRATION_DIR)/$(CAL_FILE)
+		--min-count 2 --export $(CALIBRATION_DIR)/qwen-coder.json
 	cd $(CALIBRATION_DIR) && sha256sum -c SHA256SUMS
 
 bench-verifier: install

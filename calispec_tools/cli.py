@@ -114,7 +114,7 @@ def stack_config(args: argparse.Namespace, ports: tuple[int, int, int, int]) -> 
         draft_threads=args.draft_threads,
         target_threads=args.target_threads,
         compute_lock=not args.no_compute_lock,
-        calibration_file=None if args.no_calibration or args.draft else _shipped_file(args),
+        calibration_file=None if args.no_calibration or args.draft else _shipped_file(args.pair),
         default_tau=getattr(args, "default_tau", None),
         default_lambda=getattr(args, "default_lambda", None),
         log_level=args.log_level,
@@ -128,18 +128,10 @@ def draft_vocab(args: argparse.Namespace, pair: str | None) -> int:
     return args.draft_vocab if args.draft_vocab is not None else default_draft_vocab(pair, args.device)
 
 
-def _shipped_file(args: argparse.Namespace) -> Path | None:
-    """The pair's shipped calibration for the target dtype the stack will serve."""
+def _shipped_file(pair: str) -> Path | None:
     from calispec_tools.shipped_calibration import shipped_file  # grpc: not on the light CLI's import path
 
-    return shipped_file(args.pair, served_target_dtype(args))
-
-
-def served_target_dtype(args: argparse.Namespace) -> str:
-    """The target's dtype as its service resolves `--dtype` on this machine ("auto": bf16 where fast)."""
-    from calispec_core.modeling import resolve_device, serving_dtype_name  # torch: serve path only
-
-    return serving_dtype_name(args.dtype, resolve_device(args.device))
+    return shipped_file(pair)
 
 
 def add_stack_args(parser: argparse.ArgumentParser) -> None:

@@ -438,7 +438,7 @@ def _study_calibrate(args: argparse.Namespace, config: Any, kinds: list[str]) ->
     from calispec_core.modeling import ModelRunner, ModelSpec
     from calispec_tools.calibrate.job import CalibrateConfig, Calibrator
     from calispec_tools.calibrate.sink import MemoryWriter
-    from calispec_tools.cli import served_draft_dtype, served_target_dtype
+    from calispec_tools.cli import served_draft_dtype
     from calispec_tools.eval.calibration import calibration_documents
     from calispec_tools.shipped_calibration import seed_namespace, shipped_for_namespace
 
@@ -458,7 +458,7 @@ def _study_calibrate(args: argparse.Namespace, config: Any, kinds: list[str]) ->
     def calibrate(label: str, ep: Any) -> dict[str, Any]:
         if label == "none":
             return {"source": "none", "events": 0}
-        shipped = shipped_for_namespace(ep.namespace, served_target_dtype(args)) if label == "shipped" else None
+        shipped = shipped_for_namespace(ep.namespace) if label == "shipped" else None
         if shipped is not None:
             result = seed_namespace(ep.memory, ep.namespace, shipped, ep.writer_token)
             return {"source": shipped.name, "loaded": result.loaded, "message": result.message}

@@ -5,11 +5,6 @@ calispec_tools/data/calibration/corpus/; never the evaluation tasks); `SHA256SUM
 records its hash. A stack loads it into the pair's namespace when that namespace has never been
 written (a fresh memory database, or a new pair), so the first request can already rescue;
 `--no-calibration` skips it. A file whose hash or namespace does not match is not loaded.
-
-A pair may ship one file per target dtype, `<pair>.<dtype>.json` (e.g. `qwen-coder.float32.json`), beside
-the default `<pair>.json`: the pairs counted are the served target's argmax disagreements with the draft,
-and a bf16 and a float32 target break near-ties differently, so a file counted on the served numerics
-rescues more. The dtype's own file is preferred; the default is the fallback.
 """
 
 from __future__ import annotations
@@ -29,29 +24,20 @@ CORPUS_DIR = CALIBRATION_DIR / "corpus"
 SUMS_NAME = "SHA256SUMS"
 
 
-def shipped_file(pair: str, target_dtype: str | None = None) -> Path | None:
-    """The pair's file for the served target dtype (e.g. "float32"), else its default file, if any."""
-    names = ([f"{pair}.{target_dtype}.json"] if target_dtype else []) + [f"{pair}.json"]
-    return next((path for path in (CALIBRATION_DIR / name for name in names) if path.is_file()), None)
+def shipped_file(pair: str) -> Path | None:
+    path = CALIBRATION_DIR / f"{pair}.json"
+    return path if path.is_file() else None
 
 
-def shipped_for_namespace(namespace: str, target_dtype: str | None = None) -> Path | None:
-    """The shipped file written for this namespace (its "namespace" field): the target dtype's own, else a
-    default one (as shipped_file)."""
-    own = [p for p in CALIBRATION_DIR.glob("*.json") if target_dtype and _file_dtype(p) == target_dtype]
-    default = [p for p in CALIBRATION_DIR.glob("*.json") if not _file_dtype(p)]
-    for path in sorted(own) + sorted(default):
+def shipped_for_namespace(namespace: str) -> Path | None:
+    """The shipped file written for this namespace (its "namespace" field), if any."""
+    for path in sorted(CALIBRATION_DIR.glob("*.json")):
         try:
             if json.loads(path.read_text(encoding="utf-8")).get("namespace") == namespace:
                 return path
         except (OSError, ValueError):
             continue
     return None
-
-
-def _file_dtype(path: Path) -> str:
-    """ "float32" for `<pair>.float32.json`, "" for a default `<pair>.json`."""
-    return path.stem.partition(".")[2]
 
 
 def recorded_sha256(path: Path) -> str | None:
