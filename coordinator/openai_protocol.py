@@ -3,40 +3,91 @@
 The shapes follow OpenAI's `/v1/completions`, `/v1/chat/completions` and `/v1/models`, as vLLM,
 SGLang and TGI serve them. Calispec's own parameters ride along as extra body fields
 (`extra_body={"mode": "sd", "gamma": 4}` in the `openai` client). Fields a client may send
-but Calispec does not implement (logprobs, n > 1, penalties, ...) are refused with 400 rather
-than silently ignored; unknown fields are ignored, as OpenAI's servers do.
+but Calispec does not implement (logprobs, n > 1, penalties, tool calls, JSON mode, ...) are
+accepted only at their no-op values and refused with 400 otherwise, rather than silently ignored;
+unknown fields are ignored, as vLLM does. An explicit `null` is the field left out, as OpenAI takes it.
+
+Ranges are checked here, under OpenAI's field names (`max_tokens`, not the domain's `max_new_tokens`),
+so that a 400 names the field the client sent in its `param`; the domain checks them again
+(`GenerationParams.validate`) for every API.
 """
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from calispec.types import MODE_NAMES, FinishReason
+from calispec_core.limits import (
+    MAX_LAMBDA,
+    MAX_NEW_TOKENS,
+    MAX_SPECULATIVE_TOKENS,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+)
+from calispec_core.sampling import MAX_TEMPERATURE, MAX_TOP_K, MIN_TOP_P
 
 ModeName = Literal[MODE_NAMES]  # type: ignore[valid-type]
+MAX_SEED = 2**63  # exclusive, as SamplingConfig.validate
+NO_TOOLS = "this server has no tool calling"
 
 
-class CalispecParams(BaseModel):
-    """Sampling and speculative-decoding parameters shared by both endpoints."""
+def invalid(message: str) -> PydanticCustomError:
+    """A validation error whose message is `message` as written (braces included), with no "Value error," prefix."""
+    return PydanticCustomError("invalid_value", "{reason}", {"reason": message})
+
+
+def _in_range(value: float, low: float, high: float, high_open: bool = False) -> None:
+    inside = low <= value < high if high_open else low <= value <= high  # NaN is outside
+    if not inside:
+        raise invalid(f"must be in [{low}, {high}{')' if high_open else ']'}, got {value}")
+
+
+def _token_count(value: int | None) -> int | None:
+    if value is not None:
+        _in_range(value, 1, MAX_NEW_TOKENS)
+    return value
+
+
+class OpenAIModel(BaseModel):
+    """OpenAI's optional fields take an explicit `null` as "unset": such a field gets its default."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        optional = {key for name, f in cls.model_fields.items() if not f.is_required() for key in (name, f.alias)}
+        return {key: value for key, value in data.items() if value is not None or key not in optional}
+
+
+class StreamOptions(OpenAIModel):
+    include_usage: bool = False
+
+
+class CalispecParams(OpenAIModel):
+    """Sampling and speculative-decoding parameters shared by both endpoints."""
+
     model: str
-    max_tokens: int | None = None  # unset: the server's default (the domain validates all ranges)
+    max_tokens: int | None = None  # unset: the server's default
     temperature: float = 1.0  # OpenAI's default; 0 is greedy
-    top_p: float = 1.0
+    top_p: float = 1.0  # OpenAI's 0 (the most likely token only) becomes MIN_TOP_P: 0 is "off" inside
     n: Literal[1] = 1
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
-    stream_options: StreamOptions | None = None
+    stream_options: StreamOptions | None = None  # only with stream: true (as OpenAI)
     user: str | None = None
     # Calispec's own (extra body fields)
-    top_k: int = 0
+    top_k: int = 0  # 0 or -1 (vLLM's "off"): off
     mode: ModeName | None = None
     gamma: int | None = None  # speculative tokens per round
     tau: float | None = None
@@ -48,18 +99,88 @@ class CalispecParams(BaseModel):
     logit_bias: dict[str, float] | None = None
     best_of: Literal[1] | None = None
 
+    @field_validator("max_tokens")
+    @classmethod
+    def _max_tokens(cls, value: int | None) -> int | None:
+        return _token_count(value)
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, value: float) -> float:
+        _in_range(value, 0.0, MAX_TEMPERATURE)
+        return value
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p(cls, value: float) -> float:
+        _in_range(value, 0.0, 1.0)
+        return MIN_TOP_P if value == 0 else value  # OpenAI's 0 keeps the most likely token; inside, 0 is "off"
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        strings = [value] if isinstance(value, str) else value or []
+        if len(strings) > MAX_STOP_STRINGS:
+            raise invalid(f"at most {MAX_STOP_STRINGS} stop strings, got {len(strings)}")
+        if any(not 0 < len(s) <= MAX_STOP_STRING_CHARS for s in strings):
+            raise invalid(f"stop strings must be 1 to {MAX_STOP_STRING_CHARS} characters")
+        return value
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, value: int | None) -> int | None:
+        if value is not None:
+            _in_range(value, 0, MAX_SEED, high_open=True)
+        return value
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(cls, value: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if value is not None and not info.data.get("stream", False):
+            raise invalid("only allowed with stream: true")
+        return value
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int) -> int:
+        if value == -1:  # vLLM's (and LangChain's VLLMOpenAI default) "off"
+            return 0
+        _in_range(value, 0, MAX_TOP_K)
+        return value
+
+    @field_validator("gamma")
+    @classmethod
+    def _gamma(cls, value: int | None) -> int | None:
+        if value is not None:
+            _in_range(value, 1, MAX_SPECULATIVE_TOKENS)
+        return value
+
+    @field_validator("tau")
+    @classmethod
+    def _tau(cls, value: float | None) -> float | None:
+        if value is not None and not 0.0 < value <= 1.0:
+            raise invalid(f"must be in (0, 1], got {value}")
+        return value
+
+    @field_validator("lambda_")
+    @classmethod
+    def _lambda(cls, value: int | None) -> int | None:
+        if value is not None:
+            _in_range(value, 0, MAX_LAMBDA)
+        return value
+
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
     def _no_penalty(cls, value: float) -> float:
         if value != 0:
-            raise ValueError("penalties are not supported: send 0 or leave it out")
+            raise invalid("penalties are not supported: send 0 or leave it out")
         return value
 
     @field_validator("logit_bias")
     @classmethod
     def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         if value:
-            raise ValueError("logit_bias is not supported: send {} or leave it out")
+            raise invalid("logit_bias is not supported: send {} or leave it out")
         return value
 
     def stop_strings(self) -> tuple[str, ...]:
@@ -72,29 +193,140 @@ class CalispecParams(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-class StreamOptions(BaseModel):
-    include_usage: bool = False
-
-
 class CompletionRequest(CalispecParams):
-    prompt: str | list[str]
+    prompt: str | list[str]  # one text prompt (a list of one string is taken too)
     echo: Literal[False] = False
     logprobs: None = None
     suffix: None = None
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_text_prompt(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            if any(isinstance(p, int | list) for p in value):
+                raise invalid("token-id prompts are not supported: send the prompt as text")
+            if len(value) != 1:
+                raise invalid("send one prompt per request (batched prompts are not supported)")
+        return value
 
-class ChatMessage(BaseModel):
-    role: str
-    content: str
+
+def text_of_parts(parts: list[Any]) -> str:
+    """A message's content parts as one text, as vLLM renders them for a text-only chat template: the
+    text parts joined with newlines; any other part (an image, audio, a file) is refused."""
+    texts = []
+    for i, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            what = f"has type {kind!r}" if isinstance(kind, str) else "is not a content part with a type"
+            raise invalid(f"part {i} {what}: only text parts are supported (the model reads text only)")
+        if not isinstance(part.get("text"), str):
+            raise invalid(f"part {i} is a text part without a text string")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+class ChatMessage(OpenAIModel):
+    role: str  # OpenAI's "developer" is taken as "system"; coordinator.chat checks the rest
+    # a string, or a list of text parts (joined into one string); null or absent only on an assistant
+    # message (then ""). Always a str once validated.
+    content: str = Field(default=None, validate_default=True)  # type: ignore[assignment]
+    name: str | None = None  # accepted and ignored (chat templates do not render it)
+    tool_calls: list[Any] | None = None  # no tool calling: only empty
+    function_call: Any = None  # the deprecated form of tool_calls: only null
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _developer_is_system(cls, value: Any) -> Any:
+        return "system" if value == "developer" else value
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            if info.data.get("role") == "assistant":
+                return ""
+            raise invalid("must be a string or a list of text parts (null only on an assistant message)")
+        return text_of_parts(value) if isinstance(value, list) else value
+
+    @field_validator("tool_calls", "function_call")
+    @classmethod
+    def _no_tool_calls(cls, value: Any) -> Any:
+        if value:
+            raise invalid(f"tool calls are not supported: {NO_TOOLS} (send an empty one or leave it out)")
+        return value
 
 
 class ChatCompletionRequest(CalispecParams):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     logprobs: Literal[False] = False
+    # No tool calling and no JSON mode: accepted at their no-op values only. tool_choice comes before
+    # tools (and function_call before functions) so that the second's check sees the first.
+    tool_choice: Literal["none", "auto"] | None = None
+    tools: list[Any] | None = None  # only with tool_choice "none" (never passed to the chat template)
+    function_call: Literal["none", "auto"] | None = None  # OpenAI's deprecated tool_choice
+    functions: list[Any] | None = None  # OpenAI's deprecated tools
+    response_format: dict[str, Any] | None = None  # {"type": "text"} only
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _max_completion_tokens(cls, value: int | None) -> int | None:
+        return _token_count(value)
+
+    @field_validator("tool_choice", "function_call", mode="before")
+    @classmethod
+    def _cannot_force_a_call(cls, value: Any) -> Any:
+        if value is not None and value not in ("none", "auto"):
+            shown = f'"{value}"' if isinstance(value, str) else "a named function"
+            raise invalid(f'{shown} is not supported: {NO_TOOLS} (send "none" or "auto", or leave it out)')
+        return value
+
+    @field_validator("tools", "functions")
+    @classmethod
+    def _tools_unused(cls, value: list[Any] | None, info: ValidationInfo) -> list[Any] | None:
+        choice = "tool_choice" if info.field_name == "tools" else "function_call"
+        if value and info.data.get(choice) != "none":
+            raise invalid(
+                f'tool calling is not supported: with {info.field_name}, send {choice} "none" '
+                f"(the reply is then plain text), or leave {info.field_name} out"
+            )
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type") != "text":
+            raise invalid(f'type {value.get("type")!r} is not supported: only {{"type": "text"}} (no JSON mode)')
+        return value
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+# pydantic's union-member tags in an error's location (prompt.str, stop.list[str]): not OpenAI parameters
+_FIELD_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
+
+
+def openai_param(loc: Sequence[int | str]) -> str | None:
+    """A pydantic error location as OpenAI names the parameter: ("body", "messages", 0, "content") is
+    `messages[0].content`; the leading "body" and union-member tags (`str`, `list[str]`) are dropped."""
+    param = ""
+    for part in loc:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif (part == "body" and not param) or not _FIELD_NAME.fullmatch(part) or part in _TYPE_TAGS:
+            continue
+        else:
+            param += f".{part}" if param else part
+    return param or None
+
+
+def validation_error(error: Mapping[str, Any]) -> tuple[str, str | None]:
+    """The message and `param` of OpenAI's error body for one of pydantic's errors (a request that fails
+    its schema): "max_tokens: must be in [1, 8192], got 0" and "max_tokens"."""
+    param = openai_param(error.get("loc", ()))
+    return f"{param or 'body'}: {error.get('msg', 'invalid request')}", param
 
 
 class Usage(BaseModel):

@@ -58,6 +58,10 @@ def test_async_chat(chat_coordinator: Coordinator, client: CalispecClient) -> No
         ([], "must not be empty"),
         ([{"role": "robot", "content": "hi"}], "role must be one of"),
         ([{"role": "user", "content": "hi"}, {"role": "", "content": "x"}], "messages[1].role"),
+        (
+            [{"role": "tool", "content": "4"}],
+            "messages[0].role 'tool' is not supported: this server has no tool calling",
+        ),
     ],
 )
 def test_bad_messages_are_invalid_argument(client: CalispecClient, messages: list, fragment: str) -> None:

@@ -102,13 +102,28 @@ def test_sse_framing_ends_with_done(base_url: str) -> None:
     ("call", "status", "param"),
     [
         (lambda c: c.completions.create(model="gpt-9", prompt="hi"), 404, "model"),
-        (lambda c: c.completions.create(model=MODEL, prompt="hi", max_tokens=-1), 400, None),
+        (lambda c: c.completions.create(model=MODEL, prompt="hi", max_tokens=-1), 400, "max_tokens"),
         (lambda c: c.completions.create(model=MODEL, prompt="", max_tokens=4), 400, None),
         (lambda c: c.completions.create(model=MODEL, prompt="hi", extra_body={"mode": "fast"}), 400, "mode"),
-        (lambda c: c.completions.create(model=MODEL, prompt="hi", extra_body={"tau": 5.0}), 400, None),
-        (lambda c: c.completions.create(model=MODEL, prompt="hi", extra_body={"lambda": 2**40}), 400, None),
-        (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "robot", "content": "x"}]), 400, None),
-        (lambda c: c.completions.create(model=MODEL, prompt="hi", stream=True, max_tokens=0), 400, None),
+        (lambda c: c.completions.create(model=MODEL, prompt="hi", extra_body={"tau": 5.0}), 400, "tau"),
+        (lambda c: c.completions.create(model=MODEL, prompt="hi", extra_body={"lambda": 2**40}), 400, "lambda"),
+        (
+            lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "robot", "content": "x"}]),
+            400,
+            "messages[0].role",
+        ),
+        (lambda c: c.completions.create(model=MODEL, prompt="hi", stream=True, max_tokens=0), 400, "max_tokens"),
+        # range errors named the domain's fields (max_new_tokens, num_speculative_tokens), with no param
+        (lambda c: c.completions.create(model=MODEL, prompt="hi", extra_body={"gamma": 99}), 400, "gamma"),
+        (lambda c: c.completions.create(model=MODEL, prompt="hi", temperature=500), 400, "temperature"),
+        (lambda c: c.completions.create(model=MODEL, prompt="hi", top_p=2), 400, "top_p"),
+        (lambda c: c.completions.create(model=MODEL, prompt="hi", seed=-1), 400, "seed"),
+        (lambda c: c.completions.create(model=MODEL, prompt="hi", stop=["x"] * 17), 400, "stop"),
+        (
+            lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, max_completion_tokens=9000),
+            400,
+            "max_completion_tokens",
+        ),
     ],
 )
 def test_errors_have_openais_shape_and_status(oai: openai.OpenAI, call, status: int, param: str | None) -> None:
@@ -147,7 +162,7 @@ def _post_raw(base_url: str, path: str, body_json: str) -> httpx.Response:
             "messages[0].content is not valid Unicode",
         ),
         # past the wire's integer: packing it into the services' request failed (500)
-        ("/completions", '{"model": "%s", "prompt": "hi", "max_tokens": 4, "top_k": 4294967296}', "top_k must be"),
+        ("/completions", '{"model": "%s", "prompt": "hi", "max_tokens": 4, "top_k": 4294967296}', "top_k: must be"),
         ("/completions", '{"model": "%s", "prompt": "hi", "presence_penalty": 0.5}', "penalties are not supported"),
         ("/completions", '{"model": "%s", "prompt": "hi", "logit_bias": {"1": 2}}', "logit_bias is not supported"),
         ("/completions", '{"model": "%s", "prompt": "hi",', "not valid JSON"),
@@ -279,3 +294,152 @@ def test_a_completed_http_stream_is_counted_ok_under_its_request_id(
     assert not sample("calispec_requests_total", {"mode": "sd", "status": "CANCELLED"})
     lines = [r.getMessage() for r in caplog.records if r.name == "coordinator.request_log"]
     assert len(lines) == 1 and lines[0].startswith("request id=sse-8 mode=sd status=OK ")
+
+
+def _post(base_url: str, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{base_url}{path}", json={"model": MODEL, **body}, timeout=60)
+
+
+def _error(response: httpx.Response) -> dict:
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "invalid_argument"
+    return error
+
+
+GREEDY_CHAT = {"max_tokens": 6, "temperature": 0, "mode": "ar"}
+
+
+def test_content_parts_are_joined_as_vllm_joins_them(oai: openai.OpenAI, grpc_client: CalispecClient) -> None:
+    """Content as a list of text parts (LangChain's and the `openai` client's typed form) was a 400."""
+    parts = [{"type": "text", "text": "def add"}, {"type": "text", "text": "(a, b):"}]
+    expected = grpc_client.chat([{"role": "user", "content": "def add\n(a, b):"}], max_new_tokens=6, mode="ar")
+    reply = oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": parts}], max_tokens=6, temperature=0,
+        extra_body={"mode": "ar"},
+    )  # fmt: skip
+    assert reply.choices[0].message.content == expected.text
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+    ],
+)
+def test_non_text_content_parts_are_refused_by_name(base_url: str, part: dict) -> None:
+    content = [{"type": "text", "text": "what is this?"}, part]
+    response = _post(base_url, "/chat/completions", {"messages": [{"role": "user", "content": content}]})
+    assert f"part 1 has type {part['type']!r}: only text parts are supported" in _error(response)["message"]
+
+
+def test_developer_messages_are_system_messages(base_url: str) -> None:
+    """OpenAI's newer name for the system role was refused."""
+
+    def reply(role: str) -> str:
+        messages = [{"role": role, "content": "You count."}, *MESSAGES]
+        response = _post(base_url, "/chat/completions", {"messages": messages, **GREEDY_CHAT})
+        assert response.status_code == 200, response.text
+        return response.json()["choices"][0]["message"]["content"]
+
+    assert reply("developer") == reply("system")
+
+
+def test_an_assistant_turn_may_have_null_content_and_a_name(base_url: str) -> None:
+    messages = [
+        {"role": "user", "content": "hi", "name": "alice"},
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": "def add(a, b):", "name": "alice"},
+    ]
+    response = _post(base_url, "/chat/completions", {"messages": messages, **GREEDY_CHAT})
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "fragment"),
+    [
+        (
+            {"messages": [*MESSAGES, {"role": "tool", "tool_call_id": "c1", "content": "4"}]},
+            "messages[1].role",
+            "'tool' is not supported: this server has no tool calling",
+        ),
+        ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool_choice"),
+        ({"messages": MESSAGES, "tool_choice": "required"}, "tool_choice", '"required" is not supported'),
+        (
+            {"messages": MESSAGES, "tool_choice": {"type": "function", "function": {"name": "f"}}},
+            "tool_choice",
+            "a named function is not supported",
+        ),
+        ({"messages": MESSAGES, "functions": [{"name": "f"}]}, "functions", "function_call"),
+        ({"messages": MESSAGES, "response_format": {"type": "json_object"}}, "response_format", "'json_object'"),
+        (
+            {"messages": MESSAGES, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format",
+            "no JSON mode",
+        ),
+        ({"messages": MESSAGES, "stream_options": {"include_usage": True}}, "stream_options", "stream: true"),
+    ],
+)
+def test_tool_calls_json_mode_and_stray_stream_options_are_refused(
+    base_url: str, body: dict, param: str, fragment: str
+) -> None:
+    """tools, tool_choice, functions and response_format were silently ignored: a client asking for a tool
+    call or JSON got plain text; a tool message was refused with no param; stream_options without streaming
+    was ignored (OpenAI refuses it)."""
+    error = _error(_post(base_url, "/chat/completions", body))
+    assert error["param"] == param and fragment in error["message"]
+
+
+def test_no_op_tool_and_format_values_are_accepted(base_url: str) -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for extra in (
+        {"tools": tools, "tool_choice": "none"},
+        {"tools": [], "tool_choice": "auto"},
+        {"functions": [{"name": "f"}], "function_call": "none"},
+        {"response_format": {"type": "text"}},
+        {"parallel_tool_calls": False},
+    ):
+        response = _post(base_url, "/chat/completions", {"messages": MESSAGES, **GREEDY_CHAT, **extra})
+        assert response.status_code == 200, (extra, response.text)
+
+
+def test_an_assistant_tool_call_is_refused(base_url: str) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    error = _error(_post(base_url, "/chat/completions", {"messages": messages}))
+    assert "tool calls are not supported" in error["message"]
+
+
+def test_top_p_zero_keeps_only_the_most_likely_token(base_url: str) -> None:
+    """OpenAI's top_p 0 reached the sampler as "top-p off": full sampling (here at temperature 50: near uniform)."""
+    body = {"prompt": PROMPT, "max_tokens": 12, "mode": "ar"}
+    greedy = _post(base_url, "/completions", {**body, "temperature": 0}).json()["choices"][0]["text"]
+    for seed in (1, 2, 3):
+        sampled = _post(base_url, "/completions", {**body, "temperature": 50, "top_p": 0, "seed": seed})
+        assert sampled.json()["choices"][0]["text"] == greedy
+
+
+def test_an_explicit_null_is_the_field_left_out(base_url: str) -> None:
+    """OpenAI's clients may send null for an optional field: it was a 400 for most of them."""
+    nulls = dict.fromkeys(
+        ("temperature", "top_p", "n", "stream", "stream_options", "presence_penalty", "frequency_penalty", "seed",
+         "stop", "top_k", "return_token_ids", "logit_bias", "best_of", "user", "mode", "gamma", "lambda"),
+    )  # fmt: skip
+    completion = _post(base_url, "/completions", {"prompt": PROMPT, "max_tokens": 3, **nulls, "echo": None})
+    assert completion.status_code == 200, completion.text
+    assert completion.json()["choices"][0]["finish_reason"] == "length"
+    chat = _post(
+        base_url,
+        "/chat/completions",
+        {"messages": MESSAGES, "max_tokens": None, "max_completion_tokens": 3, "logprobs": None, **nulls},
+    )
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["usage"]["completion_tokens"] <= 3
+
+
+@pytest.mark.parametrize("prompt", [[257, 383], [[1, 2, 3]], [[1, 2], [3, 4]]])
+def test_token_id_prompts_are_refused_clearly(base_url: str, prompt: list) -> None:
+    """They were refused as "prompt.str: Input should be a valid string" (the coordinator takes text only)."""
+    error = _error(_post(base_url, "/completions", {"prompt": prompt, "max_tokens": 2}))
+    assert error["param"] == "prompt" and "token-id prompts are not supported" in error["message"]

@@ -6,7 +6,7 @@ import pytest
 from jinja2 import TemplateError
 
 from calispec_core.errors import InvalidArgument
-from coordinator.chat import ChatTurn, render_chat
+from coordinator.chat import ChatTurn, InvalidMessage, render_chat
 
 
 class StubTokenizer:
@@ -40,3 +40,19 @@ def test_template_errors_and_missing_templates_are_invalid_argument() -> None:
         render_chat(StubTokenizer(adds_bos=False, raises=True), USER)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="no chat template"):
         render_chat(StubTokenizer(adds_bos=False, template=None), USER)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("turns", "param", "fragment"),
+    [
+        ([ChatTurn("user", "hi"), ChatTurn("tool", "4")], "messages[1].role", "'tool' is not supported"),
+        ([ChatTurn("robot", "hi")], "messages[0].role", "must be one of system, user, assistant"),
+        ([ChatTurn("user", "x \udfff")], "messages[0].content", "not valid Unicode"),
+        ([], "messages", "must not be empty"),
+    ],
+)
+def test_bad_turns_name_the_field_for_the_http_errors_param(turns: list[ChatTurn], param: str, fragment: str) -> None:
+    """These reached the OpenAI API's errors with param null; a tool message read as an unknown role."""
+    with pytest.raises(InvalidMessage, match=fragment) as info:
+        render_chat(StubTokenizer(adds_bos=False), turns)  # type: ignore[arg-type]
+    assert info.value.param == param and isinstance(info.value, InvalidArgument)

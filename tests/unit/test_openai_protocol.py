@@ -1,0 +1,155 @@
+"""coordinator.openai_protocol: how OpenAI's request shapes become Calispec's (no server, no model)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from calispec_core.sampling import MIN_TOP_P
+from coordinator.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    openai_param,
+    text_of_parts,
+    validation_error,
+)
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields: Any) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"model": "m", "messages": USER, **fields})
+
+
+def first_error(model: type, body: dict[str, Any]) -> tuple[str, str | None]:
+    with pytest.raises(ValidationError) as info:
+        model.model_validate(body)
+    return validation_error(info.value.errors()[0])
+
+
+@pytest.mark.parametrize(
+    ("loc", "param"),
+    [
+        (("body", "max_tokens"), "max_tokens"),
+        (("body", "messages", 0, "content"), "messages[0].content"),
+        (("body", "messages", 12, "role"), "messages[12].role"),
+        (("body", "prompt", "str"), "prompt"),  # union-member tags are pydantic's, not OpenAI's
+        (("body", "stop", "list[str]", 3), "stop[3]"),
+        (("body", "stream_options", "StreamOptions", "include_usage"), "stream_options.include_usage"),
+        (("body",), None),
+    ],
+)
+def test_pydantic_locations_become_openai_params(loc: tuple, param: str | None) -> None:
+    """The HTTP errors' param read `messages.0.content` and `prompt.str`."""
+    assert openai_param(loc) == param
+
+
+def test_validation_errors_name_the_openai_field() -> None:
+    message, param = first_error(ChatCompletionRequest, {"model": "m", "messages": USER, "max_completion_tokens": 0})
+    assert (message, param) == ("max_completion_tokens: must be in [1, 8192], got 0", "max_completion_tokens")
+    content = [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]
+    message, param = first_error(
+        ChatCompletionRequest, {"model": "m", "messages": [{"role": "user", "content": content}]}
+    )
+    assert param == "messages[0].content" and "part 1 has type 'image_url'" in message
+
+
+def test_text_parts_are_joined_with_newlines_as_vllm_does() -> None:
+    assert text_of_parts([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]) == "a\nb"
+    assert text_of_parts([]) == ""
+    assert chat(messages=[{"role": "user", "content": [{"type": "text", "text": "x"}]}]).messages[0].content == "x"
+
+
+@pytest.mark.parametrize(
+    ("message", "fragment"),
+    [
+        ({"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}, "type 'input_audio'"),
+        ({"role": "user", "content": ["hi"]}, "part 0 is not a content part"),
+        ({"role": "user", "content": [{"type": "text"}]}, "without a text string"),
+        ({"role": "user", "content": None}, "null only on an assistant message"),
+        ({"role": "user"}, "null only on an assistant message"),
+        ({"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}, "tool calls are not supported"),
+        ({"role": "assistant", "content": None, "function_call": {"name": "f"}}, "tool calls are not supported"),
+    ],
+)
+def test_bad_messages_are_refused(message: dict[str, Any], fragment: str) -> None:
+    text, _ = first_error(ChatCompletionRequest, {"model": "m", "messages": [message]})
+    assert fragment in text
+
+
+def test_developer_is_system_and_assistant_content_may_be_null() -> None:
+    messages = [
+        {"role": "developer", "content": "Be brief.", "name": "ops"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": []},
+        {"role": "assistant"},
+    ]
+    parsed = chat(messages=messages).messages
+    assert [(m.role, m.content) for m in parsed] == [
+        ("system", "Be brief."),
+        ("user", "hi"),
+        ("assistant", ""),
+        ("assistant", ""),
+    ]
+
+
+def test_top_p_zero_is_the_most_likely_token_not_off() -> None:
+    """Inside, top_p 0 means "off"; OpenAI's 0 keeps only the most likely token."""
+    assert chat(top_p=0).top_p == MIN_TOP_P
+    assert chat(top_p=0.5).top_p == 0.5 and chat().top_p == 1.0
+
+
+def test_top_k_minus_one_is_off_as_in_vllm() -> None:
+    assert chat(top_k=-1).top_k == 0
+    assert first_error(ChatCompletionRequest, {"model": "m", "messages": USER, "top_k": -2})[1] == "top_k"
+
+
+def test_null_is_unset() -> None:
+    nullable = ("temperature", "top_p", "n", "stream", "stream_options", "presence_penalty", "frequency_penalty",
+                "top_k", "return_token_ids", "seed", "stop", "max_tokens", "lambda", "logprobs", "tool_choice",
+                "tools", "response_format")  # fmt: skip
+    request = chat(**dict.fromkeys(nullable))
+    assert request.model_dump() == chat().model_dump()
+    completion = CompletionRequest.model_validate({"model": "m", "prompt": "p", "echo": None, "logprobs": None})
+    assert completion.echo is False
+    with_usage = chat(stream=True, stream_options={"include_usage": None})
+    assert with_usage.include_usage_chunk is False
+
+
+@pytest.mark.parametrize(
+    ("prompt", "fragment"),
+    [
+        ([1, 2], "token-id prompts"),
+        ([[1, 2]], "token-id prompts"),
+        (["a", "b"], "one prompt per request"),
+        ([], "one prompt"),
+    ],
+)
+def test_prompts_other_than_one_text_are_refused_with_param_prompt(prompt: list, fragment: str) -> None:
+    message, param = first_error(CompletionRequest, {"model": "m", "prompt": prompt})
+    assert param == "prompt" and fragment in message
+    assert CompletionRequest.model_validate({"model": "m", "prompt": ["one"]}).prompt == ["one"]
+
+
+def test_stream_options_need_streaming() -> None:
+    assert first_error(CompletionRequest, {"model": "m", "prompt": "p", "stream_options": {}})[1] == "stream_options"
+    assert chat(stream=True, stream_options={"include_usage": True}).include_usage_chunk
+
+
+def test_tools_are_accepted_only_where_no_call_can_be_asked_for() -> None:
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert chat(tools=tools, tool_choice="none").tools == tools
+    assert chat(tool_choice="auto").tool_choice == "auto"  # no tools: nothing to call
+    for fields, param in (
+        ({"tools": tools}, "tools"),
+        ({"tools": tools, "tool_choice": "auto"}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"function_call": {"name": "f"}}, "function_call"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {}}, "response_format"),
+    ):
+        assert first_error(ChatCompletionRequest, {"model": "m", "messages": USER, **fields})[1] == param, fields
