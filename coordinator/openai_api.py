@@ -65,6 +65,7 @@ from coordinator.openai_protocol import (
     Usage,
     new_id,
     openai_finish_reason,
+    validation_error,
 )
 from coordinator.request_log import tracked
 
@@ -582,9 +583,8 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
             detail = first.get("ctx", {}).get("error", "")
             message = f"the body is not valid JSON: {detail} at character {first.get('loc', ('', '?'))[-1]}"
             return error_response(400, message, "invalid_request_error", None, "invalid_argument")
-        where = [str(p) for p in first.get("loc", ()) if p != "body"]
-        message = f"{'.'.join(where) or 'body'}: {first.get('msg', 'invalid request')}"
-        return error_response(400, message, "invalid_request_error", ".".join(where) or None, "invalid_argument")
+        message, param = validation_error(first)  # messages[0].content, not messages.0.content
+        return error_response(400, message, "invalid_request_error", param, "invalid_argument")
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:

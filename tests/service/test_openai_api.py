@@ -443,3 +443,11 @@ def test_token_id_prompts_are_refused_clearly(base_url: str, prompt: list) -> No
     """They were refused as "prompt.str: Input should be a valid string" (the coordinator takes text only)."""
     error = _error(_post(base_url, "/completions", {"prompt": prompt, "max_tokens": 2}))
     assert error["param"] == "prompt" and "token-id prompts are not supported" in error["message"]
+
+
+def test_schema_errors_name_nested_fields_as_openai_does(base_url: str) -> None:
+    """The param of a schema error read `messages.0.content` (pydantic's path) and `prompt.str`."""
+    image = [{"type": "image_url", "image_url": {"url": "x"}}]
+    messages = [*MESSAGES, {"role": "user", "content": image}]
+    assert _error(_post(base_url, "/chat/completions", {"messages": messages}))["param"] == "messages[1].content"
+    assert _error(_post(base_url, "/completions", {"prompt": 5}))["param"] == "prompt"
