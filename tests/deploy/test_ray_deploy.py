@@ -52,11 +52,11 @@ def test_the_example_config_speaks_the_services_flags_and_threads_match_num_cpus
         assert parsed.model.threads == max(1, math.floor(num_cpus)), f"{name}: --threads vs num_cpus {num_cpus}"
 
 
+@pytest.mark.slow  # needs the `ray` extra, which `make test-slow` installs (importing it starts nothing)
 def test_a_drain_that_runs_out_logs_its_timeout(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The warning printed the monotonic deadline (hours since boot) as the time waited."""
-    pytest.importorskip("ray")  # the `ray` extra; importing it starts nothing
     from calispec_tools.deploy import ray_actors
 
     controller = ray_actors.Controller(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import calispec_tools.deploy
 from calispec_tools import cli_ray
 from calispec_tools.deploy.ray_config import RayDeployConfig
 
@@ -45,6 +46,8 @@ def test_cli_registers_its_commands() -> None:
 def test_ray_commands_without_ray_say_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails, as without the extra
     monkeypatch.delitem(sys.modules, "calispec_tools.deploy.ray_actors", raising=False)
+    # a test that imported it left it on its package too, where `from ... import ray_actors` finds it
+    monkeypatch.delattr(calispec_tools.deploy, "ray_actors", raising=False)
     with pytest.raises(SystemExit, match=r"pip install -e '\.\[ray\]'"):
         cli_ray.main(["status"])
 
