@@ -113,6 +113,12 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         default=HTTP_MAX_BODY_BYTES,
         help="larger request bodies are refused (413) unread; the default fits the longest valid prompt",
     )
+    http.add_argument(
+        "--http-allowed-origins",
+        type=lambda text: tuple(o.strip() for o in text.split(",") if o.strip()),
+        default=(),
+        help="comma-separated browser origins allowed by CORS (e.g. http://localhost:3000; * for any); default: none",
+    )
     args = parser.parse_args(argv)
     try:
         check_csd_thresholds(args.default_tau, args.default_lambda)
@@ -146,6 +152,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         http_port=args.http_port,
         served_model_name=args.served_model_name,
         http_max_body_bytes=args.http_max_body_bytes,
+        http_allowed_origins=args.http_allowed_origins,
         max_gamma=args.max_gamma,
         draft_min_confidence=args.draft_min_confidence,
         lockstep_wait_s=args.lockstep_wait,

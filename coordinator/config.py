@@ -40,6 +40,7 @@ class CoordinatorConfig:
     http_port: int | None = None  # the OpenAI-compatible HTTP API on host:http_port (0: a free port); None: off
     served_model_name: str | None = None  # the `model` HTTP requests name; None: the tokenizer directory's name
     http_max_body_bytes: int = HTTP_MAX_BODY_BYTES  # larger HTTP request bodies are refused (413) before parsing
+    http_allowed_origins: tuple[str, ...] = ()  # browser origins the HTTP API admits (CORS); empty: none
     max_gamma: int = 10  # adaptive γ's upper bound (requests may fix γ up to MAX_SPECULATIVE_TOKENS)
     draft_min_confidence: float = 0.4  # adaptive γ: the draft's early stop (HF's assistant_confidence_threshold)
     lockstep_wait_s: float = 0.5  # how long requests wait for each other to run rounds together (0: off)

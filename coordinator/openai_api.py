@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from calispec.types import Mode
@@ -109,6 +110,7 @@ class ApiSettings:
     metrics: CoordinatorMetrics | None = None  # the coordinator's (shared with gRPC); None: a registry of its own
     gate: DrainGate | None = None  # the gRPC server's drain gate: HTTP requests count in its drain
     max_body_bytes: int = HTTP_MAX_BODY_BYTES  # larger request bodies: 413, unread
+    allowed_origins: tuple[str, ...] = ()  # browser origins CORS admits ("*": any); empty: no CORS headers
 
 
 def error_response(
@@ -566,6 +568,14 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
     app = FastAPI(title="Calispec (OpenAI-compatible)", docs_url=None, redoc_url=None)
     app.add_middleware(RequestGuard, api=api)  # inside RequestIdMiddleware: its refusals carry the request id
     app.add_middleware(RequestIdMiddleware)
+    if settings.allowed_origins:  # outermost: a browser's preflight carries no API key, and refusals need the headers
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.allowed_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type", "x-request-id"],
+            expose_headers=["x-request-id"],
+        )
 
     @app.exception_handler(CalispecError)
     async def _domain(request: Request, exc: CalispecError) -> JSONResponse:
@@ -660,6 +670,7 @@ def serve_http(
         metrics,
         gate,
         config.http_max_body_bytes,
+        config.http_allowed_origins,
     )
     return start_http_server(create_app(orchestrator, settings), config.host, config.http_port or 0, config.tls)
 

@@ -20,6 +20,7 @@ import httpx
 import openai
 import pytest
 
+import coordinator.__main__ as coordinator_cli
 import coordinator.openai_api as openai_api
 from calispec_core.access import ApiKeys, key_line, new_api_key
 from calispec_core.generation import Defaults
@@ -63,6 +64,7 @@ def served(
     orchestrator: object | None = None,
     max_body_bytes: int = LIMIT,
     gate: DrainGate | None = None,
+    allowed_origins: tuple[str, ...] = (),
 ) -> Iterator[Served]:
     """The HTTP API on a free port; with API keys (one, returned) when given a directory for the keys file."""
     key, keys = None, None
@@ -70,7 +72,9 @@ def served(
         key = new_api_key()
         (tmp_path / "keys").write_text(key_line("alice", key))
         keys = ApiKeys(tmp_path / "keys")
-    settings = ApiSettings(MODEL, Defaults(), request_timeout_s=60, keys=keys, gate=gate, max_body_bytes=max_body_bytes)
+    settings = ApiSettings(
+        MODEL, Defaults(), 60, keys, gate=gate, max_body_bytes=max_body_bytes, allowed_origins=allowed_origins
+    )
     app = create_app(cast(Orchestrator, orchestrator or StubOrchestrator()), settings)
     server = start_http_server(app, "127.0.0.1", 0)
     try:
@@ -329,3 +333,39 @@ def test_event_streams_tell_proxies_not_to_buffer(chat_coordinator: Coordinator,
     assert response.status_code == 200 and raw_events.endswith("data: [DONE]\n\n")
     assert response.headers["cache-control"] == "no-cache"
     assert response.headers["x-accel-buffering"] == "no"
+
+
+ORIGIN = "http://localhost:3000"
+
+
+def test_cors_admits_the_allowed_origins_preflight_and_all(tmp_path: Path) -> None:
+    """Browser clients could not call the API: a preflight carries no API key and was a 405 (401 since)."""
+    with served(tmp_path, allowed_origins=(ORIGIN,)) as api:
+        base = f"http://127.0.0.1:{api.port}"
+        preflight = httpx.options(
+            f"{base}/v1/completions",
+            headers={"origin": ORIGIN, "access-control-request-method": "POST",
+                     "access-control-request-headers": "authorization, content-type"},
+        )  # fmt: skip
+        assert preflight.status_code == 200, preflight.text
+        assert preflight.headers["access-control-allow-origin"] == ORIGIN
+        assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+        models = httpx.get(f"{base}/v1/models", headers={"origin": ORIGIN, **api.auth})
+        assert models.status_code == 200 and models.headers["access-control-allow-origin"] == ORIGIN
+        refused = httpx.get(f"{base}/v1/models", headers={"origin": ORIGIN})  # no key: the 401 is readable too
+        assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == ORIGIN
+        other = httpx.get(f"{base}/v1/models", headers={"origin": "http://evil.example", **api.auth})
+        assert "access-control-allow-origin" not in other.headers
+
+
+def test_no_cors_headers_unless_origins_are_allowed(tmp_path: Path) -> None:
+    with served(tmp_path) as api:
+        reply = httpx.get(f"http://127.0.0.1:{api.port}/v1/models", headers={"origin": ORIGIN, **api.auth})
+        assert reply.status_code == 200 and "access-control-allow-origin" not in reply.headers
+
+
+def test_the_coordinator_cli_takes_the_allowed_origins() -> None:
+    base = ["--draft-addr", "d:1", "--target-addr", "t:1", "--tokenizer", "t"]
+    config, _ = coordinator_cli.parse_config([*base, "--http-allowed-origins", f"{ORIGIN}, https://app.example"])
+    assert config.http_allowed_origins == (ORIGIN, "https://app.example")
+    assert coordinator_cli.parse_config(base)[0].http_allowed_origins == ()
