@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import signal
 import sys
 import threading
@@ -88,13 +87,6 @@ def add_operations_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _milliseconds(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < math.inf:  # nan too; inf would hold a queued row until its batch filled, maybe forever
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 ms, got {text}")
-    return value
-
-
 def _lock_file(text: str) -> Path:
     path = Path(text)
     if not path.parent.is_dir():
@@ -108,7 +100,7 @@ def add_batching_args(parser: argparse.ArgumentParser, what: str) -> None:
         "--max-batch-size", type=positive_int, default=8, help=f"sessions {what} in one forward pass (1: no batching)"
     )
     parser.add_argument(
-        "--batch-gather-ms", type=_milliseconds, default=DEFAULT_GATHER_S * 1000,
+        "--batch-gather-ms", type=non_negative_float, default=DEFAULT_GATHER_S * 1000,  # finite: inf held rows forever
         help="how long an idle batcher waits for the last batch's other sessions to come back (0: never)",
     )  # fmt: skip
 

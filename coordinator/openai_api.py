@@ -308,10 +308,7 @@ class OpenAIApi:
         held.callback(self.gate.release)
         try:
             caller = self.caller(request)
-            if model != self.settings.model_name:
-                raise ModelNotFound(
-                    f"the model {model!r} does not exist; this server serves {self.settings.model_name!r}"
-                )
+            self.check_model(model)
             if self.settings.quotas is not None:
                 held.enter_context(self.settings.quotas.admit(caller))
         except BaseException:
@@ -342,6 +339,11 @@ class OpenAIApi:
         if len(self.orchestrator.replicas) == 0:
             return "no target replica is configured (the DNS name resolves to none)"
         return None
+
+    def check_model(self, model: str) -> None:
+        """404 unless `model` is the one this server serves."""
+        if model != self.settings.model_name:
+            raise ModelNotFound(f"the model {model!r} does not exist; this server serves {self.settings.model_name!r}")
 
     def model_card(self) -> ModelCard:
         return ModelCard(id=self.settings.model_name, created=self.started)
@@ -615,8 +617,7 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str, request: Request) -> ModelCard:
         api.caller(request)
-        if model_id != settings.model_name:
-            raise ModelNotFound(f"the model {model_id!r} does not exist; this server serves {settings.model_name!r}")
+        api.check_model(model_id)
         return api.model_card()
 
     @app.post(COMPLETIONS_PATH, response_model=None, max_body_size=settings.max_body_bytes)
