@@ -25,6 +25,7 @@ from calispec_core.lean_decoder import LeanDecoder
 from calispec_core.limits import FP32_LINEAR_CHOICES
 from calispec_core.onednn_linear import set_fp32_linear_path
 from calispec_core.prefix_cache import PrefixCache
+from calispec_core.sessions import MAX_SESSION_ID_CHARS, valid_session_id
 from calispec_core.vocab_pruning import pruned_columns
 
 # Prompt tokens per prefill forward. The compute thread runs calls in arrival order, so a round
@@ -279,7 +280,7 @@ def prefill_session(
 ) -> Session:
     """Validate a prompt and cache all but its last token (the next forward's input); with a prefix
     cache, the longest stored prefix is reused and only the rest computed."""
-    require(0 < len(session_id) <= 128, "session_id must be 1 to 128 characters")
+    require(valid_session_id(session_id), f"session_id must be 1 to {MAX_SESSION_ID_CHARS} characters")
     require(len(token_ids) > 0, "prompt token_ids must not be empty")
     require(
         len(token_ids) < runner.max_context,

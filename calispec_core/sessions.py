@@ -11,7 +11,12 @@ A session is opened through `opening(id)`, which claims its id and a slot before
 computes: concurrent Prefills for the last slot (or for one id) cannot all compute a KV cache, and
 hold its memory, only for all but one to be refused afterwards. A Close for a session still
 prefilling (its client gave up waiting) is honoured when the prefill ends: the session is dropped
-then, instead of living until its TTL.
+then, instead of living until its TTL. A Close can even arrive before its Prefill does (the Prefill
+still queued for a worker, or on another connection): it is NOT_FOUND (the registry cannot tell that id
+from one that never existed), but the id is remembered, and a Prefill of it arriving meanwhile is
+refused (Cancelled) before it claims a slot or computes. Ids are remembered for one idle TTL, the last
+`RECENT_IDS_KEPT` of them; a Close of an id whose session (or claim) ended within that window is only
+NOT_FOUND (a second Close), so a client that reuses its ids is not refused for it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +37,13 @@ log = logging.getLogger(__name__)
 S = TypeVar("S")
 
 DEFAULT_IDLE_TTL_S = 120.0  # far above one round (milliseconds), far below "abandoned"
+MAX_SESSION_ID_CHARS = 128  # what a Prefill accepts (calispec_core.modeling)
+RECENT_IDS_KEPT = 4096  # per kind of id remembered (128 characters at most: a few MB in all)
+
+
+def valid_session_id(session_id: str) -> bool:
+    """1 to MAX_SESSION_ID_CHARS characters (a Prefill refuses any other id)."""
+    return 0 < len(session_id) <= MAX_SESSION_ID_CHARS
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,29 @@ class SessionStats:
 class _Entry(Generic[S]):
     state: S
     last_used: float
+
+
+class _RecentIds:
+    """Ids with the time they were noted, oldest first, at most RECENT_IDS_KEPT (not thread-safe)."""
+
+    def __init__(self) -> None:
+        self._noted: OrderedDict[str, float] = OrderedDict()
+
+    def note(self, session_id: str, now: float) -> None:
+        self._noted[session_id] = now
+        self._noted.move_to_end(session_id)
+        while len(self._noted) > RECENT_IDS_KEPT:
+            self._noted.popitem(last=False)
+
+    def pop(self, session_id: str) -> bool:
+        return self._noted.pop(session_id, None) is not None
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._noted
+
+    def forget_before(self, cutoff: float) -> None:
+        while self._noted and next(iter(self._noted.values())) < cutoff:
+            self._noted.popitem(last=False)
 
 
 class SessionRegistry(Generic[S]):
@@ -67,6 +103,8 @@ class SessionRegistry(Generic[S]):
         self._sessions: dict[str, _Entry[S]] = {}
         self._opening: set[str] = set()  # ids claimed by prefills still computing (they hold slots)
         self._closed_opening: set[str] = set()  # of those, closed already: dropped when the prefill ends
+        self._closed_early = _RecentIds()  # ids a Close found no session for: a Prefill may be on its way
+        self._ended = _RecentIds()  # ids whose session or claim ended: a Close of one is a second Close
         self._lock = threading.Lock()
         self._reaped = 0
         self._stop = threading.Event()
@@ -79,6 +117,8 @@ class SessionRegistry(Generic[S]):
         `remove` while the block runs (opening then raises Cancelled)."""
         self.reap()
         with self._lock:
+            if self._closed_early.pop(session_id):  # one Close cancels one Prefill
+                raise Cancelled(f"session {session_id!r} was closed before its prefill arrived")
             if session_id in self._sessions or session_id in self._opening:
                 raise AlreadyExists(f"session {session_id!r} already exists")
             if self._taken() >= self.max_sessions:
@@ -107,6 +147,7 @@ class SessionRegistry(Generic[S]):
                 if not opened:  # else the id may be another prefill's claim by now (closed, then reopened)
                     self._opening.discard(session_id)
                     self._closed_opening.discard(session_id)
+                    self._ended.note(session_id, self._clock())
 
     def add(self, session_id: str, state: S) -> None:
         with self.opening(session_id) as open_session:
@@ -123,15 +164,19 @@ class SessionRegistry(Generic[S]):
         return entry.state
 
     def remove(self, session_id: str) -> S | None:
-        """Close the session; returns its state (None for one still prefilling: dropped when that ends)."""
+        """Close the session; returns its state (None for one still prefilling: dropped when that ends). An
+        unknown id is NotFound, and remembered: its Prefill may still be on its way (module docstring)."""
         with self._lock:
             entry = self._sessions.pop(session_id, None)
-            if entry is None and session_id in self._opening:
+            if entry is not None:
+                self._ended.note(session_id, self._clock())
+                return entry.state
+            if session_id in self._opening:
                 self._closed_opening.add(session_id)
                 return None
-        if entry is None:
-            raise NotFound(f"unknown session {session_id!r}")
-        return entry.state
+            if session_id not in self._ended and valid_session_id(session_id):  # else no Prefill can be coming
+                self._closed_early.note(session_id, self._clock())
+        raise NotFound(f"unknown session {session_id!r}")
 
     def reap(self) -> list[str]:
         """Close every session idle for longer than the TTL and not busy; returns their ids. A busy session
@@ -149,7 +194,11 @@ class SessionRegistry(Generic[S]):
                     expired.append(sid)
             for sid in expired:
                 del self._sessions[sid]
+                self._ended.note(sid, now)
             self._reaped += len(expired)
+            # a Prefill arriving a TTL after its Close opens a session that lives a TTL: the reaper's bound anyway
+            self._closed_early.forget_before(now - self.idle_ttl_s)
+            self._ended.forget_before(now - self.idle_ttl_s)
         if expired:
             log.info("closed %d session(s) idle for more than %gs: %s", len(expired), self.idle_ttl_s, expired[:8])
         return expired

@@ -140,6 +140,17 @@ def test_bad_prefill_and_close(stub) -> None:
     stub.Close(draft_pb2.DraftCloseRequest(session_id="dup"))
 
 
+def test_a_close_that_arrives_before_its_prefill_cancels_it(stub) -> None:
+    """The Prefill still queued when its client gave up and closed it: the session used to open afterwards and
+    hold its slot and KV cache until the idle TTL."""
+    before = stub.GetStats(draft_pb2.DraftStatsRequest()).sessions.open_sessions
+    assert rpc_code(lambda: stub.Close(draft_pb2.DraftCloseRequest(session_id="late"))) == grpc.StatusCode.NOT_FOUND
+    assert rpc_code(lambda: prefill(stub, "late")) == grpc.StatusCode.CANCELLED
+    assert stub.GetStats(draft_pb2.DraftStatsRequest()).sessions.open_sessions == before
+    prefill(stub, "late")  # one Close cancels one Prefill
+    stub.Close(draft_pb2.DraftCloseRequest(session_id="late"))
+
+
 def test_session_limit_is_resource_exhausted(stub) -> None:
     for i in range(4):
         prefill(stub, f"cap{i}")

@@ -141,6 +141,17 @@ def test_stats_show_open_sessions_and_the_idle_ttl(stub) -> None:
     assert after.memory_version == -1 and after.memory_pairs_skipped == 0  # no memory service: no table
 
 
+def test_a_close_that_arrives_before_its_prefill_cancels_it(stub) -> None:
+    """The Prefill still queued when its client gave up and closed it: the session used to open afterwards and
+    hold its slot and KV cache until the idle TTL."""
+    before = stub.GetStats(target_pb2.TargetStatsRequest()).sessions.open_sessions
+    assert rpc_code(lambda: close(stub, "late")) == grpc.StatusCode.NOT_FOUND
+    assert rpc_code(lambda: prefill(stub, "late")) == grpc.StatusCode.CANCELLED
+    assert stub.GetStats(target_pb2.TargetStatsRequest()).sessions.open_sessions == before
+    prefill(stub, "late")  # one Close cancels one Prefill
+    close(stub, "late")
+
+
 def test_cli_sets_the_session_idle_ttl() -> None:
     from target_service.__main__ import parse_config
 

@@ -184,3 +184,48 @@ def test_the_draft_refuses_a_prefill_for_the_last_slot_before_computing_it(draft
         assert computed == ["first"] and "first" in proposer.sessions
     finally:
         proposer.stop()
+
+
+def test_a_close_that_arrives_before_its_prefill_cancels_the_prefill() -> None:
+    """The Prefill still on its way (queued for a worker) when its client gave up and closed it: the Close was
+    NOT_FOUND, and the session, opened a moment later, held its slot and KV cache until its TTL."""
+    reg, _ = registry(max_sessions=1)
+    with pytest.raises(NotFound):  # the registry cannot tell it from an id that never existed
+        reg.remove("late")
+    with pytest.raises(Cancelled, match="closed before its prefill arrived"), reg.opening("late"):
+        pytest.fail("a prefill computed for a session closed before it arrived")
+    assert "late" not in reg and len(reg) == 0
+    reg.add("late", "again")  # one Close cancels one Prefill: the id and the slot are free
+    assert reg.get("late") == "again"
+
+
+def test_an_early_close_is_remembered_for_one_ttl_among_the_latest_ones(monkeypatch) -> None:
+    from calispec_core import sessions
+
+    monkeypatch.setattr(sessions, "RECENT_IDS_KEPT", 2)
+    reg, clock = registry(max_sessions=4, ttl=10.0)
+    for sid in ("a", "b", "c", "", "x" * 300):  # ids no Prefill accepts are not kept
+        with pytest.raises(NotFound):
+            reg.remove(sid)
+    reg.add("a", "a")  # pushed out by the later two
+    with pytest.raises(Cancelled), reg.opening("b"):
+        pytest.fail("b's Close was forgotten")
+    clock.now += 10.5  # c's Close is older than a TTL: a session opened now lives at most a TTL anyway
+    reg.add("c", "c")
+    assert reg.get("c") == "c"
+
+
+def test_a_second_close_does_not_cancel_a_later_prefill_of_the_id() -> None:
+    """A client that reuses its ids: the session it closed twice is no Prefill on its way."""
+    reg, clock = registry(ttl=10.0)
+    reg.add("s", "first")
+    reg.remove("s")
+    with pytest.raises(NotFound):
+        reg.remove("s")
+    reg.add("s", "second")
+    clock.now += 10.5  # reaped: a Close after that is a second one as well
+    assert reg.reap() == ["s"]
+    with pytest.raises(NotFound):
+        reg.remove("s")
+    reg.add("s", "third")
+    assert reg.get("s") == "third"
