@@ -178,15 +178,24 @@ class Orchestrator:
         self.lockstep = Lockstep(speculation.lockstep_wait_s)  # shared by all requests
         self.on_round: Callable[[Mode, Proposal | None, Verdict], None] | None = None  # e.g. metrics
 
+    @property
+    def context_length(self) -> int:
+        """The longest sequence, prompt plus completion, a request may reach: the smallest model context less
+        one position, kept spare. max_new_tokens beyond it is cut to what fits (finish reason LENGTH)."""
+        return self.max_context - 1
+
     def generate(
         self,
         prompt: str,
         params: GenerationParams,
         deadline: Deadline,
         cancelled: Callable[[], bool] = lambda: False,
+        check_prompt: Callable[[int], None] | None = None,
     ) -> Iterator[Chunk]:
-        """Yield one chunk per round until EOS, a stop string or the token limit."""
-        request = self._new_request(prompt, params, deadline)
+        """Yield one chunk per round until EOS, a stop string or the token limit. `check_prompt` gets the
+        prompt's token count before any session opens, and raises to refuse the request (the HTTP API
+        refuses what the context cannot hold instead of cutting it short)."""
+        request = self._new_request(prompt, params, deadline, check_prompt)
         try:
             self._prefill(request)
             try:
@@ -196,12 +205,16 @@ class Orchestrator:
         finally:
             self._close(request)
 
-    def _new_request(self, prompt: str, params: GenerationParams, deadline: Deadline) -> _Request:
+    def _new_request(
+        self, prompt: str, params: GenerationParams, deadline: Deadline, check_prompt: Callable[[int], None] | None
+    ) -> _Request:
         validate_prompt(prompt)
         params.validate()
         prompt_ids = self.tokenizer.encode(prompt)
         require(len(prompt_ids) > 0, "prompt encodes to no tokens")
-        room = self.max_context - len(prompt_ids) - 1
+        if check_prompt is not None:
+            check_prompt(len(prompt_ids))
+        room = self.context_length - len(prompt_ids)
         if room < 1:
             raise InvalidArgument(
                 f"prompt of {len(prompt_ids)} tokens leaves no room in the context ({self.max_context})"

@@ -64,6 +64,7 @@ from coordinator.openai_protocol import (
     ModelCard,
     ModelList,
     Usage,
+    context_overflow,
     new_id,
     openai_finish_reason,
     validation_error,
@@ -348,23 +349,37 @@ class OpenAIApi:
     def model_card(self) -> ModelCard:
         return ModelCard(id=self.settings.model_name, created=self.started)
 
-    def chunks(self, prompt: Callable[[], str], req: CalispecParams, max_tokens: int | None) -> HttpGeneration:
+    def chunks(self, prompt: Callable[[], str], req: CalispecParams) -> HttpGeneration:
         """The generation, lazily (nothing runs before the first `next`), with the per-request bookkeeping."""
         gone = threading.Event()
 
         def begin(timer: RequestTimer) -> Iterator[Chunk]:
-            params = generation_params(req, self.settings.defaults, max_tokens)
+            params = generation_params(req, self.settings.defaults, req.token_limit())
             timer.mode = params.mode.name.lower()
             deadline = Deadline(self.settings.request_timeout_s)
-            return self.orchestrator.generate(prompt(), params, deadline, gone.is_set)
+            fits = self.context_check(req)
+            return self.orchestrator.generate(prompt(), params, deadline, gone.is_set, fits)
 
         return HttpGeneration(tracked(self.metrics, begin), gone)
+
+    def context_check(self, req: CalispecParams) -> Callable[[int], None]:
+        """The refusal (400, as vLLM's) of a prompt of so many tokens that it, or it plus the token limit the
+        client sent, does not fit the context; the orchestrator would cut the completion short instead."""
+
+        def check(prompt_tokens: int) -> None:
+            limit = req.token_limit()
+            message = context_overflow(prompt_tokens, limit, self.orchestrator.context_length)
+            if message is not None:
+                prompt_only = limit is None or prompt_tokens >= self.orchestrator.context_length
+                raise InvalidParam(message, req.prompt_field if prompt_only else req.token_limit_field())
+
+        return check
 
     def chat_prompt(self, req: ChatCompletionRequest) -> str:
         return render_chat(self.orchestrator.tokenizer, [ChatTurn(m.role, m.content) for m in req.messages])
 
     async def completion(self, req: CompletionRequest, held: ExitStack, request: Request):
-        chunks = self.chunks(lambda: completion_prompt(req), req, req.max_tokens)
+        chunks = self.chunks(lambda: completion_prompt(req), req)
         rid, model = new_id("cmpl"), self.settings.model_name
         if not req.stream:
             with held:
@@ -387,7 +402,7 @@ class OpenAIApi:
         return await stream(chunks, held, [], event, usage_event if req.include_usage_chunk else None)
 
     async def chat_completion(self, req: ChatCompletionRequest, held: ExitStack, request: Request):
-        chunks = self.chunks(lambda: self.chat_prompt(req), req, req.token_limit())
+        chunks = self.chunks(lambda: self.chat_prompt(req), req)
         rid, model = new_id("chatcmpl"), self.settings.model_name
         if not req.stream:
             with held:
@@ -414,6 +429,14 @@ class OpenAIApi:
 
 class ModelNotFound(NotFound):
     param = "model"
+
+
+class InvalidParam(InvalidArgument):
+    """A 400 whose `param` names the request field at fault."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def completion_prompt(req: CompletionRequest) -> str:

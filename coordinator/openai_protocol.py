@@ -18,7 +18,7 @@ import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -53,6 +53,15 @@ def _token_count(value: int | None) -> int | None:
     if value is not None:
         _in_range(value, 1, MAX_NEW_TOKENS)
     return value
+
+
+def _require_unicode(text: str, what: str) -> None:
+    """JSON's \\ud800 escapes carry lone surrogates, which UTF-8 cannot encode: such a stop string never
+    matches generated text (always valid Unicode), and fails where the text is encoded."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise invalid(f"{what} is not valid Unicode (a lone surrogate at character {exc.start})") from None
 
 
 class OpenAIModel(BaseModel):
@@ -124,6 +133,8 @@ class CalispecParams(OpenAIModel):
             raise invalid(f"at most {MAX_STOP_STRINGS} stop strings, got {len(strings)}")
         if any(not 0 < len(s) <= MAX_STOP_STRING_CHARS for s in strings):
             raise invalid(f"stop strings must be 1 to {MAX_STOP_STRING_CHARS} characters")
+        for i, s in enumerate(strings):
+            _require_unicode(s, f"stop string {i}")
         return value
 
     @field_validator("seed")
@@ -182,6 +193,16 @@ class CalispecParams(OpenAIModel):
         if value:
             raise invalid("logit_bias is not supported: send {} or leave it out")
         return value
+
+    prompt_field: ClassVar[str] = "prompt"  # what the context's refusal names when the prompt alone fills it
+
+    def token_limit(self) -> int | None:
+        """The completion's token limit the client sent (None: the server's default)."""
+        return self.max_tokens
+
+    def token_limit_field(self) -> str:
+        """The field that carries `token_limit()`, as a 400 names it."""
+        return "max_tokens"
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -299,8 +320,31 @@ class ChatCompletionRequest(CalispecParams):
             raise invalid(f'type {value.get("type")!r} is not supported: only {{"type": "text"}} (no JSON mode)')
         return value
 
+    prompt_field: ClassVar[str] = "messages"
+
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def token_limit_field(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+
+def context_overflow(prompt_tokens: int, max_tokens: int | None, context_length: int) -> str | None:
+    """vLLM's refusal (its wording, for both endpoints) of a request that does not fit the context, or None
+    when it fits. With max_tokens set, the prompt plus max_tokens must fit: cut short instead, it would end
+    "length" with fewer tokens than asked for. Unset, the prompt must leave room for one token (the server's
+    default is then cut to the room left)."""
+    limit = f"This model's maximum context length is {context_length} tokens. However, you requested"
+    if max_tokens is None:
+        if prompt_tokens < context_length:
+            return None
+        return f"{limit} {prompt_tokens} tokens in the messages, Please reduce the length of the messages."
+    if prompt_tokens + max_tokens <= context_length:
+        return None
+    return (
+        f"{limit} {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
+        "completion). Please reduce the length of the messages or completion."
+    )
 
 
 # pydantic's union-member tags in an error's location (prompt.str, stop.list[str]): not OpenAI parameters

@@ -15,6 +15,7 @@ from calispec_core.access import ApiKeys, Quota, QuotaBook, key_line, new_api_ke
 from calispec_core.errors import Unavailable
 from calispec_core.generation import Defaults
 from calispec_core.metrics import new_registry
+from coordinator.chat import ChatTurn, render_chat
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.openai_api import ApiSettings, create_app, domain_error_response, start_http_server
 from tests.service.conftest import Coordinator
@@ -119,6 +120,7 @@ def test_sse_framing_ends_with_done(base_url: str) -> None:
         (lambda c: c.completions.create(model=MODEL, prompt="hi", top_p=2), 400, "top_p"),
         (lambda c: c.completions.create(model=MODEL, prompt="hi", seed=-1), 400, "seed"),
         (lambda c: c.completions.create(model=MODEL, prompt="hi", stop=["x"] * 17), 400, "stop"),
+        (lambda c: c.completions.create(model=MODEL, prompt="hi", max_tokens=8193), 400, "max_tokens"),
         (
             lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, max_completion_tokens=9000),
             400,
@@ -451,3 +453,120 @@ def test_schema_errors_name_nested_fields_as_openai_does(base_url: str) -> None:
     messages = [*MESSAGES, {"role": "user", "content": image}]
     assert _error(_post(base_url, "/chat/completions", {"messages": messages}))["param"] == "messages[1].content"
     assert _error(_post(base_url, "/completions", {"prompt": 5}))["param"] == "prompt"
+
+
+def _prompt_tokens(coordinator: Coordinator, path: str, text: str) -> int:
+    """How many tokens the coordinator counts for `text` sent as the prompt, or as the one user message."""
+    tokenizer = coordinator.orchestrator.tokenizer
+    prompt = render_chat(tokenizer, [ChatTurn("user", text)]) if path == "/chat/completions" else text
+    return len(tokenizer.encode(prompt))
+
+
+def _near_the_edge(coordinator: Coordinator, path: str, room: int) -> tuple[dict, int]:
+    """A body whose prompt leaves `room` tokens of the context, and its prompt's token count."""
+    context = coordinator.orchestrator.context_length
+    text = " a" * (context - room)
+    while _prompt_tokens(coordinator, path, text) > context - room:  # the chat template's tokens
+        text = text[2:]
+    prompt_tokens = _prompt_tokens(coordinator, path, text)
+    assert prompt_tokens == context - room
+    body = {"messages": [{"role": "user", "content": text}]} if path == "/chat/completions" else {"prompt": text}
+    return {**body, "temperature": 0, "mode": "ar"}, prompt_tokens
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "stream"),
+    [
+        ("/completions", "max_tokens", False),
+        ("/completions", "max_tokens", True),
+        ("/chat/completions", "max_tokens", False),
+        ("/chat/completions", "max_completion_tokens", True),
+    ],
+)
+def test_max_tokens_past_the_context_is_a_400_worded_as_vllms(
+    base_url: str, chat_coordinator: Coordinator, path: str, field: str, stream: bool
+) -> None:
+    """It was cut short to what the context held and ended "length", as if max_tokens had been reached."""
+    body, prompt_tokens = _near_the_edge(chat_coordinator, path, room=3)
+    context = chat_coordinator.orchestrator.context_length
+    error = _error(_post(base_url, path, {**body, field: 4, "stream": stream}))
+    assert error["param"] == field
+    assert error["message"] == (
+        f"This model's maximum context length is {context} tokens. However, you requested {prompt_tokens + 4} "
+        f"tokens ({prompt_tokens} in the messages, 4 in the completion). "
+        "Please reduce the length of the messages or completion."
+    )
+    fits = _post(base_url, path, {**body, field: 3})  # exactly the room left: every token asked for
+    assert fits.status_code == 200, fits.text
+    assert fits.json()["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 3, "total_tokens": context}
+
+
+@pytest.mark.parametrize("path", ["/completions", "/chat/completions"])
+def test_a_prompt_that_fills_the_context_is_a_400_worded_as_vllms(
+    base_url: str, chat_coordinator: Coordinator, path: str
+) -> None:
+    body, prompt_tokens = _near_the_edge(chat_coordinator, path, room=0)
+    context = chat_coordinator.orchestrator.context_length
+    field = "messages" if path == "/chat/completions" else "prompt"
+    unset = _error(_post(base_url, path, body))
+    assert unset["param"] == field
+    assert unset["message"] == (
+        f"This model's maximum context length is {context} tokens. However, you requested {prompt_tokens} tokens "
+        "in the messages, Please reduce the length of the messages."
+    )
+    with_limit = _error(_post(base_url, path, {**body, "max_tokens": 1}))
+    assert (
+        with_limit["param"] == field
+        and f"({prompt_tokens} in the messages, 1 in the completion)" in (with_limit["message"])
+    )
+
+
+def test_without_max_tokens_the_default_is_cut_to_the_room_left(base_url: str, chat_coordinator: Coordinator) -> None:
+    body, _ = _near_the_edge(chat_coordinator, "/completions", room=2)
+    reply = _post(base_url, "/completions", body)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] <= 2 < Defaults().max_new_tokens
+
+
+@pytest.mark.parametrize("stop", ['"\\ud800"', '["ok", "x\\udfff"]'])
+def test_a_stop_string_with_a_lone_surrogate_is_a_400_naming_stop(base_url: str, stop: str) -> None:
+    """It was accepted, though it can never match the text generated (always valid Unicode)."""
+    body = f'{{"model": "{MODEL}", "prompt": "hi", "max_tokens": 2, "stop": {stop}}}'
+    error = _error(_post_raw(base_url, "/completions", body))
+    assert error["param"] == "stop" and "is not valid Unicode (a lone surrogate" in error["message"]
+
+
+def test_the_new_400s_are_counted_and_logged_as_the_others_are(
+    chat_coordinator: Coordinator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The context's 400 is found in the generation (it needs the prompt's tokens): counted INVALID_ARGUMENT and
+    logged, as an empty prompt is. The stop string's is a schema error: neither counted nor logged, as too many
+    stop strings are not."""
+    metrics = CoordinatorMetrics(new_registry())
+    server = start_http_server(
+        create_app(chat_coordinator.orchestrator, ApiSettings(MODEL, Defaults(), 60, metrics=metrics)), "127.0.0.1", 0
+    )
+    url = f"http://127.0.0.1:{server.port}/v1"
+    over, _ = _near_the_edge(chat_coordinator, "/completions", room=1)
+    sample = metrics.registry.get_sample_value
+
+    def outcome(post) -> tuple[float, int]:
+        """(requests counted INVALID_ARGUMENT, request log lines) that one 400 adds."""
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="coordinator.request_log"):
+            assert post().status_code == 400
+        lines = [r for r in caplog.records if r.name == "coordinator.request_log"]
+        assert all("status=INVALID_ARGUMENT" in r.getMessage() for r in lines)
+        return sample("calispec_requests_total", {"mode": "ar", "status": "INVALID_ARGUMENT"}) or 0.0, len(lines)
+
+    try:
+        empty_prompt = outcome(lambda: _post(url, "/completions", {"prompt": "", "max_tokens": 2, "mode": "ar"}))
+        past_the_context = outcome(lambda: _post(url, "/completions", {**over, "max_tokens": 2}))
+        too_many_stops = outcome(lambda: _post(url, "/completions", {"prompt": "hi", "stop": ["x"] * 17}))
+        surrogate_stop = outcome(
+            lambda: _post_raw(url, "/completions", f'{{"model": "{MODEL}", "prompt": "hi", "stop": "\\ud800"}}')
+        )
+    finally:
+        server.stop()
+    assert empty_prompt == (1.0, 1) and past_the_context == (2.0, 1)
+    assert too_many_stops == surrogate_stop == (2.0, 0)

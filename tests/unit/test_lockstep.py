@@ -263,8 +263,8 @@ def _rounds_of_one_request_during_the_first_round_of_another(
     request_ids = iter(["slow", "fast"])  # a request's first sessions are named after it
     original = orchestrator._new_request
 
-    def named(prompt, p, deadline):
-        request = original(prompt, p, deadline)
+    def named(*args, **kwargs):
+        request = original(*args, **kwargs)
         request.request_id = next(request_ids)
         return request
 

@@ -11,6 +11,7 @@ from calispec_core.sampling import MIN_TOP_P
 from coordinator.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    context_overflow,
     openai_param,
     text_of_parts,
     validation_error,
@@ -153,3 +154,49 @@ def test_tools_are_accepted_only_where_no_call_can_be_asked_for() -> None:
         ({"response_format": {}}, "response_format"),
     ):
         assert first_error(ChatCompletionRequest, {"model": "m", "messages": USER, **fields})[1] == param, fields
+
+
+@pytest.mark.parametrize("stop", ["\ud800", ["ok", "x\udc00y"]])
+def test_a_stop_string_with_a_lone_surrogate_is_refused(stop: str | list[str]) -> None:
+    """It was accepted: it can never match generated text, and fails wherever the text is encoded."""
+    message, param = first_error(CompletionRequest, {"model": "m", "prompt": "hi", "stop": stop})
+    assert param == "stop" and "is not valid Unicode (a lone surrogate" in message
+
+
+LIMIT = "This model's maximum context length is 100 tokens. However, you requested"
+
+
+@pytest.mark.parametrize(
+    ("prompt_tokens", "max_tokens", "message"),
+    [
+        (60, 40, None),  # exactly fills the context
+        (99, None, None),  # leaves room for the server's default, cut to one token
+        (
+            60,
+            41,
+            f"{LIMIT} 101 tokens (60 in the messages, 41 in the completion). "
+            "Please reduce the length of the messages or completion.",
+        ),
+        (100, None, f"{LIMIT} 100 tokens in the messages, Please reduce the length of the messages."),
+        (
+            120,
+            1,
+            f"{LIMIT} 121 tokens (120 in the messages, 1 in the completion). "
+            "Please reduce the length of the messages or completion.",
+        ),
+    ],
+)
+def test_context_overflow_is_worded_as_vllm_words_it(prompt_tokens: int, max_tokens: int | None, message) -> None:
+    assert context_overflow(prompt_tokens, max_tokens, 100) == message
+
+
+def test_the_token_limit_and_the_field_that_carries_it() -> None:
+    completion = CompletionRequest.model_validate({"model": "m", "prompt": "hi", "max_tokens": 5})
+    assert (completion.token_limit(), completion.token_limit_field()) == (5, "max_tokens")
+    both = chat(max_tokens=5, max_completion_tokens=7)
+    assert (both.token_limit(), both.token_limit_field()) == (7, "max_completion_tokens")
+    assert (chat(max_tokens=5).token_limit_field(), completion.prompt_field, both.prompt_field) == (
+        "max_tokens",
+        "prompt",
+        "messages",
+    )

@@ -143,6 +143,30 @@ def test_prompt_that_fills_the_context_is_invalid() -> None:
     assert target.sessions == {}
 
 
+def test_check_prompt_sees_the_token_count_and_refuses_before_any_session_opens() -> None:
+    draft, target = FakeDraft(sloppy_draft), FakeTarget(alphabet_target)
+    orchestrator = Orchestrator(CharTokenizer(), draft, [target], (EOS,), max_context=8)
+    seen: list[int] = []
+
+    def refuse(prompt_tokens: int) -> None:
+        seen.append(prompt_tokens)
+        raise InvalidArgument("too long")
+
+    with pytest.raises(InvalidArgument, match="too long"):
+        run(orchestrator, "abc", params(), check_prompt=refuse)
+    assert seen == [3] and target.sessions == {} and draft.sessions == {}
+
+
+def test_a_request_that_fits_the_context_length_gets_every_token_it_asked_for() -> None:
+    """context_length is the room rule the HTTP API refuses by: prompt + max_new_tokens up to it is never cut."""
+    orchestrator = Orchestrator(CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 8)
+    assert orchestrator.context_length == 7
+    fits = run(orchestrator, "abc", params(max_new_tokens=4))
+    assert len([t for c in fits for t in c.token_ids]) == 4 and fits[-1].finish_reason == FinishReason.LENGTH
+    cut = run(orchestrator, "abc", params(max_new_tokens=5))  # beyond it: cut to what fits (the gRPC API's rule)
+    assert len([t for c in cut for t in c.token_ids]) == 4
+
+
 def test_seeded_request_without_gamma_gets_a_fixed_gamma_so_its_samples_reproduce() -> None:
     orchestrator, draft, _ = make(draft_model=alphabet_target)
     seeded = SamplingConfig(temperature=0.5, seed=3)
