@@ -19,7 +19,8 @@ class MemoryMetrics:
         )
         self.dropped = Counter(
             f"{PREFIX}memory_events_dropped",
-            "Rejection events refused (by status: UNAUTHENTICATED, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)",
+            "Entries (draft, target, count) of refused RecordEvents writes, whatever count each claims "
+            "(by status: UNAUTHENTICATED, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)",
             ["code"],
             registry=registry,
         )

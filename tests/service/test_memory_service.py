@@ -20,6 +20,7 @@ from memory_service.config import MemoryConfig
 from memory_service.server import SERVICE_NAME, create_server
 from memory_service.store import MAX_TOTAL_EVENTS, CorrectionStore
 from tests.helpers import spawn_memory_service, wait_until
+from tests.metrics_scrape import scrape, value
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "test-writer-token-0123456789"
@@ -217,6 +218,30 @@ def test_write_without_the_writer_token_is_unauthenticated_and_changes_nothing(
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     stats = stub.GetStats(memory_pb2.GetStatsRequest(namespace="ns"))
     assert (stats.total_events, stats.version) == (3, 1)
+
+
+def test_refused_writes_count_their_entries_as_dropped_not_the_counts_they_claim(tmp_path: Path) -> None:
+    """Any client could inflate calispec_memory_events_dropped_total by 2^40 per entry of a refused write."""
+    config = MemoryConfig(port=0, db_path=tmp_path / "m.db", writer_token=TOKEN, metrics_port=0)
+    server, port, store = create_server(config)
+    server.start()
+    try:
+        with make_channel(f"127.0.0.1:{port}") as channel:
+            stub = memory_pb2_grpc.MemoryServiceStub(channel)
+            big = events(*[(1, 2, 2**40)] * 3)
+            refused = [  # a stranger's write, and a writer's with a count beyond 2^40
+                (memory_pb2.RecordEventsRequest(namespace="ns", events=big), ()),
+                (memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 2, 2**41), (3, 4, 1))), WRITER),
+            ]
+            for request, metadata in refused:
+                with pytest.raises(grpc.RpcError):
+                    stub.RecordEvents(request, metadata=metadata)
+        samples = scrape(server.metrics_url)
+        assert value(samples, "calispec_memory_events_dropped_total", code="UNAUTHENTICATED") == 3
+        assert value(samples, "calispec_memory_events_dropped_total", code="INVALID_ARGUMENT") == 2
+    finally:
+        server.stop(None).wait()
+        store.close()
 
 
 def test_a_writer_over_its_rate_limit_gets_resource_exhausted(stub: memory_pb2_grpc.MemoryServiceStub) -> None:
