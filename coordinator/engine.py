@@ -257,11 +257,9 @@ class Orchestrator:
             return
 
     def _target_failed(self, request: _Request, target: TargetBackend, exc: Exception) -> None:
-        log.warning(
-            "target %s failed request %s (%s); moving it to another replica", target.address, request.request_id, exc
-        )
+        """`target` failed the request (its session, or a prefill to place it): never again for this request."""
+        log.warning("target %s failed request %s (%s); trying another replica", target.address, request.request_id, exc)
         request.failed_targets.add(target.address)
-        request.stats.target_failovers += 1
         self.replicas.failed(target.address)
 
     def _rounds(self, request: _Request, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
@@ -498,6 +496,8 @@ class Orchestrator:
                 session_lost = session_lost or isinstance(exc, SessionLost)
                 if not reopen_only:
                     self._target_failed(request, request.target, exc)
+                    # a failover: the replica holding the request failed it (a failed placement is none)
+                    request.stats.target_failovers += 1
                 self._open_target(request)
                 request.opening_ns += now_ns() - start  # the failed call and the new session: an outage's wait
                 cohort = 1  # alone, out of step with the others

@@ -103,6 +103,31 @@ def test_a_request_routed_to_a_dead_replica_runs_on_another(mode: Mode) -> None:
     assert b.sessions == {}
 
 
+def test_a_failed_first_placement_is_no_failover() -> None:
+    """The request was never on the dead replica: it used to count as a move (stats.target_failovers 1)."""
+    a, b = target("a:1"), target("b:1")
+    orchestrator, _ = make([a, b])
+    a.kill()
+    chunks = list(orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60)))
+    assert "".join(c.text for c in chunks) == EXPECTED
+    assert a.failed_calls == 1 and len(b.prefills) == 1  # routed to a first, placed on b
+    assert chunks[-1].stats.target_failovers == 0 and not chunks[-1].stats.degraded
+
+
+def test_a_move_is_one_failover_however_many_replicas_fail_the_new_placement() -> None:
+    """Each failed prefill while moving used to count as one more failover."""
+    a, b, c = target("a:1"), target("b:1"), target("c:1")
+    orchestrator, _ = make([a, b, c])
+    stream = orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60))
+    first = next(stream)
+    a.kill()
+    c.kill()
+    chunks = [first, *stream]
+    assert "".join(ch.text for ch in chunks) == EXPECTED
+    assert c.failed_calls == 1 and len(b.prefills) == 1  # the move tried c, then landed on b
+    assert chunks[-1].stats.target_failovers == 1
+
+
 def test_unavailable_only_when_no_replica_is_left() -> None:
     a, b = target("a:1"), target("b:1")
     orchestrator, draft = make([a, b])
