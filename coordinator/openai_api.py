@@ -347,7 +347,9 @@ class OpenAIApi:
             raise ModelNotFound(f"the model {model!r} does not exist; this server serves {self.settings.model_name!r}")
 
     def model_card(self) -> ModelCard:
-        return ModelCard(id=self.settings.model_name, created=self.started)
+        return ModelCard(
+            id=self.settings.model_name, created=self.started, max_model_len=self.orchestrator.context_length
+        )
 
     def chunks(self, prompt: Callable[[], str], req: CalispecParams) -> HttpGeneration:
         """The generation, lazily (nothing runs before the first `next`), with the per-request bookkeeping."""

@@ -466,6 +466,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int = Field(default_factory=now)
     owned_by: str = "calispec"
+    # vLLM's field: the longest prompt plus completion a request may ask for (clients size requests by it)
+    max_model_len: int | None = None
 
 
 class ModelList(BaseModel):

@@ -54,6 +54,12 @@ def test_models_lists_the_served_model(oai: openai.OpenAI) -> None:
     assert [m.id for m in oai.models.list().data] == [MODEL]
 
 
+def test_model_card_advertises_the_context_length_as_vllm_does(oai: openai.OpenAI) -> None:
+    # the tiny pair's 1,024 positions less the spare one: the limit the context 400 quotes
+    assert oai.models.retrieve(MODEL).model_extra == {"max_model_len": 1023}
+    assert [m.model_extra for m in oai.models.list().data] == [{"max_model_len": 1023}]
+
+
 def test_completion_matches_grpc_with_usage(oai: openai.OpenAI, grpc_client: CalispecClient) -> None:
     expected = grpc_client.generate(PROMPT, max_new_tokens=12, mode="sd", num_speculative_tokens=3)
     done = oai.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, extra_body=SD)
