@@ -16,6 +16,7 @@ from calispec_core import request_context
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError
+from calispec_core.interrupts import interrupt_exits_quietly as interrupt_exits_quietly  # re-exported: light
 from calispec_core.limits import (
     DTYPE_CHOICES,
     FP32_LINEAR_CHOICES,
@@ -226,12 +227,3 @@ def startup_step(service: str, what: str) -> Iterator[None]:
         lines = str(exc).strip().splitlines()
         print(f"{service}: {what}: {lines[0] if lines else type(exc).__name__}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
-
-
-@contextmanager
-def interrupt_exits_quietly() -> Iterator[None]:
-    """Ctrl-C before `stop_on_signals` is in (a start-up that waits): exit 130, as for SIGINT, no traceback."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None

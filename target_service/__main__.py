@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
+from calispec_core.interrupts import interrupt_exits_quietly
 
-from calispec_core.limits import positive_float
-from calispec_core.modeling import ModelRunner
-from calispec_core.service_cli import (
-    add_batching_args,
-    add_model_args,
-    add_server_args,
-    configure_logging,
-    interrupt_exits_quietly,
-    metrics_banner,
-    model_spec,
-    serve_until_signalled,
-    startup_step,
-    tls_from_args,
-)
-from target_service.config import TargetConfig
-from target_service.server import create_server
+# Ctrl-C while torch and the serving stack import (seconds), before main() runs: exit 130, no traceback
+with interrupt_exits_quietly():
+    import argparse
+    from pathlib import Path
+
+    from calispec_core.limits import positive_float
+    from calispec_core.modeling import ModelRunner
+    from calispec_core.service_cli import (
+        add_batching_args,
+        add_model_args,
+        add_server_args,
+        configure_logging,
+        metrics_banner,
+        model_spec,
+        serve_until_signalled,
+        startup_step,
+        tls_from_args,
+    )
+    from target_service.config import TargetConfig
+    from target_service.server import create_server
 
 
 def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:

@@ -1,0 +1,68 @@
+"""Ctrl-C while `python -m draft_service` / `python -m target_service` still imports torch (seconds, before
+`main()` and its own guard): exit 130 quietly, as at any later point of the start-up. It printed Python's
+KeyboardInterrupt traceback (and died of the signal).
+
+A sitecustomize holds the service in its first `import torch` until a signal comes, and says so on stdout:
+the test reads that line, then sends SIGINT. No sleep: the signal's wakeup fd ends the wait even when the
+signal comes before it starts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO_ROOT
+
+HOLD_TORCH = '''
+import os
+import select
+import signal
+import sys
+
+
+class HoldTorch:
+    """Blocks the first `import torch` until a signal arrives (the default SIGINT handler then raises there)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write)
+        print("importing torch", flush=True)
+        select.select([read], [], [])
+        return None
+
+
+# as in a terminal, even where the test runner ignores SIGINT (a child would inherit that)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.meta_path.insert(0, HoldTorch())
+'''
+
+IMPORTING = "importing torch\n"
+
+
+@pytest.mark.parametrize("service", ["draft_service", "target_service"])
+def test_ctrl_c_while_torch_imports_exits_130_quietly(tmp_path: Path, service: str) -> None:
+    (tmp_path / "sitecustomize.py").write_text(HOLD_TORCH)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    argv = [sys.executable, "-m", service, "--model", str(tmp_path / "model"), "--port", "0"]
+    with subprocess.Popen(
+        argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        if first != IMPORTING:
+            proc.kill()
+            pytest.fail(f"the service never reached `import torch`: {first!r} {proc.communicate()[1]}")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert (proc.returncode, out, err) == (130, "", "")
