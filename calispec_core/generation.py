@@ -11,14 +11,9 @@ from calispec.types import FinishReason as FinishReason  # re-exported for the s
 from calispec.types import GenerationStats as GenerationStats
 from calispec.types import Mode
 from calispec_core.errors import InvalidArgument, require
-from calispec_core.limits import (
-    MAX_NEW_TOKENS,
-    MAX_PROMPT_CHARS,
-    MAX_SPECULATIVE_TOKENS,
-    MAX_STOP_STRING_CHARS,
-    MAX_STOP_STRINGS,
-    check_csd_thresholds,
-)
+from calispec_core.limits import MAX_NEW_TOKENS, MAX_SPECULATIVE_TOKENS, check_csd_thresholds, check_stop_strings
+from calispec_core.limits import require_unicode as require_unicode  # re-exported: the checks live there
+from calispec_core.limits import validate_prompt as validate_prompt
 from calispec_core.sampling import SamplingConfig
 
 
@@ -74,24 +69,5 @@ class GenerationParams:
         check_lengths(self.max_new_tokens, self.num_speculative_tokens)
         self.sampling.validate()
         check_csd_thresholds(self.tau, self.lambda_)
-        require(len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings")
-        for s in self.stop:
-            require(
-                0 < len(s) <= MAX_STOP_STRING_CHARS, f"stop strings must be 1 to {MAX_STOP_STRING_CHARS} characters"
-            )
+        check_stop_strings(self.stop)
         return self
-
-
-def validate_prompt(prompt: str) -> None:
-    require(len(prompt) > 0, "prompt must not be empty")
-    require(len(prompt) <= MAX_PROMPT_CHARS, f"prompt longer than {MAX_PROMPT_CHARS} characters")
-    require_unicode(prompt, "prompt")
-
-
-def require_unicode(text: str, what: str) -> None:
-    """Text that UTF-8 cannot encode (a lone surrogate, which JSON's \\ud800 escapes allow) is the caller's
-    error: the tokenizer would fail on it as a bug (HTTP 500)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidArgument(f"{what} is not valid Unicode (a lone surrogate at character {exc.start})") from None

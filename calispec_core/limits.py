@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from calispec_core.errors import require
+from calispec_core.errors import InvalidArgument, require
 
 MAX_SPECULATIVE_TOKENS = 16  # gamma; the paper uses 6
 MAX_NEW_TOKENS = 8192
@@ -14,6 +14,9 @@ MAX_PROMPT_CHARS = 1_000_000
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_LAMBDA = 2**31 - 1  # the coordinator API's int32 field
+MAX_TEMPERATURE = 100.0
+MAX_TOP_K = 2**31 - 1  # the public API's int32; a model service bounds it by its vocabulary as well
+SEED_BOUND = 2**63  # exclusive: a seed is a non-negative int64
 
 
 def check_csd_thresholds(tau: float | None = None, lambda_: int | None = None) -> None:
@@ -23,21 +26,69 @@ def check_csd_thresholds(tau: float | None = None, lambda_: int | None = None) -
     require(lambda_ is None or lambda_ <= MAX_LAMBDA, f"lambda must be <= {MAX_LAMBDA}, got {lambda_}")
 
 
-def _int_at_least(text: str, minimum: int) -> int:
-    value = int(text)
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-    return value
+def check_sampling(
+    temperature: float | None = None, top_p: float | None = None, top_k: int | None = None, seed: int | None = None
+) -> None:
+    """The sampling parameters' ranges, for requests and flags alike (a model service also bounds top_k by its
+    vocabulary, which no flag knows)."""
+    require(
+        temperature is None or 0.0 <= temperature <= MAX_TEMPERATURE,
+        f"temperature must be in [0, {MAX_TEMPERATURE}], got {temperature}",
+    )
+    require(top_p is None or 0.0 <= top_p <= 1.0, f"top_p must be in [0, 1], got {top_p}")
+    require(top_k is None or 0 <= top_k <= MAX_TOP_K, f"top_k must be in [0, {MAX_TOP_K}], got {top_k}")
+    require(seed is None or 0 <= seed < SEED_BOUND, f"seed must be in [0, 2**63), got {seed}")
+
+
+def check_stop_strings(stop: Sequence[str]) -> None:
+    """At most MAX_STOP_STRINGS stop strings of 1 to MAX_STOP_STRING_CHARS characters each."""
+    require(len(stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings")
+    for s in stop:
+        require(0 < len(s) <= MAX_STOP_STRING_CHARS, f"stop strings must be 1 to {MAX_STOP_STRING_CHARS} characters")
+
+
+def validate_prompt(prompt: str) -> None:
+    """A raw prompt: 1 to MAX_PROMPT_CHARS characters, valid Unicode (a model may still encode it to no tokens)."""
+    require(len(prompt) > 0, "prompt must not be empty")
+    require(len(prompt) <= MAX_PROMPT_CHARS, f"prompt longer than {MAX_PROMPT_CHARS} characters")
+    require_unicode(prompt, "prompt")
+
+
+def require_unicode(text: str, what: str) -> None:
+    """Text that UTF-8 cannot encode (a lone surrogate, which JSON's \\ud800 escapes allow) is the caller's
+    error: the tokenizer would fail on it as a bug (HTTP 500)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"{what} is not valid Unicode (a lone surrogate at character {exc.start})") from None
+
+
+def int_at_least(minimum: int, why: str = "") -> Callable[[str], int]:
+    """An argparse type: an int >= minimum; `why`, when given, follows the bound in the error."""
+    bound = f"{minimum} {why}" if why else str(minimum)
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {bound}, got {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse names the type in "invalid int value: 'x'"
+    return parse
+
+
+_positive_int = int_at_least(1)
+_non_negative_int = int_at_least(0)
 
 
 def positive_int(text: str) -> int:
     """An argparse type: an int >= 1."""
-    return _int_at_least(text, 1)
+    return _positive_int(text)
 
 
 def non_negative_int(text: str) -> int:
     """An argparse type: an int >= 0."""
-    return _int_at_least(text, 0)
+    return _non_negative_int(text)
 
 
 def int_in_range(minimum: int, maximum: int) -> Callable[[str], int]:

@@ -13,15 +13,16 @@ from dataclasses import dataclass
 import torch
 
 from calispec_core.errors import require
+from calispec_core.limits import MAX_TEMPERATURE as MAX_TEMPERATURE  # re-exported: the limits live there
+from calispec_core.limits import MAX_TOP_K as MAX_TOP_K
+from calispec_core.limits import check_sampling
 
-MAX_TEMPERATURE = 100.0
 # A positive temperature below MIN_TEMPERATURE means greedy: softmax(z / T) is one-hot there for any
 # logit gap above ~1e-4 anyway, and z / T overflows float32 (inf, then NaN) as T nears 1e-38.
 MIN_TEMPERATURE = 1e-5
 # A positive top-p below MIN_TOP_P counts as MIN_TOP_P (keep only the most likely token): smaller
 # values would round to 0 in float32, which means "top-p off".
 MIN_TOP_P = 1e-6
-MAX_TOP_K = 2**31 - 1  # the public API's int32; a model service bounds it by its vocabulary as well
 
 # Names of the services' random streams (see stream_seed): never the same for two services.
 DRAFT_STREAM = "draft"
@@ -53,16 +54,9 @@ class SamplingConfig:
         return self.temperature == 0.0
 
     def validate(self, vocab_size: int | None = None) -> SamplingConfig:
-        require(
-            0.0 <= self.temperature <= MAX_TEMPERATURE,
-            f"temperature must be in [0, {MAX_TEMPERATURE}], got {self.temperature}",
-        )
-        require(0.0 <= self.top_p <= 1.0, f"top_p must be in [0, 1], got {self.top_p}")
-        require(0 <= self.top_k <= MAX_TOP_K, f"top_k must be in [0, {MAX_TOP_K}], got {self.top_k}")
+        check_sampling(self.temperature, self.top_p, self.top_k, self.seed)
         if vocab_size is not None:
             require(self.top_k <= vocab_size, f"top_k must be <= vocab size {vocab_size}, got {self.top_k}")
-        if self.seed is not None:
-            require(0 <= self.seed < 2**63, f"seed must be in [0, 2**63), got {self.seed}")
         return self
 
 

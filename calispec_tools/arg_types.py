@@ -1,35 +1,48 @@
-"""argparse types of the tools' numeric flags (bench, eval, calibrate, up): a value out of range is an
-argparse error (one line, exit 2) before anything runs, never a traceback half-way (`bench --rate -1`)
-nor a run that measures nothing (`--concurrency 0`, `--num-requests -5`).
+"""argparse types of the tools' flags (bench, eval, calibrate, up, and the request flags of generate, chat and
+demo): a value out of range is an argparse error (one line, exit 2) before anything runs, never a traceback
+half-way (`bench --rate -1`), a run that measures nothing (`--concurrency 0`, `--num-requests -5`) nor a
+request the server refuses (`generate --top-p 2`, after the connection; `demo`'s, after the model loads).
 
 The services' types (calispec_core/limits.py, γ and max_new_tokens included: the coordinator's
-defaults take them too) plus what only the tools need: τ and λ as flags, open-loop rates and
-comma-separated sweeps. Light on purpose (no torch, no grpc): `calispec --help` builds every parser.
+defaults take them too) plus what only the tools need: τ and λ as flags, a request's fields, open-loop
+rates and comma-separated sweeps. A request's field takes what the coordinator takes, by the same checks
+(calispec_core/limits.py), on the value as the API carries it (float32 fields are rounded first).
+Light on purpose (no torch, no grpc): `calispec --help` builds every parser.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from typing import TypeVar
+import math
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from calispec_core.errors import InvalidArgument
 from calispec_core.limits import (
+    MAX_NEW_TOKENS,
     check_csd_thresholds,
+    check_sampling,
+    check_stop_strings,
     gamma,
+    int_at_least,
+    int_in_range,
     max_new_tokens,
     non_negative_float,
     non_negative_int,
     port,
     positive_float,
     positive_int,
+    require_unicode,
+    validate_prompt,
 )
 
 T = TypeVar("T")
 
 __all__ = [
-    "csv_of", "gamma", "lambda_", "max_new_tokens", "non_negative_float", "non_negative_int", "port",
-    "positive_float", "positive_int", "rate", "tau", "window_tokens",
+    "StopStrings", "chat_text", "csv_of", "gamma", "lambda_", "max_new_tokens", "max_new_tokens_or_default",
+    "non_negative_float", "non_negative_int", "port", "positive_float", "positive_int", "prompt", "rate",
+    "request_tau", "seed", "stop_string", "tau", "temperature", "top_k", "top_p", "window_tokens",
 ]  # fmt: skip
 
 # a calibration window predicts each of its tokens from those before it: one token compares nothing
@@ -54,13 +67,12 @@ def _checked(value: T, check: Callable[[T], None]) -> T:
     return value
 
 
+_window_tokens = int_at_least(MIN_WINDOW_TOKENS, "(a window of one token compares nothing)")
+
+
 def window_tokens(text: str) -> int:
     """Calibration's --max-tokens (the window length): an int >= MIN_WINDOW_TOKENS."""
-    value = int(text)
-    if value < MIN_WINDOW_TOKENS:
-        raise argparse.ArgumentTypeError(f"must be >= {MIN_WINDOW_TOKENS} (a window of one token compares nothing), "
-                                         f"got {value}")  # fmt: skip
-    return value
+    return _window_tokens(text)
 
 
 def tau(text: str) -> float:
@@ -71,6 +83,93 @@ def tau(text: str) -> float:
 def lambda_(text: str) -> int:
     """CSD's λ, in [0, MAX_LAMBDA]."""
     return _checked(int(text), lambda lam: check_csd_thresholds(lambda_=lam))
+
+
+# -- a request's fields (generate, chat, demo; bench and eval where they send one as given) ----------------
+
+# max_new_tokens as a request carries it: 0 leaves it to the server's default
+max_new_tokens_or_default = int_in_range(0, MAX_NEW_TOKENS)
+
+
+def _as_float32(value: float) -> float:
+    """`value` as a float32 field of the API carries it: protobuf rounds to the nearest float32 (1.00000001 is
+    1.0, 1e-46 is 0.0) and sends ±inf beyond float32's range."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def _float32_field(text: str, check: Callable[[float], None]) -> float:
+    """A request's float32 field, checked as the coordinator sees it; returned as given (the SDK rounds it)."""
+    value = float(text)
+    sent = _as_float32(value)
+    try:
+        check(sent)
+    except InvalidArgument as exc:
+        rounded = "" if sent == value or math.isnan(value) else f" ({text} as the API's float32)"
+        raise argparse.ArgumentTypeError(f"{exc}{rounded}") from None
+    return value
+
+
+def temperature(text: str) -> float:
+    """A request's temperature, in [0, MAX_TEMPERATURE] (below 1e-5: greedy)."""
+    return _float32_field(text, lambda t: check_sampling(temperature=t))
+
+
+def top_p(text: str) -> float:
+    """A request's top-p, in [0, 1] (0 or 1: off)."""
+    return _float32_field(text, lambda p: check_sampling(top_p=p))
+
+
+def request_tau(text: str) -> float:
+    """A request's CSD τ, in (0, 1] as its float32 field carries it (`tau` is a server's own, a default)."""
+    return _float32_field(text, lambda t: check_csd_thresholds(tau=t))
+
+
+def top_k(text: str) -> int:
+    """A request's top-k, in [0, MAX_TOP_K] (0: off; a model service also bounds it by its vocabulary)."""
+    return _checked(int(text), lambda k: check_sampling(top_k=k))
+
+
+def seed(text: str) -> int:
+    """A request's seed, in [0, 2**63)."""
+    return _checked(int(text), lambda s: check_sampling(seed=s))
+
+
+def prompt(text: str) -> str:
+    """A raw prompt the coordinator takes: not empty, not too long, valid Unicode."""
+    return _checked(text, validate_prompt)
+
+
+def chat_text(text: str) -> str:
+    """A chat message: valid Unicode (command-line bytes that are no UTF-8 decode to lone surrogates, which
+    protobuf cannot encode: a traceback from the SDK)."""
+    return _checked(text, lambda t: require_unicode(t, "the message"))
+
+
+def _check_stop_string(text: str) -> None:
+    check_stop_strings([text])
+    require_unicode(text, "the stop string")
+
+
+def stop_string(text: str) -> str:
+    """One stop string: 1 to MAX_STOP_STRING_CHARS characters of valid Unicode."""
+    return _checked(text, _check_stop_string)
+
+
+class StopStrings(argparse.Action):
+    """--stop, repeatable (type=stop_string): at most MAX_STOP_STRINGS of them, as a request carries."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        stops: Sequence[str] = [*(getattr(namespace, self.dest) or []), values]  # a copy: the default is shared
+        try:
+            check_stop_strings(stops)
+        except InvalidArgument as exc:
+            raise argparse.ArgumentError(self, str(exc)) from None
+        setattr(namespace, self.dest, stops)
 
 
 def csv_of(kind: Callable[[str], T], what: str) -> Callable[[str], list[T]]:

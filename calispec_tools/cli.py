@@ -205,21 +205,26 @@ def add_model_flavour_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_request_args(parser: argparse.ArgumentParser, prompt_required: bool, with_prompt: bool = True) -> None:
+    """A request's flags; each takes what the coordinator takes (arg_types): a value it would refuse is a usage
+    error here, before any connection or model load."""
     if with_prompt:
         parser.add_argument(
-            "--prompt", required=prompt_required, default=None, help="default (demo): the pair's demo request"
-        )
+            "--prompt", type=at.prompt, required=prompt_required, default=None,
+            help="default (demo): the pair's demo request",
+        )  # fmt: skip
     parser.add_argument("--mode", default=None, choices=[m.name.lower() for m in Mode], help="default: server's (csd)")
-    parser.add_argument("--max-new-tokens", type=int, default=0, help="0: server default")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=0.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--stop", action="append", default=[], help="stop string; repeatable")
-    parser.add_argument("--gamma", type=int, default=None, help="speculative tokens per round")
-    parser.add_argument("--tau", type=float, default=None)
-    parser.add_argument("--lambda", dest="lambda_", metavar="LAMBDA", type=int, default=None)
-    parser.add_argument("--timeout", type=float, default=120.0, help="request deadline, seconds")
+    parser.add_argument("--max-new-tokens", type=at.max_new_tokens_or_default, default=0, help="0: server default")
+    parser.add_argument("--temperature", type=at.temperature, default=0.0, help="0 (default): greedy")
+    parser.add_argument("--top-p", type=at.top_p, default=0.0, help="0 (default) or 1: off")
+    parser.add_argument("--top-k", type=at.top_k, default=0, help="0 (default): off")
+    parser.add_argument("--seed", type=at.seed, default=None)
+    parser.add_argument(
+        "--stop", type=at.stop_string, action=at.StopStrings, default=[], help="stop string; repeatable"
+    )
+    parser.add_argument("--gamma", type=at.gamma, default=None, help="speculative tokens per round (default: adaptive)")
+    parser.add_argument("--tau", type=at.request_tau, default=None)
+    parser.add_argument("--lambda", dest="lambda_", metavar="LAMBDA", type=at.lambda_, default=None)
+    parser.add_argument("--timeout", type=at.positive_float, default=120.0, help="request deadline, seconds")
     if with_prompt:
         parser.add_argument("--json", action="store_true", help="print one JSON object: response and stats")
 
@@ -498,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(func=cmd_up)
 
     down = sub.add_parser("down", help="stop the stack `calispec up` runs (from another shell)")
-    down.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for it to stop")
+    down.add_argument("--timeout", type=at.positive_float, default=120.0, help="seconds to wait for it to stop")
     down.set_defaults(func=cmd_down)
 
     gen = sub.add_parser("generate", help="send one request to a running coordinator")
@@ -509,8 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = sub.add_parser("chat", help="chat with a running coordinator (interactive, or one message with -m)")
     chat.add_argument("--address", default=DEFAULT_ADDRESS, help="coordinator HOST:PORT")
-    chat.add_argument("-m", "--message", help="send this one user message, print the reply, exit")
-    chat.add_argument("--system", help="a system message opening the conversation")
+    chat.add_argument("-m", "--message", type=at.chat_text, help="send this one user message, print the reply, exit")
+    chat.add_argument("--system", type=at.chat_text, help="a system message opening the conversation")
     add_request_args(chat, prompt_required=False, with_prompt=False)
     cli_auth.add_client_auth_args(chat)
     chat.set_defaults(func=cmd_chat)

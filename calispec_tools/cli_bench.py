@@ -185,7 +185,7 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--gamma", type=at.gamma, default=None)
     p.add_argument("--tau", type=at.tau, default=None)
     p.add_argument("--lambda", dest="lambda_", metavar="LAMBDA", type=at.lambda_, default=None)
-    p.add_argument("--temperature", type=at.non_negative_float, default=0.0)
+    p.add_argument("--temperature", type=at.temperature, default=0.0)  # what a request takes: 150 failed each
     p.add_argument("--seed", type=at.non_negative_int, default=0)
     p.add_argument("--timeout", type=at.positive_float, default=300.0, help="per-request deadline, seconds")
     p.set_defaults(func=cmd_bench)

@@ -14,6 +14,7 @@ service's only one; with several and no stack, the error lists them.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from calispec_core.credentials import MEMORY, TlsConfig, read_writer_token, writ
 from calispec_core.errors import CalispecError
 from calispec_core.grpc_server import make_channel
 from calispec_tools import cli_calibrate
+from calispec_tools.cli_auth import usage_error
 from calispec_tools.memory_file import MemoryFileError, dump_export, load_export
 from calispec_tools.stack_state import running_stack
 
@@ -72,19 +74,28 @@ def add_memory_tls_args(parser: argparse.ArgumentParser) -> None:
 
 
 def memory_tls(args: argparse.Namespace) -> TlsConfig | None:
-    """The --memory-tls-* files, read once here: an unreadable one is one line (exit 1), not a traceback from
-    the channel the command opens later."""
+    """The --memory-tls-* files, read and checked once here: a missing, unreadable or unusable one is a usage
+    error (one line, exit 2, as `generate --tls-ca` gives), not a traceback from the channel the command opens
+    later, nor gRPC's "UNAVAILABLE" for a certificate it could not use."""
     files = (args.memory_tls_cert, args.memory_tls_key, args.memory_tls_ca)
     if not any(files):
         return None
     if not all(files):
-        raise SystemExit("error: give all three of --memory-tls-cert, --memory-tls-key and --memory-tls-ca")
+        raise SystemExit(usage_error("give all three of --memory-tls-cert, --memory-tls-key and --memory-tls-ca"))
     tls = TlsConfig(*files)
     try:
-        tls.read()
+        _check_tls_files(tls)
     except CalispecError as exc:
-        raise SystemExit(f"error: {exc}") from None
+        raise SystemExit(usage_error(exc)) from None
     return tls
+
+
+def _check_tls_files(tls: TlsConfig) -> None:
+    """Read the files; check them as the services do where `cryptography` (the serve extra) is installed."""
+    if importlib.util.find_spec("cryptography") is None:  # the client install: read only
+        tls.read()
+    else:
+        tls.read_checked()
 
 
 def _stub(address: str, tls: TlsConfig | None) -> tuple[grpc.Channel, memory_pb2_grpc.MemoryServiceStub]:

@@ -220,9 +220,10 @@ def test_memory_tools_speak_mutual_tls(certs: DevCerts, tmp_path: Path, capsys: 
         args = parser.parse_args([*base, *client, "--memory-tls-ca", str(certs.ca)])
         assert args.func(args) == 0
         assert json.loads(capsys.readouterr().out)["total_events"] == "7"  # int64 in proto JSON
-        with pytest.raises(SystemExit, match="all three"):
+        with pytest.raises(SystemExit) as exited:
             args = parser.parse_args([*base, *client])
             args.func(args)
+        assert exited.value.code == 2 and "all three" in capsys.readouterr().err  # a usage error
     finally:
         server.stop(None)
         store.close()

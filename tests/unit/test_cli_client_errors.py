@@ -1,5 +1,5 @@
-"""The CLI's client commands given credentials or parameters they cannot use: one line, no traceback (exit 2;
-the memory commands exit 1, as for each of their errors).
+"""The CLI's client commands given credentials or parameters they cannot use: one line, no traceback, exit 2
+(the memory commands' TLS files too; their other errors exit 1).
 
 Every case fails before a connection is tried, so no service runs (the address is a closed port).
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from calispec.client import CalispecClient
-from calispec_tools import cli, cli_calibrate
+from calispec_tools import cli, cli_calibrate, cli_memory
 
 CLOSED = "127.0.0.1:1"
 
@@ -55,21 +55,72 @@ def test_a_token_with_a_newline_is_one_line(capsys: pytest.CaptureFixture[str], 
     assert "token (API key) must be printable ASCII" in line and "csk_" not in line
 
 
+def argparse_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """argparse's one line (after its usage) for a flag the request cannot carry: exit 2 before anything runs."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
 @pytest.mark.parametrize("command", REQUESTS)
 def test_a_parameter_the_request_cannot_carry_is_one_line(capsys: pytest.CaptureFixture[str], command: str) -> None:
-    assert cli.main(request(command, "--seed", str(2**70))) == 2
-    assert "out of range" in one_error_line(capsys)
+    line = argparse_error(capsys, request(command, "--seed", str(2**70)))
+    assert "argument --seed: seed must be in [0, 2**63)" in line
 
 
-@pytest.mark.parametrize(
-    "argv", [["namespaces"], ["stats", "--namespace", "n"], ["export", "--namespace", "n", "--out", "x.json"]]
-)
-def test_memory_commands_with_missing_tls_files_are_one_line(tmp_path: Path, argv: list[str]) -> None:
-    """A FailedPrecondition traceback: the commands caught grpc.RpcError only."""
+MEMORY_COMMANDS = [
+    ["memory", "namespaces"],
+    ["memory", "stats", "--namespace", "n"],
+    ["memory", "export", "--namespace", "n", "--out", "x.json"],
+    ["memory", "import", "--namespace", "n", "--file", "x.json", "--writer-token-file", "t"],
+    ["calibrate", "--prompts", "prompts.txt"],  # its memory service's TLS: the same flags
+]
+
+
+def memory_tls_error(capsys: pytest.CaptureFixture[str], argv: list[str], tls: list[str]) -> str:
+    with pytest.raises(SystemExit) as exited:
+        cli.main([*argv, "--memory-addr", CLOSED, *tls])
+    assert exited.value.code == 2  # a usage error, as `generate --tls-ca` gives: it was 1
+    return one_error_line(capsys)
+
+
+@pytest.mark.parametrize("argv", MEMORY_COMMANDS, ids=lambda argv: " ".join(argv[:2]))
+def test_memory_commands_with_missing_tls_files_are_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    """A FailedPrecondition traceback (the commands caught grpc.RpcError only), then one line with exit 1."""
+    monkeypatch.chdir(tmp_path)
+    Path("prompts.txt").write_text("def add(a, b):\n")
     missing = tmp_path / "client.pem"
     tls = ["--memory-tls-cert", str(missing), "--memory-tls-key", str(tmp_path / "k"), "--memory-tls-ca", "ca"]
-    with pytest.raises(SystemExit, match=f"^error: cannot read {missing}: No such file or directory$"):
-        cli.main(["memory", *argv, "--memory-addr", CLOSED, *tls])  # SystemExit(message): one line, exit 1
+    assert memory_tls_error(capsys, argv, tls) == f"error: cannot read {missing}: No such file or directory"
+
+
+@pytest.mark.parametrize("argv", MEMORY_COMMANDS[:2], ids=lambda argv: " ".join(argv[:2]))
+def test_memory_tls_files_that_are_no_certificates_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """gRPC logged its own lines and the command reported the memory service UNAVAILABLE (exit 1)."""
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    tls = ["--memory-tls-cert", str(garbage), "--memory-tls-key", str(garbage), "--memory-tls-ca", str(garbage)]
+    assert f"TLS certificate {garbage} holds no valid PEM certificate" in memory_tls_error(capsys, argv, tls)
+
+
+def test_half_the_memory_tls_files_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = memory_tls_error(capsys, ["memory", "namespaces"], ["--memory-tls-cert", str(tmp_path / "c.pem")])
+    assert line == "error: give all three of --memory-tls-cert, --memory-tls-key and --memory-tls-ca"
+
+
+def test_usable_memory_tls_files_pass_the_check(tmp_path: Path) -> None:
+    from calispec_tools.certs import make_dev_certs
+
+    certs = make_dev_certs(tmp_path / "tls")
+    flags = ["--memory-tls-cert", str(certs.cert("client")), "--memory-tls-key", str(certs.key("client"))]
+    args = cli.build_parser().parse_args(["memory", "namespaces", *flags, "--memory-tls-ca", str(certs.ca)])
+    tls = cli_memory.memory_tls(args)
+    assert tls is not None and tls.cert == certs.cert("client")
 
 
 @pytest.mark.parametrize("method", ["generate", "chat"])  # `calispec generate`; the chat of `calispec demo`
@@ -96,8 +147,7 @@ def test_demo_checks_its_request_before_the_stack_starts(
         raise AssertionError("the stack started before the request was checked")
 
     monkeypatch.setattr(cli, "stack_config", stack_config)
-    assert cli.main(["demo", "--pair", "tiny", "--seed", str(2**70)]) == 2
-    assert "out of range" in one_error_line(capsys)
+    assert "argument --seed" in argparse_error(capsys, ["demo", "--pair", "tiny", "--seed", str(2**70)])
 
 
 # bench and eval against --address build their clients' credentials from the same flags and environment
