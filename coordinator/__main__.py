@@ -6,40 +6,43 @@ Target replicas are either fixed (`--target-addr`, repeatable) or discovered by 
 
 from __future__ import annotations
 
-import argparse
-import signal
-from collections.abc import Callable
-from pathlib import Path
+from calispec_core.interrupts import interrupt_exits_quietly
 
-from calispec_core.access import ApiKeys, Quota, QuotaBook
-from calispec_core.errors import CalispecError, InvalidArgument
-from calispec_core.generation import Defaults, Mode
-from calispec_core.limits import (
-    burst,
-    check_csd_thresholds,
-    gamma,
-    max_new_tokens,
-    non_negative_float,
-    non_negative_int,
-    port,
-    positive_float,
-    positive_int,
-    probability,
-)
-from calispec_core.metrics import new_registry
-from calispec_core.observability import ManagedServer
-from calispec_core.service_cli import (
-    add_server_args,
-    configure_logging,
-    interrupt_exits_quietly,
-    metrics_banner,
-    serve_until_signalled,
-    startup_step,
-    tls_from_args,
-)
-from coordinator.config import HTTP_MAX_BODY_BYTES, CoordinatorConfig
-from coordinator.metrics import CoordinatorMetrics
-from coordinator.server import build_orchestrator, check_access, create_server
+# Ctrl-C while torch and the serving stack import (seconds), before main() runs: exit 130, no traceback
+with interrupt_exits_quietly():
+    import argparse
+    import signal
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from calispec_core.access import ApiKeys, Quota, QuotaBook
+    from calispec_core.errors import CalispecError, InvalidArgument
+    from calispec_core.generation import Defaults, Mode
+    from calispec_core.limits import (
+        burst,
+        check_csd_thresholds,
+        gamma,
+        max_new_tokens,
+        non_negative_float,
+        non_negative_int,
+        port,
+        positive_float,
+        positive_int,
+        probability,
+    )
+    from calispec_core.metrics import new_registry
+    from calispec_core.observability import ManagedServer
+    from calispec_core.service_cli import (
+        add_server_args,
+        configure_logging,
+        metrics_banner,
+        serve_until_signalled,
+        startup_step,
+        tls_from_args,
+    )
+    from coordinator.config import HTTP_MAX_BODY_BYTES, CoordinatorConfig
+    from coordinator.metrics import CoordinatorMetrics
+    from coordinator.server import build_orchestrator, check_access, create_server
 
 
 def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]:

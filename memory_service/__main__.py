@@ -5,27 +5,32 @@ Logging is configured here and only here; library modules just get their loggers
 
 from __future__ import annotations
 
-import argparse
-import logging
-from collections.abc import Sequence
-from pathlib import Path
+from calispec_core.interrupts import interrupt_exits_quietly
 
-from calispec_core.credentials import read_writer_tokens
-from calispec_core.errors import CalispecError
-from calispec_core.limits import burst, non_negative_float, positive_float, positive_int
-from calispec_core.limits import port as tcp_port
-from calispec_core.request_context import configure_logging
-from calispec_core.service_cli import (
-    add_operations_args,
-    add_tls_args,
-    metrics_banner,
-    startup_step,
-    stop_on_signals,
-    tls_from_args,
-)
-from memory_service.config import MemoryConfig
-from memory_service.server import create_server
-from memory_service.store import TableLimits
+# Ctrl-C while the serving stack imports (seconds: torch too, through the shared metrics), before main() runs:
+# exit 130, no traceback
+with interrupt_exits_quietly():
+    import argparse
+    import logging
+    from collections.abc import Sequence
+    from pathlib import Path
+
+    from calispec_core.credentials import read_writer_tokens
+    from calispec_core.errors import CalispecError
+    from calispec_core.limits import burst, non_negative_float, positive_float, positive_int
+    from calispec_core.limits import port as tcp_port
+    from calispec_core.request_context import configure_logging
+    from calispec_core.service_cli import (
+        add_operations_args,
+        add_tls_args,
+        metrics_banner,
+        startup_step,
+        stop_on_signals,
+        tls_from_args,
+    )
+    from memory_service.config import MemoryConfig
+    from memory_service.server import create_server
+    from memory_service.store import TableLimits
 
 log = logging.getLogger("memory_service")
 

@@ -1,6 +1,6 @@
-"""Ctrl-C while `python -m draft_service` / `python -m target_service` still imports torch (seconds, before
-`main()` and its own guard): exit 130 quietly, as at any later point of the start-up. It printed Python's
-KeyboardInterrupt traceback (and died of the signal).
+"""Ctrl-C while `python -m draft_service` (or target_service, coordinator, memory_service) still imports torch
+(seconds, before `main()` and its own guard): exit 130 quietly, as at any later point of the start-up. It
+printed Python's KeyboardInterrupt traceback (and died of the signal).
 
 A sitecustomize holds the service in its first `import torch` until a signal comes, and says so on stdout:
 the test reads that line, then sends SIGINT. No sleep: the signal's wakeup fd ends the wait even when the
@@ -49,11 +49,21 @@ sys.meta_path.insert(0, HoldTorch())
 IMPORTING = "importing torch\n"
 
 
-@pytest.mark.parametrize("service", ["draft_service", "target_service"])
+# each service's command line, {tmp} the test's directory (never parsed: the signal comes while it imports)
+SERVICE_ARGS = {
+    "draft_service": ["--model", "{tmp}/model", "--port", "0"],
+    "target_service": ["--model", "{tmp}/model", "--port", "0"],
+    "coordinator": ["--draft-addr", "127.0.0.1:1", "--target-addr", "127.0.0.1:1", "--tokenizer", "{tmp}/model"],
+    # no model: torch comes in with the metrics every service shares (calispec_core.metrics)
+    "memory_service": ["--port", "0", "--db", "{tmp}/memory.db", "--allow-unauthenticated-writes"],
+}
+
+
+@pytest.mark.parametrize("service", SERVICE_ARGS)
 def test_ctrl_c_while_torch_imports_exits_130_quietly(tmp_path: Path, service: str) -> None:
     (tmp_path / "sitecustomize.py").write_text(HOLD_TORCH)
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    argv = [sys.executable, "-m", service, "--model", str(tmp_path / "model"), "--port", "0"]
+    argv = [sys.executable, "-m", service, *(arg.format(tmp=tmp_path) for arg in SERVICE_ARGS[service])]
     with subprocess.Popen(
         argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as proc:
