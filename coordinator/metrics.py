@@ -3,10 +3,14 @@
 Per round (the orchestrator's `on_round` hook): drafts, draft/accepted/rescued tokens,
 acceptance by position, γ. Per request (the servicer, from the chunks it already streams):
 requests by mode and status, tokens, time to first token, time per output token, end-to-end
-latency, and the requests running now.
+latency, and the requests running now. Per HTTP response of the OpenAI API (its outermost middleware):
+responses by route template, method and status, and their duration, under vLLM's names.
 """
 
 from __future__ import annotations
+
+from http import HTTPMethod
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -16,7 +20,13 @@ from calispec_core.metrics import LATENCY_BUCKETS, PREFIX
 from calispec_core.timing import now_ns
 from coordinator.backends import Proposal, Verdict
 
+if TYPE_CHECKING:  # the HTTP API's packages are imported only when it is on (coordinator/__main__.py)
+    from prometheus_fastapi_instrumentator.metrics import Info
+
 SPEC = f"{PREFIX}spec_decode_"
+# a method is the client's word (h11 takes any token): others share one label value, or series are unbounded
+HTTP_METHODS = frozenset(HTTPMethod.__members__)
+OTHER_METHOD = "other"
 TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 
 
@@ -62,6 +72,7 @@ class CoordinatorMetrics:
         self.e2e = Histogram(
             f"{PREFIX}e2e_request_latency_seconds", "Request latency, end to end", buckets=LATENCY_BUCKETS, registry=r
         )
+        self.http = HttpMetrics(r)
 
     def observe_round(self, mode: Mode, proposal: Proposal | None, verdict: Verdict) -> None:
         """The orchestrator's per-round hook."""
@@ -78,6 +89,32 @@ class CoordinatorMetrics:
 
     def track(self) -> RequestTimer:
         return RequestTimer(self)
+
+
+class HttpMetrics:
+    """Every response of the OpenAI HTTP API, as vLLM exposes them (prometheus-fastapi-instrumentator's names
+    and labels, unprefixed, so that vLLM's dashboards work): by route template (`none`: no route), method and
+    status code. Fed by the instrumentator's middleware (`observe`), which resolves the template."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "http_requests",
+            "HTTP responses, by route template, method and status",
+            ["handler", "method", "status"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "http_request_duration_seconds",
+            "HTTP request duration, from its arrival to the last byte of the response (streams included)",
+            ["handler", "method"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+
+    def observe(self, info: Info) -> None:
+        method = info.method if info.method in HTTP_METHODS else OTHER_METHOD
+        self.requests.labels(info.modified_handler, method, info.modified_status).inc()
+        self.duration.labels(info.modified_handler, method).observe(info.modified_duration)
 
 
 class RequestTimer:

@@ -6,7 +6,8 @@ second loop, no extra hop); the blocking generator runs in Starlette's thread po
 shape and HTTP statuses. Each request gets the gRPC path's bookkeeping (`coordinator.request_log`:
 metrics, one log line), a request id (`X-Request-Id`, echoed back), and a place in the drain (503 while
 draining). `RequestGuard` checks the API key and the body's size, media type and coding before a byte of
-the body is read.
+the body is read. Every response, refusals included, is counted by route template, method and status
+(`instrument`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_fastapi_instrumentator import Instrumentator
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers, MutableHeaders
@@ -590,6 +592,13 @@ def guard_error(status: int, message: str, headers: dict[str, str] | None = None
     return error_response(status, message, kind, code=code, headers=headers)
 
 
+def instrument(app: FastAPI, metrics: CoordinatorMetrics) -> None:
+    """Count every response by route template (unknown paths: `none`), method and exact status, and time it to
+    its last byte, as vLLM does (prometheus-fastapi-instrumentator), on the coordinator's registry."""
+    instrumentator = Instrumentator(should_group_status_codes=False, registry=metrics.registry)
+    instrumentator.add(metrics.http.observe).instrument(app)
+
+
 def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
     api = OpenAIApi(orchestrator, settings)
     app = FastAPI(title="Calispec (OpenAI-compatible)", docs_url=None, redoc_url=None)
@@ -603,6 +612,7 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
             allow_headers=["authorization", "content-type", "x-request-id"],
             expose_headers=["x-request-id"],
         )
+    instrument(app, api.metrics)  # added last: outermost, it sees every answer, CORS's and RequestGuard's too
 
     @app.exception_handler(CalispecError)
     async def _domain(request: Request, exc: CalispecError) -> JSONResponse:

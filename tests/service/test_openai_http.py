@@ -38,7 +38,10 @@ JSON = {"content-type": "application/json"}
 
 
 class StubOrchestrator:
-    """All the HTTP layer touches of an orchestrator before a generation starts (/health reads `replicas`)."""
+    """All the HTTP layer touches of an orchestrator before a generation starts (/health reads `replicas`, the
+    model card `context_length`)."""
+
+    context_length = 1023
 
     def __init__(self, replicas: int = 1) -> None:
         self.replicas = [SimpleNamespace(address=f"target-{i}:1") for i in range(replicas)]
