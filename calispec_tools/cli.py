@@ -36,7 +36,15 @@ from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, LOG_LEVELS
 from calispec_tools import arg_types as at
 from calispec_tools import cli_auth, cli_bench, cli_chat, cli_memory, cli_ray
 from calispec_tools.models.registry import PAIRS, ModelPullError, describe_pairs, pull_pair, pulled
-from calispec_tools.stack_state import StackState, clear_state, process_start_time, stop_stack
+from calispec_tools.stack_state import (
+    StackBusy,
+    StackLock,
+    StackState,
+    claim_up,
+    clear_state,
+    process_start_time,
+    stop_stack,
+)
 
 if TYPE_CHECKING:
     from calispec_tools.stack import LocalStack, StackConfig
@@ -352,12 +360,24 @@ def cmd_up(args: argparse.Namespace) -> int:
     return stack_command("calispec up", lambda: serve_stack(args))
 
 
+def claim_up_or_refuse() -> StackLock:
+    """`calispec up`'s claim (one per user: the state file names the stack `down` and the memory commands act
+    on); another live `up` is a one-line usage error naming it, before anything is pulled, loaded or written."""
+    from calispec_tools.stack import StackStartError
+
+    try:
+        return claim_up()
+    except StackBusy as busy:
+        line = f"`calispec up` already runs ({busy.holder or 'pid unknown'}): stop it with `calispec down` first"
+        raise StackStartError(str(busy), line) from None
+
+
 def serve_stack(args: argparse.Namespace) -> int:
     """`calispec up`: start the stack, then serve until Ctrl-C, SIGTERM or `calispec down`."""
     stop = threading.Event()
     # until the stack is up, Ctrl-C and SIGTERM interrupt its start-up (stack_command); from then on they
     # stop the running stack
-    with tempfile.TemporaryDirectory(prefix="calispec-up-") as secrets_dir:
+    with claim_up_or_refuse() as claim, tempfile.TemporaryDirectory(prefix="calispec-up-") as secrets_dir:
         tls_dir, keys_file, key = up_security(args, Path(secrets_dir))
         config = stack_config(args, (args.port, args.target_port, args.draft_port, args.memory_port))
         http_port = None if args.no_http else args.http_port
@@ -374,6 +394,7 @@ def serve_stack(args: argparse.Namespace) -> int:
             for sig in (signal.SIGINT, signal.SIGTERM):  # before the state file names this process
                 signal.signal(sig, lambda *_: stop.set())
             try:
+                claim.describe(stack.served())
                 up_state(stack, config).write()
                 print_ready(stack, config, key, tls_dir)
                 stop.wait()

@@ -3,6 +3,10 @@
 Used by `calispec up`, `calispec demo` and the end-to-end tests. Each service prints one
 readiness line (`<name> listening on HOST:PORT ...`) once it serves; ports may be 0, and
 the bound port is read from that line.
+
+A stack owns its log directory while it runs (`stack.lock` there): a second stack given the same
+one is refused before it starts anything, so two stacks never write one log. Each start moves the
+previous run's logs aside (`<service>.log.1` ... `.3`, the oldest dropped).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -28,12 +32,14 @@ from calispec_core.credentials import write_new_token
 from calispec_tools.certs import DevCerts
 from calispec_tools.namespaces import pair_namespace
 from calispec_tools.shipped_calibration import SeedResult, seed_namespace
+from calispec_tools.stack_state import StackBusy, StackLock
 
 log = logging.getLogger(__name__)
 
 BANNER = re.compile(r"^(\w+) listening on (\S+):(\d+)")
 HTTP_URL = re.compile(r"(https?://\S+/v1)")  # the coordinator's banner names its OpenAI-compatible API
 METRICS_BANNER = re.compile(r"^(\w+) metrics on (\S+)")
+LOG_BACKUPS = 3  # a service's logs of earlier runs kept beside this run's: <name>.log.1 (the last run) ... .3
 
 
 def split_cores(cores: int) -> tuple[int, int]:
@@ -156,6 +162,31 @@ def _open_log(path: Path) -> IO[bytes]:
         return open(path, "ab")
 
 
+def rotate_log(path: Path, keep: int = LOG_BACKUPS) -> None:
+    """Move the previous run's log to `<name>.1`, the older ones one number up, dropping the one past `keep`
+    (logrotate's scheme): a run's log starts empty and the directory stays bounded. Only under the directory's
+    lock, so no live stack writes these files (a service left running by a killed launcher keeps writing to
+    its file, renamed: never into this run's)."""
+    with user_path():
+        for number in range(keep, 0, -1):
+            older = path.with_name(f"{path.name}.{number - 1}") if number > 1 else path
+            with suppress(FileNotFoundError):
+                older.replace(path.with_name(f"{path.name}.{number}"))
+
+
+def claim_log_dir(log_dir: Path) -> StackLock:
+    """The log directory's lock, taken; a directory a live stack holds is a one-line usage error naming it."""
+    try:
+        with user_path():
+            return StackLock(log_dir / "stack.lock").acquire()
+    except StackBusy as busy:
+        line = (
+            f"{log_dir} is the log directory of a running stack ({busy.holder or 'pid unknown'}): "
+            "stop it (`calispec down` stops `calispec up`'s) or give another --log-dir"
+        )
+        raise StackStartError(str(busy), line) from None
+
+
 STOP_ORDER = ("coordinator", "draft_service", "target_service", "memory_service")  # the reverse of start
 
 
@@ -168,7 +199,7 @@ class ServiceProcess:
     port: int = 0
     banner: str = ""  # the readiness line
     metrics_url: str | None = None
-    log_start: int = 0  # where this run's lines begin in the (appended) log file
+    log_start: int = 0  # where this start's lines begin in the log file (a restart appends to it)
     _lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
 
     @property
@@ -212,7 +243,7 @@ class ServiceProcess:
         return ServiceStartError(message, f"{why} (exit {code}; log: {self.log_path})")
 
     def log_tail(self, lines: int = 30) -> str:
-        """The last lines this run wrote (the file also holds earlier runs')."""
+        """The last lines this start wrote (the file may hold an earlier start's of this stack, before a restart)."""
         try:
             with self.log_path.open("rb") as log_file:
                 log_file.seek(self.log_start)
@@ -233,11 +264,14 @@ class LocalStack:
         self.writer_token_file: Path | None = None  # this run's verifier credential (see credentials.py)
         self.memory_namespace = config.memory_namespace or pair_namespace(config.draft_model, config.target_model)
         self.calibration: SeedResult | None = None
+        self._dir_lock: StackLock | None = None
+        self._logged: set[str] = set()  # services whose log this stack started (a restart appends to it)
 
     def start(self) -> LocalStack:
         c = self.config
         with user_path():
             c.log_dir.mkdir(parents=True, exist_ok=True)
+        lock = self._dir_lock = claim_log_dir(c.log_dir)  # before anything is written there
         try:
             # A fresh random writer token per run, in a private directory: only the target (the
             # verifier) and the memory service get it, so clients of the stack cannot write counts.
@@ -263,10 +297,16 @@ class LocalStack:
                 "--port", str(c.coordinator_port), "--tokenizer", str(c.target_model),
                 "--draft-addr", self.services["draft_service"].address, *target_addrs,
             ])  # fmt: skip
+            lock.describe(self.served())
         except BaseException:
             self.stop()
             raise
         return self
+
+    def served(self) -> dict[str, str]:
+        """What a user of the stack connects to (the lock names them to a second stack refused its directory)."""
+        http = {"http": self.http_url} if self.http_url else {}
+        return {name: self.services[name].address for name in ("coordinator", "memory_service")} | http
 
     def draft_args(self) -> list[str]:
         c = self.config
@@ -335,10 +375,11 @@ class LocalStack:
         cmd = [sys.executable, "-m", module, "--host", c.host, "--log-level", c.log_level, *args]
         if c.metrics:
             cmd += ["--metrics-port", "0"]
-        # Appended, never truncated: a second stack given the same --log-dir (a `calispec up` whose port
-        # is taken, a `calispec demo` beside `calispec up`) must not wipe the running stack's logs, and a
-        # restarted service keeps its crash's. Daemons do the same (nginx's error.log); the marker line
-        # tells the runs apart, and O_APPEND keeps two writers' lines whole.
+        # The stack's first start of a service moves the last run's log aside (this stack holds the
+        # directory: no other writes there); a restart appends, so the crash's lines stay above the marker.
+        if name not in self._logged:
+            rotate_log(log_path)
+            self._logged.add(name)
         marker = f"--- {name} starting {time.strftime('%Y-%m-%d %H:%M:%S')} (launcher pid {os.getpid()})\n"
         with _open_log(log_path) as log_file:
             log_file.write(marker.encode())
@@ -410,6 +451,9 @@ class LocalStack:
             if self._secrets_dir is not None:
                 shutil.rmtree(self._secrets_dir, ignore_errors=True)
                 self._secrets_dir = None
+            if self._dir_lock is not None:  # last: the services, stopped, write no more to the directory
+                self._dir_lock.release()
+                self._dir_lock = None
 
     def __enter__(self) -> LocalStack:
         return self.start()

@@ -6,16 +6,22 @@ user never has to copy a namespace by hand. The file is private (0600) and ignor
 process is gone (a crashed `calispec up` leaves a stale file behind); the process's start time, where
 /proc has it, tells a live `calispec up` from another process that was given its pid since.
 `calispec down` stops the stack it names.
+
+One `calispec up` runs per user: it holds `stack.lock` beside the file for as long as it runs, and a
+second one is refused (`StackLock`; a local stack holds the same kind of lock on its log directory).
+`calispec down` also stops an `up` that holds the lock but is still starting (no state file yet).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import TracebackType
 
 import platformdirs
 
@@ -58,10 +64,11 @@ def running_stack(path: Path | None = None) -> StackState | None:
     return state if _alive(state.pid, state.started) else None
 
 
-def stop_stack(timeout_s: float, path: Path | None = None) -> StackState | None:
-    """SIGTERM the running `calispec up` (it stops its services in order, then removes the file) and wait
-    for it to exit; the stopped stack's state, or None when none runs. TimeoutError if it outlives `timeout_s`."""
-    state = running_stack(path)
+def stop_stack(timeout_s: float, path: Path | None = None) -> StackState | Holder | None:
+    """SIGTERM the running `calispec up` (it stops its services in order, then removes the file; one still
+    starting stops what it started) and wait for it to exit; the stopped stack's state (its lock's holder while
+    it starts), or None when none runs. TimeoutError if it outlives `timeout_s`."""
+    state = running_stack(path) or starting_stack(path)
     if state is None:
         return None
     try:
@@ -107,3 +114,111 @@ def _alive(pid: int, started: int = 0) -> bool:
         pass
     now = process_start_time(pid)
     return now != -1 and (not started or now in (0, started))
+
+
+LOCK_NAME = "stack.lock"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a `StackLock`: its process (pid and start time, as in StackState) and, once it serves, its
+    addresses (service name -> address or URL)."""
+
+    pid: int
+    started: int = 0
+    addresses: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        served = ", ".join(f"{name} {address}" for name, address in self.addresses.items())
+        return f"pid {self.pid}: {served}" if served else f"pid {self.pid}, still starting"
+
+
+class StackBusy(RuntimeError):
+    """A live stack holds the lock; `holder`: who (None where its file could not be read)."""
+
+    def __init__(self, path: Path, holder: Holder | None) -> None:
+        super().__init__(f"{path} is held by a running stack ({holder or 'pid unknown'})")
+        self.holder = holder
+
+
+class StackLock:
+    """An exclusive `flock` on a file that names its holder (JSON): one stack per log directory, one
+    `calispec up` per user. The kernel drops it when the holder's process ends, however it ends, so a crashed
+    stack's lock is simply taken over (its file stays, naming a dead pid). Not inherited by the services."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> StackLock:
+        """Take the lock at once, or raise StackBusy naming the live holder (OSError: the path is unusable)."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise StackBusy(self.path, holder) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self.describe({})
+        return self
+
+    def describe(self, addresses: dict[str, str]) -> None:
+        """Name this process, and what it serves, for whoever finds the lock taken (or `calispec down`)."""
+        assert self._fd is not None, "describe() needs the lock"
+        me = os.getpid()
+        data = json.dumps(asdict(Holder(me, process_start_time(me), addresses))).encode()
+        os.pwrite(self._fd, data, 0)  # then cut: a reader never sees an empty file (it reads the first JSON value)
+        os.ftruncate(self._fd, len(data))
+
+    def release(self) -> None:
+        """Empty the file (a live pid in it would still look like a holder) and drop the lock."""
+        if self._fd is None:
+            return
+        try:
+            os.ftruncate(self._fd, 0)
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> StackLock:
+        return self if self._fd is not None else self.acquire()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.release()
+
+
+def lock_path(path: Path | None = None) -> Path:
+    """`calispec up`'s lock, beside its state file."""
+    return (path or state_path()).with_name(LOCK_NAME)
+
+
+def claim_up(path: Path | None = None) -> StackLock:
+    """`calispec up`'s lock, taken (StackBusy while another live `up` holds it): release it when the stack ends."""
+    lock = lock_path(path)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    return StackLock(lock).acquire()
+
+
+def starting_stack(path: Path | None = None) -> Holder | None:
+    """The live `calispec up` that holds the lock, from its file (None: none holds it, or it crashed)."""
+    try:
+        fd = os.open(lock_path(path), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        holder = _read_holder(fd)
+    finally:
+        os.close(fd)
+    return holder if holder is not None and _alive(holder.pid, holder.started) else None
+
+
+def _read_holder(fd: int) -> Holder | None:
+    try:
+        data, _ = json.JSONDecoder().raw_decode(os.pread(fd, 1 << 16, 0).decode())
+        return Holder(**data)
+    except (OSError, ValueError, TypeError):
+        return None

@@ -1,6 +1,6 @@
 """`calispec up` and `calispec demo` when their stack cannot start: one line and exit 2 (Ctrl-C: 130, the
-services it had started stopped; SIGTERM: 143, tests/unit/test_stack_lifecycle.py), never a traceback; and a
-second stack never truncates a running one's logs."""
+services it had started stopped; SIGTERM: 143, tests/unit/test_stack_lifecycle.py), never a traceback; a
+second stack never writes into a running one's log directory, and each start rotates the last run's logs."""
 
 from __future__ import annotations
 
@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 
 from calispec_tools import cli
-from calispec_tools.stack import LocalStack, ServiceProcess, ServiceStartError, StackConfig
+from calispec_tools.stack import (
+    LocalStack,
+    ServiceProcess,
+    ServiceStartError,
+    StackConfig,
+    StackStartError,
+    claim_log_dir,
+)
+from calispec_tools.stack_state import StackLock
 from tests.helpers import REPO_ROOT
 
 
@@ -87,21 +95,59 @@ def test_an_unusable_memory_db_is_one_line(tmp_path: Path, a_file: Path, command
     assert_one_line(result, "memory_service: cannot start", str(a_file))
 
 
-def test_a_second_stack_on_the_same_log_dir_keeps_the_running_stacks_logs(tmp_path: Path, taken_port: int) -> None:
-    """Its log files were opened with "w" before its bind failed: the running stack's logs were emptied."""
+def test_a_second_stack_on_a_running_stacks_log_dir_is_refused_before_it_writes_there(tmp_path: Path) -> None:
+    """It appended its lines to the running stack's logs (interleaved with them, and quoted in its own error)
+    before its bind failed, or, on free ports, ran beside it writing into the same files."""
     logs = tmp_path / "logs"
     logs.mkdir()
     running = logs / "memory_service.log"
     running.write_text("memory_service listening on 127.0.0.1:50053 (the running stack's)\n")
+    with StackLock(logs / "stack.lock") as held:  # what the running stack holds, naming what it serves
+        held.describe({"coordinator": "127.0.0.1:50050", "memory_service": "127.0.0.1:50053"})
+        config = StackConfig(tmp_path / "d", tmp_path / "t", tmp_path / "memory.db", logs, memory_port=0)
+        stack = LocalStack(config)
+        with pytest.raises(StackStartError) as refused:
+            stack.start()
+    assert running.read_text() == "memory_service listening on 127.0.0.1:50053 (the running stack's)\n"
+    assert sorted(p.name for p in logs.iterdir()) == ["memory_service.log", "stack.lock"] and stack.services == {}
+    line = refused.value.line
+    assert "\n" not in line and line.startswith(f"{logs} is the log directory of a running stack (pid {os.getpid()}:")
+    assert "coordinator 127.0.0.1:50050" in line and "`calispec down`" in line and "--log-dir" in line
+
+
+def test_each_start_rotates_the_last_runs_logs_and_keeps_three(tmp_path: Path, taken_port: int) -> None:
+    """Logs were appended to behind a marker at every start, forever; the error quotes this run's lines only."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name, text in [("", "run 4\n"), (".1", "run 3\n"), (".2", "run 2\n"), (".3", "run 1\n")]:
+        (logs / f"memory_service.log{name}").write_text(text)
     config = StackConfig(tmp_path / "d", tmp_path / "t", tmp_path / "memory.db", logs, memory_port=taken_port)
-    with pytest.raises(RuntimeError) as failed:
+    with pytest.raises(ServiceStartError) as failed:
         LocalStack(config).start()
-    text = running.read_text()
-    assert text.startswith("memory_service listening on 127.0.0.1:50053 (the running stack's)\n")
-    assert "--- memory_service starting" in text and "could not bind" in text  # this run's lines follow, marked
-    assert isinstance(failed.value, ServiceStartError)
-    assert "the running stack's" not in str(failed.value)  # the error quotes this run's lines only
-    assert "could not bind" in failed.value.line and "\n" not in failed.value.line
+    text = (logs / "memory_service.log").read_text()
+    assert text.startswith("--- memory_service starting") and "could not bind" in text and "run 4" not in text
+    kept = {n: (logs / f"memory_service.log{n}").read_text() for n in (".1", ".2", ".3")}
+    assert kept == {".1": "run 4\n", ".2": "run 3\n", ".3": "run 2\n"} and not (logs / "memory_service.log.4").exists()
+    assert "run 4" not in str(failed.value) and "could not bind" in failed.value.line
+
+
+OPEN = ["--allow-unauthenticated-writes"]  # no writer token: this memory service fails at its bind anyway
+
+
+def test_a_restart_appends_to_its_stacks_log(tmp_path: Path, taken_port: int) -> None:
+    """Only a stack's first start of a service rotates: a restart keeps the crash's lines above its own."""
+    config = StackConfig(tmp_path / "d", tmp_path / "t", tmp_path / "memory.db", tmp_path / "logs")
+    config.log_dir.mkdir()
+    stack = LocalStack(config)
+    stack._dir_lock = claim_log_dir(config.log_dir)  # what start() takes before it spawns
+    try:
+        for _ in range(2):
+            with pytest.raises(ServiceStartError):
+                stack._spawn("memory_service", ["--port", str(taken_port), "--db", str(config.memory_db), *OPEN])
+    finally:
+        stack.stop()
+    assert (config.log_dir / "memory_service.log").read_text().count("--- memory_service starting") == 2
+    assert not (config.log_dir / "memory_service.log.1").exists()
 
 
 @pytest.mark.parametrize("command", ["up", "demo"])

@@ -1,7 +1,9 @@
-"""The running stack's state file: telling a live `calispec up` from a stale file, and `calispec down`."""
+"""The running stack's state file: telling a live `calispec up` from a stale file, one `up` at a time (its lock),
+and `calispec down`."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,7 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from calispec_tools.stack_state import StackState, process_start_time, running_stack, stop_stack
+from calispec_tools.stack_state import (
+    Holder,
+    StackBusy,
+    StackLock,
+    StackState,
+    claim_up,
+    process_start_time,
+    running_stack,
+    starting_stack,
+    stop_stack,
+)
 
 # a stand-in for `calispec up`: writes the state, says so, and on SIGTERM removes it and exits
 FAKE_UP = """
@@ -136,3 +148,74 @@ def test_up_records_the_pair_absolute(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.chdir(pair[0])  # another working directory
     args = cli.build_parser().parse_args(["calibrate", "--corpus", "corpus.jsonl"])
     assert cli_calibrate.model_dirs(args) == (pair[0].resolve(), pair[1].resolve())
+
+
+# a stand-in for a `calispec up` still starting: holds the lock (no state file yet), on SIGTERM exits as
+# its start-up does (Terminated: what it started is stopped)
+FAKE_STARTING_UP = """
+import signal, sys, threading
+from pathlib import Path
+from calispec_tools.stack_state import claim_up
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+with claim_up(Path(sys.argv[1])):
+    print("ready", flush=True)
+    stop.wait()
+"""
+
+
+def test_a_second_up_is_refused_naming_the_running_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It started beside the first (other ports, another --log-dir) and replaced its state file: `calispec down`
+    then stopped the second only, and the first ran on, unknown to every command. Refused before any pull,
+    model load or write."""
+    from calispec_tools import cli
+
+    def stack_config(*_args: object) -> None:
+        raise AssertionError("a second `calispec up` went on starting")
+
+    monkeypatch.setattr(cli, "stack_config", stack_config)
+    handler = signal.getsignal(signal.SIGTERM)
+    with claim_up() as running:
+        running.describe({"coordinator": "127.0.0.1:50050", "memory_service": "127.0.0.1:50053"})
+        code = cli.main(["up", "--pair", "tiny", "--port", "0", "--log-dir", str(tmp_path / "other-logs")])
+    assert signal.getsignal(signal.SIGTERM) is handler
+    assert code == 2 and not (tmp_path / "other-logs").exists()
+    assert capsys.readouterr().err == (
+        f"error: `calispec up` already runs (pid {os.getpid()}: coordinator 127.0.0.1:50050, memory_service "
+        "127.0.0.1:50053): stop it with `calispec down` first\n"
+    )
+
+
+def test_down_stops_an_up_that_is_still_starting(no_running_stack: Path) -> None:
+    """A second `up` is told to `calispec down` the first one, which answered "no stack is running" until the
+    first had loaded its models and written its state file."""
+    up = subprocess.Popen([sys.executable, "-c", FAKE_STARTING_UP, str(no_running_stack)], stdout=subprocess.PIPE)
+    assert up.stdout is not None and up.stdout.readline() == b"ready\n"
+    assert running_stack() is None and starting_stack() == Holder(up.pid, process_start_time(up.pid))
+    stopped = stop_stack(timeout_s=60)
+    assert stopped is not None and stopped.pid == up.pid
+    assert up.wait(timeout=60) == 0 and starting_stack() is None
+
+
+def test_a_crashed_holders_lock_is_taken_over(tmp_path: Path) -> None:
+    """The kernel drops a flock with its process: a stack killed with SIGKILL leaves nothing to clean up."""
+    lock = tmp_path / "stack.lock"
+    holder = subprocess.Popen([sys.executable, "-c", FAKE_STARTING_UP, str(tmp_path / "stack.json")],
+                              stdout=subprocess.PIPE)  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline() == b"ready\n"
+    with pytest.raises(StackBusy) as busy:
+        StackLock(lock).acquire()
+    assert busy.value.holder is not None and busy.value.holder.pid == holder.pid
+    holder.kill()
+    holder.wait()
+    with StackLock(lock):  # taken over
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+
+
+def test_a_released_lock_names_no_one() -> None:
+    """Its file stays; a live pid left in it (this process) would pass for a stack still starting."""
+    with claim_up():
+        assert starting_stack() == Holder(os.getpid(), process_start_time(os.getpid()))
+    assert starting_stack() is None and stop_stack(timeout_s=5) is None
