@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from calispec_tools.arg_types import non_negative_float
 from calispec_tools.deploy.ray_config import DEFAULT_NAMESPACE
 
 if TYPE_CHECKING:
@@ -36,10 +37,17 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     scale.add_argument("spec", help="target=N")
     _common(scale)
     scale.set_defaults(func=_scale)
-    for name, func, text in [("status", _status, "addresses of the services"), ("down", _down, "stop everything")]:
-        sub = commands.add_parser(name, help=text)
-        _common(sub)
-        sub.set_defaults(func=func)
+    status = commands.add_parser("status", help="addresses of the services")
+    _common(status)
+    status.set_defaults(func=_status)
+    down = commands.add_parser("down", help="drain the coordinator, then stop everything")
+    down.add_argument(
+        "--drain-timeout-s", type=non_negative_float, default=None,
+        help="how long the coordinator's running requests may take to finish (new ones are refused "
+        "meanwhile); default: the deployment's drain_timeout_s",
+    )  # fmt: skip
+    _common(down)
+    down.set_defaults(func=_down)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -96,7 +104,7 @@ def _status(args: argparse.Namespace) -> int:
 def _down(args: argparse.Namespace) -> int:
     deploy_ray = _deploy_ray()
     deploy_ray.connect(args.address, _namespace(args))
-    deploy_ray.down(_namespace(args))
+    deploy_ray.down(_namespace(args), args.drain_timeout_s)
     print("down", flush=True)
     return 0
 

@@ -13,7 +13,9 @@ Each service actor builds its config with the service's own CLI parser (`parse_c
 a push through Ray, no extra RPC in the public API) and keeps it in a `ReplicaSet`. Scaling
 down takes a replica out of the coordinator's rotation first, then waits until its open
 sessions reach 0 (or `drain_timeout_s`) before stopping it: requests finish, or fail with
-UNAVAILABLE after the drain timeout; none hang.
+UNAVAILABLE after the drain timeout; none hang. `down` drains the coordinator first, as SIGTERM
+does outside Ray (its running requests finish, new ones get UNAVAILABLE, for at most the drain
+timeout), then stops the targets, the draft and the memory service.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,7 @@ log = logging.getLogger(__name__)
 
 CONTROLLER = "controller"
 STOP_GRACE_S = 5.0
+STOP_ORDER = ("coordinator", "target", "draft", "memory")  # `down`: no new requests first, memory flushes last
 
 
 # -- one service, in-process in an actor --------------------------------------------------------
@@ -52,6 +56,7 @@ class ServiceHost:
         self._replicas: Any = None  # the coordinator's ReplicaSet
         self._connect: Any = None
         self._engine: Any = None  # the target's engine (open sessions for draining)
+        self._drain: Callable[[float], bool] | None = None  # the coordinator's ManagedServer.drain
         self._events_counted = 0  # rejection events this target counted (a test/metrics figure)
         self._table: Any = None
 
@@ -147,6 +152,7 @@ class ServiceHost:
         self._connect = checked_connector(reference, config.connect_timeout_s, config.tls)
         server, port = create_server(config, orchestrator)
         server.start()
+        self._drain = server.drain
         self._stop = [lambda: server.stop(STOP_GRACE_S).wait()]
         return port
 
@@ -176,7 +182,14 @@ class ServiceHost:
             )
         return out
 
-    def stop(self) -> None:
+    def stop(self, drain_timeout_s: float | None = None) -> None:
+        """With a drain timeout, the coordinator first drains as on SIGTERM (NOT_SERVING, new requests
+        UNAVAILABLE, running ones finish, for at most that long); then the service stops."""
+        if drain_timeout_s is not None and self._drain is not None:
+            try:
+                self._drain(drain_timeout_s)
+            except Exception:  # the stop below must still run
+                log.exception("draining %s", self.kind)
         for step in self._stop:
             try:
                 step()
@@ -289,11 +302,11 @@ class Controller:
         timeout = self.config.drain_timeout_s
         log.warning("%s still has sessions after %.0fs; stopping it (they fail UNAVAILABLE)", name, timeout)
 
-    def _stop_actor(self, name: str) -> None:
+    def _stop_actor(self, name: str, drain_timeout_s: float | None = None) -> None:
         actor = self.actors.pop(name)
         self.addresses.pop(name, None)
         try:
-            ray.get(actor.stop.remote(), timeout=STOP_GRACE_S + 30)
+            ray.get(actor.stop.remote(drain_timeout_s), timeout=(drain_timeout_s or 0) + STOP_GRACE_S + 30)
         except Exception:
             log.exception("stopping %s", name)
         ray.kill(actor)
@@ -309,10 +322,13 @@ class Controller:
     def stats(self) -> dict[str, dict[str, Any]]:
         return dict(zip(self.actors, ray.get([a.stats.remote() for a in self.actors.values()]), strict=True))
 
-    def down(self) -> None:
-        """Stop in reverse start order: coordinator first (no new requests), memory last (it flushes)."""
-        for name in reversed(list(self.actors)):
-            self._stop_actor(name)
+    def down(self, drain_timeout_s: float | None = None) -> None:
+        """Stop the coordinator first, drained for at most `drain_timeout_s` (None: the config's), then the
+        targets, the draft, and the memory last (it flushes). By kind, not start order: a target added by
+        `scale` starts after the coordinator, and stopped first it failed the requests it was serving."""
+        drain = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        for name in sorted(self.actors, key=lambda n: STOP_ORDER.index(n.split("-")[0])):
+            self._stop_actor(name, drain if name == "coordinator" else None)
         self.targets = []
 
 
@@ -364,9 +380,11 @@ def stats(namespace: str = DEFAULT_NAMESPACE) -> dict[str, dict[str, Any]]:
     return ray.get(controller(namespace).stats.remote())
 
 
-def down(namespace: str = DEFAULT_NAMESPACE) -> None:
+def down(namespace: str = DEFAULT_NAMESPACE, drain_timeout_s: float | None = None) -> None:
+    """Drain the coordinator (at most `drain_timeout_s`; None: the deployment's), stop every service, and
+    remove the controller."""
     ctl = controller(namespace)
     try:
-        ray.get(ctl.down.remote())
+        ray.get(ctl.down.remote(drain_timeout_s))
     finally:
         ray.kill(ctl)

@@ -1,19 +1,29 @@
-"""deploy/ray, checked offline: the example config speaks the services' real flags; no Ray cluster."""
+"""deploy/ray, checked offline: the example config speaks the services' real flags, `down` drains the coordinator
+first; no Ray cluster."""
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import coordinator.__main__ as coordinator_cli
 import draft_service.__main__ as draft_cli
 import memory_service.__main__ as memory_cli
 import target_service.__main__ as target_cli
+from calispec.client import CalispecClient, CalispecRpcError
+from calispec_core.generation import FinishReason, GenerationStats
+from calispec_core.grpc_server import make_channel
 from calispec_tools.deploy.ray_config import RayDeployConfig
+from coordinator.engine import Chunk
+from coordinator.server import SERVICE_NAME as COORDINATOR
+from tests.helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "deploy" / "ray" / "calispec.yaml"
@@ -67,3 +77,92 @@ def test_a_drain_that_runs_out_logs_its_timeout(
     with caplog.at_level(logging.WARNING, logger=ray_actors.__name__):
         controller._drain("target-1")
     assert "target-1 still has sessions after 1s;" in caplog.text
+
+
+class StopRecorder:
+    """Fake actors and `ray` for the controller: records each actor's stop (with its drain) and get's bound."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float | None, float | None]] = []  # (actor, drain timeout, get's timeout)
+
+    def actor(self, name: str) -> SimpleNamespace:
+        return SimpleNamespace(stop=SimpleNamespace(remote=lambda drain=None: (name, drain)))
+
+    def get(self, ref: tuple[str, float | None], timeout: float | None = None) -> None:
+        self.calls.append((*ref, timeout))
+
+
+@pytest.mark.slow  # needs the `ray` extra (importing it starts nothing)
+def test_ray_down_drains_the_coordinator_first_then_stops_by_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`down` stopped the coordinator without a drain (its running requests were cut, where SIGTERM drains),
+    and in reverse start order: a target added by `scale` after the coordinator was stopped before it."""
+    from calispec_tools.deploy import ray_actors
+
+    fake = StopRecorder()
+    monkeypatch.setattr(ray_actors, "ray", SimpleNamespace(get=fake.get, kill=lambda actor: None))
+    controller = ray_actors.Controller(
+        RayDeployConfig(draft_model="/d", target_model="/t", memory_db="/m", drain_timeout_s=45.0)
+    )
+    for name in ["memory", "draft", "target-0", "coordinator", "target-1"]:  # target-1: a scale-up
+        controller.actors[name] = fake.actor(name)
+    controller.down()
+    grace = ray_actors.STOP_GRACE_S + 30
+    assert fake.calls == [("coordinator", 45.0, 45.0 + grace), ("target-0", None, grace), ("target-1", None, grace),
+                          ("draft", None, grace), ("memory", None, grace)]  # fmt: skip
+    controller.actors["coordinator"] = fake.actor("coordinator")
+    controller.down(drain_timeout_s=0.0)  # `calispec ray down --drain-timeout-s 0`
+    assert fake.calls[-1] == ("coordinator", 0.0, grace)
+
+
+class HeldOrchestrator:
+    """Streams one chunk, then waits for `release`; has the replica set the Ray coordinator host reads."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        reference = SimpleNamespace(info=lambda timeout: None)
+        self.replicas = SimpleNamespace(backends=lambda: [reference])
+
+    def generate(self, prompt: object, params: object, deadline: object, cancelled: object = None) -> Iterator[Chunk]:
+        yield Chunk([1], "a", "session-1")
+        assert self.release.wait(60)
+        yield Chunk([2], "b", "session-1", FinishReason.LENGTH, GenerationStats(rounds=2, emitted=2))
+
+
+def coordinator_health(address: str) -> int:
+    with make_channel(address) as channel:
+        request = health_pb2.HealthCheckRequest(service=COORDINATOR)
+        return health_pb2_grpc.HealthStub(channel).Check(request, timeout=5).status
+
+
+@pytest.mark.slow  # needs the `ray` extra (the host runs in-process here: no cluster)
+def test_the_ray_coordinator_drains_before_it_stops(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Its stop went straight to the gRPC server's 5 s grace: a request running at `ray down` was cut."""
+    import coordinator.replicas
+    import coordinator.server
+    from calispec_tools.deploy import ray_actors
+
+    orchestrator = HeldOrchestrator()
+    monkeypatch.setattr(coordinator.server, "build_orchestrator", lambda config: orchestrator)
+    monkeypatch.setattr(coordinator.replicas, "checked_connector", lambda *args: None)
+    host = ray_actors.ServiceHost()
+    argv = ["--tokenizer", str(tmp_path), "--draft-addr", "127.0.0.1:1", "--target-addr", "127.0.0.1:2"]
+    address = host.start("coordinator", "127.0.0.1", 0, argv)
+    stopper = threading.Thread(target=host.stop, args=(60.0,))
+    try:
+        with CalispecClient(address, timeout=60) as client:
+            stream = client.generate_stream("hello", max_new_tokens=2)
+            assert next(stream).text == "a"  # the request is running
+            stopper.start()
+            wait_until(lambda: coordinator_health(address) == health_pb2.HealthCheckResponse.NOT_SERVING)
+            with pytest.raises(CalispecRpcError) as refused:
+                client.generate("a new request", max_new_tokens=2)
+            assert refused.value.code == "UNAVAILABLE" and stopper.is_alive()  # the stop waits for the running one
+            orchestrator.release.set()
+            rest = list(stream)
+        assert rest[-1].finish_reason == "length" and rest[-1].text == "b"
+        stopper.join(60)
+        assert not stopper.is_alive()
+    finally:
+        orchestrator.release.set()
+        if not stopper.is_alive():
+            host.stop()

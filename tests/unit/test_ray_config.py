@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -63,3 +64,21 @@ def test_a_service_actor_removes_its_secrets_when_it_stops(tmp_path: Path) -> No
     assert (secrets_dir / "writer-token").read_text(encoding="utf-8").strip() == "a-writer-token-0123456789"
     host.stop()
     assert not secrets_dir.exists()
+
+
+def test_ray_down_hands_its_drain_timeout_to_the_deployment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`calispec ray down` drains the coordinator first: `--drain-timeout-s` bounds it (default: the config's)."""
+    downs: list[tuple[str, float | None]] = []
+
+    def down(namespace: str, drain_timeout_s: float | None = None) -> None:
+        downs.append((namespace, drain_timeout_s))
+
+    fake = SimpleNamespace(connect=lambda address, namespace: None, down=down)
+    monkeypatch.setattr(cli_ray, "_deploy_ray", lambda: fake)
+    assert cli_ray.main(["down"]) == 0 and cli_ray.main(["down", "--drain-timeout-s", "0", "--namespace", "n"]) == 0
+    assert downs == [("calispec", None), ("n", 0.0)]
+    with pytest.raises(SystemExit):
+        cli_ray.main(["down", "--drain-timeout-s", "-1"])
+    assert "--drain-timeout-s" in capsys.readouterr().err
