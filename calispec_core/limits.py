@@ -17,6 +17,7 @@ MAX_LAMBDA = 2**31 - 1  # the coordinator API's int32 field
 MAX_TEMPERATURE = 100.0
 MAX_TOP_K = 2**31 - 1  # the public API's int32; a model service bounds it by its vocabulary as well
 SEED_BOUND = 2**63  # exclusive: a seed is a non-negative int64
+MAX_STATS_TOP_PAIRS = 10_000  # the memory service's GetStats.top_k (`calispec memory stats --top`)
 
 
 def check_csd_thresholds(tau: float | None = None, lambda_: int | None = None) -> None:

@@ -178,20 +178,15 @@ def export_path_problem(path: Path) -> str | None:
 def _memory_target(args: argparse.Namespace) -> tuple[str, str, str]:
     import grpc
 
-    from calispec_core.credentials import read_writer_token
-    from calispec_core.errors import CalispecError
-    from calispec_tools.cli_memory import memory_address, memory_tls, resolve_namespace, writer_token_file
+    from calispec_tools.cli_memory import memory_address, memory_tls, resolve_namespace, writer_token
 
+    tls = memory_tls(args)  # the usage errors before any connection: the TLS files, then the token
+    token = writer_token(args.writer_token_file)
     address = memory_address(args.memory_addr)
     try:
-        namespace = resolve_namespace(address, args.namespace, memory_tls(args))
+        namespace = resolve_namespace(address, args.namespace, tls)
     except grpc.RpcError as exc:
         raise SystemExit(f"error: {_memory_failure(address, exc)}") from None
-    try:
-        token = read_writer_token(writer_token_file(args.writer_token_file))
-    except CalispecError as exc:
-        raise SystemExit(f"error: {exc}") from None
-    assert token is not None
     return address, namespace, token
 
 

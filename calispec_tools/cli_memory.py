@@ -25,6 +25,7 @@ from calispec.v1 import memory_pb2, memory_pb2_grpc
 from calispec_core.credentials import MEMORY, TlsConfig, read_writer_token, writer_metadata
 from calispec_core.errors import CalispecError
 from calispec_core.grpc_server import make_channel
+from calispec_core.limits import MAX_STATS_TOP_PAIRS, int_in_range
 from calispec_tools import cli_calibrate
 from calispec_tools.cli_auth import usage_error
 from calispec_tools.memory_file import MemoryFileError, dump_export, load_export
@@ -46,7 +47,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stats = sub.add_parser("stats", help="top pairs, top-20%% share, count distribution, size")
     _common(stats)
     stats.add_argument("--tokenizer", type=Path, help="model dir whose tokenizer decodes the pairs")
-    stats.add_argument("--top", type=int, default=20)
+    stats.add_argument(
+        "--top",
+        type=int_in_range(0, MAX_STATS_TOP_PAIRS),  # the service's bound; protobuf's uint32 raised on -1
+        default=20,
+        help=f"pairs to list, 0 to {MAX_STATS_TOP_PAIRS}",
+    )
     stats.add_argument("--json", action="store_true")
     stats.set_defaults(func=cmd_stats)
     export = sub.add_parser("export", help="write a namespace's table to a versioned file")
@@ -138,11 +144,22 @@ def resolved(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def writer_token_file(given: Path | None) -> Path:
-    """--writer-token-file, else the running stack's (its verifiers' token)."""
+    """--writer-token-file, else the running stack's (its verifiers' token); with neither, a usage error."""
     stack = running_stack()
     if given is None and stack is None:
-        raise SystemExit("error: give --writer-token-file (no running `calispec up` to take it from)")
+        raise SystemExit(usage_error("give --writer-token-file (no running `calispec up` to take it from)"))
     return given or Path(stack.writer_token_file)  # type: ignore[union-attr]
+
+
+def writer_token(given: Path | None) -> str:
+    """The token of writer_token_file(given), read before any connection: a file missing, unreadable or holding
+    no token is a usage error (one line, exit 2, as the --memory-tls-* files), not a failed command (exit 1)."""
+    try:
+        token = read_writer_token(writer_token_file(given))
+    except CalispecError as exc:
+        raise SystemExit(usage_error(exc)) from None
+    assert token is not None  # a path was given
+    return token
 
 
 def _fail(message: str) -> int:
@@ -230,9 +247,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    tls = memory_tls(args)  # the usage errors before any connection: the TLS files, then the token
+    token = writer_token(args.writer_token_file)
     address, namespace = resolved(args)
     try:
-        token = read_writer_token(writer_token_file(args.writer_token_file))
         export = load_export(args.file, namespace)
     except (MemoryFileError, CalispecError) as exc:
         return _fail(f"{exc} (nothing was imported)")
@@ -243,7 +261,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     request = memory_pb2.RecordEventsRequest(
         namespace=namespace, events=events, wait_durable=True, vocab_size=export.vocab_size
     )
-    channel, stub = _stub(address, memory_tls(args))
+    channel, stub = _stub(address, tls)
     with channel:
         try:
             reply = stub.RecordEvents(request, timeout=120, metadata=writer_metadata(token, "calispec-import"))

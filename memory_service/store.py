@@ -54,6 +54,7 @@ from pathlib import Path
 import sqlite_utils
 
 from calispec_core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable, require
+from calispec_core.limits import MAX_STATS_TOP_PAIRS
 from memory_service.watch import Delta, WatchHub
 
 log = logging.getLogger(__name__)
@@ -403,7 +404,10 @@ class CorrectionStore:
     def table_stats(self, namespace: str, top_k: int = 20) -> TableStats:
         """The insight report: top pairs, top-20% share, count distribution, sizes."""
         validate_namespace(namespace)
-        require(_is_int(top_k) and 0 <= top_k <= 10_000, f"top_k must be in [0, 10000], got {top_k!r}")
+        require(
+            _is_int(top_k) and 0 <= top_k <= MAX_STATS_TOP_PAIRS,
+            f"top_k must be in [0, {MAX_STATS_TOP_PAIRS}], got {top_k!r}",
+        )
         with self._transaction(write=False) as db:
             counts = [row[0] for row in db.execute(_SELECT_COUNTS, (namespace,)).fetchall()]
             top = db.execute(_SELECT_PAIRS, (namespace, 1, max(top_k, 1))).fetchall()[:top_k]
