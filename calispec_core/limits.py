@@ -17,6 +17,7 @@ MAX_LAMBDA = 2**31 - 1  # the coordinator API's int32 field
 MAX_TEMPERATURE = 100.0
 MAX_TOP_K = 2**31 - 1  # the public API's int32; a model service bounds it by its vocabulary as well
 SEED_BOUND = 2**63  # exclusive: a seed is a non-negative int64
+DEFAULT_PREFIX_CACHE_TOKENS = 8192  # here, not in prefix_cache (torch): service_cli serves the memory service too
 MAX_STATS_TOP_PAIRS = 10_000  # the memory service's GetStats.top_k (`calispec memory stats --top`)
 
 

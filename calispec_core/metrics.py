@@ -12,13 +12,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from calispec_core.prefix_cache import PrefixCache
+if TYPE_CHECKING:  # it imports torch and transformers (seconds): the memory service needs neither
+    from calispec_core.prefix_cache import PrefixCache
 
 PREFIX = "calispec_"
 # seconds: from a sub-millisecond RPC on loopback to a long generation on a CPU

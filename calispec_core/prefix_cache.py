@@ -28,9 +28,10 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from calispec_core.limits import DEFAULT_PREFIX_CACHE_TOKENS
+
 Layers = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, H, L, D]
 
-DEFAULT_PREFIX_CACHE_TOKENS = 8192
 MIN_REUSED_TOKENS = 16  # a shorter common prefix is not worth an entry's lookup and bookkeeping
 
 

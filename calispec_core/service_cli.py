@@ -18,6 +18,7 @@ from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError
 from calispec_core.interrupts import interrupt_exits_quietly as interrupt_exits_quietly  # re-exported: light
 from calispec_core.limits import (
+    DEFAULT_PREFIX_CACHE_TOKENS,
     DTYPE_CHOICES,
     FP32_LINEAR_CHOICES,
     LOG_LEVELS,
@@ -27,7 +28,6 @@ from calispec_core.limits import (
     positive_int,
 )
 from calispec_core.observability import ManagedServer
-from calispec_core.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
 
 if TYPE_CHECKING:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S
 from calispec_core.credentials import COORDINATOR, TlsConfig
+from calispec_core.limits import DEFAULT_PREFIX_CACHE_TOKENS
 from calispec_core.modeling import ModelSpec
-from calispec_core.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
 
 
