@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import struct
 from collections.abc import Callable, Sequence
 
 from calispec_core.errors import InvalidArgument, require
@@ -21,9 +22,20 @@ DEFAULT_PREFIX_CACHE_TOKENS = 8192  # here, not in prefix_cache (torch): service
 MAX_STATS_TOP_PAIRS = 10_000  # the memory service's GetStats.top_k (`calispec memory stats --top`)
 
 
+def as_float32(value: float) -> float:
+    """`value` as a float32 field of the APIs carries it: protobuf rounds to the nearest float32 (1.00000001 is
+    1.0, 1e-46 is 0.0) and sends ±inf beyond float32's range."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
 def check_csd_thresholds(tau: float | None = None, lambda_: int | None = None) -> None:
-    """CSD's τ in (0, 1] and λ in [0, MAX_LAMBDA]: for requests, server defaults and flags alike."""
+    """CSD's τ in (0, 1] and λ in [0, MAX_LAMBDA]: for requests, server defaults and flags alike. τ reaches the
+    target as a float32, where it must be in range too: 1e-46 arrives as 0.0, refused request after request."""
     require(tau is None or 0.0 < tau <= 1.0, f"tau must be in (0, 1], got {tau}")
+    require(tau is None or as_float32(tau) > 0.0, f"tau must be in (0, 1], got 0.0 ({tau} as the API's float32)")
     require(lambda_ is None or lambda_ >= 0, f"lambda must be >= 0, got {lambda_}")
     require(lambda_ is None or lambda_ <= MAX_LAMBDA, f"lambda must be <= {MAX_LAMBDA}, got {lambda_}")
 
@@ -108,6 +120,18 @@ def int_in_range(minimum: int, maximum: int) -> Callable[[str], int]:
 
 gamma = int_in_range(1, MAX_SPECULATIVE_TOKENS)  # an argparse type: the range every fixed γ must keep
 max_new_tokens = int_in_range(1, MAX_NEW_TOKENS)  # an argparse type: the range of max_new_tokens
+
+
+def tau(text: str) -> float:
+    """An argparse type: CSD's τ as a server default (or a tool's, sent as given), in (0, 1] as given and as the
+    target's float32 gets it."""
+    value = float(text)
+    try:
+        check_csd_thresholds(tau=value)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
 
 MAX_PORT = 65535
 _port = int_in_range(0, MAX_PORT)

@@ -3,8 +3,8 @@ demo): a value out of range is an argparse error (one line, exit 2) before anyth
 half-way (`bench --rate -1`), a run that measures nothing (`--concurrency 0`, `--num-requests -5`) nor a
 request the server refuses (`generate --top-p 2`, after the connection; `demo`'s, after the model loads).
 
-The services' types (calispec_core/limits.py, γ and max_new_tokens included: the coordinator's
-defaults take them too) plus what only the tools need: τ and λ as flags, a request's fields, open-loop
+The services' types (calispec_core/limits.py, γ, τ and max_new_tokens included: the coordinator's
+defaults take them too) plus what only the tools need: λ as a flag, a request's fields, open-loop
 rates and comma-separated sweeps. A request's field takes what the coordinator takes, by the same checks
 (calispec_core/limits.py), on the value as the API carries it (float32 fields are rounded first).
 Light on purpose (no torch, no grpc): `calispec --help` builds every parser.
@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import struct
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from calispec_core.errors import InvalidArgument
 from calispec_core.limits import (
     MAX_NEW_TOKENS,
+    as_float32,
     check_csd_thresholds,
     check_sampling,
     check_stop_strings,
@@ -34,6 +34,7 @@ from calispec_core.limits import (
     positive_float,
     positive_int,
     require_unicode,
+    tau,
     validate_prompt,
 )
 
@@ -75,11 +76,6 @@ def window_tokens(text: str) -> int:
     return _window_tokens(text)
 
 
-def tau(text: str) -> float:
-    """CSD's τ, in (0, 1]."""
-    return _checked(float(text), lambda t: check_csd_thresholds(tau=t))
-
-
 def lambda_(text: str) -> int:
     """CSD's λ, in [0, MAX_LAMBDA]."""
     return _checked(int(text), lambda lam: check_csd_thresholds(lambda_=lam))
@@ -91,19 +87,10 @@ def lambda_(text: str) -> int:
 max_new_tokens_or_default = int_in_range(0, MAX_NEW_TOKENS)
 
 
-def _as_float32(value: float) -> float:
-    """`value` as a float32 field of the API carries it: protobuf rounds to the nearest float32 (1.00000001 is
-    1.0, 1e-46 is 0.0) and sends ±inf beyond float32's range."""
-    try:
-        return struct.unpack("f", struct.pack("f", value))[0]
-    except OverflowError:
-        return math.copysign(math.inf, value)
-
-
 def _float32_field(text: str, check: Callable[[float], None]) -> float:
     """A request's float32 field, checked as the coordinator sees it; returned as given (the SDK rounds it)."""
     value = float(text)
-    sent = _as_float32(value)
+    sent = as_float32(value)
     try:
         check(sent)
     except InvalidArgument as exc:

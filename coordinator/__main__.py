@@ -29,6 +29,7 @@ with interrupt_exits_quietly():
         positive_float,
         positive_int,
         probability,
+        tau,
     )
     from calispec_core.metrics import new_registry
     from calispec_core.observability import ManagedServer
@@ -67,7 +68,10 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     )
     parser.add_argument("--max-gamma", type=gamma, default=10, help="adaptive γ's upper bound")
     parser.add_argument(
-        "--default-tau", type=float, default=Defaults.tau, help="CSD gate threshold τ for requests that set none"
+        "--default-tau",
+        type=tau,  # checked as the target's float32 gets it too: 1e-46 arrives as 0 and fails every request
+        default=Defaults.tau,
+        help="CSD gate threshold τ for requests that set none",
     )
     parser.add_argument(
         "--default-lambda", type=int, default=Defaults.lambda_, help="CSD count threshold λ for requests that set none"
@@ -124,9 +128,9 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     )
     args = parser.parse_args(argv)
     try:
-        check_csd_thresholds(args.default_tau, args.default_lambda)
+        check_csd_thresholds(lambda_=args.default_lambda)
     except InvalidArgument as exc:
-        parser.error(f"--default-tau/--default-lambda: {exc}")
+        parser.error(f"--default-lambda: {exc}")
     defaults = Defaults(
         max_new_tokens=args.default_max_new_tokens,
         num_speculative_tokens=args.default_gamma,

@@ -30,11 +30,12 @@ from calispec_core.limits import (
     MAX_SPECULATIVE_TOKENS,
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
+    SEED_BOUND,
+    as_float32,
 )
 from calispec_core.sampling import MAX_TEMPERATURE, MAX_TOP_K, MIN_TOP_P
 
 ModeName = Literal[MODE_NAMES]  # type: ignore[valid-type]
-MAX_SEED = 2**63  # exclusive, as SamplingConfig.validate
 NO_TOOLS = "this server has no tool calling"
 
 
@@ -141,7 +142,7 @@ class CalispecParams(OpenAIModel):
     @classmethod
     def _seed(cls, value: int | None) -> int | None:
         if value is not None:
-            _in_range(value, 0, MAX_SEED, high_open=True)
+            _in_range(value, 0, SEED_BOUND, high_open=True)
         return value
 
     @field_validator("stream_options")
@@ -171,6 +172,8 @@ class CalispecParams(OpenAIModel):
     def _tau(cls, value: float | None) -> float | None:
         if value is not None and not 0.0 < value <= 1.0:
             raise invalid(f"must be in (0, 1], got {value}")
+        if value is not None and as_float32(value) == 0.0:  # the target gets τ as a float32: 0 fails the request
+            raise invalid(f"must be in (0, 1], got {value} (0.0 as the target's float32)")
         return value
 
     @field_validator("lambda_")

@@ -169,10 +169,14 @@ def test_the_request_flags_still_take_their_defaults_and_edges() -> None:
 
 @pytest.mark.parametrize(("argv", "flag"), [(["down", "--timeout", "nan"], "--timeout"),
                                             (["down", "--timeout", "-1"], "--timeout"),
-                                            (["bench", "--temperature", "150"], "--temperature")])  # fmt: skip
+                                            (["bench", "--temperature", "150"], "--temperature"),
+                                            (["up", "--default-tau", "1e-46"], "--default-tau"),
+                                            (["bench", "--tau", "1e-46"], "--tau"),
+                                            (["eval", "--sweep-tau", "0.01,1e-46"], "--sweep-tau")])  # fmt: skip
 def test_other_flags_that_failed_every_time(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     """`down --timeout nan` waited forever (no deadline compares true with nan), `-1` gave up at once; `bench
-    --temperature 150` sent every request for the coordinator to refuse."""
+    --temperature 150` sent every request for the coordinator to refuse; a τ of 1e-46 (0 as the target's
+    float32) made every csd request of the stack `up` started fail, and every one bench or eval sent."""
     with pytest.raises(SystemExit) as exited:
         cli.build_parser().parse_args(argv)
     assert exited.value.code == 2

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from calispec.v1 import coordinator_pb2
+from calispec_core.errors import InvalidArgument
 from calispec_core.generation import Defaults
+from calispec_core.limits import as_float32
 from coordinator.__main__ import parse_config
 from coordinator.server import params_from_pb
 
@@ -33,3 +35,19 @@ def test_without_flags_the_paper_defaults_hold() -> None:
 def test_out_of_range_defaults_are_usage_errors(bad: list[str]) -> None:
     with pytest.raises(SystemExit):
         parse_config([*BASE, *bad])
+
+
+def test_a_default_tau_the_target_gets_as_zero_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """1e-46 is in (0, 1] but reaches the target as float32 0.0, which it refuses: every csd request failed."""
+    with pytest.raises(SystemExit) as exited:
+        parse_config([*BASE, "--default-tau", "1e-46"])
+    assert exited.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.endswith("argument --default-tau: tau must be in (0, 1], got 0.0 (1e-46 as the API's float32)")
+    with pytest.raises(InvalidArgument, match="as the API's float32"):
+        Defaults(tau=1e-46)  # whoever builds the defaults
+
+
+def test_the_smallest_default_tau_the_target_gets_is_taken() -> None:
+    config, _ = parse_config([*BASE, "--default-tau", "1e-45"])  # float32's smallest subnormal, 1.4e-45
+    assert config.defaults.tau == 1e-45 and as_float32(config.defaults.tau) > 0

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from calispec_core.limits import SEED_BOUND
 from calispec_core.sampling import MIN_TOP_P
 from coordinator.openai_protocol import (
     ChatCompletionRequest,
@@ -105,6 +106,20 @@ def test_top_p_zero_is_the_most_likely_token_not_off() -> None:
 def test_top_k_minus_one_is_off_as_in_vllm() -> None:
     assert chat(top_k=-1).top_k == 0
     assert first_error(ChatCompletionRequest, {"model": "m", "messages": USER, "top_k": -2})[1] == "top_k"
+
+
+def test_a_tau_the_target_gets_as_zero_is_a_400_naming_tau() -> None:
+    """1e-46 is in (0, 1] but reaches the target as float32 0.0, which it refuses: a failed request."""
+    message, param = first_error(ChatCompletionRequest, {"model": "m", "messages": USER, "tau": 1e-46})
+    assert (message, param) == ("tau: must be in (0, 1], got 1e-46 (0.0 as the target's float32)", "tau")
+    assert chat(tau=1e-45).tau == 1e-45  # float32's smallest subnormal: 1.4e-45 there
+    assert first_error(CompletionRequest, {"model": "m", "prompt": "p", "tau": 1.5})[1] == "tau"
+
+
+def test_seed_takes_the_shared_bound_exclusive() -> None:
+    assert chat(seed=SEED_BOUND - 1).seed == SEED_BOUND - 1
+    message, param = first_error(ChatCompletionRequest, {"model": "m", "messages": USER, "seed": SEED_BOUND})
+    assert param == "seed" and message == f"seed: must be in [0, {SEED_BOUND}), got {SEED_BOUND}"
 
 
 def test_null_is_unset() -> None:
