@@ -86,6 +86,12 @@ def add_operations_args(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_DRAIN_TIMEOUT_S,
         help="on SIGTERM: health NOT_SERVING, new requests refused, open ones get this long to finish",
     )
+    parser.add_argument(
+        "--stop-when-stdin-closes",
+        action="store_true",
+        help="drain and stop, as on SIGTERM, when standard input reaches its end: a launcher holding the pipe "
+        "(calispec up, demo) takes its services with it however it ends, SIGKILL included",
+    )
 
 
 def _lock_file(text: str) -> Path:
@@ -180,8 +186,9 @@ def metrics_banner(name: str, server: ManagedServer) -> None:
         print(f"{name} metrics on {server.metrics_url}", flush=True)
 
 
-def stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM or SIGINT, so shutdown runs on the main thread, not in a handler."""
+def stop_on_signals(stdin_closes: bool = False) -> threading.Event:
+    """An event set by SIGTERM or SIGINT, so shutdown runs on the main thread, not in a handler; with
+    `stdin_closes`, also set when standard input reaches its end (the launcher that holds it is gone)."""
     stop = threading.Event()
 
     def handler(signum: int, _frame: object) -> None:
@@ -190,7 +197,17 @@ def stop_on_signals() -> threading.Event:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)
+    if stdin_closes:
+        threading.Thread(target=_set_at_stdin_end, args=(stop,), daemon=True, name="stdin-watch").start()
     return stop
+
+
+def _set_at_stdin_end(stop: threading.Event) -> None:
+    """Read standard input to its end (what is written there is ignored), then set `stop`."""
+    while sys.stdin.buffer.read1(4096):
+        pass
+    log.info("standard input closed (the launcher is gone), shutting down")
+    stop.set()
 
 
 def serve_until_signalled(
@@ -199,9 +216,11 @@ def serve_until_signalled(
     on_stop: Callable[[], None] | None = None,
     grace_s: float = STOP_GRACE_S,
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+    stop_when_stdin_closes: bool = False,
 ) -> None:
-    """Start, print the banner (the readiness line scripts wait for); on SIGTERM/SIGINT drain, then stop."""
-    stop = stop_on_signals()
+    """Start, print the banner (the readiness line scripts wait for); on SIGTERM/SIGINT (or the end of
+    standard input, when asked) drain, then stop."""
+    stop = stop_on_signals(stop_when_stdin_closes)
     server.start()
     print(banner, flush=True)
     stop.wait()

@@ -372,7 +372,10 @@ class LocalStack:
         c = self.config
         log_path = c.log_dir / f"{name.replace(':', '-')}.log"
         module = name.partition(":")[0]  # replicas share the module
-        cmd = [sys.executable, "-m", module, "--host", c.host, "--log-level", c.log_level, *args]
+        # stdin: a pipe this process holds and never writes; its end (this process gone, SIGKILL included)
+        # drains and stops the service, so no orphan keeps the stack's ports
+        cmd = [sys.executable, "-m", module, "--host", c.host, "--log-level", c.log_level, "--stop-when-stdin-closes"]
+        cmd += args
         if c.metrics:
             cmd += ["--metrics-port", "0"]
         # The stack's first start of a service moves the last run's log aside (this stack holds the
@@ -386,7 +389,7 @@ class LocalStack:
             log_file.flush()
             log_start = log_file.tell()
             process = subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=log_file, text=True, env=os.environ.copy(),
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file, text=True, env=os.environ.copy(),
                 start_new_session=True,  # Ctrl-C reaches us, and we stop the children in order
             )  # fmt: skip
         service = ServiceProcess(name, process, log_path, args, log_start=log_start)

@@ -165,6 +165,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         lockstep_wait_s=args.lockstep_wait,
         metrics_port=args.metrics_port,
         drain_timeout_s=args.drain_timeout_s,
+        stop_when_stdin_closes=args.stop_when_stdin_closes,
     )
     try:
         check_access(config)
@@ -197,7 +198,13 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(log_level)
     with interrupt_exits_quietly():  # start-up waits up to --connect-timeout for the model services
         server, banner, on_stop = start(config)
-        serve_until_signalled(server, banner, on_stop=on_stop, drain_timeout_s=config.drain_timeout_s)
+        serve_until_signalled(
+            server,
+            banner,
+            on_stop=on_stop,
+            drain_timeout_s=config.drain_timeout_s,
+            stop_when_stdin_closes=config.stop_when_stdin_closes,
+        )
 
 
 def start(config: CoordinatorConfig) -> tuple[ManagedServer, str, Callable[[], None] | None]:

@@ -63,6 +63,7 @@ class CoordinatorConfig:
 
     metrics_port: int | None = None  # Prometheus /metrics; None: off, 0: a free port
     drain_timeout_s: float = 20.0  # on SIGTERM: how long running requests get to finish
+    stop_when_stdin_closes: bool = False  # a launcher holding stdin (calispec up) takes this service with it
 
     @property
     def address(self) -> str:

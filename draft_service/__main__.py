@@ -63,6 +63,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
         session_idle_ttl_s=args.session_idle_ttl_s,
         metrics_port=args.metrics_port,
         drain_timeout_s=args.drain_timeout_s,
+        stop_when_stdin_closes=args.stop_when_stdin_closes,
     )
     return config, args.log_level
 
@@ -86,7 +87,12 @@ def serve(config: DraftConfig) -> None:
     )
     if runner.logit_columns.kept is not None:
         banner += f" draft_vocab={runner.logit_columns.width}"
-    serve_until_signalled(server, banner, drain_timeout_s=config.drain_timeout_s)
+    serve_until_signalled(
+        server,
+        banner,
+        drain_timeout_s=config.drain_timeout_s,
+        stop_when_stdin_closes=config.stop_when_stdin_closes,
+    )
 
 
 if __name__ == "__main__":

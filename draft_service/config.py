@@ -36,6 +36,7 @@ class DraftConfig:
     measure_forward_costs: bool = True  # at start-up, for the coordinator's cost model
     metrics_port: int | None = None  # Prometheus /metrics; None: off, 0: a free port
     drain_timeout_s: float = 20.0  # on SIGTERM: how long open sessions get to finish
+    stop_when_stdin_closes: bool = False  # a launcher holding stdin (calispec up) takes this service with it
 
     @property
     def address(self) -> str:

@@ -104,6 +104,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
             health_port=args.health_port,
             metrics_port=args.metrics_port,
             drain_timeout_s=args.drain_timeout_s,
+            stop_when_stdin_closes=args.stop_when_stdin_closes,
         )
     except (ValueError, CalispecError) as exc:
         parser.error(str(exc))
@@ -113,7 +114,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     config, log_level = parse_args(argv)
     configure_logging(log_level)
-    stop = stop_on_signals()  # before start, so an early SIGTERM still gets a clean shutdown
+    # before start, so an early SIGTERM still gets a clean shutdown
+    stop = stop_on_signals(config.stop_when_stdin_closes)
     with startup_step("memory_service", "cannot start"):
         server, port, store = create_server(config)
     server.start()

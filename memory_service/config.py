@@ -47,6 +47,7 @@ class MemoryConfig:
     health_port: int | None = None
     metrics_port: int | None = None  # Prometheus /metrics; None: off, 0: a free port
     drain_timeout_s: float = 20.0  # on SIGTERM: NOT_SERVING first; in-flight writes still get SHUTDOWN_GRACE_S
+    stop_when_stdin_closes: bool = False  # a launcher holding stdin (calispec up) takes this service with it
 
     def __post_init__(self) -> None:
         # Fail at startup, not on the first GetPairs that falls back to a bad default.

@@ -63,6 +63,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
         health_port=args.health_port,
         metrics_port=args.metrics_port,
         drain_timeout_s=args.drain_timeout_s,
+        stop_when_stdin_closes=args.stop_when_stdin_closes,
     )
     return config, args.log_level
 
@@ -84,7 +85,13 @@ def serve(config: TargetConfig) -> None:
         f"target_service listening on {config.host}:{port} model={config.model.path} dtype={runner.dtype_name} "
         f"fp32_linear={runner.fp32_linear or '-'}"
     )
-    serve_until_signalled(server, banner, runtime.stop, drain_timeout_s=config.drain_timeout_s)
+    serve_until_signalled(
+        server,
+        banner,
+        runtime.stop,
+        drain_timeout_s=config.drain_timeout_s,
+        stop_when_stdin_closes=config.stop_when_stdin_closes,
+    )
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ class TargetConfig:
     health_port: int | None = None
     metrics_port: int | None = None  # Prometheus /metrics; None: off, 0: a free port
     drain_timeout_s: float = 20.0  # on SIGTERM: how long open sessions get to finish
+    stop_when_stdin_closes: bool = False  # a launcher holding stdin (calispec up) takes this service with it
 
     def __post_init__(self) -> None:
         # The memory link's flusher waits this long between flushes: 0 or less would spin a core.
