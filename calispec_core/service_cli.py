@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -203,8 +204,9 @@ def stop_on_signals(stdin_closes: bool = False) -> threading.Event:
 
 
 def _set_at_stdin_end(stop: threading.Event) -> None:
-    """Read standard input to its end (what is written there is ignored), then set `stop`."""
-    while sys.stdin.buffer.read1(4096):
+    """Read standard input to its end (what is written there is ignored), then set `stop`. The raw fd, not
+    sys.stdin: a daemon thread blocked in a buffered read aborts the interpreter's shutdown (SIGABRT)."""
+    while os.read(0, 4096):
         pass
     log.info("standard input closed (the launcher is gone), shutting down")
     stop.set()

@@ -76,3 +76,17 @@ def test_the_stacks_services_stop_when_their_launcher_is_killed(tmp_path: Path) 
             os.kill(service_pid, signal.SIGKILL)
     log = (tmp_path / "logs" / "memory_service.log").read_text()
     assert "standard input closed" in log  # drained and stopped, not killed
+
+
+def test_sigterm_with_stdin_still_open_stops_cleanly(tmp_path: Path) -> None:
+    # the watcher thread still blocked in its read: a buffered read made the interpreter's exit abort (-6)
+    argv = [sys.executable, "-m", "memory_service", *MEMORY, "--db", str(tmp_path / "m.db"), "--stop-when-stdin-closes"]
+    with subprocess.Popen(
+        argv, cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        assert "memory_service listening on" in proc.stdout.readline()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        err = proc.stderr.read() if proc.stderr else ""
+    assert proc.returncode == 0, err
