@@ -576,3 +576,114 @@ def test_the_new_400s_are_counted_and_logged_as_the_others_are(
         server.stop()
     assert empty_prompt == (1.0, 1) and past_the_context == (2.0, 1)
     assert too_many_stops == surrogate_stop == (2.0, 0)
+
+
+NAN, INF = float("nan"), float("inf")
+# Every range-checked field's refused edge values -> the 400's param and message, as the HTTP API answers them
+# (pinned before its range checks moved to the domain's limits: each is worded there once).
+RANGE_ERRORS: list[tuple[str, dict, str, str]] = [
+    ("/completions", {"max_tokens": 0}, "max_tokens", "max_tokens: must be in [1, 8192], got 0"),
+    ("/completions", {"max_tokens": -1}, "max_tokens", "max_tokens: must be in [1, 8192], got -1"),
+    ("/completions", {"max_tokens": 8193}, "max_tokens", "max_tokens: must be in [1, 8192], got 8193"),
+    (
+        "/completions",
+        {"max_tokens": 2**64},
+        "max_tokens",
+        "max_tokens: must be in [1, 8192], got 18446744073709551616",
+    ),
+    (
+        "/chat/completions",
+        {"max_completion_tokens": 0},
+        "max_completion_tokens",
+        "max_completion_tokens: must be in [1, 8192], got 0",
+    ),
+    (
+        "/chat/completions",
+        {"max_completion_tokens": 8193},
+        "max_completion_tokens",
+        "max_completion_tokens: must be in [1, 8192], got 8193",
+    ),
+    ("/completions", {"temperature": -0.001}, "temperature", "temperature: must be in [0.0, 100.0], got -0.001"),
+    ("/completions", {"temperature": -1e-50}, "temperature", "temperature: must be in [0.0, 100.0], got -1e-50"),
+    (
+        "/completions",
+        {"temperature": 100.000001},
+        "temperature",
+        "temperature: must be in [0.0, 100.0], got 100.000001",
+    ),
+    ("/completions", {"temperature": 500}, "temperature", "temperature: must be in [0.0, 100.0], got 500.0"),
+    ("/completions", {"temperature": NAN}, "temperature", "temperature: must be in [0.0, 100.0], got nan"),
+    ("/chat/completions", {"temperature": INF}, "temperature", "temperature: must be in [0.0, 100.0], got inf"),
+    ("/completions", {"top_p": -0.001}, "top_p", "top_p: must be in [0.0, 1.0], got -0.001"),
+    ("/completions", {"top_p": 1.00000001}, "top_p", "top_p: must be in [0.0, 1.0], got 1.00000001"),
+    ("/completions", {"top_p": 2}, "top_p", "top_p: must be in [0.0, 1.0], got 2.0"),
+    ("/chat/completions", {"top_p": NAN}, "top_p", "top_p: must be in [0.0, 1.0], got nan"),
+    ("/completions", {"top_k": -2}, "top_k", "top_k: must be in [0, 2147483647], got -2"),
+    ("/chat/completions", {"top_k": 2**31}, "top_k", "top_k: must be in [0, 2147483647], got 2147483648"),
+    ("/completions", {"seed": -1}, "seed", "seed: must be in [0, 9223372036854775808), got -1"),
+    (
+        "/completions",
+        {"seed": 2**63},
+        "seed",
+        "seed: must be in [0, 9223372036854775808), got 9223372036854775808",
+    ),
+    (
+        "/chat/completions",
+        {"seed": 2**64},
+        "seed",
+        "seed: must be in [0, 9223372036854775808), got 18446744073709551616",
+    ),
+    ("/completions", {"gamma": 0}, "gamma", "gamma: must be in [1, 16], got 0"),
+    ("/completions", {"gamma": -1}, "gamma", "gamma: must be in [1, 16], got -1"),
+    ("/chat/completions", {"gamma": 17}, "gamma", "gamma: must be in [1, 16], got 17"),
+    ("/completions", {"tau": 0}, "tau", "tau: must be in (0, 1], got 0.0"),
+    ("/completions", {"tau": -0.5}, "tau", "tau: must be in (0, 1], got -0.5"),
+    ("/completions", {"tau": 1.0001}, "tau", "tau: must be in (0, 1], got 1.0001"),
+    ("/completions", {"tau": NAN}, "tau", "tau: must be in (0, 1], got nan"),
+    ("/completions", {"tau": INF}, "tau", "tau: must be in (0, 1], got inf"),
+    ("/chat/completions", {"tau": 1e-46}, "tau", "tau: must be in (0, 1], got 1e-46 (0.0 as the target's float32)"),
+    ("/completions", {"lambda": -1}, "lambda", "lambda: must be in [0, 2147483647], got -1"),
+    ("/completions", {"lambda": 2**31}, "lambda", "lambda: must be in [0, 2147483647], got 2147483648"),
+    ("/chat/completions", {"lambda": 2**40}, "lambda", "lambda: must be in [0, 2147483647], got 1099511627776"),
+    ("/completions", {"stop": ""}, "stop", "stop: stop strings must be 1 to 256 characters"),
+    ("/completions", {"stop": ["ok", ""]}, "stop", "stop: stop strings must be 1 to 256 characters"),
+    ("/completions", {"stop": ["a" * 257]}, "stop", "stop: stop strings must be 1 to 256 characters"),
+    ("/chat/completions", {"stop": ["x"] * 17}, "stop", "stop: at most 16 stop strings, got 17"),
+    (
+        "/completions",
+        {"stop": ["ok", "x\udc00y"]},
+        "stop",
+        "stop: stop string 1 is not valid Unicode (a lone surrogate at character 1)",
+    ),
+    # two faults: the first field in the schema's order is named, before the model, n or the prompt are looked at
+    (
+        "/completions",
+        {"temperature": 500, "gamma": 99},
+        "temperature",
+        "temperature: must be in [0.0, 100.0], got 500.0",
+    ),
+    ("/completions", {"top_p": 2, "n": 2}, "top_p", "top_p: must be in [0.0, 1.0], got 2.0"),
+    ("/completions", {"tau": 5, "presence_penalty": 1}, "tau", "tau: must be in (0, 1], got 5.0"),
+    ("/completions", {"model": "gpt-9", "top_k": -2}, "top_k", "top_k: must be in [0, 2147483647], got -2"),
+    ("/completions", {"prompt": "", "max_tokens": 0}, "max_tokens", "max_tokens: must be in [1, 8192], got 0"),
+    ("/completions", {"stop": ["x"] * 16 + [""]}, "stop", "stop: at most 16 stop strings, got 17"),
+    (
+        "/chat/completions",
+        {"max_tokens": 0, "max_completion_tokens": 4},
+        "max_tokens",
+        "max_tokens: must be in [1, 8192], got 0",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "param", "message"), RANGE_ERRORS, ids=[str(e[1])[:60] for e in RANGE_ERRORS]
+)
+def test_each_fields_range_error_is_a_400_naming_it(
+    base_url: str, path: str, fields: dict, param: str, message: str
+) -> None:
+    """Status, type, code, param and message of every field's range error, edges included (NaN and ±inf too)."""
+    prompt = {"prompt": "hi"} if path == "/completions" else {"messages": MESSAGES}
+    body = json.dumps({"model": MODEL, **prompt, **fields})  # NaN and Infinity, as Python's JSON writes them
+    error = _error(_post_raw(base_url, path, body))
+    assert (error["param"], error["message"]) == (param, message)

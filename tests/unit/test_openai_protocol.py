@@ -215,3 +215,32 @@ def test_the_token_limit_and_the_field_that_carries_it() -> None:
         "prompt",
         "messages",
     )
+
+
+@pytest.mark.parametrize(
+    ("fields", "parsed"),
+    [
+        ({"max_tokens": 1, "max_completion_tokens": 8192}, {"max_tokens": 1, "max_completion_tokens": 8192}),
+        ({"temperature": 0}, {"temperature": 0.0}),
+        ({"temperature": -0.0}, {"temperature": 0.0}),
+        ({"temperature": 100}, {"temperature": 100.0}),
+        ({"top_p": 0}, {"top_p": MIN_TOP_P}),
+        ({"top_p": 1}, {"top_p": 1.0}),
+        ({"top_k": -1}, {"top_k": 0}),
+        ({"top_k": 2**31 - 1}, {"top_k": 2**31 - 1}),
+        ({"seed": 0}, {"seed": 0}),
+        ({"seed": SEED_BOUND - 1}, {"seed": SEED_BOUND - 1}),
+        ({"gamma": 1}, {"gamma": 1}),
+        ({"gamma": 16}, {"gamma": 16}),
+        ({"tau": 1}, {"tau": 1.0}),
+        ({"tau": 1e-40}, {"tau": 1e-40}),  # a float32 subnormal: not 0 on the wire
+        ({"lambda": 0}, {"lambda_": 0}),
+        ({"lambda": 2**31 - 1}, {"lambda_": 2**31 - 1}),
+        ({"stop": "a" * 256}, {"stop": "a" * 256}),
+        ({"stop": ["x"] * 16}, {"stop": ["x"] * 16}),
+    ],
+)
+def test_each_fields_edge_values_are_taken(fields: dict[str, Any], parsed: dict[str, Any]) -> None:
+    """The other side of tests/service/test_openai_api.py's RANGE_ERRORS: the values on each bound."""
+    req = chat(**fields)
+    assert {name: getattr(req, name) for name in parsed} == parsed
