@@ -13,6 +13,7 @@ with interrupt_exits_quietly():
     import argparse
     import logging
     from collections.abc import Sequence
+    from dataclasses import replace
     from pathlib import Path
 
     from calispec_core.credentials import read_writer_tokens
@@ -118,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = stop_on_signals(config.stop_when_stdin_closes)
     with startup_step("memory_service", "cannot start"):
         server, port, store = create_server(config)
+    store.announce(replace(config, port=port).address)  # named to a second service refused this database
     server.start()
     metrics_banner("memory_service", server)
     print(f"memory_service listening on {config.host}:{port} db={config.db_path}", flush=True)

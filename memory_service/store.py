@@ -12,6 +12,10 @@ for `durable=True` to wait for its commit (calibration and imports do). A clean 
 (`close()`) commits everything. Because each request lands in exactly one flush, a request
 is all-or-nothing; additions under one lock make concurrent totals exact.
 
+One store per file: the store holds an exclusive lock on `<db>.lock` while open, and a second one
+(another service on the same file) is refused with DatabaseInUse naming the holder; see
+`memory_service/db_lock.py` for what two would do to each other.
+
 Versions: each namespace has a version that counts the committed flushes that changed it
 (0 = never written). `record()` returns the version whose snapshot will contain the request
 (assigned when the batch is taken, so it is known at once). Reads return the version from
@@ -55,6 +59,7 @@ import sqlite_utils
 
 from calispec_core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable, require
 from calispec_core.limits import MAX_STATS_TOP_PAIRS
+from memory_service.db_lock import DatabaseLock
 from memory_service.watch import Delta, WatchHub
 
 log = logging.getLogger(__name__)
@@ -254,10 +259,17 @@ class CorrectionStore:
         self._db_lock = threading.Lock()  # the connection
         self._flush_lock = threading.Lock()  # one flush at a time
         self._cond = threading.Condition()  # open batch, assigned versions, commit progress
-        self._db: sqlite_utils.Database | None = _open_database(self.db_path, clock())
-        self._versions, self._totals, self._last_decay = self._load_state()
+        # Before the file is opened: a second store on it would diverge from this one (memory_service/db_lock.py).
+        self.file_lock = _lock_database(self.db_path)
+        self._db: sqlite_utils.Database | None = None
+        try:
+            self._db = _open_database(self.db_path, clock())
+            self._versions, self._totals, self._last_decay = self._load_state()
+            self._vocab = self._load_vocab()
+        except BaseException:
+            self._let_go()  # a store that failed to open holds neither the file nor its lock
+            raise
         self._vocab_lock = threading.Lock()  # declarations: check and store as one step
-        self._vocab = self._load_vocab()
         self._committed = dict(self._versions)
         self._open = _Batch()
         self._taken: _Batch | None = None  # taken but not committed yet (retried after a failure)
@@ -441,12 +453,14 @@ class CorrectionStore:
             self.flush()
         except Exception:
             log.exception("final flush failed: the events accepted since the last commit are lost")
-        with self._db_lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
+        self._let_go()
         with self._cond:
             self._cond.notify_all()  # durable waiters: give up now
+
+    def announce(self, address: str) -> None:
+        """Name the address this store's service listens on in the lock file (for a second one refused)."""
+        if self.file_lock is not None:
+            self.file_lock.describe(address)
 
     def __enter__(self) -> CorrectionStore:
         return self
@@ -455,6 +469,15 @@ class CorrectionStore:
         self.close()
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _let_go(self) -> None:
+        """Close the database, then drop its lock (last: once the file is closed another store may take it)."""
+        with self._db_lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+            if self.file_lock is not None:
+                self.file_lock.release()
 
     def _check_room(self, namespace: str, recorded: int) -> None:  # with self._cond held
         self._check_open()
@@ -593,6 +616,14 @@ def _version_row(db: sqlite_utils.Database, namespace: str) -> tuple[int, int]:
     """(version, total_events) of a namespace, (0, 0) if it was never written."""
     row = db.execute(_SELECT_VERSION, (namespace,)).fetchone()
     return (row[0], row[1]) if row else (0, 0)
+
+
+def _lock_database(path: Path) -> DatabaseLock | None:
+    """The database's lock, held (None for ':memory:'); DatabaseInUse naming the live holder."""
+    try:
+        return DatabaseLock.take(path)
+    except OSError as exc:
+        raise FailedPrecondition(f"cannot open the memory database {path}: cannot make its lock file: {exc}") from exc
 
 
 def _open_database(path: Path, now: float) -> sqlite_utils.Database:

@@ -302,6 +302,10 @@ def test_memory_is_one_writer_on_its_own_volume(docs: list[Doc], tmp_path: Path)
     token_file.write_text("x" * 32)
     memory = find(docs, "StatefulSet", "memory")
     assert memory["spec"]["replicas"] == 1
+    # the service refuses a second one on its database: a StatefulSet's update (either strategy) creates the
+    # new pod once the old one is gone; a Deployment's surge would start it beside the old one, and stall
+    assert memory["spec"].get("updateStrategy", {}).get("type", "RollingUpdate") in ("RollingUpdate", "OnDelete")
+    assert not [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "memory"]
     scaled = {d["spec"]["scaleTargetRef"]["name"] for d in docs if d["kind"] == "HorizontalPodAutoscaler"}
     assert "memory" not in scaled
     (claim,) = memory["spec"]["volumeClaimTemplates"]
