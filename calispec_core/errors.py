@@ -18,6 +18,19 @@ class InvalidArgument(CalispecError, ValueError):
     code = "INVALID_ARGUMENT"
 
 
+class InvalidField(InvalidArgument):
+    """One field out of its range; the message is "<field> <reason>" (`tau must be in (0, 1], got 2.0`). An API that
+    names the field its own way words the refusal with `reason` (the OpenAI HTTP API's `gamma: must be in ...`)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(field, reason)  # both in args: the error pickles and copies as itself
+        self.field = field
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.field} {self.reason}"
+
+
 class NotFound(CalispecError, KeyError):
     code = "NOT_FOUND"
 
@@ -57,6 +70,12 @@ def require(condition: bool, message: str) -> None:
     """Raise InvalidArgument(message) unless condition holds."""
     if not condition:
         raise InvalidArgument(message)
+
+
+def require_field(condition: bool, field: str, reason: str) -> None:
+    """Raise InvalidField(field, reason) unless condition holds."""
+    if not condition:
+        raise InvalidField(field, reason)
 
 
 class Cancelled(CalispecError):

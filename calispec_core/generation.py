@@ -10,8 +10,13 @@ from dataclasses import dataclass
 from calispec.types import FinishReason as FinishReason  # re-exported for the services
 from calispec.types import GenerationStats as GenerationStats
 from calispec.types import Mode
-from calispec_core.errors import InvalidArgument, require
-from calispec_core.limits import MAX_NEW_TOKENS, MAX_SPECULATIVE_TOKENS, check_csd_thresholds, check_stop_strings
+from calispec_core.errors import InvalidArgument
+from calispec_core.limits import (
+    check_csd_thresholds,
+    check_max_new_tokens,
+    check_speculative_tokens,
+    check_stop_strings,
+)
 from calispec_core.limits import require_unicode as require_unicode  # re-exported: the checks live there
 from calispec_core.limits import validate_prompt as validate_prompt
 from calispec_core.sampling import SamplingConfig
@@ -27,14 +32,8 @@ def mode_from_wire(value: int, default: Mode) -> Mode:
 
 
 def check_lengths(max_new_tokens: int, num_speculative_tokens: int | None) -> None:
-    """max_new_tokens in [1, MAX_NEW_TOKENS]; γ unset (adaptive) or in [1, MAX_SPECULATIVE_TOKENS]."""
-    require(
-        1 <= max_new_tokens <= MAX_NEW_TOKENS, f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}], got {max_new_tokens}"
-    )
-    require(
-        num_speculative_tokens is None or 1 <= num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
-        f"num_speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], got {num_speculative_tokens}",
-    )
+    check_max_new_tokens(max_new_tokens)
+    check_speculative_tokens(num_speculative_tokens)
 
 
 @dataclass(frozen=True)

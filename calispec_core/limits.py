@@ -7,7 +7,7 @@ import math
 import struct
 from collections.abc import Callable, Sequence
 
-from calispec_core.errors import InvalidArgument, require
+from calispec_core.errors import InvalidArgument, InvalidField, require, require_field
 
 MAX_SPECULATIVE_TOKENS = 16  # gamma; the paper uses 6
 MAX_NEW_TOKENS = 8192
@@ -31,13 +31,37 @@ def as_float32(value: float) -> float:
         return math.copysign(math.inf, value)
 
 
+def check_max_new_tokens(max_new_tokens: int) -> None:
+    """A completion's token limit, in [1, MAX_NEW_TOKENS]."""
+    require_field(
+        1 <= max_new_tokens <= MAX_NEW_TOKENS,
+        "max_new_tokens",
+        f"must be in [1, {MAX_NEW_TOKENS}], got {max_new_tokens}",
+    )
+
+
+def check_speculative_tokens(num_speculative_tokens: int | None) -> None:
+    """A fixed γ in [1, MAX_SPECULATIVE_TOKENS]; None is adaptive."""
+    require_field(
+        num_speculative_tokens is None or 1 <= num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
+        "num_speculative_tokens",
+        f"must be in [1, {MAX_SPECULATIVE_TOKENS}], got {num_speculative_tokens}",
+    )
+
+
+def check_tau_range(tau: float) -> None:
+    """τ in (0, 1] as given; check_csd_thresholds also checks the float32 the target gets."""
+    require_field(0.0 < tau <= 1.0, "tau", f"must be in (0, 1], got {tau}")
+
+
 def check_csd_thresholds(tau: float | None = None, lambda_: int | None = None) -> None:
     """CSD's τ in (0, 1] and λ in [0, MAX_LAMBDA]: for requests, server defaults and flags alike. τ reaches the
     target as a float32, where it must be in range too: 1e-46 arrives as 0.0, refused request after request."""
-    require(tau is None or 0.0 < tau <= 1.0, f"tau must be in (0, 1], got {tau}")
-    require(tau is None or as_float32(tau) > 0.0, f"tau must be in (0, 1], got 0.0 ({tau} as the API's float32)")
-    require(lambda_ is None or lambda_ >= 0, f"lambda must be >= 0, got {lambda_}")
-    require(lambda_ is None or lambda_ <= MAX_LAMBDA, f"lambda must be <= {MAX_LAMBDA}, got {lambda_}")
+    if tau is not None:
+        check_tau_range(tau)
+        require_field(as_float32(tau) > 0.0, "tau", f"must be in (0, 1], got 0.0 ({tau} as the API's float32)")
+    require_field(lambda_ is None or lambda_ >= 0, "lambda", f"must be >= 0, got {lambda_}")
+    require_field(lambda_ is None or lambda_ <= MAX_LAMBDA, "lambda", f"must be <= {MAX_LAMBDA}, got {lambda_}")
 
 
 def check_sampling(
@@ -45,13 +69,14 @@ def check_sampling(
 ) -> None:
     """The sampling parameters' ranges, for requests and flags alike (a model service also bounds top_k by its
     vocabulary, which no flag knows)."""
-    require(
+    require_field(
         temperature is None or 0.0 <= temperature <= MAX_TEMPERATURE,
-        f"temperature must be in [0, {MAX_TEMPERATURE}], got {temperature}",
+        "temperature",
+        f"must be in [0, {MAX_TEMPERATURE}], got {temperature}",
     )
-    require(top_p is None or 0.0 <= top_p <= 1.0, f"top_p must be in [0, 1], got {top_p}")
-    require(top_k is None or 0 <= top_k <= MAX_TOP_K, f"top_k must be in [0, {MAX_TOP_K}], got {top_k}")
-    require(seed is None or 0 <= seed < SEED_BOUND, f"seed must be in [0, 2**63), got {seed}")
+    require_field(top_p is None or 0.0 <= top_p <= 1.0, "top_p", f"must be in [0, 1], got {top_p}")
+    require_field(top_k is None or 0 <= top_k <= MAX_TOP_K, "top_k", f"must be in [0, {MAX_TOP_K}], got {top_k}")
+    require_field(seed is None or 0 <= seed < SEED_BOUND, "seed", f"must be in [0, 2**63), got {seed}")
 
 
 def check_stop_strings(stop: Sequence[str]) -> None:
@@ -118,8 +143,23 @@ def int_in_range(minimum: int, maximum: int) -> Callable[[str], int]:
     return parse
 
 
-gamma = int_in_range(1, MAX_SPECULATIVE_TOKENS)  # an argparse type: the range every fixed γ must keep
-max_new_tokens = int_in_range(1, MAX_NEW_TOKENS)  # an argparse type: the range of max_new_tokens
+def _int_checked_by(check: Callable[[int], None]) -> Callable[[str], int]:
+    """An argparse type: an int that the field's `check` takes (its reason is the error: argparse names the flag)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        try:
+            check(value)
+        except InvalidField as exc:
+            raise argparse.ArgumentTypeError(exc.reason) from None
+        return value
+
+    parse.__name__ = "int"  # argparse names the type in "invalid int value: 'x'"
+    return parse
+
+
+gamma = _int_checked_by(check_speculative_tokens)  # an argparse type: the range every fixed γ must keep
+max_new_tokens = _int_checked_by(check_max_new_tokens)  # an argparse type: the range of max_new_tokens
 
 
 def tau(text: str) -> float:

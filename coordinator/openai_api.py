@@ -444,11 +444,7 @@ class InvalidParam(InvalidArgument):
 
 
 def completion_prompt(req: CompletionRequest) -> str:
-    if isinstance(req.prompt, str):
-        return req.prompt
-    if len(req.prompt) != 1:
-        raise InvalidArgument("send one prompt per request (batched prompts are not supported)")
-    return req.prompt[0]
+    return req.prompt if isinstance(req.prompt, str) else req.prompt[0]  # a list holds one: CompletionRequest's check
 
 
 async def stream(

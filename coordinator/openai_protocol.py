@@ -7,9 +7,11 @@ but Calispec does not implement (logprobs, n > 1, penalties, tool calls, JSON mo
 accepted only at their no-op values and refused with 400 otherwise, rather than silently ignored;
 unknown fields are ignored, as vLLM does. An explicit `null` is the field left out, as OpenAI takes it.
 
-Ranges are checked here, under OpenAI's field names (`max_tokens`, not the domain's `max_new_tokens`),
-so that a 400 names the field the client sent in its `param`; the domain checks them again
-(`GenerationParams.validate`) for every API.
+Fields' ranges are checked here, so that a 400 names the field under OpenAI's name (`max_tokens`, not the
+domain's `max_new_tokens`) in its `param`, before the request is admitted. The rule is the domain's
+(calispec_core.limits): its refusal's reason is the message. Temperature, top_p, seed, λ, τ's float32 and the
+stop strings' count keep checks of their own: the domain's refusals (the gRPC API's messages) word them otherwise
+than this API does, and each API keeps its words. `GenerationParams.validate` checks every field again, for every API.
 """
 
 from __future__ import annotations
@@ -17,23 +19,28 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from calispec.types import MODE_NAMES, FinishReason
+from calispec_core.errors import InvalidArgument, InvalidField
 from calispec_core.limits import (
     MAX_LAMBDA,
-    MAX_NEW_TOKENS,
-    MAX_SPECULATIVE_TOKENS,
-    MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
     SEED_BOUND,
     as_float32,
+    check_max_new_tokens,
+    check_sampling,
+    check_speculative_tokens,
+    check_stop_strings,
+    check_tau_range,
+    require_unicode,
 )
-from calispec_core.sampling import MAX_TEMPERATURE, MAX_TOP_K, MIN_TOP_P
+from calispec_core.sampling import MAX_TEMPERATURE, MIN_TOP_P
 
 ModeName = Literal[MODE_NAMES]  # type: ignore[valid-type]
 NO_TOOLS = "this server has no tool calling"
@@ -50,19 +57,23 @@ def _in_range(value: float, low: float, high: float, high_open: bool = False) ->
         raise invalid(f"must be in [{low}, {high}{')' if high_open else ']'}, got {value}")
 
 
+@contextmanager
+def domain_checked() -> Iterator[None]:
+    """The domain's refusal of the field being validated, as a validation error: pydantic puts the field's
+    OpenAI name in front of it, so an InvalidField gives its reason only (`gamma: must be in [1, 16], got 17`)."""
+    try:
+        yield
+    except InvalidField as exc:
+        raise invalid(exc.reason) from None
+    except InvalidArgument as exc:
+        raise invalid(str(exc)) from None
+
+
 def _token_count(value: int | None) -> int | None:
     if value is not None:
-        _in_range(value, 1, MAX_NEW_TOKENS)
+        with domain_checked():
+            check_max_new_tokens(value)
     return value
-
-
-def _require_unicode(text: str, what: str) -> None:
-    """JSON's \\ud800 escapes carry lone surrogates, which UTF-8 cannot encode: such a stop string never
-    matches generated text (always valid Unicode), and fails where the text is encoded."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise invalid(f"{what} is not valid Unicode (a lone surrogate at character {exc.start})") from None
 
 
 class OpenAIModel(BaseModel):
@@ -130,12 +141,14 @@ class CalispecParams(OpenAIModel):
     @classmethod
     def _stop(cls, value: str | list[str] | None) -> str | list[str] | None:
         strings = [value] if isinstance(value, str) else value or []
-        if len(strings) > MAX_STOP_STRINGS:
+        if len(strings) > MAX_STOP_STRINGS:  # the domain's refusal does not say how many: this one does
             raise invalid(f"at most {MAX_STOP_STRINGS} stop strings, got {len(strings)}")
-        if any(not 0 < len(s) <= MAX_STOP_STRING_CHARS for s in strings):
-            raise invalid(f"stop strings must be 1 to {MAX_STOP_STRING_CHARS} characters")
-        for i, s in enumerate(strings):
-            _require_unicode(s, f"stop string {i}")
+        with domain_checked():
+            check_stop_strings(strings)
+            # JSON's \ud800 escapes carry lone surrogates, which UTF-8 cannot encode: such a stop string never
+            # matches generated text (always valid Unicode), and fails where the text is encoded
+            for i, s in enumerate(strings):
+                require_unicode(s, f"stop string {i}")
         return value
 
     @field_validator("seed")
@@ -157,22 +170,25 @@ class CalispecParams(OpenAIModel):
     def _top_k(cls, value: int) -> int:
         if value == -1:  # vLLM's (and LangChain's VLLMOpenAI default) "off"
             return 0
-        _in_range(value, 0, MAX_TOP_K)
+        with domain_checked():
+            check_sampling(top_k=value)
         return value
 
     @field_validator("gamma")
     @classmethod
     def _gamma(cls, value: int | None) -> int | None:
-        if value is not None:
-            _in_range(value, 1, MAX_SPECULATIVE_TOKENS)
+        with domain_checked():
+            check_speculative_tokens(value)
         return value
 
     @field_validator("tau")
     @classmethod
     def _tau(cls, value: float | None) -> float | None:
-        if value is not None and not 0.0 < value <= 1.0:
-            raise invalid(f"must be in (0, 1], got {value}")
-        if value is not None and as_float32(value) == 0.0:  # the target gets τ as a float32: 0 fails the request
+        if value is None:
+            return value
+        with domain_checked():
+            check_tau_range(value)
+        if as_float32(value) == 0.0:  # the target gets τ as a float32: 0 fails the request
             raise invalid(f"must be in (0, 1], got {value} (0.0 as the target's float32)")
         return value
 

@@ -3,11 +3,14 @@ on each field's edge values: `params_from_pb` then `GenerationParams.validate`, 
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 from calispec.v1 import coordinator_pb2
-from calispec_core.errors import InvalidArgument
+from calispec_core.errors import InvalidArgument, InvalidField
 from calispec_core.generation import Defaults
+from calispec_core.limits import check_speculative_tokens
 from coordinator.server import params_from_pb
 
 # a wire request's fields (float32 and int32 as protobuf carries them) -> the refusal's message
@@ -78,3 +81,12 @@ def test_unrounded_values_keep_their_messages(fields: dict, message: str) -> Non
 )
 def test_each_fields_edge_values_are_taken(fields: dict) -> None:
     params_from_pb(coordinator_pb2.GenerationParams(**fields), Defaults()).validate()
+
+
+def test_a_fields_refusal_carries_the_field_and_its_reason() -> None:
+    """What the OpenAI HTTP API words its 400 with (`gamma: must be in [1, 16], got 17`); it pickles as itself."""
+    with pytest.raises(InvalidField) as info:
+        check_speculative_tokens(17)
+    refusal = pickle.loads(pickle.dumps(info.value))
+    assert (refusal.field, refusal.reason) == ("num_speculative_tokens", "must be in [1, 16], got 17")
+    assert str(refusal) == "num_speculative_tokens must be in [1, 16], got 17" and refusal.code == "INVALID_ARGUMENT"
