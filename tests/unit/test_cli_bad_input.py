@@ -208,7 +208,9 @@ def test_calibrate_corpus_names_an_unreachable_memory_service(
     for model in pair:  # present: the memory service is what fails
         model.mkdir()
     argv = ["calibrate", "--corpus", str(corpus), "--draft", str(pair[0]), "--target", str(pair[1])]
-    argv += ["--memory-addr", refusing_address]
+    token = tmp_path / "writer-token"  # usable: the connection is what fails (no token is a usage error first)
+    token.write_text("t" * 32 + "\n")
+    argv += ["--memory-addr", refusing_address, "--writer-token-file", str(token)]
     with pytest.raises(SystemExit) as exited:
         cli.main(argv)
     message = str(exited.value.code)  # SystemExit(str): one line on stderr, exit 1
