@@ -27,6 +27,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,7 @@ class ServiceHost:
         config, _ = _parsed(cli.parse_args, argv)
         server, port, store = create_server(config)
         server.start()
+        store.announce(replace(config, port=port).address)  # named to a second memory service refused its database
         # The order of the service's own shutdown: end Watch streams, stop serving, then commit and close.
         self._stop = [store.hub.close, lambda: server.stop(STOP_GRACE_S).wait(), store.close]
         return port

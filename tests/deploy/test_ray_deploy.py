@@ -166,3 +166,21 @@ def test_the_ray_coordinator_drains_before_it_stops(monkeypatch: pytest.MonkeyPa
         orchestrator.release.set()
         if not stopper.is_alive():
             host.stop()
+
+
+@pytest.mark.slow  # needs the `ray` extra (the host runs in-process here: no cluster)
+def test_a_ray_memory_service_names_its_address_to_a_second_one_on_its_database(tmp_path: Path) -> None:
+    """The database lock's line named pid and host but not where the holder serves (the actor never said)."""
+    from calispec_tools.deploy import ray_actors
+    from memory_service.db_lock import DatabaseInUse
+    from memory_service.store import CorrectionStore
+
+    host = ray_actors.ServiceHost()
+    db = tmp_path / "memory.db"
+    address = host.start("memory", "127.0.0.1", 0, ["--db", str(db), "--allow-unauthenticated-writes"])
+    try:
+        with pytest.raises(DatabaseInUse) as refused:
+            CorrectionStore(db)
+        assert f"serving {address}" in str(refused.value)
+    finally:
+        host.stop()
