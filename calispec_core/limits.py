@@ -40,28 +40,26 @@ def check_max_new_tokens(max_new_tokens: int) -> None:
     )
 
 
-def check_speculative_tokens(num_speculative_tokens: int | None) -> None:
-    """A fixed γ in [1, MAX_SPECULATIVE_TOKENS]; None is adaptive."""
+def check_speculative_tokens(num_speculative_tokens: int | None, field: str = "num_speculative_tokens") -> None:
+    """A fixed γ in [1, MAX_SPECULATIVE_TOKENS]; None is adaptive. `field`: the name the caller's API gives γ (the
+    draft's Propose calls it num_tokens)."""
     require_field(
         num_speculative_tokens is None or 1 <= num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
-        "num_speculative_tokens",
+        field,
         f"must be in [1, {MAX_SPECULATIVE_TOKENS}], got {num_speculative_tokens}",
     )
 
 
-def check_tau_range(tau: float) -> None:
-    """τ in (0, 1] as given; check_csd_thresholds also checks the float32 the target gets."""
-    require_field(0.0 < tau <= 1.0, "tau", f"must be in (0, 1], got {tau}")
-
-
 def check_csd_thresholds(tau: float | None = None, lambda_: int | None = None) -> None:
     """CSD's τ in (0, 1] and λ in [0, MAX_LAMBDA]: for requests, server defaults and flags alike. τ reaches the
-    target as a float32, where it must be in range too: 1e-46 arrives as 0.0, refused request after request."""
+    target as a float32, where it must be in range too: 1e-46 arrives as 0.0, refused request after request (the
+    refusal shows the value as sent first: that is the one its sender knows)."""
     if tau is not None:
-        check_tau_range(tau)
-        require_field(as_float32(tau) > 0.0, "tau", f"must be in (0, 1], got 0.0 ({tau} as the API's float32)")
-    require_field(lambda_ is None or lambda_ >= 0, "lambda", f"must be >= 0, got {lambda_}")
-    require_field(lambda_ is None or lambda_ <= MAX_LAMBDA, "lambda", f"must be <= {MAX_LAMBDA}, got {lambda_}")
+        require_field(0.0 < tau <= 1.0, "tau", f"must be in (0, 1], got {tau}")
+        require_field(as_float32(tau) > 0.0, "tau", f"must be in (0, 1], got {tau} (0.0 as the target's float32)")
+    require_field(
+        lambda_ is None or 0 <= lambda_ <= MAX_LAMBDA, "lambda", f"must be in [0, {MAX_LAMBDA}], got {lambda_}"
+    )
 
 
 def check_sampling(
@@ -72,16 +70,16 @@ def check_sampling(
     require_field(
         temperature is None or 0.0 <= temperature <= MAX_TEMPERATURE,
         "temperature",
-        f"must be in [0, {MAX_TEMPERATURE}], got {temperature}",
+        f"must be in [0.0, {MAX_TEMPERATURE}], got {temperature}",
     )
-    require_field(top_p is None or 0.0 <= top_p <= 1.0, "top_p", f"must be in [0, 1], got {top_p}")
+    require_field(top_p is None or 0.0 <= top_p <= 1.0, "top_p", f"must be in [0.0, 1.0], got {top_p}")
     require_field(top_k is None or 0 <= top_k <= MAX_TOP_K, "top_k", f"must be in [0, {MAX_TOP_K}], got {top_k}")
     require_field(seed is None or 0 <= seed < SEED_BOUND, "seed", f"must be in [0, 2**63), got {seed}")
 
 
 def check_stop_strings(stop: Sequence[str]) -> None:
     """At most MAX_STOP_STRINGS stop strings of 1 to MAX_STOP_STRING_CHARS characters each."""
-    require(len(stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings")
+    require(len(stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}")
     for s in stop:
         require(0 < len(s) <= MAX_STOP_STRING_CHARS, f"stop strings must be 1 to {MAX_STOP_STRING_CHARS} characters")
 

@@ -8,10 +8,9 @@ accepted only at their no-op values and refused with 400 otherwise, rather than 
 unknown fields are ignored, as vLLM does. An explicit `null` is the field left out, as OpenAI takes it.
 
 Fields' ranges are checked here, so that a 400 names the field under OpenAI's name (`max_tokens`, not the
-domain's `max_new_tokens`) in its `param`, before the request is admitted. The rule is the domain's
-(calispec_core.limits): its refusal's reason is the message. Temperature, top_p, seed, λ, τ's float32 and the
-stop strings' count keep checks of their own: the domain's refusals (the gRPC API's messages) word them otherwise
-than this API does, and each API keeps its words. `GenerationParams.validate` checks every field again, for every API.
+domain's `max_new_tokens`) in its `param`, before the request is admitted. Every range rule is the domain's
+(calispec_core.limits), written once: its refusal's reason is the message, in the gRPC API's words.
+`GenerationParams.validate` checks every field again, for every API.
 """
 
 from __future__ import annotations
@@ -29,18 +28,14 @@ from pydantic_core import PydanticCustomError
 from calispec.types import MODE_NAMES, FinishReason
 from calispec_core.errors import InvalidArgument, InvalidField
 from calispec_core.limits import (
-    MAX_LAMBDA,
-    MAX_STOP_STRINGS,
-    SEED_BOUND,
-    as_float32,
+    check_csd_thresholds,
     check_max_new_tokens,
     check_sampling,
     check_speculative_tokens,
     check_stop_strings,
-    check_tau_range,
     require_unicode,
 )
-from calispec_core.sampling import MAX_TEMPERATURE, MIN_TOP_P
+from calispec_core.sampling import MIN_TOP_P
 
 ModeName = Literal[MODE_NAMES]  # type: ignore[valid-type]
 NO_TOOLS = "this server has no tool calling"
@@ -49,12 +44,6 @@ NO_TOOLS = "this server has no tool calling"
 def invalid(message: str) -> PydanticCustomError:
     """A validation error whose message is `message` as written (braces included), with no "Value error," prefix."""
     return PydanticCustomError("invalid_value", "{reason}", {"reason": message})
-
-
-def _in_range(value: float, low: float, high: float, high_open: bool = False) -> None:
-    inside = low <= value < high if high_open else low <= value <= high  # NaN is outside
-    if not inside:
-        raise invalid(f"must be in [{low}, {high}{')' if high_open else ']'}, got {value}")
 
 
 @contextmanager
@@ -128,21 +117,21 @@ class CalispecParams(OpenAIModel):
     @field_validator("temperature")
     @classmethod
     def _temperature(cls, value: float) -> float:
-        _in_range(value, 0.0, MAX_TEMPERATURE)
+        with domain_checked():
+            check_sampling(temperature=value)
         return value
 
     @field_validator("top_p")
     @classmethod
     def _top_p(cls, value: float) -> float:
-        _in_range(value, 0.0, 1.0)
+        with domain_checked():
+            check_sampling(top_p=value)
         return MIN_TOP_P if value == 0 else value  # OpenAI's 0 keeps the most likely token; inside, 0 is "off"
 
     @field_validator("stop")
     @classmethod
     def _stop(cls, value: str | list[str] | None) -> str | list[str] | None:
         strings = [value] if isinstance(value, str) else value or []
-        if len(strings) > MAX_STOP_STRINGS:  # the domain's refusal does not say how many: this one does
-            raise invalid(f"at most {MAX_STOP_STRINGS} stop strings, got {len(strings)}")
         with domain_checked():
             check_stop_strings(strings)
             # JSON's \ud800 escapes carry lone surrogates, which UTF-8 cannot encode: such a stop string never
@@ -154,8 +143,8 @@ class CalispecParams(OpenAIModel):
     @field_validator("seed")
     @classmethod
     def _seed(cls, value: int | None) -> int | None:
-        if value is not None:
-            _in_range(value, 0, SEED_BOUND, high_open=True)
+        with domain_checked():
+            check_sampling(seed=value)
         return value
 
     @field_validator("stream_options")
@@ -184,19 +173,15 @@ class CalispecParams(OpenAIModel):
     @field_validator("tau")
     @classmethod
     def _tau(cls, value: float | None) -> float | None:
-        if value is None:
-            return value
         with domain_checked():
-            check_tau_range(value)
-        if as_float32(value) == 0.0:  # the target gets τ as a float32: 0 fails the request
-            raise invalid(f"must be in (0, 1], got {value} (0.0 as the target's float32)")
+            check_csd_thresholds(tau=value)  # as given, and as the target's float32 gets it
         return value
 
     @field_validator("lambda_")
     @classmethod
     def _lambda(cls, value: int | None) -> int | None:
-        if value is not None:
-            _in_range(value, 0, MAX_LAMBDA)
+        with domain_checked():
+            check_csd_thresholds(lambda_=value)
         return value
 
     @field_validator("presence_penalty", "frequency_penalty")

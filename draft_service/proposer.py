@@ -12,7 +12,7 @@ from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
 from calispec_core.errors import require
-from calispec_core.limits import MAX_SPECULATIVE_TOKENS
+from calispec_core.limits import check_speculative_tokens
 from calispec_core.modeling import ModelRunner, Session, prefill_session
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.sampling import DRAFT_STREAM, SamplingConfig, make_generator, warp_probs
@@ -154,10 +154,7 @@ class Proposer:
     ) -> Proposal:
         """Up to num_tokens tokens; fewer when a token's draft probability falls below min_confidence.
         `cohort`: the Propose calls sent with this one (BatchScheduler.submit)."""
-        require(
-            1 <= num_tokens <= MAX_SPECULATIVE_TOKENS,
-            f"num_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], got {num_tokens}",
-        )
+        check_speculative_tokens(num_tokens, "num_tokens")  # one round's γ: the range every fixed γ keeps
         require(0.0 <= min_confidence <= 1.0, f"min_confidence must be in [0, 1], got {min_confidence}")
         state = self.sessions.get(session_id)
         session = state.session

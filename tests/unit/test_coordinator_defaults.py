@@ -43,8 +43,8 @@ def test_a_default_tau_the_target_gets_as_zero_is_a_usage_error(capsys: pytest.C
         parse_config([*BASE, "--default-tau", "1e-46"])
     assert exited.value.code == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.endswith("argument --default-tau: tau must be in (0, 1], got 0.0 (1e-46 as the API's float32)")
-    with pytest.raises(InvalidArgument, match="as the API's float32"):
+    assert line.endswith("argument --default-tau: tau must be in (0, 1], got 1e-46 (0.0 as the target's float32)")
+    with pytest.raises(InvalidArgument, match="as the target's float32"):
         Defaults(tau=1e-46)  # whoever builds the defaults
 
 

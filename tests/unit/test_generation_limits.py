@@ -17,13 +17,13 @@ from coordinator.server import params_from_pb
 REFUSED: list[tuple[dict, str]] = [
     ({"max_new_tokens": -1}, "max_new_tokens must be in [1, 8192], got -1"),
     ({"max_new_tokens": 8193}, "max_new_tokens must be in [1, 8192], got 8193"),
-    ({"temperature": -0.5}, "temperature must be in [0, 100.0], got -0.5"),
-    ({"temperature": 100.5}, "temperature must be in [0, 100.0], got 100.5"),
-    ({"temperature": float("nan")}, "temperature must be in [0, 100.0], got nan"),
-    ({"temperature": float("inf")}, "temperature must be in [0, 100.0], got inf"),
-    ({"top_p": -0.5}, "top_p must be in [0, 1], got -0.5"),
-    ({"top_p": 1.5}, "top_p must be in [0, 1], got 1.5"),
-    ({"top_p": float("nan")}, "top_p must be in [0, 1], got nan"),
+    ({"temperature": -0.5}, "temperature must be in [0.0, 100.0], got -0.5"),
+    ({"temperature": 100.5}, "temperature must be in [0.0, 100.0], got 100.5"),
+    ({"temperature": float("nan")}, "temperature must be in [0.0, 100.0], got nan"),
+    ({"temperature": float("inf")}, "temperature must be in [0.0, 100.0], got inf"),
+    ({"top_p": -0.5}, "top_p must be in [0.0, 1.0], got -0.5"),
+    ({"top_p": 1.5}, "top_p must be in [0.0, 1.0], got 1.5"),
+    ({"top_p": float("nan")}, "top_p must be in [0.0, 1.0], got nan"),
     ({"top_k": -1}, "top_k must be in [0, 2147483647], got -1"),
     ({"seed": 2**63}, "seed must be in [0, 2**63), got 9223372036854775808"),
     ({"seed": 2**64 - 1}, "seed must be in [0, 2**63), got 18446744073709551615"),
@@ -34,20 +34,20 @@ REFUSED: list[tuple[dict, str]] = [
     ({"tau": -0.5}, "tau must be in (0, 1], got -0.5"),
     ({"tau": 1.5}, "tau must be in (0, 1], got 1.5"),
     ({"tau": float("nan")}, "tau must be in (0, 1], got nan"),
-    ({"lambda_": -1}, "lambda must be >= 0, got -1"),
+    ({"lambda_": -1}, "lambda must be in [0, 2147483647], got -1"),
     ({"stop": [""]}, "stop strings must be 1 to 256 characters"),
     ({"stop": ["ok", "a" * 257]}, "stop strings must be 1 to 256 characters"),
-    ({"stop": ["x"] * 17}, "at most 16 stop strings"),
+    ({"stop": ["x"] * 17}, "at most 16 stop strings, got 17"),
     # two faults: the domain's order (lengths, sampling, CSD thresholds, stop strings)
     ({"temperature": 500, "num_speculative_tokens": 99}, "num_speculative_tokens must be in [1, 16], got 99"),
-    ({"top_k": -1, "temperature": 500}, "temperature must be in [0, 100.0], got 500.0"),
-    ({"lambda_": -1, "top_p": 2}, "top_p must be in [0, 1], got 2.0"),
+    ({"top_k": -1, "temperature": 500}, "temperature must be in [0.0, 100.0], got 500.0"),
+    ({"lambda_": -1, "top_p": 2}, "top_p must be in [0.0, 1.0], got 2.0"),
     ({"stop": [""], "tau": 2}, "tau must be in (0, 1], got 2.0"),
 ]
 # what only a request that skips the wire (a float64 τ, an int past int32) or a server's own setting reaches
 REFUSED_UNROUNDED: list[tuple[dict, str]] = [
-    ({"tau": 1e-46}, "tau must be in (0, 1], got 0.0 (1e-46 as the API's float32)"),
-    ({"lambda_": 2**31}, "lambda must be <= 2147483647, got 2147483648"),
+    ({"tau": 1e-46}, "tau must be in (0, 1], got 1e-46 (0.0 as the target's float32)"),
+    ({"lambda_": 2**31}, "lambda must be in [0, 2147483647], got 2147483648"),
 ]
 
 
@@ -90,3 +90,10 @@ def test_a_fields_refusal_carries_the_field_and_its_reason() -> None:
     refusal = pickle.loads(pickle.dumps(info.value))
     assert (refusal.field, refusal.reason) == ("num_speculative_tokens", "must be in [1, 16], got 17")
     assert str(refusal) == "num_speculative_tokens must be in [1, 16], got 17" and refusal.code == "INVALID_ARGUMENT"
+
+
+def test_the_drafts_gamma_is_refused_under_its_own_name() -> None:
+    """The draft's Propose keeps γ's rule under its field's name (num_tokens), in the same words."""
+    with pytest.raises(InvalidField) as info:
+        check_speculative_tokens(0, "num_tokens")
+    assert str(info.value) == "num_tokens must be in [1, 16], got 0"

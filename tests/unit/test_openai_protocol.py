@@ -7,8 +7,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from calispec_core.errors import InvalidArgument, InvalidField
+from calispec_core.generation import Defaults, GenerationParams
 from calispec_core.limits import SEED_BOUND
-from calispec_core.sampling import MIN_TOP_P
+from calispec_core.sampling import MIN_TOP_P, SamplingConfig
 from coordinator.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -119,7 +121,7 @@ def test_a_tau_the_target_gets_as_zero_is_a_400_naming_tau() -> None:
 def test_seed_takes_the_shared_bound_exclusive() -> None:
     assert chat(seed=SEED_BOUND - 1).seed == SEED_BOUND - 1
     message, param = first_error(ChatCompletionRequest, {"model": "m", "messages": USER, "seed": SEED_BOUND})
-    assert param == "seed" and message == f"seed: must be in [0, {SEED_BOUND}), got {SEED_BOUND}"
+    assert param == "seed" and message == f"seed: must be in [0, 2**63), got {SEED_BOUND}"
 
 
 def test_null_is_unset() -> None:
@@ -244,3 +246,41 @@ def test_each_fields_edge_values_are_taken(fields: dict[str, Any], parsed: dict[
     """The other side of tests/service/test_openai_api.py's RANGE_ERRORS: the values on each bound."""
     req = chat(**fields)
     assert {name: getattr(req, name) for name in parsed} == parsed
+
+
+# One refused value per field whose two APIs' words once differed: the HTTP 400 now gives the domain's own reason
+ONE_WORDING: list[dict[str, Any]] = [
+    {"temperature": 500.0},
+    {"top_p": 2.0},
+    {"seed": -1},
+    {"lambda": -1},
+    {"lambda": 2**31},
+    {"tau": 1e-46},  # in (0, 1], but 0.0 as the target's float32
+    {"stop": ["x"] * 17},
+]
+
+
+def domain_refusal(fields: dict[str, Any]) -> str:
+    """What GenerationParams.validate (the gRPC API's path) says of these fields, without the domain's field name."""
+    defaults = Defaults()
+    sampling = {k: v for k, v in fields.items() if k in ("temperature", "top_p", "seed")}
+    params = GenerationParams(
+        max_new_tokens=defaults.max_new_tokens,
+        sampling=SamplingConfig(**sampling),
+        stop=tuple(fields.get("stop", ())),
+        num_speculative_tokens=None,
+        mode=defaults.mode,
+        tau=fields.get("tau", defaults.tau),
+        lambda_=fields.get("lambda", defaults.lambda_),
+    )
+    with pytest.raises(InvalidArgument) as info:
+        params.validate()
+    return info.value.reason if isinstance(info.value, InvalidField) else str(info.value)
+
+
+@pytest.mark.parametrize("fields", ONE_WORDING, ids=[str(f)[:40] for f in ONE_WORDING])
+def test_a_range_error_has_one_wording_for_both_apis(fields: dict[str, Any]) -> None:
+    """The HTTP models call the domain's checks: no second rule, no second wording (only the field's name differs)."""
+    (name,) = fields
+    message, param = first_error(ChatCompletionRequest, {"model": "m", "messages": USER, **fields})
+    assert (param, message) == (name, f"{name}: {domain_refusal(fields)}")
