@@ -248,7 +248,10 @@ class _GuardInterceptor(grpc.ServerInterceptor):
             return handler._replace(unary_unary=self._unary(method, handler.unary_unary))
         if handler.unary_stream:
             return handler._replace(unary_stream=self._stream(method, handler.unary_stream))
-        return handler  # no client- or bidi-streaming RPCs
+        if handler.stream_unary:
+            return handler._replace(stream_unary=self._unary(method, handler.stream_unary))
+        # every kind is guarded: a client-streaming RPC added one day must not be served to anyone unchecked
+        return handler._replace(stream_stream=self._stream(method, handler.stream_stream))
 
     def _unary(self, method: str, fn: Callable) -> Callable:
         def wrapped(request: Any, context: grpc.ServicerContext) -> Any:

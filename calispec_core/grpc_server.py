@@ -8,7 +8,8 @@ and every client connects through `make_channel`, each given the process's `TlsC
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,24 @@ CHANNEL_OPTIONS = [
 # land on one port, so a client reaches the wrong one (grpc/grpc#10755; the likely cause of a one-off
 # "connection refused" from a coordinator that was up, in a test). Without it, a port in use fails to bind.
 SERVER_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)]
+REFLECTION_PREFIX = "/grpc.reflection."
+HEALTH_WATCH = "/grpc.health.v1.Health/Watch"
+# Streams anyone may open and hold (health and reflection are exempt from keys and roles) run on a pool of their
+# own, at most this many at once (more: RESOURCE_EXHAUSTED). On the service's pool, 32 held open (no API key
+# needed) stopped every other RPC of the coordinator. gRPC's non-blocking health Watch is no way out: it sends
+# under the health servicer's lock, so one Watch client that stops reading stalls every Check.
+MAX_REFLECTION_STREAMS = 2
+MAX_HEALTH_WATCHES = 8
+HEALTH_PORT_MAX_REQUEST_BYTES = 4096  # a HealthCheckRequest names one service; the port is plaintext and open
+
+
+def server_options(max_receive_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
+    """SERVER_OPTIONS with the largest request a server reads: gRPC refuses a larger one unread
+    (RESOURCE_EXHAUSTED), where a handler would only refuse it after reading and parsing it."""
+    return [
+        *(o for o in SERVER_OPTIONS if o[0] != "grpc.max_receive_message_length"),
+        ("grpc.max_receive_message_length", max_receive_bytes),
+    ]
 
 
 def _status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -79,12 +98,16 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        handler = handler._replace(request_deserializer=_tolerant(handler.request_deserializer))
         if handler.unary_unary:
+            handler = handler._replace(request_deserializer=_tolerant(handler.request_deserializer))
             return handler._replace(unary_unary=self._wrap_unary(handler.unary_unary))
         if handler.unary_stream:
+            handler = handler._replace(request_deserializer=_tolerant(handler.request_deserializer))
             return handler._replace(unary_stream=self._wrap_stream(handler.unary_stream))
-        return handler  # no client- or bidi-streaming RPCs yet
+        # client- and bidi-streaming (reflection; an access guard's refusal of one gets its status too)
+        if handler.stream_unary:
+            return handler._replace(stream_unary=self._wrap_unary(handler.stream_unary))
+        return handler._replace(stream_stream=self._wrap_stream(handler.stream_stream))
 
     @staticmethod
     def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
@@ -118,6 +141,50 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         return wrapped
 
 
+class SidePoolInterceptor(grpc.ServerInterceptor):
+    """The server-streaming or bidi-streaming RPCs under `prefix` run on a pool of their own, at most `streams` at
+    once (more: RESOURCE_EXHAUSTED), so that clients holding them open never take the workers of other RPCs.
+    Outermost of a server's interceptors: gRPC reads the pool off the handler it is finally given."""
+
+    def __init__(self, prefix: str, streams: int) -> None:
+        self._prefix = prefix
+        # a thread more than the streams: a stream over the limit is refused at once, not queued behind them
+        self._pool = futures.ThreadPoolExecutor(max_workers=streams + 1, thread_name_prefix="side-pool")
+        self._slots = threading.BoundedSemaphore(streams)
+
+    def intercept_service(self, continuation: Callable, handler_call_details: Any) -> Any:
+        handler = continuation(handler_call_details)
+        if handler is None or not handler_call_details.method.startswith(self._prefix):
+            return handler
+        if handler.unary_stream:
+            return handler._replace(unary_stream=self._on_own_pool(handler.unary_stream))
+        if handler.stream_stream:
+            return handler._replace(stream_stream=self._on_own_pool(handler.stream_stream))
+        return handler
+
+    def _on_own_pool(self, fn: Callable) -> Callable:
+        # A plain generator, even around gRPC's non-blocking health Watch (called without its callback, it
+        # returns a blocking iterator): the stream's sends then happen on this pool's thread, never under a lock.
+        def wrapped(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            if not self._slots.acquire(blocking=False):
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"too many {self._prefix} streams open; retry later")
+            try:
+                yield from fn(request, context)
+            finally:
+                self._slots.release()
+
+        wrapped.experimental_thread_pool = self._pool  # type: ignore[attr-defined]  # gRPC runs it there
+        return wrapped
+
+
+def side_pools() -> list[grpc.ServerInterceptor]:
+    """A server's first interceptors: health Watch and reflection streams on pools of their own."""
+    return [
+        SidePoolInterceptor(HEALTH_WATCH, MAX_HEALTH_WATCHES),
+        SidePoolInterceptor(REFLECTION_PREFIX, MAX_REFLECTION_STREAMS),
+    ]
+
+
 Registrar = Callable[[grpc.Server], None]
 
 
@@ -131,6 +198,7 @@ def create_grpc_server(
     interceptors: Sequence[grpc.ServerInterceptor] = (),
     health_port: int | None = None,
     observe: Observe | None = None,
+    max_receive_bytes: int = MAX_MESSAGE_BYTES,
 ) -> tuple[ManagedServer, int, health.HealthServicer]:
     """Build a server with our services, grpc.health.v1, reflection and the interceptors.
 
@@ -138,8 +206,10 @@ def create_grpc_server(
     `/metrics` endpoint (when `observe.metrics_port` is set) already serves.
     `interceptors` (access control) run inside the error interceptor, so the domain errors they
     raise get their status; the observability interceptor (request ids, metrics, drain) runs
-    outside both. `health_port`: also serve grpc.health.v1 alone, plaintext, there
-    (the kubelet's gRPC probe speaks no TLS); the returned server starts and stops both.
+    outside both, and `side_pools` outside all (health Watch and reflection streams). `health_port`:
+    also serve grpc.health.v1 alone, plaintext, there (the kubelet's gRPC probe speaks no TLS); the
+    returned server starts and stops both.
+    `max_receive_bytes`: the largest request read (a server open to the public: what a valid request needs).
     """
     # imported here: tools (and the light client install) use this module's channels without them
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -154,11 +224,12 @@ def create_grpc_server(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
         interceptors=[
+            *side_pools(),
             ObservabilityInterceptor(rpc_metrics, gate, observe.originates_ids),
             ErrorInterceptor(),
             *interceptors,
         ],
-        options=SERVER_OPTIONS,
+        options=server_options(max_receive_bytes),
     )
     for register in registrars:
         register(server)
@@ -263,7 +334,8 @@ class _ServerWithHealthPort(grpc.Server):
 def _with_health_port(main: grpc.Server, servicer: health.HealthServicer, host: str, port: int) -> grpc.Server:
     from grpc_health.v1 import health_pb2_grpc
 
-    health_only = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=SERVER_OPTIONS)
+    options = server_options(HEALTH_PORT_MAX_REQUEST_BYTES)
+    health_only = grpc.server(futures.ThreadPoolExecutor(max_workers=2), interceptors=side_pools(), options=options)
     health_pb2_grpc.add_HealthServicer_to_server(servicer, health_only)
     bind_port(health_only, f"{host}:{port}", TlsConfig(plaintext=True))  # the kubelet's probe speaks no TLS
     return _ServerWithHealthPort(main, health_only)

@@ -9,13 +9,16 @@ the Prometheus-legal prefix `calispec_`. The metric definitions live in one modu
 
 from __future__ import annotations
 
+import socket
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-from wsgiref.simple_server import WSGIServer
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -33,7 +36,7 @@ def new_registry() -> CollectorRegistry:
 
 @dataclass
 class MetricsEndpoint:
-    """A running `/metrics` HTTP server (prometheus_client's, on its own daemon thread)."""
+    """A running `/metrics` HTTP server (on its own daemon thread)."""
 
     host: str
     port: int
@@ -51,9 +54,66 @@ class MetricsEndpoint:
         self._thread.join()
 
 
-def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> MetricsEndpoint:
+METRICS_CONNECTIONS = 8  # connections served at once (scrapers); one more is closed unread
+METRICS_READ_TIMEOUT_S = 10.0  # a connection silent this long (mid-request, or not reading the reply) is closed
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def setup(self) -> None:
+        self.timeout = self.server.read_timeout_s  # type: ignore[attr-defined]  # socket timeout of the connection
+        super().setup()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not logged."""
+
+
+class _BoundedMetricsServer(ThreadingMixIn, WSGIServer):
+    """prometheus_client's server (a thread per connection) with a bound on connections and a read timeout. It has
+    neither: anyone reaching the port held a thread of the service's process per idle connection (probed: 300
+    connections, 300 threads; the gRPC workers and the model's threads are started from the same process)."""
+
+    daemon_threads = True
+
+    def __init__(self, host: str, port: int, connections: int, read_timeout_s: float) -> None:
+        self.address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        self.read_timeout_s = read_timeout_s
+        self._slots = threading.BoundedSemaphore(connections)
+        super().__init__((host, port), _QuietHandler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # closed unread: a scraper retries at its next interval
+            return
+        try:
+            super().process_request(request, client_address)  # starts the connection's thread
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that timed out or went away is no error worth a traceback on stderr."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+
+def serve_metrics(
+    registry: CollectorRegistry,
+    host: str,
+    port: int,
+    connections: int = METRICS_CONNECTIONS,
+    read_timeout_s: float = METRICS_READ_TIMEOUT_S,
+) -> MetricsEndpoint:
     """Serve `registry` on http://host:port/metrics (port 0 picks a free one)."""
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    server = _BoundedMetricsServer(host, port, connections, read_timeout_s)
+    server.set_app(make_wsgi_app(registry))
+    thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+    thread.start()
     return MetricsEndpoint(host, server.server_port, server, thread)
 
 

@@ -14,6 +14,10 @@ from calispec_core.limits import MAX_PROMPT_CHARS, MAX_SPECULATIVE_TOKENS
 # (12 bytes a character: an escaped surrogate pair, `\ud83d\ude00`, as json.dumps writes any character past
 # U+FFFF), plus 1 MiB for the rest of a valid request (1024 chat messages' keys, 16 stop strings, the fields).
 HTTP_MAX_BODY_BYTES = 12 * MAX_PROMPT_CHARS + 2**20
+# The largest gRPC request the coordinator reads: a longest valid prompt (or chat) at 4 UTF-8 bytes a character,
+# plus 1 MiB for the rest. gRPC refuses a larger one unread (RESOURCE_EXHAUSTED); at the services' 64 MiB a caller
+# without an API key had the coordinator read and parse 64 MiB before the key was checked (16 at once: +525 MB).
+GRPC_MAX_REQUEST_BYTES = 4 * MAX_PROMPT_CHARS + 2**20
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from coordinator.backends import ModelFacts
 from coordinator.chat import ChatTurn, render_chat
 from coordinator.circuit import CircuitBreaker
 from coordinator.clients import GrpcDraftBackend, GrpcTargetBackend
-from coordinator.config import CoordinatorConfig
+from coordinator.config import GRPC_MAX_REQUEST_BYTES, CoordinatorConfig
 from coordinator.cost_model import CostModel
 from coordinator.discovery import DnsReplicaWatcher, replica_addresses
 from coordinator.engine import Chunk, Orchestrator, SpeculationConfig
@@ -252,6 +252,7 @@ def create_server(
         interceptors=access_interceptors(config, keys, quotas),
         health_port=config.health_port,
         observe=observe,
+        max_receive_bytes=GRPC_MAX_REQUEST_BYTES,
     )
     return server, port
 

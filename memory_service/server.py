@@ -23,12 +23,25 @@ from calispec_core.observability import ManagedServer, Observe
 from memory_service.auth import WriterGate
 from memory_service.config import MemoryConfig
 from memory_service.metrics import MemoryMetrics
-from memory_service.store import AcceptedNotDurable, CorrectionStore, Event, Pair, validate_events, validate_namespace
+from memory_service.store import (
+    MAX_EVENTS_PER_RECORD,
+    AcceptedNotDurable,
+    CorrectionStore,
+    Event,
+    Pair,
+    validate_events,
+    validate_namespace,
+)
 from memory_service.watch import Update, UpdateKind, WatchHub, watch
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name
+# A valid event's bytes at most: 2 (field tag, length) + 3 tags + two uint32 ids (5 each) + a count <= 2^40 (6).
+MAX_EVENT_BYTES = 21
+# The largest request read: a write of the most events a request may hold, plus 1 MiB for the rest. gRPC refuses a
+# larger one unread (RESOURCE_EXHAUSTED); any holder of a CA certificate could make the service read 64 MiB.
+MAX_REQUEST_BYTES = MAX_EVENTS_PER_RECORD * MAX_EVENT_BYTES + 2**20
 _KIND_TO_PB = {
     UpdateKind.SNAPSHOT: memory_pb2.WATCH_UPDATE_KIND_SNAPSHOT,
     UpdateKind.DELTA: memory_pb2.WATCH_UPDATE_KIND_DELTA,
@@ -219,6 +232,7 @@ def create_server(config: MemoryConfig) -> tuple[ManagedServer, int, CorrectionS
             interceptors=_writers_only(config),
             health_port=config.health_port,
             observe=observe,
+            max_receive_bytes=MAX_REQUEST_BYTES,
         )
     except BaseException:
         store.close()  # a failed bind must not leave the database open

@@ -12,9 +12,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from calispec.client import CalispecClient, CalispecRpcError
 from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc, memory_pb2, memory_pb2_grpc, target_pb2, target_pb2_grpc
-from calispec_core.access import Quota, key_line
+from calispec_core.access import ApiKeyInterceptor, ApiKeys, Quota, key_line
 from calispec_core.credentials import writer_metadata
-from calispec_core.grpc_server import make_channel
+from calispec_core.grpc_server import create_grpc_server, make_channel
 from calispec_core.modeling import ModelRunner, ModelSpec
 from calispec_tools.certs import DevCerts, make_dev_certs
 from coordinator.config import CoordinatorConfig
@@ -226,4 +226,76 @@ def test_memory_tools_speak_mutual_tls(certs: DevCerts, tmp_path: Path, capsys: 
         assert exited.value.code == 2 and "all three" in capsys.readouterr().err  # a usage error
     finally:
         server.stop(None)
+        store.close()
+
+
+class _Streaming(grpc.GenericRpcHandler):
+    """Client- and bidi-streaming RPCs (the services have none yet; reflection, exempt, is one)."""
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        if details.method == "/test.Streaming/Count":
+            return grpc.stream_unary_rpc_method_handler(lambda requests, _: b"%d" % sum(1 for _ in requests))
+        if details.method == "/test.Streaming/Echo":
+            return grpc.stream_stream_rpc_method_handler(lambda requests, _: iter(requests))
+        return None
+
+
+def test_client_streaming_rpcs_are_guarded_too(tmp_path: Path) -> None:
+    """The access guards passed client- and bidi-streaming handlers through unchecked: such an RPC, once added,
+    would have been served to callers without a key (or of another role)."""
+    keys_file = tmp_path / "api-keys"
+    keys_file.write_text(key_line("alice", KEYS["alice"]))
+    register = lambda s: s.add_generic_rpc_handlers((_Streaming(),))  # noqa: E731
+    server, port, _ = create_grpc_server(
+        "127.0.0.1:0", [register], [], interceptors=[ApiKeyInterceptor(ApiKeys(keys_file))]
+    )
+    server.start()
+    key = [("authorization", f"Bearer {KEYS['alice']}")]
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            count, echo = channel.stream_unary("/test.Streaming/Count"), channel.stream_stream("/test.Streaming/Echo")
+            assert rpc_code(lambda: count(iter([b"a", b"b"]), timeout=10)) == grpc.StatusCode.UNAUTHENTICATED
+            assert rpc_code(lambda: list(echo(iter([b"a"]), timeout=10))) == grpc.StatusCode.UNAUTHENTICATED
+            assert count(iter([b"a", b"b"]), timeout=10, metadata=key) == b"2"
+            assert list(echo(iter([b"a"]), timeout=10, metadata=key)) == [b"a"]
+    finally:
+        server.stop(None).wait()
+
+
+def test_the_coordinator_reads_no_request_larger_than_a_valid_one(stack: Stack) -> None:
+    """It read and parsed up to 64 MiB before it checked the API key: 16 such requests without a key grew it by
+    525 MB. A request past what a valid one needs is now refused by gRPC, unread; the largest valid one is read."""
+    from calispec_core.limits import MAX_PROMPT_CHARS
+    from coordinator.config import GRPC_MAX_REQUEST_BYTES
+    from coordinator.server import SERVICE_NAME
+
+    largest = coordinator_pb2.GenerateRequest(prompt="\U0001f600" * MAX_PROMPT_CHARS)  # 4 UTF-8 bytes a character
+    oversized = coordinator_pb2.GenerateRequest(prompt="a" * GRPC_MAX_REQUEST_BYTES)
+    credentials = grpc.ssl_channel_credentials(root_certificates=stack.certs.ca.read_bytes())
+    with grpc.secure_channel(stack.address, credentials, options=[("grpc.max_send_message_length", -1)]) as channel:
+        generate = channel.unary_unary(f"/{SERVICE_NAME}/Generate")  # bytes as they are
+        assert rpc_code(lambda: generate(largest.SerializeToString(), timeout=30)) == grpc.StatusCode.UNAUTHENTICATED
+        assert (
+            rpc_code(lambda: generate(oversized.SerializeToString(), timeout=30)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        )
+
+
+def test_the_memory_service_reads_no_request_larger_than_a_valid_one(tmp_path: Path) -> None:
+    """Any holder of a CA certificate could make it read and parse 64 MiB; the largest valid write still fits."""
+    from memory_service.server import MAX_REQUEST_BYTES
+    from memory_service.store import MAX_EVENTS_PER_RECORD
+
+    config = MemoryConfig(port=0, db_path=tmp_path / "memory.db", writer_token=TOKEN, writer_events_per_s=0)
+    server, port, store = create_memory(config)
+    server.start()
+    widest = memory_pb2.PairCount(draft_token_id=2**32 - 1, target_token_id=2**32 - 1, count=2**40)
+    largest = memory_pb2.RecordEventsRequest(namespace="n" * 128, events=[widest] * MAX_EVENTS_PER_RECORD)
+    oversized = memory_pb2.RecordEventsRequest(namespace="ns", events=[widest] * (MAX_REQUEST_BYTES // 20))
+    try:
+        with make_channel(f"127.0.0.1:{port}") as channel:
+            stub = memory_pb2_grpc.MemoryServiceStub(channel)
+            assert stub.RecordEvents(largest, metadata=writer_metadata(TOKEN), timeout=60).recorded > 0
+            assert rpc_code(lambda: stub.RecordEvents(oversized, timeout=60)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        server.stop(None).wait()
         store.close()
