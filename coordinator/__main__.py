@@ -41,7 +41,7 @@ with interrupt_exits_quietly():
         startup_step,
         tls_from_args,
     )
-    from coordinator.config import HTTP_MAX_BODY_BYTES, CoordinatorConfig
+    from coordinator.config import HTTP_HEADER_TIMEOUT_S, HTTP_MAX_BODY_BYTES, CoordinatorConfig
     from coordinator.metrics import CoordinatorMetrics
     from coordinator.server import build_orchestrator, check_access, create_server
 
@@ -126,6 +126,12 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         default=(),
         help="comma-separated browser origins allowed by CORS (e.g. http://localhost:3000; * for any); default: none",
     )
+    http.add_argument(
+        "--http-header-timeout",
+        type=positive_float,
+        default=HTTP_HEADER_TIMEOUT_S,
+        help="seconds a connection gets to send a request's headers (TLS handshake included); then it is closed",
+    )
     args = parser.parse_args(argv)
     try:
         check_csd_thresholds(lambda_=args.default_lambda)
@@ -160,6 +166,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         served_model_name=args.served_model_name,
         http_max_body_bytes=args.http_max_body_bytes,
         http_allowed_origins=args.http_allowed_origins,
+        http_header_timeout_s=args.http_header_timeout,
         max_gamma=args.max_gamma,
         draft_min_confidence=args.draft_min_confidence,
         lockstep_wait_s=args.lockstep_wait,

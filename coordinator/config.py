@@ -18,6 +18,9 @@ HTTP_MAX_BODY_BYTES = 12 * MAX_PROMPT_CHARS + 2**20
 # plus 1 MiB for the rest. gRPC refuses a larger one unread (RESOURCE_EXHAUSTED); at the services' 64 MiB a caller
 # without an API key had the coordinator read and parse 64 MiB before the key was checked (16 at once: +525 MB).
 GRPC_MAX_REQUEST_BYTES = 4 * MAX_PROMPT_CHARS + 2**20
+# How long an HTTP connection may take to send a request's headers (its TLS handshake included), from its accept
+# or its previous response's end; it is closed then. Before, one that never finished them stayed open for ever.
+HTTP_HEADER_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class CoordinatorConfig:
     served_model_name: str | None = None  # the `model` HTTP requests name; None: the tokenizer directory's name
     http_max_body_bytes: int = HTTP_MAX_BODY_BYTES  # larger HTTP request bodies are refused (413) before parsing
     http_allowed_origins: tuple[str, ...] = ()  # browser origins the HTTP API admits (CORS); empty: none
+    http_header_timeout_s: float = HTTP_HEADER_TIMEOUT_S  # an HTTP connection's deadline for a request's headers
     max_gamma: int = 10  # adaptive γ's upper bound (requests may fix γ up to MAX_SPECULATIVE_TOKENS)
     draft_min_confidence: float = 0.4  # adaptive γ: the draft's early stop (HF's assistant_confidence_threshold)
     lockstep_wait_s: float = 0.5  # how long requests wait for each other to run rounds together (0: off)
@@ -60,6 +64,8 @@ class CoordinatorConfig:
             raise ValueError(f"max_gamma must be in [1, {MAX_SPECULATIVE_TOKENS}], got {self.max_gamma}")
         if self.http_max_body_bytes < 1:
             raise ValueError(f"http_max_body_bytes must be >= 1, got {self.http_max_body_bytes}")
+        if not self.http_header_timeout_s > 0:
+            raise ValueError(f"http_header_timeout_s must be > 0, got {self.http_header_timeout_s}")
 
     @property
     def model_name(self) -> str:

@@ -7,7 +7,8 @@ shape and HTTP statuses. Each request gets the gRPC path's bookkeeping (`coordin
 metrics, one log line), a request id (`X-Request-Id`, echoed back), and a place in the drain (503 while
 draining). `RequestGuard` checks the API key and the body's size, media type and coding before a byte of
 the body is read. Every response, refusals included, is counted by route template, method and status
-(`instrument`).
+(`instrument`). What is checked before a request reaches the app (a deadline for its headers, its framing)
+is `coordinator.http_transport`'s.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anyio
@@ -46,8 +48,9 @@ from calispec_core.request_context import REQUEST_ID_METADATA, bound_request_id,
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
 from coordinator.chat import ChatTurn, render_chat
-from coordinator.config import HTTP_MAX_BODY_BYTES, CoordinatorConfig
+from coordinator.config import HTTP_HEADER_TIMEOUT_S, HTTP_MAX_BODY_BYTES, CoordinatorConfig
 from coordinator.engine import Chunk, Orchestrator
+from coordinator.http_transport import guarded_protocol, serve
 from coordinator.metrics import CoordinatorMetrics, RequestTimer
 from coordinator.openai_protocol import (
     AssistantMessage,
@@ -704,15 +707,27 @@ def serve_http(
         config.http_max_body_bytes,
         config.http_allowed_origins,
     )
-    return start_http_server(create_app(orchestrator, settings), config.host, config.http_port or 0, config.tls)
+    app = create_app(orchestrator, settings)
+    return start_http_server(app, config.host, config.http_port or 0, config.tls, config.http_header_timeout_s)
 
 
-def start_http_server(app: FastAPI, host: str, port: int, tls: TlsConfig | None = None) -> HttpServer:
-    """Serve `app` on host:port (0: a free port) in a background thread; returns once bound."""
+def start_http_server(
+    app: FastAPI,
+    host: str,
+    port: int,
+    tls: TlsConfig | None = None,
+    header_timeout_s: float = HTTP_HEADER_TIMEOUT_S,
+) -> HttpServer:
+    """Serve `app` on host:port (0: a free port) in a background thread; returns once bound. A connection's
+    request headers (and TLS handshake) must be in within `header_timeout_s` (coordinator.http_transport)."""
     sock = socket.create_server((host, port))  # bound here so that the port is known now
     files = {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)} if tls and tls.enabled else {}
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5, **files)
+    protocol: Any = guarded_protocol(header_timeout_s)  # uvicorn's `http` takes any protocol factory
+    config = uvicorn.Config(
+        app, http=protocol, log_level="warning", lifespan="off", timeout_graceful_shutdown=5, **files
+    )
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="openai-http")
+    target = partial(serve, server, sock, header_timeout_s)
+    thread = threading.Thread(target=target, daemon=True, name="openai-http")
     thread.start()
     return HttpServer(server, thread, sock.getsockname()[1])

@@ -1,0 +1,176 @@
+"""The HTTP API's connections: uvicorn's h11 protocol with what a port open to anyone needs and uvicorn lacks.
+
+- **A deadline for request headers.** uvicorn's h11 protocol arms no timer before a connection's first request,
+  and none once a request's bytes start to arrive after a response: a client that sends its headers a byte at a
+  time, or nothing, held a connection (a file descriptor) forever. Here a request's headers must be complete
+  within `header_timeout_s` of the connection's accept (its TLS handshake included: the loop below bounds it,
+  where asyncio's default is 60 s) or of the previous response's end; the connection is closed otherwise.
+- **One quiet refusal of a malformed request.** uvicorn answered h11's parse errors (a malformed chunk, a bad
+  header) with its own 400, logged a warning for each, and left the app running: the app's answer, a 401
+  for instance, then broke h11's state and was logged twice with a traceback. Here the refusal is a 400 (h11's
+  status hint: 431 for oversized headers, 501 for an unknown transfer coding) in OpenAI's error shape, one
+  debug line, the connection closed, and the app's answer, if any, dropped (it sees a disconnect).
+- **No request with two framings.** One with both `Content-Length` and `Transfer-Encoding` (h11 frames it by
+  the chunks) is refused the same way, before the app sees it, so that a proxy in front that frames it by
+  `Content-Length` cannot smuggle a second request in its body (RFC 9112 §6.3: reject, then close).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
+
+from coordinator.openai_protocol import ErrorBody, ErrorResponse
+
+log = logging.getLogger(__name__)
+
+REASON_CHARS = 200  # h11's reasons quote the client's bytes: at most this much goes to the client and the log
+STATUS_CODES = {431: "resource_exhausted", 501: "unimplemented"}  # OpenAI `code` by status; others: invalid_argument
+
+
+class GuardedConnection(h11.Connection):
+    """h11's server side that hands its refusals to `refuse(status, reason)` instead of raising them into
+    uvicorn, refuses requests with two framings, and tells `on_request` when a request's headers are in."""
+
+    def __init__(
+        self, refuse: Callable[[int, str], None], on_request: Callable[[], None], max_header_bytes: int | None
+    ) -> None:
+        if max_header_bytes is None:
+            super().__init__(h11.SERVER)
+        else:
+            super().__init__(h11.SERVER, max_header_bytes)
+        self._refuse = refuse
+        self._on_request = on_request
+        self._refused = False
+        self.request_method: bytes | None = None  # of the request being read; None before its request line
+
+    def start_next_cycle(self) -> None:
+        super().start_next_cycle()
+        self.request_method = None
+
+    def next_event(self) -> Any:
+        if self._refused:  # the connection is closing: nothing more is read from it
+            return h11.NEED_DATA
+        try:
+            event = super().next_event()
+        except h11.RemoteProtocolError as exc:
+            return self._refusal(exc.error_status_hint, str(exc))
+        if isinstance(event, h11.Request):
+            self.request_method = event.method
+            if has_two_framings(event):
+                return self._refusal(400, "a request may not have both Content-Length and Transfer-Encoding")
+            self._on_request()
+        return event
+
+    def _refusal(self, status: int, reason: str) -> Any:
+        self._refused = True
+        self._refuse(status, reason[:REASON_CHARS])
+        return h11.NEED_DATA  # uvicorn stops reading events
+
+
+def has_two_framings(request: h11.Request) -> bool:
+    names = {name for name, _ in request.headers}  # h11 lower-cases them
+    return b"content-length" in names and b"transfer-encoding" in names
+
+
+def refusal_bytes(conn: GuardedConnection, status: int, reason: str) -> bytes:
+    """A whole response refusing the request, in OpenAI's error shape (its length only, to a HEAD request),
+    that closes the connection."""
+    code = STATUS_CODES.get(status, "invalid_argument")
+    error = ErrorBody(message=f"malformed HTTP request: {reason}", type="invalid_request_error", code=code)
+    body = ErrorResponse(error=error).model_dump_json().encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+    response = h11.Response(status_code=status, headers=headers, reason=STATUS_PHRASES[status])
+    events = [response] if conn.request_method == b"HEAD" else [response, h11.Data(data=body)]
+    return b"".join(conn.send(event) or b"" for event in [*events, h11.EndOfMessage()])
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for request headers and quiet refusals (the module's docstring)."""
+
+    def __init__(self, *args: Any, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.header_timeout_s = header_timeout_s
+        self.header_deadline = self.loop.time() + header_timeout_s  # made at the accept, before any TLS handshake
+        self.header_timer: asyncio.TimerHandle | None = None
+        max_header_bytes = self.config.h11_max_incomplete_event_size  # None: h11's default, as uvicorn takes it
+        self.conn = GuardedConnection(self.refuse, self.disarm_header_timer, max_header_bytes)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.arm_header_timer(self.header_deadline)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.disarm_header_timer()
+        super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        if not self.transport.is_closing():  # armed first: a pipelined request parsed by super() disarms it
+            self.arm_header_timer(self.loop.time() + self.header_timeout_s)
+        super().on_response_complete()
+
+    def arm_header_timer(self, deadline: float) -> None:
+        self.disarm_header_timer()
+        self.header_timer = self.loop.call_at(deadline, self.headers_overdue)
+
+    def disarm_header_timer(self) -> None:
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
+
+    def headers_overdue(self) -> None:
+        self.header_timer = None
+        if not self.transport.is_closing():
+            log.debug("%s: no request headers within %s s; connection closed", self.peer(), self.header_timeout_s)
+            self.transport.close()
+
+    def refuse(self, status: int, reason: str) -> None:
+        """Answer a request h11 cannot frame (unless a response is already under way) and close the connection.
+        The app, if it runs this request, sees a disconnect: its own answer would break the framing."""
+        log.debug("%s: refused a malformed HTTP request (%d): %s", self.peer(), status, reason)
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            self.transport.write(refusal_bytes(self.conn, status, reason))
+        self.transport.close()
+
+    def peer(self) -> str:
+        return f"{self.client[0]}:{self.client[1]}" if self.client else "unknown peer"
+
+
+class HandshakeBoundLoop(asyncio.SelectorEventLoop):
+    """asyncio's loop whose TLS servers give a handshake `handshake_timeout_s` (uvicorn passes no timeout)."""
+
+    def __init__(self, handshake_timeout_s: float) -> None:
+        super().__init__()
+        self.handshake_timeout_s = handshake_timeout_s
+
+    async def create_server(self, *args: Any, **kwargs: Any) -> asyncio.Server:  # type: ignore[override]
+        if kwargs.get("ssl") is not None:
+            kwargs.setdefault("ssl_handshake_timeout", self.handshake_timeout_s)
+        return await super().create_server(*args, **kwargs)
+
+
+def guarded_protocol(header_timeout_s: float) -> Callable[..., GuardedH11Protocol]:
+    """uvicorn's `http` protocol factory (it takes any callable)."""
+    return partial(GuardedH11Protocol, header_timeout_s=header_timeout_s)
+
+
+def serve(server: uvicorn.Server, sock: socket.socket, header_timeout_s: float) -> None:
+    """Run `server` on `sock` until it exits (as `Server.run`, on a loop that bounds TLS handshakes)."""
+    with asyncio.Runner(loop_factory=partial(HandshakeBoundLoop, header_timeout_s)) as runner:
+        runner.run(server.serve(sockets=[sock]))

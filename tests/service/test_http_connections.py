@@ -1,0 +1,334 @@
+"""The HTTP API's connections, probed with raw sockets as an attacker meets them (coordinator.http_transport):
+a request with two framings is refused and its connection closed (no smuggled second request), a malformed
+request is one quiet refusal (no warning, no traceback), and a connection that does not send a request's
+headers in time, its TLS handshake included, is closed, while a request in flight is not.
+
+No model is loaded: stand-in orchestrators. Waits are bounded reads that must see the server close the
+connection: the servers here give headers half a second, so a closed connection means its deadline passed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import socket
+import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import pytest
+
+import coordinator.__main__ as coordinator_cli
+from calispec_core.access import ApiKeys, key_line, new_api_key
+from calispec_core.credentials import TlsConfig
+from calispec_core.generation import Defaults
+from calispec_tools.certs import DevCerts, make_dev_certs
+from coordinator.config import HTTP_HEADER_TIMEOUT_S, CoordinatorConfig
+from coordinator.engine import Orchestrator
+from coordinator.openai_api import ApiSettings, create_app, serve_http, start_http_server
+from tests.service.test_http_metrics import ScriptedOrchestrator
+
+MODEL = "tiny-chat"
+HEADER_TIMEOUT_S = 0.5  # the servers' deadline for request headers here
+CLOSE_WAIT_S = 5.0  # how long a test waits for the server to close a connection: 10 deadlines, half the default
+UNKNOWN_MODEL_BODY = b'{"model": "gpt-9", "prompt": ""}'  # parsed, it is a 404
+
+
+@dataclass(frozen=True)
+class Served:
+    port: int
+    key: str | None
+
+
+@contextmanager
+def served(
+    tmp_path: Path | None = None, orchestrator: ScriptedOrchestrator | None = None, tls: TlsConfig | None = None
+) -> Iterator[Served]:
+    """The HTTP API on a free port with a short header deadline; with one API key when given a directory."""
+    key, keys = None, None
+    if tmp_path is not None:
+        key = new_api_key()
+        (tmp_path / "keys").write_text(key_line("alice", key))
+        keys = ApiKeys(tmp_path / "keys")
+    settings = ApiSettings(MODEL, Defaults(), 60, keys, max_body_bytes=4096)
+    app = create_app(cast(Orchestrator, orchestrator or ScriptedOrchestrator()), settings)
+    server = start_http_server(app, "127.0.0.1", 0, tls, header_timeout_s=HEADER_TIMEOUT_S)
+    try:
+        yield Served(server.port, key)
+    finally:
+        server.stop()  # after its requests' tasks: whatever they log is logged by then
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> DevCerts:
+    return make_dev_certs(tmp_path_factory.mktemp("certs"))
+
+
+@contextmanager
+def captured_logs() -> Iterator[list[logging.LogRecord]]:
+    """Every record from here on: the root's and uvicorn's (which does not propagate; call this once the
+    server is up, as uvicorn's logging setup drops other handlers), the transport's debug lines included."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    transport = logging.getLogger("coordinator.http_transport")
+    level = transport.level
+    transport.setLevel(logging.DEBUG)
+    loggers = [logging.getLogger(), logging.getLogger("uvicorn")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+        transport.setLevel(level)
+
+
+def connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=CLOSE_WAIT_S)
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """All the server sends until it closes the connection; fails the test if it keeps it open."""
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except TimeoutError:
+        pytest.fail(f"the server kept the connection open for {CLOSE_WAIT_S} s (received {data[:200]!r})")
+    return data
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One whole response whose body is JSON, however the reads split it (the connection stays open)."""
+    data = sock.recv(65536)
+    while not data.endswith(b"}}"):
+        data += sock.recv(65536)
+    return data
+
+
+def exchange(port: int, data: bytes) -> bytes:
+    with connect(port) as sock:
+        sock.sendall(data)
+        return read_until_closed(sock)
+
+
+def statuses(data: bytes) -> list[int]:
+    return [int(status) for status in re.findall(rb"(?m)^HTTP/1\.1 (\d{3}) ", data)]
+
+
+def only_response(data: bytes) -> tuple[int, dict[str, str], dict[str, Any]]:
+    """The status, headers and JSON body of the one response in `data`."""
+    assert len(statuses(data)) == 1, data
+    head, body = data.split(b"\r\n\r\n", 1)
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return statuses(data)[0], headers, json.loads(body)
+
+
+def chunked(body: bytes) -> bytes:
+    return b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+
+
+def request_head(method: str, path: str, *headers: str) -> bytes:
+    return "\r\n".join([f"{method} {path} HTTP/1.1", "Host: calispec", *headers, "", ""]).encode()
+
+
+def assert_refused(data: bytes, status: int, reason: str) -> None:
+    """One response, `status` in OpenAI's error shape, that closes the connection."""
+    got, headers, body = only_response(data)
+    assert got == status and headers["connection"] == "close"
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["type"] == "invalid_request_error" and reason in body["error"]["message"]
+
+
+def warnings_and_worse(records: list[logging.LogRecord]) -> list[str]:
+    return [f"{r.name} {r.levelname}: {r.getMessage()}" for r in records if r.levelno >= logging.WARNING]
+
+
+# -- two framings: refused, and the connection closed ----------------------------------------------------
+
+TWO_FRAMINGS = [
+    request_head(
+        "POST", "/v1/completions", "Content-Type: application/json", "Content-Length: 4", "Transfer-Encoding: chunked"
+    ),
+    request_head("GET", "/health", "Content-Length: 4", "Transfer-Encoding: chunked"),
+    request_head(
+        "OPTIONS", "/v1/completions", "Origin: http://localhost:3000", "Content-Length: 4", "Transfer-Encoding: chunked"
+    ),
+]
+
+
+@pytest.mark.parametrize("head", TWO_FRAMINGS, ids=["completions", "health", "preflight"])
+def test_a_request_with_both_lengths_is_refused_and_its_connection_closed(head: bytes) -> None:
+    """uvicorn took such a request by its chunks and kept the connection: a proxy in front that frames it by
+    Content-Length would send the rest of the chunked body, here a whole second request, as a request of
+    its own. Refused before any route or middleware (a CORS preflight is answered before the API's guard)."""
+    smuggled = request_head("GET", "/v1/models")
+    with served() as server:
+        data = exchange(server.port, head + chunked(UNKNOWN_MODEL_BODY) + smuggled)
+    assert_refused(data, 400, "both Content-Length and Transfer-Encoding")
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        request_head("HEAD", "/health", "Content-Length: 4", "Transfer-Encoding: chunked") + b"0\r\n\r\n",
+        request_head("HEAD", "/health", "Transfer-Encoding: chunked") + b"zz\r\n\r\n",
+    ],
+    ids=["two-framings", "bad-chunk"],
+)
+def test_a_head_request_is_refused_without_a_body(sent: bytes) -> None:
+    """h11 forbids a body in the answer to HEAD: sending one broke the connection with an asyncio traceback."""
+    with served() as server, captured_logs() as records:
+        data = exchange(server.port, sent)
+    assert statuses(data) == [400] and data.endswith(b"\r\n\r\n") and b"connection: close" in data
+    assert warnings_and_worse(records) == []
+
+
+def test_a_refusal_after_a_head_request_on_the_same_connection_has_its_body() -> None:
+    with served() as server, captured_logs() as records:
+        data = exchange(server.port, request_head("HEAD", "/health") + b"\x16\x03\x01 not http\r\n\r\n")
+    assert statuses(data) == [405, 400] and data.endswith(b"}}")  # /health is GET only
+    assert warnings_and_worse(records) == []
+
+
+# -- malformed requests: one quiet refusal --------------------------------------------------------------
+
+BAD_CHUNK = b"zz\r\n{}\r\n0\r\n\r\n"
+
+
+def test_a_malformed_body_the_app_would_refuse_unread_is_one_quiet_400(tmp_path: Path) -> None:
+    """The API answers a request without a key at once (401); uvicorn refused the malformed chunk after it
+    (400), and the API's 401 then broke h11's state: 'unhandled error' and 'Exception in ASGI application',
+    each with a traceback, plus a warning, for one unauthenticated request. Now: a 400, one debug line."""
+    with served(tmp_path) as server, captured_logs() as records:
+        data = exchange(server.port, request_head("GET", "/v1/models", "Transfer-Encoding: chunked") + BAD_CHUNK)
+    assert_refused(data, 400, "illegal chunk header")
+    assert warnings_and_worse(records) == []
+    assert [r.levelno for r in records if r.name == "coordinator.http_transport"] == [logging.DEBUG]
+
+
+def test_a_malformed_body_after_the_answer_closes_the_connection_quietly(tmp_path: Path) -> None:
+    """The 401 is out before the malformed chunk arrives: no second answer can be sent, so the connection is
+    closed. uvicorn tried its 400 anyway, and h11's refusal killed the connection with an asyncio traceback."""
+    head = request_head("POST", "/v1/completions", "Content-Type: application/json", "Transfer-Encoding: chunked")
+    with served(tmp_path) as server, captured_logs() as records, connect(server.port) as sock:
+        sock.sendall(head)
+        answer = read_response(sock)
+        sock.sendall(BAD_CHUNK)
+        assert read_until_closed(sock) == b""
+    assert statuses(answer) == [401]
+    assert warnings_and_worse(records) == []
+
+
+@pytest.mark.parametrize(
+    ("data", "status", "reason"),
+    [
+        (b"\x16\x03\x01 not http\r\n\r\n", 400, "illegal request line"),
+        (request_head("GET", "/v1/models", "Transfer-Encoding: gzip, chunked"), 501, "Transfer-Encoding"),
+        (b"GET /v1/models HTTP/1.1\r\nHost: calispec\r\nX-Padding: " + b"a" * 20_000, 431, "Receive buffer too long"),
+    ],
+    ids=["request-line", "transfer-coding", "headers-too-large"],
+)
+def test_a_malformed_request_is_refused_in_openais_shape_without_a_warning(
+    data: bytes, status: int, reason: str
+) -> None:
+    """uvicorn answered each with a text/plain 400 and a warning in the log; the status is now h11's hint."""
+    with served() as server, captured_logs() as records:
+        reply = exchange(server.port, data)
+    assert_refused(reply, status, reason)
+    assert warnings_and_worse(records) == []
+
+
+# -- a deadline for request headers -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [b"", request_head("GET", "/v1/models")[:-2], b"POST /v1/comp"],
+    ids=["nothing", "all-but-the-blank-line", "half-a-request-line"],
+)
+def test_a_connection_without_request_headers_is_closed_at_the_deadline(sent: bytes) -> None:
+    """uvicorn armed no timer before a connection's first request: each such connection stayed open."""
+    with served() as server, connect(server.port) as sock:
+        sock.sendall(sent)
+        assert read_until_closed(sock) == b""
+
+
+def test_the_next_request_on_a_kept_alive_connection_has_the_deadline_too() -> None:
+    """Its first bytes stop uvicorn's keep-alive timer; nothing else bounded the rest of its headers."""
+    with served() as server, connect(server.port) as sock:
+        sock.sendall(request_head("GET", "/health"))
+        first = sock.recv(65536)
+        sock.sendall(b"GET /health HTTP/1.1\r\n")
+        rest = read_until_closed(sock)
+    assert statuses(first + rest) == [200]
+
+
+def test_a_body_left_unread_after_a_refusal_has_the_deadline_too(tmp_path: Path) -> None:
+    """After a 401 sent before its body was read, the body's bytes, trickled, stopped uvicorn's keep-alive
+    timer each time: the connection stayed open for as long as they came."""
+    head = request_head("POST", "/v1/completions", "Content-Type: application/json", "Content-Length: 100000")
+    with served(tmp_path) as server, connect(server.port) as sock:
+        sock.sendall(head + b"{")
+        answer = read_response(sock)
+        sock.sendall(b" ")
+        assert read_until_closed(sock) == b""
+    assert statuses(answer) == [401]
+
+
+def test_a_tls_connection_that_never_shakes_hands_is_closed_at_the_deadline(certs: DevCerts) -> None:
+    """uvicorn gave a TLS handshake asyncio's default, 60 s."""
+    with served(tls=certs.tls("coordinator")) as server, connect(server.port) as sock:
+        assert read_until_closed(sock) == b""
+
+
+def test_a_tls_connection_without_request_headers_is_closed_at_the_deadline(certs: DevCerts) -> None:
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    with served(tls=certs.tls("coordinator")) as server:
+        with context.wrap_socket(connect(server.port), server_hostname="localhost") as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\n")
+            assert read_until_closed(sock) == b""
+        with context.wrap_socket(connect(server.port), server_hostname="localhost") as sock:  # in time: served
+            sock.sendall(request_head("GET", "/health", "Connection: close"))
+            assert statuses(read_until_closed(sock)) == [200]
+
+
+def test_a_request_in_flight_outlives_the_header_deadline() -> None:
+    """The deadline covers the headers only: a stream that runs past it is not cut. Another connection, opened
+    once the stream is under way and closed at its own deadline, shows that the stream's has passed."""
+    orchestrator = ScriptedOrchestrator(held=True)
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "stream": True}
+    with served(orchestrator=orchestrator) as server:
+        url = f"http://127.0.0.1:{server.port}/v1/completions"
+        with httpx.stream("POST", url, json=body, timeout=CLOSE_WAIT_S) as stream:
+            lines = stream.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            with connect(server.port) as idle:
+                assert read_until_closed(idle) == b""
+            orchestrator.release.set()
+            rest = [line for line in lines if line.startswith("data: ")]
+    assert json.loads(first.removeprefix("data: "))["choices"][0]["text"] == "a"
+    assert rest[-1] == "data: [DONE]"
+
+
+def test_the_coordinator_serves_http_with_its_header_deadline(tmp_path: Path) -> None:
+    config = CoordinatorConfig("d:1", ("t:1",), tmp_path / MODEL, http_port=0, http_header_timeout_s=HEADER_TIMEOUT_S)
+    server = serve_http(cast(Orchestrator, ScriptedOrchestrator()), config, None, None)
+    try:
+        with connect(server.port) as sock:
+            assert read_until_closed(sock) == b""
+    finally:
+        server.stop()
+
+
+def test_the_coordinator_cli_takes_the_header_deadline() -> None:
+    base = ["--draft-addr", "d:1", "--target-addr", "t:1", "--tokenizer", "t"]
+    assert coordinator_cli.parse_config([*base, "--http-header-timeout", "2.5"])[0].http_header_timeout_s == 2.5
+    assert coordinator_cli.parse_config(base)[0].http_header_timeout_s == HTTP_HEADER_TIMEOUT_S
