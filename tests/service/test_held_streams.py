@@ -78,7 +78,8 @@ def test_a_watch_client_that_never_reads_stalls_no_health_check(ports: Ports) ->
     probes too: restarts). Watch streams now send from threads of their own, under no lock."""
     never_reads = [("grpc.http2.lookahead_bytes", 0), ("grpc.http2.bdp_probe", 0)]  # its stream window stays 0
     with grpc.insecure_channel(ports.health, options=never_reads) as channel:
-        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=DEADLINE_S)
+        # outlives the Checks' deadline: its own ending must not be what frees a stalled Check
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=4 * DEADLINE_S)
         try:
             watch.initial_metadata()  # sent with the first answer: the server is in that send now
             assert _check(ports.health) == SERVING
