@@ -4,7 +4,7 @@ Used by `calispec up`, `calispec demo` and the end-to-end tests. Each service pr
 readiness line (`<name> listening on HOST:PORT ...`) once it serves; ports may be 0, and
 the bound port is read from that line.
 
-A stack owns its log directory while it runs (`stack.lock` there): a second stack given the same
+A stack owns its log directory while it runs (`logs.lock` there): a second stack given the same
 one is refused before it starts anything, so two stacks never write one log. Each start moves the
 previous run's logs aside (`<service>.log.1` ... `.3`, the oldest dropped).
 """
@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 BANNER = re.compile(r"^(\w+) listening on (\S+):(\d+)")
 HTTP_URL = re.compile(r"(https?://\S+/v1)")  # the coordinator's banner names its OpenAI-compatible API
 METRICS_BANNER = re.compile(r"^(\w+) metrics on (\S+)")
+# not stack_state's `stack.lock`: `up --log-dir` on the user data dir would then take the lock it already holds
+LOG_DIR_LOCK = "logs.lock"
 LOG_BACKUPS = 3  # a service's logs of earlier runs kept beside this run's: <name>.log.1 (the last run) ... .3
 
 
@@ -178,7 +180,7 @@ def claim_log_dir(log_dir: Path) -> StackLock:
     """The log directory's lock, taken; a directory a live stack holds is a one-line usage error naming it."""
     try:
         with user_path():
-            return StackLock(log_dir / "stack.lock").acquire()
+            return StackLock(log_dir / LOG_DIR_LOCK).acquire()
     except StackBusy as busy:
         line = (
             f"{log_dir} is the log directory of a running stack ({busy.holder or 'pid unknown'}): "

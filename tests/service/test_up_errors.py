@@ -16,6 +16,7 @@ import pytest
 
 from calispec_tools import cli
 from calispec_tools.stack import (
+    LOG_DIR_LOCK,
     LocalStack,
     ServiceProcess,
     ServiceStartError,
@@ -102,14 +103,14 @@ def test_a_second_stack_on_a_running_stacks_log_dir_is_refused_before_it_writes_
     logs.mkdir()
     running = logs / "memory_service.log"
     running.write_text("memory_service listening on 127.0.0.1:50053 (the running stack's)\n")
-    with StackLock(logs / "stack.lock") as held:  # what the running stack holds, naming what it serves
+    with StackLock(logs / LOG_DIR_LOCK) as held:  # what the running stack holds, naming what it serves
         held.describe({"coordinator": "127.0.0.1:50050", "memory_service": "127.0.0.1:50053"})
         config = StackConfig(tmp_path / "d", tmp_path / "t", tmp_path / "memory.db", logs, memory_port=0)
         stack = LocalStack(config)
         with pytest.raises(StackStartError) as refused:
             stack.start()
     assert running.read_text() == "memory_service listening on 127.0.0.1:50053 (the running stack's)\n"
-    assert sorted(p.name for p in logs.iterdir()) == ["memory_service.log", "stack.lock"] and stack.services == {}
+    assert sorted(p.name for p in logs.iterdir()) == ["logs.lock", "memory_service.log"] and stack.services == {}
     line = refused.value.line
     assert "\n" not in line and line.startswith(f"{logs} is the log directory of a running stack (pid {os.getpid()}:")
     assert "coordinator 127.0.0.1:50050" in line and "`calispec down`" in line and "--log-dir" in line
@@ -179,3 +180,12 @@ def test_ctrl_c_while_the_stack_starts_stops_what_started_and_exits_130(
     assert capsys.readouterr().err.endswith(f"calispec {command}: interrupted (every service it started is stopped)\n")
     assert [s.name for s in started] == ["memory_service"]
     assert started[0].process.poll() is not None  # stopped, not left serving in its own session
+
+
+def test_up_may_keep_its_logs_beside_its_state_file(tmp_path: Path) -> None:
+    """`up --log-dir` on the user data dir: the log directory's lock was `stack.lock`, the file `up` itself
+    holds beside stack.json there, and the stack refused to start, naming its own pid."""
+    from calispec_tools.stack_state import claim_up
+
+    with claim_up(tmp_path / "stack.json"):
+        claim_log_dir(tmp_path).release()
