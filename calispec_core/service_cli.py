@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+import stat
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -73,6 +74,19 @@ def tls_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     return tls
 
 
+class StdinPipeFlag(argparse.Action):
+    """--stop-when-stdin-closes: only with a pipe on standard input (a terminal never ends, /dev/null at once)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, *_: object) -> None:
+        try:
+            is_pipe = stat.S_ISFIFO(os.fstat(0).st_mode)
+        except OSError:  # fd 0 closed
+            is_pipe = False
+        if not is_pipe:
+            parser.error(f"{self.option_strings[0]} needs a pipe on standard input (the launcher holds its other end)")
+        setattr(namespace, self.dest, True)
+
+
 def add_operations_args(parser: argparse.ArgumentParser) -> None:
     """--metrics-port and --drain-timeout-s, the same for every service."""
     parser.add_argument(
@@ -89,7 +103,9 @@ def add_operations_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--stop-when-stdin-closes",
-        action="store_true",
+        action=StdinPipeFlag,
+        nargs=0,
+        default=False,
         help="drain and stop, as on SIGTERM, when standard input reaches its end: a launcher holding the pipe "
         "(calispec up, demo) takes its services with it however it ends, SIGKILL included",
     )
@@ -206,7 +222,10 @@ def stop_on_signals(stdin_closes: bool = False) -> threading.Event:
 def _set_at_stdin_end(stop: threading.Event) -> None:
     """Read standard input to its end (what is written there is ignored), then set `stop`. The raw fd, not
     sys.stdin: a daemon thread blocked in a buffered read aborts the interpreter's shutdown (SIGABRT)."""
-    while os.read(0, 4096):
+    try:
+        while os.read(0, 4096):
+            pass
+    except OSError:  # fd 0 closed under us: no launcher left to watch either
         pass
     log.info("standard input closed (the launcher is gone), shutting down")
     stop.set()

@@ -90,3 +90,12 @@ def test_sigterm_with_stdin_still_open_stops_cleanly(tmp_path: Path) -> None:
         proc.wait(timeout=60)
         err = proc.stderr.read() if proc.stderr else ""
     assert proc.returncode == 0, err
+
+
+def test_the_flag_needs_a_pipe_on_stdin(tmp_path: Path) -> None:
+    # /dev/null (a unit file copying the stack's command line) stopped the service at once; a closed fd 0
+    # killed the watch thread with a traceback and the service never stopped on its own
+    argv = [sys.executable, "-m", "memory_service", *MEMORY, "--db", str(tmp_path / "m.db"), "--stop-when-stdin-closes"]
+    done = subprocess.run(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--stop-when-stdin-closes needs a pipe on standard input" in done.stderr
