@@ -14,7 +14,6 @@ second one is refused (`StackLock`; a local stack holds the same kind of lock on
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -22,8 +21,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import platformdirs
+
+from calispec_core.holder_lock import HeldElsewhere, HolderFile, read_record
 
 _kill = os.kill  # stop_stack's signal (the tests replace it, not os.kill)
 
@@ -142,50 +144,37 @@ class StackBusy(RuntimeError):
 
 
 class StackLock:
-    """An exclusive `flock` on a file that names its holder (JSON): one stack per log directory, one
-    `calispec up` per user. The kernel drops it when the holder's process ends, however it ends, so a crashed
-    stack's lock is simply taken over (its file stays, naming a dead pid). Not inherited by the services."""
+    """An exclusive `flock` on a file that names its holder (calispec_core/holder_lock.py): one stack per log
+    directory, one `calispec up` per user. A crashed stack's lock is simply taken over (its file stays, naming a
+    dead pid). Not inherited by the services."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._fd: int | None = None
+        self._file: HolderFile | None = None
 
     def acquire(self) -> StackLock:
         """Take the lock at once, or raise StackBusy naming the live holder (OSError: the path is unusable)."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise StackBusy(self.path, holder) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
+            self._file = HolderFile.take(self.path)
+        except HeldElsewhere as held:
+            raise StackBusy(self.path, _holder(held.record)) from None
         self.describe({})
         return self
 
     def describe(self, addresses: dict[str, str]) -> None:
         """Name this process, and what it serves, for whoever finds the lock taken (or `calispec down`)."""
-        assert self._fd is not None, "describe() needs the lock"
+        assert self._file is not None, "describe() needs the lock"
         me = os.getpid()
-        data = json.dumps(asdict(Holder(me, process_start_time(me), addresses))).encode()
-        os.pwrite(self._fd, data, 0)  # then cut: a reader never sees an empty file (it reads the first JSON value)
-        os.ftruncate(self._fd, len(data))
+        self._file.write(asdict(Holder(me, process_start_time(me), addresses)))
 
     def release(self) -> None:
         """Empty the file (a live pid in it would still look like a holder) and drop the lock."""
-        if self._fd is None:
-            return
-        try:
-            os.ftruncate(self._fd, 0)
-        finally:
-            os.close(self._fd)
-            self._fd = None
+        if self._file is not None:
+            self._file.release()
+            self._file = None
 
     def __enter__(self) -> StackLock:
-        return self if self._fd is not None else self.acquire()
+        return self if self._file is not None else self.acquire()
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.release()
@@ -210,15 +199,14 @@ def starting_stack(path: Path | None = None) -> Holder | None:
     except OSError:
         return None
     try:
-        holder = _read_holder(fd)
+        holder = _holder(read_record(fd))
     finally:
         os.close(fd)
     return holder if holder is not None and _alive(holder.pid, holder.started) else None
 
 
-def _read_holder(fd: int) -> Holder | None:
+def _holder(record: dict[str, Any] | None) -> Holder | None:
     try:
-        data, _ = json.JSONDecoder().raw_decode(os.pread(fd, 1 << 16, 0).decode())
-        return Holder(**data)
-    except (OSError, ValueError, TypeError):
+        return Holder(**record) if record is not None else None
+    except TypeError:
         return None

@@ -9,26 +9,25 @@ stored version went 30 -> 21), a vocabulary one declared is not enforced by the 
 with --half-life each halves the counts on its own clock (1024 -> 256 in one half-life, not
 512). So a second service is refused at start-up, naming the holder.
 
-`flock` belongs to the open file description: the kernel drops it when the holder's process
-ends, however it ends (SIGKILL, OOM), so a crashed service's lock is simply taken by the next
-one, with nothing to clean up. The file names its holder (JSON: pid, host, address) only for
-the error line; the lock itself is what counts. A sibling file rather than the database: SQLite
-takes its own (POSIX) locks on the database, and its directory must be writable anyway (WAL).
+The lock is calispec_core/holder_lock.py's: the kernel drops it when the holder's process ends,
+however it ends (SIGKILL, OOM), so a crashed service's lock is simply taken by the next one, with
+nothing to clean up. The file names its holder (JSON: pid, host, address) only for the error line.
+A sibling file rather than the database: SQLite takes its own (POSIX) locks on the database, and
+its directory must be writable anyway (WAL).
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from calispec_core.errors import FailedPrecondition
+from calispec_core.holder_lock import HeldElsewhere, HolderFile
 
 IN_MEMORY = ":memory:"  # SQLite's private in-memory database: nothing on disk to share, nothing to lock
-MAX_HOLDER_BYTES = 4096
 
 
 class DatabaseInUse(FailedPrecondition):
@@ -55,9 +54,9 @@ def lock_path(db_path: Path) -> Path:
 class DatabaseLock:
     """The held lock of one database file; `release()` (or the process's end) lets it go."""
 
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path = path
-        self._fd: int | None = fd
+    def __init__(self, file: HolderFile) -> None:
+        self.path = file.path
+        self._file = file
 
     @classmethod
     def take(cls, db_path: Path) -> DatabaseLock | None:
@@ -67,49 +66,33 @@ class DatabaseLock:
             return None
         path = lock_path(db_path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise DatabaseInUse(_in_use_message(db_path, path, holder)) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        lock = cls(path, fd)
+            file = HolderFile.take(path, mode=0o644)
+        except HeldElsewhere as held:
+            raise DatabaseInUse(_in_use_message(db_path, path, _holder(held.record))) from None
+        lock = cls(file)
         lock.describe("")
         return lock
 
     def describe(self, address: str) -> None:
         """Name this process (and what it serves) in the file, for a second service refused the lock."""
-        if self._fd is None:
-            return
-        data = json.dumps(asdict(Holder(os.getpid(), socket.gethostname(), address))).encode()
-        os.pwrite(self._fd, data, 0)  # then cut: a reader never finds the file empty between the two
-        os.ftruncate(self._fd, len(data))
+        if self._file.held:
+            self._file.write(asdict(Holder(os.getpid(), socket.gethostname(), address)))
 
     def release(self) -> None:
         """Empty the file (a stale pid in it would mislead) and drop the lock; idempotent."""
-        if self._fd is None:
-            return
-        try:
-            os.ftruncate(self._fd, 0)
-        finally:
-            os.close(self._fd)  # the last reference to the open file description: the lock goes with it
-            self._fd = None
+        self._file.release()
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._file.held
 
 
-def _read_holder(fd: int) -> Holder | None:
+def _holder(record: dict[str, Any] | None) -> Holder | None:
     """The holder the file names; None while it has not written it yet, or for a file that is not ours."""
     try:
-        data = json.loads(os.pread(fd, MAX_HOLDER_BYTES, 0).decode())
-        return Holder(int(data["pid"]), str(data["host"]), str(data.get("address", "")))
-    except (OSError, ValueError, TypeError, KeyError):
+        return Holder(int(record["pid"]), str(record["host"]), str(record.get("address", ""))) if record else None
+    except (ValueError, TypeError, KeyError):
         return None
 
 
