@@ -14,6 +14,7 @@ import grpc
 import pytest
 import torch
 
+from calispec_core.access import ApiKeys, key_line, new_api_key
 from calispec_core.modeling import ModelRunner
 
 T = TypeVar("T")
@@ -65,3 +66,13 @@ def spawn_memory_service(
     )  # fmt: skip
     assert proc.stdout is not None
     return proc, proc.stdout.readline()  # blocks until the server listens (or the process dies: "")
+
+
+def one_api_key(directory: Path | None) -> tuple[str | None, ApiKeys | None]:
+    """A fresh API key for caller "alice" in `directory`/keys, and the keys file read back; (None, None)
+    without a directory (an API open to all)."""
+    if directory is None:
+        return None, None
+    key = new_api_key()
+    (directory / "keys").write_text(key_line("alice", key))
+    return key, ApiKeys(directory / "keys")

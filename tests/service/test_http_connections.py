@@ -23,13 +23,13 @@ import httpx
 import pytest
 
 import coordinator.__main__ as coordinator_cli
-from calispec_core.access import ApiKeys, key_line, new_api_key
 from calispec_core.credentials import TlsConfig
 from calispec_core.generation import Defaults
 from calispec_tools.certs import DevCerts, make_dev_certs
 from coordinator.config import HTTP_HEADER_TIMEOUT_S, CoordinatorConfig
 from coordinator.engine import Orchestrator
 from coordinator.openai_api import ApiSettings, create_app, serve_http, start_http_server
+from tests.helpers import one_api_key
 from tests.service.test_http_metrics import ScriptedOrchestrator
 
 MODEL = "tiny-chat"
@@ -49,11 +49,7 @@ def served(
     tmp_path: Path | None = None, orchestrator: ScriptedOrchestrator | None = None, tls: TlsConfig | None = None
 ) -> Iterator[Served]:
     """The HTTP API on a free port with a short header deadline; with one API key when given a directory."""
-    key, keys = None, None
-    if tmp_path is not None:
-        key = new_api_key()
-        (tmp_path / "keys").write_text(key_line("alice", key))
-        keys = ApiKeys(tmp_path / "keys")
+    key, keys = one_api_key(tmp_path)
     settings = ApiSettings(MODEL, Defaults(), 60, keys, max_body_bytes=4096)
     app = create_app(cast(Orchestrator, orchestrator or ScriptedOrchestrator()), settings)
     server = start_http_server(app, "127.0.0.1", 0, tls, header_timeout_s=HEADER_TIMEOUT_S)

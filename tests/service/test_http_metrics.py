@@ -21,12 +21,13 @@ from typing import Any, cast
 import httpx
 
 from calispec.types import FinishReason, GenerationStats
-from calispec_core.access import ApiKeys, Quota, QuotaBook, key_line, new_api_key
+from calispec_core.access import Quota, QuotaBook
 from calispec_core.generation import Defaults
 from calispec_core.metrics import new_registry
 from coordinator.engine import Chunk, Orchestrator
 from coordinator.metrics import HTTP_METHODS, OTHER_METHOD, CoordinatorMetrics
 from coordinator.openai_api import ApiSettings, create_app, start_http_server
+from tests.helpers import one_api_key
 
 MODEL = "tiny-chat"
 LIMIT = 4096
@@ -90,11 +91,7 @@ def served(
     allowed_origins: tuple[str, ...] = (),
 ) -> Iterator[Served]:
     """The HTTP API on a free port, with a registry of its own; with one API key when given a directory."""
-    key, keys = None, None
-    if tmp_path is not None:
-        key = new_api_key()
-        (tmp_path / "keys").write_text(key_line("alice", key))
-        keys = ApiKeys(tmp_path / "keys")
+    key, keys = one_api_key(tmp_path)
     metrics = CoordinatorMetrics(new_registry())
     settings = ApiSettings(
         MODEL, Defaults(), 60, keys, quotas, metrics, max_body_bytes=LIMIT, allowed_origins=allowed_origins

@@ -22,7 +22,6 @@ import pytest
 
 import coordinator.__main__ as coordinator_cli
 import coordinator.openai_api as openai_api
-from calispec_core.access import ApiKeys, key_line, new_api_key
 from calispec_core.generation import Defaults
 from calispec_core.limits import MAX_PROMPT_CHARS, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 from calispec_core.observability import DrainGate
@@ -30,6 +29,7 @@ from coordinator.chat import MAX_CHAT_MESSAGES
 from coordinator.config import HTTP_MAX_BODY_BYTES
 from coordinator.engine import Orchestrator
 from coordinator.openai_api import ApiSettings, create_app, start_http_server
+from tests.helpers import one_api_key
 from tests.service.conftest import Coordinator
 
 MODEL = "tiny-chat"
@@ -70,11 +70,7 @@ def served(
     allowed_origins: tuple[str, ...] = (),
 ) -> Iterator[Served]:
     """The HTTP API on a free port; with API keys (one, returned) when given a directory for the keys file."""
-    key, keys = None, None
-    if tmp_path is not None:
-        key = new_api_key()
-        (tmp_path / "keys").write_text(key_line("alice", key))
-        keys = ApiKeys(tmp_path / "keys")
+    key, keys = one_api_key(tmp_path)
     settings = ApiSettings(
         MODEL, Defaults(), 60, keys, gate=gate, max_body_bytes=max_body_bytes, allowed_origins=allowed_origins
     )
