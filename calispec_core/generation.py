@@ -17,7 +17,6 @@ from calispec_core.limits import (
     check_speculative_tokens,
     check_stop_strings,
 )
-from calispec_core.limits import require_unicode as require_unicode  # re-exported: the checks live there
 from calispec_core.limits import validate_prompt as validate_prompt
 from calispec_core.sampling import SamplingConfig
 

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from calispec_core.errors import require
-from calispec_core.limits import MAX_TEMPERATURE as MAX_TEMPERATURE  # re-exported: the limits live there
-from calispec_core.limits import MAX_TOP_K as MAX_TOP_K
 from calispec_core.limits import check_sampling
 
 # A positive temperature below MIN_TEMPERATURE means greedy: softmax(z / T) is one-hot there for any

@@ -18,7 +18,6 @@ from calispec_core import request_context
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError
-from calispec_core.interrupts import interrupt_exits_quietly as interrupt_exits_quietly  # re-exported: light
 from calispec_core.limits import (
     DEFAULT_PREFIX_CACHE_TOKENS,
     DTYPE_CHOICES,

@@ -13,8 +13,7 @@ from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from calispec_core.errors import InvalidArgument
-from calispec_core.generation import require_unicode
-from calispec_core.limits import MAX_PROMPT_CHARS
+from calispec_core.limits import MAX_PROMPT_CHARS, require_unicode
 
 ROLES = ("system", "user", "assistant")
 MAX_CHAT_MESSAGES = 1024
