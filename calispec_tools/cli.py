@@ -123,6 +123,7 @@ def stack_config(args: argparse.Namespace, ports: tuple[int, int, int, int]) -> 
         target_threads=args.target_threads,
         compute_lock=not args.no_compute_lock,
         calibration_file=None if args.no_calibration or args.draft else _shipped_file(args.pair),
+        meaning_guard=args.meaning_guard,
         default_tau=getattr(args, "default_tau", None),
         default_lambda=getattr(args, "default_lambda", None),
         log_level=args.log_level,
@@ -210,6 +211,7 @@ def add_model_flavour_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-calibration", action="store_true", help="do not seed a fresh memory with the pair's shipped calibration"
     )
+    cli_bench.add_meaning_guard_arg(parser)
 
 
 def add_request_args(parser: argparse.ArgumentParser, prompt_required: bool, with_prompt: bool = True) -> None:

@@ -51,6 +51,14 @@ def add_prefix_cache_arg(parser: argparse.ArgumentParser, when: str = "") -> Non
     )  # fmt: skip
 
 
+def add_meaning_guard_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-meaning-guard", dest="meaning_guard", action="store_false",
+        help="let CSD rescue draft tokens that change a numeral, an operator or a special token, as the paper does "
+        "(default: never; target_service/meaning_guard.py)",
+    )  # fmt: skip
+
+
 def add_target_args(parser: argparse.ArgumentParser, required: bool = True) -> argparse._MutuallyExclusiveGroup:
     """The coordinator to drive; returns the exclusive group naming it (required unless told otherwise)."""
     where = parser.add_mutually_exclusive_group(required=required)
@@ -71,6 +79,7 @@ def add_target_args(parser: argparse.ArgumentParser, required: bool = True) -> a
         help="with --address: the pair namespace (calispec_tools/namespaces.py)",
     )
     add_prefix_cache_arg(parser, "--local: ")
+    add_meaning_guard_arg(parser)
     parser.add_argument("--out", help="output directory (default: ./calispec-<command>-<time>)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
     add_client_auth_args(parser)
@@ -104,6 +113,7 @@ def local_stack(args: argparse.Namespace, namespace: str | None = None) -> Itera
             draft_dtype=served_draft_dtype(args),
             memory_sync_interval_s=0.2,  # rescues in a short run need the shared counts soon
             memory_namespace=namespace, prefix_cache_tokens=args.prefix_cache_tokens,
+            meaning_guard=args.meaning_guard,
         )  # fmt: skip
         print(f"starting a local stack (draft {draft}, target {target})...", file=sys.stderr)
         with LocalStack(config) as stack:

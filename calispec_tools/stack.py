@@ -131,6 +131,7 @@ class StackConfig:
     target_replicas: int = 1  # replica i > 0 is named `target_service:i` and listens on target_port + i (or 0)
     session_idle_ttl_s: float | None = None  # draft and target sessions; None: the services' default
     batch_gather_ms: float | None = None  # draft and target batchers (--batch-gather-ms); None: the default
+    meaning_guard: bool = True  # the target's CSD never rescues a changed numeral or operator (meaning_guard.py)
     compute_lock: bool = True  # on CPU the model services' forwards take turns (calispec_core/host_lock.py)
     metrics: bool = False  # serve /metrics on a free port per service (`calispec up` prints the URLs)
     log_level: str = "INFO"
@@ -326,7 +327,7 @@ class LocalStack:
             *_threads_args(service_threads(c)[1]),
             "--memory-addr", memory_address, "--memory-sync-interval", str(c.memory_sync_interval_s),
             "--memory-writer-token-file", str(self.writer_token_file), "--memory-namespace", self.memory_namespace,
-            *self.model_service_args(),
+            *self.model_service_args(), *([] if c.meaning_guard else ["--no-meaning-guard"]),
         ]  # fmt: skip
 
     def csd_default_args(self) -> list[str]:

@@ -45,6 +45,11 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
         default=None,
         help="file holding the writer token the memory service requires of verifiers",
     )
+    parser.add_argument(
+        "--no-meaning-guard", dest="meaning_guard", action="store_false",
+        help="let CSD rescue pairs that change a numeral, an operator or a special token, as the paper does "
+        "(target_service/meaning_guard.py)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     config = TargetConfig(
         model=model_spec(args),
@@ -59,6 +64,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
         memory_namespace=args.memory_namespace,
         memory_sync_interval_s=args.memory_sync_interval,
         memory_writer_token_file=args.memory_writer_token_file,
+        meaning_guard=args.meaning_guard,
         tls=tls_from_args(parser, args),
         health_port=args.health_port,
         metrics_port=args.metrics_port,

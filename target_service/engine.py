@@ -28,6 +28,7 @@ from calispec_core.sampling import TARGET_STREAM, SamplingConfig, make_generator
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
 from calispec_core.sparse_q import SparseQ
 from calispec_core.timing import Stopwatch
+from target_service.meaning_guard import meaning_keys
 from target_service.pair_table import PairTable
 from target_service.verifier import PLACEHOLDER_TOKEN_ID, VerifyInput, VerifyOutput, verify
 
@@ -94,8 +95,11 @@ class TargetEngine:
         observer: RoundObserver | None = None,
         gather_s: float = DEFAULT_GATHER_S,
         prefix_cache: PrefixCache | None = None,  # prompt KV reused by later prompts (None: off)
+        meaning_guard: bool = True,  # rescue only pairs of equal numerals, operators, role (meaning_guard.py)
     ) -> None:
         self.runner = runner
+        keys = meaning_keys(runner.tokenizer, runner.vocab_size) if meaning_guard else None  # [V] int64
+        self.meaning_keys = None if keys is None else keys.to(runner.device)
         self.prefix_cache = prefix_cache
         self.table = table  # MemoryLink (if any) ships its local events and refreshes it in the background
         self.observer = observer
@@ -157,7 +161,7 @@ class TargetEngine:
                 )
             with watch.phase("verify"):
                 batch = self._verify_input(rows, logits)
-                out = verify(batch, self.table.counts)
+                out = verify(batch, self.table.counts, self.meaning_keys)
                 outcome = torch.stack(
                     [out.accepted_count, out.next_token, out.next_is_bonus.long(), out.event_mask.sum(dim=-1)]
                 ).tolist()  # the one device sync of the round, after the math

@@ -18,7 +18,9 @@ temperature / top-k / top-p warping; z = the target's raw logits):
   Decoding keeps (Zhou, Liu et al., "Calibrated Speculative Decoding", ACL 2026,
   arXiv 2604.13634): the pair (x̃_i, t*_i) was seen more than λ times in the Online
   Correction Memory (OCM) AND the Semantic Consistency Gate (SCG) passes,
-  z_i(x̃_i) − z_i(t*_i) >= log τ on the raw target logits. Verification then continues with
+  z_i(x̃_i) − z_i(t*_i) >= log τ on the raw target logits, and (when the service passes meaning
+  keys: target_service/meaning_guard.py, Calispec's addition) both tokens carry the same numerals,
+  operators or special role. Verification then continues with
   x̃_{i+1}: the single target pass already conditioned z_{i+1} on x̃_i, so no extra forward.
   Modes OCM_ONLY / SCG_ONLY apply one test alone (ablations); AR / SD never rescue.
 - **recovered** token: what the round emits at the first position a that is neither accepted
@@ -169,8 +171,9 @@ class VerifyOutput:
         return draft_tokens[self.event_mask], self.target_tokens[self.event_mask]
 
 
-def verify(inp: VerifyInput, pair_counts: PairCountFn) -> VerifyOutput:
-    """Verify one round for every row of the batch, from the logits of one target pass."""
+def verify(inp: VerifyInput, pair_counts: PairCountFn, meaning_keys: Tensor | None = None) -> VerifyOutput:
+    """Verify one round for every row of the batch, from the logits of one target pass. `meaning_keys`
+    ([V] int64 on the logits' device, target_service/meaning_guard.py): a rescue also needs equal keys."""
     inp.check_shapes()
     logits = inp.target_logits  # [B, G+1, V]
     draft_width = logits.shape[1] - 1
@@ -191,6 +194,8 @@ def verify(inp: VerifyInput, pair_counts: PairCountFn) -> VerifyOutput:
     rescued = torch.zeros_like(confused)  # [B, G]
     if any(rescue_rows):
         rescued = confused & _rescue_mask(inp, draft, target, pair_counts)
+        if meaning_keys is not None:
+            rescued &= meaning_keys[draft] == meaning_keys[target]  # [B, G] same numerals, operators, role
     kept_prefix = (accepted | rescued).cumprod(dim=-1).bool()  # [B, G] kept, and so was everything before
     accepted_count = kept_prefix.sum(dim=-1)  # [B]
     rescued &= kept_prefix  # a rescue after the round ended never happened

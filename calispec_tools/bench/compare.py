@@ -477,7 +477,7 @@ def run_compare(args: argparse.Namespace) -> int:
             draft_dtype=draft_dtype, draft_threads=args.draft_threads, target_threads=args.target_threads,
             draft_vocab=draft_vocab, batch_gather_ms=args.batch_gather_ms,
             prefix_cache_tokens=args.prefix_cache_tokens, fp32_linear=args.fp32_linear,
-            compute_lock=not args.no_compute_lock,
+            compute_lock=not args.no_compute_lock, meaning_guard=args.meaning_guard,
         )  # fmt: skip
         threads = service_threads(stack_config)
         # HF first: the services' `--fp32-linear auto` packs only where the memory left holds the copy, and a

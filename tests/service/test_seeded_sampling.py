@@ -94,7 +94,7 @@ def case(request: pytest.FixtureRequest) -> Iterator[tuple[DraftServicer, Target
     draft_logits, target_p, top_k, kept = CASES[request.param]
     draft = ConstantRunner(draft_logits, kept, len(target_p))
     target = ConstantRunner([math.log(p) for p in target_p])
-    engine = TargetEngine(target, max_sessions=4, table=PairTable(target.vocab_size))  # type: ignore[arg-type]
+    engine = TargetEngine(target, 4, PairTable(target.vocab_size), meaning_guard=False)  # type: ignore[arg-type]  # no tokenizer
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: a parallel region per op costs ~10 ms on a busy 2-core box
     proposer = Proposer(draft, max_sessions=4, proposal_top_k=top_k)  # type: ignore[arg-type]
