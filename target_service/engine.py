@@ -72,6 +72,7 @@ class VerifyResult:
     rejections: int
     batch_size: int
     batch_tokens: int  # new tokens over every row of the forward (the count its cost follows)
+    withheld_rescues: int = 0  # 0 or 1: the round ended where the meaning guard refused a rescue
 
 
 @dataclass
@@ -163,7 +164,13 @@ class TargetEngine:
                 batch = self._verify_input(rows, logits)
                 out = verify(batch, self.table.counts, self.meaning_keys)
                 outcome = torch.stack(
-                    [out.accepted_count, out.next_token, out.next_is_bonus.long(), out.event_mask.sum(dim=-1)]
+                    [
+                        out.accepted_count,
+                        out.next_token,
+                        out.next_is_bonus.long(),
+                        out.event_mask.sum(dim=-1),
+                        out.withheld.sum(dim=-1),
+                    ]
                 ).tolist()  # the one device sync of the round, after the math
                 rescued = out.rescued.tolist()  # [B][G]
                 self._check_emitted(rows, outcome[1])
@@ -178,11 +185,13 @@ class TargetEngine:
             except Exception:  # an analysis' bug must not leave the round uncommitted (or rerun it)
                 log.exception("the round observer failed; the round is committed")
         results, batch_tokens = [], sum(map(len, inputs))
-        for b, (row, accepted, next_token, bonus, rejections) in enumerate(zip(rows, *outcome, strict=True)):
+        for b, (row, accepted, next_token, bonus, rejections, withheld) in enumerate(zip(rows, *outcome, strict=True)):
             self._commit(row.state.session, row.draft, accepted, next_token)
             positions = [i for i, hit in enumerate(rescued[b]) if hit]
             results.append(
-                VerifyResult(accepted, positions, next_token, bool(bonus), rejections, len(rows), batch_tokens)
+                VerifyResult(
+                    accepted, positions, next_token, bool(bonus), rejections, len(rows), batch_tokens, withheld
+                )
             )
         for row in rows:  # every row waited for the whole batched forward: each reports it
             for phase in ("forward", "verify", "memory"):

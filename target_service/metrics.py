@@ -30,6 +30,12 @@ class TargetMetrics:
         self.rescued = Counter(
             f"{PREFIX}verify_rescued_tokens", "Draft tokens accepted by a CSD rescue", registry=registry
         )
+        self.withheld = Counter(
+            f"{PREFIX}verify_withheld_rescues",
+            "Rejected draft tokens CSD would have rescued but the meaning guard refused (a changed numeral, "
+            "operator or special token)",
+            registry=registry,
+        )
         self.rejections = Counter(
             f"{PREFIX}rejection_events", "Rejection events counted into the correction memory", registry=registry
         )
@@ -51,6 +57,7 @@ class TargetMetrics:
         self.draft_tokens.inc(num_draft)
         self.accepted.inc(result.accepted_count)
         self.rescued.inc(len(result.rescued_positions))
+        self.withheld.inc(result.withheld_rescues)
         self.rejections.inc(result.rejections)
         self.batch_size.observe(result.batch_size)
 

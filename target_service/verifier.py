@@ -165,6 +165,7 @@ class VerifyOutput:
     next_is_bonus: Tensor  # [B] bool
     event_mask: Tensor  # [B, G] bool rejection events: rescued positions + the final rejected one
     target_tokens: Tensor  # [B, G] int64 t* = argmax z per position, PLACEHOLDER_TOKEN_ID beyond num_draft
+    withheld: Tensor  # [B, G] bool: the final rejection, where CSD's tests passed and the meaning guard refused
 
     def events(self, draft_tokens: Tensor) -> tuple[Tensor, Tensor]:
         """(draft_ids [E], target_ids [E]) of this round's rejection events, for the memory."""
@@ -192,10 +193,12 @@ def verify(inp: VerifyInput, pair_counts: PairCountFn, meaning_keys: Tensor | No
     confused = valid & ~accepted & (draft != target)  # [B, G] rejected with a (x̃, t*) confusion pair
 
     rescued = torch.zeros_like(confused)  # [B, G]
+    withheld = torch.zeros_like(confused)  # [B, G] rescues the meaning guard refused
     if any(rescue_rows):
         rescued = confused & _rescue_mask(inp, draft, target, pair_counts)
         if meaning_keys is not None:
-            rescued &= meaning_keys[draft] == meaning_keys[target]  # [B, G] same numerals, operators, role
+            same_meaning = meaning_keys[draft] == meaning_keys[target]  # [B, G] numerals, operators, role
+            withheld, rescued = rescued & ~same_meaning, rescued & same_meaning
     kept_prefix = (accepted | rescued).cumprod(dim=-1).bool()  # [B, G] kept, and so was everything before
     accepted_count = kept_prefix.sum(dim=-1)  # [B]
     rescued &= kept_prefix  # a rescue after the round ended never happened
@@ -207,6 +210,7 @@ def verify(inp: VerifyInput, pair_counts: PairCountFn, meaning_keys: Tensor | No
         next_token=emitted.gather(1, accepted_count.view(-1, 1)).view(-1),  # [B]
         next_is_bonus=accepted_count == inp.num_draft,
         event_mask=rescued | final_rejection,
+        withheld=withheld & final_rejection,  # only the one that ended the round was ever reached
         target_tokens=torch.where(valid, target, PLACEHOLDER_TOKEN_ID),
     )
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
 from transformers import AutoTokenizer
 
 from calispec_core.modeling import ModelRunner, ModelSpec
@@ -17,8 +18,9 @@ from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Stopwatch
 from target_service.__main__ import parse_config
 from target_service.config import TargetConfig
-from target_service.engine import RescueConfig, TargetEngine
+from target_service.engine import RescueConfig, TargetEngine, VerifyResult
 from target_service.meaning_guard import NO_KEY, meaning_key, meaning_keys
+from target_service.metrics import TargetMetrics
 from target_service.pair_table import PairTable
 from target_service.verifier import Mode, verify
 from tests.unit.test_verifier_csd import LAMBDA, Counts, _input
@@ -61,7 +63,8 @@ def _guarded(keys: torch.Tensor | None, mode: Mode = Mode.CSD):
 
 
 def test_without_keys_the_frequent_pair_is_rescued() -> None:
-    assert _guarded(None).rescued[0, 0].item()
+    out = _guarded(None)
+    assert out.rescued[0, 0].item() and not out.withheld.any()
 
 
 @pytest.mark.parametrize("mode", [Mode.CSD, Mode.OCM_ONLY, Mode.SCG_ONLY])
@@ -72,17 +75,20 @@ def test_different_keys_block_the_rescue(mode: Mode) -> None:
     assert not out.rescued.any()
     assert out.accepted_count.tolist() == [0] and out.next_token.tolist() == [1]  # t*, as SD would emit
     assert out.event_mask[0, 0].item()  # the memory still counts the event
+    assert out.withheld.tolist() == [[True, False]]  # for the metric: the guard ended the round here
 
 
 def test_equal_keys_rescue() -> None:
     keys = torch.zeros(16, dtype=torch.int64)
     keys[1] = keys[3] = 7  # ' 12' and '12', say
-    assert _guarded(keys).rescued[0, 0].item()
+    out = _guarded(keys)
+    assert out.rescued[0, 0].item() and not out.withheld.any()
 
 
-def _rescued_through_the_engine(target_runner: ModelRunner, guard: bool) -> list[int]:
+def _rescued_through_the_engine(target_runner: ModelRunner, guard: bool) -> tuple[list[int], int]:
     """One round of the real target: the draft proposes a digit the target does not emit, a pair the memory
-    counted more than λ times, within a gate that passes anything (τ = 1e-30). Returns the rescued positions."""
+    counted more than λ times, within a gate that passes anything (τ = 1e-30). Returns the rescued positions
+    and the withheld rescues."""
     engine = TargetEngine(target_runner, 4, PairTable(target_runner.vocab_size), meaning_guard=guard)
     prompt = target_runner.tokenizer("x = ")["input_ids"]
     rescue = RescueConfig(Mode.CSD, tau=1e-30, lambda_=LAMBDA)
@@ -93,14 +99,15 @@ def _rescued_through_the_engine(target_runner: ModelRunner, guard: bool) -> list
         draft = target_runner.tokenizer.convert_tokens_to_ids(digit)
         engine.table.add_local(torch.tensor([draft] * (LAMBDA + 1)), torch.tensor([emitted] * (LAMBDA + 1)))
         engine.prefill("round", prompt, SamplingConfig(), rescue, Stopwatch())
-        return engine.verify("round", [draft], None, Stopwatch()).rescued_positions
+        result = engine.verify("round", [draft], None, Stopwatch())
+        return result.rescued_positions, result.withheld_rescues
     finally:
         engine.stop()
 
 
 def test_the_served_target_guards_by_default(target_runner: ModelRunner) -> None:
-    assert _rescued_through_the_engine(target_runner, guard=False) == [0]  # the paper's rule rescues it
-    assert _rescued_through_the_engine(target_runner, guard=True) == []
+    assert _rescued_through_the_engine(target_runner, guard=False) == ([0], 0)  # the paper's rule rescues it
+    assert _rescued_through_the_engine(target_runner, guard=True) == ([], 1)
     assert TargetConfig(model=ModelSpec(Path("m"))).meaning_guard
 
 
@@ -109,3 +116,15 @@ def test_the_flag_turns_it_off() -> None:
     assert config.meaning_guard
     config, _ = parse_config(["--model", "m", "--no-meaning-guard"])
     assert not config.meaning_guard
+
+
+def test_withheld_rescues_are_a_metric(target_runner: ModelRunner) -> None:
+    engine = TargetEngine(target_runner, 4, PairTable(target_runner.vocab_size), meaning_guard=False)
+    registry = CollectorRegistry()
+    metrics = TargetMetrics(registry, engine, None)
+    try:
+        metrics.verified(1, VerifyResult(0, [], 5, False, 1, 1, 2, withheld_rescues=1))
+        metrics.verified(1, VerifyResult(1, [], 5, True, 0, 1, 2))
+        assert registry.get_sample_value("calispec_verify_withheld_rescues_total") == 1
+    finally:
+        engine.stop()
