@@ -170,8 +170,9 @@ def served_draft_dtype(args: argparse.Namespace) -> str:
     return args.draft_dtype or default_draft_dtype(args.device) or args.dtype
 
 
-def add_model_flavour_args(parser: argparse.ArgumentParser) -> None:
-    """dtype, device and threads of the two model services (shared by `up`, `demo`, `bench`)."""
+def add_model_flavour_args(parser: argparse.ArgumentParser, serves_csd: bool = True) -> None:
+    """dtype, device and threads of the two model services (shared by `up`, `demo`, `bench`); `serves_csd`: the
+    command's stack rescues from the shipped calibration (--no-calibration, --no-meaning-guard)."""
     parser.add_argument(
         "--dtype", default="auto", choices=DTYPE_CHOICES, help="both models (int8 for the target: explicit opt-in)"
     )
@@ -208,10 +209,12 @@ def add_model_flavour_args(parser: argparse.ArgumentParser) -> None:
         help="on CPU, let the draft and target compute at once (by default their forwards take turns through a "
         "shared lock file: two thread pools on the same cores slow each other 2-5x; calispec_core/host_lock.py)",
     )
-    parser.add_argument(
-        "--no-calibration", action="store_true", help="do not seed a fresh memory with the pair's shipped calibration"
-    )
-    cli_bench.add_meaning_guard_arg(parser)
+    if serves_csd:
+        parser.add_argument(
+            "--no-calibration", action="store_true",
+            help="do not seed a fresh memory with the pair's shipped calibration",
+        )  # fmt: skip
+        cli_bench.add_meaning_guard_arg(parser)
 
 
 def add_request_args(parser: argparse.ArgumentParser, prompt_required: bool, with_prompt: bool = True) -> None:

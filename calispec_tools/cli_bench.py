@@ -340,7 +340,7 @@ def add_calibration_bench_parser(sub: Any) -> None:
     p.add_argument("--no-text", action="store_true", help="skip the dense run over the corpus's text documents")
     from calispec_tools.cli import add_model_flavour_args
 
-    add_model_flavour_args(p)
+    add_model_flavour_args(p, serves_csd=False)  # it runs SD only, and counts the events it adds to an empty memory
     p.set_defaults(func=cmd_calibration_bench)
 
 

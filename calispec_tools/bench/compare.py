@@ -27,10 +27,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calispec_tools.bench.rpc_floor import format_floors, model_service_floors
 from calispec_tools.cli_auth import own_stack_auth
+
+if TYPE_CHECKING:
+    from calispec_tools.stack import StackConfig
 
 STACK_MODES = ("ar", "sd", "csd")
 MODEL_SERVICES = ("draft", "target")
@@ -452,11 +455,28 @@ def _throughput_table(load: dict[str, dict[int, dict[str, Any]]], levels: list[i
 # --- entry ----------------------------------------------------------------------------------------
 
 
+def compare_stack_config(args: argparse.Namespace, tmp: Path) -> StackConfig:
+    """The stack `calispec up` would serve with these flags (the pair's shipped calibration seeded, unless
+    --no-calibration or explicit --draft/--target), on free ports, its memory and logs under `tmp`."""
+    from calispec_tools.cli import draft_vocab, served_draft_dtype
+    from calispec_tools.shipped_calibration import shipped_file
+    from calispec_tools.stack import StackConfig
+
+    draft, target = args.model_dirs
+    return StackConfig(
+        draft_model=draft, target_model=target, memory_db=tmp / "memory.db", log_dir=tmp / "logs",
+        coordinator_port=0, target_port=0, draft_port=0, memory_port=0, dtype=args.dtype, device=args.device,
+        draft_dtype=served_draft_dtype(args), draft_threads=args.draft_threads, target_threads=args.target_threads,
+        draft_vocab=draft_vocab(args, None if args.draft else args.pair), batch_gather_ms=args.batch_gather_ms,
+        prefix_cache_tokens=args.prefix_cache_tokens, fp32_linear=args.fp32_linear,
+        compute_lock=not args.no_compute_lock, meaning_guard=args.meaning_guard,
+        calibration_file=None if args.no_calibration or args.draft else shipped_file(args.pair),
+    )  # fmt: skip
+
+
 def run_compare(args: argparse.Namespace) -> int:
     from calispec.client import CalispecClient
-    from calispec_tools.cli import draft_vocab as cli_draft_vocab
-    from calispec_tools.cli import served_draft_dtype
-    from calispec_tools.stack import LocalStack, StackConfig, compute_lock_path, service_threads
+    from calispec_tools.stack import LocalStack, compute_lock_path, service_threads
 
     draft, target = args.model_dirs
     config = CompareConfig(
@@ -468,23 +488,16 @@ def run_compare(args: argparse.Namespace) -> int:
         args.skip_hf,
         args.load_repeats,
     )
-    draft_dtype = served_draft_dtype(args)
-    draft_vocab = cli_draft_vocab(args, None if args.draft else args.pair)
     with tempfile.TemporaryDirectory(prefix="calispec-compare-") as tmp:
-        stack_config = StackConfig(
-            draft_model=draft, target_model=target, memory_db=Path(tmp) / "memory.db", log_dir=Path(tmp) / "logs",
-            coordinator_port=0, target_port=0, draft_port=0, memory_port=0, dtype=args.dtype, device=args.device,
-            draft_dtype=draft_dtype, draft_threads=args.draft_threads, target_threads=args.target_threads,
-            draft_vocab=draft_vocab, batch_gather_ms=args.batch_gather_ms,
-            prefix_cache_tokens=args.prefix_cache_tokens, fp32_linear=args.fp32_linear,
-            compute_lock=not args.no_compute_lock, meaning_guard=args.meaning_guard,
-        )  # fmt: skip
+        stack_config = compare_stack_config(args, Path(tmp))
+        draft_dtype, draft_vocab = stack_config.draft_dtype, stack_config.draft_vocab
         threads = service_threads(stack_config)
         # HF first: the services' `--fp32-linear auto` packs only where the memory left holds the copy, and a
         # peer loaded after them took that memory (the packed float32 target was OOM-killed on 24 GB, wave 14)
         hf = None if config.skip_hf else HfPair(draft, target, args.dtype, args.device, draft_dtype)
+        calibration = stack_config.calibration_file.name if stack_config.calibration_file else "none"
         print(f"starting the stack (draft {draft} in {draft_dtype}, draft vocab {draft_vocab or 'full'}, "
-              f"target {target})...", file=sys.stderr)  # fmt: skip
+              f"target {target}, calibration {calibration})...", file=sys.stderr)  # fmt: skip
         with (
             LocalStack(stack_config) as stack,
             CalispecClient(stack.coordinator_address, timeout=900, **own_stack_auth()) as client,
@@ -505,6 +518,8 @@ def run_compare(args: argparse.Namespace) -> int:
         "prefix_cache_tokens": args.prefix_cache_tokens,
         "fp32_linear": f"{args.fp32_linear or 'auto'} (target {linear['target']}, draft {linear['draft']})",
         "compute_lock": "on" if compute_lock_path(stack_config) else "off",  # forwards take turns (host_lock.py)
+        "calibration": calibration,  # the memory csd starts from (shipped_calibration.py), as `up` seeds it
+        "meaning_guard": "on" if stack_config.meaning_guard else "off",
     }
     summary = summarize(runs)
     rel = ratios(summary)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -142,3 +144,23 @@ def test_load_repeats_take_turns_going_first(monkeypatch) -> None:
     firsts = [order[i * n] for i in range(3)]
     assert sorted(firsts) == sorted(compare.STACK_MODES)  # each mode led one repeat
     assert all(sorted(order[i * n : (i + 1) * n]) == sorted(compare.STACK_MODES) for i in range(3))
+
+
+@pytest.mark.parametrize(
+    ("flags", "seeded", "guard"),
+    [([], True, True), (["--no-calibration"], False, True), (["--no-meaning-guard"], True, False)],
+)
+def test_compare_benchmarks_the_stack_up_serves(tmp_path: Path, flags: list[str], seeded: bool, guard: bool) -> None:
+    """`bench compare` ran csd on an empty memory while `up` seeds the shipped calibration, and accepted
+    --no-calibration without effect."""
+    from calispec_tools.bench.compare import compare_stack_config
+    from calispec_tools.cli import build_parser
+    from calispec_tools.shipped_calibration import shipped_file
+
+    args = build_parser().parse_args(["bench", "compare", "--pair", "qwen-coder", *flags])
+    args.model_dirs = (tmp_path / "draft", tmp_path / "target")
+    config = compare_stack_config(args, tmp_path)
+    assert config.calibration_file == (shipped_file("qwen-coder") if seeded else None)
+    assert config.calibration_file != (None if seeded else shipped_file("qwen-coder"))
+    assert config.meaning_guard is guard
+    assert config.memory_db.parent == tmp_path and config.coordinator_port == 0
