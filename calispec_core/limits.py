@@ -148,8 +148,8 @@ def _int_checked_by(check: Callable[[int], None]) -> Callable[[str], int]:
         value = int(text)
         try:
             check(value)
-        except InvalidField as exc:
-            raise argparse.ArgumentTypeError(exc.reason) from None
+        except InvalidArgument as exc:
+            raise argparse.ArgumentTypeError(flag_error(exc)) from None
         return value
 
     parse.__name__ = "int"  # argparse names the type in "invalid int value: 'x'"
@@ -158,6 +158,7 @@ def _int_checked_by(check: Callable[[int], None]) -> Callable[[str], int]:
 
 gamma = _int_checked_by(check_speculative_tokens)  # an argparse type: the range every fixed γ must keep
 max_new_tokens = _int_checked_by(check_max_new_tokens)  # an argparse type: the range of max_new_tokens
+lambda_ = _int_checked_by(lambda value: check_csd_thresholds(lambda_=value))  # an argparse type: CSD's λ
 
 
 def tau(text: str) -> float:
@@ -167,8 +168,14 @@ def tau(text: str) -> float:
     try:
         check_csd_thresholds(tau=value)
     except InvalidArgument as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise argparse.ArgumentTypeError(flag_error(exc)) from None
     return value
+
+
+def flag_error(exc: InvalidArgument) -> str:
+    """A refusal worded for argparse, which names the flag already: a field's reason alone (`argument --tau:
+    must be in (0, 1], got 0.0`, not `argument --tau: tau must be ...`)."""
+    return exc.reason if isinstance(exc, InvalidField) else str(exc)
 
 
 MAX_PORT = 65535

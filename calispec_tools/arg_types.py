@@ -24,9 +24,11 @@ from calispec_core.limits import (
     check_csd_thresholds,
     check_sampling,
     check_stop_strings,
+    flag_error,
     gamma,
     int_at_least,
     int_in_range,
+    lambda_,
     max_new_tokens,
     non_negative_float,
     non_negative_int,
@@ -64,7 +66,7 @@ def _checked(value: T, check: Callable[[T], None]) -> T:
     try:
         check(value)
     except InvalidArgument as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise argparse.ArgumentTypeError(flag_error(exc)) from None
     return value
 
 
@@ -74,11 +76,6 @@ _window_tokens = int_at_least(MIN_WINDOW_TOKENS, "(a window of one token compare
 def window_tokens(text: str) -> int:
     """Calibration's --max-tokens (the window length): an int >= MIN_WINDOW_TOKENS."""
     return _window_tokens(text)
-
-
-def lambda_(text: str) -> int:
-    """CSD's λ, in [0, MAX_LAMBDA]."""
-    return _checked(int(text), lambda lam: check_csd_thresholds(lambda_=lam))
 
 
 # -- a request's fields (generate, chat, demo; bench and eval where they send one as given) ----------------
@@ -95,7 +92,7 @@ def _float32_field(text: str, check: Callable[[float], None]) -> float:
         check(sent)
     except InvalidArgument as exc:
         rounded = "" if sent == value or math.isnan(value) else f" ({text} as the API's float32)"
-        raise argparse.ArgumentTypeError(f"{exc}{rounded}") from None
+        raise argparse.ArgumentTypeError(f"{flag_error(exc)}{rounded}") from None
     return value
 
 

@@ -16,12 +16,12 @@ with interrupt_exits_quietly():
     from pathlib import Path
 
     from calispec_core.access import ApiKeys, Quota, QuotaBook
-    from calispec_core.errors import CalispecError, InvalidArgument
+    from calispec_core.errors import CalispecError
     from calispec_core.generation import Defaults, Mode
     from calispec_core.limits import (
         burst,
-        check_csd_thresholds,
         gamma,
+        lambda_,
         max_new_tokens,
         non_negative_float,
         non_negative_int,
@@ -74,7 +74,10 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         help="CSD gate threshold τ for requests that set none",
     )
     parser.add_argument(
-        "--default-lambda", type=int, default=Defaults.lambda_, help="CSD count threshold λ for requests that set none"
+        "--default-lambda",
+        type=lambda_,
+        default=Defaults.lambda_,
+        help="CSD count threshold λ for requests that set none",
     )
     parser.add_argument(
         "--draft-min-confidence",
@@ -133,10 +136,6 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         help="seconds a connection gets to send a request's headers (TLS handshake included); then it is closed",
     )
     args = parser.parse_args(argv)
-    try:
-        check_csd_thresholds(lambda_=args.default_lambda)
-    except InvalidArgument as exc:
-        parser.error(f"--default-lambda: {exc}")
     defaults = Defaults(
         max_new_tokens=args.default_max_new_tokens,
         num_speculative_tokens=args.default_gamma,

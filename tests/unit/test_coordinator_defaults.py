@@ -43,7 +43,7 @@ def test_a_default_tau_the_target_gets_as_zero_is_a_usage_error(capsys: pytest.C
         parse_config([*BASE, "--default-tau", "1e-46"])
     assert exited.value.code == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.endswith("argument --default-tau: tau must be in (0, 1], got 1e-46 (0.0 as the target's float32)")
+    assert line.endswith("argument --default-tau: must be in (0, 1], got 1e-46 (0.0 as the target's float32)")
     with pytest.raises(InvalidArgument, match="as the target's float32"):
         Defaults(tau=1e-46)  # whoever builds the defaults
 
@@ -51,3 +51,17 @@ def test_a_default_tau_the_target_gets_as_zero_is_a_usage_error(capsys: pytest.C
 def test_the_smallest_default_tau_the_target_gets_is_taken() -> None:
     config, _ = parse_config([*BASE, "--default-tau", "1e-45"])  # float32's smallest subnormal, 1.4e-45
     assert config.defaults.tau == 1e-45 and as_float32(config.defaults.tau) > 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--default-lambda", "-1"], "argument --default-lambda: must be in [0, 2147483647], got -1"),
+        (["--default-tau", "2"], "argument --default-tau: must be in (0, 1], got 2.0"),
+    ],
+)
+def test_a_refused_flag_is_named_once(capsys: pytest.CaptureFixture[str], flags: list[str], line: str) -> None:
+    """argparse names the flag; the field's name after it read `--default-tau: tau must be ...`."""
+    with pytest.raises(SystemExit):
+        parse_config([*BASE, *flags])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(line)
