@@ -9,6 +9,7 @@ the Prometheus-legal prefix `calispec_`. The metric definitions live in one modu
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 import threading
@@ -56,6 +57,7 @@ class MetricsEndpoint:
 
 METRICS_CONNECTIONS = 8  # connections served at once (scrapers); one more is closed unread
 METRICS_READ_TIMEOUT_S = 10.0  # a connection silent this long (mid-request, or not reading the reply) is closed
+METRICS_CONNECTION_DEADLINE_S = 30.0  # and one open this long, however it trickles (a scrape takes milliseconds)
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -74,9 +76,10 @@ class _BoundedMetricsServer(ThreadingMixIn, WSGIServer):
 
     daemon_threads = True
 
-    def __init__(self, host: str, port: int, connections: int, read_timeout_s: float) -> None:
+    def __init__(self, host: str, port: int, connections: int, read_timeout_s: float, deadline_s: float) -> None:
         self.address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         self.read_timeout_s = read_timeout_s
+        self.deadline_s = deadline_s
         self._slots = threading.BoundedSemaphore(connections)
         super().__init__((host, port), _QuietHandler)
 
@@ -91,9 +94,15 @@ class _BoundedMetricsServer(ThreadingMixIn, WSGIServer):
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        # The read timeout is per read: a byte every few seconds held the slot for good. Past the deadline the
+        # socket is shut, which ends the handler's blocked read or write.
+        deadline = threading.Timer(self.deadline_s, _shut, (request,))
+        deadline.daemon = True
+        deadline.start()
         try:
             super().process_request_thread(request, client_address)
         finally:
+            deadline.cancel()
             self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -102,15 +111,21 @@ class _BoundedMetricsServer(ThreadingMixIn, WSGIServer):
             super().handle_error(request, client_address)
 
 
+def _shut(request: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # closed already
+        request.shutdown(socket.SHUT_RDWR)
+
+
 def serve_metrics(
     registry: CollectorRegistry,
     host: str,
     port: int,
     connections: int = METRICS_CONNECTIONS,
     read_timeout_s: float = METRICS_READ_TIMEOUT_S,
+    deadline_s: float = METRICS_CONNECTION_DEADLINE_S,
 ) -> MetricsEndpoint:
     """Serve `registry` on http://host:port/metrics (port 0 picks a free one)."""
-    server = _BoundedMetricsServer(host, port, connections, read_timeout_s)
+    server = _BoundedMetricsServer(host, port, connections, read_timeout_s, deadline_s)
     server.set_app(make_wsgi_app(registry))
     thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
     thread.start()

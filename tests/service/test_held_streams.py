@@ -175,6 +175,29 @@ def test_a_silent_metrics_connection_is_closed() -> None:
         endpoint.stop()
 
 
+def test_a_trickling_metrics_connection_is_closed() -> None:
+    """The read timeout is per read: a client sending a byte of its request within each timeout held its slot
+    (and thread) for good. Now every connection has a deadline."""
+    endpoint = serve_metrics(new_registry(), "127.0.0.1", 0, read_timeout_s=DEADLINE_S, deadline_s=0.2)
+    try:
+        with _idle_connection(endpoint) as conn:
+            conn.settimeout(0.05)  # paces the trickle: a byte, then a wait for the server's close
+            assert any(_trickled_and_closed(conn) for _ in range(int(DEADLINE_S / 0.05)))
+        assert urllib.request.urlopen(endpoint.url, timeout=DEADLINE_S).status == 200  # a whole scrape fits
+    finally:
+        endpoint.stop()
+
+
+def _trickled_and_closed(conn: socket.socket) -> bool:
+    try:
+        conn.sendall(b"X")
+        return conn.recv(1) == b""
+    except TimeoutError:  # still open
+        return False
+    except (BrokenPipeError, ConnectionResetError):
+        return True
+
+
 def test_the_health_port_reads_no_large_request(ports: Ports) -> None:
     """The plaintext health port, open to anyone, read requests of up to 64 MiB (two workers)."""
     request = health_pb2.HealthCheckRequest(service="s" * HEALTH_PORT_MAX_REQUEST_BYTES)
