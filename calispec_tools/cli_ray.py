@@ -104,6 +104,10 @@ def _status(args: argparse.Namespace) -> int:
 def _down(args: argparse.Namespace) -> int:
     deploy_ray = _deploy_ray()
     deploy_ray.connect(args.address, _namespace(args))
+    bound = "the deployment's drain_timeout_s" if args.drain_timeout_s is None else f"{args.drain_timeout_s:g} s"
+    # The drain can take minutes of silence: say what is being waited for, before waiting
+    print(f"draining the coordinator (its running requests finish, at most {bound}), then stopping the services...",
+          flush=True)  # fmt: skip
     deploy_ray.down(_namespace(args), args.drain_timeout_s)
     print("down", flush=True)
     return 0

@@ -79,6 +79,9 @@ def test_ray_down_hands_its_drain_timeout_to_the_deployment(
     monkeypatch.setattr(cli_ray, "_deploy_ray", lambda: fake)
     assert cli_ray.main(["down"]) == 0 and cli_ray.main(["down", "--drain-timeout-s", "0", "--namespace", "n"]) == 0
     assert downs == [("calispec", None), ("n", 0.0)]
+    said = capsys.readouterr().out.splitlines()  # the drain waited silently: a user could not tell it from a hang
+    assert said[0].startswith("draining the coordinator") and "the deployment's drain_timeout_s" in said[0]
+    assert "at most 0 s" in said[2] and said[1] == said[3] == "down"
     with pytest.raises(SystemExit):
         cli_ray.main(["down", "--drain-timeout-s", "-1"])
     assert "--drain-timeout-s" in capsys.readouterr().err
