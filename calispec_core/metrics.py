@@ -81,6 +81,7 @@ class _BoundedMetricsServer(ThreadingMixIn, WSGIServer):
         self.read_timeout_s = read_timeout_s
         self.deadline_s = deadline_s
         self._slots = threading.BoundedSemaphore(connections)
+        self._deadline = threading.local()  # the connection this handler thread serves
         super().__init__((host, port), _QuietHandler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -94,16 +95,20 @@ class _BoundedMetricsServer(ThreadingMixIn, WSGIServer):
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
-        # The read timeout is per read: a byte every few seconds held the slot for good. Past the deadline the
-        # socket is shut, which ends the handler's blocked read or write.
-        deadline = threading.Timer(self.deadline_s, _shut, (request,))
-        deadline.daemon = True
-        deadline.start()
+        # The read timeout is per read: a byte every few seconds held the slot for good.
+        self._deadline.value = _ConnectionDeadline(request, self.deadline_s)
         try:
-            super().process_request_thread(request, client_address)
+            super().process_request_thread(request, client_address)  # ends in shutdown_request
         finally:
-            deadline.cancel()
             self._slots.release()
+
+    def shutdown_request(self, request: Any) -> None:
+        deadline: _ConnectionDeadline | None = getattr(self._deadline, "value", None)
+        self._deadline.value = None
+        if deadline is None:  # refused unread, on the accepting thread
+            super().shutdown_request(request)
+        else:
+            deadline.close(lambda: super(_BoundedMetricsServer, self).shutdown_request(request))
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A connection that timed out or went away is no error worth a traceback on stderr."""
@@ -111,9 +116,29 @@ class _BoundedMetricsServer(ThreadingMixIn, WSGIServer):
             super().handle_error(request, client_address)
 
 
-def _shut(request: socket.socket) -> None:
-    with contextlib.suppress(OSError):  # closed already
-        request.shutdown(socket.SHUT_RDWR)
+class _ConnectionDeadline:
+    """Shuts a connection's socket `seconds` after it was accepted, which ends the handler's blocked read or
+    write; never after the handler closed it (its descriptor may then be another connection's)."""
+
+    def __init__(self, sock: socket.socket, seconds: float) -> None:
+        self._sock = sock
+        self._lock = threading.Lock()
+        self._closed = False
+        self._timer = threading.Timer(seconds, self._shut)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _shut(self) -> None:
+        with self._lock:
+            if not self._closed:
+                with contextlib.suppress(OSError):  # the peer went away meanwhile
+                    self._sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self, close_socket: Callable[[], None]) -> None:
+        self._timer.cancel()
+        with self._lock:
+            self._closed = True
+            close_socket()
 
 
 def serve_metrics(

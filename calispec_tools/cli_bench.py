@@ -51,11 +51,11 @@ def add_prefix_cache_arg(parser: argparse.ArgumentParser, when: str = "") -> Non
     )  # fmt: skip
 
 
-def add_meaning_guard_arg(parser: argparse.ArgumentParser) -> None:
+def add_meaning_guard_arg(parser: argparse.ArgumentParser, when: str = "") -> None:
     parser.add_argument(
         "--no-meaning-guard", dest="meaning_guard", action="store_false",
-        help="let CSD rescue draft tokens that change a numeral, an operator or a special token, as the paper does "
-        "(default: never; target_service/meaning_guard.py)",
+        help=f"{when}let CSD rescue draft tokens that change a numeral, an operator or a special token, as the paper "
+        "does (default: never; target_service/meaning_guard.py)",
     )  # fmt: skip
 
 
@@ -79,7 +79,7 @@ def add_target_args(parser: argparse.ArgumentParser, required: bool = True) -> a
         help="with --address: the pair namespace (calispec_tools/namespaces.py)",
     )
     add_prefix_cache_arg(parser, "--local: ")
-    add_meaning_guard_arg(parser)
+    add_meaning_guard_arg(parser, "--local: ")
     parser.add_argument("--out", help="output directory (default: ./calispec-<command>-<time>)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
     add_client_auth_args(parser)
@@ -128,6 +128,8 @@ def endpoints(args: argparse.Namespace) -> Iterator[Endpoints]:
         with local_stack(args) as ep:
             yield ep
         return
+    if not args.meaning_guard:  # a flag that would do nothing: the running stack's target decides
+        raise SystemExit(usage_error("--no-meaning-guard applies to a --local stack (a running one: its target's)"))
     tokenizer = Path(args.tokenizer) if args.tokenizer else None
     yield Endpoints(args.address, args.memory_address, args.memory_namespace, tokenizer)
 

@@ -73,9 +73,15 @@ class InProcessTarget:
 
     address = "in-process"
 
-    def __init__(self, runner: ModelRunner, table: PairTable | None = None, observer: RoundObserver | None = None):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        table: PairTable | None = None,
+        observer: RoundObserver | None = None,
+        meaning_guard: bool = True,  # as served; an SD-only analysis skips its keys (~2 s for a real vocabulary)
+    ):
         self.table = table or PairTable(runner.vocab_size, runner.device)
-        self.engine = TargetEngine(runner, MAX_SESSIONS, self.table, observer=observer)
+        self.engine = TargetEngine(runner, MAX_SESSIONS, self.table, observer=observer, meaning_guard=meaning_guard)
 
     def info(self, timeout: float) -> ModelFacts:
         return _facts(self.engine.runner)

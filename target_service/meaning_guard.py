@@ -4,15 +4,20 @@ The paper's premise is a rejected token "right in meaning, different in form" (`
 `'\\n'` for `'\\n\\n'`). Some tokens carry meaning in every character: numerals and arithmetic or
 comparison operators. The correction memory counts their confusions like any other (the shipped
 calibration has `'1'` for `'2'` 42 times, `' -'` for `' +'` 10 times), and a rescue of one changes a
-number or an operation: a wrong answer, not a paraphrase. Special tokens (end of text, chat and
-fill-in-the-middle markers) are decisions, not forms. So each token gets a key, and a pair is
-rescuable only when both tokens have the same key:
+number or an operation: a wrong answer, not a paraphrase. Added tokens (end of text, chat,
+tool-call and fill-in-the-middle markers) are decisions, not forms. So each token gets a key, and a
+pair is rescuable only when both tokens have the same key:
 
 - key 0: the token has no numeral, operator or special role (most of the vocabulary; such pairs are
   left to the paper's two tests);
-- key k > 0: the token's decimal digits and operator characters, in order (`' 12'` and `'12'` share
-  one; `'1'` and `'2'` do not; `' -'` and `'-'` share one; `' -'` and `' '` do not);
-- a key of its own (< 0) for every special token and every id the tokenizer does not know.
+- key k > 0: the token's digits (`str.isdigit`: `'²'` too), ASCII operator characters and Unicode math
+  symbols (category Sm: `'≤'`, `'×'`), in order (`' 12'` and `'12'` share one; `'1'` and `'2'` do not;
+  `' -'` and `'-'` share one; `' -'` and `' '` do not; so do markdown's `'**'` and a comment's `'//'`,
+  which the guard therefore keeps in place too);
+- a key of its own (< 0) for every added or special token and every id the tokenizer does not know.
+
+Not covered: numbers spelt out (`' two'` for `' three'`) and operators written as words or commands
+(`'\\times'`); such pairs are left to the memory and the gate, as in the paper.
 
 This is Calispec's addition, not the paper's (docs/calibration.md, "The meaning guard"). Only the
 rescue is guarded: the memory still counts every rejection event, and a target started with
@@ -20,6 +25,8 @@ rescue is guarded: the memory still counts every rejection event, and a target s
 """
 
 from __future__ import annotations
+
+import unicodedata
 
 import torch
 from torch import Tensor
@@ -30,16 +37,16 @@ NO_KEY = 0
 
 
 def meaning_key(text: str) -> str:
-    """The characters of a decoded token that carry meaning in any form: decimal digits and operators."""
-    return "".join(c for c in text if c.isdecimal() or c in OPERATOR_CHARACTERS)
+    """The characters of a decoded token that carry meaning in any form: digits, operators, math symbols."""
+    return "".join(c for c in text if c.isdigit() or c in OPERATOR_CHARACTERS or unicodedata.category(c) == "Sm")
 
 
 def meaning_keys(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> Tensor:  # [V] int64
     """Every token id's key (module doc) over the model's vocabulary, which may be wider than the tokenizer's."""
     known = min(len(tokenizer), vocab_size)
     texts = tokenizer.batch_decode([[i] for i in range(known)])  # one Rust call: ~1.5 s for 152k tokens
-    special = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
-    special.update(tokenizer.all_special_ids)
+    # every added token, special or not (`<tool_call>` is not, and would share `'<>'` with `' <>'`)
+    special = set(tokenizer.added_tokens_decoder) | set(tokenizer.all_special_ids)
     ids_of_key: dict[str, int] = {"": NO_KEY}
     keys = [ids_of_key.setdefault(meaning_key(text), len(ids_of_key)) for text in texts]
     keys += [NO_KEY] * (vocab_size - known)

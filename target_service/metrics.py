@@ -33,7 +33,7 @@ class TargetMetrics:
         self.withheld = Counter(
             f"{PREFIX}verify_withheld_rescues",
             "Rejected draft tokens CSD would have rescued but the meaning guard refused (a changed numeral, "
-            "operator or special token)",
+            "operator or special token); at most one a round, the rejection that ended it",
             registry=registry,
         )
         self.rejections = Counter(

@@ -495,14 +495,16 @@ def run_compare(args: argparse.Namespace) -> int:
         # HF first: the services' `--fp32-linear auto` packs only where the memory left holds the copy, and a
         # peer loaded after them took that memory (the packed float32 target was OOM-killed on 24 GB, wave 14)
         hf = None if config.skip_hf else HfPair(draft, target, args.dtype, args.device, draft_dtype)
-        calibration = stack_config.calibration_file.name if stack_config.calibration_file else "none"
         print(f"starting the stack (draft {draft} in {draft_dtype}, draft vocab {draft_vocab or 'full'}, "
-              f"target {target}, calibration {calibration})...", file=sys.stderr)  # fmt: skip
+              f"target {target})...", file=sys.stderr)  # fmt: skip
         with (
             LocalStack(stack_config) as stack,
             CalispecClient(stack.coordinator_address, timeout=900, **own_stack_auth()) as client,
         ):
             linear = {name: stack.services[f"{name}_service"].banner_value("fp32_linear") for name in MODEL_SERVICES}
+            seeded = stack.calibration  # what csd starts from, as `up` reports it (a refused file is no calibration)
+            calibration = seeded.message if seeded else "none (--no-calibration, or no shipped file for this pair)"
+            print(calibration, file=sys.stderr)
             warm_up(client, hf, config.prompts[0])
             floors = model_service_floors(*(stack.services[f"{name}_service"].address for name in MODEL_SERVICES))
 

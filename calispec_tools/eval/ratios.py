@@ -168,7 +168,7 @@ class SdRun:
     def __init__(self, draft: ModelRunner, target: ModelRunner, config: SdConfig) -> None:
         self.config = config
         self.observer = RatioObserver()
-        self.backend = InProcessTarget(target, observer=self.observer)
+        self.backend = InProcessTarget(target, observer=self.observer, meaning_guard=False)  # SD: no rescue
         self.orchestrator = in_process_orchestrator(draft, self.backend)
 
     def generate(self, prompt: str, stop: Sequence[str] = ()) -> list[int]:

@@ -13,6 +13,7 @@ from calispec_core.grpc_server import make_channel
 from calispec_core.limits import MAX_SPECULATIVE_TOKENS
 from calispec_core.modeling import ModelRunner, ModelSpec
 from target_service.config import TargetConfig
+from target_service.meaning_guard import meaning_keys
 from target_service.server import create_server
 from tests.conftest import TinyPair
 from tests.helpers import reference_greedy, rpc_code
@@ -84,6 +85,8 @@ def test_empty_draft_is_one_plain_decoding_step(stub, target_runner: ModelRunner
 def test_csd_rescues_a_repeated_pair_with_permissive_thresholds(stub, target_runner: ModelRunner) -> None:
     truth = reference_greedy(target_runner, PROMPT, 3)
     wrong = (truth[0] + 1) % target_runner.vocab_size
+    keys = meaning_keys(target_runner.tokenizer, target_runner.vocab_size)
+    assert keys[wrong] == keys[truth[0]]  # a pair the meaning guard (on by default) lets through
     rescue = common_pb2.RescueParams(tau=1e-9, lambda_=0)
     for sid in ("c1", "c2"):
         prefill(stub, sid, mode=common_pb2.MODE_CSD, rescue=rescue)

@@ -22,20 +22,19 @@ from target_service.engine import RescueConfig, TargetEngine, VerifyResult
 from target_service.meaning_guard import NO_KEY, meaning_key, meaning_keys
 from target_service.metrics import TargetMetrics
 from target_service.pair_table import PairTable
+from target_service.server import create_server
 from target_service.verifier import Mode, verify
 from tests.unit.test_verifier_csd import LAMBDA, Counts, _input
 
+KEYS = [
+    (" the", ""), ("\n\n", ""), (" 12", "12"), ("12", "12"), (" -", "-"), (" <=", "<="), ("x2", "2"),
+    ("٣", "٣"), ("x²", "²"), (" ≤", "≤"), ("×", "×"),
+]  # fmt: skip
 
-@pytest.mark.parametrize(
-    ("text", "key"),
-    [(" the", ""), ("\n\n", ""), (" 12", "12"), ("12", "12"), (" -", "-"), (" <=", "<="), ("x2", "2"), ("٣", "٣")],
-)
+
+@pytest.mark.parametrize(("text", "key"), KEYS)
 def test_key_keeps_digits_and_operators(text: str, key: str) -> None:
     assert meaning_key(text) == key
-
-
-def test_superscripts_are_not_decimal_digits() -> None:
-    assert meaning_key("x²") == ""  # '²'.isdigit() is True, but it is no numeral of its own
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +53,17 @@ def test_keys_of_a_real_tokenizer(tiny_tokenizer) -> None:
     assert special, "the tiny tokenizer has special tokens"
     own = keys[special + list(range(len(tiny_tokenizer), vocab))]
     assert (own < 0).all() and own.unique().numel() == own.numel()  # each its own key: never rescuable
+
+
+def test_every_added_token_has_a_key_of_its_own(tiny_pair) -> None:
+    """Only *special* added tokens had one: Qwen's `<tool_call>` and `</tool_call>` are not special, and
+    keyed by their characters alone they could stand in for each other (both '<>' and '</>' alike)."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pair.target)
+    tokenizer.add_tokens(["<call>", "<done>"])  # added, not special
+    keys = meaning_keys(tokenizer, len(tokenizer))
+    call, done = tokenizer.convert_tokens_to_ids(["<call>", "<done>"])
+    assert meaning_key("<call>") == meaning_key("<done>")  # what their characters alone would say
+    assert keys[call] != keys[done] and min(keys[call], keys[done]) < 0
 
 
 def _guarded(keys: torch.Tensor | None, mode: Mode = Mode.CSD):
@@ -76,6 +86,17 @@ def test_different_keys_block_the_rescue(mode: Mode) -> None:
     assert out.accepted_count.tolist() == [0] and out.next_token.tolist() == [1]  # t*, as SD would emit
     assert out.event_mask[0, 0].item()  # the memory still counts the event
     assert out.withheld.tolist() == [[True, False]]  # for the metric: the guard ended the round here
+
+
+def test_a_refusal_after_the_round_ended_is_not_counted() -> None:
+    """Position 0 is rejected without a counted pair: the round ends there, and the guard's refusal at
+    position 1 was never reached (withheld counts the refusal that ended a round, at most one)."""
+    keys = torch.zeros(16, dtype=torch.int64)
+    keys[2], keys[4] = 1, 2
+    inp = _input([([1, 2], [3, 4], [-1.0, -1.0])], [Mode.CSD])
+    out = verify(inp, Counts({(4, 2): LAMBDA + 1}), keys)
+    assert out.accepted_count.tolist() == [0] and not out.rescued.any()
+    assert not out.withheld.any()
 
 
 def test_equal_keys_rescue() -> None:
@@ -109,6 +130,17 @@ def test_the_served_target_guards_by_default(target_runner: ModelRunner) -> None
     assert _rescued_through_the_engine(target_runner, guard=False) == ([0], 0)  # the paper's rule rescues it
     assert _rescued_through_the_engine(target_runner, guard=True) == ([], 1)
     assert TargetConfig(model=ModelSpec(Path("m"))).meaning_guard
+
+
+def test_the_served_target_builds_its_engine_with_the_configured_guard(target_runner: ModelRunner) -> None:
+    for guard in (True, False):
+        config = TargetConfig(model=ModelSpec(Path("m")), port=0, meaning_guard=guard, measure_forward_costs=False)
+        server, _, runtime = create_server(config, target_runner)
+        try:
+            assert (runtime.engine.meaning_keys is not None) is guard
+        finally:
+            server.stop(grace=None)
+            runtime.stop()
 
 
 def test_the_flag_turns_it_off() -> None:

@@ -173,3 +173,45 @@ def test_up_sets_every_services_log_level(tiny_pair: TinyPair) -> None:
     )
     with pytest.raises(SystemExit):
         parser.parse_args(["up", "--log-level", "CHATTY"])
+
+
+@pytest.mark.parametrize("command", [["up"], ["demo"]])
+def test_no_meaning_guard_reaches_the_target_service(tiny_pair: TinyPair, command: list[str]) -> None:
+    from calispec_tools.cli import build_parser, stack_config
+    from target_service.__main__ import parse_config
+
+    parser = build_parser()
+    for flags, guard in (([], True), (["--no-meaning-guard"], False)):
+        config = stack_config(parser.parse_args([*command, "--pair", "tiny", *flags]), (0, 0, 0, 0))
+        assert config.meaning_guard is guard
+        spawned = LocalStack(config).target_args(0, "127.0.0.1:1")
+        assert ("--no-meaning-guard" in spawned) is not guard
+        assert parse_config(spawned)[0].meaning_guard is guard  # the flag as the service parses it
+
+
+def test_eval_and_bench_local_stacks_take_no_meaning_guard(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """`--local` builds its own StackConfig: the flag must reach it; with --address it can do nothing."""
+    from contextlib import contextmanager
+
+    from calispec_tools import cli_bench, stack
+    from calispec_tools.cli import build_parser
+
+    configs: list[StackConfig] = []
+
+    @contextmanager
+    def fake_stack(config: StackConfig):
+        configs.append(config)
+        addresses = {"coordinator_address": "c", "memory_address": "m", "memory_namespace": "n"}
+        yield argparse.Namespace(**addresses, writer_token_file=None)
+
+    monkeypatch.setattr(stack, "LocalStack", fake_stack)
+    parser = build_parser()
+    for command in (["eval"], ["bench"]):
+        args = parser.parse_args([*command, "--local", "--no-meaning-guard"])
+        monkeypatch.setattr(cli_bench, "model_dirs", lambda args: (tmp_path, tmp_path))
+        with cli_bench.endpoints(args):
+            pass
+        assert configs.pop().meaning_guard is False
+        with pytest.raises(SystemExit) as refused:
+            cli_bench.endpoints(parser.parse_args([*command, "--address", "h:1", "--no-meaning-guard"])).__enter__()
+        assert refused.value.code == 2
