@@ -72,6 +72,7 @@ class GenerationStats:
     mean_gamma: float = 0.0  # draft tokens asked for per round (0 in target-only rounds)
     target_only_rounds: int = 0  # rounds without a draft (ar, γ = 0 where drafting would lose, draft down)
     round_overhead_ms: float = 0.0  # round time outside the two models' forwards
+    withheld_rescues: int = 0  # rejections CSD would have rescued but the meaning guard refused
 
     @property
     def degraded(self) -> bool:

@@ -263,9 +263,10 @@ def print_result(result: GenerationResult, as_json: bool) -> None:
         return
     print(result.text)
     s = result.stats
+    withheld = f"withheld {s.withheld_rescues} " if s.withheld_rescues else ""  # by the meaning guard
     print(
         f"\n[{result.finish_reason}] {s.emitted} tokens in {s.total_ms:.0f} ms | rounds {s.rounds} | "
-        f"drafted {s.drafted} accepted {s.accepted} rescued {s.rescued} "
+        f"drafted {s.drafted} accepted {s.accepted} rescued {s.rescued} {withheld}"
         f"(acceptance {s.acceptance_rate:.1%}) | draft {s.draft_ms:.0f} ms, target {s.target_ms:.0f} ms, "
         f"memory {s.memory_ms:.1f} ms, coordinator {s.coordinator_ms:.0f} ms",
         file=sys.stderr,

@@ -103,7 +103,7 @@ class InProcessTarget:
         r = self.engine.verify(session_id, draft, probs, watch, cohort)
         return Verdict(
             r.accepted_count, r.rescued_positions, r.next_token, r.next_is_bonus, r.rejections, r.batch_size,
-            watch.total_ns, watch.get("memory"), watch.get("forward"),
+            watch.total_ns, watch.get("memory"), watch.get("forward"), withheld_rescues=r.withheld_rescues,
         )  # fmt: skip
 
     def close(self, session_id: str, timeout: float) -> None:

@@ -49,6 +49,7 @@ class Verdict:
     memory_ns: int  # part of service_ns spent on the correction memory
     forward_ns: int = 0  # part of service_ns spent in the model forward
     batch_tokens: int = 0  # new tokens over every session of that forward; 0: not reported
+    withheld_rescues: int = 0  # 1: the round ended where the meaning guard refused a rescue
 
 
 class DraftBackend(Protocol):

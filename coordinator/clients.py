@@ -156,6 +156,7 @@ class GrpcTargetBackend:
             r.timing.memory_ns,
             r.timing.forward_ns,
             r.batch_tokens,
+            r.withheld_rescues,
         )
 
     def close(self, session_id: str, timeout: float) -> None:

@@ -525,6 +525,7 @@ class Orchestrator:
         stats.target_ms += ns_to_ms(verdict.service_ns - verdict.memory_ns)
         stats.memory_ms += ns_to_ms(verdict.memory_ns)
         stats.rejections += verdict.rejections
+        stats.withheld_rescues += verdict.withheld_rescues
         stats.max_batch_size = max(stats.max_batch_size, verdict.batch_size)
         if proposal is not None:
             stats.drafted += len(proposal.token_ids)

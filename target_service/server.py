@@ -94,6 +94,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             rejections=result.rejections,
             batch_size=result.batch_size,
             batch_tokens=result.batch_tokens,
+            withheld_rescues=result.withheld_rescues,
             timing=timing_to_pb(watch),
         )
 

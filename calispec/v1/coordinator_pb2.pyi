@@ -44,7 +44,7 @@ class GenerationParams(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., num_speculative_tokens: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., tau: _Optional[float] = ..., lambda_: _Optional[int] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("prompt_tokens", "rounds", "drafted", "accepted", "rescued", "emitted", "draft_ms", "target_ms", "memory_ms", "coordinator_ms", "total_ms", "acceptance_rate", "rejections", "max_batch_size", "draft_unavailable_rounds", "target_failovers", "mean_gamma", "target_only_rounds", "round_overhead_ms")
+    __slots__ = ("prompt_tokens", "rounds", "drafted", "accepted", "rescued", "emitted", "draft_ms", "target_ms", "memory_ms", "coordinator_ms", "total_ms", "acceptance_rate", "rejections", "max_batch_size", "draft_unavailable_rounds", "target_failovers", "mean_gamma", "target_only_rounds", "round_overhead_ms", "withheld_rescues")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     DRAFTED_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class GenerationStats(_message.Message):
     MEAN_GAMMA_FIELD_NUMBER: _ClassVar[int]
     TARGET_ONLY_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     ROUND_OVERHEAD_MS_FIELD_NUMBER: _ClassVar[int]
+    WITHHELD_RESCUES_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     rounds: int
     drafted: int
@@ -83,7 +84,8 @@ class GenerationStats(_message.Message):
     mean_gamma: float
     target_only_rounds: int
     round_overhead_ms: float
-    def __init__(self, prompt_tokens: _Optional[int] = ..., rounds: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., rescued: _Optional[int] = ..., emitted: _Optional[int] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., memory_ms: _Optional[float] = ..., coordinator_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., acceptance_rate: _Optional[float] = ..., rejections: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., draft_unavailable_rounds: _Optional[int] = ..., target_failovers: _Optional[int] = ..., mean_gamma: _Optional[float] = ..., target_only_rounds: _Optional[int] = ..., round_overhead_ms: _Optional[float] = ...) -> None: ...
+    withheld_rescues: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., rounds: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., rescued: _Optional[int] = ..., emitted: _Optional[int] = ..., draft_ms: _Optional[float] = ..., target_ms: _Optional[float] = ..., memory_ms: _Optional[float] = ..., coordinator_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., acceptance_rate: _Optional[float] = ..., rejections: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., draft_unavailable_rounds: _Optional[int] = ..., target_failovers: _Optional[int] = ..., mean_gamma: _Optional[float] = ..., target_only_rounds: _Optional[int] = ..., round_overhead_ms: _Optional[float] = ..., withheld_rescues: _Optional[int] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")

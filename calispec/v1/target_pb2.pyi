@@ -44,7 +44,7 @@ class VerifyRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[bytes] = ..., draft_vocab_size: _Optional[int] = ..., draft_sparse_probs: _Optional[_Union[_common_pb2.SparseDistributions, _Mapping]] = ..., cohort: _Optional[int] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("accepted_count", "rescued_positions", "next_token_id", "next_is_bonus", "rejections", "timing", "batch_size", "batch_tokens")
+    __slots__ = ("accepted_count", "rescued_positions", "next_token_id", "next_is_bonus", "rejections", "timing", "batch_size", "batch_tokens", "withheld_rescues")
     ACCEPTED_COUNT_FIELD_NUMBER: _ClassVar[int]
     RESCUED_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,7 @@ class VerifyResponse(_message.Message):
     TIMING_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WITHHELD_RESCUES_FIELD_NUMBER: _ClassVar[int]
     accepted_count: int
     rescued_positions: _containers.RepeatedScalarFieldContainer[int]
     next_token_id: int
@@ -61,7 +62,8 @@ class VerifyResponse(_message.Message):
     timing: _common_pb2.Timing
     batch_size: int
     batch_tokens: int
-    def __init__(self, accepted_count: _Optional[int] = ..., rescued_positions: _Optional[_Iterable[int]] = ..., next_token_id: _Optional[int] = ..., next_is_bonus: _Optional[bool] = ..., rejections: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.Timing, _Mapping]] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ...) -> None: ...
+    withheld_rescues: int
+    def __init__(self, accepted_count: _Optional[int] = ..., rescued_positions: _Optional[_Iterable[int]] = ..., next_token_id: _Optional[int] = ..., next_is_bonus: _Optional[bool] = ..., rejections: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.Timing, _Mapping]] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., withheld_rescues: _Optional[int] = ...) -> None: ...
 
 class TargetCloseRequest(_message.Message):
     __slots__ = ("session_id",)

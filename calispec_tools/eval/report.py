@@ -20,7 +20,7 @@ def _ratio(num: float, den: float) -> float:
 
 def summarize_variant(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in rows if r["stats"]]
-    keys = ("drafted", "accepted", "rescued", "rounds", "emitted", "rejections")
+    keys = ("drafted", "accepted", "rescued", "rounds", "emitted", "rejections", "withheld_rescues")
     total = {k: sum(r["stats"].get(k, 0) for r in ok) for k in keys}
     total_ms = sum(r["stats"]["total_ms"] for r in ok)
     kinds = sorted({r["kind"] for r in rows})
@@ -36,6 +36,7 @@ def summarize_variant(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "mean_accepted_per_round": _ratio(total["accepted"], total["rounds"]),
         "tokens_per_round": _ratio(total["emitted"], total["rounds"]),
         "rescued": total["rescued"],
+        "withheld": total["withheld_rescues"],  # rescues the meaning guard refused
         "rejections": total["rejections"],
         "output_tokens": total["emitted"],
         "server_ms": total_ms,
@@ -61,14 +62,14 @@ def _cell(value: float, fmt: str) -> str:
 def format_table(summary: dict[str, dict[str, Any]]) -> str:
     kinds = sorted({k for s in summary.values() for k in s["accuracy_by_kind"]})
     head = ["variant".ljust(22), "accuracy", *[f"{k:>8}" for k in kinds]]
-    head += ["accept", "acc/rnd", "rescued", "tok/s", "×ar"]
+    head += ["accept", "acc/rnd", "rescued", "withheld", "tok/s", "×ar"]
     lines = ["  ".join(head)]
     for label, s in summary.items():
         cells = [
             label.ljust(22), _cell(s["accuracy"], ".1%").rjust(8),
             *[_cell(s["accuracy_by_kind"][k], ".1%").rjust(8) for k in kinds],
             _cell(s["acceptance_rate"], ".1%").rjust(6), _cell(s["mean_accepted_per_round"], ".2f").rjust(7),
-            str(s["rescued"]).rjust(7), _cell(s["tokens_per_s"], ".1f").rjust(5),
+            str(s["rescued"]).rjust(7), str(s["withheld"]).rjust(8), _cell(s["tokens_per_s"], ".1f").rjust(5),
             _cell(s["speedup_vs_ar"], ".2f") + "×",
         ]  # fmt: skip
         lines.append("  ".join(cells))
@@ -169,7 +170,7 @@ def format_study(study: dict[str, dict[str, Any]]) -> str:
     """The paper-style table: per calibration and mode, accuracy, acceptance, accepted length, rejections,
     rescues and speed vs the same stack's ar."""
     head = ["calibration".ljust(11), "variant".ljust(20), "accuracy", "accept", "acc/rnd", "rejections", "rescued",
-            "rescue%", "  ×ar"]  # fmt: skip
+            "rescue%", "withheld", "  ×ar"]  # fmt: skip
     lines = ["  ".join(head)]
     for label, per_variant in study.items():
         for variant, s in per_variant.items():
@@ -177,7 +178,7 @@ def format_study(study: dict[str, dict[str, Any]]) -> str:
                 label.ljust(11), variant.ljust(20), _cell(s["accuracy"], ".1%").rjust(8),
                 _cell(s["acceptance_rate"], ".1%").rjust(6), _cell(s["mean_accepted_per_round"], ".2f").rjust(7),
                 str(s["rejections"]).rjust(10), str(s["rescued"]).rjust(7), _cell(s["rescue_rate"], ".1%").rjust(7),
-                (_cell(s["speedup_vs_ar"], ".2f") + "×").rjust(5),
+                str(s["withheld"]).rjust(8), (_cell(s["speedup_vs_ar"], ".2f") + "×").rjust(5),
             ]  # fmt: skip
             lines.append("  ".join(cells))
     return "\n".join(lines)

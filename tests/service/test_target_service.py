@@ -75,6 +75,23 @@ def test_first_mismatch_ends_the_round_with_the_recovered_token(stub, target_run
     close(stub, "mis")
 
 
+def test_a_rescue_the_meaning_guard_refuses_is_reported_withheld(stub, target_runner: ModelRunner) -> None:
+    truth = reference_greedy(target_runner, PROMPT, 1)
+    keys = meaning_keys(target_runner.tokenizer, target_runner.vocab_size)
+    digits = target_runner.tokenizer.convert_tokens_to_ids(["1", "2"])
+    wrong = next(d for d in digits if keys[d] != keys[truth[0]])  # a changed numeral: never rescued
+    rescue = common_pb2.RescueParams(tau=1e-9, lambda_=0)
+    for sid in ("w1", "w2"):
+        prefill(stub, sid, mode=common_pb2.MODE_CSD, rescue=rescue)
+    first = verify(stub, "w1", [wrong])  # counts the pair once: count 1 > λ = 0 afterwards
+    assert first.withheld_rescues == 0  # not frequent yet: the paper's rule refuses it too
+    second = verify(stub, "w2", [wrong])
+    assert list(second.rescued_positions) == [] and second.accepted_count == 0
+    assert second.withheld_rescues == 1 and second.next_token_id == truth[0]
+    for sid in ("w1", "w2"):
+        close(stub, sid)
+
+
 def test_empty_draft_is_one_plain_decoding_step(stub, target_runner: ModelRunner) -> None:
     prefill(stub, "ar", mode=common_pb2.MODE_AR)
     tokens = [verify(stub, "ar", []).next_token_id for _ in range(5)]

@@ -38,7 +38,8 @@ def test_variants_add_the_tau_lambda_grid() -> None:
 
 def row(variant: str, kind: str, correct: bool, emitted: int, total_ms: float, accepted: int = 0) -> dict:
     stats = {"drafted": 0 if variant == "ar" else 12, "accepted": accepted, "rescued": 1 if variant == "csd" else 0,
-             "rounds": 4, "emitted": emitted, "total_ms": total_ms, "rejections": 2}  # fmt: skip
+             "rounds": 4, "emitted": emitted, "total_ms": total_ms, "rejections": 2,
+             **({"withheld_rescues": 1} if variant == "csd" else {})}  # fmt: skip  # ar: a row from before the field
     return {"task": "t", "kind": kind, "variant": variant, "correct": correct, "error": None, "stats": stats}
 
 
@@ -54,8 +55,9 @@ def test_summary_speedup_and_accuracy() -> None:
     assert s["csd"]["accuracy_by_kind"] == {"code": 1.0, "math": 1.0}
     assert s["csd"]["speedup_vs_ar"] == pytest.approx(2.0)
     assert s["csd"]["acceptance_rate"] == pytest.approx(18 / 24)
+    assert (s["ar"]["withheld"], s["csd"]["withheld"]) == (0, 2)  # rescues the meaning guard refused
     table = report.format_table(s)
-    assert "2.00×" in table and table.splitlines()[0].startswith("variant")
+    assert "2.00×" in table and table.splitlines()[0].startswith("variant") and "withheld" in table
 
 
 def test_json_and_png(tmp_path) -> None:

@@ -12,6 +12,7 @@ from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
 from coordinator import engine as engine_module
 from coordinator.engine import Orchestrator, adaptive_gamma
+from coordinator.server import stats_to_pb
 from tests.unit.fakes import EOS, CharTokenizer, FakeDraft, FakeTarget
 
 
@@ -249,3 +250,16 @@ def test_debug_log_traces_every_round_with_its_predicted_and_measured_cost(caplo
         run(adaptive, "c", params(max_new_tokens=4, num_speculative_tokens=None))
     first = next(r.getMessage() for r in caplog.records if " round: gamma " in r.getMessage())
     assert "alpha 0.60" in first  # adaptive: the request's estimate before any round, the pair's prior
+
+
+def test_rescues_the_meaning_guard_withheld_reach_the_stats() -> None:
+    class WithholdingTarget(FakeTarget):  # as if every rejection had been a guarded rescue
+        def verify(self, session_id, proposal, timeout, cohort=0):
+            verdict = super().verify(session_id, proposal, timeout, cohort)
+            return replace(verdict, withheld_rescues=verdict.rejections)
+
+    draft, target = FakeDraft(sloppy_draft), WithholdingTarget(alphabet_target)
+    orchestrator = Orchestrator(CharTokenizer(), draft, [target], (EOS,), max_context=4096)
+    stats = run(orchestrator, "c", params(mode=Mode.CSD))[-1].stats
+    assert stats is not None and stats.withheld_rescues == target.rejections > 0
+    assert stats_to_pb(stats).withheld_rescues == stats.withheld_rescues  # on the wire to clients
