@@ -48,6 +48,10 @@ class CoordinatorMetrics:
         self.draft_tokens = Counter(f"{SPEC}num_draft_tokens", "Draft tokens proposed and verified", registry=r)
         self.accepted = Counter(f"{SPEC}num_accepted_tokens", "Draft tokens accepted (rescued included)", registry=r)
         self.rescued = Counter(f"{SPEC}num_rescued_tokens", "Draft tokens accepted by a CSD rescue", registry=r)
+        self.withheld = Counter(
+            f"{SPEC}num_withheld_rescues", "Rejected draft tokens CSD would have rescued but the meaning guard refused",
+            registry=r,
+        )  # fmt: skip
         self.accepted_per_pos = Counter(
             f"{SPEC}num_accepted_tokens_per_pos",
             "Accepted draft tokens by position in the draft",
@@ -83,6 +87,7 @@ class CoordinatorMetrics:
         self.draft_tokens.inc(len(proposal.token_ids))
         self.accepted.inc(verdict.accepted_count)
         self.rescued.inc(len(verdict.rescued_positions))
+        self.withheld.inc(verdict.withheld_rescues)
         self.gamma.observe(len(proposal.token_ids))
         for position in range(verdict.accepted_count):
             self.accepted_per_pos.labels(str(position)).inc()

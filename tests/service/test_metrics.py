@@ -101,6 +101,7 @@ def test_a_greedy_sd_request_moves_every_counter_by_its_stats(stack: Stack, clie
     assert moved["calispec_spec_decode_num_draft_tokens_total"] == s.drafted
     assert moved["calispec_spec_decode_num_accepted_tokens_total"] == s.accepted
     assert moved["calispec_spec_decode_num_rescued_tokens_total"] == s.rescued == 0  # sd never rescues
+    assert moved["calispec_spec_decode_num_withheld_rescues_total"] == s.withheld_rescues == 0
     assert moved["calispec_spec_decode_num_accepted_tokens_per_pos_total"] == s.accepted
     assert value(c, "calispec_rounds_total", mode="sd") - value(b, "calispec_rounds_total", mode="sd") == s.rounds
     assert moved["calispec_spec_decode_num_drafts_total"] == moved["calispec_spec_decode_gamma_count"] > 0

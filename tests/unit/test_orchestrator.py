@@ -263,3 +263,16 @@ def test_rescues_the_meaning_guard_withheld_reach_the_stats() -> None:
     stats = run(orchestrator, "c", params(mode=Mode.CSD))[-1].stats
     assert stats is not None and stats.withheld_rescues == target.rejections > 0
     assert stats_to_pb(stats).withheld_rescues == stats.withheld_rescues  # on the wire to clients
+
+
+def test_the_coordinators_metrics_count_withheld_rescues() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from coordinator.backends import Proposal, Verdict
+    from coordinator.metrics import CoordinatorMetrics
+
+    registry = CollectorRegistry()
+    metrics = CoordinatorMetrics(registry)
+    proposal = Proposal([1, 2], b"", 0, 0)
+    metrics.observe_round(Mode.CSD, proposal, Verdict(0, [], 5, False, 1, 1, 0, 0, withheld_rescues=1))
+    assert registry.get_sample_value("calispec_spec_decode_num_withheld_rescues_total") == 1
