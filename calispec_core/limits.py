@@ -6,8 +6,11 @@ import argparse
 import math
 import struct
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from calispec_core.errors import InvalidArgument, InvalidField, require, require_field
+
+T = TypeVar("T")
 
 MAX_SPECULATIVE_TOKENS = 16  # gamma; the paper uses 6
 MAX_NEW_TOKENS = 8192
@@ -145,12 +148,7 @@ def _int_checked_by(check: Callable[[int], None]) -> Callable[[str], int]:
     """An argparse type: an int that the field's `check` takes (its reason is the error: argparse names the flag)."""
 
     def parse(text: str) -> int:
-        value = int(text)
-        try:
-            check(value)
-        except InvalidArgument as exc:
-            raise argparse.ArgumentTypeError(flag_error(exc)) from None
-        return value
+        return flag_checked(int(text), check)
 
     parse.__name__ = "int"  # argparse names the type in "invalid int value: 'x'"
     return parse
@@ -164,9 +162,13 @@ lambda_ = _int_checked_by(lambda value: check_csd_thresholds(lambda_=value))  # 
 def tau(text: str) -> float:
     """An argparse type: CSD's τ as a server default (or a tool's, sent as given), in (0, 1] as given and as the
     target's float32 gets it."""
-    value = float(text)
+    return flag_checked(float(text), lambda value: check_csd_thresholds(tau=value))
+
+
+def flag_checked(value: T, check: Callable[[T], None]) -> T:
+    """`value`, if `check` takes it; else argparse's error with the check's reason (every flag's range check)."""
     try:
-        check_csd_thresholds(tau=value)
+        check(value)
     except InvalidArgument as exc:
         raise argparse.ArgumentTypeError(flag_error(exc)) from None
     return value

@@ -24,6 +24,7 @@ from calispec_core.limits import (
     check_csd_thresholds,
     check_sampling,
     check_stop_strings,
+    flag_checked,
     flag_error,
     gamma,
     int_at_least,
@@ -58,15 +59,6 @@ def rate(text: str) -> float:
     value = float(text)
     if not value > 0:  # nan too
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _checked(value: T, check: Callable[[T], None]) -> T:
-    """A value kept in the range requests must keep (calispec_core.limits)."""
-    try:
-        check(value)
-    except InvalidArgument as exc:
-        raise argparse.ArgumentTypeError(flag_error(exc)) from None
     return value
 
 
@@ -113,23 +105,23 @@ def request_tau(text: str) -> float:
 
 def top_k(text: str) -> int:
     """A request's top-k, in [0, MAX_TOP_K] (0: off; a model service also bounds it by its vocabulary)."""
-    return _checked(int(text), lambda k: check_sampling(top_k=k))
+    return flag_checked(int(text), lambda k: check_sampling(top_k=k))
 
 
 def seed(text: str) -> int:
     """A request's seed, in [0, 2**63)."""
-    return _checked(int(text), lambda s: check_sampling(seed=s))
+    return flag_checked(int(text), lambda s: check_sampling(seed=s))
 
 
 def prompt(text: str) -> str:
     """A raw prompt the coordinator takes: not empty, not too long, valid Unicode."""
-    return _checked(text, validate_prompt)
+    return flag_checked(text, validate_prompt)
 
 
 def chat_text(text: str) -> str:
     """A chat message: valid Unicode (command-line bytes that are no UTF-8 decode to lone surrogates, which
     protobuf cannot encode: a traceback from the SDK)."""
-    return _checked(text, lambda t: require_unicode(t, "the message"))
+    return flag_checked(text, lambda t: require_unicode(t, "the message"))
 
 
 def _check_stop_string(text: str) -> None:
@@ -139,7 +131,7 @@ def _check_stop_string(text: str) -> None:
 
 def stop_string(text: str) -> str:
     """One stop string: 1 to MAX_STOP_STRING_CHARS characters of valid Unicode."""
-    return _checked(text, _check_stop_string)
+    return flag_checked(text, _check_stop_string)
 
 
 class StopStrings(argparse.Action):

@@ -122,7 +122,7 @@ def stack_config(args: argparse.Namespace, ports: tuple[int, int, int, int]) -> 
         draft_threads=args.draft_threads,
         target_threads=args.target_threads,
         compute_lock=not args.no_compute_lock,
-        calibration_file=None if args.no_calibration or args.draft else _shipped_file(args.pair),
+        calibration_file=seeded_calibration(args),
         meaning_guard=args.meaning_guard,
         default_tau=getattr(args, "default_tau", None),
         default_lambda=getattr(args, "default_lambda", None),
@@ -137,10 +137,12 @@ def draft_vocab(args: argparse.Namespace, pair: str | None) -> int:
     return args.draft_vocab if args.draft_vocab is not None else default_draft_vocab(pair, args.device)
 
 
-def _shipped_file(pair: str) -> Path | None:
+def seeded_calibration(args: argparse.Namespace) -> Path | None:
+    """The shipped calibration a stack seeds for these flags (`up`, `demo`, `bench compare`): none with
+    --no-calibration or an explicit --draft/--target."""
     from calispec_tools.shipped_calibration import shipped_file  # grpc: not on the light CLI's import path
 
-    return shipped_file(pair)
+    return None if args.no_calibration or args.draft else shipped_file(args.pair)
 
 
 def add_stack_args(parser: argparse.ArgumentParser) -> None:

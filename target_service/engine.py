@@ -99,8 +99,9 @@ class TargetEngine:
         meaning_guard: bool = True,  # rescue only pairs of equal numerals, operators, role (meaning_guard.py)
     ) -> None:
         self.runner = runner
-        keys = meaning_keys(runner.tokenizer, runner.vocab_size) if meaning_guard else None  # [V] int64
-        self.meaning_keys = None if keys is None else keys.to(runner.device)
+        self.meaning_keys = (  # [V] int64 on the logits' device
+            meaning_keys(runner.tokenizer, runner.vocab_size).to(runner.device) if meaning_guard else None
+        )
         self.prefix_cache = prefix_cache
         self.table = table  # MemoryLink (if any) ships its local events and refreshes it in the background
         self.observer = observer

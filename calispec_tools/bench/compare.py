@@ -458,8 +458,7 @@ def _throughput_table(load: dict[str, dict[int, dict[str, Any]]], levels: list[i
 def compare_stack_config(args: argparse.Namespace, tmp: Path) -> StackConfig:
     """The stack `calispec up` would serve with these flags (the pair's shipped calibration seeded, unless
     --no-calibration or explicit --draft/--target), on free ports, its memory and logs under `tmp`."""
-    from calispec_tools.cli import draft_vocab, served_draft_dtype
-    from calispec_tools.shipped_calibration import shipped_file
+    from calispec_tools.cli import draft_vocab, seeded_calibration, served_draft_dtype
     from calispec_tools.stack import StackConfig
 
     draft, target = args.model_dirs
@@ -470,7 +469,7 @@ def compare_stack_config(args: argparse.Namespace, tmp: Path) -> StackConfig:
         draft_vocab=draft_vocab(args, None if args.draft else args.pair), batch_gather_ms=args.batch_gather_ms,
         prefix_cache_tokens=args.prefix_cache_tokens, fp32_linear=args.fp32_linear,
         compute_lock=not args.no_compute_lock, meaning_guard=args.meaning_guard,
-        calibration_file=None if args.no_calibration or args.draft else shipped_file(args.pair),
+        calibration_file=seeded_calibration(args),
     )  # fmt: skip
 
 
