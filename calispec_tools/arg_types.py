@@ -165,3 +165,21 @@ def csv_of(kind: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
         return values
 
     return parse
+
+
+class OwnFlagsSubcommands(argparse._SubParsersAction):
+    """Subcommands whose flags are their own: argparse lets a subcommand's default overwrite the value a user
+    gave the same flag before the subcommand's name (`bench --no-meaning-guard compare` ran with the guard),
+    so such a flag is refused, naming where it belongs. Pass as `add_subparsers(action=OwnFlagsSubcommands)`."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        name = values[0]
+        child = self._name_parser_map.get(name)
+        for action in child._actions if child else []:
+            given = getattr(namespace, action.dest, None)
+            if action.option_strings and given is not None and given != parser.get_default(action.dest):
+                flag = next(a for a in parser._actions if a.dest == action.dest).option_strings[0]
+                parser.error(f"{flag} is an option of `{name}` too: give it after `{name}`")
+        super().__call__(parser, namespace, values, option)

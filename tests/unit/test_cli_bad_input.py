@@ -112,6 +112,32 @@ def test_the_numeric_flags_still_take_what_they_document() -> None:
     assert args.sweep_tau == [0.001, 1.0] and args.sweep_lambda == [0, 6]
 
 
+@pytest.mark.parametrize(
+    ("before", "command"),
+    [
+        (["--no-meaning-guard"], "compare"),
+        (["--prefix-cache-tokens", "5"], "compare"),
+        (["--max-new-tokens", "32"], "compare"),
+        (["--dtype", "float32"], "calibration"),
+    ],
+)
+def test_a_subcommands_flag_given_before_it_is_refused(
+    before: list[str], command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse let the subcommand's default overwrite it: `bench --no-meaning-guard compare` ran the guard."""
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args(["bench", *before, command])
+    assert exited.value.code == 2
+    assert f"{before[0]} is an option of `{command}` too: give it after `{command}`" in capsys.readouterr().err
+
+
+def test_a_subcommands_flag_given_after_it_or_at_its_default_still_parses() -> None:
+    args = cli.build_parser().parse_args(["bench", "compare", "--no-meaning-guard", "--prefix-cache-tokens", "5"])
+    assert args.meaning_guard is False and args.prefix_cache_tokens == 5
+    args = cli.build_parser().parse_args(["bench", "--dtype", "auto", "--modes", "sd", "compare"])
+    assert args.dtype == "auto" and args.bench_command == "compare"  # the load test's own flags pass by
+
+
 # -- paths that cannot be written ----------------------------------------------------------------------
 
 
