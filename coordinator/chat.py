@@ -19,9 +19,9 @@ ROLES = ("system", "user", "assistant")
 MAX_CHAT_MESSAGES = 1024
 
 
-class InvalidMessage(InvalidArgument):
-    """A conversation the coordinator refuses; `param` names the field as the OpenAI API's errors do
-    (`messages[1].role`), and the HTTP API puts it in the error's `param`."""
+class InvalidParam(InvalidArgument):
+    """A request the coordinator refuses, naming the field at fault as the OpenAI API's errors do
+    (`messages[1].role`, `max_tokens`); the HTTP API puts it in the error's `param`."""
 
     def __init__(self, message: str, param: str) -> None:
         super().__init__(message)
@@ -43,27 +43,27 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, turns: Sequence[ChatTurn]) -
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     except TemplateError as exc:  # templates raise_exception() on conversations they do not accept
-        raise InvalidMessage(f"the chat template rejected the messages: {exc}", "messages") from exc
+        raise InvalidParam(f"the chat template rejected the messages: {exc}", "messages") from exc
     return _without_duplicate_bos(tokenizer, text)
 
 
 def _validate(turns: Sequence[ChatTurn]) -> None:
     if not turns:
-        raise InvalidMessage("messages must not be empty", "messages")
+        raise InvalidParam("messages must not be empty", "messages")
     if len(turns) > MAX_CHAT_MESSAGES:
-        raise InvalidMessage(f"at most {MAX_CHAT_MESSAGES} messages", "messages")
+        raise InvalidParam(f"at most {MAX_CHAT_MESSAGES} messages", "messages")
     for i, turn in enumerate(turns):
         role = f"messages[{i}].role"
         if turn.role == "tool":  # a tool's result: there are no tool calls to answer
-            raise InvalidMessage(f"{role} 'tool' is not supported: this server has no tool calling", role)
+            raise InvalidParam(f"{role} 'tool' is not supported: this server has no tool calling", role)
         if turn.role not in ROLES:
-            raise InvalidMessage(f"{role} must be one of {', '.join(ROLES)}, got {turn.role!r}", role)
+            raise InvalidParam(f"{role} must be one of {', '.join(ROLES)}, got {turn.role!r}", role)
         try:
             require_unicode(turn.content, f"messages[{i}].content")
         except InvalidArgument as exc:
-            raise InvalidMessage(str(exc), f"messages[{i}].content") from None
+            raise InvalidParam(str(exc), f"messages[{i}].content") from None
     if sum(len(t.content) for t in turns) > MAX_PROMPT_CHARS:
-        raise InvalidMessage(f"messages longer than {MAX_PROMPT_CHARS} characters", "messages")
+        raise InvalidParam(f"messages longer than {MAX_PROMPT_CHARS} characters", "messages")
 
 
 def _without_duplicate_bos(tokenizer: PreTrainedTokenizerBase, text: str) -> str:

@@ -40,14 +40,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from calispec.types import Mode
 from calispec_core.access import ApiKeys, QuotaBook, parse_bearer
 from calispec_core.credentials import TlsConfig
-from calispec_core.errors import CalispecError, Cancelled, InvalidArgument, NotFound, Unauthenticated, Unavailable
+from calispec_core.errors import CalispecError, Cancelled, NotFound, Unauthenticated, Unavailable
 from calispec_core.generation import Defaults, GenerationParams
 from calispec_core.metrics import new_registry
 from calispec_core.observability import DrainGate
 from calispec_core.request_context import REQUEST_ID_METADATA, bound_request_id, new_request_id, sanitize
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
-from coordinator.chat import ChatTurn, render_chat
+from coordinator.chat import ChatTurn, InvalidParam, render_chat
 from coordinator.config import HTTP_HEADER_TIMEOUT_S, HTTP_MAX_BODY_BYTES, CoordinatorConfig
 from coordinator.engine import Chunk, Orchestrator
 from coordinator.http_transport import guarded_protocol, serve
@@ -436,14 +436,6 @@ class OpenAIApi:
 
 class ModelNotFound(NotFound):
     param = "model"
-
-
-class InvalidParam(InvalidArgument):
-    """A 400 whose `param` names the request field at fault."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 def completion_prompt(req: CompletionRequest) -> str:

@@ -6,7 +6,7 @@ import pytest
 from jinja2 import TemplateError
 
 from calispec_core.errors import InvalidArgument
-from coordinator.chat import ChatTurn, InvalidMessage, render_chat
+from coordinator.chat import ChatTurn, InvalidParam, render_chat
 
 
 class StubTokenizer:
@@ -53,6 +53,6 @@ def test_template_errors_and_missing_templates_are_invalid_argument() -> None:
 )
 def test_bad_turns_name_the_field_for_the_http_errors_param(turns: list[ChatTurn], param: str, fragment: str) -> None:
     """These reached the OpenAI API's errors with param null; a tool message read as an unknown role."""
-    with pytest.raises(InvalidMessage, match=fragment) as info:
+    with pytest.raises(InvalidParam, match=fragment) as info:
         render_chat(StubTokenizer(adds_bos=False), turns)  # type: ignore[arg-type]
     assert info.value.param == param and isinstance(info.value, InvalidArgument)
