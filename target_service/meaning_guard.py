@@ -13,11 +13,14 @@ pair is rescuable only when both tokens have the same key:
 - key k > 0: the token's digits (`str.isdigit`: `'²'` too), ASCII operator characters and Unicode math
   symbols (category Sm: `'≤'`, `'×'`), in order (`' 12'` and `'12'` share one; `'1'` and `'2'` do not;
   `' -'` and `'-'` share one; `' -'` and `' '` do not; so do markdown's `'**'` and a comment's `'//'`,
-  which the guard therefore keeps in place too);
+  which the guard therefore keeps in place too); an English number word (the whole token, any case,
+  `' Two'`) is keyed by its value's digits, so `' two'` and `'2'` share a key (a form), `' two'` and
+  `' a'` do not (the shipped calibration counts `' one'` for `' the'` 10 times, `' two'` for `' a'` 4);
 - a key of its own (< 0) for every added or special token and every id the tokenizer does not know.
 
-Not covered: numbers spelt out (`' two'` for `' three'`) and operators written as words or commands
-(`'\\times'`); such pairs are left to the memory and the gate, as in the paper.
+Not covered: ordinals (`' first'` is as often a discourse marker), number words split over several
+tokens, and operators written as words or commands (`'\\times'`); such pairs are left to the memory and
+the gate, as in the paper.
 
 This is Calispec's addition, not the paper's (docs/calibration.md, "The meaning guard"). Only the
 rescue is guarded: the memory still counts every rejection event, and a target started with
@@ -34,10 +37,25 @@ from transformers import PreTrainedTokenizerBase
 
 OPERATOR_CHARACTERS = frozenset("+-*/%=<>!&|^~")
 NO_KEY = 0
+_UNITS = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
+    "eighteen nineteen"
+)
+_TENS = "twenty thirty forty fifty sixty seventy eighty ninety"
+_LARGE = {"hundred": "100", "thousand": "1000", "million": "1000000", "billion": "1000000000", "dozen": "12"}
+NUMBER_WORDS = {  # an English number word's value, keyed as its digits are
+    **{word: str(n) for n, word in enumerate(_UNITS.split())},
+    **{word: str(20 + 10 * n) for n, word in enumerate(_TENS.split())},
+    **_LARGE,
+}
 
 
 def meaning_key(text: str) -> str:
-    """The characters of a decoded token that carry meaning in any form: digits, operators, math symbols."""
+    """What in a decoded token carries meaning in any form: a number word's value, else its digits, operators
+    and math symbols."""
+    word = NUMBER_WORDS.get(text.strip().lower())
+    if word is not None:
+        return word
     return "".join(c for c in text if c.isdigit() or c in OPERATOR_CHARACTERS or unicodedata.category(c) == "Sm")
 
 
