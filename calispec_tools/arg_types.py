@@ -168,18 +168,23 @@ def csv_of(kind: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
 
 
 class OwnFlagsSubcommands(argparse._SubParsersAction):
-    """Subcommands whose flags are their own: argparse lets a subcommand's default overwrite the value a user
-    gave the same flag before the subcommand's name (`bench --no-meaning-guard compare` ran with the guard),
-    so such a flag is refused, naming where it belongs. Pass as `add_subparsers(action=OwnFlagsSubcommands)`."""
+    """Subcommands that take none of their parent's flags. argparse lets a subcommand's default overwrite the
+    value a user gave the same flag before the subcommand's name (`bench --no-meaning-guard compare` ran with
+    the guard) and silently drops the parent's other flags (`bench --modes sd compare`), so a parent flag given
+    before a subcommand is refused, naming where it belongs. `add_subparsers(action=OwnFlagsSubcommands)`."""
 
     def __call__(
         self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
     ) -> None:
         name = values[0]
         child = self._name_parser_map.get(name)
-        for action in child._actions if child else []:
-            given = getattr(namespace, action.dest, None)
-            if action.option_strings and given is not None and given != parser.get_default(action.dest):
-                flag = next(a for a in parser._actions if a.dest == action.dest).option_strings[0]
-                parser.error(f"{flag} is an option of `{name}` too: give it after `{name}`")
+        own = {a.dest for a in child._actions} if child else set()
+        for action in parser._actions:
+            # argparse builds a new object for every value it parses, so identity tells a given flag from its
+            # default (a small int equal to its default passes: the same value either way)
+            given = getattr(namespace, action.dest, action.default) is not action.default
+            if action.option_strings and action.default is not argparse.SUPPRESS and given:
+                flag = action.option_strings[0]
+                where = f"give it after `{name}`" if action.dest in own else f"`{name}` does not take it"
+                parser.error(f"{flag} before `{name}` would be ignored: {where}")
         super().__call__(parser, namespace, values, option)

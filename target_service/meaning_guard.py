@@ -16,6 +16,8 @@ pair is rescuable only when both tokens have the same key:
   which the guard therefore keeps in place too); an English number word (the whole token, any case,
   `' Two'`) is keyed by its value's digits, so `' two'` and `'2'` share a key (a form), `' two'` and
   `' a'` do not (the shipped calibration counts `' one'` for `' the'` 10 times, `' two'` for `' a'` 4);
+  a multiplier (`' hundred'`, `' dozen'`) has a key of its own, no digits; a bare piece is keyed too
+  (`'one'` of `'ph'`+`'one'`), which errs towards withholding;
 - a key of its own (< 0) for every added or special token and every id the tokenizer does not know.
 
 Not covered: ordinals (`' first'` is as often a discourse marker), number words split over several
@@ -42,11 +44,12 @@ _UNITS = (
     "eighteen nineteen"
 )
 _TENS = "twenty thirty forty fifty sixty seventy eighty ninety"
-_LARGE = {"hundred": "100", "thousand": "1000", "million": "1000000", "billion": "1000000000", "dozen": "12"}
+_MULTIPLIERS = "hundred thousand million billion dozen"
 NUMBER_WORDS = {  # an English number word's value, keyed as its digits are
     **{word: str(n) for n, word in enumerate(_UNITS.split())},
     **{word: str(20 + 10 * n) for n, word in enumerate(_TENS.split())},
-    **_LARGE,
+    # a multiplier scales the word before it ("three hundred"): a key of its own, no digits ('#' is never kept)
+    **{word: f"#{word}" for word in _MULTIPLIERS.split()},
 }
 
 

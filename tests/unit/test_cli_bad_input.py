@@ -113,29 +113,34 @@ def test_the_numeric_flags_still_take_what_they_document() -> None:
 
 
 @pytest.mark.parametrize(
-    ("before", "command"),
+    ("before", "command", "where"),
     [
-        (["--no-meaning-guard"], "compare"),
-        (["--prefix-cache-tokens", "5"], "compare"),
-        (["--max-new-tokens", "32"], "compare"),
-        (["--dtype", "float32"], "calibration"),
+        (["--no-meaning-guard"], "compare", "give it after `compare`"),
+        (["--prefix-cache-tokens", "5"], "compare", "give it after `compare`"),
+        (["--max-new-tokens=32"], "compare", "give it after `compare`"),
+        (["--prompts", "code,math,prose"], "compare", "give it after `compare`"),  # its default, given
+        (["--dtype", "float32"], "calibration", "give it after `calibration`"),
+        (["--modes", "sd"], "compare", "`compare` does not take it"),
+        (["--local"], "calibration", "`calibration` does not take it"),
     ],
 )
-def test_a_subcommands_flag_given_before_it_is_refused(
-    before: list[str], command: str, capsys: pytest.CaptureFixture[str]
+def test_a_bench_flag_before_a_subcommand_is_refused(
+    before: list[str], command: str, where: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """argparse let the subcommand's default overwrite it: `bench --no-meaning-guard compare` ran the guard."""
+    """argparse let the subcommand's default overwrite it (`bench --no-meaning-guard compare` ran the guard),
+    or dropped it (`bench --modes sd compare` ran every mode)."""
     with pytest.raises(SystemExit) as exited:
         cli.build_parser().parse_args(["bench", *before, command])
     assert exited.value.code == 2
-    assert f"{before[0]} is an option of `{command}` too: give it after `{command}`" in capsys.readouterr().err
+    flag = before[0].split("=")[0]
+    assert f"{flag} before `{command}` would be ignored: {where}" in capsys.readouterr().err
 
 
-def test_a_subcommands_flag_given_after_it_or_at_its_default_still_parses() -> None:
+def test_bench_flags_after_the_subcommand_or_without_one_still_parse() -> None:
     args = cli.build_parser().parse_args(["bench", "compare", "--no-meaning-guard", "--prefix-cache-tokens", "5"])
-    assert args.meaning_guard is False and args.prefix_cache_tokens == 5
-    args = cli.build_parser().parse_args(["bench", "--dtype", "auto", "--modes", "sd", "compare"])
-    assert args.dtype == "auto" and args.bench_command == "compare"  # the load test's own flags pass by
+    assert args.meaning_guard is False and args.prefix_cache_tokens == 5 and args.bench_command == "compare"
+    args = cli.build_parser().parse_args(["bench", "--local", "--modes", "sd", "--dtype", "float32"])
+    assert args.local and args.modes == ["sd"] and args.dtype == "float32" and args.bench_command is None
 
 
 # -- paths that cannot be written ----------------------------------------------------------------------

@@ -29,7 +29,8 @@ from tests.unit.test_verifier_csd import LAMBDA, Counts, _input
 KEYS = [
     (" the", ""), ("\n\n", ""), (" 12", "12"), ("12", "12"), (" -", "-"), (" <=", "<="), ("x2", "2"),
     ("٣", "٣"), ("x²", "²"), (" ≤", "≤"), ("×", "×"),
-    (" two", "2"), ("Two", "2"), (" nineteen", "19"), (" forty", "40"), (" hundred", "100"), ("zero", "0"),
+    (" two", "2"), ("Two", "2"), (" nineteen", "19"), (" forty", "40"), ("zero", "0"),
+    (" hundred", "#hundred"), (" dozen", "#dozen"),
     (" someone", ""), (" once", ""), (" twofold", ""),
 ]  # fmt: skip
 
