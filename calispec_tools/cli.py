@@ -123,6 +123,7 @@ def stack_config(args: argparse.Namespace, ports: tuple[int, int, int, int]) -> 
         target_threads=args.target_threads,
         compute_lock=not args.no_compute_lock,
         calibration_file=seeded_calibration(args),
+        calibration_lambdas=calibration_lambdas(args),
         meaning_guard=args.meaning_guard,
         default_tau=getattr(args, "default_tau", None),
         default_lambda=getattr(args, "default_lambda", None),
@@ -143,6 +144,13 @@ def seeded_calibration(args: argparse.Namespace) -> Path | None:
     from calispec_tools.shipped_calibration import shipped_file  # grpc: not on the light CLI's import path
 
     return None if args.no_calibration or args.draft else shipped_file(args.pair)
+
+
+def calibration_lambdas(args: argparse.Namespace) -> tuple[tuple[str, int], ...]:
+    """The λ chosen for the calibration these flags seed, by the target's dtype; none when nothing is seeded."""
+    from calispec_tools.shipped_calibration import chosen_lambdas
+
+    return chosen_lambdas(args.pair, args.meaning_guard) if seeded_calibration(args) else ()
 
 
 def add_stack_args(parser: argparse.ArgumentParser) -> None:
@@ -430,6 +438,7 @@ def print_ready(stack: LocalStack, config: StackConfig, key: str | None, tls_dir
     )
     print(f"memory namespace: {stack.memory_namespace}")
     print(stack.calibration.message if stack.calibration else "calibration: none for this pair or disabled")
+    print(stack.csd_defaults_message(stack.target_dtype))
     print(
         f"memory db: {config.memory_db}\n{client_env}ready: calispec generate --prompt '...' "
         f"--address {stack.coordinator_address}   (Ctrl-C or `calispec down` stops the stack)",
@@ -475,6 +484,7 @@ def run_demo(args: argparse.Namespace) -> int:
     with LocalStack(config) as stack:
         if stack.calibration is not None:
             print(stack.calibration.message, file=sys.stderr)
+        print(stack.csd_defaults_message(stack.target_dtype), file=sys.stderr)
         shown = f"chat {messages!r}" if messages else f"prompt: {args.prompt!r}"
         print(f"{shown}  mode: {args.mode or 'csd'}\n", file=sys.stderr)
         # the demo stack runs open on loopback (no API key, no TLS): no credentials, not even the environment's
@@ -526,8 +536,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--default-tau", type=at.tau, help="CSD τ for requests that set none (default: the paper's 0.01)")
     up.add_argument(
         "--default-lambda", type=at.lambda_,
-        help="CSD λ for requests that set none (default: the paper's 6; the shipped qwen-coder calibration's "
-        "held-out choice is 20, docs/calibration.md)",
+        help="CSD λ for requests that set none (default: the paper's 6, or the λ chosen for the seeded shipped "
+        "calibration on the target's dtype with the meaning guard: 3 for qwen-coder on float32; docs/calibration.md)",
     )  # fmt: skip
     up.set_defaults(func=cmd_up)
 

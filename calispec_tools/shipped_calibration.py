@@ -5,6 +5,12 @@ calispec_tools/data/calibration/corpus/; never the evaluation tasks); `SHA256SUM
 records its hash. A stack loads it into the pair's namespace when that namespace has never been
 written (a fresh memory database, or a new pair), so the first request can already rescue;
 `--no-calibration` skips it. A file whose hash or namespace does not match is not loaded.
+
+A shipped file may come with the λ chosen for it (CHOSEN_LAMBDA): counts scale with the size of the corpus
+that made them, so the paper's λ = 6 is not the right cut for every calibration. The stack serves that λ as
+its default when it seeds the file, the meaning guard is on (the rule λ was chosen for) and the target serves
+a dtype λ was chosen on; --default-lambda (and a request's own λ) still win. Like a model's own
+generation_config.json, which vLLM takes as the defaults of requests that set nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +28,17 @@ from calispec_tools.memory_file import MemoryFileError, load_export
 CALIBRATION_DIR = Path(__file__).resolve().parent / "data" / "calibration"
 CORPUS_DIR = CALIBRATION_DIR / "corpus"
 SUMS_NAME = "SHA256SUMS"
+
+# λ by the target's served dtype, chosen on the dev tasks with the meaning guard on and run once on the eval
+# tasks (docs/calibration.md, "The procedure again, for the guarded rule"; README wave 22). A dtype not
+# listed was not measured with the guard: it keeps the paper's λ.
+CHOSEN_LAMBDA: dict[str, dict[str, int]] = {"qwen-coder": {"float32": 3}}
+
+
+def chosen_lambdas(pair: str, meaning_guard: bool) -> tuple[tuple[str, int], ...]:
+    """(target dtype, λ) chosen for the pair's shipped calibration; none without the guard (λ was chosen
+    for the guarded rule) or for a pair without one."""
+    return tuple(sorted(CHOSEN_LAMBDA.get(pair, {}).items())) if meaning_guard and shipped_file(pair) else ()
 
 
 def shipped_file(pair: str) -> Path | None:

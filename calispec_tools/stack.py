@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO
 
 from calispec_core.credentials import write_new_token
+from calispec_core.generation import Defaults
 from calispec_tools.certs import DevCerts
 from calispec_tools.namespaces import pair_namespace
 from calispec_tools.shipped_calibration import SeedResult, seed_namespace
@@ -125,6 +126,9 @@ class StackConfig:
     memory_flush_interval_s: float = 0.5  # the memory service's group commit (its crash-loss bound)
     memory_namespace: str | None = None  # None: derived from the model pair (calispec_tools/namespaces.py)
     calibration_file: Path | None = None  # an export seeded into a never-written namespace (shipped_calibration.py)
+    # (target dtype, λ) chosen for that calibration: the coordinator's default λ when default_lambda is None and
+    # the target serves one of these dtypes (shipped_calibration.CHOSEN_LAMBDA)
+    calibration_lambdas: tuple[tuple[str, int], ...] = ()
     start_timeout_s: float = 300.0
     tls_dir: Path | None = None  # `calispec certs dev` output: mutual TLS between all four; None: plaintext
     api_keys_file: Path | None = None  # the coordinator's API keys; None: open (loopback only)
@@ -267,6 +271,7 @@ class LocalStack:
         self.writer_token_file: Path | None = None  # this run's verifier credential (see credentials.py)
         self.memory_namespace = config.memory_namespace or pair_namespace(config.draft_model, config.target_model)
         self.calibration: SeedResult | None = None
+        self.target_dtype: str | None = None  # as the target service's banner names it, once it serves
         self._dir_lock: StackLock | None = None
         self._logged: set[str] = set()  # services whose log this stack started (a restart appends to it)
 
@@ -295,8 +300,9 @@ class LocalStack:
             target_addrs = [arg for t in targets for arg in ("--target-addr", t.address)]
             keys = ["--api-keys-file", str(c.api_keys_file)] if c.api_keys_file else []
             http = [] if c.http_port is None else ["--http-port", str(c.http_port)]
+            self.target_dtype = targets[0].banner_value("dtype")  # what `auto` resolved to, there
             self._spawn("coordinator", [
-                *self.tls_args("coordinator"), *keys, *http, *self.csd_default_args(),
+                *self.tls_args("coordinator"), *keys, *http, *self.csd_default_args(self.target_dtype),
                 "--port", str(c.coordinator_port), "--tokenizer", str(c.target_model),
                 "--draft-addr", self.services["draft_service"].address, *target_addrs,
             ])  # fmt: skip
@@ -330,11 +336,29 @@ class LocalStack:
             *self.model_service_args(), *([] if c.meaning_guard else ["--no-meaning-guard"]),
         ]  # fmt: skip
 
-    def csd_default_args(self) -> list[str]:
-        """The coordinator's server-side τ and λ, when set."""
-        tau, lam = self.config.default_tau, self.config.default_lambda
+    def default_lambda(self, target_dtype: str | None) -> int | None:
+        """The coordinator's λ for requests that set none: the configured one, else the λ chosen for the seeded
+        calibration on the dtype the target serves, else None (the coordinator's own: the paper's)."""
+        c = self.config
+        return c.default_lambda if c.default_lambda is not None else dict(c.calibration_lambdas).get(target_dtype or "")
+
+    def csd_default_args(self, target_dtype: str | None = None) -> list[str]:
+        """The coordinator's server-side τ and λ, when set (λ may come with the calibration: default_lambda)."""
+        tau, lam = self.config.default_tau, self.default_lambda(target_dtype)
         return [*([] if tau is None else ["--default-tau", str(tau)]),
                 *([] if lam is None else ["--default-lambda", str(lam)])]  # fmt: skip
+
+    def csd_defaults_message(self, target_dtype: str | None) -> str:
+        """What a request that sets neither τ nor λ gets, and why (`up` and `demo` print it)."""
+        c, lam = self.config, self.default_lambda(target_dtype)
+        tau = c.default_tau if c.default_tau is not None else Defaults.tau
+        if c.default_lambda is not None:
+            why = "--default-lambda"
+        elif lam is not None:
+            why = f"chosen for the shipped calibration, {target_dtype} target, meaning guard: docs/calibration.md"
+        else:
+            why = "the paper's"
+        return f"CSD defaults: τ = {tau:g}, λ = {Defaults.lambda_ if lam is None else lam} ({why})"
 
     def model_service_args(self) -> list[str]:
         """What the draft and the target share: session idle TTL, batch gather time, prefix cache, float32

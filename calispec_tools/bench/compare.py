@@ -458,7 +458,7 @@ def _throughput_table(load: dict[str, dict[int, dict[str, Any]]], levels: list[i
 def compare_stack_config(args: argparse.Namespace, tmp: Path) -> StackConfig:
     """The stack `calispec up` would serve with these flags (the pair's shipped calibration seeded, unless
     --no-calibration or explicit --draft/--target), on free ports, its memory and logs under `tmp`."""
-    from calispec_tools.cli import draft_vocab, seeded_calibration, served_draft_dtype
+    from calispec_tools.cli import calibration_lambdas, draft_vocab, seeded_calibration, served_draft_dtype
     from calispec_tools.stack import StackConfig
 
     draft, target = args.model_dirs
@@ -469,7 +469,7 @@ def compare_stack_config(args: argparse.Namespace, tmp: Path) -> StackConfig:
         draft_vocab=draft_vocab(args, None if args.draft else args.pair), batch_gather_ms=args.batch_gather_ms,
         prefix_cache_tokens=args.prefix_cache_tokens, fp32_linear=args.fp32_linear,
         compute_lock=not args.no_compute_lock, meaning_guard=args.meaning_guard,
-        calibration_file=seeded_calibration(args),
+        calibration_file=seeded_calibration(args), calibration_lambdas=calibration_lambdas(args),
     )  # fmt: skip
 
 
@@ -503,7 +503,8 @@ def run_compare(args: argparse.Namespace) -> int:
             linear = {name: stack.services[f"{name}_service"].banner_value("fp32_linear") for name in MODEL_SERVICES}
             seeded = stack.calibration  # what csd starts from, as `up` reports it (a refused file is no calibration)
             calibration = seeded.message if seeded else "none (--no-calibration, or no shipped file for this pair)"
-            print(calibration, file=sys.stderr)
+            csd_defaults = stack.csd_defaults_message(stack.target_dtype)
+            print(f"{calibration}\n{csd_defaults}", file=sys.stderr)
             warm_up(client, hf, config.prompts[0])
             floors = model_service_floors(*(stack.services[f"{name}_service"].address for name in MODEL_SERVICES))
 
@@ -521,6 +522,7 @@ def run_compare(args: argparse.Namespace) -> int:
         "compute_lock": "on" if compute_lock_path(stack_config) else "off",  # forwards take turns (host_lock.py)
         "calibration": calibration,  # the memory csd starts from (shipped_calibration.py), as `up` seeds it
         "meaning_guard": "on" if stack_config.meaning_guard else "off",
+        "csd_defaults": csd_defaults.removeprefix("CSD defaults: "),  # the τ and λ csd ran at, and why
     }
     summary = summarize(runs)
     rel = ratios(summary)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
@@ -183,10 +184,18 @@ def test_rejection_counts_reach_sqlite_and_survive_a_memory_restart(stack: Local
 
 
 def test_identical_draft_gives_full_acceptance(tiny_pair: TinyPair, tmp_path: Path) -> None:
+    """Also: the λ chosen for a seeded calibration reaches the coordinator by the dtype the target's banner
+    names (`auto` resolves there), and only for that dtype (no rejections here, so λ changes nothing else)."""
+    lambdas = (("bfloat16", 9), ("float32", 2))
+    same_pair = stack_config(tmp_path, tiny_pair.target, tiny_pair.target)
+    config = dataclasses.replace(same_pair, calibration_lambdas=lambdas)
     with (
-        LocalStack(stack_config(tmp_path, tiny_pair.target, tiny_pair.target)) as same,
+        LocalStack(config) as same,
         CalispecClient(same.coordinator_address, timeout=120) as c,
     ):
+        coordinator = same.services["coordinator"].args
+        assert coordinator[coordinator.index("--default-lambda") + 1] == "2"
+        assert same.csd_defaults_message(same.target_dtype).startswith("CSD defaults: τ = 0.01, λ = 2 (chosen for")
         for prompt in PROMPTS[:3]:
             r = c.generate(prompt, max_new_tokens=30, mode="sd", num_speculative_tokens=4)
             assert r.stats.drafted > 0
@@ -219,4 +228,5 @@ def test_demo_serves_one_request_end_to_end(
     args += ["--prompt", "def add(a, b):", "--mode", "sd", "--max-new-tokens", "8"]
     assert cli.main(args) == 0
     err = capsys.readouterr().err
+    assert "CSD defaults: τ = 0.01, λ = 6 (the paper's)" in err  # explicit models: no shipped calibration
     assert re.search(r"\] \d+ tokens in \d+ ms \| rounds \d+", err), err

@@ -124,6 +124,35 @@ def test_up_maps_the_csd_defaults_onto_the_coordinator(tiny_pair: TinyPair, tmp_
             parser.parse_args(["up", *bad])
 
 
+def test_the_calibrations_lambda_is_the_default_for_the_dtype_it_was_chosen_on(tmp_path) -> None:
+    """A shipped calibration's λ (shipped_calibration.CHOSEN_LAMBDA) becomes the coordinator's default only on
+    a target dtype it was chosen for; --default-lambda wins over it."""
+    config = StackConfig(tmp_path, tmp_path, tmp_path / "m.db", tmp_path, calibration_lambdas=(("float32", 3),))
+    stack = LocalStack(config)
+    assert stack.csd_default_args("float32") == ["--default-lambda", "3"]
+    assert stack.csd_default_args("bfloat16") == [] and stack.csd_default_args(None) == []
+    assert stack.csd_defaults_message("bfloat16") == "CSD defaults: τ = 0.01, λ = 6 (the paper's)"
+    assert "λ = 3 (chosen for the shipped calibration, float32" in stack.csd_defaults_message("float32")
+    explicit = LocalStack(replace(config, default_lambda=20, default_tau=0.1))
+    assert explicit.csd_default_args("float32") == ["--default-tau", "0.1", "--default-lambda", "20"]
+    assert explicit.csd_defaults_message("float32") == "CSD defaults: τ = 0.1, λ = 20 (--default-lambda)"
+
+
+@pytest.mark.parametrize(
+    ("flags", "lambdas"),
+    [
+        ([], (("float32", 3),)),
+        (["--no-calibration"], ()),  # no calibration seeded: nothing λ was chosen for
+        (["--no-meaning-guard"], ()),  # λ was chosen for the guarded rule
+        (["--pair", "tiny"], ()),  # no shipped calibration
+    ],
+)
+def test_up_takes_the_lambda_chosen_for_the_calibration_it_seeds(flags: list[str], lambdas: tuple) -> None:
+    from calispec_tools.cli import build_parser, calibration_lambdas
+
+    assert calibration_lambdas(build_parser().parse_args(["up", "--pair", "qwen-coder", *flags])) == lambdas
+
+
 def test_draft_vocab_defaults_to_the_pairs_cpu_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(PAIRS, "qwen-coder", replace(PAIRS["qwen-coder"], cpu_draft_vocab=1234))
     assert default_draft_vocab("qwen-coder", "cpu") == 1234
