@@ -3,7 +3,8 @@
 The correction memory accepts writes only from verifiers: they hold a *writer token* (a file
 only the deployment hands to target replicas and the memory service) and send it as gRPC
 metadata; clients of the coordinator never see it. The memory service's file may name one
-identity per token (`read_writer_tokens`); its rate limits are keyed on that identity.
+identity per token (`read_writer_tokens`); its rate limits are keyed on that identity, and a line
+may confine its token to the namespaces it names (`read_writer_scopes`).
 Services take `--writer-token-file PATH`; the file, not the command line, holds the secret
 so that it does not show up in `ps`.
 """
@@ -49,13 +50,8 @@ DEFAULT_WRITER_IDENTITY = "writer"  # the identity of a one-token file (every ho
 _IDENTITY_PATTERN = re.compile(r"[A-Za-z0-9._@:/-]{1,64}")
 
 
-def read_writer_tokens(path: Path | str) -> tuple[tuple[str, str], ...]:
-    """(identity, token) pairs of the memory service's writer tokens file.
-
-    Either one bare token (identity `DEFAULT_WRITER_IDENTITY`, shared by every verifier holding
-    it) or one `IDENTITY TOKEN` line per writer (blank lines and `#` comments ignored), so
-    that each verifier has its own rate limit and a leaked token can be revoked alone.
-    """
+def _writer_rows(path: Path | str) -> list[list[str]]:
+    """The token file's rows, [identity, token, *namespace patterns], checked (FailedPrecondition)."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as exc:
@@ -64,16 +60,33 @@ def read_writer_tokens(path: Path | str) -> tuple[tuple[str, str], ...]:
     if len(rows) == 1 and len(rows[0]) == 1:
         rows = [[DEFAULT_WRITER_IDENTITY, rows[0][0]]]
     ok = bool(rows) and all(
-        len(r) == 2 and _IDENTITY_PATTERN.fullmatch(r[0]) and len(r[1]) >= MIN_TOKEN_CHARS for r in rows
+        len(r) >= 2 and _IDENTITY_PATTERN.fullmatch(r[0]) and len(r[1]) >= MIN_TOKEN_CHARS for r in rows
     )
     if not ok:
         raise FailedPrecondition(
-            f"writer token file {path} must hold one token, or lines of IDENTITY TOKEN "
-            f"(identity: 1-64 of [A-Za-z0-9._@:/-]; token: >= {MIN_TOKEN_CHARS} non-space characters)"
+            f"writer token file {path} must hold one token, or lines of IDENTITY TOKEN [NAMESPACE ...] "
+            f"(identity: 1-64 of [A-Za-z0-9._@:/-]; token: >= {MIN_TOKEN_CHARS} non-space characters; "
+            "namespaces: the patterns it may write, * for any characters)"
         )
     if len({r[0] for r in rows}) != len(rows) or len({r[1] for r in rows}) != len(rows):
         raise FailedPrecondition(f"writer token file {path} repeats an identity or a token")
-    return tuple((identity, token) for identity, token in rows)
+    return rows
+
+
+def read_writer_tokens(path: Path | str) -> tuple[tuple[str, str], ...]:
+    """(identity, token) pairs of the memory service's writer tokens file.
+
+    Either one bare token (identity `DEFAULT_WRITER_IDENTITY`, shared by every verifier holding
+    it) or one `IDENTITY TOKEN [NAMESPACE ...]` line per writer (blank lines and `#` comments
+    ignored), so that each verifier has its own rate limit and a leaked token can be revoked alone.
+    """
+    return tuple((row[0], row[1]) for row in _writer_rows(path))
+
+
+def read_writer_scopes(path: Path | str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """(identity, namespace patterns) of the writers whose line names the namespaces they may write
+    (fnmatch patterns: `pair/draft-537d3c1b+*`); a writer not listed here may write every namespace."""
+    return tuple((row[0], tuple(row[2:])) for row in _writer_rows(path) if len(row) > 2)
 
 
 def write_new_token(path: Path) -> str:

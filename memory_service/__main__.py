@@ -16,7 +16,7 @@ with interrupt_exits_quietly():
     from dataclasses import replace
     from pathlib import Path
 
-    from calispec_core.credentials import read_writer_tokens
+    from calispec_core.credentials import read_writer_scopes, read_writer_tokens
     from calispec_core.errors import CalispecError
     from calispec_core.limits import burst, non_negative_float, positive_float, positive_int
     from calispec_core.limits import port as tcp_port
@@ -68,7 +68,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
     parser.add_argument(
         "--writer-token-file",
         type=Path,
-        help="the verifiers' writer token, or lines of IDENTITY TOKEN (a rate limit per identity)",
+        help="the verifiers' writer token, or lines of IDENTITY TOKEN [NAMESPACE ...] (a rate limit per identity; "
+        "namespaces: the only ones that token may write, fnmatch patterns)",
     )
     parser.add_argument(
         "--allow-unauthenticated-writes",
@@ -99,6 +100,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
             flush_interval_s=args.flush_interval,
             limits=TableLimits(args.max_pairs, args.max_pairs_per_draft, args.half_life),
             writer_tokens=read_writer_tokens(args.writer_token_file) if args.writer_token_file else (),
+            writer_scopes=read_writer_scopes(args.writer_token_file) if args.writer_token_file else (),
             writer_events_per_s=args.writer_rate_limit,
             writer_burst_events=args.writer_burst,
             tls=tls_from_args(parser, args),

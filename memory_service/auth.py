@@ -3,21 +3,24 @@
 Only verifiers write: a write must present a writer token (see `calispec_core.credentials`);
 the token resolves to the writer's *identity* (`WriterGate.identify`), and each identity has
 a token bucket of events per second, so one misbehaving replica cannot flood the table. A write
-over the limit is refused whole (RESOURCE_EXHAUSTED) and changes nothing. The bucket is never
+over the limit is refused whole (RESOURCE_EXHAUSTED) and changes nothing. An identity may be confined
+to some namespaces (its token file line names them): a write elsewhere is PERMISSION_DENIED, so the
+verifiers of one pair cannot count into, or fix the vocabulary of, another pair's table. The bucket is never
 keyed on anything the client chooses (a header, its port): a fresh value per call would be a
 fresh bucket per call.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hmac
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from calispec_core.credentials import DEFAULT_WRITER_IDENTITY
-from calispec_core.errors import ResourceExhausted, Unauthenticated
+from calispec_core.errors import PermissionDenied, ResourceExhausted, Unauthenticated
 
 MAX_TRACKED_WRITERS = 10_000  # buckets kept; the idlest are forgotten beyond this (they were full anyway)
 
@@ -42,12 +45,15 @@ class WriterGate:
         events_per_s: float,
         burst_events: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        scopes: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         """tokens: identity -> token (a bare string: one token, identity "writer"); None or empty
-        means writes are open to anyone: only with an explicit opt-in (see __main__)."""
+        means writes are open to anyone: only with an explicit opt-in (see __main__). scopes: identity ->
+        the namespace patterns (fnmatch) it may write; an identity without an entry writes every namespace."""
         if isinstance(tokens, str):
             tokens = {DEFAULT_WRITER_IDENTITY: tokens}
         self._tokens = [(identity, token.encode()) for identity, token in (tokens or {}).items()]
+        self._scopes = {identity: tuple(patterns) for identity, patterns in (scopes or {}).items()}
         self.events_per_s = events_per_s
         # The burst also bounds one request: an import larger than it needs a larger burst.
         self.burst = burst_events if burst_events is not None else 10 * events_per_s
@@ -59,11 +65,18 @@ class WriterGate:
     def requires_token(self) -> bool:
         return bool(self._tokens)
 
-    def identify(self, presented_token: str | None, certificate_name: str | None = None, peer: str = "") -> str:
+    def identify(
+        self,
+        presented_token: str | None,
+        certificate_name: str | None = None,
+        peer: str = "",
+        namespace: str | None = None,
+    ) -> str:
         """The caller's identity, or Unauthenticated: the one place a writer gets its name.
 
         With tokens: the identity its token names (prefixed by its mutual-TLS certificate name,
-        when it has one). Open writes: the certificate name, else the peer's host.
+        when it has one). Open writes: the certificate name, else the peer's host. `namespace`: the
+        one it writes (PermissionDenied outside its token's scope); None: it writes none (a Watch).
         """
         prefix = f"{certificate_name}/" if certificate_name else ""
         if not self._tokens:
@@ -73,7 +86,16 @@ class WriterGate:
         matches = [identity for identity, token in self._tokens if hmac.compare_digest(token, presented)]
         if not presented_token or not matches:
             raise Unauthenticated("writing to the correction memory needs a verifier's writer token")
+        if namespace is not None:
+            self._check_scope(matches[0], namespace)
         return prefix + matches[0]
+
+    def _check_scope(self, identity: str, namespace: str) -> None:
+        patterns = self._scopes.get(identity)
+        if patterns is not None and not any(fnmatch.fnmatchcase(namespace, p) for p in patterns):
+            raise PermissionDenied(
+                f"writer {identity!r} may write only namespaces matching {' '.join(patterns)}, not {namespace!r}"
+            )
 
     def admit(self, presented_token: str | None, events: int, peer: str = "") -> str:
         """Identify the writer and take `events` from its bucket; returns its identity."""

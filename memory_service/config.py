@@ -39,6 +39,8 @@ class MemoryConfig:
     # No token at all: writes need none. Only with an explicit opt-in (--allow-unauthenticated-writes).
     writer_token: str | None = None  # one token shared by every verifier (identity "writer")
     writer_tokens: tuple[tuple[str, str], ...] = ()  # (identity, token): a rate limit per identity
+    # (identity, namespace patterns): what that writer may write (fnmatch); a writer not listed: every namespace
+    writer_scopes: tuple[tuple[str, tuple[str, ...]], ...] = ()
     writer_events_per_s: float = 100_000.0  # per writer; 0 disables the limit
     writer_burst_events: float | None = None  # None: 10 s worth of the rate
     watch_heartbeat_s: float = 1.0

@@ -59,12 +59,13 @@ def _update_to_pb(update: Update) -> memory_pb2.WatchResponse:
     )
 
 
-def _writer_identity(gate: WriterGate, context: grpc.ServicerContext) -> str:
+def _writer_identity(gate: WriterGate, context: grpc.ServicerContext, namespace: str | None = None) -> str:
     """Who is writing, from what the caller proved (its token, its certificate), never from what
     it claims: a client-chosen header keyed the rate limit once, and a new value per call
-    admitted 12 M events in 0.01 s. Unauthenticated if the token is missing or wrong."""
+    admitted 12 M events in 0.01 s. Unauthenticated if the token is missing or wrong, PermissionDenied
+    if it may not write `namespace`."""
     token = dict(context.invocation_metadata() or ()).get(WRITER_TOKEN_METADATA)
-    return gate.identify(token, certificate_name=caller_identity(context), peer=context.peer())
+    return gate.identify(token, certificate_name=caller_identity(context), peer=context.peer(), namespace=namespace)
 
 
 @contextmanager
@@ -99,7 +100,7 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         # writer's budget (validation before the rate limit); nothing is buffered before both.
         events = [(e.draft_token_id, e.target_token_id, e.count) for e in request.events]
         try:
-            writer = _writer_identity(self._gate, context)
+            writer = _writer_identity(self._gate, context, request.namespace)
             validate_namespace(request.namespace)
             vocab = self._store.vocab_limit(request.namespace, request.vocab_size)
             cost = validate_events(events, vocab)
@@ -219,7 +220,8 @@ def create_server(config: MemoryConfig) -> tuple[ManagedServer, int, CorrectionS
     store = CorrectionStore(
         config.db_path, flush_interval_s=config.flush_interval_s, limits=config.limits, hub=WatchHub()
     )
-    gate = WriterGate(config.writer_identities(), config.writer_events_per_s, config.writer_burst_events)
+    scopes = dict(config.writer_scopes)
+    gate = WriterGate(config.writer_identities(), config.writer_events_per_s, config.writer_burst_events, scopes=scopes)
     observe = Observe(metrics_port=config.metrics_port)
     servicer = MemoryServicer(store, gate, config, MemoryMetrics(observe.registry, store))
     try:

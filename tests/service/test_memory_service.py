@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from calispec.v1 import memory_pb2, memory_pb2_grpc
-from calispec_core.credentials import writer_metadata
+from calispec_core.credentials import read_writer_scopes, read_writer_tokens, writer_metadata
 from calispec_core.grpc_server import make_channel, wait_for_ready
 from memory_service.config import MemoryConfig
 from memory_service.server import SERVICE_NAME, create_server
@@ -285,6 +285,41 @@ def test_each_identity_in_the_tokens_file_has_its_own_rate_limit(tmp_path: Path)
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "target-0" in info.value.details()
             raw.RecordEvents(write, metadata=writer_metadata("token-of-target-1-0123"))  # its own bucket
+    finally:
+        server.stop(None).wait()
+        store.close()
+
+
+def test_a_writer_confined_to_namespaces_cannot_write_another(tmp_path: Path) -> None:
+    """Any writer token wrote, and could fix the vocabulary of, any namespace: the verifiers of one pair
+    could count into another pair's table. A token file line may now name the namespaces its token writes."""
+    path = tmp_path / "writers"
+    path.write_text("pair-a token-of-pair-a-0123456 pair/a+* other/a\nadmin token-of-the-admin-01234\n")
+    tokens, scopes = read_writer_tokens(path), read_writer_scopes(path)
+    config = MemoryConfig(port=0, db_path=tmp_path / "m.db", writer_tokens=tokens, writer_scopes=scopes)
+    server, port, store = create_server(config)
+    server.start()
+    try:
+        with make_channel(f"127.0.0.1:{port}") as channel:
+            raw = memory_pb2_grpc.MemoryServiceStub(channel)
+
+            def write(namespace: str, token: str) -> None:
+                request = memory_pb2.RecordEventsRequest(
+                    namespace=namespace, events=events((1, 2, 3)), vocab_size=50, wait_durable=True
+                )
+                raw.RecordEvents(request, metadata=writer_metadata(token))
+
+            write("pair/a+target-1", "token-of-pair-a-0123456")
+            write("other/a", "token-of-pair-a-0123456")
+            for namespace in ("pair/b+target-1", "other/ab", "pair/a"):
+                with pytest.raises(grpc.RpcError) as info:
+                    write(namespace, "token-of-pair-a-0123456")
+                assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                assert "pair-a" in info.value.details() and namespace in info.value.details()
+                stats = raw.GetStats(memory_pb2.GetStatsRequest(namespace=namespace))
+                assert stats.total_events == 0 and stats.vocab_size == 0  # nothing counted, no vocabulary fixed
+            write("pair/b+target-1", "token-of-the-admin-01234")  # a line without namespaces: every one
+            assert raw.GetStats(memory_pb2.GetStatsRequest(namespace="pair/b+target-1")).total_events == 3
     finally:
         server.stop(None).wait()
         store.close()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from calispec_core.errors import InvalidArgument, ResourceExhausted, Unauthenticated
+from calispec_core.errors import InvalidArgument, PermissionDenied, ResourceExhausted, Unauthenticated
 from memory_service.auth import WriterGate
 from memory_service.store import CorrectionStore, TableLimits
 from memory_service.watch import Delta, UpdateKind, WatchHub, watch
@@ -126,7 +126,7 @@ def test_writer_identity_comes_from_what_the_caller_proved() -> None:
 
 
 def test_writer_tokens_file_formats(tmp_path) -> None:
-    from calispec_core.credentials import read_writer_tokens
+    from calispec_core.credentials import read_writer_scopes, read_writer_tokens
     from calispec_core.errors import FailedPrecondition
 
     one = tmp_path / "one"
@@ -138,11 +138,28 @@ def test_writer_tokens_file_formats(tmp_path) -> None:
         ("target-0", "token-of-target-0-0123"),
         ("target-1", "token-of-target-1-0123"),
     )
+    assert read_writer_scopes(many) == ()  # no line names namespaces: each writes every one
+    scoped = tmp_path / "scoped"
+    scoped.write_text("target-0 token-of-target-0-0123 pair/a+* pair/c\ntarget-1 token-of-target-1-0123\n")
+    assert [identity for identity, _ in read_writer_tokens(scoped)] == ["target-0", "target-1"]
+    assert read_writer_scopes(scoped) == (("target-0", ("pair/a+*", "pair/c")),)
     for bad in ("short", "a b c", "t0 same-token-0123456789\nt1 same-token-0123456789", "x y-too-short"):
         path = tmp_path / "bad"
         path.write_text(bad)
         with pytest.raises(FailedPrecondition):
             read_writer_tokens(path)
+
+
+def test_a_scoped_writer_is_refused_outside_its_namespaces_and_identified_inside() -> None:
+    tokens = {"pair-a": "token-of-pair-a-0123456", "any": "token-of-any-writer-0123"}
+    gate = WriterGate(tokens, events_per_s=10, scopes={"pair-a": ("pair/a+*",)})
+    assert gate.identify("token-of-pair-a-0123456", certificate_name="target", namespace="pair/a+t") == "target/pair-a"
+    assert gate.identify("token-of-pair-a-0123456") == "pair-a"  # a Watch writes no namespace
+    with pytest.raises(PermissionDenied, match="pair/a"):
+        gate.identify("token-of-pair-a-0123456", namespace="pair/b+t")
+    assert gate.identify("token-of-any-writer-0123", namespace="pair/b+t") == "any"
+    with pytest.raises(Unauthenticated):  # a stranger learns nothing of the scopes
+        gate.identify("not-a-token-0123456789", namespace="pair/a+t")
 
 
 def test_a_write_larger_than_the_burst_says_it_is_never_admitted() -> None:
