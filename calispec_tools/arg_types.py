@@ -179,7 +179,8 @@ class OwnFlagsSubcommands(argparse._SubParsersAction):
         name = values[0]
         child = self._name_parser_map.get(name)
         own = {a.dest for a in child._actions} if child else set()
-        for action in parser._actions:
+        asks_help = any(value in ("-h", "--help") for value in values[1:])  # help runs nothing: nothing ignored
+        for action in () if asks_help else parser._actions:
             # argparse builds a new object for every value it parses, so identity tells a given flag from its
             # default (a small int equal to its default passes: the same value either way)
             given = getattr(namespace, action.dest, action.default) is not action.default
