@@ -48,6 +48,8 @@ def read_writer_token(path: Path | str | None) -> str | None:
 
 DEFAULT_WRITER_IDENTITY = "writer"  # the identity of a one-token file (every holder shares it)
 _IDENTITY_PATTERN = re.compile(r"[A-Za-z0-9._@:/-]{1,64}")
+# a namespace's characters (memory_service/store.py) and fnmatch's: a `#` comment after a token is refused
+_SCOPE_PATTERN = re.compile(r"[A-Za-z0-9._:/+*?\[\]!-]{1,256}")
 
 
 def _writer_rows(path: Path | str) -> list[list[str]]:
@@ -59,18 +61,34 @@ def _writer_rows(path: Path | str) -> list[list[str]]:
     rows = [line.split() for line in lines if line.strip() and not line.lstrip().startswith("#")]
     if len(rows) == 1 and len(rows[0]) == 1:
         rows = [[DEFAULT_WRITER_IDENTITY, rows[0][0]]]
-    ok = bool(rows) and all(
-        len(r) >= 2 and _IDENTITY_PATTERN.fullmatch(r[0]) and len(r[1]) >= MIN_TOKEN_CHARS for r in rows
-    )
-    if not ok:
+    if not rows or not all(_valid_writer_row(r) for r in rows):
         raise FailedPrecondition(
             f"writer token file {path} must hold one token, or lines of IDENTITY TOKEN [NAMESPACE ...] "
-            f"(identity: 1-64 of [A-Za-z0-9._@:/-]; token: >= {MIN_TOKEN_CHARS} non-space characters; "
-            "namespaces: the patterns it may write, * for any characters)"
+            f"(identity: 1-64 of [A-Za-z0-9._@:/-]; token: >= {MIN_TOKEN_CHARS} non-space characters, none of "
+            "*?[; namespaces: the ones it may write, fnmatch patterns of [A-Za-z0-9._:/+-*?[]!]; comments: whole "
+            "lines starting with #)"
         )
     if len({r[0] for r in rows}) != len(rows) or len({r[1] for r in rows}) != len(rows):
         raise FailedPrecondition(f"writer token file {path} repeats an identity or a token")
     return rows
+
+
+def _valid_writer_row(row: list[str]) -> bool:
+    """A token with a wildcard is a namespace pattern written where the token belongs (`TOKEN pair/*` for
+    a one-writer file would make the secret the identity and the pattern the token)."""
+    identity, token, *scopes = row if len(row) >= 2 else (row[0], "")
+    return (
+        _IDENTITY_PATTERN.fullmatch(identity) is not None
+        and len(token) >= MIN_TOKEN_CHARS
+        and not any(c in token for c in "*?[")
+        and all(_SCOPE_PATTERN.fullmatch(scope) for scope in scopes)
+    )
+
+
+def read_writer_file(path: Path | str) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, tuple[str, ...]], ...]]:
+    """The file's tokens and scopes (`read_writer_tokens`, `read_writer_scopes`) from one read of it."""
+    rows = _writer_rows(path)
+    return tuple((r[0], r[1]) for r in rows), tuple((r[0], tuple(r[2:])) for r in rows if len(r) > 2)
 
 
 def read_writer_tokens(path: Path | str) -> tuple[tuple[str, str], ...]:
@@ -80,13 +98,13 @@ def read_writer_tokens(path: Path | str) -> tuple[tuple[str, str], ...]:
     it) or one `IDENTITY TOKEN [NAMESPACE ...]` line per writer (blank lines and `#` comments
     ignored), so that each verifier has its own rate limit and a leaked token can be revoked alone.
     """
-    return tuple((row[0], row[1]) for row in _writer_rows(path))
+    return read_writer_file(path)[0]
 
 
 def read_writer_scopes(path: Path | str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """(identity, namespace patterns) of the writers whose line names the namespaces they may write
     (fnmatch patterns: `pair/draft-537d3c1b+*`); a writer not listed here may write every namespace."""
-    return tuple((row[0], tuple(row[2:])) for row in _writer_rows(path) if len(row) > 2)
+    return read_writer_file(path)[1]
 
 
 def write_new_token(path: Path) -> str:

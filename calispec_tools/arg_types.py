@@ -179,7 +179,8 @@ class OwnFlagsSubcommands(argparse._SubParsersAction):
         name = values[0]
         child = self._name_parser_map.get(name)
         own = {a.dest for a in child._actions} if child else set()
-        asks_help = any(value in ("-h", "--help") for value in values[1:])  # help runs nothing: nothing ignored
+        # help runs nothing, so nothing is ignored (argparse takes `--he` for `--help`)
+        asks_help = any(value == "-h" or (len(value) > 3 and "--help".startswith(value)) for value in values[1:])
         for action in () if asks_help else parser._actions:
             # argparse builds a new object for every value it parses, so identity tells a given flag from its
             # default (a small int equal to its default passes: the same value either way)

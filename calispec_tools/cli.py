@@ -438,7 +438,7 @@ def print_ready(stack: LocalStack, config: StackConfig, key: str | None, tls_dir
     )
     print(f"memory namespace: {stack.memory_namespace}")
     print(stack.calibration.message if stack.calibration else "calibration: none for this pair or disabled")
-    print(stack.csd_defaults_message(stack.target_dtype))
+    print(stack.csd_defaults_message())
     print(
         f"memory db: {config.memory_db}\n{client_env}ready: calispec generate --prompt '...' "
         f"--address {stack.coordinator_address}   (Ctrl-C or `calispec down` stops the stack)",
@@ -484,7 +484,7 @@ def run_demo(args: argparse.Namespace) -> int:
     with LocalStack(config) as stack:
         if stack.calibration is not None:
             print(stack.calibration.message, file=sys.stderr)
-        print(stack.csd_defaults_message(stack.target_dtype), file=sys.stderr)
+        print(stack.csd_defaults_message(), file=sys.stderr)
         shown = f"chat {messages!r}" if messages else f"prompt: {args.prompt!r}"
         print(f"{shown}  mode: {args.mode or 'csd'}\n", file=sys.stderr)
         # the demo stack runs open on loopback (no API key, no TLS): no credentials, not even the environment's

@@ -37,8 +37,8 @@ CHOSEN_LAMBDA: dict[str, dict[str, int]] = {"qwen-coder": {"float32": 3}}
 
 def chosen_lambdas(pair: str, meaning_guard: bool) -> tuple[tuple[str, int], ...]:
     """(target dtype, λ) chosen for the pair's shipped calibration; none without the guard (λ was chosen
-    for the guarded rule) or for a pair without one."""
-    return tuple(sorted(CHOSEN_LAMBDA.get(pair, {}).items())) if meaning_guard and shipped_file(pair) else ()
+    for the guarded rule) or for a pair without a choice."""
+    return tuple(sorted(CHOSEN_LAMBDA.get(pair, {}).items())) if meaning_guard else ()
 
 
 def shipped_file(pair: str) -> Path | None:
@@ -77,6 +77,7 @@ def check_file(path: Path) -> None:
 class SeedResult:
     loaded: bool
     message: str
+    present: bool = False  # the namespace holds counts: loaded now, or written before (not a refused file)
 
 
 def seed_namespace(
@@ -87,7 +88,9 @@ def seed_namespace(
         stub = memory_pb2_grpc.MemoryServiceStub(channel)
         stats = stub.GetStats(memory_pb2.GetStatsRequest(namespace=namespace), timeout=30)
         if stats.total_events > 0:
-            return SeedResult(False, f"calibration: {namespace} already holds counts; {path.name} not loaded again")
+            return SeedResult(
+                False, f"calibration: {namespace} already holds counts; {path.name} not loaded again", present=True
+            )
         try:
             check_file(path)
             export = load_export(path, namespace)
@@ -99,4 +102,6 @@ def seed_namespace(
             namespace=namespace, events=events, wait_durable=True, vocab_size=export.vocab_size
         )
         reply = stub.RecordEvents(request, timeout=60, metadata=writer_metadata(token, "calispec-calibration"))
-    return SeedResult(True, f"calibration: loaded {len(pairs)} pairs ({reply.recorded} events) from {path.name}")
+    return SeedResult(
+        True, f"calibration: loaded {len(pairs)} pairs ({reply.recorded} events) from {path.name}", present=True
+    )

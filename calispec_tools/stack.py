@@ -302,7 +302,7 @@ class LocalStack:
             http = [] if c.http_port is None else ["--http-port", str(c.http_port)]
             self.target_dtype = targets[0].banner_value("dtype")  # what `auto` resolved to, there
             self._spawn("coordinator", [
-                *self.tls_args("coordinator"), *keys, *http, *self.csd_default_args(self.target_dtype),
+                *self.tls_args("coordinator"), *keys, *http, *self.csd_default_args(),
                 "--port", str(c.coordinator_port), "--tokenizer", str(c.target_model),
                 "--draft-addr", self.services["draft_service"].address, *target_addrs,
             ])  # fmt: skip
@@ -336,29 +336,35 @@ class LocalStack:
             *self.model_service_args(), *([] if c.meaning_guard else ["--no-meaning-guard"]),
         ]  # fmt: skip
 
-    def default_lambda(self, target_dtype: str | None) -> int | None:
-        """The coordinator's λ for requests that set none: the configured one, else the λ chosen for the seeded
-        calibration on the dtype the target serves, else None (the coordinator's own: the paper's)."""
+    def default_lambda(self) -> int | None:
+        """The coordinator's λ for requests that set none: the configured one; else the λ chosen for the seeded
+        calibration (calibration_lambdas) where it holds: the file is in the memory (loaded now, or the namespace
+        already held counts: not refused), the meaning guard is on and τ is the paper's (λ was chosen with both),
+        and the target serves a dtype λ was chosen on (its banner's); else None (the coordinator's: the paper's)."""
         c = self.config
-        return c.default_lambda if c.default_lambda is not None else dict(c.calibration_lambdas).get(target_dtype or "")
+        if c.default_lambda is not None:
+            return c.default_lambda
+        calibrated = self.calibration is not None and self.calibration.present
+        applies = calibrated and c.meaning_guard and c.default_tau in (None, Defaults.tau)
+        return dict(c.calibration_lambdas).get(self.target_dtype or "") if applies else None
 
-    def csd_default_args(self, target_dtype: str | None = None) -> list[str]:
+    def csd_default_args(self) -> list[str]:
         """The coordinator's server-side τ and λ, when set (λ may come with the calibration: default_lambda)."""
-        tau, lam = self.config.default_tau, self.default_lambda(target_dtype)
+        tau, lam = self.config.default_tau, self.default_lambda()
         return [*([] if tau is None else ["--default-tau", str(tau)]),
                 *([] if lam is None else ["--default-lambda", str(lam)])]  # fmt: skip
 
-    def csd_defaults_message(self, target_dtype: str | None) -> str:
-        """What a request that sets neither τ nor λ gets, and why (`up` and `demo` print it)."""
-        c, lam = self.config, self.default_lambda(target_dtype)
-        tau = c.default_tau if c.default_tau is not None else Defaults.tau
+    def csd_defaults_message(self) -> str:
+        """What a request that sets neither τ nor λ gets, and why (`up`, `demo` and `bench compare` print it)."""
+        c, lam = self.config, self.default_lambda()
+        tau = f"τ = {c.default_tau:g} (--default-tau)" if c.default_tau is not None else f"τ = {Defaults.tau:g}"
         if c.default_lambda is not None:
             why = "--default-lambda"
         elif lam is not None:
-            why = f"chosen for the shipped calibration, {target_dtype} target, meaning guard: docs/calibration.md"
+            why = f"chosen for the shipped calibration, {self.target_dtype} target, meaning guard: docs/calibration.md"
         else:
             why = "the paper's"
-        return f"CSD defaults: τ = {tau:g}, λ = {Defaults.lambda_ if lam is None else lam} ({why})"
+        return f"CSD defaults: {tau}, λ = {Defaults.lambda_ if lam is None else lam} ({why})"
 
     def model_service_args(self) -> list[str]:
         """What the draft and the target share: session idle TTL, batch gather time, prefix cache, float32

@@ -16,7 +16,7 @@ with interrupt_exits_quietly():
     from dataclasses import replace
     from pathlib import Path
 
-    from calispec_core.credentials import read_writer_scopes, read_writer_tokens
+    from calispec_core.credentials import read_writer_file
     from calispec_core.errors import CalispecError
     from calispec_core.limits import burst, non_negative_float, positive_float, positive_int
     from calispec_core.limits import port as tcp_port
@@ -90,6 +90,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
     if args.writer_token_file is None and not args.allow_unauthenticated_writes:
         parser.error("give --writer-token-file (or, for a test bench, --allow-unauthenticated-writes)")
     try:
+        writers = read_writer_file(args.writer_token_file) if args.writer_token_file else ((), ())
         config = MemoryConfig(
             host=args.host,
             port=args.port,
@@ -99,8 +100,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
             max_watch_streams=args.max_watch_streams,
             flush_interval_s=args.flush_interval,
             limits=TableLimits(args.max_pairs, args.max_pairs_per_draft, args.half_life),
-            writer_tokens=read_writer_tokens(args.writer_token_file) if args.writer_token_file else (),
-            writer_scopes=read_writer_scopes(args.writer_token_file) if args.writer_token_file else (),
+            writer_tokens=writers[0],
+            writer_scopes=writers[1],
             writer_events_per_s=args.writer_rate_limit,
             writer_burst_events=args.writer_burst,
             tls=tls_from_args(parser, args),

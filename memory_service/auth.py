@@ -16,7 +16,7 @@ import fnmatch
 import hmac
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from calispec_core.credentials import DEFAULT_WRITER_IDENTITY
@@ -45,7 +45,7 @@ class WriterGate:
         events_per_s: float,
         burst_events: float | None = None,
         clock: Callable[[], float] = time.monotonic,
-        scopes: Mapping[str, Sequence[str]] | None = None,
+        scopes: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         """tokens: identity -> token (a bare string: one token, identity "writer"); None or empty
         means writes are open to anyone: only with an explicit opt-in (see __main__). scopes: identity ->
@@ -53,7 +53,9 @@ class WriterGate:
         if isinstance(tokens, str):
             tokens = {DEFAULT_WRITER_IDENTITY: tokens}
         self._tokens = [(identity, token.encode()) for identity, token in (tokens or {}).items()]
-        self._scopes = {identity: tuple(patterns) for identity, patterns in (scopes or {}).items()}
+        if any(isinstance(patterns, str) for patterns in (scopes or {}).values()):  # each letter a pattern
+            raise TypeError("scopes map an identity to a tuple of namespace patterns, not to one string")
+        self._scopes = dict(scopes or {})
         self.events_per_s = events_per_s
         # The burst also bounds one request: an import larger than it needs a larger burst.
         self.burst = burst_events if burst_events is not None else 10 * events_per_s
@@ -94,12 +96,12 @@ class WriterGate:
         patterns = self._scopes.get(identity)
         if patterns is not None and not any(fnmatch.fnmatchcase(namespace, p) for p in patterns):
             raise PermissionDenied(
-                f"writer {identity!r} may write only namespaces matching {' '.join(patterns)}, not {namespace!r}"
+                f"writer {identity!r} may write only namespaces matching {' '.join(patterns)}, not {namespace[:140]!r}"
             )
 
-    def admit(self, presented_token: str | None, events: int, peer: str = "") -> str:
-        """Identify the writer and take `events` from its bucket; returns its identity."""
-        identity = self.identify(presented_token, peer=peer)
+    def admit(self, presented_token: str | None, events: int, namespace: str, peer: str = "") -> str:
+        """Identify the writer of `namespace` and take `events` from its bucket; returns its identity."""
+        identity = self.identify(presented_token, peer=peer, namespace=namespace)
         self.charge(identity, events)
         return identity
 

@@ -503,7 +503,7 @@ def run_compare(args: argparse.Namespace) -> int:
             linear = {name: stack.services[f"{name}_service"].banner_value("fp32_linear") for name in MODEL_SERVICES}
             seeded = stack.calibration  # what csd starts from, as `up` reports it (a refused file is no calibration)
             calibration = seeded.message if seeded else "none (--no-calibration, or no shipped file for this pair)"
-            csd_defaults = stack.csd_defaults_message(stack.target_dtype)
+            csd_defaults = stack.csd_defaults_message()
             print(f"{calibration}\n{csd_defaults}", file=sys.stderr)
             warm_up(client, hf, config.prompts[0])
             floors = model_service_floors(*(stack.services[f"{name}_service"].address for name in MODEL_SERVICES))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 import threading
@@ -16,7 +17,10 @@ import sqlite_utils
 
 from calispec.client import CalispecClient
 from calispec_tools import cli
+from calispec_tools.memory_file import dump_export
 from calispec_tools.memory_reads import memory_events
+from calispec_tools.namespaces import pair_namespace
+from calispec_tools.shipped_calibration import SUMS_NAME
 from calispec_tools.stack import LocalStack, StackConfig
 from tests.conftest import TinyPair
 from tests.helpers import wait_until
@@ -184,18 +188,22 @@ def test_rejection_counts_reach_sqlite_and_survive_a_memory_restart(stack: Local
 
 
 def test_identical_draft_gives_full_acceptance(tiny_pair: TinyPair, tmp_path: Path) -> None:
-    """Also: the λ chosen for a seeded calibration reaches the coordinator by the dtype the target's banner
-    names (`auto` resolves there), and only for that dtype (no rejections here, so λ changes nothing else)."""
+    """Also: a seeded calibration's λ reaches the coordinator, for the dtype the target's banner names and only
+    for it (no rejections here, so λ changes nothing else)."""
+    calibration = tmp_path / "tiny.json"
+    dump_export(calibration, pair_namespace(tiny_pair.target, tiny_pair.target), 1, [(1, 2, 3)], exported_at="")
+    (tmp_path / SUMS_NAME).write_text(f"{hashlib.sha256(calibration.read_bytes()).hexdigest()}  tiny.json\n")
     lambdas = (("bfloat16", 9), ("float32", 2))
     same_pair = stack_config(tmp_path, tiny_pair.target, tiny_pair.target)
-    config = dataclasses.replace(same_pair, calibration_lambdas=lambdas)
+    config = dataclasses.replace(same_pair, calibration_file=calibration, calibration_lambdas=lambdas)
     with (
         LocalStack(config) as same,
         CalispecClient(same.coordinator_address, timeout=120) as c,
     ):
+        assert same.calibration is not None and same.calibration.loaded, same.calibration
         coordinator = same.services["coordinator"].args
         assert coordinator[coordinator.index("--default-lambda") + 1] == "2"
-        assert same.csd_defaults_message(same.target_dtype).startswith("CSD defaults: τ = 0.01, λ = 2 (chosen for")
+        assert same.csd_defaults_message().startswith("CSD defaults: τ = 0.01, λ = 2 (chosen for")
         for prompt in PROMPTS[:3]:
             r = c.generate(prompt, max_new_tokens=30, mode="sd", num_speculative_tokens=4)
             assert r.stats.drafted > 0

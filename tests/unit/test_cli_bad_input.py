@@ -143,10 +143,11 @@ def test_bench_flags_after_the_subcommand_or_without_one_still_parse() -> None:
     assert args.local and args.modes == ["sd"] and args.dtype == "float32" and args.bench_command is None
 
 
-def test_help_of_a_bench_subcommand_is_shown_whatever_came_before(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("ask", ["-h", "--help", "--hel"])
+def test_help_of_a_bench_subcommand_is_shown_whatever_came_before(ask: str, capsys: pytest.CaptureFixture[str]) -> None:
     """`bench --dtype float32 compare -h` printed the refusal, not compare's help (help runs nothing)."""
     with pytest.raises(SystemExit) as exited:
-        cli.build_parser().parse_args(["bench", "--dtype", "float32", "compare", "-h"])
+        cli.build_parser().parse_args(["bench", "--dtype", "float32", "compare", ask])
     assert exited.value.code == 0
     assert "usage: calispec bench compare" in capsys.readouterr().out
 

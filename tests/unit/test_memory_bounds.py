@@ -104,15 +104,15 @@ def test_writer_gate_token_and_rate_limit() -> None:
     tokens = {"replica-a": "token-of-replica-a-0123", "replica-b": "token-of-replica-b-0123"}
     gate = WriterGate(tokens, events_per_s=10, burst_events=20, clock=clock)
     with pytest.raises(Unauthenticated):
-        gate.admit(None, 1)
+        gate.admit(None, 1, "ns")
     with pytest.raises(Unauthenticated):
-        gate.admit("wrong", 1)
-    assert gate.admit("token-of-replica-a-0123", 20, peer="ipv4:10.0.0.1:5000") == "replica-a"
+        gate.admit("wrong", 1, "ns")
+    assert gate.admit("token-of-replica-a-0123", 20, "ns", peer="ipv4:10.0.0.1:5000") == "replica-a"
     with pytest.raises(ResourceExhausted, match="rate limit"):  # another connection: still replica-a
-        gate.admit("token-of-replica-a-0123", 1, peer="ipv4:10.0.0.1:5001")
-    assert gate.admit("token-of-replica-b-0123", 5) == "replica-b"  # limits are per identity
+        gate.admit("token-of-replica-a-0123", 1, "ns", peer="ipv4:10.0.0.1:5001")
+    assert gate.admit("token-of-replica-b-0123", 5, "ns") == "replica-b"  # limits are per identity
     clock.now += 1.0  # refills 10 events
-    gate.admit("token-of-replica-a-0123", 10)
+    gate.admit("token-of-replica-a-0123", 10, "ns")
 
 
 def test_writer_identity_comes_from_what_the_caller_proved() -> None:
@@ -143,7 +143,13 @@ def test_writer_tokens_file_formats(tmp_path) -> None:
     scoped.write_text("target-0 token-of-target-0-0123 pair/a+* pair/c\ntarget-1 token-of-target-1-0123\n")
     assert [identity for identity, _ in read_writer_tokens(scoped)] == ["target-0", "target-1"]
     assert read_writer_scopes(scoped) == (("target-0", ("pair/a+*", "pair/c")),)
-    for bad in ("short", "a b c", "t0 same-token-0123456789\nt1 same-token-0123456789", "x y-too-short"):
+    bad_files = ["short", "a b c", "t0 same-token-0123456789\nt1 same-token-0123456789", "x y-too-short"]
+    bad_files += [
+        "target-0 token-of-target-0-0123 # rotated",  # a trailing comment: "#" and "rotated" were scopes
+        "a-single-shared-token-0123 pair/draft-537d3c1b+*",  # the secret as identity, the pattern as token
+        "target-0 token-of-target-0-0123 pair/a\\b",  # not a namespace character
+    ]
+    for bad in bad_files:
         path = tmp_path / "bad"
         path.write_text(bad)
         with pytest.raises(FailedPrecondition):
@@ -162,9 +168,25 @@ def test_a_scoped_writer_is_refused_outside_its_namespaces_and_identified_inside
         gate.identify("not-a-token-0123456789", namespace="pair/a+t")
 
 
+def test_the_memory_service_takes_its_writers_scopes_from_the_token_file(tmp_path: Path) -> None:
+    from memory_service.__main__ import parse_args
+
+    writers = tmp_path / "writers"
+    writers.write_text("coder-0 token-of-coder-0-0123456 pair/a+* pair/c\nany token-of-any-writer-0123\n")
+    config, _ = parse_args(["--writer-token-file", str(writers), "--db", str(tmp_path / "m.db")])
+    assert [identity for identity, _ in config.writer_tokens] == ["coder-0", "any"]
+    assert config.writer_scopes == (("coder-0", ("pair/a+*", "pair/c")),)
+
+
+def test_scopes_are_tuples_of_patterns_never_one_string() -> None:
+    """A string is a sequence of one-letter patterns, and its `*` would let the writer write anywhere."""
+    with pytest.raises(TypeError):
+        WriterGate({"a": "token-of-writer-a-0123"}, events_per_s=10, scopes={"a": "pair/*"})  # type: ignore[dict-item]
+
+
 def test_a_write_larger_than_the_burst_says_it_is_never_admitted() -> None:
     """It said "retry later", and every retry (an import over 1 M events) was refused the same way."""
     gate = WriterGate("a-writer-token-0123456789", events_per_s=10, burst_events=20)
     with pytest.raises(ResourceExhausted, match=r"never admitted.*--writer-burst"):
-        gate.admit("a-writer-token-0123456789", 21)
-    assert gate.admit("a-writer-token-0123456789", 20) == "writer"  # the refusal took nothing
+        gate.admit("a-writer-token-0123456789", 21, "ns")
+    assert gate.admit("a-writer-token-0123456789", 20, "ns") == "writer"  # the refusal took nothing

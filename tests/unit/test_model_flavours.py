@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from calispec_core.modeling import DTYPE_CHOICES, ModelRunner, ModelSpec, apply_
 from calispec_core.protocol import model_info_to_pb
 from calispec_tools.cli import add_model_flavour_args, draft_vocab
 from calispec_tools.models.registry import PAIRS
+from calispec_tools.shipped_calibration import SeedResult
 from calispec_tools.stack import LocalStack, StackConfig, default_draft_vocab, service_threads, split_cores
 from tests.conftest import TinyPair
 
@@ -124,18 +126,45 @@ def test_up_maps_the_csd_defaults_onto_the_coordinator(tiny_pair: TinyPair, tmp_
             parser.parse_args(["up", *bad])
 
 
-def test_the_calibrations_lambda_is_the_default_for_the_dtype_it_was_chosen_on(tmp_path) -> None:
+def calibrated_stack(config: StackConfig, target_dtype: str | None, present: bool = True) -> LocalStack:
+    """A stack as start() leaves it: the seed's result and the dtype the target's banner named."""
+    stack = LocalStack(config)
+    stack.calibration = SeedResult(present, "", present=present)
+    stack.target_dtype = target_dtype
+    return stack
+
+
+def test_the_calibrations_lambda_is_the_default_for_the_dtype_it_was_chosen_on(tmp_path: Path) -> None:
     """A shipped calibration's λ (shipped_calibration.CHOSEN_LAMBDA) becomes the coordinator's default only on
     a target dtype it was chosen for; --default-lambda wins over it."""
     config = StackConfig(tmp_path, tmp_path, tmp_path / "m.db", tmp_path, calibration_lambdas=(("float32", 3),))
-    stack = LocalStack(config)
-    assert stack.csd_default_args("float32") == ["--default-lambda", "3"]
-    assert stack.csd_default_args("bfloat16") == [] and stack.csd_default_args(None) == []
-    assert stack.csd_defaults_message("bfloat16") == "CSD defaults: τ = 0.01, λ = 6 (the paper's)"
-    assert "λ = 3 (chosen for the shipped calibration, float32" in stack.csd_defaults_message("float32")
-    explicit = LocalStack(replace(config, default_lambda=20, default_tau=0.1))
-    assert explicit.csd_default_args("float32") == ["--default-tau", "0.1", "--default-lambda", "20"]
-    assert explicit.csd_defaults_message("float32") == "CSD defaults: τ = 0.1, λ = 20 (--default-lambda)"
+    stack = calibrated_stack(config, "float32")
+    assert stack.csd_default_args() == ["--default-lambda", "3"]
+    assert "λ = 3 (chosen for the shipped calibration, float32" in stack.csd_defaults_message()
+    for other in ("bfloat16", None):
+        assert calibrated_stack(config, other).csd_default_args() == []
+    assert calibrated_stack(config, "bfloat16").csd_defaults_message() == "CSD defaults: τ = 0.01, λ = 6 (the paper's)"
+    explicit = calibrated_stack(replace(config, default_lambda=20, default_tau=0.1), "float32")
+    assert explicit.csd_default_args() == ["--default-tau", "0.1", "--default-lambda", "20"]
+    assert explicit.csd_defaults_message() == "CSD defaults: τ = 0.1 (--default-tau), λ = 20 (--default-lambda)"
+
+
+@pytest.mark.parametrize(
+    ("change", "present"),
+    [
+        ({}, False),  # the file was refused (its hash or namespace): the memory does not hold it
+        ({"meaning_guard": False}, True),  # λ was chosen for the guarded rule
+        ({"default_tau": 0.1}, True),  # λ was chosen with τ = 0.01
+    ],
+)
+def test_the_calibrations_lambda_is_served_only_where_it_was_chosen(
+    tmp_path: Path, change: dict[str, object], present: bool
+) -> None:
+    """It was served when the shipped file had been refused (`calibration not loaded: ...`, then λ = 3)."""
+    config = StackConfig(tmp_path, tmp_path, tmp_path / "m.db", tmp_path, calibration_lambdas=(("float32", 3),))
+    stack = calibrated_stack(replace(config, **change), "float32", present)  # type: ignore[arg-type]
+    assert "--default-lambda" not in stack.csd_default_args()
+    assert "λ = 6 (the paper's)" in stack.csd_defaults_message()
 
 
 @pytest.mark.parametrize(
@@ -147,7 +176,9 @@ def test_the_calibrations_lambda_is_the_default_for_the_dtype_it_was_chosen_on(t
         (["--pair", "tiny"], ()),  # no shipped calibration
     ],
 )
-def test_up_takes_the_lambda_chosen_for_the_calibration_it_seeds(flags: list[str], lambdas: tuple) -> None:
+def test_up_takes_the_lambda_chosen_for_the_calibration_it_seeds(
+    flags: list[str], lambdas: tuple[tuple[str, int], ...]
+) -> None:
     from calispec_tools.cli import build_parser, calibration_lambdas
 
     assert calibration_lambdas(build_parser().parse_args(["up", "--pair", "qwen-coder", *flags])) == lambdas
