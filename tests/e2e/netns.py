@@ -41,8 +41,22 @@ def run_scenario(scenario: Path, args: list[str], prefix: str, timeout_s: float 
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
-        pytest.fail(f"{scenario.name} timed out:\n{output[-6000:]}")
+        pytest.fail(f"{scenario.name} timed out:\n{output[-6000:]}{ray_log_tails(work)}")
+    else:
+        if process.returncode != 0:  # before the directory goes: why Ray's node did not come up is in its logs
+            output += ray_log_tails(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    assert process.returncode == 0, output[-6000:]
+    assert process.returncode == 0, output[-9000:]
     return json.loads(next(line for line in output.splitlines() if line.startswith("RESULT "))[7:])
+
+
+def ray_log_tails(work: Path, lines: int = 15) -> str:
+    """The last lines of the Ray node's own logs under `work` (the scenarios' `_temp_dir`): a raylet that
+    never registered once failed a run with only "The current node timed out during startup" to show."""
+    tails = []
+    for log in sorted(work.glob("ray/session_latest/logs/*")):  # a link to the session_<time> directory
+        if log.name.startswith(("raylet.", "gcs_server.")) and log.is_file():
+            text = log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
+            tails.append(f"--- {log.relative_to(work)}\n" + "\n".join(text))
+    return "\n" + "\n".join(tails) if tails else ""
