@@ -6,7 +6,11 @@ the namespace is derived from all three:
     pair/<draft id>+<target id>/<tokenizer fingerprint>
 
 A model id is its directory name plus a short hash of its config.json (two checkpoints that
-share a name do not share a table); the tokenizer fingerprint hashes the tokenizer files. The
+share a name do not share a table) without the fields that name the program that wrote the file
+rather than the model (`transformers_version`, ...): `calispec models pull` writes config.json with
+the installed transformers, and a patch release (5.24.0 -> 5.25.0) moved every pair's namespace, so a
+fresh machine refused the shipped calibration as another pair's. The tokenizer fingerprint hashes the
+tokenizer files. The
 local stack derives the target's `--memory-namespace` this way; a deployment passes the same
 string to every replica of the pair (and to `calispec calibrate` / `memory export|import`).
 """
@@ -14,6 +18,7 @@ string to every replica of the pair (and to `calispec calibrate` / `memory expor
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 
@@ -27,6 +32,9 @@ TOKENIZER_FILES = (
 )
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 MAX_NAME_CHARS = 40  # two ids + fingerprint + separators stay under the 128-character namespace limit
+# config.json fields about who wrote the file, not what the model computes
+WRITER_FIELDS = frozenset({"transformers_version", "_name_or_path", "_model_name_or_path", "_commit_hash"})
+RENAMED = {"torch_dtype": "dtype"}  # transformers 5 writes the same field under its new name
 
 
 def _digest(paths: list[Path]) -> str:
@@ -36,11 +44,25 @@ def _digest(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
+def config_digest(config: Path) -> str:
+    """sha256 of config.json's model fields, canonically serialised (key order and spacing do not count
+    either); a file that is not a JSON object is hashed as it is."""
+    raw = config.read_bytes()
+    try:
+        fields = json.loads(raw)
+    except ValueError:
+        fields = None
+    if isinstance(fields, dict):
+        model = {RENAMED.get(k, k): v for k, v in fields.items() if k not in WRITER_FIELDS}
+        raw = json.dumps(model, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(raw).hexdigest()
+
+
 def model_id(model_dir: Path) -> str:
-    """`<dir name>-<8 hex of config.json>`, restricted to namespace-safe characters."""
+    """`<dir name>-<8 hex of config.json's model fields>`, restricted to namespace-safe characters."""
     name = _UNSAFE.sub("-", model_dir.resolve().name).strip("-")[:MAX_NAME_CHARS] or "model"
     config = model_dir / "config.json"
-    return f"{name}-{_digest([config])[:8]}" if config.exists() else name
+    return f"{name}-{config_digest(config)[:8]}" if config.exists() else name
 
 
 def tokenizer_fingerprint(model_dir: Path) -> str:
