@@ -41,6 +41,14 @@ def chosen_lambdas(pair: str, meaning_guard: bool) -> tuple[tuple[str, int], ...
     return tuple(sorted(CHOSEN_LAMBDA.get(pair, {}).items())) if meaning_guard else ()
 
 
+def chosen_lambda(path: Path, target_dtype: str, meaning_guard: bool) -> int | None:
+    """The λ chosen for a shipped file (its pair: the file's name) where the target serves `target_dtype`;
+    None for any other file, dtype, or without the guard."""
+    if path.resolve().parent != CALIBRATION_DIR:
+        return None
+    return dict(chosen_lambdas(path.stem, meaning_guard)).get(target_dtype)
+
+
 def shipped_file(pair: str) -> Path | None:
     path = CALIBRATION_DIR / f"{pair}.json"
     return path if path.is_file() else None

@@ -33,13 +33,16 @@ from typing import Any
 
 import ray
 
+from calispec_core.credentials import TlsConfig
 from calispec_tools.deploy.ray_config import DEFAULT_NAMESPACE, RayDeployConfig, ServiceSpec
+from calispec_tools.shipped_calibration import SeedResult, chosen_lambda, seed_namespace
 
 log = logging.getLogger(__name__)
 
 CONTROLLER = "controller"
 STOP_GRACE_S = 5.0
 STOP_ORDER = ("coordinator", "target", "draft", "memory")  # `down`: no new requests first, memory flushes last
+CSD_DEFAULT_FLAGS = ("--default-tau", "--default-lambda")  # coordinator flags: the deployment set its own defaults
 
 
 # -- one service, in-process in an actor --------------------------------------------------------
@@ -60,6 +63,7 @@ class ServiceHost:
         self._drain: Callable[[float], bool] | None = None  # the coordinator's ManagedServer.drain
         self._events_counted = 0  # rejection events this target counted (a test/metrics figure)
         self._table: Any = None
+        self._serves: dict[str, Any] = {}  # the target's resolved dtype and meaning guard
 
     def start(
         self,
@@ -89,13 +93,7 @@ class ServiceHost:
         """Write the PEMs to this actor's private directory (0600) and point the service's flags at them."""
         if tls is None:
             return []
-        flags = []
-        for part in ("cert", "key", "ca"):
-            path = self._secrets / f"tls-{part}.pem"
-            path.touch(mode=0o600)
-            path.write_text(tls[part], encoding="utf-8")
-            flags += [f"--tls-{part}", str(path)]
-        return flags
+        return [arg for part, path in write_pems(self._secrets, tls).items() for arg in (f"--tls-{part}", str(path))]
 
     def _start_memory(self, argv: list[str]) -> int:
         import memory_service.__main__ as cli
@@ -126,6 +124,7 @@ class ServiceHost:
         config, _ = _parsed(cli.parse_config, argv)
         server, port, runtime = create_server(config)
         self._engine, self._table = runtime.engine, runtime.engine.table
+        self._serves = {"dtype": runtime.engine.runner.dtype_name, "meaning_guard": config.meaning_guard}
         self._count_events(self._table)
         server.start()
         # runtime.stop() after the server: finish queued rounds, then ship the last events to memory.
@@ -165,6 +164,10 @@ class ServiceHost:
         self._replicas.update(addresses, self._connect)
         return self._replicas.addresses()
 
+    def serves(self) -> dict[str, Any]:
+        """Target only: its served dtype (what `auto` resolved to on its node) and whether its meaning guard is on."""
+        return dict(self._serves)
+
     def open_sessions(self) -> int:
         """Target/draft: sessions open now (0 means a removed replica may be stopped)."""
         return len(self._engine.sessions) if self._engine is not None else 0
@@ -202,6 +205,16 @@ class ServiceHost:
         shutil.rmtree(self._secrets, ignore_errors=True)
 
 
+def write_pems(directory: Path, tls: dict[str, str]) -> dict[str, Path]:
+    """{"cert", "key", "ca": file}: the PEMs written to `directory`, readable by their owner only."""
+    paths = {}
+    for part in ("cert", "key", "ca"):
+        path = paths[part] = directory / f"tls-{part}.pem"
+        path.touch(mode=0o600)
+        path.write_text(tls[part], encoding="utf-8")
+    return paths
+
+
 def _parsed(parse: Any, argv: list[str]) -> Any:
     """Run a service's argparse parser; its usage errors (SystemExit) become a readable exception."""
     try:
@@ -229,20 +242,29 @@ class Controller:
         self.addresses: dict[str, str] = {}
         self.targets: list[str] = []  # target actor names, in rotation order
         self._next_target = 0
+        self.memory_namespace = ""  # resolved by up (auto: the pair's)
+        self.calibration: SeedResult | None = None  # what seeding the calibration did
+        self.default_lambda: int | None = None  # the coordinator's λ chosen for that calibration
 
     def up(self) -> dict[str, Any]:
         c = self.config
         try:
+            self.memory_namespace = c.resolved_memory_namespace()
             memory = self._start("memory", c.memory, ["--db", c.memory_db, *c.memory.args], self.writer_token)
+            calibration = c.calibration_file(self.memory_namespace)
+            if calibration is not None:  # before the targets start: their first snapshot holds it
+                self.calibration = self._seed(memory, calibration)
             self._start("draft", c.draft, self._model_args(c.draft_model, c.draft))
             for _ in range(c.target_replicas):
                 self.targets.append(self._start_target(memory))
+            self.default_lambda = self._calibrated_lambda(calibration)
             self._start(
                 "coordinator",
                 c.coordinator,
                 [
                     "--tokenizer", c.target_model, "--draft-addr", self.addresses["draft"],
                     *[a for name in self.targets for a in ("--target-addr", self.addresses[name])],
+                    *([] if self.default_lambda is None else ["--default-lambda", str(self.default_lambda)]),
                     *c.coordinator.args,
                 ],
             )  # fmt: skip
@@ -250,6 +272,26 @@ class Controller:
             self.down()
             raise
         return self.status()
+
+    def _seed(self, memory_address: str, path: Path) -> SeedResult:
+        """Load the calibration into a never-written namespace with the verifiers' credentials (`calispec up`'s
+        rule: shipped_calibration.py)."""
+        with tempfile.TemporaryDirectory(prefix="calispec-seed-") as secrets_dir:
+            pems = self.tls.get("target")  # the verifiers' client certificate
+            tls = TlsConfig(**write_pems(Path(secrets_dir), pems)) if pems else None
+            result = seed_namespace(memory_address, self.memory_namespace, path, self.writer_token, tls)
+        log.info("%s", result.message)
+        return result
+
+    def _calibrated_lambda(self, calibration: Path | None) -> int | None:
+        """The λ chosen for a seeded shipped calibration where it holds (the file is in the memory, the
+        coordinator's args set no τ or λ of their own, the guard is on and the target serves a dtype λ was
+        chosen on); None: the coordinator's default (the paper's)."""
+        own = any(a.split("=")[0] in CSD_DEFAULT_FLAGS for a in self.config.coordinator.args)
+        if calibration is None or own or self.calibration is None or not self.calibration.present:
+            return None
+        serves = ray.get(self.actors[self.targets[0]].serves.remote())
+        return chosen_lambda(calibration, serves["dtype"], serves["meaning_guard"])
 
     def _model_args(self, model: str, spec: ServiceSpec) -> list[str]:
         return ["--model", model, *spec.args]
@@ -259,7 +301,7 @@ class Controller:
         self._next_target += 1
         args = [
             *self._model_args(self.config.target_model, self.config.target),
-            "--memory-addr", memory_address, "--memory-namespace", self.config.memory_namespace,
+            "--memory-addr", memory_address, "--memory-namespace", self.memory_namespace,
         ]  # fmt: skip
         self._start(name, self.config.target, args, self.writer_token)
         return name
@@ -319,6 +361,9 @@ class Controller:
             "coordinator": self.addresses.get("coordinator"),
             "addresses": dict(self.addresses),
             "targets": [self.addresses[n] for n in self.targets if n in self.addresses],
+            "memory_namespace": self.memory_namespace,
+            "calibration": self.calibration.message if self.calibration else None,
+            "default_lambda": self.default_lambda,  # None: the coordinator's own (the paper's, or its args')
         }
 
     def stats(self) -> dict[str, dict[str, Any]]:

@@ -9,6 +9,8 @@ from typing import Any
 
 DEFAULT_NAMESPACE = "calispec"
 SERVICES = ("memory", "draft", "target", "coordinator")
+AUTO_NAMESPACE = "auto"  # memory_namespace: the pair's, derived from the models as `calispec up` does
+SHIPPED, NO_CALIBRATION = "shipped", "none"
 
 
 # -- configuration ------------------------------------------------------------------------------
@@ -46,7 +48,13 @@ class RayDeployConfig:
     host: str = "auto"  # interface services bind and advertise; auto: the node's Ray IP
     drain_timeout_s: float = 60.0
     start_timeout_s: float = 600.0
-    memory_namespace: str = "default"
+    # the correction memory's namespace: auto = the pair's (calispec_tools/namespaces.py), from the models' files
+    # as the controller's node sees them, so a shipped calibration finds its pair
+    memory_namespace: str = AUTO_NAMESPACE
+    # seeded into a never-written namespace before the targets start: shipped (the file the repo ships for the
+    # pair, if any: calispec_tools/shipped_calibration.py), none, or an export file as the controller's node sees
+    # it, whose sha256 a SHA256SUMS file beside it records
+    calibration: str = SHIPPED
     memory: ServiceSpec = field(default_factory=ServiceSpec)
     draft: ServiceSpec = field(default_factory=ServiceSpec)
     target: ServiceSpec = field(default_factory=ServiceSpec)
@@ -60,6 +68,9 @@ class RayDeployConfig:
             raise ValueError(f"target replicas must be >= 1, got {self.target_replicas}")
         if self.drain_timeout_s < 0:
             raise ValueError("drain_timeout_s must be >= 0")
+        if not self.memory_namespace or not self.calibration:
+            raise ValueError(f"memory_namespace and calibration must not be empty (calibration: {SHIPPED}, "
+                             f"{NO_CALIBRATION} or an export file)")  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RayDeployConfig:
@@ -69,7 +80,10 @@ class RayDeployConfig:
         replicas = data.pop("target_replicas", None)
         if replicas is None:  # `target: {replicas: N}` reads better in a config file
             replicas = specs["target"][1]
-        known = {"namespace", "host", "drain_timeout_s", "start_timeout_s", "memory_db", "memory_namespace", "tls_dir"}
+        known = {
+            "namespace", "host", "drain_timeout_s", "start_timeout_s", "memory_db", "memory_namespace", "tls_dir",
+            "calibration",
+        }  # fmt: skip
         if unknown := set(data) - known:
             raise ValueError(f"unknown config keys: {sorted(unknown)}")
         try:
@@ -84,6 +98,35 @@ class RayDeployConfig:
             **data,
             **{name: spec for name, (spec, _) in specs.items()},
         )
+
+    def resolved_memory_namespace(self) -> str:
+        """memory_namespace, or for auto the pair's, from the models' files as this node sees them."""
+        if self.memory_namespace != AUTO_NAMESPACE:
+            return self.memory_namespace
+        from calispec_tools.namespaces import pair_namespace
+
+        for model in (self.draft_model, self.target_model):
+            if not (Path(model) / "config.json").is_file():  # a namespace without its hash names no pair
+                raise ValueError(
+                    f"memory_namespace auto derives the pair's namespace from the models' files, and the Ray "
+                    f"controller's node cannot read {model}/config.json: put the models at the same path on "
+                    "every node (or a shared filesystem), or set memory_namespace"
+                )
+        return pair_namespace(Path(self.draft_model), Path(self.target_model))
+
+    def calibration_file(self, memory_namespace: str) -> Path | None:
+        """The export to seed into `memory_namespace`: shipped -> the repo's file for that pair (None when it ships
+        none), none -> None, else the configured file (which must exist where the controller runs)."""
+        if self.calibration == NO_CALIBRATION:
+            return None
+        if self.calibration == SHIPPED:
+            from calispec_tools.shipped_calibration import shipped_for_namespace
+
+            return shipped_for_namespace(memory_namespace)
+        path = Path(self.calibration)
+        if not path.is_file():
+            raise ValueError(f"calibration file {path} not found on the Ray controller's node")
+        return path
 
     def tls_bundle(self) -> dict[str, dict[str, str]]:
         """{service: {"cert", "key", "ca"}: PEM text} from tls_dir; empty without one."""

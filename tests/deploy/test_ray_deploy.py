@@ -3,6 +3,8 @@ first; no Ray cluster."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import threading
@@ -20,9 +22,12 @@ import target_service.__main__ as target_cli
 from calispec.client import CalispecClient, CalispecRpcError
 from calispec_core.generation import FinishReason, GenerationStats
 from calispec_core.grpc_server import make_channel
-from calispec_tools.deploy.ray_config import RayDeployConfig
+from calispec_tools.deploy.ray_config import RayDeployConfig, ServiceSpec
+from calispec_tools.namespaces import pair_namespace
+from calispec_tools.shipped_calibration import SeedResult, chosen_lambda, shipped_file
 from coordinator.engine import Chunk
 from coordinator.server import SERVICE_NAME as COORDINATOR
+from tests.conftest import TinyPair
 from tests.helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -182,5 +187,112 @@ def test_a_ray_memory_service_names_its_address_to_a_second_one_on_its_database(
         with pytest.raises(DatabaseInUse) as refused:
             CorrectionStore(db)
         assert f"serving {address}" in str(refused.value)
+    finally:
+        host.stop()
+
+
+def test_a_ray_deployment_derives_the_pairs_namespace_and_finds_its_shipped_calibration(
+    tiny_pair: TinyPair, tmp_path: Path
+) -> None:
+    """The deployment wrote to a namespace called `default`, which no shipped calibration is for: Ray and
+    Kubernetes users got λ = 6 on an empty memory while `calispec up` rescued from the first request."""
+    models = {"draft": str(tiny_pair.draft), "target": str(tiny_pair.target)}
+    config = RayDeployConfig.from_dict({"models": models})
+    assert (config.memory_namespace, config.calibration) == ("auto", "shipped")
+    assert config.resolved_memory_namespace() == pair_namespace(tiny_pair.draft, tiny_pair.target)
+    assert config.calibration_file(config.resolved_memory_namespace()) is None  # no file ships for the tiny pair
+    shipped = shipped_file("qwen-coder")
+    assert shipped is not None
+    qwen_namespace = json.loads(shipped.read_text(encoding="utf-8"))["namespace"]
+    assert config.calibration_file(qwen_namespace) == shipped
+    assert RayDeployConfig.from_dict({"models": models, "calibration": "none"}).calibration_file(qwen_namespace) is None
+    explicit = RayDeployConfig.from_dict({"models": models, "memory_namespace": "team-a"})
+    assert explicit.resolved_memory_namespace() == "team-a"
+    own = tmp_path / "own.json"
+    own.write_text("{}", encoding="utf-8")
+    assert RayDeployConfig.from_dict({"models": models, "calibration": str(own)}).calibration_file("x") == own
+
+
+def test_a_ray_deployment_refuses_a_namespace_or_calibration_it_cannot_resolve(tmp_path: Path) -> None:
+    unseen = RayDeployConfig(draft_model=str(tmp_path / "d"), target_model=str(tmp_path / "t"), memory_db="/m")
+    with pytest.raises(ValueError, match=r"cannot read .*/d/config.json: put the models"):
+        unseen.resolved_memory_namespace()  # a name without the config's hash would name no pair
+    missing = RayDeployConfig(draft_model="/d", target_model="/t", memory_db="/m", calibration=str(tmp_path / "x"))
+    with pytest.raises(ValueError, match=r"calibration file .*x not found"):
+        missing.calibration_file("ns")
+    for key in ("calibration", "memory_namespace"):
+        with pytest.raises(ValueError, match="must not be empty"):
+            RayDeployConfig.from_dict({"models": {"draft": "/d", "target": "/t"}, key: ""})
+
+
+def test_the_lambda_chosen_for_a_shipped_calibration_holds_only_where_it_was_chosen(tmp_path: Path) -> None:
+    shipped = shipped_file("qwen-coder")
+    assert shipped is not None
+    assert chosen_lambda(shipped, "float32", meaning_guard=True) == 3
+    assert chosen_lambda(shipped, "bfloat16", meaning_guard=True) is None  # not measured with the guard
+    assert chosen_lambda(shipped, "float32", meaning_guard=False) is None
+    copy = tmp_path / shipped.name
+    copy.write_bytes(shipped.read_bytes())
+    assert chosen_lambda(copy, "float32", meaning_guard=True) is None  # only the repo's own file
+
+
+@pytest.mark.slow  # needs the `ray` extra (importing it starts nothing)
+def test_the_ray_controller_serves_the_lambda_chosen_for_the_calibration_it_seeded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from calispec_tools.deploy import ray_actors
+
+    shipped = shipped_file("qwen-coder")
+    serves = {"dtype": "float32", "meaning_guard": True}  # what the first target reports
+    monkeypatch.setattr(ray_actors, "ray", SimpleNamespace(get=lambda ref, **_: ref))
+
+    def controller(args: tuple[str, ...] = (), present: bool = True) -> ray_actors.Controller:
+        config = RayDeployConfig(
+            draft_model="/d", target_model="/t", memory_db="/m", coordinator=ServiceSpec(args=args)
+        )
+        made = ray_actors.Controller(config)
+        made.targets = ["target-0"]
+        made.actors["target-0"] = SimpleNamespace(serves=SimpleNamespace(remote=lambda: dict(serves)))
+        made.calibration = SeedResult(present, "seeded", present=present)
+        return made
+
+    assert controller()._calibrated_lambda(shipped) == 3
+    assert controller()._calibrated_lambda(None) is None  # nothing seeded
+    assert controller(present=False)._calibrated_lambda(shipped) is None  # the file was refused
+    assert controller(("--default-lambda", "5"))._calibrated_lambda(shipped) is None  # the deployment's own
+    assert controller(("--default-tau=0.1",))._calibrated_lambda(shipped) is None  # λ was chosen at the paper's τ
+    serves["dtype"] = "bfloat16"
+    assert controller()._calibrated_lambda(shipped) is None
+
+
+@pytest.mark.slow  # needs the `ray` extra (the memory service runs in-process here: no cluster)
+def test_the_ray_controller_seeds_over_mutual_tls_with_the_verifiers_credentials(tmp_path: Path) -> None:
+    """With tls_dir the memory service takes only certificates of the deployment's CA: the controller seeds
+    with the targets' client certificate (written to a private directory for the call) and writer token."""
+    from calispec_tools.certs import make_dev_certs
+    from calispec_tools.deploy import ray_actors
+    from calispec_tools.memory_file import dump_export
+    from calispec_tools.memory_reads import memory_events
+
+    certs = make_dev_certs(tmp_path / "tls")
+    config = RayDeployConfig(
+        draft_model="/d", target_model="/t", memory_db=str(tmp_path / "m.db"), tls_dir=str(certs.directory)
+    )
+    bundle = config.tls_bundle()
+    controller = ray_actors.Controller(config, bundle)
+    controller.memory_namespace = "pair/a+b/c"
+    export = tmp_path / "seed.json"
+    dump_export(export, controller.memory_namespace, 1, [(1, 2, 4)], exported_at="")
+    (tmp_path / "SHA256SUMS").write_text(f"{hashlib.sha256(export.read_bytes()).hexdigest()}  seed.json\n")
+    host = ray_actors.ServiceHost()
+    address = host.start(
+        "memory", "127.0.0.1", 0, ["--db", config.memory_db], controller.writer_token, bundle["memory"]
+    )
+    try:
+        seeded = controller._seed(address, export)
+        assert (seeded.loaded, seeded.message) == (True, "calibration: loaded 1 pairs (4 events) from seed.json")
+        again = controller._seed(address, export)  # a namespace that holds counts is never seeded twice
+        assert (again.loaded, again.present) == (False, True)
+        assert memory_events(address, controller.memory_namespace, tls=certs.tls("coordinator")) == 4
     finally:
         host.stop()

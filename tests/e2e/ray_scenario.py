@@ -1,7 +1,8 @@
 """The Ray scenario of tests/e2e/test_ray.py, run inside a private network namespace.
 
 `python tests/e2e/ray_scenario.py DRAFT TARGET WORKDIR`: starts a local Ray cluster (it can
-only bind loopback here), deploys Calispec, serves a request, scales targets 1 -> 2 under
+only bind loopback here), deploys Calispec into the pair's namespace seeded with a calibration file
+(as `calispec up` does), serves a request, scales targets 1 -> 2 under
 load, checks both replicas served and recorded into the shared memory, scales 2 -> 1 under
 load (the removed replica drains: every request succeeds), then `calispec ray down` through
 the CLI. Prints one `RESULT {json}` line; exits non-zero on any failed check.
@@ -9,6 +10,7 @@ the CLI. Prints one `RESULT {json}` line; exits non-zero on any failed check.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -21,12 +23,23 @@ import ray
 
 from calispec.client import CalispecClient
 from calispec_tools.deploy import ray_actors as deploy_ray
+from calispec_tools.memory_file import dump_export
 from calispec_tools.memory_reads import memory_events
+from calispec_tools.namespaces import pair_namespace
+from calispec_tools.shipped_calibration import SUMS_NAME
 
 NAMESPACE = "calispec-test"  # the Ray namespace
-MEMORY_NAMESPACE = "default"  # the deployment's correction-memory namespace (memory_namespace in the config)
+SEEDED = [(1, 2, 3), (4, 5, 7)]  # the calibration's (draft, target, count)
 PROMPTS = ["zebra quantum xylophone", "The robot counted", "def fibonacci(n):", "A rectangle with sides"]
 MODEL_ARGS = ["--dtype", "float32", "--device", "cpu"]
+
+
+def calibration(draft: str, target: str, work: Path) -> Path:
+    """An export for the pair's namespace, its sha256 recorded beside it (as the shipped file's is)."""
+    path = work / "calibration.json"
+    dump_export(path, pair_namespace(Path(draft), Path(target)), 1, SEEDED, exported_at="")
+    (work / SUMS_NAME).write_text(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}\n")
+    return path
 
 
 def config(draft: str, target: str, work: Path) -> deploy_ray.RayDeployConfig:
@@ -35,6 +48,7 @@ def config(draft: str, target: str, work: Path) -> deploy_ray.RayDeployConfig:
         "namespace": NAMESPACE,
         "host": "127.0.0.1",
         "models": {"draft": draft, "target": target},
+        "calibration": str(calibration(draft, target, work)),  # memory_namespace: auto (the default)
         "memory_db": str(work / "memory.db"),
         "drain_timeout_s": 60,
         "start_timeout_s": 180,
@@ -80,11 +94,12 @@ class Load:
         self._pool.shutdown()
 
 
-def settled(stats: dict, memory_address: str) -> bool:
-    """Every replica shipped all it counted, and the memory holds exactly the sum."""
+def settled(stats: dict, memory_address: str, namespace: str) -> bool:
+    """Every replica shipped all it counted, and the memory holds exactly the seeded events plus the sum."""
     targets = [s for s in stats.values() if s["kind"] == "target"]
     flushed = all(s["events_unshipped"] == 0 and s["batches_in_flight"] == 0 for s in targets)
-    return flushed and memory_events(memory_address, MEMORY_NAMESPACE) == sum(s["events_counted"] for s in targets)
+    counted = sum(c for *_, c in SEEDED) + sum(s["events_counted"] for s in targets)
+    return flushed and memory_events(memory_address, namespace) == counted
 
 
 def wait_for(probe, timeout_s: float = 30.0) -> None:
@@ -105,6 +120,11 @@ def main(draft: str, target: str, work: Path) -> dict:
     try:
         status = deploy_ray.up(config(draft, target, work))
         result["up_s"] = round(time.monotonic() - t0, 1)
+        namespace = status["memory_namespace"]
+        assert namespace == pair_namespace(Path(draft), Path(target)), status
+        assert status["calibration"] == "calibration: loaded 2 pairs (10 events) from calibration.json", status
+        assert status["default_lambda"] is None, status  # no λ was chosen for this file: the paper's
+        result["seeded_events"] = memory_events(status["addresses"]["memory"], namespace)
         coordinator = status["coordinator"]
         with CalispecClient(coordinator, timeout=120) as client:
             first = client.generate("def add(a, b):", max_new_tokens=8, mode="sd")
@@ -118,14 +138,14 @@ def main(draft: str, target: str, work: Path) -> dict:
         result["scale_up_s"] = round(time.monotonic() - t0, 1)
 
         memory = status["addresses"]["memory"]
-        wait_for(lambda: settled(deploy_ray.stats(NAMESPACE), memory))
+        wait_for(lambda: settled(deploy_ray.stats(NAMESPACE), memory, namespace))
         stats = deploy_ray.stats(NAMESPACE)
         picks = stats["coordinator"]["picks"]
         replicas = {name: s for name, s in stats.items() if s["kind"] == "target"}
         assert all(picks.get(s["address"], 0) > 0 for s in replicas.values()), (picks, replicas)
         assert all(s["events_counted"] > 0 for s in replicas.values()), replicas
         result.update(picks=picks, events={n: s["events_counted"] for n, s in replicas.items()})
-        result["memory_events"] = memory_events(memory, MEMORY_NAMESPACE)
+        result["memory_events"] = memory_events(memory, namespace)
 
         load = Load(coordinator)  # scale down under load: the removed replica drains, nothing fails
         time.sleep(0.5)

@@ -19,4 +19,5 @@ def test_ray_up_scale_down(tiny_pair: TinyPair) -> None:
     pytest.importorskip("ray", reason="`make test-slow` installs the ray extra")
     result = run_scenario(SCENARIO, [str(tiny_pair.draft), str(tiny_pair.target)], prefix="cr-")
     assert len(result["picks"]) == 2 and all(result["events"].values())
-    assert result["memory_events"] == sum(result["events"].values())
+    assert result["seeded_events"] == 10  # the calibration, in the pair's namespace before any request
+    assert result["memory_events"] == result["seeded_events"] + sum(result["events"].values())
