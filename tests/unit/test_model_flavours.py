@@ -236,13 +236,16 @@ def test_up_sets_every_services_log_level(tiny_pair: TinyPair) -> None:
 
 
 @pytest.mark.parametrize("command", [["up"], ["demo"]])
-def test_no_meaning_guard_reaches_the_target_service(tiny_pair: TinyPair, command: list[str]) -> None:
+def test_no_meaning_guard_reaches_the_target_service(tiny_pair: TinyPair, command: list[str], tmp_path: Path) -> None:
+    """Its own --log-dir: the compute lock lives there, and the default (the user data dir) exists only on a
+    machine that has run a stack (a fresh clone's `make test` failed here)."""
     from calispec_tools.cli import build_parser, stack_config
     from target_service.__main__ import parse_config
 
     parser = build_parser()
     for flags, guard in (([], True), (["--no-meaning-guard"], False)):
-        config = stack_config(parser.parse_args([*command, "--pair", "tiny", *flags]), (0, 0, 0, 0))
+        args = parser.parse_args([*command, "--pair", "tiny", "--log-dir", str(tmp_path), *flags])
+        config = stack_config(args, (0, 0, 0, 0))
         assert config.meaning_guard is guard
         spawned = LocalStack(config).target_args(0, "127.0.0.1:1")
         assert ("--no-meaning-guard" in spawned) is not guard
