@@ -10,9 +10,9 @@ share a name do not share a table) without the fields that name the program that
 rather than the model (`transformers_version`, ...): `calispec models pull` writes config.json with
 the installed transformers, and a patch release (5.24.0 -> 5.25.0) moved every pair's namespace, so a
 fresh machine refused the shipped calibration as another pair's. The tokenizer fingerprint hashes the
-tokenizer files. The
-local stack derives the target's `--memory-namespace` this way; a deployment passes the same
-string to every replica of the pair (and to `calispec calibrate` / `memory export|import`).
+tokenizer files. The local stack and a Ray deployment (`memory_namespace: auto`) derive the target's
+`--memory-namespace` this way; a deployment passes the same string to every replica of the pair (and
+to `calispec calibrate` / `memory export|import`).
 """
 
 from __future__ import annotations

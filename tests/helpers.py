@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import torch
 
 from calispec_core.access import ApiKeys, key_line, new_api_key
 from calispec_core.modeling import ModelRunner
+from calispec_tools.memory_file import dump_export
+from calispec_tools.shipped_calibration import SUMS_NAME
 
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -76,3 +79,11 @@ def one_api_key(directory: Path | None) -> tuple[str | None, ApiKeys | None]:
     key = new_api_key()
     (directory / "keys").write_text(key_line("alice", key))
     return key, ApiKeys(directory / "keys")
+
+
+def write_recorded_export(path: Path, namespace: str, pairs: list[tuple[int, int, int]]) -> Path:
+    """An export of `pairs` (draft, target, count) for `namespace`, its sha256 recorded in a SHA256SUMS beside it
+    (as the shipped calibration's is: a stack or a deployment seeds only such a file)."""
+    dump_export(path, namespace, 1, pairs, exported_at="")
+    (path.parent / SUMS_NAME).write_text(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}\n")
+    return path

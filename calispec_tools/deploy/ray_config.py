@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calispec_tools.namespaces import pair_namespace
+
 DEFAULT_NAMESPACE = "calispec"
 SERVICES = ("memory", "draft", "target", "coordinator")
 AUTO_NAMESPACE = "auto"  # memory_namespace: the pair's, derived from the models as `calispec up` does
@@ -103,8 +105,6 @@ class RayDeployConfig:
         """memory_namespace, or for auto the pair's, from the models' files as this node sees them."""
         if self.memory_namespace != AUTO_NAMESPACE:
             return self.memory_namespace
-        from calispec_tools.namespaces import pair_namespace
-
         for model in (self.draft_model, self.target_model):
             if not (Path(model) / "config.json").is_file():  # a namespace without its hash names no pair
                 raise ValueError(

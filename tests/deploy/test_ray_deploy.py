@@ -3,7 +3,6 @@ first; no Ray cluster."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -28,7 +27,7 @@ from calispec_tools.shipped_calibration import SeedResult, chosen_lambda, shippe
 from coordinator.engine import Chunk
 from coordinator.server import SERVICE_NAME as COORDINATOR
 from tests.conftest import TinyPair
-from tests.helpers import wait_until
+from tests.helpers import wait_until, write_recorded_export
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "deploy" / "ray" / "calispec.yaml"
@@ -194,8 +193,8 @@ def test_a_ray_memory_service_names_its_address_to_a_second_one_on_its_database(
 def test_a_ray_deployment_derives_the_pairs_namespace_and_finds_its_shipped_calibration(
     tiny_pair: TinyPair, tmp_path: Path
 ) -> None:
-    """The deployment wrote to a namespace called `default`, which no shipped calibration is for: Ray and
-    Kubernetes users got λ = 6 on an empty memory while `calispec up` rescued from the first request."""
+    """The deployment wrote to a namespace called `default`, which no shipped calibration is for: Ray users
+    got λ = 6 on an empty memory while `calispec up` rescued from the first request."""
     models = {"draft": str(tiny_pair.draft), "target": str(tiny_pair.target)}
     config = RayDeployConfig.from_dict({"models": models})
     assert (config.memory_namespace, config.calibration) == ("auto", "shipped")
@@ -271,7 +270,6 @@ def test_the_ray_controller_seeds_over_mutual_tls_with_the_verifiers_credentials
     with the targets' client certificate (written to a private directory for the call) and writer token."""
     from calispec_tools.certs import make_dev_certs
     from calispec_tools.deploy import ray_actors
-    from calispec_tools.memory_file import dump_export
     from calispec_tools.memory_reads import memory_events
 
     certs = make_dev_certs(tmp_path / "tls")
@@ -281,9 +279,7 @@ def test_the_ray_controller_seeds_over_mutual_tls_with_the_verifiers_credentials
     bundle = config.tls_bundle()
     controller = ray_actors.Controller(config, bundle)
     controller.memory_namespace = "pair/a+b/c"
-    export = tmp_path / "seed.json"
-    dump_export(export, controller.memory_namespace, 1, [(1, 2, 4)], exported_at="")
-    (tmp_path / "SHA256SUMS").write_text(f"{hashlib.sha256(export.read_bytes()).hexdigest()}  seed.json\n")
+    export = write_recorded_export(tmp_path / "seed.json", controller.memory_namespace, [(1, 2, 4)])
     host = ray_actors.ServiceHost()
     address = host.start(
         "memory", "127.0.0.1", 0, ["--db", config.memory_db], controller.writer_token, bundle["memory"]

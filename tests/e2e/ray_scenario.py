@@ -10,7 +10,6 @@ the CLI. Prints one `RESULT {json}` line; exits non-zero on any failed check.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -23,10 +22,9 @@ import ray
 
 from calispec.client import CalispecClient
 from calispec_tools.deploy import ray_actors as deploy_ray
-from calispec_tools.memory_file import dump_export
 from calispec_tools.memory_reads import memory_events
 from calispec_tools.namespaces import pair_namespace
-from calispec_tools.shipped_calibration import SUMS_NAME
+from tests.helpers import write_recorded_export
 
 NAMESPACE = "calispec-test"  # the Ray namespace
 SEEDED = [(1, 2, 3), (4, 5, 7)]  # the calibration's (draft, target, count)
@@ -34,21 +32,14 @@ PROMPTS = ["zebra quantum xylophone", "The robot counted", "def fibonacci(n):", 
 MODEL_ARGS = ["--dtype", "float32", "--device", "cpu"]
 
 
-def calibration(draft: str, target: str, work: Path) -> Path:
-    """An export for the pair's namespace, its sha256 recorded beside it (as the shipped file's is)."""
-    path = work / "calibration.json"
-    dump_export(path, pair_namespace(Path(draft), Path(target)), 1, SEEDED, exported_at="")
-    (work / SUMS_NAME).write_text(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}\n")
-    return path
-
-
 def config(draft: str, target: str, work: Path) -> deploy_ray.RayDeployConfig:
     small = {"num_cpus": 0.5, "args": MODEL_ARGS}
+    calibration = write_recorded_export(work / "calibration.json", pair_namespace(Path(draft), Path(target)), SEEDED)
     return deploy_ray.RayDeployConfig.from_dict({
         "namespace": NAMESPACE,
         "host": "127.0.0.1",
         "models": {"draft": draft, "target": target},
-        "calibration": str(calibration(draft, target, work)),  # memory_namespace: auto (the default)
+        "calibration": str(calibration),  # memory_namespace: auto (the default): the pair's, which it is for
         "memory_db": str(work / "memory.db"),
         "drain_timeout_s": 60,
         "start_timeout_s": 180,

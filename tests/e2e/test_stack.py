@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import re
 import threading
@@ -17,13 +16,11 @@ import sqlite_utils
 
 from calispec.client import CalispecClient
 from calispec_tools import cli
-from calispec_tools.memory_file import dump_export
 from calispec_tools.memory_reads import memory_events
 from calispec_tools.namespaces import pair_namespace
-from calispec_tools.shipped_calibration import SUMS_NAME
 from calispec_tools.stack import LocalStack, StackConfig
 from tests.conftest import TinyPair
-from tests.helpers import wait_until
+from tests.helpers import wait_until, write_recorded_export
 from tests.metrics_scrape import scrape, value
 
 PROMPTS = [
@@ -190,9 +187,8 @@ def test_rejection_counts_reach_sqlite_and_survive_a_memory_restart(stack: Local
 def test_identical_draft_gives_full_acceptance(tiny_pair: TinyPair, tmp_path: Path) -> None:
     """Also: a seeded calibration's λ reaches the coordinator, for the dtype the target's banner names and only
     for it (no rejections here, so λ changes nothing else)."""
-    calibration = tmp_path / "tiny.json"
-    dump_export(calibration, pair_namespace(tiny_pair.target, tiny_pair.target), 1, [(1, 2, 3)], exported_at="")
-    (tmp_path / SUMS_NAME).write_text(f"{hashlib.sha256(calibration.read_bytes()).hexdigest()}  tiny.json\n")
+    namespace = pair_namespace(tiny_pair.target, tiny_pair.target)
+    calibration = write_recorded_export(tmp_path / "tiny.json", namespace, [(1, 2, 3)])
     lambdas = (("bfloat16", 9), ("float32", 2))
     same_pair = stack_config(tmp_path, tiny_pair.target, tiny_pair.target)
     config = dataclasses.replace(same_pair, calibration_file=calibration, calibration_lambdas=lambdas)
