@@ -4,6 +4,7 @@ calispec memory namespaces                   # every namespace with its size; * 
 calispec memory stats [--tokenizer DIR]       # top pairs as text, top-20% share, distribution
 calispec memory export --out FILE
 calispec memory import --file FILE [--writer-token-file PATH]   # adds the file's counts
+calispec memory seed [--pair qwen-coder]      # the shipped calibration, into a namespace never written (Kubernetes)
 (a memory service under mutual TLS: --memory-tls-cert/-key/-ca; imports need a verifier's, i.e. target, certificate)
 
 Without --memory-addr / --namespace / --writer-token-file they default to the running stack's
@@ -29,11 +30,19 @@ from calispec_core.limits import MAX_STATS_TOP_PAIRS, int_in_range
 from calispec_tools import cli_calibrate
 from calispec_tools.cli_auth import usage_error
 from calispec_tools.memory_file import MemoryFileError, dump_export, load_export
+from calispec_tools.shipped_calibration import (
+    chosen_lambdas,
+    file_namespace,
+    seed_namespace,
+    shipped_file,
+    shipped_pairs,
+)
 from calispec_tools.stack_state import running_stack
 
 DEFAULT_MEMORY = "127.0.0.1:50053"
 MAX_IMPORT_PAIRS = 100_000  # one RecordEvents, hence one transaction: an import is all-or-nothing
 EXPORT_MAX_PAIRS = 1_000_000
+MAX_SEED_WAIT_S = 3600
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -64,6 +73,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     imp.add_argument("--file", required=True, type=Path)
     imp.add_argument("--writer-token-file", type=Path, help="the verifiers' writer token (default: the stack's)")
     imp.set_defaults(func=cmd_import)
+    seed = sub.add_parser(
+        "seed", help="load a pair's shipped calibration into a namespace that never recorded an event (once)"
+    )
+    seed.add_argument("--pair", default="qwen-coder", choices=shipped_pairs(), help="whose shipped calibration")
+    seed.add_argument("--namespace", default=None, help="default: the namespace the file was made for")
+    seed.add_argument("--memory-addr", default=None, help="memory service HOST:PORT (default: the running stack's)")
+    seed.add_argument("--writer-token-file", type=Path, help="the verifiers' writer token (default: the stack's)")
+    seed.add_argument(
+        "--wait-s", type=int_in_range(1, MAX_SEED_WAIT_S), default=30, help="how long to wait for the service to listen"
+    )
+    add_memory_tls_args(seed)
+    seed.set_defaults(func=cmd_seed)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -269,3 +290,25 @@ def cmd_import(args: argparse.Namespace) -> int:
             return _fail(f"{exc.code().name}: {exc.details()} (nothing was imported)")
     print(f"imported {len(pairs)} pairs ({reply.recorded} events) into {namespace}, now version {reply.version}")
     return 0
+
+
+def cmd_seed(args: argparse.Namespace) -> int:
+    """What a deployment without `calispec up` runs once (deploy/k8s/base/calibration-seed.yaml): exit 0 when the
+    namespace holds counts afterwards (loaded now, or before), 1 when the file was refused or the service failed."""
+    tls = memory_tls(args)
+    token = writer_token(args.writer_token_file)
+    path = shipped_file(args.pair)
+    assert path is not None  # --pair's choices are the shipped files
+    namespace = args.namespace or file_namespace(path)
+    if namespace is None:
+        return _fail(f"{path} names no namespace: give --namespace")
+    address = memory_address(args.memory_addr)
+    print(f"namespace {namespace}")
+    try:
+        result = seed_namespace(address, namespace, path, token, tls, wait_s=args.wait_s)
+    except grpc.RpcError as exc:
+        return _fail(f"memory service {address}: {exc.code().name}: {exc.details()} (nothing was loaded)")
+    print(result.message)
+    for dtype, lam in chosen_lambdas(args.pair, meaning_guard=True):
+        print(f"λ chosen for it: {lam} where the target serves {dtype} with the meaning guard (--default-lambda)")
+    return 0 if result.present else 1

@@ -20,6 +20,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+
 from calispec.v1 import memory_pb2, memory_pb2_grpc
 from calispec_core.credentials import MEMORY, TlsConfig, writer_metadata
 from calispec_core.grpc_server import make_channel
@@ -54,15 +56,22 @@ def shipped_file(pair: str) -> Path | None:
     return path if path.is_file() else None
 
 
+def shipped_pairs() -> list[str]:
+    return sorted(path.stem for path in CALIBRATION_DIR.glob("*.json"))
+
+
+def file_namespace(path: Path) -> str | None:
+    """The namespace a calibration file was made for (its "namespace" field); None if unreadable."""
+    try:
+        namespace = json.loads(path.read_text(encoding="utf-8")).get("namespace")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return namespace if isinstance(namespace, str) else None
+
+
 def shipped_for_namespace(namespace: str) -> Path | None:
     """The shipped file written for this namespace (its "namespace" field), if any."""
-    for path in sorted(CALIBRATION_DIR.glob("*.json")):
-        try:
-            if json.loads(path.read_text(encoding="utf-8")).get("namespace") == namespace:
-                return path
-        except (OSError, ValueError):
-            continue
-    return None
+    return next((p for p in sorted(CALIBRATION_DIR.glob("*.json")) if file_namespace(p) == namespace), None)
 
 
 def recorded_sha256(path: Path) -> str | None:
@@ -89,16 +98,23 @@ class SeedResult:
 
 
 def seed_namespace(
-    memory_address: str, namespace: str, path: Path, token: str | None, tls: TlsConfig | None = None
+    memory_address: str,
+    namespace: str,
+    path: Path,
+    token: str | None,
+    tls: TlsConfig | None = None,
+    wait_s: float = 30.0,
 ) -> SeedResult:
-    """Load the file into `namespace` unless it already holds counts (the stack's writer credentials)."""
+    """Load the file into `namespace` unless it already holds counts (the stack's writer credentials).
+
+    The write is conditional (only_if_empty): of several seeders racing on one namespace (a Job run twice,
+    two deployments) exactly one loads the file. The first call waits up to `wait_s` for the memory service
+    to listen (a seeder may start beside it)."""
     with make_channel(memory_address, tls, server_name=MEMORY) as channel:
         stub = memory_pb2_grpc.MemoryServiceStub(channel)
-        stats = stub.GetStats(memory_pb2.GetStatsRequest(namespace=namespace), timeout=30)
-        if stats.total_events > 0:
-            return SeedResult(
-                False, f"calibration: {namespace} already holds counts; {path.name} not loaded again", present=True
-            )
+        stats_request = memory_pb2.GetStatsRequest(namespace=namespace)
+        if stub.GetStats(stats_request, timeout=wait_s, wait_for_ready=True).total_events > 0:
+            return _already_seeded(namespace, path)
         try:
             check_file(path)
             export = load_export(path, namespace)
@@ -107,9 +123,22 @@ def seed_namespace(
         pairs = export.pairs
         events = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for d, t, c in pairs]
         request = memory_pb2.RecordEventsRequest(
-            namespace=namespace, events=events, wait_durable=True, vocab_size=export.vocab_size
+            namespace=namespace, events=events, wait_durable=True, vocab_size=export.vocab_size, only_if_empty=True
         )
-        reply = stub.RecordEvents(request, timeout=60, metadata=writer_metadata(token, "calispec-calibration"))
+        try:
+            reply = stub.RecordEvents(request, timeout=60, metadata=writer_metadata(token, "calispec-calibration"))
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            if stub.GetStats(stats_request, timeout=30).total_events > 0:  # another seeder was first
+                return _already_seeded(namespace, path)
+            return SeedResult(False, f"calibration not loaded: {exc.details()}")  # e.g. another vocabulary
     return SeedResult(
         True, f"calibration: loaded {len(pairs)} pairs ({reply.recorded} events) from {path.name}", present=True
+    )
+
+
+def _already_seeded(namespace: str, path: Path) -> SeedResult:
+    return SeedResult(
+        False, f"calibration: {namespace} already holds counts; {path.name} not loaded again", present=True
     )

@@ -121,7 +121,11 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         """A write the store refuses (closed, or the namespace full) changed nothing: its charge goes back."""
         try:
             return self._store.record(
-                request.namespace, events, durable=request.wait_durable, vocab_size=request.vocab_size
+                request.namespace,
+                events,
+                durable=request.wait_durable,
+                vocab_size=request.vocab_size,
+                only_if_empty=request.only_if_empty,
             )
         except AcceptedNotDurable:
             raise  # buffered: it will be committed, so it did use the budget

@@ -286,21 +286,28 @@ class CorrectionStore:
     # -- writes ---------------------------------------------------------------------------------
 
     def record(
-        self, namespace: str, events: Sequence[Event], durable: bool = False, vocab_size: int = 0
+        self,
+        namespace: str,
+        events: Sequence[Event],
+        durable: bool = False,
+        vocab_size: int = 0,
+        only_if_empty: bool = False,
     ) -> tuple[int, int]:
         """Accept `events` into the open batch; returns (sum of counts, version that will hold them).
 
         Pairs may repeat within a batch (their counts add up). An empty batch writes nothing and
         returns the namespace's current version. durable=True returns only after the commit.
         vocab_size > 0 declares the writer's vocabulary (see the module doc); 0 declares none.
+        only_if_empty: FailedPrecondition, nothing written, where the namespace ever recorded an event
+        (buffered ones included): of several seeders of one calibration exactly one writes.
         """
         validate_namespace(namespace)
         recorded = validate_events(events, self.vocab_limit(namespace, vocab_size))
         with self._cond:
-            self._check_room(namespace, recorded)
+            self._check_room(namespace, recorded, only_if_empty)
         self.declare_vocab(namespace, vocab_size)  # only once the whole request is known to be accepted
         with self._cond:
-            self._check_room(namespace, recorded)  # again: the lock was let go to declare
+            self._check_room(namespace, recorded, only_if_empty)  # again: the lock was let go to declare
             if not events:
                 return 0, self._versions.get(namespace, 0)
             self._totals[namespace] = self._totals.get(namespace, 0) + recorded
@@ -479,8 +486,10 @@ class CorrectionStore:
             if self.file_lock is not None:
                 self.file_lock.release()
 
-    def _check_room(self, namespace: str, recorded: int) -> None:  # with self._cond held
+    def _check_room(self, namespace: str, recorded: int, only_if_empty: bool = False) -> None:  # self._cond held
         self._check_open()
+        if only_if_empty and self._totals.get(namespace, 0) > 0:
+            raise FailedPrecondition(f"namespace {namespace!r} already holds counts; nothing was written")
         if self._totals.get(namespace, 0) + recorded > MAX_TOTAL_EVENTS:
             raise ResourceExhausted(f"namespace {namespace!r} is full: its total count would overflow")
 

@@ -198,3 +198,54 @@ def test_shipped_calibration_seeds_a_fresh_namespace_once(memory: tuple[str, Cor
     again = seed_namespace(address, "pair-a", path, TOKEN)
     assert not again.loaded and "already holds counts" in again.message
     assert store.stats("pair-a")[0] == 16 and store.stats("pair-z")[0] == 0
+
+
+def test_a_seeder_that_loses_the_race_loads_nothing(
+    memory: tuple[str, CorrectionStore], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two seeders (a Job run twice, two deployments) both find the namespace empty; the one whose write lands
+    second must not add the file's counts again."""
+    from calispec_tools import shipped_calibration
+    from calispec_tools.memory_file import dump_export
+
+    address, store = memory
+    path = tmp_path / "pair.json"
+    dump_export(path, "pair-a", 0, [(1, 2, 9), (3, 4, 7)], exported_at="")
+    (tmp_path / "SHA256SUMS").write_text(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  pair.json\n")
+    real_check = shipped_calibration.check_file
+
+    def other_seeder_wins(checked: Path) -> None:  # runs after this seeder found the namespace empty
+        store.record("pair-a", [(1, 2, 9), (3, 4, 7)], durable=True)
+        real_check(checked)
+
+    monkeypatch.setattr(shipped_calibration, "check_file", other_seeder_wins)
+    result = shipped_calibration.seed_namespace(address, "pair-a", path, TOKEN)
+    assert (result.loaded, result.present) == (False, True) and "already holds counts" in result.message
+    assert store.snapshot("pair-a")[0] == [(1, 2, 9), (3, 4, 7)]  # once, not twice
+
+
+def test_memory_seed_loads_the_shipped_calibration_once_into_its_namespace(
+    memory: tuple[str, CorrectionStore], tmp_path: Path, capsys
+) -> None:
+    """What a Kubernetes deployment runs (deploy/k8s/base/calibration-seed.yaml): exit 0 when the namespace holds
+    counts afterwards, 1 when the file is refused."""
+    from calispec_tools.shipped_calibration import file_namespace, shipped_file
+
+    address, store = memory
+    shipped = shipped_file("qwen-coder")
+    assert shipped is not None
+    namespace = file_namespace(shipped)
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    args = ("memory", "seed", "--memory-addr", address, "--writer-token-file", str(token))
+    assert run(*args, "--namespace", "pair/other+pair/0") == 1  # the file was made for another namespace
+    assert run(*args) == 0
+    printed = capsys.readouterr().out
+    assert f"namespace {namespace}" in printed and "calibration: loaded" in printed
+    assert "λ chosen for it: 3 where the target serves float32" in printed
+    store.flush()
+    events = store.stats(namespace)[0]
+    assert events > 1000 and store.stats("pair/other+pair/0")[0] == 0
+    assert run(*args) == 0
+    assert "already holds counts" in capsys.readouterr().out
+    assert store.stats(namespace)[0] == events

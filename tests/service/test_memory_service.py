@@ -481,3 +481,19 @@ def test_the_watch_stream_limit_leaves_workers_for_calls() -> None:
     assert MemoryConfig(max_workers=4).watch_stream_limit() == 2
     with pytest.raises(ValueError):
         MemoryConfig(max_workers=4, max_watch_streams=4)
+
+
+def test_a_conditional_write_lands_only_in_a_namespace_that_never_recorded(channel: grpc.Channel) -> None:
+    """How a calibration is seeded once however many seeders race: the second is refused and changes nothing."""
+    stub = WriterStub(channel)
+    seed = memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 2, 9)), only_if_empty=True)
+    assert stub.RecordEvents(seed).recorded == 9
+    with pytest.raises(grpc.RpcError) as info:
+        stub.RecordEvents(seed)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "already holds counts" in info.value.details()
+    stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 2, 1))))  # plain writes go on
+    other = memory_pb2.RecordEventsRequest(namespace="other", events=events((3, 4, 2)), only_if_empty=True)
+    assert stub.RecordEvents(other).recorded == 2
+    stats = stub.GetStats(memory_pb2.GetStatsRequest(namespace="ns"))
+    assert stats.total_events == 10

@@ -298,3 +298,15 @@ def test_a_namespace_vocabulary_survives_restarts_and_bounds_imports(db_path: Pa
             store.declare_vocab("ns", 11)
         assert store.record("other", [(3, 10, 1)]) == (1, 1)  # other namespaces are not affected
         assert store.stats("ns") == (0, 0, 0) and store.table_stats("ns").vocab_size == 10
+
+
+def test_a_conditional_write_sees_events_still_buffered_and_declares_nothing(store: CorrectionStore) -> None:
+    """The emptiness a seeder relies on includes the open batch: a write acknowledged but not yet committed
+    makes the namespace written; a refused seed neither counts nor fixes the namespace's vocabulary."""
+    store.record("ns", [(1, 2, 3)])  # buffered, not flushed
+    with pytest.raises(FailedPrecondition, match="already holds counts"):
+        store.record("ns", [(5, 6, 7)], vocab_size=50, only_if_empty=True)
+    store.flush()
+    assert store.snapshot("ns")[0] == [(1, 2, 3)]
+    assert store.vocab_limit("ns") is None  # 50 was not declared: a writer with another vocabulary may still come
+    assert store.record("fresh", [(5, 6, 7)], only_if_empty=True, durable=True)[0] == 7
