@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 import shutil
@@ -20,6 +21,8 @@ from calispec_core.service_cli import STOP_GRACE_S
 from calispec_tools.cli import build_parser as calispec_parser
 from calispec_tools.deploy.k8s import Doc, containers, load_all, pod_spec, render
 from calispec_tools.models.registry import pair_root
+from calispec_tools.shipped_calibration import chosen_lambda, file_namespace, shipped_file
+from coordinator.config import Defaults
 from coordinator.server import SERVICE_NAME as COORDINATOR
 from draft_service.server import SERVICE_NAME as DRAFT
 from memory_service.server import SERVICE_NAME as MEMORY
@@ -214,7 +217,8 @@ def test_only_verifiers_reach_memory_and_only_the_coordinator_is_public(docs: li
     assert policies["coordinator-public"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "coordinator"
     memory = policies["memory-from-verifiers"]
     assert [peer["podSelector"]["matchLabels"] for rule in memory["ingress"] for peer in rule["from"]] == [
-        {"app.kubernetes.io/name": "target"}
+        {"app.kubernetes.io/name": "target"},
+        {"app.kubernetes.io/name": "calibration-seed"},  # writes as a verifier: the target's cert and token
     ]
 
 
@@ -380,6 +384,66 @@ def test_the_pull_job_runs_like_the_services() -> None:
     tmp = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
     assert tmp and "emptyDir" in volumes[tmp[0]["name"]]
     assert spec["restartPolicy"] in {"Never", "OnFailure"} and _pull_job()["spec"]["backoffLimit"] >= 1
+
+
+# --- the shipped calibration: seeded into the pair's namespace, served with the λ chosen for it ---------------
+
+
+def _seed_job() -> Doc:
+    (job,) = [d for d in render(K8S / "calibration-seed") if d["kind"] == "Job"]
+    return job
+
+
+def _seed_command(docs: list[Doc], token_file: Path) -> argparse.Namespace:
+    container = {**_seed_job()["spec"]["template"]["spec"]["containers"][0]}
+    container["args"] = container.pop("command")  # $(VAR) expands in command as in args
+    resolved = _resolved_args(docs, container, token_file)
+    return calispec_parser().parse_args(resolved[1:])
+
+
+def test_the_seed_job_loads_the_shipped_file_into_the_namespace_the_targets_serve(
+    docs: list[Doc], tmp_path: Path
+) -> None:
+    """Without it a cluster's CSD served an empty memory under the namespace `default`: nothing to rescue."""
+    import kubernetes_validate
+
+    job = _seed_job()
+    kubernetes_validate.validate(job, K8S_VERSION, strict=True)
+    token_file = tmp_path / "token"
+    token_file.write_text("x" * 32)
+    seed = _seed_command(docs, token_file)
+    assert seed.func.__name__ == "cmd_seed"
+    shipped = shipped_file(seed.pair)
+    assert shipped is not None and seed.namespace == file_namespace(shipped)  # the file's own namespace
+    target_spec = pod_spec(find(docs, "Deployment", "target"))
+    assert target_spec is not None
+    target, _ = target_cli.parse_config(_resolved_args(docs, target_spec["containers"][0], token_file))
+    assert (seed.namespace, seed.memory_addr) == (target.memory_namespace, target.memory_address)
+    assert seed.writer_token_file == token_file and seed.wait_s >= 300  # memory may still be starting
+    spec = job["spec"]["template"]["spec"]
+    secrets = {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+    assert secrets == {"tls": "calispec-tls-target", "writer-token": "calispec-writer-token"}
+    mounts = {m["name"]: Path(m["mountPath"]) for m in spec["containers"][0]["volumeMounts"]}
+    assert seed.memory_tls_cert.parent == seed.memory_tls_key.parent == seed.memory_tls_ca.parent == mounts["tls"]
+    label = spec.get("labels") or job["spec"]["template"]["metadata"]["labels"]
+    policy = find(docs, "NetworkPolicy", "memory-from-verifiers")["spec"]
+    assert any(peer["podSelector"]["matchLabels"] == label for rule in policy["ingress"] for peer in rule["from"])
+    assert spec["automountServiceAccountToken"] is False and spec["securityContext"]["runAsUser"] == 10001
+
+
+def test_the_coordinator_serves_the_lambda_chosen_for_the_targets_dtype(docs: list[Doc], tmp_path: Path) -> None:
+    """As `calispec up` does: λ 3 where the target serves float32 with the meaning guard, the paper's 6 elsewhere."""
+    token_file = tmp_path / "token"
+    token_file.write_text("x" * 32)
+    specs = {name: pod_spec(find(docs, "Deployment", name)) for name in ("coordinator", "target")}
+    coordinator, _ = coordinator_cli.parse_config(
+        _resolved_args(docs, specs["coordinator"]["containers"][0], token_file)
+    )
+    target, _ = target_cli.parse_config(_resolved_args(docs, specs["target"]["containers"][0], token_file))
+    shipped = shipped_file("qwen-coder")
+    assert shipped is not None and target.memory_namespace == file_namespace(shipped)
+    chosen = chosen_lambda(shipped, target.model.dtype, target.meaning_guard)
+    assert coordinator.defaults.lambda_ == (chosen if chosen is not None else Defaults.lambda_)
 
 
 # --- shutdown: preStop, drain, grace --------------------------------------------------------------
