@@ -249,3 +249,14 @@ def test_memory_seed_loads_the_shipped_calibration_once_into_its_namespace(
     assert run(*args) == 0
     assert "already holds counts" in capsys.readouterr().out
     assert store.stats(namespace)[0] == events
+
+
+def test_memory_seed_that_never_connects_says_why(tmp_path: Path, capsys) -> None:
+    """It waits for the service (a Job may start before memory); past the wait it reports the connection's own
+    error (refused, a TLS handshake), not the bare "Deadline Exceeded" a waiting call ends with."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    args = ("memory", "seed", "--memory-addr", "127.0.0.1:1", "--writer-token-file", str(token), "--wait-s", "1")
+    assert run(*args) == 1
+    err = capsys.readouterr().err
+    assert "UNAVAILABLE" in err and "nothing was loaded" in err

@@ -229,6 +229,45 @@ def test_memory_tools_speak_mutual_tls(certs: DevCerts, tmp_path: Path, capsys: 
         store.close()
 
 
+def test_memory_seed_writes_only_with_a_verifiers_certificate(
+    certs: DevCerts, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What deploy/k8s/calibration-seed runs: the target's certificate loads the shipped file; another role's
+    certificate of the same CA is refused (exit 1, nothing written)."""
+    import argparse
+
+    from calispec_tools import cli_memory
+    from calispec_tools.shipped_calibration import file_namespace, shipped_file
+
+    config = MemoryConfig(port=0, db_path=tmp_path / "memory.db", writer_token=TOKEN, tls=certs.tls("memory"))
+    server, port, store = create_memory(config)
+    server.start()
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    parser = argparse.ArgumentParser()
+    cli_memory.register(parser.add_subparsers(dest="command", required=True))
+    base = ["memory", "seed", "--memory-addr", f"127.0.0.1:{port}", "--writer-token-file", str(token)]
+    shipped = shipped_file("qwen-coder")
+    assert shipped is not None
+    namespace = file_namespace(shipped)
+
+    def seed(role: str) -> int:
+        tls = ["--memory-tls-cert", str(certs.cert(role)), "--memory-tls-key", str(certs.key(role))]
+        args = parser.parse_args([*base, *tls, "--memory-tls-ca", str(certs.ca)])
+        return args.func(args)
+
+    try:
+        assert seed("coordinator") == 1
+        assert "PERMISSION_DENIED" in capsys.readouterr().err and store.stats(namespace)[0] == 0
+        assert seed("target") == 0
+        assert "calibration: loaded" in capsys.readouterr().out
+        store.flush()
+        assert store.stats(namespace)[0] > 1000
+    finally:
+        server.stop(None)
+        store.close()
+
+
 class _Streaming(grpc.GenericRpcHandler):
     """Client- and bidi-streaming RPCs (the services have none yet; reflection, exempt, is one)."""
 
