@@ -293,7 +293,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_seed(args: argparse.Namespace) -> int:
-    """What a deployment without `calispec up` runs once (deploy/k8s/base/calibration-seed.yaml): exit 0 when the
+    """What a deployment without `calispec up` runs once (deploy/k8s/calibration-seed/job.yaml): exit 0 when the
     namespace holds counts afterwards (loaded now, or before), 1 when the file was refused or the service failed."""
     tls = memory_tls(args)
     token = writer_token(args.writer_token_file)
