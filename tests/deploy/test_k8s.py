@@ -425,7 +425,7 @@ def test_the_seed_job_loads_the_shipped_file_into_the_namespace_the_targets_serv
     assert secrets == {"tls": "calispec-tls-target", "writer-token": "calispec-writer-token"}
     mounts = {m["name"]: Path(m["mountPath"]) for m in spec["containers"][0]["volumeMounts"]}
     assert seed.memory_tls_cert.parent == seed.memory_tls_key.parent == seed.memory_tls_ca.parent == mounts["tls"]
-    label = spec.get("labels") or job["spec"]["template"]["metadata"]["labels"]
+    label = job["spec"]["template"]["metadata"]["labels"]
     policy = find(docs, "NetworkPolicy", "memory-from-verifiers")["spec"]
     assert any(peer["podSelector"]["matchLabels"] == label for rule in policy["ingress"] for peer in rule["from"])
     assert spec["automountServiceAccountToken"] is False and spec["securityContext"]["runAsUser"] == 10001

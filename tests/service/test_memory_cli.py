@@ -227,7 +227,7 @@ def test_a_seeder_that_loses_the_race_loads_nothing(
 def test_memory_seed_loads_the_shipped_calibration_once_into_its_namespace(
     memory: tuple[str, CorrectionStore], tmp_path: Path, capsys
 ) -> None:
-    """What a Kubernetes deployment runs (deploy/k8s/base/calibration-seed.yaml): exit 0 when the namespace holds
+    """What a Kubernetes deployment runs (deploy/k8s/calibration-seed/job.yaml): exit 0 when the namespace holds
     counts afterwards, 1 when the file is refused."""
     from calispec_tools.shipped_calibration import file_namespace, shipped_file
 
