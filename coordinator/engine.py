@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
@@ -42,6 +42,7 @@ from coordinator.replicas import ReplicaSet
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+TargetFailure = Literal["session", "placement"]  # what a failing replica held: the request's session, or a new one
 
 CLOSE_TIMEOUT_S = 5.0
 DRAFT_TIMEOUT_S = 10.0  # a draft call taking longer counts as a draft outage (the round runs target-only)
@@ -177,6 +178,8 @@ class Orchestrator:
         self.speculation = speculation
         self.lockstep = Lockstep(speculation.lockstep_wait_s)  # shared by all requests
         self.on_round: Callable[[Mode, Proposal | None, Verdict], None] | None = None  # e.g. metrics
+        # a replica failed a request: "session" (it held the request: a failover) or "placement" (a new session)
+        self.on_target_failure: Callable[[TargetFailure], None] | None = None
 
     @property
     def context_length(self) -> int:
@@ -248,7 +251,7 @@ class Orchestrator:
                 with _closed_if_abandoned(target, session_id):
                     ns = target.prefill(session_id, ids, p.sampling, p.mode, p.tau, p.lambda_, timeout)
             except Unavailable as exc:
-                self._target_failed(request, target, exc)
+                self._target_failed(request, target, exc, "placement")
                 continue
             self.replicas.succeeded(target.address)
             request.target, request.target_session = target, session_id
@@ -256,11 +259,13 @@ class Orchestrator:
             request.stats.target_ms += ns_to_ms(ns)
             return
 
-    def _target_failed(self, request: _Request, target: TargetBackend, exc: Exception) -> None:
-        """`target` failed the request (its session, or a prefill to place it): never again for this request."""
+    def _target_failed(self, request: _Request, target: TargetBackend, exc: Exception, kind: TargetFailure) -> None:
+        """`target` failed the request (`kind`: its "session", or a "placement"): never again for this request."""
         log.warning("target %s failed request %s (%s); trying another replica", target.address, request.request_id, exc)
         request.failed_targets.add(target.address)
         self.replicas.failed(target.address)
+        if self.on_target_failure is not None:
+            self.on_target_failure(kind)
 
     def _rounds(self, request: _Request, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         detok = IncrementalDetokenizer(self.tokenizer, request.params.stop)
@@ -495,7 +500,7 @@ class Orchestrator:
                 reopen_only = isinstance(exc, SessionLost) and not session_lost
                 session_lost = session_lost or isinstance(exc, SessionLost)
                 if not reopen_only:
-                    self._target_failed(request, request.target, exc)
+                    self._target_failed(request, request.target, exc, "session")
                     # a failover: the replica holding the request failed it (a failed placement is none)
                     request.stats.target_failovers += 1
                 self._open_target(request)

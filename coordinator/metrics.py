@@ -58,6 +58,15 @@ class CoordinatorMetrics:
             ["position"],
             registry=r,
         )
+        self.target_failures = Counter(
+            f"{PREFIX}target_replica_failures",
+            "Calls a target replica failed, by what they were: a request's session (it moved: a failover) or a "
+            "placement (a new session; the request tried another replica)",
+            ["kind"],
+            registry=r,
+        )
+        for kind in ("session", "placement"):  # both series exist from the start (a rate() needs them)
+            self.target_failures.labels(kind)
         self.gamma = Histogram(
             f"{SPEC}gamma", "Draft length γ chosen per round", buckets=range(1, MAX_SPECULATIVE_TOKENS + 1), registry=r
         )

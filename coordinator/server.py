@@ -241,6 +241,7 @@ def create_server(
     observe = Observe(metrics.registry, config.metrics_port, admission=public, originates_ids=public)
     orchestrator = orchestrator or build_orchestrator(config)
     orchestrator.on_round = metrics.observe_round
+    orchestrator.on_target_failure = lambda kind: metrics.target_failures.labels(kind).inc()
     servicer = CoordinatorServicer(orchestrator, config, metrics)
     server, port, _ = create_grpc_server(
         config.address,

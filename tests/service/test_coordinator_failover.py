@@ -13,9 +13,11 @@ import grpc
 import pytest
 
 from calispec.client import CalispecClient, CalispecRpcError
+from calispec_core.metrics import new_registry
 from calispec_core.modeling import ModelRunner, ModelSpec
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import Orchestrator
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.server import build_orchestrator
 from coordinator.server import create_server as create_coordinator
 from draft_service.config import DraftConfig
@@ -37,6 +39,10 @@ class Stack:
     draft_port: int
     targets: dict[str, grpc.Server]  # address -> server
     start_draft: Callable[[], grpc.Server]
+    metrics: CoordinatorMetrics
+
+    def target_failures(self, kind: str) -> float | None:
+        return self.metrics.registry.get_sample_value("calispec_target_replica_failures_total", {"kind": kind})
 
 
 @pytest.fixture
@@ -54,7 +60,8 @@ def stack(tiny_pair: TinyPair, draft_runner: ModelRunner, target_runner: ModelRu
         targets[f"127.0.0.1:{port}"], runtimes = server, [*runtimes, runtime]
     config = CoordinatorConfig(f"127.0.0.1:{draft_port}", tuple(targets), tiny_pair.target, port=0)
     orchestrator = build_orchestrator(config)
-    coordinator, port = create_coordinator(config, orchestrator)
+    metrics = CoordinatorMetrics(new_registry())
+    coordinator, port = create_coordinator(config, orchestrator, metrics=metrics)
     coordinator.start()
     servers = [coordinator, *targets.values()]
     restarted: list[grpc.Server] = []
@@ -65,7 +72,7 @@ def stack(tiny_pair: TinyPair, draft_runner: ModelRunner, target_runner: ModelRu
         return server
 
     with CalispecClient(f"127.0.0.1:{port}", timeout=60) as client:
-        yield Stack(client, orchestrator, draft, draft_port, targets, restart_draft)
+        yield Stack(client, orchestrator, draft, draft_port, targets, restart_draft, metrics)
     for server in [*servers, draft, *restarted]:
         server.stop(None)
     for runtime in runtimes:
@@ -100,6 +107,18 @@ def test_a_target_lost_mid_request_fails_over_with_the_same_greedy_output(stack:
     tokens = [t for c in chunks for t in c.token_ids]
     assert tokens == expected_tokens(target_runner, len(tokens)) and len(tokens) == 24
     assert chunks[-1].stats.target_failovers == 1 and chunks[-1].stats.drafted > 0
+    assert (stack.target_failures("session"), stack.target_failures("placement")) == (1.0, 0.0)
+
+
+def test_a_request_placed_after_a_replica_refused_it_is_counted_as_a_failed_placement(stack: Stack) -> None:
+    """A failed first placement is no failover (stats.target_failovers 0), but an operator sees it: before,
+    nothing counted it."""
+    dead = stack.orchestrator.replicas.addresses()[0]
+    stack.targets[dead].stop(None).wait()
+    for _ in range(2):  # round-robin routes one of the two requests to the stopped replica first
+        chunks = list(stack.client.generate_stream(PROMPT, **KWARGS))
+        assert chunks[-1].stats.target_failovers == 0
+    assert (stack.target_failures("session"), stack.target_failures("placement")) == (0.0, 1.0)
 
 
 def test_no_replica_left_is_unavailable(stack: Stack) -> None:
