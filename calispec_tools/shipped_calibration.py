@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,12 +44,27 @@ def chosen_lambdas(pair: str, meaning_guard: bool) -> tuple[tuple[str, int], ...
     return tuple(sorted(CHOSEN_LAMBDA.get(pair, {}).items())) if meaning_guard else ()
 
 
+def served_lambda(
+    choices: Mapping[str, int], target_dtype: str | None, *, seeded: bool, meaning_guard: bool, papers_tau: bool
+) -> int | None:
+    """The coordinator's default λ from the λ chosen for a calibration (`choices`: target dtype -> λ), where that
+    choice holds: the file is in the memory (`seeded`), the meaning guard is on and τ is the paper's (λ was chosen
+    with both), and the target serves a dtype λ was chosen on. None: the coordinator's own (the paper's). The one
+    rule of `calispec up` (LocalStack) and `calispec ray up` (the Ray controller)."""
+    if not (seeded and meaning_guard and papers_tau):
+        return None
+    return choices.get(target_dtype or "")
+
+
 def chosen_lambda(path: Path, target_dtype: str, meaning_guard: bool) -> int | None:
     """The λ chosen for a shipped file (its pair: the file's name) where the target serves `target_dtype`;
     None for any other file, dtype, or without the guard."""
-    if path.resolve().parent != CALIBRATION_DIR:
-        return None
-    return dict(chosen_lambdas(path.stem, meaning_guard)).get(target_dtype)
+    return dict(chosen_lambdas(path.stem, meaning_guard)).get(target_dtype) if is_shipped(path) else None
+
+
+def is_shipped(path: Path) -> bool:
+    """The file is one of the repo's own calibrations (a copy elsewhere has no chosen λ: it may be edited)."""
+    return path.resolve().parent == CALIBRATION_DIR
 
 
 def shipped_file(pair: str) -> Path | None:

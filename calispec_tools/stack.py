@@ -32,7 +32,7 @@ from calispec_core.credentials import write_new_token
 from calispec_core.generation import Defaults
 from calispec_tools.certs import DevCerts
 from calispec_tools.namespaces import pair_namespace
-from calispec_tools.shipped_calibration import SeedResult, seed_namespace
+from calispec_tools.shipped_calibration import SeedResult, seed_namespace, served_lambda
 from calispec_tools.stack_state import StackBusy, StackLock
 
 log = logging.getLogger(__name__)
@@ -344,9 +344,11 @@ class LocalStack:
         c = self.config
         if c.default_lambda is not None:
             return c.default_lambda
-        calibrated = self.calibration is not None and self.calibration.present
-        applies = calibrated and c.meaning_guard and c.default_tau in (None, Defaults.tau)
-        return dict(c.calibration_lambdas).get(self.target_dtype or "") if applies else None
+        seeded = self.calibration is not None and self.calibration.present
+        return served_lambda(
+            dict(c.calibration_lambdas), self.target_dtype,
+            seeded=seeded, meaning_guard=c.meaning_guard, papers_tau=c.default_tau in (None, Defaults.tau),
+        )  # fmt: skip
 
     def csd_default_args(self) -> list[str]:
         """The coordinator's server-side τ and λ, when set (λ may come with the calibration: default_lambda)."""

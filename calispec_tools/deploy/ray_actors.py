@@ -35,7 +35,7 @@ import ray
 
 from calispec_core.credentials import TlsConfig
 from calispec_tools.deploy.ray_config import DEFAULT_NAMESPACE, RayDeployConfig, ServiceSpec
-from calispec_tools.shipped_calibration import SeedResult, chosen_lambda, seed_namespace
+from calispec_tools.shipped_calibration import SeedResult, chosen_lambdas, is_shipped, seed_namespace, served_lambda
 
 log = logging.getLogger(__name__)
 
@@ -288,10 +288,14 @@ class Controller:
         coordinator's args set no τ or λ of their own, the guard is on and the target serves a dtype λ was
         chosen on); None: the coordinator's default (the paper's)."""
         own = any(a.split("=")[0] in CSD_DEFAULT_FLAGS for a in self.config.coordinator.args)
-        if calibration is None or own or self.calibration is None or not self.calibration.present:
-            return None
+        if calibration is None or own:
+            return None  # the coordinator's args decide
         serves = ray.get(self.actors[self.targets[0]].serves.remote())
-        return chosen_lambda(calibration, serves["dtype"], serves["meaning_guard"])
+        seeded = self.calibration is not None and self.calibration.present
+        choices = dict(chosen_lambdas(calibration.stem, meaning_guard=True)) if is_shipped(calibration) else {}
+        return served_lambda(
+            choices, serves["dtype"], seeded=seeded, meaning_guard=serves["meaning_guard"], papers_tau=True
+        )
 
     def _model_args(self, model: str, spec: ServiceSpec) -> list[str]:
         return ["--model", model, *spec.args]
