@@ -48,7 +48,7 @@ proto: install
 # tasks), then checked against the sha256 recorded in the repo (docs/calibration.md).
 CALIBRATION_DIR := calispec_tools/data/calibration
 calibration: install
-	$(BIN)/calispec calibrate --corpus $(CALIBRATION_DIR)/corpus --generate --max-new-tokens 96 --batch-size 32 --pair qwen-coder \
+	$(BIN)/calispec calibrate --corpus $(CALIBRATION_DIR)/corpus --generate --max-new-tokens 96 --batch-size 32 --pair qwen-coder --dtype float32 \
 		--min-count 2 --export $(CALIBRATION_DIR)/qwen-coder.json
 	cd $(CALIBRATION_DIR) && sha256sum -c SHA256SUMS
 

@@ -227,7 +227,7 @@ def test_a_ray_deployment_refuses_a_namespace_or_calibration_it_cannot_resolve(t
 def test_the_lambda_chosen_for_a_shipped_calibration_holds_only_where_it_was_chosen(tmp_path: Path) -> None:
     shipped = shipped_file("qwen-coder")
     assert shipped is not None
-    assert chosen_lambda(shipped, "float32", meaning_guard=True) == 3
+    assert chosen_lambda(shipped, "float32", meaning_guard=True) == 6  # wave 26: the paper's, chosen again on dev
     assert chosen_lambda(shipped, "bfloat16", meaning_guard=True) is None  # not measured with the guard
     assert chosen_lambda(shipped, "float32", meaning_guard=False) is None
     copy = tmp_path / shipped.name
@@ -255,7 +255,7 @@ def test_the_ray_controller_serves_the_lambda_chosen_for_the_calibration_it_seed
         made.calibration = SeedResult(present, "seeded", present=present)
         return made
 
-    assert controller()._calibrated_lambda(shipped) == 3
+    assert controller()._calibrated_lambda(shipped) == 6
     assert controller()._calibrated_lambda(None) is None  # nothing seeded
     assert controller(present=False)._calibrated_lambda(shipped) is None  # the file was refused
     assert controller(("--default-lambda", "5"))._calibrated_lambda(shipped) is None  # the deployment's own
