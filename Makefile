@@ -9,7 +9,7 @@ PAIR   ?= qwen-coder
 MODE   ?= csd
 DTYPE  ?= auto
 
-.PHONY: install run test test-slow lint format proto calibration bench-verifier bench-forward bench-memory bench-pair bench-compare bench-calibration bench-cuda clean
+.PHONY: install run test test-slow lint format proto calibration bench-verifier bench-forward bench-memory bench-pair bench-compare bench-calibration bench-cuda test-cuda cuda bench-stand-in clean
 
 # torch is pinned here and installed first (the CPU wheel these machines carry); an unpinned torch
 # pulls a CUDA build. The base install is the light client; `serve` brings what the services need.
@@ -77,6 +77,26 @@ bench-calibration: install
 # the same on a GPU (bf16 on CUDA)
 bench-cuda: install
 	$(BIN)/calispec bench compare --pair $(PAIR) --device cuda --dtype bfloat16
+
+# On a GPU: the end-to-end stack tests with the model services on CUDA (float32, where greedy SD must equal AR
+# token for token), then bench-cuda. They fail, never skip, where torch sees no CUDA device.
+test-cuda: install
+	$(BIN)/python -m pytest tests/e2e/test_stack.py --device cuda
+
+cuda: test-cuda bench-cuda
+
+# Where the pair's weights cannot go (a lent GPU: 64 MiB per call, no network): stand-ins with its architectures,
+# the greedy draft agreeing with the target on AGREEMENT of tokens (calispec_tools/bench/stand_in.py); their
+# forward cost curves, then bench compare on them. LIKE holds draft/ and target/ with config and tokenizer.
+LIKE      ?= $(HOME)/.cache/calispec/models/$(PAIR)
+AGREEMENT ?= 0.85
+STAND_IN  ?= .cache/stand-in
+DEVICE    ?= cuda
+bench-stand-in: install
+	$(BIN)/python -m calispec_tools.bench.stand_in --draft $(LIKE)/draft --target $(LIKE)/target --agreement $(AGREEMENT) --out $(STAND_IN)
+	for m in target draft; do $(BIN)/python -m calispec_tools.bench.forward --model $(STAND_IN)/$$m --device $(DEVICE) --dtype bfloat16 --reps 5; done
+	$(BIN)/calispec bench compare --draft $(STAND_IN)/draft --target $(STAND_IN)/target --device $(DEVICE) --dtype bfloat16 \
+		--prompts 4 --max-new-tokens 96 --concurrency 1,4,8 --load-requests 0
 
 bench-memory: install
 	$(BIN)/python -m calispec_tools.bench.memory

@@ -11,7 +11,7 @@ import statistics
 import time
 
 from calispec_core.batch_forward import forward_rows
-from calispec_core.modeling import ModelRunner, Session, prefill_session
+from calispec_core.modeling import ModelRunner, Session, prefill_session, wait_for
 
 # A verify forward is γ + 1 tokens per row (γ <= 16); a batch of B rows costs about one row of
 # B·(γ+1) tokens, so the curve reaches past one row's worth. A draft step is one token per row.
@@ -35,6 +35,7 @@ def forward_ms(runner: ModelRunner, sessions: list[Session], new_tokens: int) ->
     forward_rows(
         runner, [s.cache for s in sessions], [s.pending() + filler for s in sessions], [new_tokens] * len(sessions)
     )
+    wait_for(runner.device)
     elapsed = (time.perf_counter() - start) * 1000
     for session in sessions:
         session.cache.crop(-new_tokens)  # back to the cached prefix

@@ -67,6 +67,13 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def wait_for(device: torch.device) -> None:
+    """Block until `device`'s queued kernels are done: CUDA runs them asynchronously, so a clock read right after
+    a forward would time its launches only."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """`auto`: bf16 on CUDA and on CPUs with bf16 units, float32 elsewhere; int8 computes in float32."""
     if name == "auto":

@@ -83,7 +83,7 @@ def serve(config: DraftConfig) -> None:
     metrics_banner("draft_service", server)
     banner = (
         f"draft_service listening on {config.host}:{port} model={config.model.path} dtype={runner.dtype_name} "
-        f"fp32_linear={runner.fp32_linear or '-'}"
+        f"fp32_linear={runner.fp32_linear or '-'} device={runner.device}"
     )
     if runner.logit_columns.kept is not None:
         banner += f" draft_vocab={runner.logit_columns.width}"

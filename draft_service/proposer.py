@@ -13,7 +13,7 @@ from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
 from calispec_core.errors import require
 from calispec_core.limits import check_speculative_tokens
-from calispec_core.modeling import ModelRunner, Session, prefill_session
+from calispec_core.modeling import ModelRunner, Session, prefill_session, wait_for
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.sampling import DRAFT_STREAM, SamplingConfig, make_generator, warp_probs
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
@@ -203,6 +203,7 @@ class Proposer:
             logits = forward_rows(
                 self.runner, [s.cache for s in sessions], [s.pending() for s in sessions], [1] * len(active)
             )  # logits[b]: [1, C]
+            wait_for(self.runner.device)  # on CUDA: the forward's own time, which the cost model learns from
             forward_ns = now_ns() - start
             for job, row in zip(active, logits, strict=True):
                 job.forward_ns += forward_ns  # every row waited for the whole batched forward

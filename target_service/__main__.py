@@ -89,7 +89,7 @@ def serve(config: TargetConfig) -> None:
     metrics_banner("target_service", server)
     banner = (
         f"target_service listening on {config.host}:{port} model={config.model.path} dtype={runner.dtype_name} "
-        f"fp32_linear={runner.fp32_linear or '-'}"
+        f"fp32_linear={runner.fp32_linear or '-'} device={runner.device}"
     )
     serve_until_signalled(
         server,

@@ -14,6 +14,25 @@ from calispec_core.modeling import ModelRunner, ModelSpec
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--device",
+        default="cpu",
+        help="where the end-to-end stack tests run their model services (`make test-cuda`: cuda)",
+    )
+
+
+@pytest.fixture(scope="session")
+def stack_device(pytestconfig: pytest.Config) -> str:
+    """The model services' device in the end-to-end stack tests; cuda fails (never skips) without a GPU."""
+    device: str = pytestconfig.getoption("device")
+    if device.startswith("cuda"):
+        import torch
+
+        assert torch.cuda.is_available(), f"--device {device}: torch sees no CUDA device here"
+    return device
+
+
 @dataclass(frozen=True)
 class TinyPair:
     draft: Path

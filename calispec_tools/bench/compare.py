@@ -91,6 +91,16 @@ def cpu_model() -> str:
     return names[0] if names else platform.processor() or platform.machine()
 
 
+def gpu_model(device: str) -> str:
+    """The GPU a run used ("-" on CPU), printed beside the CPU's name."""
+    import torch
+
+    from calispec_core.modeling import resolve_device
+
+    resolved = resolve_device(device)
+    return torch.cuda.get_device_name(resolved) if resolved.type == "cuda" else "-"
+
+
 # --- the stack ------------------------------------------------------------------------------------
 
 
@@ -370,6 +380,7 @@ def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int |
         "isa_caps": isa_caps(),
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
+        "gpu": gpu_model(args.device),
         "torch": torch.__version__,
         "device": args.device,
         "dtype": f"{args.dtype} ({serving_dtype_name(args.dtype, resolve_device(args.device))})",

@@ -31,7 +31,7 @@ from calispec_core.forward_costs import context_session, forward_ms
 from calispec_core.modeling import DTYPE_CHOICES, ModelRunner, ModelSpec
 from calispec_core.onednn_linear import onednn_linear_available, use_default_linear, use_onednn_linear
 from calispec_core.service_cli import configure_logging
-from calispec_tools.bench.compare import cpu_flags, cpu_model, isa_caps
+from calispec_tools.bench.compare import cpu_flags, cpu_model, gpu_model, isa_caps
 
 CONTEXT = 200  # default cached tokens before the measured forward (the reference point)
 SWITCH = {
@@ -47,6 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", type=Path, help="HF-format model dir (default: the pair's target)")
     parser.add_argument("--pair", default="qwen-coder")
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (auto: cuda where there is one)")
     parser.add_argument(
         "--tokens", "--new-tokens", default="1,2,4,7,11,16", help="new tokens per forward, comma-separated"
     )
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         from calispec_tools.cli import ensure_pulled_pair
 
         _, args.model = ensure_pulled_pair(args.pair)
-    spec = ModelSpec(args.model, dtype=args.dtype, device="auto", threads=args.threads, fp32_linear="default")
+    spec = ModelSpec(args.model, dtype=args.dtype, device=args.device, threads=args.threads, fp32_linear="default")
     runner = ModelRunner(spec)
     if runner.dtype_name != "float32" or runner.device.type != "cpu" or not onednn_linear_available():
         args.variants = ["default"]  # one Linear path only
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     elif runner.decoder is not None and args.passes == ["hf"]:
         runner.decoder = None
     print(f"cpu {cpu_model()} flags {' '.join(cpu_flags()) or '-'}, isa caps {isa_caps()}; torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")  # fmt: skip
+          f"{torch.get_num_threads()} threads; gpu {gpu_model(args.device)}")  # fmt: skip
     passes = "/".join(args.variants) if args.variants == args.passes else ("lean" if runner.decoder else "hf")
     print(f"{runner.model_id} on {runner.device} in {runner.dtype_name}, context {args.context}, batch {args.batch}, "
           f"{passes} pass, median of {args.reps} (interleaved)")  # fmt: skip

@@ -32,7 +32,7 @@ PROMPTS = [
 ]
 
 
-def stack_config(tmp: Path, draft: Path, target: Path) -> StackConfig:
+def stack_config(tmp: Path, draft: Path, target: Path, device: str = "cpu") -> StackConfig:
     return StackConfig(
         draft_model=draft,
         target_model=target,
@@ -43,7 +43,7 @@ def stack_config(tmp: Path, draft: Path, target: Path) -> StackConfig:
         draft_port=0,
         memory_port=0,
         dtype="float32",  # greedy SD == AR exactly holds in float32 (see README on bf16)
-        device="cpu",
+        device=device,  # `make test-cuda`: cuda
         memory_sync_interval_s=0.1,
         start_timeout_s=120,
         http_port=0,  # the coordinator's OpenAI-compatible API too
@@ -53,8 +53,9 @@ def stack_config(tmp: Path, draft: Path, target: Path) -> StackConfig:
 
 
 @pytest.fixture(scope="module")
-def stack(tiny_pair: TinyPair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    with LocalStack(stack_config(tmp_path_factory.mktemp("stack"), tiny_pair.draft, tiny_pair.target)) as s:
+def stack(tiny_pair: TinyPair, tmp_path_factory: pytest.TempPathFactory, stack_device: str) -> Iterator[LocalStack]:
+    config = stack_config(tmp_path_factory.mktemp("stack"), tiny_pair.draft, tiny_pair.target, stack_device)
+    with LocalStack(config) as s:
         yield s
 
 
@@ -78,12 +79,14 @@ def client(stack: LocalStack) -> Iterator[CountingClient]:
         yield c
 
 
-def test_model_services_name_their_dtype_and_float32_linear_path(stack: LocalStack) -> None:
+def test_model_services_name_their_dtype_and_float32_linear_path(stack: LocalStack, stack_device: str) -> None:
     """`auto` packs a model whose copy fits (the tiny pair always does), so the exactness tests below run
-    the packed path; bench compare reports what the banner says."""
+    the packed path on CPU (on CUDA there is no CPU Linear path: `-`); bench compare reports what the banner says."""
+    linear = "packed" if stack_device == "cpu" else "-"
     for name in ("draft_service", "target_service"):
         service = stack.services[name]
-        assert (service.banner_value("dtype"), service.banner_value("fp32_linear")) == ("float32", "packed")
+        assert (service.banner_value("dtype"), service.banner_value("fp32_linear")) == ("float32", linear)
+        assert service.banner_value("device") == stack_device
     assert stack.services["memory_service"].banner_value("fp32_linear") is None
 
 
@@ -184,13 +187,13 @@ def test_rejection_counts_reach_sqlite_and_survive_a_memory_restart(stack: Local
     assert memory_events(restarted.address, namespace) == expected
 
 
-def test_identical_draft_gives_full_acceptance(tiny_pair: TinyPair, tmp_path: Path) -> None:
+def test_identical_draft_gives_full_acceptance(tiny_pair: TinyPair, tmp_path: Path, stack_device: str) -> None:
     """Also: a seeded calibration's λ reaches the coordinator, for the dtype the target's banner names and only
     for it (no rejections here, so λ changes nothing else)."""
     namespace = pair_namespace(tiny_pair.target, tiny_pair.target)
     calibration = write_recorded_export(tmp_path / "tiny.json", namespace, [(1, 2, 3)])
     lambdas = (("bfloat16", 9), ("float32", 2))
-    same_pair = stack_config(tmp_path, tiny_pair.target, tiny_pair.target)
+    same_pair = stack_config(tmp_path, tiny_pair.target, tiny_pair.target, stack_device)
     config = dataclasses.replace(same_pair, calibration_file=calibration, calibration_lambdas=lambdas)
     with (
         LocalStack(config) as same,
