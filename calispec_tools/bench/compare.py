@@ -300,12 +300,20 @@ def run_interleaved(
     return runs
 
 
-def warm_up(client: Any, hf: HfPair | None, prompt: str) -> None:
+def warm_up(client: Any, hf: HfPair | None, prompt: str, tokens: int = 8) -> None:
     """First calls pay one-off costs (allocations, kernel selection): not measured."""
     for mode in STACK_MODES:
-        client.generate(prompt, max_new_tokens=8, mode=mode, timeout=900)
+        client.generate(prompt, max_new_tokens=tokens, mode=mode, timeout=900)
     for variant in HF_VARIANTS if hf is not None else ():
-        hf.run(variant, 0, prompt, 8)
+        hf.run(variant, 0, prompt, tokens)
+
+
+def warm_up_tokens(device: str, max_new_tokens: int) -> int:
+    """On CUDA a whole request's length: kernels load on first use per shape, and on an H200 the first
+    96-token request after an 8-token warm-up took 3x the next ones (README wave 27); on CPU 8 suffice."""
+    from calispec_core.modeling import resolve_device
+
+    return max_new_tokens if resolve_device(device).type == "cuda" else 8
 
 
 def summarize(runs: list[Run]) -> dict[str, dict[str, float]]:
@@ -516,7 +524,7 @@ def run_compare(args: argparse.Namespace) -> int:
             calibration = seeded.message if seeded else "none (--no-calibration, or no shipped file for this pair)"
             csd_defaults = stack.csd_defaults_message()
             print(f"{calibration}\n{csd_defaults}", file=sys.stderr)
-            warm_up(client, hf, config.prompts[0])
+            warm_up(client, hf, config.prompts[0], warm_up_tokens(args.device, config.max_new_tokens))
             floors = model_service_floors(*(stack.services[f"{name}_service"].address for name in MODEL_SERVICES))
 
             def progress(run: Run) -> None:
