@@ -94,7 +94,7 @@ STAND_IN  ?= .cache/stand-in
 DEVICE    ?= cuda
 bench-stand-in: install
 	$(BIN)/python -m calispec_tools.bench.stand_in --draft $(LIKE)/draft --target $(LIKE)/target --agreement $(AGREEMENT) --out $(STAND_IN)
-	for m in target draft; do $(BIN)/python -m calispec_tools.bench.forward --model $(STAND_IN)/$$m --device $(DEVICE) --dtype bfloat16 --reps 5; done
+	for m in target draft; do $(BIN)/python -m calispec_tools.bench.forward --model $(STAND_IN)/$$m --device $(DEVICE) --dtype bfloat16 --reps 5 || exit 1; done
 	$(BIN)/calispec bench compare --draft $(STAND_IN)/draft --target $(STAND_IN)/target --device $(DEVICE) --dtype bfloat16 \
 		--prompts 4 --max-new-tokens 96 --concurrency 1,4,8 --load-requests 0
 

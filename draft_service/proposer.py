@@ -129,6 +129,7 @@ class Proposer:
         with self.sessions.opening(session_id) as open_session:
             with watch.phase("forward"):
                 session = prefill_session(self.runner, session_id, token_ids, self.prefix_cache)
+                wait_for(self.runner.device)
             generator = make_generator(sampling.seed, DRAFT_STREAM, self.runner.device)
             open_session(DraftSession(session, sampling, generator))
 

@@ -22,7 +22,7 @@ from calispec_core.compute import on_compute_thread
 from calispec_core.errors import CalispecError, InvalidArgument, require
 from calispec_core.generation import Mode
 from calispec_core.limits import MAX_SPECULATIVE_TOKENS, check_csd_thresholds
-from calispec_core.modeling import ModelRunner, Session, prefill_session
+from calispec_core.modeling import ModelRunner, Session, prefill_session, wait_for
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.sampling import TARGET_STREAM, SamplingConfig, make_generator
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
@@ -119,6 +119,7 @@ class TargetEngine:
         with self.sessions.opening(session_id) as open_session:
             with watch.phase("forward"):
                 session = prefill_session(self.runner, session_id, token_ids, self.prefix_cache)
+                wait_for(self.runner.device)
             generator = make_generator(sampling.seed, TARGET_STREAM, self.runner.device)
             open_session(TargetSession(session, sampling, rescue, generator))
 
@@ -161,6 +162,7 @@ class TargetEngine:
                 logits = forward_rows(
                     self.runner, [s.cache for s in sessions], inputs, [len(r.draft) + 1 for r in rows]
                 )
+                wait_for(self.runner.device)  # on CUDA: the forward's own time, not the verify's
             with watch.phase("verify"):
                 batch = self._verify_input(rows, logits)
                 out = verify(batch, self.table.counts, self.meaning_keys)

@@ -1,7 +1,7 @@
 """`python -m calispec_tools.bench.stand_in --draft D --target T --agreement 0.85 --out DIR`: a stand-in pair
 with the architectures of D and T (their config.json and tokenizer) whose greedy draft agrees with the greedy
 target on a chosen share of tokens, for timing the stack where the real weights cannot be copied (a lent GPU
-takes 64 MiB per call and reaches no network; the Qwen pair is 4.6 GB).
+takes 64 MiB per call and reaches no network; the Qwen pair is 4.6 GiB).
 
 Each stand-in runs every layer of its architecture at full cost, but the layers' output projections
 (attention's o_proj, the MLP's down_proj) are zero, so the residual stream is the token's embedding and the
@@ -46,7 +46,8 @@ def next_maps(vocab: int, ordinary: torch.Tensor, agreement: float, seed: int) -
     target_next[ordinary] = ordinary[torch.randperm(len(ordinary), generator=generator)]
     differs = torch.rand(vocab, generator=generator) >= agreement  # [V]
     shift = torch.randint(1, len(ordinary), (vocab,), generator=generator)  # [V] never 0: another ordinary id
-    draft_next = torch.where(differs, ordinary[(target_next + shift) % len(ordinary)], target_next)  # [V]
+    place = torch.searchsorted(ordinary, target_next)  # [V] each successor's index among the ordinary ids
+    draft_next = torch.where(differs, ordinary[(place + shift) % len(ordinary)], target_next)  # [V]
     return target_next, draft_next
 
 
@@ -79,6 +80,8 @@ def build_stand_in_pair(
 ) -> tuple[Path, Path]:
     """(draft, target) stand-ins under `out`, for the pair (draft, target)."""
     vocab = AutoConfig.from_pretrained(target).vocab_size
+    if AutoConfig.from_pretrained(draft).vocab_size != vocab:
+        raise ValueError(f"the draft's vocabulary differs from the target's ({vocab}): not a pair")
     target_next, draft_next = next_maps(vocab, ordinary_ids(target, vocab), agreement, seed)
     return (
         build_stand_in(draft, out / "draft", draft_next, seed + 1, dtype),
