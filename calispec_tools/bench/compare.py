@@ -300,7 +300,7 @@ def run_interleaved(
     return runs
 
 
-def warm_up(client: Any, hf: HfPair | None, prompt: str, tokens: int = 8) -> None:
+def warm_up(client: Any, hf: HfPair | None, prompt: str, tokens: int) -> None:
     """First calls pay one-off costs (allocations, kernel selection): not measured."""
     for mode in STACK_MODES:
         client.generate(prompt, max_new_tokens=tokens, mode=mode, timeout=900)
