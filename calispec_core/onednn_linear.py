@@ -18,12 +18,19 @@ cheaper for 2-24 rows on that CPU, slower than the plain weight for one row (so 
 the price of a second copy of every float32 weight. Results equal `F.linear` within float32 rounding
 (a different summation order), so greedy speculative decoding stays exact with respect to the served
 model. `use_default_linear` undoes it (benchmarks compare the paths on one loaded model).
+
+bf16 layers (wave 28), where oneDNN runs bf16 (a CPU with AVX512-BF16 or AMX): torch's own bf16 path
+already calls oneDNN, but on the plain weight, whose products cost 1.4x one row's at 7 rows on the 2-core
+AVX512-BF16 EPYC; on the packed weight every row count is cheaper, one row included (a scratch timing of
+the 1.5B target's MLP weights, 2 threads: 32 / 44 ms plain against 26 / 24 ms packed for 1 / 7 rows), so
+bf16 products of any row count run packed. docs/performance.md, "bf16 Linear layers on packed weights".
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -61,18 +68,22 @@ class OneDnnLinear(nn.Module):
         self.bias = linear.bias
         self.packed: torch.Tensor | None = None  # not a buffer: state_dict keeps the model's own keys
         self.use_packed = False
+        # rows from which a product runs on the packed weight: one float32 row streams faster from the plain
+        # weight (the AVX2 EPYC of wave 14), one bf16 row from the packed one (the AVX512-BF16 EPYC of wave 28)
+        self.packed_from_rows = 1 if linear.weight.dtype == torch.bfloat16 else 2
 
     def set_packed(self, on: bool) -> None:
-        """Run 2+ row products on the packed weight (packed once, kept while the module lives) or not."""
+        """Run products of `packed_from_rows` rows or more on the packed weight (packed once, kept while the
+        module lives) or not."""
         if on and self.packed is None:
             self.packed = pack_weight(self.weight)
         self.use_packed = on
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        if x.dtype != torch.float32 or x.device.type != "cpu":
+        if x.dtype != self.weight.dtype or x.device.type != "cpu":
             return F.linear(x, self.weight, self.bias)
-        several = x.numel() > x.shape[-1]
-        weight = self.packed if several and self.use_packed else self.weight
+        rows = x.numel() // x.shape[-1]
+        weight = self.packed if self.use_packed and rows >= self.packed_from_rows else self.weight
         return torch.ops.mkldnn._linear_pointwise(x, weight, self.bias, "none", [], "")
 
     def to_linear(self) -> nn.Linear:
@@ -97,54 +108,62 @@ def _swap(model: nn.Module, wanted: Callable[[nn.Module], bool], make: Callable[
     return len(targets)
 
 
-def _float32_cpu_linear(module: nn.Module) -> bool:
-    return type(module) is nn.Linear and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
+def _dtypes(bf16: bool) -> tuple[torch.dtype, ...]:
+    return (torch.float32, torch.bfloat16) if bf16 else (torch.float32,)
 
 
-def use_onednn_linear(model: nn.Module, packed: bool = False) -> int:
-    """Swap the float32 CPU `nn.Linear` layers of an inference model for `OneDnnLinear`, multi-row products
-    on packed weights or not (layers swapped before switch too); returns how many layers run on oneDNN.
+def _cpu_linear(module: nn.Module, dtypes: tuple[torch.dtype, ...]) -> bool:
+    return type(module) is nn.Linear and module.weight.dtype in dtypes and module.weight.device.type == "cpu"
+
+
+def use_onednn_linear(model: nn.Module, packed: bool = False, bf16: bool = False) -> int:
+    """Swap the float32 CPU `nn.Linear` layers of an inference model (bf16 ones too with `bf16`: only where
+    oneDNN runs bf16) for `OneDnnLinear`, products on packed weights or not (layers swapped before switch
+    too); returns how many layers run on oneDNN.
 
     Parameters stop requiring grad (the oneDNN op has no autograd formula; serving never trains).
     """
     if not onednn_linear_available():
         return 0
     model.requires_grad_(False)
-    _swap(model, _float32_cpu_linear, OneDnnLinear)
+    _swap(model, partial(_cpu_linear, dtypes=_dtypes(bf16)), OneDnnLinear)
     layers = [module for module in model.modules() if isinstance(module, OneDnnLinear)]
     for layer in layers:
         layer.set_packed(packed)
     return len(layers)
 
 
-def packed_copy_bytes(model: nn.Module) -> int:
-    """What `packed=True` adds: one float32 copy of every float32 CPU Linear weight (a tied one too)."""
-    layers = [m for m in model.modules() if _float32_cpu_linear(m) or isinstance(m, OneDnnLinear)]
+def packed_copy_bytes(model: nn.Module, bf16: bool = False) -> int:
+    """What `packed=True` adds: one copy of every float32 CPU Linear weight (a tied one too; bf16 ones with
+    `bf16`)."""
+    dtypes = _dtypes(bf16)
+    layers = [m for m in model.modules() if _cpu_linear(m, dtypes) or isinstance(m, OneDnnLinear)]
     return sum(layer.weight.numel() * layer.weight.element_size() for layer in layers)
 
 
-def packed_copy_fits(model: nn.Module, available: int | None) -> bool:
+def packed_copy_fits(model: nn.Module, available: int | None, bf16: bool = False) -> bool:
     """`auto`'s choice: pack where `available` bytes hold the copy PACK_HEADROOM times over, so as much again
     stays free for KV caches and whatever else shares the host (the other model service, a pod's limit)."""
-    need = packed_copy_bytes(model)
+    need = packed_copy_bytes(model, bf16)
     return need > 0 and available is not None and available >= PACK_HEADROOM * need
 
 
-def set_fp32_linear_path(model: nn.Module, path: str) -> str:
-    """Put `model`'s float32 CPU Linear layers on `path` (limits.FP32_LINEAR_CHOICES; `auto`: packed where the
-    copy fits, else onednn); returns the path they run, "" where the model has none (bf16, int8, CUDA)."""
-    need = packed_copy_bytes(model)
+def set_fp32_linear_path(model: nn.Module, path: str, bf16: bool = False) -> str:
+    """Put `model`'s float32 CPU Linear layers (and its bf16 ones with `bf16`: where oneDNN runs bf16) on `path`
+    (limits.FP32_LINEAR_CHOICES; `auto`: packed where the copy fits, else onednn); returns the path they run,
+    "" where the model has none (int8, CUDA; bf16 without `bf16`)."""
+    need = packed_copy_bytes(model, bf16)
     if need == 0:
         return ""
     if path == "default" or not onednn_linear_available():
         return "default"
     available = available_bytes()
-    packed = path == "packed" or (path == "auto" and packed_copy_fits(model, available))
-    use_onednn_linear(model, packed=packed)
+    packed = path == "packed" or (path == "auto" and packed_copy_fits(model, available, bf16))
+    use_onednn_linear(model, packed=packed, bf16=bf16)
     resolved = "packed" if packed else "onednn"
     gib = 2**30
     free = "unknown" if available is None else f"{available / gib:.1f} GiB"
-    log.info("float32 Linear layers on %s (%s asked; a packed copy: %.1f GiB, available: %s)",
+    log.info("Linear layers on %s (%s asked; a packed copy: %.1f GiB, available: %s)",
              resolved, path, need / gib, free)  # fmt: skip
     return resolved
 

@@ -10,9 +10,9 @@ Forwards take the services' path (`calispec_core/batch_forward.py`); `--batch B`
 different cached lengths in one forward, as a verify round at concurrency B does; `--context` sets the
 cached tokens (default 200).
 
-In float32 on CPU it compares the Linear paths on one loaded model (`--linear`): `onednn`
-(products on oneDNN, what the services use by default), `packed` (multi-row products on prepacked
-weights, `--fp32-linear packed`) and `default` (torch's MKL path), interleaved
+In float32 on CPU, and in bf16 where oneDNN runs bf16, it compares the Linear paths on one loaded
+model (`--linear`): `onednn` (products on oneDNN), `packed` (products on prepacked weights, what the
+services use where the memory allows, `--fp32-linear packed`) and `default` (torch's own path), interleaved
 per repetition and token count so drift on a shared machine hits both alike. `--passes lean,hf` compares
 the services' lean pass (calispec_core/lean_decoder.py) with Hugging Face's pass through the same
 modules the same way, on `--linear`'s first path.
@@ -28,15 +28,15 @@ from pathlib import Path
 import torch
 
 from calispec_core.forward_costs import context_session, forward_ms
-from calispec_core.modeling import DTYPE_CHOICES, ModelRunner, ModelSpec
+from calispec_core.modeling import DTYPE_CHOICES, ModelRunner, ModelSpec, onednn_bf16_usable
 from calispec_core.onednn_linear import onednn_linear_available, use_default_linear, use_onednn_linear
 from calispec_core.service_cli import configure_logging
 from calispec_tools.bench.compare import cpu_flags, cpu_model, gpu_model, isa_caps
 
 CONTEXT = 200  # default cached tokens before the measured forward (the issue's reference point)
 SWITCH = {
-    "onednn": partial(use_onednn_linear, packed=False),
-    "packed": partial(use_onednn_linear, packed=True),  # packs again after `default` dropped the layers
+    "onednn": partial(use_onednn_linear, packed=False, bf16=True),  # bf16 layers: only where oneDNN runs bf16
+    "packed": partial(use_onednn_linear, packed=True, bf16=True),  # packs again after `default` dropped the layers
     "default": use_default_linear,
 }
 PASSES = ("lean", "hf")
@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--linear",
         default=",".join(SWITCH),
-        help="float32 Linear paths to compare, comma-separated (onednn and packed: the services'; default: torch's)",
+        help="float32/bf16 Linear paths to compare, comma-separated (onednn, packed: the services'; default: torch's)",
     )
     parser.add_argument(
         "--batch", type=int, default=1, help="sessions per forward (rows end to end, each attending to its own cache)"
@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> None:
         _, args.model = ensure_pulled_pair(args.pair)
     spec = ModelSpec(args.model, dtype=args.dtype, device=args.device, threads=args.threads, fp32_linear="default")
     runner = ModelRunner(spec)
-    if runner.dtype_name != "float32" or runner.device.type != "cpu" or not onednn_linear_available():
+    linear_dtypes = ("float32", "bfloat16") if onednn_bf16_usable() else ("float32",)
+    if runner.dtype_name not in linear_dtypes or runner.device.type != "cpu" or not onednn_linear_available():
         args.variants = ["default"]  # one Linear path only
     SWITCH[args.variants[0]](runner.model)
     if len(args.passes) > 1 and runner.decoder is not None:

@@ -1,4 +1,4 @@
-"""float32 Linear layers on oneDNN (calispec_core/onednn_linear.py): same logits, greedy tokens, parameters."""
+"""float32 and bf16 Linear layers on oneDNN (calispec_core/onednn_linear.py): same logits, greedy tokens, parameters."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from calispec_core import onednn_linear
+from calispec_core import modeling, onednn_linear
 from calispec_core.compute import compute_thread
 from calispec_core.errors import InvalidArgument
-from calispec_core.modeling import ModelRunner, ModelSpec, prefill_session
+from calispec_core.modeling import ModelRunner, ModelSpec, onednn_bf16_usable, prefill_session
 from calispec_core.onednn_linear import (
     OneDnnLinear,
     pack_weight,
@@ -97,6 +97,54 @@ def test_packed_runners_pack_every_layer_once_and_onednn_ones_none(onednn_runner
     assert packed_runner.fp32_linear == "packed" and model_info_to_pb(packed_runner).fp32_linear == "packed"
 
 
+def test_bf16_layers_count_and_pack_only_when_asked(monkeypatch) -> None:
+    """bf16 layers join the oneDNN path only with bf16=True, which ModelRunner passes where oneDNN runs bf16."""
+    monkeypatch.setattr(onednn_linear, "available_bytes", lambda: 1 << 40)
+    model = nn.Sequential(nn.Linear(16, 32).to(torch.bfloat16))
+    assert (packed_copy_bytes(model), packed_copy_bytes(model, bf16=True)) == (0, 16 * 32 * 2)
+    assert set_fp32_linear_path(model, "auto") == "" and type(model[0]) is nn.Linear
+
+
+@pytest.fixture(scope="module")
+def bf16_runners(tiny_pair: TinyPair) -> tuple[ModelRunner, ModelRunner]:
+    """The tiny target in bf16 as the services load it (auto) and on torch's own path."""
+    spec = partial(ModelSpec, tiny_pair.target, dtype="bfloat16", device="cpu")
+    return ModelRunner(spec()), ModelRunner(spec(fp32_linear="default"))
+
+
+@torch.inference_mode()
+def test_bf16_runners_pack_every_layer_where_onednn_runs_bf16(bf16_runners) -> None:
+    """Wave 28: on the AVX512-BF16 EPYC a packed bf16 target forward costs ~0.7x torch's, one token to seven."""
+    served, plain = bf16_runners
+    layers = [m for m in served.model.modules() if isinstance(m, OneDnnLinear)]
+    if not onednn_bf16_usable():  # an AVX2-only CPU (or oneDNN capped below AVX512): torch's own path
+        assert served.fp32_linear == "" and not layers
+        return
+    assert served.fp32_linear == "packed" and layers and onednn_layers(plain.model) == 0
+    assert all(m.use_packed and m.packed is not None and m.packed_from_rows == 1 for m in layers)
+    for new in ([11], [11, 12, 13, 14, 15, 16, 17]):  # a decode step and a 7-token verify forward
+        a_session, b_session = (prefill_session(r, "same", PROMPT) for r in (served, plain))
+        a = served.forward(a_session.pending() + new, a_session.cache, len(new) + 1)
+        b = plain.forward(b_session.pending() + new, b_session.cache, len(new) + 1)
+        assert a.dtype == b.dtype == torch.bfloat16
+        torch.testing.assert_close(a.float(), b.float(), rtol=0.05, atol=0.05)  # bf16: another summation order
+
+
+@torch.inference_mode()
+def test_a_bf16_layer_multiplies_one_row_on_the_packed_weight() -> None:
+    if not onednn_bf16_usable():
+        assert not modeling.cpu_has_fast_bf16()  # nothing here would serve bf16 by default either
+        return
+    torch.manual_seed(0)
+    layer = OneDnnLinear(nn.Linear(32, 48).to(torch.bfloat16))
+    layer.set_packed(True)
+    x = torch.randn(1, 1, 32, dtype=torch.bfloat16)
+    expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    torch.testing.assert_close(layer(x), expected, rtol=0.02, atol=0.02)
+    layer.packed = pack_weight(torch.zeros_like(layer.weight))  # which weight the one row reads
+    torch.testing.assert_close(layer(x), layer.bias.expand(1, 1, 48))
+
+
 def test_auto_packs_where_free_memory_holds_the_copy_twice_over() -> None:
     model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 16, bias=False))
     need = packed_copy_bytes(model)
@@ -165,7 +213,7 @@ def test_swapping_keeps_tied_parameters_and_state_dict_and_undoes_cleanly() -> N
 
 def test_other_dtypes_keep_their_layers(tiny_pair: TinyPair) -> None:
     bf16 = nn.Linear(8, 8).to(torch.bfloat16)
-    assert use_onednn_linear(nn.Sequential(bf16)) == 0
+    assert use_onednn_linear(nn.Sequential(bf16)) == 0  # bf16 layers join only when asked (bf16=True)
     int8 = ModelRunner(ModelSpec(tiny_pair.draft, dtype="int8", device="cpu"))
     assert onednn_layers(int8.model) == 0
 
