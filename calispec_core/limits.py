@@ -236,6 +236,6 @@ LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]  # every service's --log-leve
 # oneDNN, whose cost stays flat in rows where MKL's SGEMM grows ~linearly on some CPUs; "packed" also
 # keeps each weight prepacked for multi-row products (cheaper verify forwards, twice the float32
 # weights' memory); "auto" packs where the host's (or the pod's) free memory holds the copy twice over,
-# else onednn; "default" keeps torch's own path. bf16 layers follow it where oneDNN runs bf16 (wave 28);
+# else onednn; "default" keeps torch's own path. bf16 layers follow it on CPUs with bf16 units (wave 28);
 # other dtypes ignore it.
 FP32_LINEAR_CHOICES = ("auto", "packed", "onednn", "default")

@@ -159,9 +159,9 @@ class ModelRunner:
         self.logit_columns = pruned_columns(model, self.tokenizer, output_vocab, self.eos_token_ids)
         self.vocab_size: int = self.logit_columns.vocab_size
         self.model = quantize_int8(model) if spec.dtype == INT8 else model
-        # float32 CPU layers, bf16 ones where oneDNN runs bf16 ("" for int8, CUDA); after quantising, after
+        # float32 CPU layers, bf16 ones on CPUs with bf16 units ("" for int8, CUDA); after quantising, after
         # pruning the head
-        self.fp32_linear = set_fp32_linear_path(self.model, spec.fp32_linear, bf16=onednn_bf16_usable())
+        self.fp32_linear = set_fp32_linear_path(self.model, spec.fp32_linear, bf16=cpu_has_fast_bf16())
         # Llama/Qwen2: HF's ops without its wrappers, q/k/v fused in int8 (bitwise the same pass)
         self.decoder = LeanDecoder.build(self.model) if spec.lean_forward else None
         self.model_id = Path(spec.path).name

@@ -1,4 +1,4 @@
-"""float32 Linear layers that multiply on oneDNN instead of MKL, optionally on prepacked weights.
+"""float32 (and bf16) Linear layers that multiply on oneDNN instead of torch's path, optionally on prepacked weights.
 
 Why: the speculative verify forward multiplies every weight matrix by γ+1 rows. Through `F.linear`,
 torch's CPU float32 path calls MKL: 2 to 16 rows go to MKL's SGEMM, which on AMD EPYCs (non-Intel
@@ -19,7 +19,7 @@ the price of a second copy of every float32 weight. Results equal `F.linear` wit
 (a different summation order), so greedy speculative decoding stays exact with respect to the served
 model. `use_default_linear` undoes it (benchmarks compare the paths on one loaded model).
 
-bf16 layers (wave 28), where oneDNN runs bf16 (a CPU with AVX512-BF16 or AMX): torch's own bf16 path
+bf16 layers (wave 28), on CPUs with bf16 units (AVX512-BF16 or AMX): torch's own bf16 path
 already calls oneDNN, but on the plain weight, whose products cost 1.4x one row's at 7 rows on the 2-core
 AVX512-BF16 EPYC; on the packed weight every row count is cheaper, one row included (a scratch timing of
 the 1.5B target's MLP weights, 2 threads: 32 / 44 ms plain against 26 / 24 ms packed for 1 / 7 rows), so
@@ -41,7 +41,7 @@ from calispec_core.host_memory import available_bytes
 log = logging.getLogger(__name__)
 
 # oneDNN picks the packed layout for this many rows; 4 to 32 measured alike for 2-24 row products
-# (docs/performance.md), one row runs on the plain weight either way.
+# (docs/performance.md); a float32 row runs on the plain weight, a bf16 one on the packed (OneDnnLinear).
 PACK_ROWS = 16
 PACK_HEADROOM = 2.0  # `auto` packs where free memory holds the packed copy this many times over
 
@@ -57,8 +57,8 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 class OneDnnLinear(nn.Module):
-    """`nn.Linear` with the same parameters whose float32 CPU products run on oneDNN; with a packed copy
-    of the weight, products of several rows run on that copy."""
+    """`nn.Linear` with the same parameters whose float32 (or bf16) CPU products run on oneDNN; with a packed
+    copy of the weight, products of `packed_from_rows` rows or more run on that copy."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -112,8 +112,8 @@ def _dtypes(bf16: bool) -> tuple[torch.dtype, ...]:
     return (torch.float32, torch.bfloat16) if bf16 else (torch.float32,)
 
 
-def _cpu_linear(module: nn.Module, dtypes: tuple[torch.dtype, ...]) -> bool:
-    return type(module) is nn.Linear and module.weight.dtype in dtypes and module.weight.device.type == "cpu"
+def _cpu_linear(module: nn.Module, dtypes: tuple[torch.dtype, ...], kinds: tuple[type, ...] = (nn.Linear,)) -> bool:
+    return type(module) in kinds and module.weight.dtype in dtypes and module.weight.device.type == "cpu"
 
 
 def use_onednn_linear(model: nn.Module, packed: bool = False, bf16: bool = False) -> int:
@@ -137,7 +137,7 @@ def packed_copy_bytes(model: nn.Module, bf16: bool = False) -> int:
     """What `packed=True` adds: one copy of every float32 CPU Linear weight (a tied one too; bf16 ones with
     `bf16`)."""
     dtypes = _dtypes(bf16)
-    layers = [m for m in model.modules() if _cpu_linear(m, dtypes) or isinstance(m, OneDnnLinear)]
+    layers = [m for m in model.modules() if _cpu_linear(m, dtypes, (nn.Linear, OneDnnLinear))]
     return sum(layer.weight.numel() * layer.weight.element_size() for layer in layers)
 
 
@@ -149,7 +149,7 @@ def packed_copy_fits(model: nn.Module, available: int | None, bf16: bool = False
 
 
 def set_fp32_linear_path(model: nn.Module, path: str, bf16: bool = False) -> str:
-    """Put `model`'s float32 CPU Linear layers (and its bf16 ones with `bf16`: where oneDNN runs bf16) on `path`
+    """Put `model`'s float32 CPU Linear layers (and its bf16 ones with `bf16`: on CPUs with bf16 units) on `path`
     (limits.FP32_LINEAR_CHOICES; `auto`: packed where the copy fits, else onednn); returns the path they run,
     "" where the model has none (int8, CUDA; bf16 without `bf16`)."""
     need = packed_copy_bytes(model, bf16)

@@ -169,7 +169,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         "tokens where torch's MKL path grows ~linearly; packed: onednn plus each weight prepacked for multi-token "
         "forwards (20-30%% cheaper verifies, twice the float32 weights' memory); auto: packed where free memory "
         "(host or cgroup) holds that copy twice over, else onednn; default: torch's path. Despite the name, bf16 "
-        "layers take the same path where oneDNN runs bf16 (AVX512-BF16/AMX; packed: ~30%% cheaper forwards, one "
+        "layers take the same path on CPUs with bf16 units (AVX512-BF16/AMX; packed: ~30%% cheaper forwards, one "
         "token included); docs/performance.md",
     )
     parser.add_argument(

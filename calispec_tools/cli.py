@@ -204,7 +204,7 @@ def add_model_flavour_args(parser: argparse.ArgumentParser, serves_csd: bool = T
         help="both model services' float32 CPU Linear path (default: theirs, auto = packed where the memory allows, "
         "else onednn; packed: prepacked weights for multi-token forwards, twice the float32 weights' memory; "
         "`default`: torch's MKL path, whose multi-token forwards cost ~3x one token on AMD CPUs; bf16 layers too "
-        "where oneDNN runs bf16; docs/performance.md)",
+        "on CPUs with bf16 units; docs/performance.md)",
     )
     parser.add_argument("--draft-threads", type=at.positive_int, default=None, help="draft torch threads")
     parser.add_argument(

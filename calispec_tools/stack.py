@@ -117,7 +117,7 @@ class StackConfig:
     draft_dtype: str | None = None  # None: `dtype` (e.g. int8 for a cheaper draft)
     draft_threads: int | None = None  # None with target_threads None: split_cores(os.cpu_count())
     draft_vocab: int = 0  # the draft's output layer pruned to ids [0, K) plus the special tokens; 0: full
-    fp32_linear: str | None = None  # both model services' float32 CPU Linear path (None: theirs, onednn)
+    fp32_linear: str | None = None  # both model services' float32 (bf16) CPU Linear path (None: theirs, auto)
     target_threads: int | None = None
     prefix_cache_tokens: int | None = None  # the model services' prefix cache (None: their default; 0: off)
     default_tau: float | None = None  # the coordinator's τ and λ for requests that set none (None: the paper's)

@@ -10,7 +10,7 @@ Forwards take the services' path (`calispec_core/batch_forward.py`); `--batch B`
 different cached lengths in one forward, as a verify round at concurrency B does; `--context` sets the
 cached tokens (default 200).
 
-In float32 on CPU, and in bf16 where oneDNN runs bf16, it compares the Linear paths on one loaded
+In float32 on CPU, and in bf16 on CPUs with bf16 units, it compares the Linear paths on one loaded
 model (`--linear`): `onednn` (products on oneDNN), `packed` (products on prepacked weights, what the
 services use where the memory allows, `--fp32-linear packed`) and `default` (torch's own path), interleaved
 per repetition and token count so drift on a shared machine hits both alike. `--passes lean,hf` compares
@@ -28,14 +28,14 @@ from pathlib import Path
 import torch
 
 from calispec_core.forward_costs import context_session, forward_ms
-from calispec_core.modeling import DTYPE_CHOICES, ModelRunner, ModelSpec, onednn_bf16_usable
+from calispec_core.modeling import DTYPE_CHOICES, ModelRunner, ModelSpec, cpu_has_fast_bf16
 from calispec_core.onednn_linear import onednn_linear_available, use_default_linear, use_onednn_linear
 from calispec_core.service_cli import configure_logging
 from calispec_tools.bench.compare import cpu_flags, cpu_model, gpu_model, isa_caps
 
 CONTEXT = 200  # default cached tokens before the measured forward (the issue's reference point)
 SWITCH = {
-    "onednn": partial(use_onednn_linear, packed=False, bf16=True),  # bf16 layers: only where oneDNN runs bf16
+    "onednn": partial(use_onednn_linear, packed=False, bf16=True),  # bf16 layers: only on CPUs with bf16 units
     "packed": partial(use_onednn_linear, packed=True, bf16=True),  # packs again after `default` dropped the layers
     "default": use_default_linear,
 }
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         _, args.model = ensure_pulled_pair(args.pair)
     spec = ModelSpec(args.model, dtype=args.dtype, device=args.device, threads=args.threads, fp32_linear="default")
     runner = ModelRunner(spec)
-    linear_dtypes = ("float32", "bfloat16") if onednn_bf16_usable() else ("float32",)
+    linear_dtypes = ("float32", "bfloat16") if cpu_has_fast_bf16() else ("float32",)
     if runner.dtype_name not in linear_dtypes or runner.device.type != "cpu" or not onednn_linear_available():
         args.variants = ["default"]  # one Linear path only
     SWITCH[args.variants[0]](runner.model)

@@ -12,7 +12,7 @@ from torch.profiler import ProfilerActivity, profile
 from calispec_core import modeling, onednn_linear
 from calispec_core.compute import compute_thread
 from calispec_core.errors import InvalidArgument
-from calispec_core.modeling import ModelRunner, ModelSpec, onednn_bf16_usable, prefill_session
+from calispec_core.modeling import ModelRunner, ModelSpec, cpu_has_fast_bf16, prefill_session
 from calispec_core.onednn_linear import (
     OneDnnLinear,
     pack_weight,
@@ -98,11 +98,13 @@ def test_packed_runners_pack_every_layer_once_and_onednn_ones_none(onednn_runner
 
 
 def test_bf16_layers_count_and_pack_only_when_asked(monkeypatch) -> None:
-    """bf16 layers join the oneDNN path only with bf16=True, which ModelRunner passes where oneDNN runs bf16."""
+    """bf16 layers join the oneDNN path only with bf16=True, which ModelRunner passes on CPUs with bf16 units."""
     monkeypatch.setattr(onednn_linear, "available_bytes", lambda: 1 << 40)
     model = nn.Sequential(nn.Linear(16, 32).to(torch.bfloat16))
     assert (packed_copy_bytes(model), packed_copy_bytes(model, bf16=True)) == (0, 16 * 32 * 2)
     assert set_fp32_linear_path(model, "auto") == "" and type(model[0]) is nn.Linear
+    swapped = nn.Sequential(OneDnnLinear(nn.Linear(16, 32).to(torch.bfloat16)), OneDnnLinear(nn.Linear(8, 8)))
+    assert packed_copy_bytes(swapped) == 8 * 8 * 4  # swapped layers count by their dtype too
 
 
 @pytest.fixture(scope="module")
@@ -114,10 +116,10 @@ def bf16_runners(tiny_pair: TinyPair) -> tuple[ModelRunner, ModelRunner]:
 
 @torch.inference_mode()
 def test_bf16_runners_pack_every_layer_where_onednn_runs_bf16(bf16_runners) -> None:
-    """Wave 28: on the AVX512-BF16 EPYC a packed bf16 target forward costs ~0.7x torch's, one token to seven."""
+    """Wave 28: on the AVX512-BF16 EPYC a packed bf16 target forward costs 0.70-0.81x torch's, 1 to 7 tokens."""
     served, plain = bf16_runners
     layers = [m for m in served.model.modules() if isinstance(m, OneDnnLinear)]
-    if not onednn_bf16_usable():  # an AVX2-only CPU (or oneDNN capped below AVX512): torch's own path
+    if not cpu_has_fast_bf16():  # a CPU without bf16 units (or oneDNN capped below them): torch's own path
         assert served.fp32_linear == "" and not layers
         return
     assert served.fp32_linear == "packed" and layers and onednn_layers(plain.model) == 0
@@ -130,10 +132,40 @@ def test_bf16_runners_pack_every_layer_where_onednn_runs_bf16(bf16_runners) -> N
         torch.testing.assert_close(a.float(), b.float(), rtol=0.05, atol=0.05)  # bf16: another summation order
 
 
+@pytest.mark.parametrize("bf16_units", [True, False])
+def test_bf16_runners_swap_their_layers_only_on_cpus_with_bf16_units(tiny_pair, monkeypatch, bf16_units) -> None:
+    """Machine-independent: the runner asks `cpu_has_fast_bf16` (no packing, no forward here)."""
+    monkeypatch.setattr(modeling, "cpu_has_fast_bf16", lambda: bf16_units)
+    runner = ModelRunner(ModelSpec(tiny_pair.target, dtype="bfloat16", device="cpu", fp32_linear="onednn"))
+    layers = [m for m in runner.model.modules() if isinstance(m, OneDnnLinear)]
+    linears = sum(type(m) is nn.Linear for m in runner.model.modules())
+    if bf16_units:
+        assert runner.fp32_linear == "onednn" and layers and linears == 0
+        assert all(m.packed_from_rows == 1 and m.weight.dtype == torch.bfloat16 for m in layers)
+        assert use_default_linear(runner.model) == len(layers)  # undone like float32 layers
+        assert all(m.weight.dtype == torch.bfloat16 for m in runner.model.modules() if type(m) is nn.Linear)
+    else:
+        assert runner.fp32_linear == "" and not layers and linears > 0
+
+
+@torch.inference_mode()
+def test_packed_from_rows_decides_which_weight_a_product_reads() -> None:
+    torch.manual_seed(0)
+    layer = OneDnnLinear(nn.Linear(16, 24))
+    assert layer.packed_from_rows == 2  # float32: one row on the plain weight
+    layer.set_packed(True)
+    layer.packed = pack_weight(torch.zeros_like(layer.weight))
+    x = torch.randn(1, 1, 16)
+    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    layer.packed_from_rows = 1  # what a bf16 layer has
+    torch.testing.assert_close(layer(x), layer.bias.expand(1, 1, 24))
+
+
 @torch.inference_mode()
 def test_a_bf16_layer_multiplies_one_row_on_the_packed_weight() -> None:
-    if not onednn_bf16_usable():
-        assert not modeling.cpu_has_fast_bf16()  # nothing here would serve bf16 by default either
+    if not cpu_has_fast_bf16():  # bf16 products on oneDNN need the units; here bf16 layers keep torch's path
+        model = nn.Sequential(nn.Linear(32, 48).to(torch.bfloat16))
+        assert set_fp32_linear_path(model, "auto", bf16=cpu_has_fast_bf16()) == "" and type(model[0]) is nn.Linear
         return
     torch.manual_seed(0)
     layer = OneDnnLinear(nn.Linear(32, 48).to(torch.bfloat16))
