@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from calispec_core.forward_costs import context_session, forward_ms
-from calispec_core.modeling import DTYPE_CHOICES, ModelRunner, ModelSpec, cpu_has_fast_bf16
+from calispec_core.modeling import DTYPE_CHOICES, ModelRunner, ModelSpec
 from calispec_core.onednn_linear import onednn_linear_available, use_default_linear, use_onednn_linear
 from calispec_core.service_cli import configure_logging
 from calispec_tools.bench.compare import cpu_flags, cpu_model, gpu_model, isa_caps
@@ -130,9 +130,8 @@ def main(argv: list[str] | None = None) -> None:
         _, args.model = ensure_pulled_pair(args.pair)
     spec = ModelSpec(args.model, dtype=args.dtype, device=args.device, threads=args.threads, fp32_linear="default")
     runner = ModelRunner(spec)
-    linear_dtypes = ("float32", "bfloat16") if cpu_has_fast_bf16() else ("float32",)
-    if runner.dtype_name not in linear_dtypes or runner.device.type != "cpu" or not onednn_linear_available():
-        args.variants = ["default"]  # one Linear path only
+    if not runner.fp32_linear or not onednn_linear_available():  # "": no layer the paths apply to (int8, CUDA,
+        args.variants = ["default"]  # bf16 without bf16 units): one Linear path only
     SWITCH[args.variants[0]](runner.model)
     if len(args.passes) > 1 and runner.decoder is not None:
         args.variants = args.passes  # the passes compared on that Linear path
