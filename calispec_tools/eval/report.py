@@ -37,7 +37,9 @@ def summarize_variant(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "tokens_per_round": _ratio(total["emitted"], total["rounds"]),
         "rescued": total["rescued"],
         "withheld": total["withheld_rescues"],  # rescues the meaning guard refused
-        "rejections": total["rejections"],
+        "rejections": total["rejections"],  # rejection events: the rescued ones too
+        # rejections that ended a round (not rescued): what CSD's "fewer rejections" counts against sd's
+        "round_ending_rejections": total["rejections"] - total["rescued"],
         "output_tokens": total["emitted"],
         "server_ms": total_ms,
         "tokens_per_s": _ratio(total["emitted"], total_ms / 1000),
@@ -62,14 +64,15 @@ def _cell(value: float, fmt: str) -> str:
 def format_table(summary: dict[str, dict[str, Any]]) -> str:
     kinds = sorted({k for s in summary.values() for k in s["accuracy_by_kind"]})
     head = ["variant".ljust(22), "accuracy", *[f"{k:>8}" for k in kinds]]
-    head += ["accept", "acc/rnd", "rescued", "withheld", "tok/s", "×ar"]
+    head += ["accept", "acc/rnd", "rej-end", "rescued", "withheld", "tok/s", "×ar"]
     lines = ["  ".join(head)]
     for label, s in summary.items():
         cells = [
             label.ljust(22), _cell(s["accuracy"], ".1%").rjust(8),
             *[_cell(s["accuracy_by_kind"][k], ".1%").rjust(8) for k in kinds],
             _cell(s["acceptance_rate"], ".1%").rjust(6), _cell(s["mean_accepted_per_round"], ".2f").rjust(7),
-            str(s["rescued"]).rjust(7), str(s["withheld"]).rjust(8), _cell(s["tokens_per_s"], ".1f").rjust(5),
+            str(s["round_ending_rejections"]).rjust(7), str(s["rescued"]).rjust(7), str(s["withheld"]).rjust(8),
+            _cell(s["tokens_per_s"], ".1f").rjust(5),
             _cell(s["speedup_vs_ar"], ".2f") + "×",
         ]  # fmt: skip
         lines.append("  ".join(cells))
@@ -167,17 +170,18 @@ PAPER_TOP20_SHARE = 0.69  # the paper's rejection analysis: the top 20% of pairs
 
 
 def format_study(study: dict[str, dict[str, Any]]) -> str:
-    """The paper-style table: per calibration and mode, accuracy, acceptance, accepted length, rejections,
-    rescues and speed vs the same stack's ar."""
-    head = ["calibration".ljust(11), "variant".ljust(20), "accuracy", "accept", "acc/rnd", "rejections", "rescued",
-            "rescue%", "withheld", "  ×ar"]  # fmt: skip
+    """The paper-style table: per calibration and mode, accuracy, acceptance, accepted length, rejection events
+    and those that ended a round (rej-end: not rescued), rescues and speed vs the same stack's ar."""
+    head = ["calibration".ljust(11), "variant".ljust(20), "accuracy", "accept", "acc/rnd", "rejections", "rej-end",
+            "rescued", "rescue%", "withheld", "  ×ar"]  # fmt: skip
     lines = ["  ".join(head)]
     for label, per_variant in study.items():
         for variant, s in per_variant.items():
             cells = [
                 label.ljust(11), variant.ljust(20), _cell(s["accuracy"], ".1%").rjust(8),
                 _cell(s["acceptance_rate"], ".1%").rjust(6), _cell(s["mean_accepted_per_round"], ".2f").rjust(7),
-                str(s["rejections"]).rjust(10), str(s["rescued"]).rjust(7), _cell(s["rescue_rate"], ".1%").rjust(7),
+                str(s["rejections"]).rjust(10), str(s["round_ending_rejections"]).rjust(7), str(s["rescued"]).rjust(7),
+                _cell(s["rescue_rate"], ".1%").rjust(7),
                 str(s["withheld"]).rjust(8), (_cell(s["speedup_vs_ar"], ".2f") + "×").rjust(5),
             ]  # fmt: skip
             lines.append("  ".join(cells))

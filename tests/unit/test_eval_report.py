@@ -60,6 +60,16 @@ def test_summary_speedup_and_accuracy() -> None:
     assert "2.00×" in table and table.splitlines()[0].startswith("variant") and "withheld" in table
 
 
+def test_round_ending_rejections_leave_out_the_rescued_ones() -> None:
+    """`rejections` counts rejection events, the rescued ones too: wave 28's README read csd's events (281) as
+    its round-ending rejections, and reported -4.4 % against sd where the rounds a rejection ended fell 25.5 %."""
+    s = summary()
+    assert (s["ar"]["rejections"], s["csd"]["rejections"]) == (4, 4)
+    assert (s["ar"]["round_ending_rejections"], s["csd"]["round_ending_rejections"]) == (4, 2)
+    header, _, csd = report.format_table(s).splitlines()
+    assert csd.split()[header.split().index("rej-end")] == "2"
+
+
 def test_json_and_png(tmp_path) -> None:
     analysis = analyse([(1, 2, 3), (5, 6, 30)])
     path = report.write_json(tmp_path / "eval.json", {"summary": summary(), "rejections": analysis, "rows": []})
