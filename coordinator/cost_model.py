@@ -301,9 +301,16 @@ class GammaPolicy:
                 return min(probe, 2)
         return 0
 
+    @property
+    def probing(self) -> bool:
+        """The last γ chosen re-measures acceptance (a lockstep round must not cut it)."""
+        return self._probing
+
     def observe(self, drafted: int, accepted: int) -> None:
-        """The round's outcome: `drafted` may fall short of the γ chosen (a lockstep cap, an early stop)."""
+        """The round's outcome: `drafted` may differ from the γ chosen (the lockstep round, an early stop)."""
         self.tracker.observe(drafted, accepted)
+        if drafted and not self._probing:  # a round that drafted (a shared phase) measured acceptance
+            self._plain_streak = 0
         if self._probing and drafted:  # a failed probe backs off; one that kept every draft starts over
             self._fruitless = self._fruitless + 1 if accepted < drafted else 0
 

@@ -21,6 +21,10 @@ round: the members it waits for are busy with the round in progress, not late (b
 `max_wait_s`, a newcomer that arrived while the group verified for longer than that left the whole
 group behind). `max_wait_s` = 0 turns lockstep off.
 
+The round start also decides every member's γ at once (`round_plan.py`: a rule given each arrived
+member's `Wish`; without one, each drafts what it chose alone): the group's drafting lasts as long as
+its longest proposal and its verify is as wide as all of them, so the rows' γ are one decision.
+
 Each gate also says how many members leave it together (the round's drafters, its verifiers): the
 coordinator passes that on as the calls' `cohort`, so the model service batches exactly them (a
 batcher that guessed from its recent steps could stay split for good, `batch_scheduler.py`).
@@ -30,14 +34,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import NamedTuple
 
 from calispec_core.errors import require
+from coordinator.round_plan import Wish, own_wishes
+
+Planner = Callable[[Sequence[Wish]], list[int]]  # each member's γ, in the order of the wishes given
 
 
 class RoundStart(NamedTuple):
-    cap: int  # γ cap for adaptive members (the drafting members' lower median wish)
+    gamma: int  # this member's γ for the round (the round start's rule; its own wish when it runs alone)
     cohort: int  # members whose Propose calls leave together (0: lockstep off; 1: out of step)
 
 
@@ -45,18 +52,19 @@ class Lockstep:
     """Two alternating gates for a group whose members come and go: a request joins at a round
     start and leaves when its rounds end (however they end), so nobody waits for one that is gone."""
 
-    def __init__(self, max_wait_s: float) -> None:
+    def __init__(self, max_wait_s: float, plan: Planner = own_wishes) -> None:
         require(max_wait_s >= 0, f"lockstep max wait must be >= 0, got {max_wait_s}")
         self.max_wait_s = max_wait_s
+        self.plan = plan
         self._state = threading.Condition()
         self._group: set[Hashable] = set()  # members of the round in progress (or gathering)
         self._arrived: set[Hashable] = set()  # members at the current gate
         self._joining: set[Hashable] = set()  # requests waiting for the round in progress to end
         self._drafting = False  # gate: False = round start, True = before verify
         self._generation = 0  # counts opened gates: a waiter is free once it moves on
-        self._wishes: dict[Hashable, int] = {}  # γ each member wants this round
-        self._cap = 0  # the median wish of the drafting members at the last round start
-        self._drafters = 0  # members that wished to draft at the last round start
+        self._wishes: dict[Hashable, Wish] = {}  # what each member brings to this round start
+        self._planned: dict[Hashable, int] = {}  # each member's γ, planned when the last round started
+        self._drafters = 0  # members planned to draft at the last round start
         self._verifying: set[Hashable] = set()  # members of the round now verifying (its gate opened)
         self._shards: dict[Hashable, Hashable] = {}  # each member's target replica at its last verify gate
         self._round_started = 0.0  # monotonic time the last round started
@@ -72,15 +80,13 @@ class Lockstep:
         with self._state:
             return len(self._group)
 
-    def start_round(self, member: Hashable, timeout_s: float, gamma: int) -> RoundStart:
+    def start_round(self, member: Hashable, timeout_s: float, wish: Wish) -> RoundStart:
         """Wait until every member is ready to start a round (a newcomer first waits for the round
-        in progress to end). `gamma`: the draft tokens this member would like; returns the median
-        wish of the members that draft, a cap for members whose γ is adaptive: the group's drafting
-        lasts as long as its longest proposal, so one member drafting far past the others holds all
-        of them (members that draft nothing hold nobody, so their wishes do not count); and how many
-        members draft this round."""
+        in progress to end). `wish`: what this member would draft alone, and its bounds; returns its γ
+        under the round's rule (`plan`, over everyone starting the round) and how many members draft it.
+        A member that runs out of step (or with lockstep off) drafts its own wish."""
         if self.max_wait_s == 0:
-            return RoundStart(gamma, 0)
+            return RoundStart(wish.gamma, 0)
         with self._state:
             # a newcomer's wait is bounded by the round in progress, a member's by max_wait_s (module doc)
             newcomer = member not in self._verifying  # not back from the round in progress
@@ -90,12 +96,12 @@ class Lockstep:
                 self._state.wait(left)  # a round is in progress: join at its end
             self._joining.discard(member)
             if self._drafting and member not in self._group:
-                return RoundStart(gamma, 1)  # waited long enough: this round runs out of step
+                return RoundStart(wish.gamma, 1)  # waited long enough: this round runs out of step
             self._group.add(member)
-            self._wishes[member] = gamma
+            self._wishes[member] = wish
             self._arrive(member, end)
-            # set when this gate opened (a later one opens only once this member is left behind)
-            return RoundStart(self._cap, max(self._drafters, 1))
+            # decided when this gate opened (a later one opens only once this member is left behind)
+            return RoundStart(self._planned.get(member, wish.gamma), max(self._drafters, 1))
 
     def before_verify(self, member: Hashable, timeout_s: float, shard: Hashable = None) -> int:
         """Wait until every member of this round has its proposal; returns how many of them verify together
@@ -138,10 +144,11 @@ class Lockstep:
             self._open()
 
     def _open(self) -> None:
-        if not self._drafting:  # a round starts: the drafting members' median wish caps the adaptive ones
-            wishes = sorted(w for m in self._arrived if (w := self._wishes[m]) > 0)  # those that draft
-            self._cap = wishes[(len(wishes) - 1) // 2] if wishes else 0  # lower median: the shorter middle one
-            self._drafters = len(wishes)
+        if not self._drafting:  # a round starts: one decision for the γ of everyone starting it
+            members = list(self._arrived)
+            planned = self.plan([self._wishes[m] for m in members])
+            self._planned = dict(zip(members, planned, strict=True))
+            self._drafters = sum(1 for gamma in planned if gamma > 0)
             self._wishes.clear()
             now = time.monotonic()
             self._round_s, self._round_started = (now - self._round_started if self._round_started else 0.0), now

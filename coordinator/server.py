@@ -183,7 +183,12 @@ def build_orchestrator(config: CoordinatorConfig) -> Orchestrator:
         DnsReplicaWatcher(config.target_dns, replicas, connect, config.target_refresh_s).start()
     circuit = CircuitBreaker(max_backoff_s=config.draft_max_backoff_s)
     costs = CostModel.from_measured(target_facts[0].forward_costs, draft_facts.forward_costs)
-    policy = SpeculationConfig(config.max_gamma, config.draft_min_confidence, lockstep_wait_s=config.lockstep_wait_s)
+    policy = SpeculationConfig(
+        config.max_gamma,
+        config.draft_min_confidence,
+        lockstep_wait_s=config.lockstep_wait_s,
+        shared_phase=config.shared_phase,
+    )
     return Orchestrator(
         tokenizer,
         draft,

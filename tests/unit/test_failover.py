@@ -263,7 +263,7 @@ def test_a_probe_whose_request_ends_at_the_round_start_lets_the_next_request_pro
         clock.now = 5.0
         return gamma(request)
 
-    def deadline_at_the_gate(member, timeout_s, gamma):
+    def deadline_at_the_gate(member, timeout_s, wish):
         raise DeadlineExceeded("deadline exceeded")
 
     orchestrator._gamma = backoff_passed  # type: ignore[method-assign]
@@ -280,11 +280,11 @@ def test_a_request_allowed_to_draft_before_the_draft_failed_does_not_call_it() -
     start_round = orchestrator.lockstep.start_round
     calls = []
 
-    def draft_fails_meanwhile(member, timeout_s, gamma):
+    def draft_fails_meanwhile(member, timeout_s, wish):
         if not calls:
             orchestrator.draft_circuit.failed()
-        calls.append(gamma)
-        return start_round(member, timeout_s, gamma)
+        calls.append(wish.gamma)
+        return start_round(member, timeout_s, wish)
 
     orchestrator.lockstep.start_round = draft_fails_meanwhile  # type: ignore[method-assign]
     chunks = list(orchestrator.generate("c", params(num_speculative_tokens=3, max_new_tokens=6), Deadline(60)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,6 +15,7 @@ from calispec_core.timing import Deadline
 from coordinator.circuit import CircuitBreaker
 from coordinator.engine import Orchestrator, SpeculationConfig
 from coordinator.lockstep import Lockstep, RoundStart
+from coordinator.round_plan import Wish, median_cap, shared_phase
 from tests.helpers import wait_until
 from tests.unit.fakes import EOS, CharTokenizer, FakeDraft, FakeTarget
 from tests.unit.test_circuit import Clock
@@ -24,9 +26,9 @@ def test_a_lone_request_never_waits() -> None:
     lockstep = Lockstep(max_wait_s=600)
 
     def two_round_starts() -> None:
-        assert lockstep.start_round("a", timeout_s=600, gamma=4) == RoundStart(4, 1)  # nobody else: its own wish
+        assert lockstep.start_round("a", timeout_s=600, wish=Wish(4)) == RoundStart(4, 1)  # nobody else: its own wish
         assert lockstep.before_verify("a", timeout_s=600) == 1  # verifies alone
-        lockstep.start_round("a", timeout_s=600, gamma=4)
+        lockstep.start_round("a", timeout_s=600, wish=Wish(4))
 
     rounds = threading.Thread(target=two_round_starts)
     rounds.start()
@@ -48,13 +50,13 @@ def _ends(thread: threading.Thread) -> bool:
 def _group_of_two() -> Lockstep:
     """ "a" and "b" both in the group, drafting."""
     lockstep = Lockstep(max_wait_s=60)
-    lockstep.start_round("a", timeout_s=60, gamma=4)  # alone: starts at once
-    b = _in_thread(lockstep.start_round, "b", 4)  # joins when "a"'s round ends
+    lockstep.start_round("a", timeout_s=60, wish=Wish(4))  # alone: starts at once
+    b = _in_thread(lockstep.start_round, "b", Wish(4))  # joins when "a"'s round ends
     wait_until(lambda: lockstep.waiting() == 1, interval_s=0.001)
     lockstep.before_verify("a", timeout_s=60)
     wait_until(lambda: lockstep.members() == 2, interval_s=0.001)
     assert b.is_alive()  # at the round start, waiting for "a"
-    lockstep.start_round("a", timeout_s=60, gamma=4)
+    lockstep.start_round("a", timeout_s=60, wish=Wish(4))
     assert _ends(b)
     return lockstep
 
@@ -71,13 +73,13 @@ def test_a_round_starts_when_every_member_is_ready_and_verifies_when_every_membe
 
 def test_a_newcomer_joins_when_the_round_in_progress_ends() -> None:
     lockstep = Lockstep(max_wait_s=60)
-    lockstep.start_round("a", timeout_s=60, gamma=4)  # "a" is drafting
-    b = _in_thread(lockstep.start_round, "b", 4)
+    lockstep.start_round("a", timeout_s=60, wish=Wish(4))  # "a" is drafting
+    b = _in_thread(lockstep.start_round, "b", Wish(4))
     wait_until(lambda: lockstep.waiting() == 1, interval_s=0.001)
     assert b.is_alive() and lockstep.members() == 1  # no round start while "a" drafts
     lockstep.before_verify("a", timeout_s=60)  # "a"'s round ends: "b" joins the next start
     wait_until(lambda: lockstep.members() == 2, interval_s=0.001)
-    lockstep.start_round("a", timeout_s=60, gamma=4)
+    lockstep.start_round("a", timeout_s=60, wish=Wish(4))
     assert _ends(b)
 
 
@@ -93,9 +95,9 @@ def test_the_last_member_leaving_mid_round_reopens_the_round_start() -> None:
     """A lone member that failed while drafting left the gate shut: every later request then waited
     as a newcomer for a round nobody would end, ran out of step, and never joined a group again."""
     lockstep = Lockstep(max_wait_s=60)
-    lockstep.start_round("a", timeout_s=60, gamma=4)  # alone: drafting
+    lockstep.start_round("a", timeout_s=60, wish=Wish(4))  # alone: drafting
     lockstep.leave("a")  # its Propose raised
-    b = _in_thread(lockstep.start_round, "b", 4)
+    b = _in_thread(lockstep.start_round, "b", Wish(4))
     assert _ends(b)  # before: held for max_wait_s, then out of step
     assert lockstep.members() == 1
     assert lockstep.before_verify("b", timeout_s=60) == 1  # in step: it passes its own verify gate
@@ -103,8 +105,8 @@ def test_the_last_member_leaving_mid_round_reopens_the_round_start() -> None:
 
 def test_newcomers_waiting_when_the_last_member_leaves_mid_round_start_the_next_round() -> None:
     lockstep = Lockstep(max_wait_s=60)
-    lockstep.start_round("a", timeout_s=60, gamma=4)
-    b = _in_thread(lockstep.start_round, "b", 4)
+    lockstep.start_round("a", timeout_s=60, wish=Wish(4))
+    b = _in_thread(lockstep.start_round, "b", Wish(4))
     wait_until(lambda: lockstep.waiting() == 1, interval_s=0.001)
     lockstep.leave("a")
     assert _ends(b)
@@ -118,9 +120,9 @@ def test_a_straggler_is_left_behind_and_rejoins_at_a_round_start() -> None:
     assert lockstep.members() == 1
     lockstep.before_verify("b", timeout_s=60)  # out of step now: passes at once
     lockstep.max_wait_s = 60
-    b = _in_thread(lockstep.start_round, "b", 4)  # a newcomer again
+    b = _in_thread(lockstep.start_round, "b", Wish(4))  # a newcomer again
     wait_until(lambda: lockstep.members() == 2, interval_s=0.001)
-    lockstep.start_round("a", timeout_s=60, gamma=4)
+    lockstep.start_round("a", timeout_s=60, wish=Wish(4))
     assert _ends(b)  # together again
 
 
@@ -129,33 +131,33 @@ def test_a_newcomer_waits_for_the_round_in_progress_and_leaves_nobody_behind() -
     timeout left every verifying member behind and the group ran split (verifying at batch 8 under the
     AVX2 caps takes longer than the 0.5 s default)."""
     lockstep = Lockstep(max_wait_s=0.01)
-    lockstep.start_round("a", timeout_s=60, gamma=4)  # alone: starts at once
+    lockstep.start_round("a", timeout_s=60, wish=Wish(4))  # alone: starts at once
     lockstep.before_verify("a", timeout_s=60)  # "a" verifies, for much longer than max_wait_s
     lockstep._round_s = 60.0  # as if the last whole round had taken a minute
-    b = _in_thread(lockstep.start_round, "b", 4)
+    b = _in_thread(lockstep.start_round, "b", Wish(4))
     b.join(timeout=0.5)  # 50x max_wait_s: before, "b" had started a round of its own by now
     assert b.is_alive() and lockstep.members() == 2  # waiting for "a", which is busy, not late
-    lockstep.start_round("a", timeout_s=60, gamma=4)
+    lockstep.start_round("a", timeout_s=60, wish=Wish(4))
     assert _ends(b) and lockstep.members() == 2  # the round starts with both
 
 
-@pytest.mark.parametrize(
-    ("wishes", "cap", "drafters"),
-    [
-        ({"a": 1, "b": 3, "c": 10}, 3, 3),  # one member drafting 10 would hold the other two
-        ({"a": 0, "b": 0, "c": 4}, 4, 1),  # members that draft nothing hold nobody: no cap from them
-    ],
-)
-def test_a_round_caps_gamma_at_the_median_wish_of_its_drafting_members(
-    wishes: dict[str, int], cap: int, drafters: int
-) -> None:
-    lockstep = Lockstep(max_wait_s=60)
-    assert lockstep.start_round("a", timeout_s=60, gamma=wishes["a"]).cap == wishes["a"]  # alone: its own wish
-    caps: dict[str, int] = {}
-    cohorts: dict[str, int] = {}
+def test_a_round_start_plans_every_member_at_once_and_counts_the_drafters() -> None:
+    """The planner sees the wish of every member starting the round; each gets its own γ of that plan, and
+    the Propose cohort counts the members planned to draft."""
+    seen: list[list[int]] = []
+
+    def plan(wishes: object) -> list[int]:
+        gammas = [w.gamma for w in wishes]  # type: ignore[attr-defined]
+        seen.append(sorted(gammas))
+        return [0 if g == 0 else 2 for g in gammas]  # whoever wished to draft drafts 2
+
+    lockstep = Lockstep(max_wait_s=60, plan=plan)
+    assert lockstep.start_round("a", timeout_s=60, wish=Wish(5)) == RoundStart(2, 1)  # alone: its own plan
+    starts: dict[str, RoundStart] = {}
+    wishes = {"a": 5, "b": 0, "c": 1}
 
     def start(member: str) -> None:
-        caps[member], cohorts[member] = lockstep.start_round(member, 60, wishes[member])
+        starts[member] = lockstep.start_round(member, 60, Wish(wishes[member]))
 
     joining = [threading.Thread(target=start, args=(m,)) for m in ("b", "c")]
     for thread in joining:
@@ -163,10 +165,10 @@ def test_a_round_caps_gamma_at_the_median_wish_of_its_drafting_members(
     wait_until(lambda: lockstep.waiting() == 2, interval_s=0.001)
     lockstep.before_verify("a", timeout_s=60)
     wait_until(lambda: lockstep.members() == 3, interval_s=0.001)
-    caps["a"], cohorts["a"] = lockstep.start_round("a", timeout_s=60, gamma=wishes["a"])
+    starts["a"] = lockstep.start_round("a", timeout_s=60, wish=Wish(wishes["a"]))
     assert all(_ends(t) for t in joining)
-    assert caps == {"a": cap, "b": cap, "c": cap}
-    assert cohorts == {"a": drafters, "b": drafters, "c": drafters}  # the Propose calls sent together
+    assert seen == [[5], [0, 1, 5]]  # one plan per round start, over everyone starting it
+    assert starts == {"a": RoundStart(2, 2), "b": RoundStart(0, 2), "c": RoundStart(2, 2)}
 
 
 def test_the_verify_gate_says_how_many_verify_together_and_a_straggler_goes_alone() -> None:
@@ -179,7 +181,7 @@ def test_the_verify_gate_says_how_many_verify_together_and_a_straggler_goes_alon
     counts["b"] = lockstep.before_verify("b", timeout_s=60)
     assert _ends(a) and counts == {"a": 2, "b": 2}
     lockstep.max_wait_s = 0.01  # "b" does not come back in time:
-    assert lockstep.start_round("a", timeout_s=60, gamma=4) == RoundStart(4, 1)  # "a" drafts alone...
+    assert lockstep.start_round("a", timeout_s=60, wish=Wish(4)) == RoundStart(4, 1)  # "a" drafts alone...
     assert lockstep.before_verify("a", timeout_s=60) == 1  # ...and verifies alone
     assert lockstep.before_verify("b", timeout_s=60) == 1  # "b", out of step, too
 
@@ -210,7 +212,7 @@ def test_the_coordinator_names_each_requests_replica_at_the_verify_gate() -> Non
 
 def test_without_lockstep_the_gates_give_no_cohort() -> None:
     lockstep = Lockstep(max_wait_s=0)
-    assert lockstep.start_round("a", timeout_s=60, gamma=3) == RoundStart(3, 0)
+    assert lockstep.start_round("a", timeout_s=60, wish=Wish(3)) == RoundStart(3, 0)
     assert lockstep.before_verify("a", timeout_s=60) == 0  # no hint: the service goes by its own history
 
 
@@ -340,11 +342,52 @@ def test_a_member_the_open_draft_circuit_skips_is_no_drafter_of_its_round() -> N
     wishes: list[int] = []
     start_round = orchestrator.lockstep.start_round
 
-    def recording(member, timeout_s, gamma):
-        wishes.append(gamma)
-        return start_round(member, timeout_s, gamma)
+    def recording(member, timeout_s, wish):
+        wishes.append(wish.gamma)
+        return start_round(member, timeout_s, wish)
 
     orchestrator.lockstep.start_round = recording  # type: ignore[method-assign]
     chunks = list(orchestrator.generate("c", params(num_speculative_tokens=3, max_new_tokens=6), Deadline(60)))
     assert "".join(c.text for c in chunks) == "defghi" and chunks[-1].stats.draft_unavailable_rounds == 5
     assert wishes == [0] * 6 and draft.cohorts == []
+
+
+def test_the_coordinator_takes_each_rounds_gamma_from_the_round_start() -> None:
+    """Adaptive requests bring how far they may draft; the γ each drafts is the round start's, whatever its own
+    policy chose."""
+    draft, target = FakeDraft(sloppy_draft), FakeTarget(alphabet_target)
+    speculation = SpeculationConfig(lockstep_wait_s=60, max_gamma=4)
+    orchestrator = Orchestrator(CharTokenizer(), draft, [target], (EOS,), 4096, speculation=speculation)
+    assert orchestrator.lockstep.plan is shared_phase
+    wishes: list[Wish] = []
+
+    def two_each(group: list[Wish]) -> list[int]:
+        wishes.extend(group)
+        return [min(2, w.limit) for w in group]
+
+    orchestrator.lockstep.plan = two_each
+    chunks = list(orchestrator.generate("c", params(num_speculative_tokens=None, max_new_tokens=7), Deadline(60)))
+    assert "".join(c.text for c in chunks) == "defghij"
+    assert all(w.adaptive for w in wishes)
+    assert [w.limit for w in wishes][:1] == [4]  # max_gamma, while the budget leaves room for more
+    assert [len(p) for p in draft.proposals] == [min(2, w.limit) for w in wishes if w.limit]
+    median = Orchestrator(
+        CharTokenizer(), draft, [target], (EOS,), 4096, speculation=SpeculationConfig(shared_phase=False)
+    )
+    assert median.lockstep.plan is median_cap
+
+
+def test_no_early_stop_in_a_shared_draft_phase() -> None:
+    """A phase of several drafting members runs as long as its longest proposal: an early stop there saves one
+    row's verified tokens, not draft steps. Alone, or under wave 6's rule, adaptive proposals stop early."""
+    adaptive, fixed = SimpleNamespace(policy=object()), SimpleNamespace(policy=None)
+    shared = Orchestrator(CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096)
+    threshold = shared.speculation.draft_min_confidence
+    assert threshold > 0
+    assert [shared._early_stop(adaptive, cohort) for cohort in (0, 1, 2, 8)] == [threshold, threshold, 0.0, 0.0]
+    assert shared._early_stop(fixed, 1) == 0.0  # a fixed γ never stops early
+    wave6 = Orchestrator(
+        CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096,
+        speculation=SpeculationConfig(shared_phase=False),
+    )  # fmt: skip
+    assert wave6._early_stop(adaptive, 8) == threshold

@@ -1,0 +1,57 @@
+"""γ for the members of a lockstep round, decided at its start from what each brings (no gRPC, no clocks).
+
+In lockstep (`lockstep.py`) a round's members draft as one batch for as many steps as its longest
+proposal needs, then verify as one batch. Wave 6 capped every adaptive member at the lower median wish
+of the members that draft, so one member asking for 10 did not hold the rest. Each member still chose
+alone, pricing the whole group's draft phase and widened verify against its own acceptance: at
+concurrency 8 on the bf16 CPU (wave 29) rows whose drafts passed 70-80 % of the time sat most rounds at
+γ = 0 and waited out the 2-3 draft steps that a few code rows ran, and early stops cut proposals short
+in a phase that ran on anyway. Every member drafting a fixed γ = 2 ran 1.17× (`sd`) and 1.25× (`csd`)
+`ar`, against 1.11× for adaptive γ (32-request levels, alternating in one stack).
+
+`shared_phase` therefore gives every adaptive member the phase's length: once the group drafts, a row
+that joins costs one more row of each batched draft step and its verified tokens, not a step of its own.
+The phase is as long as wave 6's cap (the drafting members' lower median wish), so nobody drafts unless
+some member's own cost model says drafting pays. `median_cap` is wave 6's rule (`--no-shared-phase`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+
+class Wish(NamedTuple):
+    """What one member brings to a round start."""
+
+    gamma: int  # the γ it chose alone (a fixed γ, or its policy's choice)
+    adaptive: bool = False  # its γ is the coordinator's to choose (False: the request fixed it)
+    limit: int = 0  # the most it may draft this round (tokens left, the draft circuit); fixed: gamma
+    floor: int = 0  # the least it drafts (a fixed γ, or its policy's acceptance probe)
+
+    @classmethod
+    def fixed(cls, gamma: int) -> Wish:
+        return cls(gamma, False, gamma, gamma)
+
+
+def own_wishes(wishes: Sequence[Wish]) -> list[int]:
+    """No planning: each member drafts what it chose alone."""
+    return [w.gamma for w in wishes]
+
+
+def phase_length(wishes: Sequence[Wish]) -> int:
+    """Wave 6's cap: the lower median wish of the members that draft (0: none does)."""
+    drafting = sorted(w.gamma for w in wishes if w.gamma > 0)
+    return drafting[(len(drafting) - 1) // 2] if drafting else 0
+
+
+def median_cap(wishes: Sequence[Wish]) -> list[int]:
+    """Wave 6's rule: each member's own choice, the adaptive ones capped at the phase length."""
+    cap = phase_length(wishes)
+    return [min(w.gamma, cap) if w.adaptive else w.gamma for w in wishes]
+
+
+def shared_phase(wishes: Sequence[Wish]) -> list[int]:
+    """Every adaptive member drafts the phase's length (within its own bounds); fixed members their γ."""
+    cap = phase_length(wishes)
+    return [max(min(cap, w.limit), w.floor) if w.adaptive else w.gamma for w in wishes]
