@@ -93,11 +93,12 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         "(docs/performance.md, lockstep rounds; 0: off)",
     )
     parser.add_argument(
-        "--no-shared-phase",
+        "--shared-phase",
         action="store_true",
-        help="in lockstep, each request drafts the γ its own policy chose (with early stops), capped at the "
-        "drafting members' lower median wish (wave 6's rule), instead of every adaptive member drafting the "
-        "round's phase length (docs/performance.md, shared draft phases)",
+        help="in lockstep, every adaptive member of a drafting round drafts the round's phase length, without "
+        "early stops (opt-in: ahead in a scratch A/B, not yet through `bench compare`), instead of its own "
+        "choice capped at the drafting members' lower median wish (docs/performance.md, section "
+        "'Concurrency 8 on the bf16 CPU after packing')",
     )
     parser.add_argument(
         "--connect-timeout", type=positive_float, default=60.0, help="seconds to wait for draft and target at start-up"
@@ -176,7 +177,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         max_gamma=args.max_gamma,
         draft_min_confidence=args.draft_min_confidence,
         lockstep_wait_s=args.lockstep_wait,
-        shared_phase=not args.no_shared_phase,
+        shared_phase=args.shared_phase,
         metrics_port=args.metrics_port,
         drain_timeout_s=args.drain_timeout_s,
         stop_when_stdin_closes=args.stop_when_stdin_closes,

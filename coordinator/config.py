@@ -52,9 +52,8 @@ class CoordinatorConfig:
     max_gamma: int = 10  # adaptive γ's upper bound (requests may fix γ up to MAX_SPECULATIVE_TOKENS)
     draft_min_confidence: float = 0.4  # adaptive γ: the draft's early stop (HF's assistant_confidence_threshold)
     lockstep_wait_s: float = 0.5  # how long requests wait for each other to run rounds together (0: off)
-    shared_phase: bool = (
-        True  # lockstep: adaptive members draft the round's shared phase (round_plan.py); False: wave 6
-    )
+    # lockstep: adaptive members draft the round's shared phase (round_plan.py, opt-in); False: wave 6's median cap
+    shared_phase: bool = False
 
     def __post_init__(self) -> None:
         # A request without a deadline of its own would time out at once; the DNS watcher would spin; adaptive γ

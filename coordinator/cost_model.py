@@ -303,7 +303,7 @@ class GammaPolicy:
 
     @property
     def probing(self) -> bool:
-        """The last γ chosen re-measures acceptance (a lockstep round must not cut it)."""
+        """The last γ chosen re-measures acceptance (a shared draft phase keeps at least its γ)."""
         return self._probing
 
     def observe(self, drafted: int, accepted: int) -> None:

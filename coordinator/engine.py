@@ -74,8 +74,9 @@ class SpeculationConfig:
     # rounds before all start the next one together; 0 turns lockstep off.
     lockstep_wait_s: float = 0.5
     # In lockstep, every adaptive member of a drafting round drafts the phase's length, without early stops
-    # (`round_plan.py`); False: wave 6's rule (each its own choice, capped at the drafting members' lower median).
-    shared_phase: bool = True
+    # (`round_plan.py`; opt-in until `bench compare` confirms the scratch A/B); False: wave 6's rule (each its own
+    # choice, capped at the drafting members' lower median wish).
+    shared_phase: bool = False
 
 
 def adaptive_gamma(params: GenerationParams) -> bool:
@@ -345,11 +346,13 @@ class Orchestrator:
     def _wish(self, request: _Request, gamma: int, room: int, probing: bool) -> Wish:
         """What this request brings to the round start: a fixed γ as it is; an adaptive one with how far it may
         draft (`room`: tokens left after the target's own; no further than its wish while the draft circuit is
-        open, where only a probe calls the draft)."""
+        open, where only a probe calls the draft, or while it has no draft session)."""
         policy = request.policy
         if policy is None or not request.use_draft:
             return Wish.fixed(gamma)
-        limit = gamma if probing or self.draft_circuit.is_open else max(min(self.speculation.max_gamma, room), 0)
+        # a raised member without a draft session would prefill it inside the group's round (`_prefill`)
+        hold = probing or self.draft_circuit.is_open or request.draft_session is None
+        limit = gamma if hold else max(min(self.speculation.max_gamma, room), 0)
         floor = gamma if policy.probing else 0
         return Wish(gamma, True, limit, floor)
 

@@ -11,8 +11,9 @@ in a phase that ran on anyway. Every member drafting a fixed γ = 2 ran 1.17× (
 
 `shared_phase` therefore gives every adaptive member the phase's length: once the group drafts, a row
 that joins costs one more row of each batched draft step and its verified tokens, not a step of its own.
-The phase is as long as wave 6's cap (the drafting members' lower median wish), so nobody drafts unless
-some member's own cost model says drafting pays. `median_cap` is wave 6's rule (`--no-shared-phase`).
+The phase is as long as wave 6's cap over the adaptive members (their drafting wishes' lower median), so no
+adaptive row drafts unless one of them judged drafting to pay. `median_cap` is wave 6's rule, still the
+default: `bench compare` at concurrency 8 has not confirmed the scratch A/B yet (coordinator `--shared-phase`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ class Wish(NamedTuple):
     """What one member brings to a round start."""
 
     gamma: int  # the γ it chose alone (a fixed γ, or its policy's choice)
-    adaptive: bool = False  # its γ is the coordinator's to choose (False: the request fixed it)
-    limit: int = 0  # the most it may draft this round (tokens left, the draft circuit); fixed: gamma
-    floor: int = 0  # the least it drafts (a fixed γ, or its policy's acceptance probe)
+    adaptive: bool = False  # its γ is the coordinator's to choose (False: the request fixed it, and only gamma counts)
+    limit: int = 0  # adaptive: the most it may draft this round (tokens left, the draft circuit, its draft session)
+    floor: int = 0  # adaptive: the least it drafts (its policy's acceptance probe)
 
     @classmethod
     def fixed(cls, gamma: int) -> Wish:
@@ -52,6 +53,8 @@ def median_cap(wishes: Sequence[Wish]) -> list[int]:
 
 
 def shared_phase(wishes: Sequence[Wish]) -> list[int]:
-    """Every adaptive member drafts the phase's length (within its own bounds); fixed members their γ."""
-    cap = phase_length(wishes)
+    """Every adaptive member drafts the phase's length (within its own bounds); fixed members their γ. The
+    length comes from the adaptive members' wishes alone: a request that fixed γ (a seeded one gets 6) drafts
+    what it asked, and must not draw rows whose own cost model said no into drafting that far."""
+    cap = phase_length([w for w in wishes if w.adaptive])
     return [max(min(cap, w.limit), w.floor) if w.adaptive else w.gamma for w in wishes]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 
 import pytest
@@ -146,8 +146,8 @@ def test_a_round_start_plans_every_member_at_once_and_counts_the_drafters() -> N
     the Propose cohort counts the members planned to draft."""
     seen: list[list[int]] = []
 
-    def plan(wishes: object) -> list[int]:
-        gammas = [w.gamma for w in wishes]  # type: ignore[attr-defined]
+    def plan(wishes: Sequence[Wish]) -> list[int]:
+        gammas = [w.gamma for w in wishes]
         seen.append(sorted(gammas))
         return [0 if g == 0 else 2 for g in gammas]  # whoever wished to draft drafts 2
 
@@ -356,7 +356,7 @@ def test_the_coordinator_takes_each_rounds_gamma_from_the_round_start() -> None:
     """Adaptive requests bring how far they may draft; the γ each drafts is the round start's, whatever its own
     policy chose."""
     draft, target = FakeDraft(sloppy_draft), FakeTarget(alphabet_target)
-    speculation = SpeculationConfig(lockstep_wait_s=60, max_gamma=4)
+    speculation = SpeculationConfig(lockstep_wait_s=60, max_gamma=4, shared_phase=True)
     orchestrator = Orchestrator(CharTokenizer(), draft, [target], (EOS,), 4096, speculation=speculation)
     assert orchestrator.lockstep.plan is shared_phase
     wishes: list[Wish] = []
@@ -371,23 +371,48 @@ def test_the_coordinator_takes_each_rounds_gamma_from_the_round_start() -> None:
     assert all(w.adaptive for w in wishes)
     assert [w.limit for w in wishes][:1] == [4]  # max_gamma, while the budget leaves room for more
     assert [len(p) for p in draft.proposals] == [min(2, w.limit) for w in wishes if w.limit]
-    median = Orchestrator(
-        CharTokenizer(), draft, [target], (EOS,), 4096, speculation=SpeculationConfig(shared_phase=False)
-    )
-    assert median.lockstep.plan is median_cap
+    default = Orchestrator(CharTokenizer(), draft, [target], (EOS,), 4096)
+    assert default.lockstep.plan is median_cap  # opt-in (module doc of round_plan.py)
 
 
 def test_no_early_stop_in_a_shared_draft_phase() -> None:
     """A phase of several drafting members runs as long as its longest proposal: an early stop there saves one
     row's verified tokens, not draft steps. Alone, or under wave 6's rule, adaptive proposals stop early."""
     adaptive, fixed = SimpleNamespace(policy=object()), SimpleNamespace(policy=None)
-    shared = Orchestrator(CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096)
+    shared = Orchestrator(
+        CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096,
+        speculation=SpeculationConfig(shared_phase=True),
+    )  # fmt: skip
     threshold = shared.speculation.draft_min_confidence
     assert threshold > 0
     assert [shared._early_stop(adaptive, cohort) for cohort in (0, 1, 2, 8)] == [threshold, threshold, 0.0, 0.0]
     assert shared._early_stop(fixed, 1) == 0.0  # a fixed γ never stops early
     wave6 = Orchestrator(
         CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096,
-        speculation=SpeculationConfig(shared_phase=False),
     )  # fmt: skip
     assert wave6._early_stop(adaptive, 8) == threshold
+
+
+def test_what_a_request_brings_to_the_round_start() -> None:
+    """How far the shared phase may raise a member: its room and max_gamma normally; no further than its own wish
+    while the draft circuit is open (only a probe calls the draft) or while it has no draft session (opening one
+    inside the round would hold the group); a probe at least its own γ; a fixed γ exactly."""
+    speculation = SpeculationConfig(lockstep_wait_s=60, max_gamma=4)
+    orchestrator = Orchestrator(
+        CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096, speculation=speculation
+    )
+
+    def request(probing: bool = False, session: str | None = "d", policy: bool = True) -> SimpleNamespace:
+        return SimpleNamespace(
+            policy=SimpleNamespace(probing=probing) if policy else None, use_draft=True, draft_session=session
+        )
+
+    wish = orchestrator._wish
+    assert wish(request(), 0, room=9, probing=False) == Wish(0, True, 4, 0)  # max_gamma
+    assert wish(request(), 1, room=2, probing=False) == Wish(1, True, 2, 0)  # tokens left
+    assert wish(request(probing=True), 2, room=9, probing=False) == Wish(2, True, 4, 2)  # an acceptance probe
+    assert wish(request(session=None), 0, room=9, probing=False) == Wish(0, True, 0, 0)
+    assert wish(request(policy=False), 3, room=9, probing=False) == Wish.fixed(3)
+    orchestrator.draft_circuit.failed()  # open: only a probe calls the draft
+    assert wish(request(), 0, room=9, probing=False) == Wish(0, True, 0, 0)
+    assert wish(request(), 2, room=9, probing=True) == Wish(2, True, 2, 0)

@@ -35,6 +35,14 @@ def test_nobody_drafts_unless_some_member_chose_to() -> None:
     assert shared_phase([adaptive(0)] * 7 + [Wish.fixed(0)]) == [0] * 8
 
 
+def test_a_fixed_gamma_member_draws_nobody_into_drafting() -> None:
+    """A request that fixed γ (a seeded one gets 6) drafts what it asked; the adaptive rows' phase comes from their
+    own wishes (counting it, seven rows whose cost model said no would have drafted 6 each)."""
+    assert shared_phase([adaptive(0)] * 7 + [Wish.fixed(6)]) == [0] * 7 + [6]
+    assert shared_phase([adaptive(2), adaptive(0), Wish.fixed(6)]) == [2, 2, 6]
+    assert median_cap([adaptive(0)] * 7 + [Wish.fixed(6)]) == [0] * 7 + [6]  # wave 6: the same here
+
+
 def test_a_lone_member_drafts_what_it_chose() -> None:
     for gamma in range(11):
         assert shared_phase([adaptive(gamma)]) == median_cap([adaptive(gamma)]) == [gamma]
