@@ -96,7 +96,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         "--shared-phase",
         action="store_true",
         help="in lockstep, every adaptive member of a drafting round drafts the round's phase length, without "
-        "early stops (opt-in: ahead in a scratch A/B, not yet through `bench compare`), instead of its own "
+        "early stops (opt-in: ahead in a scratch A/B, not confirmed by `bench compare`), instead of its own "
         "choice capped at the drafting members' lower median wish (docs/performance.md, section "
         "'Concurrency 8 on the bf16 CPU after packing')",
     )

@@ -9,7 +9,8 @@ proposal early when unsure. Mode `ar` skips the draft: each round is one plain t
 
 Concurrent requests run their rounds in lockstep (`lockstep.py`): they start a round together,
 so they draft as one batch, and verify together, so the target verifies them as one batch;
-the adaptive members then draft the round's shared phase (`round_plan.py`).
+the round start decides every member's γ at once (`round_plan.py`: wave 6's median cap, or the
+opt-in shared phase).
 
 Failures of one service end no request by themselves. The draft is optional: while it is
 unavailable (a circuit breaker probes it again after a backoff) rounds run target-only and

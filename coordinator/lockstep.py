@@ -22,7 +22,7 @@ round: the members it waits for are busy with the round in progress, not late (b
 group behind). `max_wait_s` = 0 turns lockstep off.
 
 The round start also decides every member's γ at once (`round_plan.py`: a rule given each arrived
-member's `Wish`; without one, each drafts what it chose alone): the group's drafting lasts as long as
+member's `Wish`, wave 6's median cap unless told otherwise): the group's drafting lasts as long as
 its longest proposal and its verify is as wide as all of them, so the rows' γ are one decision.
 
 Each gate also says how many members leave it together (the round's drafters, its verifiers): the
@@ -38,7 +38,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import NamedTuple
 
 from calispec_core.errors import require
-from coordinator.round_plan import Wish, own_wishes
+from coordinator.round_plan import Wish, median_cap
 
 Planner = Callable[[Sequence[Wish]], list[int]]  # each member's γ, in the order of the wishes given
 
@@ -52,7 +52,7 @@ class Lockstep:
     """Two alternating gates for a group whose members come and go: a request joins at a round
     start and leaves when its rounds end (however they end), so nobody waits for one that is gone."""
 
-    def __init__(self, max_wait_s: float, plan: Planner = own_wishes) -> None:
+    def __init__(self, max_wait_s: float, plan: Planner = median_cap) -> None:
         require(max_wait_s >= 0, f"lockstep max wait must be >= 0, got {max_wait_s}")
         self.max_wait_s = max_wait_s
         self.plan = plan

@@ -35,11 +35,6 @@ class Wish(NamedTuple):
         return cls(gamma, False, gamma, gamma)
 
 
-def own_wishes(wishes: Sequence[Wish]) -> list[int]:
-    """No planning: each member drafts what it chose alone."""
-    return [w.gamma for w in wishes]
-
-
 def phase_length(wishes: Sequence[Wish]) -> int:
     """Wave 6's cap: the lower median wish of the members that draft (0: none does)."""
     drafting = sorted(w.gamma for w in wishes if w.gamma > 0)

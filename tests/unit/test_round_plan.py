@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from coordinator.cost_model import CostCurve, CostModel, GammaPolicy
-from coordinator.round_plan import Wish, median_cap, own_wishes, phase_length, shared_phase
+from coordinator.round_plan import Wish, median_cap, phase_length, shared_phase
 
 
 def adaptive(gamma: int, limit: int = 10, floor: int = 0) -> Wish:
@@ -46,10 +46,6 @@ def test_a_fixed_gamma_member_draws_nobody_into_drafting() -> None:
 def test_a_lone_member_drafts_what_it_chose() -> None:
     for gamma in range(11):
         assert shared_phase([adaptive(gamma)]) == median_cap([adaptive(gamma)]) == [gamma]
-
-
-def test_without_planning_each_member_drafts_its_own_wish() -> None:
-    assert own_wishes([adaptive(3), Wish.fixed(1), Wish(0)]) == [3, 1, 0]
 
 
 def test_a_round_the_group_drafted_counts_as_measured_acceptance() -> None:
