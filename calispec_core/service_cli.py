@@ -18,6 +18,7 @@ from calispec_core import request_context
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError
+from calispec_core.interrupts import wait_for_stop
 from calispec_core.limits import (
     DEFAULT_PREFIX_CACHE_TOKENS,
     DTYPE_CHOICES,
@@ -245,7 +246,7 @@ def serve_until_signalled(
     stop = stop_on_signals(stop_when_stdin_closes)
     server.start()
     print(banner, flush=True)
-    stop.wait()
+    wait_for_stop(stop)
     server.drain(drain_timeout_s)
     server.stop(grace_s).wait()
     if on_stop is not None:

@@ -32,6 +32,7 @@ import platformdirs
 
 from calispec.client import CalispecClient, CalispecRpcError, GenerationResult, build_params
 from calispec.types import Mode
+from calispec_core.interrupts import wait_for_stop
 from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, LOG_LEVELS
 from calispec_tools import arg_types as at
 from calispec_tools import cli_auth, cli_bench, cli_chat, cli_memory, cli_ray
@@ -414,7 +415,7 @@ def serve_stack(args: argparse.Namespace) -> int:
                 claim.describe(stack.served())
                 up_state(stack, config).write()
                 print_ready(stack, config, key, tls_dir)
-                stop.wait()
+                wait_for_stop(stop)
             finally:
                 clear_state(os.getpid())
         print("stopping...", file=sys.stderr)

@@ -5,7 +5,7 @@ Logging is configured here and only here; library modules just get their loggers
 
 from __future__ import annotations
 
-from calispec_core.interrupts import interrupt_exits_quietly
+from calispec_core.interrupts import interrupt_exits_quietly, wait_for_stop
 
 # Ctrl-C while the serving stack imports (seconds: torch too, through the shared metrics), before main() runs:
 # exit 130, no traceback
@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.start()
     metrics_banner("memory_service", server)
     print(f"memory_service listening on {config.host}:{port} db={config.db_path}", flush=True)
-    stop.wait()
+    wait_for_stop(stop)
     server.drain(config.drain_timeout_s)  # NOT_SERVING at once; memory has no sessions to wait for
     # Stop serving first, then close the store: close() waits for a transaction in progress,
     # so every acknowledged write is committed before the file is closed.

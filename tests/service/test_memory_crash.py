@@ -28,8 +28,9 @@ WRITERS = 4
 
 
 def start_service(db: Path, token_file: Path) -> tuple[subprocess.Popen[str], str]:
-    extra = ["--flush-interval", str(FLUSH_INTERVAL_S), "--writer-rate-limit", "0"]
-    proc, line = spawn_memory_service(db, token_file, *extra, stderr=subprocess.DEVNULL)  # nobody reads it
+    extra = ["--flush-interval", str(FLUSH_INTERVAL_S), "--writer-rate-limit", "0", "--log-level", "INFO"]
+    with (db.parent / "service.log").open("a") as log:  # kept in the test's tmp dir, for a failure's story
+        proc, line = spawn_memory_service(db, token_file, *extra, stderr=log.fileno())
     assert line.startswith("memory_service listening on"), line
     return proc, line.split()[3]
 
