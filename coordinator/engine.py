@@ -110,6 +110,7 @@ class _Request:
     policy: GammaPolicy | None = None  # adaptive γ; None when the request fixes γ
     opening_ns: int = 0  # wall time spent on outages during the current round (failed calls, reopened sessions)
     waiting_ns: int = 0  # wall time spent waiting for the other requests (lockstep) during the current round
+    start_wait_ns: int = 0  # the part of it at the round's start (the others' previous rounds still ending)
     gammas: int = 0  # sum of the γ asked for, for stats.mean_gamma
 
     draft_refused: bool = False  # the draft refused this request: it runs target-only from then on
@@ -315,6 +316,7 @@ class Orchestrator:
             if probing:  # it never called: the next request may probe at once
                 self.draft_circuit.give_up_probe()
             raise
+        request.start_wait_ns = request.waiting_ns
         gamma = start_gate.gamma  # the round's choice for it (a fixed γ stays as it is)
         if gamma > 0 and not probing and self.draft_circuit.is_open:  # the draft failed while it waited
             request.stats.draft_unavailable_rounds += 1
@@ -335,7 +337,7 @@ class Orchestrator:
         round_ns = now_ns() - start - request.opening_ns - request.waiting_ns
         self._learn(request, proposal, verdict, propose_ns, round_ns, catching_up)
         if plan is not None:
-            self._log_round(request, gamma, plan, proposal, verdict, round_ns)
+            self._log_round(request, gamma, plan, proposal, verdict, round_ns, propose_ns)
         if self.on_round is not None:
             self.on_round(request.params.mode, proposal, verdict)
         drafted = proposal.token_ids[: verdict.accepted_count] if proposal else []
@@ -459,15 +461,19 @@ class Orchestrator:
         proposal: Proposal | None,
         verdict: Verdict,
         round_ns: int,
+        propose_ns: int,
     ) -> None:
         """One DEBUG line per round: what the policy chose and expected, what the round did and cost."""
         predicted_ms, alpha = plan
         log.debug(
             "request %s round: gamma %d drafted %d accepted %d alpha %.2f batch %d | predicted %.1f ms, "
-            "measured %.1f ms (target forward %.1f, draft forwards %.1f)",
+            "measured %.1f ms (target forward %.1f, draft forwards %.1f; Verify %.1f in the target, Propose %.1f "
+            "in the draft, %.1f at the caller), waited %.1f ms (%.1f at the start)",
             request.request_id, gamma, len(proposal.token_ids) if proposal else 0, verdict.accepted_count, alpha,
             verdict.batch_size, predicted_ms, ns_to_ms(round_ns), ns_to_ms(verdict.forward_ns),
-            ns_to_ms(proposal.forward_ns) if proposal else 0.0,
+            ns_to_ms(proposal.forward_ns) if proposal else 0.0, ns_to_ms(verdict.service_ns),
+            ns_to_ms(proposal.service_ns) if proposal else 0.0, ns_to_ms(propose_ns), ns_to_ms(request.waiting_ns),
+            ns_to_ms(request.start_wait_ns),
         )  # fmt: skip
 
     def _draft_propose(self, request: _Request, gamma: int, cohort: int) -> Proposal:

@@ -203,6 +203,18 @@ def test_a_seeded_greedy_request_runs_with_adaptive_gamma(caplog: pytest.LogCapt
     assert "alpha 0.60" in first  # the policy's estimate (a fixed γ logs alpha nan)
 
 
+def test_the_round_line_splits_the_services_handlers_from_their_forwards(caplog: pytest.LogCaptureFixture) -> None:
+    orchestrator, draft, target = make()
+    propose, verify = draft.propose, target.verify
+    draft.propose = lambda *a, **kw: replace(propose(*a, **kw), service_ns=3 * 10**6, forward_ns=2 * 10**6)
+    target.verify = lambda *a, **kw: replace(verify(*a, **kw), service_ns=9 * 10**6, forward_ns=7 * 10**6)
+    with caplog.at_level("DEBUG", logger=engine_module.log.name):
+        run(orchestrator, "c", params(max_new_tokens=4, num_speculative_tokens=2))
+    first = next(r.getMessage() for r in caplog.records if " round: gamma 2 " in r.getMessage())
+    assert "(target forward 7.0, draft forwards 2.0; Verify 9.0 in the target, Propose 3.0 in the draft," in first
+    assert "at the start)" in first
+
+
 @pytest.mark.parametrize("forward_ns", [0, 10**10])
 def test_round_overhead_is_the_round_minus_the_models_forwards(forward_ns: int) -> None:
     """The services report 10 s handlers: only their forward part may leave the overhead."""
