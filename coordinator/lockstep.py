@@ -32,6 +32,7 @@ batcher that guessed from its recent steps could stay split for good, `batch_sch
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -41,6 +42,8 @@ from calispec_core.errors import require
 from coordinator.round_plan import Wish, median_cap
 
 Planner = Callable[[Sequence[Wish]], list[int]]  # each member's γ, in the order of the wishes given
+
+log = logging.getLogger(__name__)
 
 
 class RoundStart(NamedTuple):
@@ -143,10 +146,23 @@ class Lockstep:
             self._group &= self._arrived
             self._open()
 
+    def _plan_round(self, wishes: list[Wish]) -> list[int]:
+        """The rule's γ for each wish; each member's own wish if the rule fails. It runs at a gate that every
+        member waits on: a rule that raised used to leave the gate shut, so the others waited out their
+        max_wait_s and met the same error in turn (a bug in a rule must cost a plan, not the group's rounds)."""
+        try:
+            planned = self.plan(wishes)
+            if len(planned) != len(wishes):
+                raise ValueError(f"a round plan gave {len(planned)} γ for {len(wishes)} members")
+            return planned
+        except Exception:
+            log.exception("the lockstep's round plan failed; each member drafts its own wish this round")
+            return [wish.gamma for wish in wishes]
+
     def _open(self) -> None:
         if not self._drafting:  # a round starts: one decision for the γ of everyone starting it
             members = list(self._arrived)
-            planned = self.plan([self._wishes[m] for m in members])
+            planned = self._plan_round([self._wishes[m] for m in members])
             self._planned = dict(zip(members, planned, strict=True))
             self._drafters = sum(1 for gamma in planned if gamma > 0)
             self._wishes.clear()

@@ -171,6 +171,35 @@ def test_a_round_start_plans_every_member_at_once_and_counts_the_drafters() -> N
     assert starts == {"a": RoundStart(2, 2), "b": RoundStart(0, 2), "c": RoundStart(2, 2)}
 
 
+@pytest.mark.parametrize("broken", ["raises", "short"])
+def test_a_failing_round_plan_gives_each_member_its_own_wish_and_shuts_no_gate(
+    broken: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in a rule costs that round's plan: before, the exception escaped from the gate it opened, which
+    stayed shut for the other members (they waited out max_wait_s, 60 s here, and met the same error)."""
+
+    def plan(wishes: Sequence[Wish]) -> list[int]:
+        if len(wishes) < 2:
+            return [w.gamma for w in wishes]
+        if broken == "raises":
+            raise ZeroDivisionError("a bug in the rule")
+        return [1]  # one γ for two members
+
+    lockstep = Lockstep(max_wait_s=60, plan=plan)
+    lockstep.start_round("a", timeout_s=60, wish=Wish(5))
+    starts: dict[str, RoundStart] = {}
+    b = threading.Thread(target=lambda: starts.update(b=lockstep.start_round("b", 60, Wish(3))))
+    b.start()
+    wait_until(lambda: lockstep.waiting() == 1, interval_s=0.001)
+    lockstep.before_verify("a", timeout_s=60)
+    wait_until(lambda: lockstep.members() == 2, interval_s=0.001)
+    with caplog.at_level("ERROR", logger="coordinator.lockstep"):
+        starts["a"] = lockstep.start_round("a", timeout_s=60, wish=Wish(5))
+    assert _ends(b)
+    assert starts == {"a": RoundStart(5, 2), "b": RoundStart(3, 2)}
+    assert "round plan failed" in caplog.text
+
+
 def test_the_verify_gate_says_how_many_verify_together_and_a_straggler_goes_alone() -> None:
     """The count becomes the Verify calls' cohort: the target batches exactly the group's rows."""
     lockstep = _group_of_two()
