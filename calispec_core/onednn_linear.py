@@ -23,7 +23,9 @@ bf16 layers (wave 28), on CPUs with bf16 units (AVX512-BF16 or AMX): torch's own
 already calls oneDNN, but on the plain weight, whose products cost 1.4x one row's at 7 rows on the 2-core
 AVX512-BF16 EPYC; on the packed weight every row count is cheaper, one row included (a scratch timing of
 the 1.5B target's MLP weights, 2 threads: 32 / 44 ms plain against 26 / 24 ms packed for 1 / 7 rows), so
-bf16 products of any row count run packed. docs/performance.md, "bf16 Linear layers on packed weights".
+bf16 products of any row count run packed. docs/performance.md, "bf16 Linear layers on packed weights". Wave
+30: a packed bf16 product of 1 or 2 rows cost 1.15-1.3x one of 4 rows there (oneDNN picks another kernel), so
+products of fewer rows run as 4 (`PADDED_BF16_ROWS`): the target's 1-3 token forwards cost 7-17 % less.
 """
 
 from __future__ import annotations
@@ -43,7 +45,11 @@ log = logging.getLogger(__name__)
 # oneDNN picks the packed layout for this many rows; 4 to 32 measured alike for 2-24 row products
 # (docs/performance.md); a float32 row runs on the plain weight, a bf16 one on the packed (OneDnnLinear).
 PACK_ROWS = 16
-PACK_HEADROOM = 2.0  # `auto` packs where free memory holds the packed copy this many times over
+PACK_HEADROOM = 2.0
+# bf16 products of fewer rows run as this many (zero rows appended): on the AVX512-BF16 EPYC of wave 30 oneDNN's
+# packed bf16 product of 1 or 2 rows cost 1.15-1.3x that of 4 (2 threads, the 1.5B target's MLP and output
+# layers, weights streamed from memory), so the target's 1-3 token forwards cost 7-17 % less padded
+PADDED_BF16_ROWS = 4  # `auto` packs where free memory holds the packed copy this many times over
 
 
 def onednn_linear_available() -> bool:
@@ -58,7 +64,8 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 
 class OneDnnLinear(nn.Module):
     """`nn.Linear` with the same parameters whose float32 (or bf16) CPU products run on oneDNN; with a packed
-    copy of the weight, products of `packed_from_rows` rows or more run on that copy."""
+    copy of the weight, products of `packed_from_rows` rows or more run on that copy, and those of fewer than
+    `padded_rows` rows (bf16) run as that many, zero rows appended (the extra rows cost nothing there)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -71,6 +78,7 @@ class OneDnnLinear(nn.Module):
         # rows from which a product runs on the packed weight: one float32 row streams faster from the plain
         # weight (the AVX2 EPYC of wave 14), one bf16 row from the packed one (the AVX512-BF16 EPYC of wave 28)
         self.packed_from_rows = 1 if linear.weight.dtype == torch.bfloat16 else 2
+        self.padded_rows = PADDED_BF16_ROWS if linear.weight.dtype == torch.bfloat16 else 0  # packed products only
 
     def set_packed(self, on: bool) -> None:
         """Run products of `packed_from_rows` rows or more on the packed weight (packed once, kept while the
@@ -83,8 +91,13 @@ class OneDnnLinear(nn.Module):
         if x.dtype != self.weight.dtype or x.device.type != "cpu":
             return F.linear(x, self.weight, self.bias)
         rows = x.numel() // x.shape[-1]
-        weight = self.packed if self.use_packed and rows >= self.packed_from_rows else self.weight
-        return torch.ops.mkldnn._linear_pointwise(x, weight, self.bias, "none", [], "")
+        if not (self.use_packed and rows >= self.packed_from_rows):
+            return _product(x, self.weight, self.bias)
+        if rows >= self.padded_rows:
+            return _product(x, self.packed, self.bias)
+        flat = x.reshape(rows, x.shape[-1])  # [rows, in]
+        padded = torch.cat([flat, flat.new_zeros(self.padded_rows - rows, flat.shape[1])])  # [padded_rows, in]
+        return _product(padded, self.packed, self.bias)[:rows].reshape(*x.shape[:-1], self.out_features)
 
     def to_linear(self) -> nn.Linear:
         linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
@@ -97,6 +110,11 @@ class OneDnnLinear(nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
             f"packed={self.use_packed}"
         )
+
+
+def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., in] times weight (plain [out, in] or packed) on oneDNN, plus bias: [..., out]."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 def _swap(model: nn.Module, wanted: Callable[[nn.Module], bool], make: Callable[[nn.Module], nn.Module]) -> int:

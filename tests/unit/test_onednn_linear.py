@@ -177,6 +177,39 @@ def test_a_bf16_layer_multiplies_one_row_on_the_packed_weight() -> None:
     torch.testing.assert_close(layer(x), layer.bias.expand(1, 1, 48))
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 16), (1, 3, 16), (2, 16), (1, 5, 16), (4, 16)])
+@torch.inference_mode()
+def test_products_of_fewer_rows_than_padded_rows_run_as_that_many(monkeypatch, shape) -> None:
+    """The padded product (float32 here, so it runs on any CPU) gives each real row what the padded call
+    computed for it, in the input's shape; products of padded_rows rows or more run as they are."""
+    torch.manual_seed(0)
+    layer = OneDnnLinear(nn.Linear(16, 24))
+    layer.set_packed(True)
+    layer.packed_from_rows, layer.padded_rows = 1, 4
+    calls: list[tuple[int, torch.Tensor]] = []
+    product = onednn_linear._product
+
+    def spy(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        out = product(x, weight, bias)
+        calls.append((x.numel() // x.shape[-1], out))
+        return out
+
+    monkeypatch.setattr(onednn_linear, "_product", spy)
+    x = torch.randn(*shape)
+    rows = x.numel() // 16
+    y = layer(x)
+    assert y.shape == (*shape[:-1], 24)
+    assert [n for n, _ in calls] == [max(rows, 4)]
+    assert torch.equal(y.reshape(rows, 24), calls[0][1][:rows].reshape(rows, 24))
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_layers_pad_their_packed_products_and_float32_ones_do_not() -> None:
+    bf16, fp32 = OneDnnLinear(nn.Linear(8, 8).to(torch.bfloat16)), OneDnnLinear(nn.Linear(8, 8))
+    assert (bf16.padded_rows, fp32.padded_rows) == (onednn_linear.PADDED_BF16_ROWS, 0)
+    assert onednn_linear.PADDED_BF16_ROWS == 4
+
+
 def test_auto_packs_where_free_memory_holds_the_copy_twice_over() -> None:
     model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 16, bias=False))
     need = packed_copy_bytes(model)
