@@ -12,7 +12,8 @@ cached tokens (default 200).
 
 In float32 on CPU, and in bf16 on CPUs with bf16 units, it compares the Linear paths on one loaded
 model (`--linear`): `onednn` (products on oneDNN), `packed` (products on prepacked weights, what the
-services use where the memory allows, `--fp32-linear packed`) and `default` (torch's own path), interleaved
+services use where the memory allows, `--fp32-linear packed`), `unpadded` (packed, but bf16 products of 1-3
+rows not run as 4: before wave 30) and `default` (torch's own path), interleaved
 per repetition and token count so drift on a shared machine hits both alike. `--passes lean,hf` compares
 the services' lean pass (calispec_core/lean_decoder.py) with Hugging Face's pass through the same
 modules the same way, on `--linear`'s first path.
@@ -29,14 +30,32 @@ import torch
 
 from calispec_core.forward_costs import context_session, forward_ms
 from calispec_core.modeling import DTYPE_CHOICES, ModelRunner, ModelSpec
-from calispec_core.onednn_linear import onednn_linear_available, use_default_linear, use_onednn_linear
+from calispec_core.onednn_linear import (
+    PADDED_BF16_ROWS,
+    OneDnnLinear,
+    onednn_linear_available,
+    use_default_linear,
+    use_onednn_linear,
+)
 from calispec_core.service_cli import configure_logging
 from calispec_tools.bench.compare import cpu_flags, cpu_model, gpu_model, isa_caps
 
 CONTEXT = 200  # default cached tokens before the measured forward (the issue's reference point)
+
+
+def use_packed(model: torch.nn.Module, padded: bool = True) -> None:
+    """The packed path (packed again after `default` dropped the layers); `padded=False`: bf16 products of
+    1-3 rows as they are, as before wave 30 (`PADDED_BF16_ROWS`), to compare."""
+    use_onednn_linear(model, packed=True, bf16=True)
+    for layer in model.modules():
+        if isinstance(layer, OneDnnLinear) and layer.weight.dtype == torch.bfloat16:
+            layer.padded_rows = PADDED_BF16_ROWS if padded else 0
+
+
 SWITCH = {
     "onednn": partial(use_onednn_linear, packed=False, bf16=True),  # bf16 layers: only on CPUs with bf16 units
-    "packed": partial(use_onednn_linear, packed=True, bf16=True),  # packs again after `default` dropped the layers
+    "packed": use_packed,
+    "unpadded": partial(use_packed, padded=False),
     "default": use_default_linear,
 }
 PASSES = ("lean", "hf")
@@ -53,8 +72,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--linear",
-        default=",".join(SWITCH),
-        help="float32/bf16 Linear paths to compare, comma-separated (onednn, packed: the services'; default: torch's)",
+        default="onednn,packed,default",
+        help="float32/bf16 Linear paths to compare, comma-separated (onednn; packed: the services'; unpadded: "
+        "packed as before wave 30, bf16 only; default: torch's)",
     )
     parser.add_argument(
         "--batch", type=int, default=1, help="sessions per forward (rows end to end, each attending to its own cache)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from calispec_core.forward_costs import context_session, forward_ms
 from calispec_core.modeling import ModelRunner, ModelSpec
@@ -38,3 +39,17 @@ def test_measure_compares_the_lean_pass_with_hfs_and_restores_it(own_runner: Mod
     assert set(medians) == {("lean", 1), ("lean", 2), ("hf", 1), ("hf", 2)} and all(ms > 0 for ms in medians.values())
     assert len(hf_calls) == 2 * 2  # the `hf` variant's forwards only (warm-up + 1 rep, 2 token counts)
     assert own_runner.decoder is lean
+
+
+def test_the_unpadded_path_undoes_the_bf16_row_padding_and_packed_restores_it(monkeypatch) -> None:
+    from torch import nn
+
+    from calispec_core.onednn_linear import PADDED_BF16_ROWS, OneDnnLinear
+    from calispec_tools.bench import forward
+
+    monkeypatch.setattr(forward, "use_onednn_linear", lambda model, **_: 0)  # no packing: any CPU
+    model = nn.Sequential(OneDnnLinear(nn.Linear(8, 8).to(torch.bfloat16)), OneDnnLinear(nn.Linear(8, 8)))
+    forward.SWITCH["unpadded"](model)
+    assert [m.padded_rows for m in model] == [0, 0]
+    forward.SWITCH["packed"](model)
+    assert [m.padded_rows for m in model] == [PADDED_BF16_ROWS, 0]
