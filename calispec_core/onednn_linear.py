@@ -24,8 +24,9 @@ already calls oneDNN, but on the plain weight, whose products cost 1.4x one row'
 AVX512-BF16 EPYC; on the packed weight every row count is cheaper, one row included (a scratch timing of
 the 1.5B target's MLP weights, 2 threads: 32 / 44 ms plain against 26 / 24 ms packed for 1 / 7 rows), so
 bf16 products of any row count run packed. docs/performance.md, "bf16 Linear layers on packed weights". Wave
-30: a packed bf16 product of 1 or 2 rows cost 1.15-1.3x one of 4 rows there (oneDNN picks another kernel), so
-products of fewer rows run as 4 (`PADDED_BF16_ROWS`): the target's 1-3 token forwards cost 7-17 % less.
+30: a packed bf16 product of 1 or 2 rows of a large weight cost 1.13-1.26x one of 4 rows there (oneDNN picks
+another kernel), so such products of fewer rows run as 4 (`PADDED_BF16_ROWS`): the target's 1- and 2-token
+forwards cost 10 % and 15 % less.
 """
 
 from __future__ import annotations
@@ -45,16 +46,24 @@ log = logging.getLogger(__name__)
 # oneDNN picks the packed layout for this many rows; 4 to 32 measured alike for 2-24 row products
 # (docs/performance.md); a float32 row runs on the plain weight, a bf16 one on the packed (OneDnnLinear).
 PACK_ROWS = 16
-PACK_HEADROOM = 2.0
-# bf16 products of fewer rows run as this many (zero rows appended): on the AVX512-BF16 EPYC of wave 30 oneDNN's
-# packed bf16 product of 1 or 2 rows cost 1.15-1.3x that of 4 (2 threads, the 1.5B target's MLP and output
-# layers, weights streamed from memory), so the target's 1-3 token forwards cost 7-17 % less padded
-PADDED_BF16_ROWS = 4  # `auto` packs where free memory holds the packed copy this many times over
+PACK_HEADROOM = 2.0  # `auto` packs where free memory holds the packed copy this many times over
+# bf16 products of fewer rows run as this many (zero rows appended) on weights of PADDED_MIN_WEIGHTS values or
+# more: on the AVX512-BF16 EPYC of wave 30 oneDNN's packed bf16 product of 1 or 2 rows cost 1.13-1.26x that of
+# 4 for the 1.5B target's MLP and output layers (2 threads, weights streamed from memory), while its 1536 x 1536
+# projections cost 6-17 % more padded; the target's 1- and 2-token forwards cost 10 % and 15 % less padded
+PADDED_BF16_ROWS = 4
+PADDED_MIN_WEIGHTS = 1 << 22  # 4M: the target's MLP (13.8M) and output (233M) layers, not its q/k/v/o (<= 2.4M)
 
 
 def onednn_linear_available() -> bool:
     """oneDNN is built in and usable on this CPU (torch's own switch, `torch.backends.mkldnn`)."""
     return torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+
+
+def padded_rows_for(weight: torch.Tensor) -> int:
+    """How many rows a packed product of fewer rows runs as, with this weight (0: as it is)."""
+    large_bf16 = weight.dtype == torch.bfloat16 and weight.numel() >= PADDED_MIN_WEIGHTS
+    return PADDED_BF16_ROWS if large_bf16 else 0
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -65,7 +74,8 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 class OneDnnLinear(nn.Module):
     """`nn.Linear` with the same parameters whose float32 (or bf16) CPU products run on oneDNN; with a packed
     copy of the weight, products of `packed_from_rows` rows or more run on that copy, and those of fewer than
-    `padded_rows` rows (bf16) run as that many, zero rows appended (the extra rows cost nothing there)."""
+    `padded_rows` rows (bf16, large weights) run as that many, zero rows appended (in a product bound by reading
+    the weight the extra rows cost less than the faster kernel saves)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -78,7 +88,7 @@ class OneDnnLinear(nn.Module):
         # rows from which a product runs on the packed weight: one float32 row streams faster from the plain
         # weight (the AVX2 EPYC of wave 14), one bf16 row from the packed one (the AVX512-BF16 EPYC of wave 28)
         self.packed_from_rows = 1 if linear.weight.dtype == torch.bfloat16 else 2
-        self.padded_rows = PADDED_BF16_ROWS if linear.weight.dtype == torch.bfloat16 else 0  # packed products only
+        self.padded_rows = padded_rows_for(linear.weight)  # packed products only
 
     def set_packed(self, on: bool) -> None:
         """Run products of `packed_from_rows` rows or more on the packed weight (packed once, kept while the

@@ -72,6 +72,7 @@ class Lockstep:
         self._shards: dict[Hashable, Hashable] = {}  # each member's target replica at its last verify gate
         self._round_started = 0.0  # monotonic time the last round started
         self._round_s = 0.0  # how long the last whole round took (start to next start)
+        self._plan_failures = 0  # round plans that raised (a bug in the rule), for the log
 
     def waiting(self) -> int:
         """Requests waiting now (at the current gate, or to join at the next round start)."""
@@ -156,7 +157,12 @@ class Lockstep:
                 raise ValueError(f"a round plan gave {len(planned)} γ for {len(wishes)} members")
             return planned
         except Exception:
-            log.exception("the lockstep's round plan failed; each member drafts its own wish this round")
+            self._plan_failures += 1
+            if self._plan_failures & (self._plan_failures - 1) == 0:  # the 1st, 2nd, 4th, 8th...: not every round
+                log.exception(
+                    "the lockstep's round plan failed (%d times so far); each member drafts its own wish",
+                    self._plan_failures,
+                )
             return [wish.gamma for wish in wishes]
 
     def _open(self) -> None:

@@ -31,9 +31,9 @@ import torch
 from calispec_core.forward_costs import context_session, forward_ms
 from calispec_core.modeling import DTYPE_CHOICES, ModelRunner, ModelSpec
 from calispec_core.onednn_linear import (
-    PADDED_BF16_ROWS,
     OneDnnLinear,
     onednn_linear_available,
+    padded_rows_for,
     use_default_linear,
     use_onednn_linear,
 )
@@ -45,11 +45,11 @@ CONTEXT = 200  # default cached tokens before the measured forward (the issue's 
 
 def use_packed(model: torch.nn.Module, padded: bool = True) -> None:
     """The packed path (packed again after `default` dropped the layers); `padded=False`: bf16 products of
-    1-3 rows as they are, as before wave 30 (`PADDED_BF16_ROWS`), to compare."""
+    1-3 rows as they are, as before wave 30 (`onednn_linear.PADDED_BF16_ROWS`), to compare."""
     use_onednn_linear(model, packed=True, bf16=True)
     for layer in model.modules():
-        if isinstance(layer, OneDnnLinear) and layer.weight.dtype == torch.bfloat16:
-            layer.padded_rows = PADDED_BF16_ROWS if padded else 0
+        if isinstance(layer, OneDnnLinear):
+            layer.padded_rows = padded_rows_for(layer.weight) if padded else 0
 
 
 SWITCH = {
@@ -107,7 +107,7 @@ def measure(
     context: int = CONTEXT,
 ) -> dict[tuple[str, int], float]:
     """Median ms per (variant, new tokens); variants interleaved within each repetition, one warm-up round.
-    A variant is a Linear path (`onednn`, `default`) or a pass (`lean`, `hf`)."""
+    A variant is a Linear path (`onednn`, `packed`, `unpadded`, `default`) or a pass (`lean`, `hf`)."""
     headroom = max(token_counts)
     sessions = [context_session(runner, context + 16 * b, headroom) for b in range(batch)]  # unequal lengths
     times: dict[tuple[str, int], list[float]] = {(v, n): [] for v in variants for n in token_counts}

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from calispec_core.forward_costs import context_session, forward_ms
 from calispec_core.modeling import ModelRunner, ModelSpec
+from calispec_core.onednn_linear import PADDED_BF16_ROWS, OneDnnLinear
+from calispec_tools.bench import forward
 from calispec_tools.bench.forward import measure
 from tests.conftest import TinyPair
 
@@ -41,14 +44,13 @@ def test_measure_compares_the_lean_pass_with_hfs_and_restores_it(own_runner: Mod
     assert own_runner.decoder is lean
 
 
-def test_the_unpadded_path_undoes_the_bf16_row_padding_and_packed_restores_it(monkeypatch) -> None:
-    from torch import nn
-
-    from calispec_core.onednn_linear import PADDED_BF16_ROWS, OneDnnLinear
-    from calispec_tools.bench import forward
-
+def test_the_unpadded_path_undoes_the_bf16_row_padding_and_packed_restores_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(forward, "use_onednn_linear", lambda model, **_: 0)  # no packing: any CPU
-    model = nn.Sequential(OneDnnLinear(nn.Linear(8, 8).to(torch.bfloat16)), OneDnnLinear(nn.Linear(8, 8)))
+    side = 1 << 11  # a bf16 weight large enough to pad (onednn_linear.PADDED_MIN_WEIGHTS)
+    model = nn.Sequential(
+        OneDnnLinear(nn.Linear(side, side, dtype=torch.bfloat16, device="meta")),
+        OneDnnLinear(nn.Linear(side, side, device="meta")),
+    )
     forward.SWITCH["unpadded"](model)
     assert [m.padded_rows for m in model] == [0, 0]
     forward.SWITCH["packed"](model)

@@ -177,13 +177,20 @@ def test_a_bf16_layer_multiplies_one_row_on_the_packed_weight() -> None:
     torch.testing.assert_close(layer(x), layer.bias.expand(1, 1, 48))
 
 
-@pytest.mark.parametrize("shape", [(1, 1, 16), (1, 3, 16), (2, 16), (1, 5, 16), (4, 16)])
+@pytest.mark.parametrize(
+    ("shape", "bias", "strided"),
+    [((1, 1, 16), True, False), ((1, 3, 16), True, False), ((2, 16), False, False), ((16,), True, False),
+     ((2, 1, 16), True, True), ((1, 5, 16), True, False), ((4, 16), False, True)],
+)  # fmt: skip
 @torch.inference_mode()
-def test_products_of_fewer_rows_than_padded_rows_run_as_that_many(monkeypatch, shape) -> None:
+def test_products_of_fewer_rows_than_padded_rows_run_as_that_many(
+    monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...], bias: bool, strided: bool
+) -> None:
     """The padded product (float32 here, so it runs on any CPU) gives each real row what the padded call
-    computed for it, in the input's shape; products of padded_rows rows or more run as they are."""
+    computed for it, in the input's shape (non-contiguous inputs too); products of padded_rows rows or more
+    run as they are."""
     torch.manual_seed(0)
-    layer = OneDnnLinear(nn.Linear(16, 24))
+    layer = OneDnnLinear(nn.Linear(16, 24, bias=bias))
     layer.set_packed(True)
     layer.packed_from_rows, layer.padded_rows = 1, 4
     calls: list[tuple[int, torch.Tensor]] = []
@@ -195,7 +202,7 @@ def test_products_of_fewer_rows_than_padded_rows_run_as_that_many(monkeypatch, s
         return out
 
     monkeypatch.setattr(onednn_linear, "_product", spy)
-    x = torch.randn(*shape)
+    x = torch.randn(*shape[:-1], 32)[..., ::2] if strided else torch.randn(*shape)  # [..., 16]
     rows = x.numel() // 16
     y = layer(x)
     assert y.shape == (*shape[:-1], 24)
@@ -204,10 +211,14 @@ def test_products_of_fewer_rows_than_padded_rows_run_as_that_many(monkeypatch, s
     torch.testing.assert_close(y, torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
 
 
-def test_bf16_layers_pad_their_packed_products_and_float32_ones_do_not() -> None:
-    bf16, fp32 = OneDnnLinear(nn.Linear(8, 8).to(torch.bfloat16)), OneDnnLinear(nn.Linear(8, 8))
-    assert (bf16.padded_rows, fp32.padded_rows) == (onednn_linear.PADDED_BF16_ROWS, 0)
-    assert onednn_linear.PADDED_BF16_ROWS == 4
+def test_large_bf16_layers_pad_their_packed_products_and_others_do_not() -> None:
+    """Wave 30 measured the gain on the target's MLP and output layers; its 1536 x 1536 projections lost."""
+    side = 1 << 11  # 2048 x 2048 = PADDED_MIN_WEIGHTS values
+    large_bf16 = OneDnnLinear(nn.Linear(side, side, bias=False, dtype=torch.bfloat16, device="meta"))
+    small_bf16 = OneDnnLinear(nn.Linear(side - 1, side, bias=False, dtype=torch.bfloat16, device="meta"))
+    large_fp32 = OneDnnLinear(nn.Linear(side, side, bias=False, device="meta"))
+    assert side * side == onednn_linear.PADDED_MIN_WEIGHTS
+    assert [m.padded_rows for m in (large_bf16, small_bf16, large_fp32)] == [onednn_linear.PADDED_BF16_ROWS, 0, 0]
 
 
 def test_auto_packs_where_free_memory_holds_the_copy_twice_over() -> None:

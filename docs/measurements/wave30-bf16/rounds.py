@@ -1,4 +1,4 @@
-"""Scratch (wave 30): decode-phase figures from the coordinator's DEBUG round lines (waves 30's format).
+"""Scratch (wave 30): decode-phase figures from the coordinator's DEBUG round lines (wave 30's format).
 
 `python rounds.py coordinator.log`: for rounds with >= 6 rows, per segment (ar: γ 0 with alpha nan; adaptive;
 fixed γ), tokens per row-round, the mean round time with its waits, and what 8 rows of that deliver in tok/s.
