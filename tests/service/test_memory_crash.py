@@ -27,9 +27,14 @@ SLACK_S = 0.5
 WRITERS = 4
 
 
+def service_log(db: Path) -> Path:
+    """Where the services started on `db` write their stderr (both runs append to it)."""
+    return db.parent / "service.log"
+
+
 def start_service(db: Path, token_file: Path) -> tuple[subprocess.Popen[str], str]:
     extra = ["--flush-interval", str(FLUSH_INTERVAL_S), "--writer-rate-limit", "0", "--log-level", "INFO"]
-    with (db.parent / "service.log").open("a") as log:  # kept in the test's tmp dir, for a failure's story
+    with service_log(db).open("a") as log:  # kept in the test's tmp dir, for a failure's story
         proc, line = spawn_memory_service(db, token_file, *extra, stderr=log.fileno())
     assert line.startswith("memory_service listening on"), line
     return proc, line.split()[3]
@@ -98,7 +103,7 @@ def test_kill_9_during_write_storm_loses_at_most_the_last_flush_interval(tmp_pat
         assert (stats.total_events, stats.table_events) == (sum(stored.values()), sum(stored.values()))
     finally:
         restarted.send_signal(signal.SIGTERM)
-        assert stopped(restarted, db.parent / "service.log") == 0
+        assert stopped(restarted, service_log(db)) == 0
         assert restarted.stdout is not None
         restarted.stdout.close()
 
