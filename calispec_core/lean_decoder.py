@@ -6,14 +6,18 @@ of these, through `LeanDecoder` instead of `model(...)`. Why: on the 2-core AVX2
 plumbing through ~10 decorated modules a layer, the attention-interface lookup, the mask HF prepares
 and the pass ignores), and ~8 % more in two of its three q/k/v projection calls: each is a separate
 fbgemm call that quantises the same activations again. A drafting round pays the draft's step γ times.
+Wave 31 fused the MLP's gate and up projections the same way and rotates q and k in one pass over the
+fused output: 2 % off the draft's step at 1 and 8 rows (docs/performance.md, "Fewer calls a layer").
 
 Exactness: the same torch ops in the same order as HF's decoder layer, on the model's own modules
 (embedding, rotary embedding, norms' weights, projections, activation, output layer), with attention
 row by row as calispec_core/attention.py runs it, so a pass equals HF's pass bitwise (tested). In int8
 the q, k and v projections are one fbgemm call whose per-channel weight scales repeat each
 projection's own scale: the same int8 weights, the same activation quantisation, the same outputs
-bitwise (tested). Float layers keep their three calls. Any other model, or one whose norms or
-activation these ops would not reproduce, takes HF's path (`LeanDecoder.build` returns None).
+bitwise (tested); so are the gate and up projections, and q and k, adjacent in the fused output, are
+rotated by one elementwise pass (the same ops per element). Float layers keep their separate calls. Any
+other model, or one whose norms or activation these ops would not reproduce, takes HF's path
+(`LeanDecoder.build` returns None).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ class _Layer:
 
     module: torch.nn.Module  # HF's decoder layer: norms, self_attn (q/k/v/o_proj), mlp
     fused_qkv: DynamicQuantizedLinear | None  # int8 only: q, k, v in one call (same bits as three)
-    widths: tuple[int, int, int]  # q, k, v output features
+    fused_gate_up: DynamicQuantizedLinear | None  # int8 only: the MLP's gate and up in one call
 
 
 class LeanDecoder:
@@ -88,15 +92,8 @@ class LeanDecoder:
     ) -> torch.Tensor:  # [1, T, E]
         module = layer.module
         attn, mlp = module.self_attn, module.mlp
-        tokens, dim = hidden.shape[1], attn.head_dim
-        normed = module.input_layernorm(hidden)
-        if layer.fused_qkv is not None:
-            query, key, value = layer.fused_qkv(normed).split(layer.widths, dim=-1)
-        else:
-            query, key, value = attn.q_proj(normed), attn.k_proj(normed), attn.v_proj(normed)
-        query = _rotate(query.view(1, tokens, self.heads, dim).transpose(1, 2), cos, sin)  # [1, H_q, T, D]
-        key = _rotate(key.view(1, tokens, self.kv_heads, dim).transpose(1, 2), cos, sin)  # [1, H_kv, T, D]
-        value = value.view(1, tokens, self.kv_heads, dim).transpose(1, 2)  # [1, H_kv, T, D]
+        tokens = hidden.shape[1]
+        query, key, value = self._attention_inputs(layer, module.input_layernorm(hidden), cos, sin)
         outputs = []
         for row, q, k, v, mask in zip(
             rows, query.split(widths, 2), key.split(widths, 2), value.split(widths, 2), masks, strict=True
@@ -107,7 +104,27 @@ class LeanDecoder:
         attended = attended.transpose(1, 2).reshape(1, tokens, -1)  # [1, T, H_q·D]
         hidden = hidden + attn.o_proj(attended)
         normed = module.post_attention_layernorm(hidden)
-        return hidden + mlp.down_proj(mlp.act_fn(mlp.gate_proj(normed)) * mlp.up_proj(normed))
+        if layer.fused_gate_up is not None:
+            gate, up = layer.fused_gate_up(normed).chunk(2, dim=-1)  # [1, T, I] each
+        else:
+            gate, up = mlp.gate_proj(normed), mlp.up_proj(normed)
+        return hidden + mlp.down_proj(mlp.act_fn(gate) * up)
+
+    def _attention_inputs(
+        self, layer: _Layer, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """normed [1, T, E] -> rotated query [1, H_q, T, D], rotated key and value [1, H_kv, T, D]."""
+        attn = layer.module.self_attn
+        tokens, dim = normed.shape[1], attn.head_dim
+        if layer.fused_qkv is not None:  # q and k adjacent in one output: one rotation for both
+            heads = layer.fused_qkv(normed).view(1, tokens, -1, dim).transpose(1, 2)  # [1, H_q + 2·H_kv, T, D]
+            rotated = _rotate(heads[:, : self.heads + self.kv_heads], cos, sin)  # [1, H_q + H_kv, T, D]
+            query, key = rotated.split((self.heads, self.kv_heads), dim=1)
+            return query, key, heads[:, self.heads + self.kv_heads :]
+        query, key, value = attn.q_proj(normed), attn.k_proj(normed), attn.v_proj(normed)
+        query = _rotate(query.view(1, tokens, self.heads, dim).transpose(1, 2), cos, sin)  # [1, H_q, T, D]
+        key = _rotate(key.view(1, tokens, self.kv_heads, dim).transpose(1, 2), cos, sin)  # [1, H_kv, T, D]
+        return query, key, value.view(1, tokens, self.kv_heads, dim).transpose(1, 2)  # value [1, H_kv, T, D]
 
 
 def reproduces(model: torch.nn.Module) -> bool:
@@ -134,8 +151,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 def _build_layer(layer: torch.nn.Module) -> _Layer:
     attn = layer.self_attn
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-    widths = (attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features)
-    return _Layer(layer, fuse_dynamic_int8(projections), widths)
+    return _Layer(layer, fuse_dynamic_int8(projections), fuse_dynamic_int8((layer.mlp.gate_proj, layer.mlp.up_proj)))
 
 
 def fuse_dynamic_int8(projections: tuple[torch.nn.Module, ...]) -> DynamicQuantizedLinear | None:

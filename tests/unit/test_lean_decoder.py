@@ -1,6 +1,7 @@
 """The lean packed pass (calispec_core/lean_decoder.py) computes bitwise what HF's pass through the same
 modules computes: logits and the keys and values written into every session's cache, for Llama and
-Qwen2 (q/k/v biases), float32 and int8 (q/k/v fused into one fbgemm call), one row and several."""
+Qwen2 (q/k/v biases), float32 and int8 (q/k/v fused into one fbgemm call, gate/up into another, q and k
+rotated together), one row and several."""
 
 from __future__ import annotations
 
@@ -74,8 +75,8 @@ def _assert_lean_equals_hf(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch)
 def test_lean_pass_equals_hf_pass_bitwise(model_dir: Path, dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
     runner = ModelRunner(ModelSpec(model_dir, dtype=dtype, device="cpu"))
     assert isinstance(runner.decoder, LeanDecoder)
-    fused = [layer.fused_qkv is not None for layer in runner.decoder.layers]
-    assert fused == [dtype == "int8"] * len(fused)  # int8: q/k/v one call in every layer
+    fused = [(layer.fused_qkv is not None, layer.fused_gate_up is not None) for layer in runner.decoder.layers]
+    assert fused == [(dtype == "int8",) * 2] * len(fused)  # int8: q/k/v one call, gate/up one call, every layer
     _assert_lean_equals_hf(runner, monkeypatch)
 
 
