@@ -6,8 +6,9 @@ of these, through `LeanDecoder` instead of `model(...)`. Why: on the 2-core AVX2
 plumbing through ~10 decorated modules a layer, the attention-interface lookup, the mask HF prepares
 and the pass ignores), and ~8 % more in two of its three q/k/v projection calls: each is a separate
 fbgemm call that quantises the same activations again. A drafting round pays the draft's step γ times.
-Wave 31 fused the MLP's gate and up projections the same way and rotates q and k in one pass over the
-fused output: 2 % off the draft's step at 1 and 8 rows (docs/performance.md, "Fewer calls a layer").
+Wave 31 fused the MLP's gate and up projections the same way (`int8_fusion.FusedGateUpMLP`, in place of
+HF's MLP, so no second copy of their weights) and rotates q and k in one pass over the fused output: 2 %
+off the draft's step at 1 and 8 rows (docs/performance.md, "Fewer calls a layer").
 
 Exactness: the same torch ops in the same order as HF's decoder layer, on the model's own modules
 (embedding, rotary embedding, norms' weights, projections, activation, output layer), with attention
@@ -28,12 +29,15 @@ import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from calispec_core.attention import grouped_attention
+from calispec_core.int8_fusion import FusedGateUpMLP, fuse_dynamic_int8
 from calispec_core.kv_cache import SessionLayer
 
 MODEL_TYPES = ("llama", "qwen2")
-LAYER_CLASSES = {  # (decoder layer, attention, MLP) as HF names them
+LAYER_CLASSES = {  # (decoder layer, attention, MLP) as HF names them; an int8 model's MLPs are FusedGateUpMLP
     ("LlamaDecoderLayer", "LlamaAttention", "LlamaMLP"),
+    ("LlamaDecoderLayer", "LlamaAttention", "FusedGateUpMLP"),
     ("Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP"),
+    ("Qwen2DecoderLayer", "Qwen2Attention", "FusedGateUpMLP"),
 }
 
 
@@ -44,7 +48,6 @@ class _Layer:
 
     module: torch.nn.Module  # HF's decoder layer: norms, self_attn (q/k/v/o_proj), mlp
     fused_qkv: DynamicQuantizedLinear | None  # int8 only: q, k, v in one call (same bits as three)
-    fused_gate_up: DynamicQuantizedLinear | None  # int8 only: the MLP's gate and up in one call
 
 
 class LeanDecoder:
@@ -104,8 +107,8 @@ class LeanDecoder:
         attended = attended.transpose(1, 2).reshape(1, tokens, -1)  # [1, T, H_q·D]
         hidden = hidden + attn.o_proj(attended)
         normed = module.post_attention_layernorm(hidden)
-        if layer.fused_gate_up is not None:
-            gate, up = layer.fused_gate_up(normed).chunk(2, dim=-1)  # [1, T, I] each
+        if isinstance(mlp, FusedGateUpMLP):  # int8: gate and up already one call (modeling.quantize_int8)
+            gate, up = mlp.gate_up_proj(normed).chunk(2, dim=-1)  # [1, T, I] each
         else:
             gate, up = mlp.gate_proj(normed), mlp.up_proj(normed)
         return hidden + mlp.down_proj(mlp.act_fn(gate) * up)
@@ -151,46 +154,4 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 def _build_layer(layer: torch.nn.Module) -> _Layer:
     attn = layer.self_attn
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-    return _Layer(layer, fuse_dynamic_int8(projections), fuse_dynamic_int8((layer.mlp.gate_proj, layer.mlp.up_proj)))
-
-
-def fuse_dynamic_int8(projections: tuple[torch.nn.Module, ...]) -> DynamicQuantizedLinear | None:
-    """One dynamic int8 Linear computing every projection's output side by side (the same bits as
-    calling each; None unless all are dynamic int8 Linears over one input width).
-
-    Each output channel keeps the scale and zero point its own projection's weight had (a per-tensor
-    weight becomes per-channel with its scale repeated), so the int8 weights are the same and fbgemm
-    dequantises every output with the same factors; the activations are quantised once per call, as
-    each separate call would have quantised the same input."""
-    if not all(type(p) is DynamicQuantizedLinear and p.weight().dtype == torch.qint8 for p in projections):
-        return None
-    weights = [p.weight() for p in projections]  # qint8 [N_i, E]
-    if len({w.shape[1] for w in weights}) != 1 or any(_per_channel(w) and w.q_per_channel_axis() != 0 for w in weights):
-        return None
-    scales, zero_points = zip(*(_channel_qparams(w) for w in weights), strict=True)
-    weight = torch._make_per_channel_quantized_tensor(
-        torch.cat([w.int_repr() for w in weights]), torch.cat(scales), torch.cat(zero_points), 0
-    )  # qint8 [Σ N_i, E]
-    biases = [p.bias() for p in projections]
-    bias = None
-    if any(b is not None for b in biases):
-        zeros = [torch.zeros(w.shape[0], dtype=torch.float32) for w in weights]  # x + 0.0 == x
-        bias = torch.cat([b if b is not None else z for b, z in zip(biases, zeros, strict=True)])
-    fused = DynamicQuantizedLinear(weight.shape[1], weight.shape[0], dtype=torch.qint8)
-    fused.set_weight_bias(weight, bias)
-    return fused
-
-
-def _per_channel(weight: torch.Tensor) -> bool:
-    return weight.qscheme() not in (torch.per_tensor_affine, torch.per_tensor_symmetric)
-
-
-def _channel_qparams(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per output channel: (scales [N] float64, zero points [N] int64) of a qint8 weight (per-channel: axis 0)."""
-    if not _per_channel(weight):
-        rows = weight.shape[0]
-        return (
-            torch.full((rows,), weight.q_scale(), dtype=torch.float64),
-            torch.full((rows,), weight.q_zero_point(), dtype=torch.int64),
-        )
-    return weight.q_per_channel_scales().to(torch.float64), weight.q_per_channel_zero_points().to(torch.int64)
+    return _Layer(layer, fuse_dynamic_int8(projections))

@@ -20,6 +20,7 @@ from calispec_core import attention
 from calispec_core.batch_forward import packed_forward
 from calispec_core.compute import compute_thread, on_compute_thread
 from calispec_core.errors import InvalidArgument, require
+from calispec_core.int8_fusion import fuse_gate_up_mlps
 from calispec_core.kv_cache import SessionLayer, crop_to, new_session_cache
 from calispec_core.lean_decoder import LeanDecoder
 from calispec_core.limits import FP32_LINEAR_CHOICES
@@ -93,9 +94,12 @@ def serving_dtype_name(name: str, device: torch.device) -> str:
 
 
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    """Dynamic int8 quantisation of the Linear layers (fbgemm): about 2-4x cheaper decode steps on CPU."""
+    """Dynamic int8 quantisation of the Linear layers (fbgemm): about 2-4x cheaper decode steps on CPU.
+    A Llama/Qwen2 MLP's gate and up projections become one call (`int8_fusion.FusedGateUpMLP`, same bits)."""
     torch.backends.quantized.engine = "fbgemm" if "fbgemm" in torch.backends.quantized.supported_engines else "qnnpack"
-    return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    fuse_gate_up_mlps(model)
+    return model
 
 
 def apply_threads(threads: int | None) -> None:

@@ -5,15 +5,17 @@ rotated together), one row and several."""
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from calispec_core.batch_forward import forward_rows
-from calispec_core.lean_decoder import LeanDecoder, fuse_dynamic_int8
+from calispec_core.int8_fusion import FusedGateUpMLP, fuse_dynamic_int8
+from calispec_core.lean_decoder import LeanDecoder
 from calispec_core.modeling import ModelRunner, ModelSpec, prefill_session, quantize_int8
 from calispec_core.onednn_linear import use_default_linear, use_onednn_linear
 from tests.conftest import TinyPair
@@ -75,7 +77,7 @@ def _assert_lean_equals_hf(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch)
 def test_lean_pass_equals_hf_pass_bitwise(model_dir: Path, dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
     runner = ModelRunner(ModelSpec(model_dir, dtype=dtype, device="cpu"))
     assert isinstance(runner.decoder, LeanDecoder)
-    fused = [(layer.fused_qkv is not None, layer.fused_gate_up is not None) for layer in runner.decoder.layers]
+    fused = [(layer.fused_qkv is not None, type(layer.module.mlp) is FusedGateUpMLP) for layer in runner.decoder.layers]
     assert fused == [(dtype == "int8",) * 2] * len(fused)  # int8: q/k/v one call, gate/up one call, every layer
     _assert_lean_equals_hf(runner, monkeypatch)
 
@@ -119,6 +121,20 @@ def test_fused_int8_projections_equal_separate_calls_bitwise(bias: tuple[bool, b
     for rows in (1, 7, 24):
         x = torch.randn(1, rows, 64) * 3
         assert torch.equal(fused(x), torch.cat([p(x) for p in projections], dim=-1))
+
+
+def test_int8_model_with_fused_mlps_computes_what_quantize_dynamic_alone_computes(model_dir: Path) -> None:
+    """quantize_int8 replaces HF's MLPs by FusedGateUpMLP: the whole model's logits stay the same bits, and
+    the separate gate and up weights are gone (not held twice)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    plain = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
+    fused = quantize_int8(model)
+    mlps = [layer.mlp for layer in fused.model.layers]
+    assert all(type(mlp) is FusedGateUpMLP for mlp in mlps) and len(mlps) == SHAPE["num_hidden_layers"]
+    assert not any(hasattr(mlp, "gate_proj") or hasattr(mlp, "up_proj") for mlp in mlps)
+    input_ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
+    with torch.inference_mode():
+        assert torch.equal(fused(input_ids).logits, plain(input_ids).logits)
 
 
 def test_float_projections_are_not_fused() -> None:
