@@ -240,14 +240,21 @@ def serve_until_signalled(
     grace_s: float = STOP_GRACE_S,
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
     stop_when_stdin_closes: bool = False,
+    *,
+    stop: threading.Event | None = None,
+    before_stop: Callable[[], None] | None = None,
 ) -> None:
     """Start, print the banner (the readiness line scripts wait for); on SIGTERM/SIGINT (or the end of
-    standard input, when asked) drain, then stop."""
-    stop = stop_on_signals(stop_when_stdin_closes)
+    standard input, when asked) drain, call `before_stop` (what would hold in-flight calls through the
+    grace period), stop, then call `on_stop`. `stop`: the event of an earlier `stop_on_signals`, for a
+    service whose start-up must already end cleanly on a signal."""
+    stop = stop if stop is not None else stop_on_signals(stop_when_stdin_closes)
     server.start()
     print(banner, flush=True)
     wait_for_stop(stop)
     server.drain(drain_timeout_s)
+    if before_stop is not None:
+        before_stop()
     server.stop(grace_s).wait()
     if on_stop is not None:
         on_stop()

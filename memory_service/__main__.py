@@ -5,13 +5,12 @@ Logging is configured here and only here; library modules just get their loggers
 
 from __future__ import annotations
 
-from calispec_core.interrupts import interrupt_exits_quietly, wait_for_stop
+from calispec_core.interrupts import interrupt_exits_quietly
 
 # Ctrl-C while the serving stack imports (seconds: torch too, through the shared metrics), before main() runs:
 # exit 130, no traceback
 with interrupt_exits_quietly():
     import argparse
-    import logging
     from collections.abc import Sequence
     from dataclasses import replace
     from pathlib import Path
@@ -25,6 +24,7 @@ with interrupt_exits_quietly():
         add_operations_args,
         add_tls_args,
         metrics_banner,
+        serve_until_signalled,
         startup_step,
         stop_on_signals,
         tls_from_args,
@@ -32,8 +32,6 @@ with interrupt_exits_quietly():
     from memory_service.config import MemoryConfig
     from memory_service.server import create_server
     from memory_service.store import TableLimits
-
-log = logging.getLogger("memory_service")
 
 # In-flight RecordEvents get this long to finish before they are cancelled. A cancelled one
 # either was accepted (and is committed by the final flush) or changed nothing.
@@ -123,17 +121,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     with startup_step("memory_service", "cannot start"):
         server, port, store = create_server(config)
     store.announce(replace(config, port=port).address)  # named to a second service refused this database
-    server.start()
     metrics_banner("memory_service", server)
-    print(f"memory_service listening on {config.host}:{port} db={config.db_path}", flush=True)
-    wait_for_stop(stop)
-    server.drain(config.drain_timeout_s)  # NOT_SERVING at once; memory has no sessions to wait for
-    # Stop serving first, then close the store: close() waits for a transaction in progress,
-    # so every acknowledged write is committed before the file is closed.
-    store.hub.close()  # ends Watch streams, which would otherwise hold the whole grace period
-    server.stop(SHUTDOWN_GRACE_S).wait()
-    store.close()  # commits what the last flush interval accepted
-    log.info("memory_service stopped")
+    # Stop serving first, then close the store: close() waits for a transaction in progress and commits
+    # what the last flush interval accepted, so every acknowledged write is in the file. Watch streams
+    # end before the stop (they would otherwise hold the whole grace period).
+    serve_until_signalled(
+        server,
+        f"memory_service listening on {config.host}:{port} db={config.db_path}",
+        on_stop=store.close,
+        grace_s=SHUTDOWN_GRACE_S,
+        drain_timeout_s=config.drain_timeout_s,  # NOT_SERVING at once; memory has no sessions to wait for
+        stop=stop,
+        before_stop=store.hub.close,
+    )
     return 0
 
 
