@@ -30,6 +30,7 @@ from typing import IO
 
 from calispec_core.credentials import write_new_token
 from calispec_core.generation import Defaults
+from calispec_core.interrupts import SIGNAL_POLL_S
 from calispec_tools.certs import DevCerts
 from calispec_tools.namespaces import pair_namespace
 from calispec_tools.shipped_calibration import SeedResult, seed_namespace, served_lambda
@@ -220,10 +221,16 @@ class ServiceProcess:
         self._lines.put(None)
 
     def wait_ready(self, timeout_s: float) -> None:
+        """Read the child's lines until its readiness line. Waits in steps of SIGNAL_POLL_S (as
+        `interrupts.wait_for_stop` does): a SIGTERM the kernel hands to a pump thread is handled only when
+        this, the main thread, runs bytecode again, and a start-up may wait minutes for its next line."""
+        deadline = time.monotonic() + timeout_s
         while True:
             try:
-                line = self._lines.get(timeout=timeout_s)
+                line = self._lines.get(timeout=max(0.0, min(SIGNAL_POLL_S, deadline - time.monotonic())))
             except queue.Empty:
+                if time.monotonic() < deadline:
+                    continue
                 raise TimeoutError(f"{self.name} not ready after {timeout_s}s; see {self.log_path}") from None
             if line is None:
                 raise self.start_error(self.process.wait())

@@ -1,4 +1,5 @@
-"""A service's main thread stops on a SIGTERM that the kernel hands to another of its threads."""
+"""A service's main thread stops on a SIGTERM that the kernel hands to another of its threads; so does
+`calispec up` while it waits for a service's readiness line."""
 
 from __future__ import annotations
 
@@ -39,3 +40,48 @@ def test_sigterm_taken_by_another_thread_still_stops_the_main_thread() -> None:
         proc.communicate()
         raise AssertionError("SIGTERM delivered to a non-main thread was never handled") from None
     assert (proc.returncode, out) == (0, "stopped\n"), err
+
+
+# `calispec up`'s start-up: the main thread waits for a service's readiness line (minutes, on a slow model
+# load) while the SIGTERM lands on another thread; its handler raises, as `stack_command`'s does.
+STARTUP_CHILD = """
+import signal, threading
+from pathlib import Path
+from calispec_tools.stack import ServiceProcess
+
+class Terminated(Exception):
+    pass
+
+def terminate(*_):
+    raise Terminated
+
+signal.signal(signal.SIGTERM, terminate)
+service = ServiceProcess("target_service", None, Path("target.log"), [])
+threading.Thread(target=threading.Event().wait, daemon=True).start()  # inherits the unblocked mask
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+print("waiting", flush=True)
+try:
+    service.wait_ready(timeout_s=3600)
+except Terminated:
+    print("interrupted", flush=True)
+"""
+
+
+def test_sigterm_taken_by_another_thread_interrupts_up_waiting_for_a_service() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STARTUP_CHILD],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "waiting\n"
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=60)  # a hang detector: without the fix it waits the hour out
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError("SIGTERM during the wait for a readiness line was never handled") from None
+    assert (proc.returncode, out) == (0, "interrupted\n"), err
