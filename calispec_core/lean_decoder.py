@@ -7,8 +7,8 @@ plumbing through ~10 decorated modules a layer, the attention-interface lookup, 
 and the pass ignores), and ~8 % more in two of its three q/k/v projection calls: each is a separate
 fbgemm call that quantises the same activations again. A drafting round pays the draft's step γ times.
 Wave 31 fused the MLP's gate and up projections the same way (`int8_fusion.FusedGateUpMLP`, in place of
-HF's MLP, so no second copy of their weights) and rotates q and k in one pass over the fused output: 2 %
-off the draft's step at 1 and 8 rows (docs/performance.md, "Fewer calls a layer").
+HF's MLP, so no second copy of their weights) and rotates q and k in one pass over the fused output: 3 % /
+2 % off the draft's step at 1 / 8 rows (docs/performance.md, "Fewer calls a layer").
 
 Exactness: the same torch ops in the same order as HF's decoder layer, on the model's own modules
 (embedding, rotary embedding, norms' weights, projections, activation, output layer), with attention
