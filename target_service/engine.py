@@ -39,6 +39,7 @@ DEFAULT_LAMBDA = 6
 DRAFT_PROBS_TOLERANCE = 1e-3  # |sum(q) - 1| allowed per row: float32 softmax over 150k tokens is far closer
 
 # Sees every verified round (its inputs, with the raw logits, and the verifier's decision); offline tools use it.
+# The inputs' logits are valid during the call only (a buffer the next round writes again).
 RoundObserver = Callable[[VerifyInput, VerifyOutput], None]
 
 
@@ -110,6 +111,7 @@ class TargetEngine:
             max_sessions, idle_ttl_s, is_busy=lambda state: state.session.lock.locked()
         )
         self.scheduler: BatchScheduler[_Row, VerifyResult] = BatchScheduler(self._round, max_batch, gather_s=gather_s)
+        self._padded_buffer: torch.Tensor | None = None  # [N] float32: rounds' padded logits (compute thread only)
 
     def prefill(
         self, session_id: str, token_ids: list[int], sampling: SamplingConfig, rescue: RescueConfig, watch: Stopwatch
@@ -276,17 +278,30 @@ class TargetEngine:
             generators=[r.state.generator for r in rows],
         )
 
-    @staticmethod
-    def _padded_logits(rows: Sequence[_Row], logits: list[torch.Tensor], width: int) -> torch.Tensor:
+    def _padded_logits(self, rows: Sequence[_Row], logits: list[torch.Tensor], width: int) -> torch.Tensor:
         """[B, G+1, V] float32 (exact for bf16/fp16 logits; CPU argmax over a bf16 vocabulary is
-        several times slower than the conversion plus a float32 one); a lone float32 row is not copied."""
+        several times slower than the conversion plus a float32 one); a lone float32 row is not copied.
+
+        Written into the engine's own buffer, kept from round to round: a fresh tensor of 34 MB (8 rows at
+        γ = 6) or more comes from the kernel anew each round, zeroed page by page (on wave 31's VM 200-250 ms
+        for 53 MB, docs/performance.md "Pages faulted in every round"). Valid until the next round."""
         if len(rows) == 1:
             return logits[0].float().unsqueeze(0)
         first = logits[0]
-        padded = torch.zeros(len(rows), width + 1, first.shape[-1], dtype=torch.float32, device=first.device)
+        padded = self._logits_buffer((len(rows), width + 1, first.shape[-1]), first.device)  # [B, G+1, V]
         for b, (row, row_logits) in enumerate(zip(rows, logits, strict=True)):
-            padded[b, : len(row.draft) + 1] = row_logits
+            kept = len(row.draft) + 1
+            padded[b, :kept] = row_logits
+            padded[b, kept:] = 0  # this row's padding (the verifier masks it; zeros keep it finite)
         return padded
+
+    def _logits_buffer(self, shape: tuple[int, int, int], device: torch.device) -> torch.Tensor:
+        """A [B, G+1, V] float32 view of the reused buffer, grown (never shrunk) to the largest round seen."""
+        needed = math.prod(shape)
+        buffer = self._padded_buffer
+        if buffer is None or buffer.numel() < needed or buffer.device != device:
+            buffer = self._padded_buffer = torch.empty(needed, dtype=torch.float32, device=device)
+        return buffer[:needed].view(shape)
 
     def _draft_probs(self, rows: Sequence[_Row], width: int, device: torch.device) -> torch.Tensor | None:
         """[B, G, V_draft] q on the device; sparse q is densified there (only its entries travel)."""
