@@ -47,8 +47,11 @@ def fuse_gate_up_mlps(model: torch.nn.Module) -> int:
 
 
 def _fused_gate_up(mlp: torch.nn.Module) -> DynamicQuantizedLinear | None:
-    fused = fuse_dynamic_int8((mlp.gate_proj, mlp.up_proj))
-    return fused if fused is not None and mlp.gate_proj.weight().shape == mlp.up_proj.weight().shape else None
+    """gate and up in one call, if both are dynamic int8 Linears of one shape (`chunk(2)` splits them back)."""
+    gate, up = mlp.gate_proj, mlp.up_proj
+    if not all(type(p) is DynamicQuantizedLinear for p in (gate, up)) or gate.weight().shape != up.weight().shape:
+        return None
+    return fuse_dynamic_int8((gate, up))
 
 
 def fuse_dynamic_int8(projections: tuple[torch.nn.Module, ...]) -> DynamicQuantizedLinear | None:

@@ -58,7 +58,8 @@ class LeanDecoder:
         self.model = model
         self.heads = config.num_attention_heads  # H_q
         self.kv_heads = config.num_key_value_heads  # H_kv
-        self.layers = [_build_layer(layer) for layer in model.model.layers[: config.num_hidden_layers]]
+        heads = self.heads + 2 * self.kv_heads
+        self.layers = [_build_layer(layer, heads) for layer in model.model.layers[: config.num_hidden_layers]]
 
     @classmethod
     def build(cls, model: torch.nn.Module) -> LeanDecoder | None:
@@ -151,7 +152,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
 
 
-def _build_layer(layer: torch.nn.Module) -> _Layer:
+def _build_layer(layer: torch.nn.Module, heads: int) -> _Layer:
+    """`heads`: H_q + 2·H_kv, the heads of head_dim `_attention_inputs` reads the fused q/k/v output as."""
     attn = layer.self_attn
-    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-    return _Layer(layer, fuse_dynamic_int8(projections))
+    fused = fuse_dynamic_int8((attn.q_proj, attn.k_proj, attn.v_proj))
+    assert fused is None or fused.weight().shape[0] == heads * attn.head_dim, "q/k/v widths are not heads × head_dim"
+    return _Layer(layer, fused)

@@ -247,7 +247,8 @@ def serve_until_signalled(
     """Start, print the banner (the readiness line scripts wait for); on SIGTERM/SIGINT (or the end of
     standard input, when asked) drain, call `before_stop` (what would hold in-flight calls through the
     grace period), stop, then call `on_stop`. `stop`: the event of an earlier `stop_on_signals`, for a
-    service whose start-up must already end cleanly on a signal."""
+    service whose start-up must already end cleanly on a signal (it then says whether standard input's end
+    stops it, and `stop_when_stdin_closes` is not used)."""
     stop = stop if stop is not None else stop_on_signals(stop_when_stdin_closes)
     server.start()
     print(banner, flush=True)

@@ -221,9 +221,10 @@ class ServiceProcess:
         self._lines.put(None)
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Read the child's lines until its readiness line. Waits in steps of SIGNAL_POLL_S (as
-        `interrupts.wait_for_stop` does): a SIGTERM the kernel hands to a pump thread is handled only when
-        this, the main thread, runs bytecode again, and a start-up may wait minutes for its next line."""
+        """Read the child's lines until its readiness line; `timeout_s`: the longest wait for its next line.
+        Waits in steps of SIGNAL_POLL_S (as `interrupts.wait_for_stop` does): a SIGTERM the kernel hands to a
+        pump thread is handled only when this, the main thread, runs bytecode again, and a model load may
+        keep the next line minutes away."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -232,6 +233,7 @@ class ServiceProcess:
                 if time.monotonic() < deadline:
                     continue
                 raise TimeoutError(f"{self.name} not ready after {timeout_s}s; see {self.log_path}") from None
+            deadline = time.monotonic() + timeout_s
             if line is None:
                 raise self.start_error(self.process.wait())
             if metrics := METRICS_BANNER.match(line):

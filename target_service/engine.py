@@ -283,7 +283,7 @@ class TargetEngine:
         several times slower than the conversion plus a float32 one); a lone float32 row is not copied.
 
         Written into the engine's own buffer, kept from round to round: a fresh tensor of 34 MB (8 rows at
-        γ = 6) or more comes from the kernel anew each round, zeroed page by page (on wave 31's VM 200-250 ms
+        γ = 6) or more comes from the kernel anew each round, zeroed page by page (on wave 31's VM 210-250 ms
         for 53 MB, docs/performance.md "Pages faulted in every round"). Valid until the next round."""
         if len(rows) == 1:
             return logits[0].float().unsqueeze(0)

@@ -127,8 +127,8 @@ def test_int8_model_with_fused_mlps_computes_what_quantize_dynamic_alone_compute
     """quantize_int8 replaces HF's MLPs by FusedGateUpMLP: the whole model's logits stay the same bits, and
     the separate gate and up weights are gone (not held twice)."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    plain = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
-    fused = quantize_int8(model)
+    fused = quantize_int8(copy.deepcopy(model))  # sets fbgemm, which the plain quantisation then uses too
+    plain = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
     mlps = [layer.mlp for layer in fused.model.layers]
     assert all(type(mlp) is FusedGateUpMLP for mlp in mlps) and len(mlps) == SHAPE["num_hidden_layers"]
     assert not any(hasattr(mlp, "gate_proj") or hasattr(mlp, "up_proj") for mlp in mlps)

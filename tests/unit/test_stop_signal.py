@@ -59,8 +59,8 @@ signal.signal(signal.SIGTERM, terminate)
 service = ServiceProcess("target_service", None, Path("target.log"), [])
 threading.Thread(target=threading.Event().wait, daemon=True).start()  # inherits the unblocked mask
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-print("waiting", flush=True)
 try:
+    print("waiting", flush=True)
     service.wait_ready(timeout_s=3600)
 except Terminated:
     print("interrupted", flush=True)

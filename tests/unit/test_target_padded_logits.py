@@ -4,8 +4,10 @@ there, and a bigger round grows the buffer."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from calispec_core.modeling import ModelRunner
@@ -26,9 +28,17 @@ def _round(engine: TargetEngine, drafts: list[int]) -> tuple[torch.Tensor, torch
     return engine._padded_logits(rows, logits, max(drafts)), reference
 
 
-def test_rounds_reuse_one_buffer_and_pad_with_zeros(target_runner: ModelRunner) -> None:
-    torch.manual_seed(0)
+@pytest.fixture
+def engine(target_runner: ModelRunner) -> Iterator[TargetEngine]:
     engine = TargetEngine(target_runner, 4, PairTable(target_runner.vocab_size))
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+def test_rounds_reuse_one_buffer_and_pad_with_zeros(engine: TargetEngine) -> None:
+    torch.manual_seed(0)
     first, reference = _round(engine, [4, 4, 4])
     assert torch.equal(first, reference)
     second, reference = _round(engine, [0, 4])  # row 0's padding held the first round's logits
@@ -40,8 +50,7 @@ def test_rounds_reuse_one_buffer_and_pad_with_zeros(target_runner: ModelRunner) 
     assert torch.equal(fourth, reference) and fourth.data_ptr() == third.data_ptr()
 
 
-def test_a_lone_row_is_its_own_logits_in_float32(target_runner: ModelRunner) -> None:
-    engine = TargetEngine(target_runner, 4, PairTable(target_runner.vocab_size))
+def test_a_lone_row_is_its_own_logits_in_float32(engine: TargetEngine) -> None:
     logits = torch.randn(3, VOCAB)
     padded = engine._padded_logits([SimpleNamespace(draft=[1, 2])], [logits], 2)
     assert padded.shape == (1, 3, VOCAB) and padded.data_ptr() == logits.data_ptr()

@@ -75,8 +75,10 @@ def main(runner: ModelRunner) -> None:
                     times[form].append(ms)
         old, new = statistics.median(times["wave30"]), statistics.median(times["wave31"])
         same = torch.equal(logits["wave30"], logits["wave31"])
-        print(f"batch {rows}: wave 30 form {old:.1f} ms, wave 31 form {new:.1f} ms, ratio {new / old:.3f}; "
-              f"logits bitwise equal: {same}")
+        print(
+            f"batch {rows}: wave 30 form {old:.1f} ms, wave 31 form {new:.1f} ms, ratio {new / old:.3f}; "
+            f"logits bitwise equal: {same}"
+        )
     use(runner, mlps, "wave31")
 
 
