@@ -49,9 +49,9 @@ def fuse_gate_up_mlps(model: torch.nn.Module) -> int:
 def _fused_gate_up(mlp: torch.nn.Module) -> DynamicQuantizedLinear | None:
     """gate and up in one call, if both are dynamic int8 Linears of one shape (`chunk(2)` splits them back)."""
     gate, up = mlp.gate_proj, mlp.up_proj
-    if not all(type(p) is DynamicQuantizedLinear for p in (gate, up)) or gate.weight().shape != up.weight().shape:
+    if not all(type(p) is DynamicQuantizedLinear for p in (gate, up)) or gate.out_features != up.out_features:
         return None
-    return fuse_dynamic_int8((gate, up))
+    return fuse_dynamic_int8((gate, up))  # None unless their input widths agree too
 
 
 def fuse_dynamic_int8(projections: tuple[torch.nn.Module, ...]) -> DynamicQuantizedLinear | None:

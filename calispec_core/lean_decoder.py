@@ -108,11 +108,9 @@ class LeanDecoder:
         attended = attended.transpose(1, 2).reshape(1, tokens, -1)  # [1, T, H_q·D]
         hidden = hidden + attn.o_proj(attended)
         normed = module.post_attention_layernorm(hidden)
-        if isinstance(mlp, FusedGateUpMLP):  # int8: gate and up already one call (modeling.quantize_int8)
-            gate, up = mlp.gate_up_proj(normed).chunk(2, dim=-1)  # [1, T, I] each
-        else:
-            gate, up = mlp.gate_proj(normed), mlp.up_proj(normed)
-        return hidden + mlp.down_proj(mlp.act_fn(gate) * up)
+        if isinstance(mlp, FusedGateUpMLP):  # int8 (modeling.quantize_int8): our module, its ops without a wrapper
+            return hidden + mlp.forward(normed)
+        return hidden + mlp.down_proj(mlp.act_fn(mlp.gate_proj(normed)) * mlp.up_proj(normed))
 
     def _attention_inputs(
         self, layer: _Layer, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -156,5 +154,5 @@ def _build_layer(layer: torch.nn.Module, heads: int) -> _Layer:
     """`heads`: H_q + 2·H_kv, the heads of head_dim `_attention_inputs` reads the fused q/k/v output as."""
     attn = layer.self_attn
     fused = fuse_dynamic_int8((attn.q_proj, attn.k_proj, attn.v_proj))
-    assert fused is None or fused.weight().shape[0] == heads * attn.head_dim, "q/k/v widths are not heads × head_dim"
+    assert fused is None or fused.out_features == heads * attn.head_dim, "q/k/v widths are not heads × head_dim"
     return _Layer(layer, fused)

@@ -26,20 +26,27 @@ print("stopped", flush=True)
 """
 
 
-def test_sigterm_taken_by_another_thread_still_stops_the_main_thread() -> None:
+def _sigterm_once_waiting(child: str, never_handled: str) -> tuple[int, str, str]:
+    """Run `child`, send SIGTERM once it prints "waiting"; (exit code, the rest of stdout, stderr). A child
+    still running 60 s later (a hang detector, not a timing check: a fix exits at once) fails the test."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", child], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None
     assert proc.stdout.readline() == "waiting\n"
     proc.send_signal(signal.SIGTERM)
     try:
-        out, err = proc.communicate(timeout=60)  # a hang detector, not a timing check: the fix exits at once
+        out, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        raise AssertionError("SIGTERM delivered to a non-main thread was never handled") from None
-    assert (proc.returncode, out) == (0, "stopped\n"), err
+        raise AssertionError(never_handled) from None
+    return proc.returncode, out, err
+
+
+def test_sigterm_taken_by_another_thread_still_stops_the_main_thread() -> None:
+    code, out, err = _sigterm_once_waiting(CHILD, "SIGTERM delivered to a non-main thread was never handled")
+    assert (code, out) == (0, "stopped\n"), err
 
 
 # `calispec up`'s start-up: the main thread waits for a service's readiness line (minutes, on a slow model
@@ -68,20 +75,7 @@ except Terminated:
 
 
 def test_sigterm_taken_by_another_thread_interrupts_up_waiting_for_a_service() -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", STARTUP_CHILD],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    assert proc.stdout.readline() == "waiting\n"
-    proc.send_signal(signal.SIGTERM)
-    try:
-        out, err = proc.communicate(timeout=60)  # a hang detector: without the fix it waits the hour out
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise AssertionError("SIGTERM during the wait for a readiness line was never handled") from None
-    assert (proc.returncode, out) == (0, "interrupted\n"), err
+    # without the fix the child waits the hour out
+    never_handled = "SIGTERM during the wait for a readiness line was never handled"
+    code, out, err = _sigterm_once_waiting(STARTUP_CHILD, never_handled)
+    assert (code, out) == (0, "interrupted\n"), err
