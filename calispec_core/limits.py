@@ -228,6 +228,11 @@ def probability(text: str) -> float:
     return value
 
 
+def probability_or_auto(text: str) -> float | None:
+    """An argparse type: `auto` (None: the service decides) or a float in [0, 1]."""
+    return None if text == "auto" else probability(text)
+
+
 # model dtypes a service accepts (calispec_core.modeling checks the same list; kept here, free of
 # torch and of the serving extras, so light command-line parsers can offer it)
 DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16", "int8"]

@@ -56,9 +56,12 @@ class InProcessDraft:
         timeout: float,
         min_confidence: float = 0.0,
         cohort: int = 0,
+        min_path_confidence: float = 0.0,
     ) -> Proposal:
         watch = Stopwatch()
-        p = self.proposer.propose(session_id, num_tokens, rollback_to, append, watch, min_confidence, cohort)
+        p = self.proposer.propose(
+            session_id, num_tokens, rollback_to, append, watch, min_confidence, cohort, min_path_confidence
+        )
         probs = b"" if p.probs is None else p.probs.numpy().astype("<f4").tobytes()  # as on the wire
         sparse = b"" if p.sparse is None else sparse_q_to_pb(p.sparse).SerializeToString()
         vocab = self.proposer.runner.vocab_size

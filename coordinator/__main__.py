@@ -29,6 +29,7 @@ with interrupt_exits_quietly():
         positive_float,
         positive_int,
         probability,
+        probability_or_auto,
         tau,
     )
     from calispec_core.metrics import new_registry
@@ -84,6 +85,13 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         type=probability,
         default=0.4,
         help="adaptive γ: the draft stops a proposal after a token it gives less probability (0: off)",
+    )
+    parser.add_argument(
+        "--draft-min-path-confidence",
+        type=probability_or_auto,
+        default=None,
+        help="adaptive γ: the draft stops a proposal once the product of its tokens' probabilities is below this "
+        "(auto, the default: from the measured costs and the request's acceptance each round; 0: off)",
     )
     parser.add_argument(
         "--lockstep-wait",
@@ -176,6 +184,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         http_header_timeout_s=args.http_header_timeout,
         max_gamma=args.max_gamma,
         draft_min_confidence=args.draft_min_confidence,
+        draft_min_path_confidence=args.draft_min_path_confidence,
         lockstep_wait_s=args.lockstep_wait,
         shared_phase=args.shared_phase,
         metrics_port=args.metrics_port,

@@ -64,6 +64,7 @@ class DraftBackend(Protocol):
         timeout: float,
         min_confidence: float = 0.0,
         cohort: int = 0,  # Propose calls sent at this moment, this one included (0: no hint)
+        min_path_confidence: float = 0.0,
     ) -> Proposal: ...
     def close(self, session_id: str, timeout: float) -> None: ...
 

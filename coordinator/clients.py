@@ -84,6 +84,7 @@ class GrpcDraftBackend:
         timeout: float,
         min_confidence: float = 0.0,
         cohort: int = 0,
+        min_path_confidence: float = 0.0,
     ) -> Proposal:
         request = draft_pb2.ProposeRequest(
             session_id=session_id,
@@ -92,6 +93,7 @@ class GrpcDraftBackend:
             append_token_ids=append,
             min_confidence=min_confidence,
             cohort=cohort,
+            min_path_confidence=min_path_confidence,
         )
         response = _call("draft", self.stub.Propose, request, timeout)
         sparse = response.sparse_probs.SerializeToString() if response.HasField("sparse_probs") else b""

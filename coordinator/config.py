@@ -51,6 +51,7 @@ class CoordinatorConfig:
     http_header_timeout_s: float = HTTP_HEADER_TIMEOUT_S  # an HTTP connection's deadline for a request's headers
     max_gamma: int = 10  # adaptive γ's upper bound (requests may fix γ up to MAX_SPECULATIVE_TOKENS)
     draft_min_confidence: float = 0.4  # adaptive γ: the draft's early stop (HF's assistant_confidence_threshold)
+    draft_min_path_confidence: float | None = None  # adaptive γ: stop on a proposal's path probability (None: costs)
     lockstep_wait_s: float = 0.5  # how long requests wait for each other to run rounds together (0: off)
     # lockstep: adaptive members draft the round's shared phase (round_plan.py, opt-in); False: wave 6's median cap
     shared_phase: bool = False
@@ -64,6 +65,10 @@ class CoordinatorConfig:
             raise ValueError(f"target_refresh_s must be > 0, got {self.target_refresh_s}")
         if not 1 <= self.max_gamma <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"max_gamma must be in [1, {MAX_SPECULATIVE_TOKENS}], got {self.max_gamma}")
+        for name in ("draft_min_confidence", "draft_min_path_confidence"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 1:  # nan too
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
         if self.http_max_body_bytes < 1:
             raise ValueError(f"http_max_body_bytes must be >= 1, got {self.http_max_body_bytes}")
         if not self.http_header_timeout_s > 0:

@@ -42,6 +42,7 @@ MIN_GAIN = 1.03  # speculate only when the model predicts at least 3% more token
 PROBE_EVERY = 8  # target-only rounds between probes, where a better acceptance could make drafting pay
 MAX_PROBE_INTERVAL = 32  # fruitless probes back off (doubling) up to this many target-only rounds
 PROBE_ALPHA = 0.9
+MAX_PATH_FLOOR = 0.9  # a derived path floor never stops every proposal after its first token by itself
 
 
 @dataclass(frozen=True)
@@ -197,6 +198,22 @@ class CostModel:
             if rate > best_rate:
                 best, best_rate = gamma, rate
         return best
+
+    def path_confidence_floor(self, gamma: int, alpha: float | Sequence[float], batch: float | None = None) -> float:
+        """Where a proposal of up to γ drafts should stop: once the product P of its tokens' draft probabilities
+        (the draft's own estimate that every token so far passes) is below this. One more draft token costs
+        what a round of one more draft costs (a draft step, a wider verify) and adds P·α expected tokens; it pays
+        while that is at least what the round's own rate earns in that time: P ≥ marginal ms · rate / α (α: the
+        mean acceptance of the γ positions). 0 for a plain step. docs/performance.md, "Where a proposal stops"."""
+        if gamma <= 0:
+            return 0.0
+        batch = self.batch if batch is None else batch
+        alphas = [alpha] * gamma if isinstance(alpha, float | int) else list(alpha[:gamma])
+        mean_alpha = sum(alphas) / len(alphas)
+        if mean_alpha <= 0:
+            return MAX_PATH_FLOOR
+        marginal_ms = self.round_ms(2, batch) - self.round_ms(1, batch)  # the second draft on (the first always runs)
+        return min(marginal_ms * self.rate(gamma, alphas, batch) / mean_alpha, MAX_PATH_FLOOR)
 
     # --- online corrections -----------------------------------------------------------------
 

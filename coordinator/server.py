@@ -186,6 +186,7 @@ def build_orchestrator(config: CoordinatorConfig) -> Orchestrator:
     policy = SpeculationConfig(
         config.max_gamma,
         config.draft_min_confidence,
+        draft_min_path_confidence=config.draft_min_path_confidence,
         lockstep_wait_s=config.lockstep_wait_s,
         shared_phase=config.shared_phase,
     )

@@ -62,10 +62,12 @@ class _Job:
     num_tokens: int
     min_confidence: float
     columns: LogitColumns  # the token id of each logit column
+    min_path_confidence: float = 0.0
     tokens: list[int] = field(default_factory=list)
     dists: list[Dist] = field(default_factory=list)  # q over the logit columns per token, when sampling
     forward_ns: int = 0
     done: bool = False
+    path: float = 1.0  # the product of the proposed tokens' draft probabilities (while an early stop needs it)
 
     def step(self, logits: torch.Tensor, pick: Picker) -> None:
         """Take one token from this step's [1, 1, C] logits."""
@@ -77,14 +79,25 @@ class _Job:
         self.dists.append(dist)
         state.session.tokens.append(token)  # the next forward feeds it
         full = len(self.tokens) == self.num_tokens  # then no confidence is needed (a softmax over the vocabulary)
-        # like HF's assistant_confidence_threshold: an unsure token is kept, and drafting stops after it
-        self.done = full or (self.min_confidence > 0 and confidence(logits, column) < self.min_confidence)
+        self.done = full or self._unsure(logits, column)
+
+    def _unsure(self, logits: torch.Tensor, column: torch.Tensor) -> bool:
+        """Whether drafting stops after this token. Like HF's assistant_confidence_threshold, an unsure token is
+        kept and drafting stops after it: when its own probability is below min_confidence, or when the
+        proposal's path probability (the draft's estimate that every token so far passes) is below
+        min_path_confidence (docs/performance.md, "Where a proposal stops")."""
+        if self.min_confidence <= 0 and self.min_path_confidence <= 0:
+            return False
+        token_confidence = confidence(logits, column)
+        self.path *= token_confidence
+        return token_confidence < self.min_confidence or self.path < self.min_path_confidence
 
     def reset(self) -> None:
         self.tokens.clear()
         self.dists.clear()
         self.forward_ns = 0
         self.done = False
+        self.path = 1.0
 
     def proposal(self) -> Proposal:
         if self.state.sampling.greedy:
@@ -152,11 +165,14 @@ class Proposer:
         watch: Stopwatch,
         min_confidence: float = 0.0,
         cohort: int = 0,
+        min_path_confidence: float = 0.0,
     ) -> Proposal:
-        """Up to num_tokens tokens; fewer when a token's draft probability falls below min_confidence.
-        `cohort`: the Propose calls sent with this one (BatchScheduler.submit)."""
+        """Up to num_tokens tokens; fewer when a token's draft probability falls below min_confidence, or the
+        product of the proposal's falls below min_path_confidence. `cohort`: the Propose calls sent with this
+        one (BatchScheduler.submit)."""
         check_speculative_tokens(num_tokens, "num_tokens")  # one round's γ: the range every fixed γ keeps
         require(0.0 <= min_confidence <= 1.0, f"min_confidence must be in [0, 1], got {min_confidence}")
+        require(0.0 <= min_path_confidence <= 1.0, f"min_path_confidence must be in [0, 1], got {min_path_confidence}")
         state = self.sessions.get(session_id)
         session = state.session
         with session.lock:
@@ -166,7 +182,8 @@ class Proposer:
                 f"session {session_id!r} would exceed the context ({self.runner.max_context})",
             )
             self._rollback(session, length, append)
-            proposal = self.scheduler.submit(_Job(state, num_tokens, min_confidence, self.runner.logit_columns), cohort)
+            job = _Job(state, num_tokens, min_confidence, self.runner.logit_columns, min_path_confidence)
+            proposal = self.scheduler.submit(job, cohort)
             watch.add("forward", proposal.forward_ns)
             return proposal
 

@@ -47,6 +47,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             watch,
             min_confidence=request.min_confidence,
             cohort=request.cohort,
+            min_path_confidence=request.min_path_confidence,
         )
         self.metrics.proposed(len(proposal.token_ids))
         response = draft_pb2.ProposeResponse(

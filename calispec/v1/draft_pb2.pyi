@@ -24,20 +24,22 @@ class DraftPrefillResponse(_message.Message):
     def __init__(self, timing: _Optional[_Union[_common_pb2.Timing, _Mapping]] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "num_tokens", "rollback_to", "append_token_ids", "min_confidence", "cohort")
+    __slots__ = ("session_id", "num_tokens", "rollback_to", "append_token_ids", "min_confidence", "cohort", "min_path_confidence")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ROLLBACK_TO_FIELD_NUMBER: _ClassVar[int]
     APPEND_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MIN_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     COHORT_FIELD_NUMBER: _ClassVar[int]
+    MIN_PATH_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     num_tokens: int
     rollback_to: int
     append_token_ids: _containers.RepeatedScalarFieldContainer[int]
     min_confidence: float
     cohort: int
-    def __init__(self, session_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., rollback_to: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ..., min_confidence: _Optional[float] = ..., cohort: _Optional[int] = ...) -> None: ...
+    min_path_confidence: float
+    def __init__(self, session_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., rollback_to: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ..., min_confidence: _Optional[float] = ..., cohort: _Optional[int] = ..., min_path_confidence: _Optional[float] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
     __slots__ = ("token_ids", "token_probs", "probs", "vocab_size", "timing", "sparse_probs")

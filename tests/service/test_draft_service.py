@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import grpc
@@ -211,6 +212,23 @@ def test_proposal_stops_after_the_first_token_below_min_confidence(stub, draft_r
         assert list(proposal.token_ids) == expected
         stub.Close(draft_pb2.DraftCloseRequest(session_id=sid))
     assert stop_at < 5  # the early stop really cut the proposal short
+
+
+@torch.inference_mode()
+def test_proposal_stops_once_its_path_probability_is_below_min_path_confidence(stub, draft_runner: ModelRunner) -> None:
+    confidences = greedy_confidences(draft_runner, PROMPT, 6)
+    paths = [math.prod(confidences[: i + 1]) for i in range(6)]  # falling
+    floor = (paths[1] + paths[2]) / 2  # the third token takes the path below it
+    full = reference_greedy(draft_runner, PROMPT, 6)
+    prefill(stub, "path")
+    proposal = stub.Propose(draft_pb2.ProposeRequest(session_id="path", num_tokens=6, min_path_confidence=floor))
+    assert list(proposal.token_ids) == full[:3]
+    assert paths[1] > paths[2]  # the floor really lies between them
+    stub.Close(draft_pb2.DraftCloseRequest(session_id="path"))
+    prefill(stub, "path-bad")
+    request = draft_pb2.ProposeRequest(session_id="path-bad", num_tokens=2, min_path_confidence=-0.5)
+    assert rpc_code(lambda: stub.Propose(request)) == grpc.StatusCode.INVALID_ARGUMENT
+    stub.Close(draft_pb2.DraftCloseRequest(session_id="path-bad"))
 
 
 def test_min_confidence_outside_zero_one_is_invalid(stub) -> None:

@@ -61,6 +61,7 @@ class FakeDraft(_Killable):
         self.proposals: list[list[int]] = []
         self.prefills: list[list[int]] = []
         self.cohorts: list[int] = []  # each Propose's cohort hint
+        self.early_stops: list[tuple[float, float]] = []  # each Propose's (min_confidence, min_path_confidence)
 
     def info(self, timeout: float) -> ModelFacts:
         return facts()
@@ -71,9 +72,12 @@ class FakeDraft(_Killable):
         self.prefills.append(list(token_ids))
         return 1_000
 
-    def propose(self, session_id, num_tokens, rollback_to, append, timeout, min_confidence=0.0, cohort=0) -> Proposal:
+    def propose(
+        self, session_id, num_tokens, rollback_to, append, timeout, min_confidence=0.0, cohort=0, min_path_confidence=0
+    ) -> Proposal:
         self._check_up()
         self.cohorts.append(cohort)
+        self.early_stops.append((min_confidence, min_path_confidence))
         seq = self._session(session_id)
         if rollback_to is not None:
             del seq[rollback_to:]

@@ -206,8 +206,8 @@ def test_a_proposal_that_first_catches_up_after_target_only_rounds_does_not_infl
     class CatchUpDraft(FakeDraft):
         """A catch-up (many appended tokens) takes a second; a normal proposal 2 µs."""
 
-        def propose(self, session_id, num_tokens, rollback_to, append, timeout, min_confidence=0.0, cohort=0):
-            proposal = super().propose(session_id, num_tokens, rollback_to, append, timeout, min_confidence, cohort)
+        def propose(self, session_id, num_tokens, rollback_to, append, timeout, *early_stop, **hints):
+            proposal = super().propose(session_id, num_tokens, rollback_to, append, timeout, *early_stop, **hints)
             return type(proposal)(proposal.token_ids, b"", 128, 10**9 if len(append) > 1 else 2_000)
 
     costs = model(FLAT, draft_per_token=40.0)

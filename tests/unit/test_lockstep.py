@@ -261,14 +261,14 @@ class SlowFirstDraft(FakeDraft):
         self.slow_in_propose = threading.Event()
         self.rounds_of_fast_meanwhile: int | None = None
 
-    def propose(self, session_id, num_tokens, rollback_to, append, timeout, min_confidence=0.0, cohort=0):
+    def propose(self, session_id, num_tokens, rollback_to, append, timeout, *early_stop, **hints):
         if session_id == "slow" and self.rounds_of_fast_meanwhile is None:
             lockstep = self.lockstep
             assert lockstep is not None
             self.slow_in_propose.set()
             wait_until(lambda: lockstep.waiting() == 1 or self.target.verifies["fast"] >= 2, interval_s=0.001)
             self.rounds_of_fast_meanwhile = self.target.verifies["fast"]
-        return super().propose(session_id, num_tokens, rollback_to, append, timeout, min_confidence, cohort)
+        return super().propose(session_id, num_tokens, rollback_to, append, timeout, *early_stop, **hints)
 
 
 class CountingTarget(FakeTarget):
