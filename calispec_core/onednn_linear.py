@@ -52,6 +52,7 @@ PACK_HEADROOM = 2.0  # `auto` packs where free memory holds the packed copy this
 # 4 for the 1.5B target's MLP and output layers (2 threads, weights streamed from memory), while its 1536 x 1536
 # projections cost 6-17 % more padded; the target's 1- and 2-token forwards cost 10 % and 15 % less padded
 PADDED_BF16_ROWS = 4
+PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 PADDED_MIN_WEIGHTS = 1 << 22  # 4M: the target's MLP (13.8M) and output (233M) layers, not its q/k/v/o (<= 2.4M)
 
 
@@ -97,6 +98,15 @@ class OneDnnLinear(nn.Module):
             self.packed = pack_weight(self.weight)
         self.use_packed = on
 
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]  # nn.Module's hook for .to(), .cuda()...
+        """A cast or move makes a new weight: the packed copy would be the old one's, so it is packed again (or
+        dropped where the new weight is not a CPU one)."""
+        module = super()._apply(fn, recurse)
+        self.packed, self.padded_rows = None, padded_rows_for(self.weight)
+        if self.use_packed:
+            self.set_packed(self.weight.device.type == "cpu" and self.weight.dtype in PACKABLE_DTYPES)
+        return module
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         if x.dtype != self.weight.dtype or x.device.type != "cpu":
             return F.linear(x, self.weight, self.bias)
@@ -137,7 +147,7 @@ def _swap(model: nn.Module, wanted: Callable[[nn.Module], bool], make: Callable[
 
 
 def _dtypes(bf16: bool) -> tuple[torch.dtype, ...]:
-    return (torch.float32, torch.bfloat16) if bf16 else (torch.float32,)
+    return PACKABLE_DTYPES if bf16 else (torch.float32,)
 
 
 def _cpu_linear(module: nn.Module, dtypes: tuple[torch.dtype, ...], kinds: tuple[type, ...] = (nn.Linear,)) -> bool:
@@ -169,10 +179,10 @@ def packed_copy_bytes(model: nn.Module, bf16: bool = False) -> int:
     return sum(layer.weight.numel() * layer.weight.element_size() for layer in layers)
 
 
-def packed_copy_fits(model: nn.Module, available: int | None, bf16: bool = False) -> bool:
-    """`auto`'s choice: pack where `available` bytes hold the copy PACK_HEADROOM times over, so as much again
-    stays free for KV caches and whatever else shares the host (the other model service, a pod's limit)."""
-    need = packed_copy_bytes(model, bf16)
+def packed_copy_fits(need: int, available: int | None) -> bool:
+    """`auto`'s choice: pack where `available` bytes hold the copy (`need`: packed_copy_bytes) PACK_HEADROOM times
+    over, so as much again stays free for KV caches and whatever else shares the host (the other model service, a
+    pod's limit)."""
     return need > 0 and available is not None and available >= PACK_HEADROOM * need
 
 
@@ -186,7 +196,7 @@ def set_fp32_linear_path(model: nn.Module, path: str, bf16: bool = False) -> str
     if path == "default" or not onednn_linear_available():
         return "default"
     available = available_bytes()
-    packed = path == "packed" or (path == "auto" and packed_copy_fits(model, available, bf16))
+    packed = path == "packed" or (path == "auto" and packed_copy_fits(need, available))
     use_onednn_linear(model, packed=packed, bf16=bf16)
     resolved = "packed" if packed else "onednn"
     gib = 2**30

@@ -162,6 +162,20 @@ def test_packed_from_rows_decides_which_weight_a_product_reads() -> None:
 
 
 @torch.inference_mode()
+def test_a_cast_or_move_packs_the_new_weight_again() -> None:
+    """A cast makes a new weight (nn.Module._apply): products must not read the copy packed from the old one."""
+    torch.manual_seed(0)
+    layer = OneDnnLinear(nn.Linear(16, 24))
+    layer.set_packed(True)
+    x = torch.randn(1, 3, 16)  # 3 rows: the packed weight's product
+    layer._apply(lambda t: t * 2)  # what .to(dtype) does, with a new weight this test can predict
+    expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+    assert layer.use_packed and layer.packed is not None
+    layer.double()  # a dtype oneDNN does not pack: the copy goes, products read the weight itself
+    assert not layer.use_packed and layer.packed is None
+
+
 def test_a_bf16_layer_multiplies_one_row_on_the_packed_weight() -> None:
     if not cpu_has_fast_bf16():  # bf16 products on oneDNN need the units; here bf16 layers keep torch's path
         model = nn.Sequential(nn.Linear(32, 48).to(torch.bfloat16))
@@ -225,9 +239,10 @@ def test_auto_packs_where_free_memory_holds_the_copy_twice_over() -> None:
     model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 16, bias=False))
     need = packed_copy_bytes(model)
     assert need == (16 * 32 + 32 * 16) * 4
-    assert packed_copy_fits(model, 2 * need) and not packed_copy_fits(model, 2 * need - 1)
-    assert not packed_copy_fits(model, None)  # unknown (not Linux): no second copy
-    assert not packed_copy_fits(nn.Sequential(nn.Linear(4, 4).to(torch.bfloat16)), 1 << 40)  # nothing to pack
+    assert packed_copy_fits(need, 2 * need) and not packed_copy_fits(need, 2 * need - 1)
+    assert not packed_copy_fits(need, None)  # unknown (not Linux): no second copy
+    nothing = packed_copy_bytes(nn.Sequential(nn.Linear(4, 4).to(torch.bfloat16)))
+    assert nothing == 0 and not packed_copy_fits(nothing, 1 << 40)  # nothing to pack
 
 
 @pytest.mark.parametrize(("available", "expected"), [(1 << 40, "packed"), (1 << 10, "onednn"), (None, "onednn")])
