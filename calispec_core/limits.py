@@ -229,7 +229,8 @@ def probability(text: str) -> float:
 
 
 def probability_or_auto(text: str) -> float | None:
-    """An argparse type: `auto` (None: the service decides) or a float in [0, 1]."""
+    """An argparse type: `auto` (None: decided at run time, e.g. by the coordinator's cost model) or a float in
+    [0, 1]."""
     return None if text == "auto" else probability(text)
 
 

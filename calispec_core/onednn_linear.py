@@ -67,6 +67,12 @@ def padded_rows_for(weight: torch.Tensor) -> int:
     return PADDED_BF16_ROWS if large_bf16 else 0
 
 
+def packed_from_rows_for(weight: torch.Tensor) -> int:
+    """Rows from which a product runs on the packed weight: one float32 row streams faster from the plain weight
+    (the AVX2 EPYC of wave 14), one bf16 row from the packed one (the AVX512-BF16 EPYC of wave 28)."""
+    return 1 if weight.dtype == torch.bfloat16 else 2
+
+
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """`weight` [out, in] reordered into oneDNN's blocked layout for products of about PACK_ROWS rows."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
@@ -86,9 +92,7 @@ class OneDnnLinear(nn.Module):
         self.bias = linear.bias
         self.packed: torch.Tensor | None = None  # not a buffer: state_dict keeps the model's own keys
         self.use_packed = False
-        # rows from which a product runs on the packed weight: one float32 row streams faster from the plain
-        # weight (the AVX2 EPYC of wave 14), one bf16 row from the packed one (the AVX512-BF16 EPYC of wave 28)
-        self.packed_from_rows = 1 if linear.weight.dtype == torch.bfloat16 else 2
+        self.packed_from_rows = packed_from_rows_for(linear.weight)
         self.padded_rows = padded_rows_for(linear.weight)  # packed products only
 
     def set_packed(self, on: bool) -> None:
@@ -98,17 +102,26 @@ class OneDnnLinear(nn.Module):
             self.packed = pack_weight(self.weight)
         self.use_packed = on
 
-    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]  # nn.Module's hook for .to(), .cuda()...
-        """A cast or move makes a new weight: the packed copy would be the old one's, so it is packed again (or
-        dropped where the new weight is not a CPU one)."""
-        module = super()._apply(fn, recurse)
-        self.packed, self.padded_rows = None, padded_rows_for(self.weight)
-        if self.use_packed:
-            self.set_packed(self.weight.device.type == "cpu" and self.weight.dtype in PACKABLE_DTYPES)
-        return module
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> OneDnnLinear:
+        """nn.Module's hook for .to(), .cuda(), .double()...: the packed copy is the old weight's. A new weight of
+        the same dtype and device is packed again; another dtype or device drops the copy (packing a dtype is the
+        swap's decision, set_fp32_linear_path), and products take torch's path where oneDNN has none."""
+        before = (self.weight.dtype, self.weight.device, self.weight.data_ptr())
+        super()._apply(fn, recurse)
+        after = (self.weight.dtype, self.weight.device, self.weight.data_ptr())
+        if after == before or self.packed is None:
+            return self
+        self.packed = None
+        if after[:2] == before[:2]:
+            self.set_packed(self.use_packed)
+        else:
+            self.use_packed = False
+            self.packed_from_rows = packed_from_rows_for(self.weight)
+            self.padded_rows = padded_rows_for(self.weight)
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        if x.dtype != self.weight.dtype or x.device.type != "cpu":
+        if x.dtype != self.weight.dtype or x.device.type != "cpu" or x.dtype not in PACKABLE_DTYPES:
             return F.linear(x, self.weight, self.bias)
         rows = x.numel() // x.shape[-1]
         if not (self.use_packed and rows >= self.packed_from_rows):

@@ -22,6 +22,7 @@ pair-wide running acceptance while a request has seen few tokens. No gRPC here; 
 
 from __future__ import annotations
 
+import math
 import threading
 from bisect import bisect_left
 from collections.abc import Sequence
@@ -42,7 +43,7 @@ MIN_GAIN = 1.03  # speculate only when the model predicts at least 3% more token
 PROBE_EVERY = 8  # target-only rounds between probes, where a better acceptance could make drafting pay
 MAX_PROBE_INTERVAL = 32  # fruitless probes back off (doubling) up to this many target-only rounds
 PROBE_ALPHA = 0.9
-MAX_PATH_FLOOR = 0.9  # a derived path floor never stops every proposal after its first token by itself
+MAX_PATH_FLOOR = 0.9  # a derived path floor never exceeds this: a sure enough first token still drafts on
 
 
 @dataclass(frozen=True)
@@ -209,11 +210,12 @@ class CostModel:
             return 0.0
         batch = self.batch if batch is None else batch
         alphas = [alpha] * gamma if isinstance(alpha, float | int) else list(alpha[:gamma])
-        mean_alpha = sum(alphas) / len(alphas)
-        if mean_alpha <= 0:
-            return MAX_PATH_FLOOR
+        if len(alphas) < gamma:
+            raise ValueError(f"need an acceptance for each of {gamma} positions, got {len(alphas)}")
+        mean_alpha = sum(alphas) / gamma
         marginal_ms = self.round_ms(2, batch) - self.round_ms(1, batch)  # the second draft on (the first always runs)
-        return min(marginal_ms * self.rate(gamma, alphas, batch) / mean_alpha, MAX_PATH_FLOOR)
+        floor = marginal_ms * self.rate(gamma, alphas, batch) / mean_alpha if mean_alpha > 0 else MAX_PATH_FLOOR
+        return min(floor, MAX_PATH_FLOOR) if math.isfinite(floor) else MAX_PATH_FLOOR
 
     # --- online corrections -----------------------------------------------------------------
 

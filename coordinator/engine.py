@@ -505,13 +505,14 @@ class Orchestrator:
 
     def _path_floor(self, request: _Request, gamma: int, cohort: int) -> float:
         """The draft's path-probability threshold for this proposal, where it may stop early: the configured one,
-        or the cost model's for this round's γ and the request's acceptance."""
-        if not self._stops_early(request, cohort):
+        or the cost model's for this round's γ and the request's acceptance. None for a probe, whose γ assumes a
+        better acceptance than the request's (PROBE_ALPHA): priced by the request's, it would stop after a token."""
+        policy = request.policy
+        if policy is None or policy.probing or not self._stops_early(request, cohort):
             return 0.0
         if self.speculation.draft_min_path_confidence is not None:
             return self.speculation.draft_min_path_confidence
-        assert request.policy is not None  # _stops_early
-        return self.costs.path_confidence_floor(gamma, request.policy.tracker.alphas(gamma))
+        return self.costs.path_confidence_floor(gamma, policy.tracker.alphas(gamma))
 
     def _open_draft(self, request: _Request) -> None:
         with _opening(request):

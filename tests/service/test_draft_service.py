@@ -219,11 +219,11 @@ def test_proposal_stops_once_its_path_probability_is_below_min_path_confidence(s
     confidences = greedy_confidences(draft_runner, PROMPT, 6)
     paths = [math.prod(confidences[: i + 1]) for i in range(6)]  # falling
     floor = (paths[1] + paths[2]) / 2  # the third token takes the path below it
+    assert paths[1] > paths[2]  # the floor really lies between them
     full = reference_greedy(draft_runner, PROMPT, 6)
     prefill(stub, "path")
     proposal = stub.Propose(draft_pb2.ProposeRequest(session_id="path", num_tokens=6, min_path_confidence=floor))
     assert list(proposal.token_ids) == full[:3]
-    assert paths[1] > paths[2]  # the floor really lies between them
     stub.Close(draft_pb2.DraftCloseRequest(session_id="path"))
     prefill(stub, "path-bad")
     request = draft_pb2.ProposeRequest(session_id="path-bad", num_tokens=2, min_path_confidence=-0.5)

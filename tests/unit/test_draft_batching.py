@@ -21,8 +21,11 @@ def proposer_with_sessions(runner: ModelRunner, prefix: str, sampling: SamplingC
     return proposer
 
 
-def job(proposer: Proposer, session_id: str, num_tokens: int, min_confidence: float = 0.0) -> _Job:
-    return _Job(proposer.sessions.get(session_id), num_tokens, min_confidence, proposer.runner.logit_columns)
+def job(
+    proposer: Proposer, session_id: str, num_tokens: int, min_confidence: float = 0.0, min_path_confidence: float = 0.0
+) -> _Job:
+    state = proposer.sessions.get(session_id)
+    return _Job(state, num_tokens, min_confidence, proposer.runner.logit_columns, min_path_confidence)
 
 
 @pytest.fixture(scope="module")
@@ -80,11 +83,11 @@ def test_a_failed_batch_leaves_every_session_as_it_was(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(proposer_module, "forward_rows", failing_second_step)
-    jobs = [job(proposer, f"d{i}", 3) for i in range(len(PROMPTS))]
+    jobs = [job(proposer, f"d{i}", 3, min_path_confidence=1e-30) for i in range(len(PROMPTS))]  # tracked, never met
     with pytest.raises(RuntimeError):
         proposer._draft_batch(jobs)
     assert [list(proposer.sessions.get(f"d{i}").session.tokens) for i in range(len(PROMPTS))] == before
-    assert all(not job.tokens for job in jobs)
+    assert all(not job.tokens and job.path == 1.0 for job in jobs)  # the first step's probabilities forgotten
     monkeypatch.setattr(proposer_module, "forward_rows", real)
     assert [p.token_ids for p in proposer._draft_batch(jobs)] == expected  # the cache was rolled back too
     proposer.stop()

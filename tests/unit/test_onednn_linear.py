@@ -172,10 +172,12 @@ def test_a_cast_or_move_packs_the_new_weight_again() -> None:
     expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
     torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
     assert layer.use_packed and layer.packed is not None
-    layer.double()  # a dtype oneDNN does not pack: the copy goes, products read the weight itself
+    layer.double()  # another dtype: the copy goes, and products take torch's own path
     assert not layer.use_packed and layer.packed is None
+    torch.testing.assert_close(layer(x.double()), torch.nn.functional.linear(x.double(), layer.weight, layer.bias))
 
 
+@torch.inference_mode()
 def test_a_bf16_layer_multiplies_one_row_on_the_packed_weight() -> None:
     if not cpu_has_fast_bf16():  # bf16 products on oneDNN need the units; here bf16 layers keep torch's path
         model = nn.Sequential(nn.Linear(32, 48).to(torch.bfloat16))

@@ -66,6 +66,9 @@ def test_a_dearer_draft_stops_sooner_and_the_floor_is_capped() -> None:
     assert floors == sorted(floors) and floors[0] < floors[-1]
     assert costs(500.0).path_confidence_floor(1, 0.85) == MAX_PATH_FLOOR  # a draft dearer than the target
     assert costs(26.0).path_confidence_floor(3, [0.0, 0.0, 0.0]) == MAX_PATH_FLOOR
+    assert costs(26.0).path_confidence_floor(3, [float("nan")] * 3) == MAX_PATH_FLOOR  # never a NaN the draft refuses
+    with pytest.raises(ValueError, match="acceptance"):
+        costs(26.0).path_confidence_floor(3, [0.8])  # fewer acceptances than positions
 
 
 def orchestrator(**speculation: object) -> Orchestrator:
@@ -75,19 +78,30 @@ def orchestrator(**speculation: object) -> Orchestrator:
     )  # fmt: skip
 
 
-def test_adaptive_requests_send_the_cost_models_floor_and_fixed_ones_none() -> None:
+def test_adaptive_requests_send_the_cost_models_floor_and_fixed_ones_zero(monkeypatch) -> None:
     auto = orchestrator()
+    asked: list[int] = []
+
+    def floor(gamma: int, alphas: list[float], batch: float | None = None) -> float:
+        asked.append(gamma)
+        return 0.123  # a value no default could send
+
+    monkeypatch.setattr(auto.costs, "path_confidence_floor", floor)
     list(auto.generate("a", params(num_speculative_tokens=None, max_new_tokens=8), Deadline(60)))
     draft = auto.draft
     assert isinstance(draft, FakeDraft) and draft.early_stops
-    assert all(token == 0.4 and 0 < path <= MAX_PATH_FLOOR for token, path in draft.early_stops)
+    assert set(draft.early_stops) == {(0.4, 0.123)}
+    assert asked == [len(p) for p in draft.proposals]  # priced for the γ each proposal was asked for
     fixed = orchestrator()
     list(fixed.generate("f", params(num_speculative_tokens=3, max_new_tokens=8), Deadline(60)))
     assert fixed.draft.early_stops and set(fixed.draft.early_stops) == {(0.0, 0.0)}  # type: ignore[attr-defined]
 
 
-def test_a_configured_floor_is_sent_as_is_and_none_in_a_shared_phase() -> None:
-    adaptive = SimpleNamespace(policy=SimpleNamespace(tracker=SimpleNamespace(alphas=lambda n: [0.8] * n)))
+def test_a_configured_floor_is_sent_as_is_and_zero_in_a_shared_phase_or_a_probe() -> None:
+    tracker = SimpleNamespace(alphas=lambda n: [0.8] * n)
+    adaptive = SimpleNamespace(policy=SimpleNamespace(tracker=tracker, probing=False))
+    probe = SimpleNamespace(policy=SimpleNamespace(tracker=tracker, probing=True))
+    assert orchestrator()._path_floor(probe, 2, 1) == 0.0  # type: ignore[arg-type]  # its γ assumes PROBE_ALPHA
     assert orchestrator(draft_min_path_confidence=0.3)._path_floor(adaptive, 4, 1) == 0.3  # type: ignore[arg-type]
     assert orchestrator(draft_min_path_confidence=0.0)._path_floor(adaptive, 4, 1) == 0.0  # type: ignore[arg-type]
     shared = orchestrator(shared_phase=True)
