@@ -505,10 +505,11 @@ class Orchestrator:
 
     def _path_floor(self, request: _Request, gamma: int, cohort: int) -> float:
         """The draft's path-probability threshold for this proposal, where it may stop early: the configured one,
-        or the cost model's for this round's γ and the request's acceptance. None for a probe, whose γ assumes a
-        better acceptance than the request's (PROBE_ALPHA): priced by the request's, it would stop after a token."""
+        or the cost model's for this round's γ and the request's acceptance. A probe (γ chosen for PROBE_ALPHA) is
+        priced by the request's own acceptance too, so it often stops after a token: exempting probes ran more
+        target-only rounds in the one run that tried it (docs/performance.md, "Where a proposal stops")."""
         policy = request.policy
-        if policy is None or policy.probing or not self._stops_early(request, cohort):
+        if policy is None or not self._stops_early(request, cohort):
             return 0.0
         if self.speculation.draft_min_path_confidence is not None:
             return self.speculation.draft_min_path_confidence

@@ -97,11 +97,8 @@ def test_adaptive_requests_send_the_cost_models_floor_and_fixed_ones_zero(monkey
     assert fixed.draft.early_stops and set(fixed.draft.early_stops) == {(0.0, 0.0)}  # type: ignore[attr-defined]
 
 
-def test_a_configured_floor_is_sent_as_is_and_zero_in_a_shared_phase_or_a_probe() -> None:
-    tracker = SimpleNamespace(alphas=lambda n: [0.8] * n)
-    adaptive = SimpleNamespace(policy=SimpleNamespace(tracker=tracker, probing=False))
-    probe = SimpleNamespace(policy=SimpleNamespace(tracker=tracker, probing=True))
-    assert orchestrator()._path_floor(probe, 2, 1) == 0.0  # type: ignore[arg-type]  # its γ assumes PROBE_ALPHA
+def test_a_configured_floor_is_sent_as_is_and_zero_in_a_shared_phase() -> None:
+    adaptive = SimpleNamespace(policy=SimpleNamespace(tracker=SimpleNamespace(alphas=lambda n: [0.8] * n)))
     assert orchestrator(draft_min_path_confidence=0.3)._path_floor(adaptive, 4, 1) == 0.3  # type: ignore[arg-type]
     assert orchestrator(draft_min_path_confidence=0.0)._path_floor(adaptive, 4, 1) == 0.0  # type: ignore[arg-type]
     shared = orchestrator(shared_phase=True)
