@@ -108,16 +108,12 @@ class OneDnnLinear(nn.Module):
         swap's decision, set_fp32_linear_path), and products take torch's path where oneDNN has none."""
         before = (self.weight.dtype, self.weight.device, self.weight.data_ptr())
         super()._apply(fn, recurse)
+        self.packed_from_rows, self.padded_rows = packed_from_rows_for(self.weight), padded_rows_for(self.weight)
         after = (self.weight.dtype, self.weight.device, self.weight.data_ptr())
         if after == before or self.packed is None:
             return self
         self.packed = None
-        if after[:2] == before[:2]:
-            self.set_packed(self.use_packed)
-        else:
-            self.use_packed = False
-            self.packed_from_rows = packed_from_rows_for(self.weight)
-            self.padded_rows = padded_rows_for(self.weight)
+        self.set_packed(self.use_packed and after[:2] == before[:2])
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
