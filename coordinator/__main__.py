@@ -94,6 +94,14 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         "(auto, the default: from the measured costs and the request's acceptance each round; 0: off)",
     )
     parser.add_argument(
+        "--draft-to-floor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="adaptive γ: a request alone in its round that drafts at all drafts up to --max-gamma and lets the "
+        "path floor stop its proposal (default); --no-draft-to-floor: it drafts its policy's γ "
+        "(docs/performance.md, 'Where a proposal stops')",
+    )
+    parser.add_argument(
         "--lockstep-wait",
         type=non_negative_float,
         default=0.5,
@@ -185,6 +193,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         max_gamma=args.max_gamma,
         draft_min_confidence=args.draft_min_confidence,
         draft_min_path_confidence=args.draft_min_path_confidence,
+        draft_to_floor=args.draft_to_floor,
         lockstep_wait_s=args.lockstep_wait,
         shared_phase=args.shared_phase,
         metrics_port=args.metrics_port,

@@ -52,6 +52,7 @@ class CoordinatorConfig:
     max_gamma: int = 10  # adaptive γ's upper bound (requests may fix γ up to MAX_SPECULATIVE_TOKENS)
     draft_min_confidence: float = 0.4  # adaptive γ: the draft's early stop (HF's assistant_confidence_threshold)
     draft_min_path_confidence: float | None = None  # adaptive γ: stop on a proposal's path probability (None: costs)
+    draft_to_floor: bool = True  # adaptive γ: alone in a round, draft up to max_gamma and let the path floor stop it
     lockstep_wait_s: float = 0.5  # how long requests wait for each other to run rounds together (0: off)
     # lockstep: adaptive members draft the round's shared phase (round_plan.py, opt-in); False: wave 6's median cap
     shared_phase: bool = False

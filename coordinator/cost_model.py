@@ -44,6 +44,9 @@ PROBE_EVERY = 8  # target-only rounds between probes, where a better acceptance 
 MAX_PROBE_INTERVAL = 32  # fruitless probes back off (doubling) up to this many target-only rounds
 PROBE_ALPHA = 0.9
 MAX_PATH_FLOOR = 0.9  # a derived path floor never exceeds this: a sure enough first token still drafts on
+# A lone proposal drafts past its γ while each further draft costs at most this many times the draft that priced
+# its path floor (past that the floor is too cheap: a verify forward whose cost bends up with its tokens)
+REACH_SLACK = 1.5
 
 
 @dataclass(frozen=True)
@@ -216,6 +219,18 @@ class CostModel:
         marginal_ms = self.round_ms(2, batch) - self.round_ms(1, batch)  # the second draft on (the first always runs)
         floor = marginal_ms * self.rate(gamma, alphas, batch) / mean_alpha if mean_alpha > 0 else MAX_PATH_FLOOR
         return min(floor, MAX_PATH_FLOOR) if math.isfinite(floor) else MAX_PATH_FLOOR
+
+    def path_reach(self, gamma: int, limit: int) -> int:
+        """How far a lone proposal of γ drafts (at most `limit`), its path floor stopping it where the draft is
+        unsure: past γ while one more draft costs at most REACH_SLACK times the second draft, which priced the floor
+        (`path_confidence_floor`). γ itself for a plain step. docs/performance.md, "Where a proposal stops"."""
+        if gamma <= 0:
+            return gamma
+        priced = self.round_ms(2) - self.round_ms(1)
+        reach = gamma
+        while reach < limit and self.round_ms(reach + 1) - self.round_ms(reach) <= REACH_SLACK * priced:
+            reach += 1
+        return reach
 
     # --- online corrections -----------------------------------------------------------------
 

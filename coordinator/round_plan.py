@@ -29,6 +29,7 @@ class Wish(NamedTuple):
     adaptive: bool = False  # its γ is the coordinator's to choose (False: the request fixed it, and only gamma counts)
     limit: int = 0  # adaptive: the most it may draft this round (tokens left, the draft circuit, its draft session)
     floor: int = 0  # adaptive: the least it drafts (its policy's acceptance probe)
+    reach: int = 0  # adaptive: how far it drafts alone, its proposal stopping on the path floor (0: its γ)
 
     @classmethod
     def fixed(cls, gamma: int) -> Wish:
@@ -41,8 +42,17 @@ def phase_length(wishes: Sequence[Wish]) -> int:
     return drafting[(len(drafting) - 1) // 2] if drafting else 0
 
 
+def alone(wish: Wish) -> int:
+    """A lone member's γ: an adaptive one that drafts at all drafts up to its reach, since nobody waits for its
+    draft steps and its path floor stops the proposal where the draft is unsure (its γ alone prices blind drafts:
+    wave 33, docs/performance.md "Where a proposal stops")."""
+    return max(wish.gamma, min(wish.reach, wish.limit)) if wish.adaptive and wish.gamma > 0 else wish.gamma
+
+
 def median_cap(wishes: Sequence[Wish]) -> list[int]:
     """Wave 6's rule: each member's own choice, the adaptive ones capped at the phase length."""
+    if len(wishes) == 1:
+        return [alone(wishes[0])]
     cap = phase_length(wishes)
     return [min(w.gamma, cap) if w.adaptive else w.gamma for w in wishes]
 
@@ -51,5 +61,7 @@ def shared_phase(wishes: Sequence[Wish]) -> list[int]:
     """Every adaptive member drafts the phase's length (within its own bounds); fixed members their γ. The
     length comes from the adaptive members' wishes alone: a request that fixed γ (a seeded one gets 6) drafts
     what it asked, and must not draw rows whose own cost model said no into drafting that far."""
+    if len(wishes) == 1:
+        return [alone(wishes[0])]
     cap = phase_length([w for w in wishes if w.adaptive])
     return [max(min(cap, w.limit), w.floor) if w.adaptive else w.gamma for w in wishes]

@@ -187,6 +187,7 @@ def build_orchestrator(config: CoordinatorConfig) -> Orchestrator:
         config.max_gamma,
         config.draft_min_confidence,
         draft_min_path_confidence=config.draft_min_path_confidence,
+        draft_to_floor=config.draft_to_floor,
         lockstep_wait_s=config.lockstep_wait_s,
         shared_phase=config.shared_phase,
     )

@@ -437,11 +437,12 @@ def test_what_a_request_brings_to_the_round_start() -> None:
         )
 
     wish = orchestrator._wish
-    assert wish(request(), 0, room=9, probing=False) == Wish(0, True, 4, 0)  # max_gamma
-    assert wish(request(), 1, room=2, probing=False) == Wish(1, True, 2, 0)  # tokens left
-    assert wish(request(probing=True), 2, room=9, probing=False) == Wish(2, True, 4, 2)  # an acceptance probe
+    assert wish(request(), 0, room=9, probing=False) == Wish(0, True, 4, 0)  # max_gamma; not drafting: no reach
+    assert wish(request(), 2, room=9, probing=False) == Wish(2, True, 4, 0, 4)  # alone it may draft that far
+    assert wish(request(), 1, room=2, probing=False) == Wish(1, True, 2, 0, 2)  # tokens left
+    assert wish(request(probing=True), 2, room=9, probing=False) == Wish(2, True, 4, 2)  # a probe reaches no further
     assert wish(request(session=None), 0, room=9, probing=False) == Wish(0, True, 0, 0)
     assert wish(request(policy=False), 3, room=9, probing=False) == Wish.fixed(3)
     orchestrator.draft_circuit.failed()  # open: only a probe calls the draft
     assert wish(request(), 0, room=9, probing=False) == Wish(0, True, 0, 0)
-    assert wish(request(), 2, room=9, probing=True) == Wish(2, True, 2, 0)
+    assert wish(request(), 2, room=9, probing=True) == Wish(2, True, 2, 0, 2)

@@ -91,10 +91,46 @@ def test_adaptive_requests_send_the_cost_models_floor_and_fixed_ones_zero(monkey
     draft = auto.draft
     assert isinstance(draft, FakeDraft) and draft.early_stops
     assert set(draft.early_stops) == {(0.4, 0.123)}
-    assert asked == [len(p) for p in draft.proposals]  # priced for the γ each proposal was asked for
+    assert len(asked) == len(draft.proposals)  # one floor for each proposal
     fixed = orchestrator()
     list(fixed.generate("f", params(num_speculative_tokens=3, max_new_tokens=8), Deadline(60)))
     assert fixed.draft.early_stops and set(fixed.draft.early_stops) == {(0.0, 0.0)}  # type: ignore[attr-defined]
+
+
+def lone_proposals(monkeypatch, **speculation: object) -> tuple[list[int], list[int]]:
+    """A lone adaptive request whose policy always chooses γ = 2 (a perfect draft, 30 tokens): the lengths its
+    proposals were asked for, and the γ each path floor was priced at."""
+    auto = orchestrator(**speculation)
+    priced: list[int] = []
+    monkeypatch.setattr(auto.costs, "best_gamma", lambda *args, **kwargs: 2)
+    monkeypatch.setattr(auto.costs, "path_confidence_floor", lambda gamma, *args: priced.append(gamma) or 0.123)
+    list(auto.generate("a", params(num_speculative_tokens=None, max_new_tokens=30), Deadline(60)))
+    return [len(p) for p in auto.draft.proposals], priced  # type: ignore[attr-defined]
+
+
+def test_a_lone_request_drafts_to_its_reach_with_the_floor_priced_at_its_policys_gamma(monkeypatch) -> None:
+    """Wave 33: alone, a request that drafts at all asks for up to max_gamma (its room allowing) and lets the path
+    floor stop it, the floor still priced at the γ its policy chose (docs/performance.md, "Where a proposal
+    stops"); --no-draft-to-floor, or no path floor, keeps the policy's γ."""
+    lengths, priced = lone_proposals(monkeypatch)
+    assert lengths == [10, 10, 7]  # 11 tokens a round, then the room left (30 - 22 - 1)
+    assert priced == [2, 2, 2]
+    assert lone_proposals(monkeypatch, draft_to_floor=False)[0] == [2] * 10
+    assert lone_proposals(monkeypatch, draft_min_path_confidence=0.0)[0] == [2] * 10  # nothing would stop it
+
+
+def test_a_proposal_reaches_only_as_far_as_the_floors_price_holds() -> None:
+    """Past γ while one more draft costs at most REACH_SLACK times the draft that priced the floor: a flat verify
+    curve (the bf16 CPU's, a GPU's) reaches the limit; one that bends up stops where it bends; a linear one (every
+    token dear) prices every position alike, so the floor itself holds the proposal."""
+    flat = costs(26.0)
+    assert flat.path_reach(3, 10) == 10
+    assert flat.path_reach(3, 2) == 3  # never below its γ
+    assert flat.path_reach(0, 10) == 0  # a plain step drafts nothing
+    bends = CostModel(CostCurve.of({1: 118.0, 5: 122.0, 8: 400.0}), CostCurve.of({1: 26.0}), draft_call_ms=0.0)
+    assert bends.path_reach(2, 10) == 4  # a 5th draft would verify a 6th token, on the steep part
+    linear = CostModel(CostCurve.of({1: 100.0, 17: 1700.0}), CostCurve.of({1: 26.0}), draft_call_ms=0.0)
+    assert linear.path_reach(1, 10) == 10
 
 
 def test_a_configured_floor_is_sent_as_is_and_zero_in_a_shared_phase() -> None:
@@ -118,5 +154,7 @@ def test_the_command_line_takes_auto_or_a_probability() -> None:
     assert parse_config(base)[0].draft_min_path_confidence is None  # auto: the cost model's
     assert parse_config([*base, "--draft-min-path-confidence", "auto"])[0].draft_min_path_confidence is None
     assert parse_config([*base, "--draft-min-path-confidence", "0.25"])[0].draft_min_path_confidence == 0.25
+    assert parse_config(base)[0].draft_to_floor
+    assert not parse_config([*base, "--no-draft-to-floor"])[0].draft_to_floor
     with pytest.raises(SystemExit):
         parse_config([*base, "--draft-min-path-confidence", "2"])

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from coordinator.cost_model import CostCurve, CostModel, GammaPolicy
-from coordinator.round_plan import Wish, median_cap, phase_length, shared_phase
+from coordinator.round_plan import Wish, alone, median_cap, phase_length, shared_phase
 
 
-def adaptive(gamma: int, limit: int = 10, floor: int = 0) -> Wish:
-    return Wish(gamma, True, limit, floor)
+def adaptive(gamma: int, limit: int = 10, floor: int = 0, reach: int = 0) -> Wish:
+    return Wish(gamma, True, limit, floor, reach)
 
 
 def test_the_phase_is_the_drafting_members_lower_median_wish() -> None:
@@ -46,6 +46,19 @@ def test_a_fixed_gamma_member_draws_nobody_into_drafting() -> None:
 def test_a_lone_member_drafts_what_it_chose() -> None:
     for gamma in range(11):
         assert shared_phase([adaptive(gamma)]) == median_cap([adaptive(gamma)]) == [gamma]
+
+
+def test_a_lone_member_that_drafts_reaches_as_far_as_its_path_floor_may_take_it() -> None:
+    """Wave 33: alone, an adaptive member that chose to draft drafts up to its reach (within its limit) and lets
+    the path floor stop the proposal; one that chose not to stays at 0; a fixed γ and any group keep the rule."""
+    for plan in (median_cap, shared_phase):
+        assert plan([adaptive(3, reach=10)]) == [10]
+        assert plan([adaptive(3, limit=5, reach=10)]) == [5]  # its room
+        assert plan([adaptive(0, reach=10)]) == [0]  # its cost model said no
+        assert plan([adaptive(6, reach=4)]) == [6]  # never below its own choice
+        assert plan([Wish(3, False, 3, 3, 10)]) == [3]  # a fixed γ is what the request asked
+        assert plan([adaptive(3, reach=10), adaptive(3, reach=10)]) == [3, 3]  # a group waits for nobody's reach
+    assert alone(adaptive(2, reach=0)) == 2  # no reach: its γ
 
 
 def test_a_round_the_group_drafted_counts_as_measured_acceptance() -> None:

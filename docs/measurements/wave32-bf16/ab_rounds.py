@@ -1,7 +1,7 @@
 """Scratch (wave 32, docs/performance.md "Where a proposal stops"): `python ab_rounds.py LOG...`: over the requests of a
 coordinator's DEBUG log that drafted, tokens/s over their rounds, acceptance, drafted and emitted tokens a drafting
 round, then per prompt (requests in order, four prompts in turn): tok/s (target-only rounds / rounds). Requests run
-at concurrency 1 only (every round of batch 1)."""
+at concurrency 1 only (every round of batch 1). Wave 33's lines carry the path floor too."""
 
 import collections
 import re
@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 PAT = re.compile(
-    r"request (\S+) round: gamma (\d+) drafted (\d+) accepted (\d+) alpha \S+ batch (\d+) \| predicted \S+ ms, "
+    r"request (\S+) round: gamma (\d+) drafted (\d+) accepted (\d+) alpha \S+ (?:floor \S+ )?batch (\d+) "
+    r"\| predicted \S+ ms, "
     r"measured (\S+) ms \(target forward (\S+), draft forwards ([0-9.]+)"
 )
 for path in sys.argv[1:]:
