@@ -120,15 +120,20 @@ def test_a_lone_request_drafts_to_its_reach_with_the_floor_priced_at_its_policys
 
 
 def test_a_proposal_reaches_only_as_far_as_the_floors_price_holds() -> None:
-    """Past γ while one more draft costs at most REACH_SLACK times the draft that priced the floor: a flat verify
-    curve (the bf16 CPU's, a GPU's) reaches the limit; one that bends up stops where it bends; a linear one (every
-    token dear) prices every position alike, so the floor itself holds the proposal."""
+    """Past γ as far as the further drafts cost on average at most REACH_SLACK times the draft that priced the floor:
+    a flat verify curve (a GPU's) reaches the limit; one that bends up stops where it bends; one with a step (bf16
+    oneDNN: 7 rows cost ~1.2x 6) reaches past it to the cheap positions after; a linear one (every token dear)
+    prices every position alike, so the floor itself holds the proposal."""
     flat = costs(26.0)
     assert flat.path_reach(3, 10) == 10
     assert flat.path_reach(3, 2) == 3  # never below its γ
     assert flat.path_reach(0, 10) == 0  # a plain step drafts nothing
     bends = CostModel(CostCurve.of({1: 118.0, 5: 122.0, 8: 400.0}), CostCurve.of({1: 26.0}), draft_call_ms=0.0)
     assert bends.path_reach(2, 10) == 4  # a 5th draft would verify a 6th token, on the steep part
+    step = CostModel(
+        CostCurve.of({1: 118.0, 6: 118.0, 7: 140.0, 11: 150.0}), CostCurve.of({1: 26.0}), draft_call_ms=0.0
+    )
+    assert step.path_reach(2, 10) == 10  # the 6th draft costs 26 + 22 ms, the four after it 26 + 2.5 each
     linear = CostModel(CostCurve.of({1: 100.0, 17: 1700.0}), CostCurve.of({1: 26.0}), draft_call_ms=0.0)
     assert linear.path_reach(1, 10) == 10
 
