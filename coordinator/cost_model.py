@@ -220,18 +220,20 @@ class CostModel:
         floor = marginal_ms * self.rate(gamma, alphas, batch) / mean_alpha if mean_alpha > 0 else MAX_PATH_FLOOR
         return min(floor, MAX_PATH_FLOOR) if math.isfinite(floor) else MAX_PATH_FLOOR
 
-    def path_reach(self, gamma: int, limit: int) -> int:
+    def path_reach(self, gamma: int, limit: int, batch: float | None = None) -> int:
         """How far a lone proposal of γ drafts (at most `limit`), its path floor stopping it where the draft is
         unsure: the furthest k whose drafts past γ cost on average at most REACH_SLACK times the second draft, which
-        priced the floor (`path_confidence_floor`). On average, so a step in the verify curve does not stop it short
-        of the cheap positions after it (bf16 oneDNN here: 7 rows cost ~1.2x 6, then ~6 % a row; wave 33). γ itself
-        for a plain step. docs/performance.md, "A lone proposal drafts to its floor"."""
+        priced the floor (`path_confidence_floor`, at the same batch: default the running average). On average, so
+        a step in the verify curve does not stop it short of the cheap positions after it (bf16 oneDNN here: 7 rows
+        cost ~1.2x 6, then 2-5 % more a row; wave 33). γ itself for a plain step. docs/performance.md, "A lone
+        proposal drafts to its floor"."""
         if gamma <= 0:
             return gamma
-        priced, base = self.round_ms(2) - self.round_ms(1), self.round_ms(gamma)
+        batch = self.batch if batch is None else batch
+        priced, base = self.round_ms(2, batch) - self.round_ms(1, batch), self.round_ms(gamma, batch)
         reach = gamma
         for k in range(gamma + 1, limit + 1):
-            if (self.round_ms(k) - base) / (k - gamma) <= REACH_SLACK * priced:
+            if (self.round_ms(k, batch) - base) / (k - gamma) <= REACH_SLACK * priced:
                 reach = k
         return reach
 

@@ -327,12 +327,12 @@ class Orchestrator:
         if gamma > 0 and not probing and self.draft_circuit.is_open:  # the draft failed while it waited
             request.stats.draft_unavailable_rounds += 1
             gamma = 0
-        floor = self._path_floor(request, min(gamma, wish.gamma), start_gate.cohort)  # priced at the policy's γ
-        plan = self._plan(request, gamma, floor) if log.isEnabledFor(logging.DEBUG) else None  # before it is learnt
+        priced = min(gamma, wish.gamma)  # the path floor's price: the policy's γ, not a lone request's reach
+        plan = self._plan(request, gamma, priced, start_gate.cohort) if log.isEnabledFor(logging.DEBUG) else None
         # a Propose after target-only rounds first feeds the draft every token it missed: not a per-token cost
         catching_up = len(request.draft_append) > 1 or request.draft_session is None
         # each call's cohort: the members sent with it, so the service batches them whole (lockstep.py)
-        proposal, propose_ns = self._propose(request, gamma, start_gate.cohort, floor) if gamma > 0 else (None, 0)
+        proposal, propose_ns = self._propose(request, gamma, start_gate.cohort, priced) if gamma > 0 else (None, 0)
         replica = request.target.address if request.target is not None else None
         cohort = self._wait_for_others(
             request, lambda member, timeout: self.lockstep.before_verify(member, timeout, replica)
@@ -365,6 +365,7 @@ class Orchestrator:
         limit = gamma if hold else max(min(self.speculation.max_gamma, room), 0)
         floor = gamma if policy.probing else 0
         reach = self.costs.path_reach(gamma, limit) if self._drafts_to_floor() and not policy.probing else 0
+        # (a lone round's reach: lockstep on; with it off, or out of step, a request drafts its own γ)
         return Wish(gamma, True, limit, floor, reach)
 
     def _drafts_to_floor(self) -> bool:
@@ -387,12 +388,12 @@ class Orchestrator:
             return request.policy.next_gamma()
         return request.params.num_speculative_tokens or self.speculation.seeded_gamma
 
-    def _propose(self, request: _Request, gamma: int, cohort: int, floor: float) -> tuple[Proposal | None, int]:
-        """γ draft tokens (fewer after an early stop; `floor`: the path floor) and the Propose call's wall time
-        (ns); None when the call fails: the round then runs target-only."""
+    def _propose(self, request: _Request, gamma: int, cohort: int, priced: int) -> tuple[Proposal | None, int]:
+        """γ draft tokens (fewer after an early stop; `priced`: the γ its path floor is priced at) and the Propose
+        call's wall time (ns); None when the call fails: the round then runs target-only."""
         start, opening_ns = now_ns(), request.opening_ns
         try:
-            proposal, call_ns = self._draft_tokens(request, gamma, cohort, floor)
+            proposal, call_ns = self._draft_tokens(request, gamma, cohort, priced)
         except CalispecError as exc:
             request.opening_ns = opening_ns + now_ns() - start  # an outage's wait, not a per-round cost
             self._draft_unusable(request, exc)
@@ -422,16 +423,16 @@ class Orchestrator:
         self.draft_circuit.succeeded()  # it answered: not an outage (and a half-open probe has reported)
         request.draft_refused = True
 
-    def _draft_tokens(self, request: _Request, gamma: int, cohort: int, floor: float) -> tuple[Proposal, int]:
+    def _draft_tokens(self, request: _Request, gamma: int, cohort: int, priced: int) -> tuple[Proposal, int]:
         if request.draft_session is None:
             self._open_draft(request)
         start = now_ns()
         try:
-            proposal = self._draft_propose(request, gamma, cohort, floor)
+            proposal = self._draft_propose(request, gamma, cohort, priced)
         except SessionLost:  # the draft restarted or reaped the session while we ran target-only: it is up
             self._open_draft(request)
             start = now_ns()
-            proposal = self._draft_propose(request, gamma, 1, floor)  # out of step with the others now
+            proposal = self._draft_propose(request, gamma, 1, priced)  # out of step with the others now
         request.draft_rollback_to, request.draft_append = None, []
         return proposal, now_ns() - start
 
@@ -461,36 +462,38 @@ class Orchestrator:
         if request.policy is not None:
             request.policy.observe(drafted, verdict.accepted_count)
 
-    def _plan(self, request: _Request, gamma: int, floor: float) -> tuple[float, float, float]:
-        """The round's predicted ms, the request's acceptance estimate (nan for a fixed γ), as γ was chosen,
-        and its path floor."""
+    def _plan(self, request: _Request, gamma: int, priced: int, cohort: int) -> tuple[float, float, float, int]:
+        """For the DEBUG line: the round's predicted ms if it drafts all γ asked (a lone request's reach, where its
+        path floor usually stops it sooner), the request's acceptance estimate (nan for a fixed γ), the path floor
+        sent and the γ that priced it."""
         alpha = request.policy.tracker.alpha if request.policy is not None else float("nan")
-        return self.costs.round_ms(gamma, self.costs.batch), alpha, floor
+        path_floor = self._path_floor(request, priced, cohort)
+        return self.costs.round_ms(gamma, self.costs.batch), alpha, path_floor, priced
 
     @staticmethod
     def _log_round(
         request: _Request,
         gamma: int,
-        plan: tuple[float, float, float],
+        plan: tuple[float, float, float, int],
         proposal: Proposal | None,
         verdict: Verdict,
         round_ns: int,
         propose_ns: int,
     ) -> None:
         """One DEBUG line per round: what the policy chose and expected, what the round did and cost."""
-        predicted_ms, alpha, floor = plan
+        predicted_ms, alpha, path_floor, priced = plan
         log.debug(
-            "request %s round: gamma %d drafted %d accepted %d alpha %.2f floor %.2f batch %d | predicted %.1f ms, "
+            "request %s round: gamma %d drafted %d accepted %d alpha %.2f floor %.2f@%d batch %d | predicted %.1f ms, "
             "measured %.1f ms (target forward %.1f, draft forwards %.1f; Verify %.1f in the target, Propose %.1f "
             "in the draft, %.1f at the caller), waited %.1f ms (%.1f at the start)",
             request.request_id, gamma, len(proposal.token_ids) if proposal else 0, verdict.accepted_count, alpha,
-            floor, verdict.batch_size, predicted_ms, ns_to_ms(round_ns), ns_to_ms(verdict.forward_ns),
+            path_floor, priced, verdict.batch_size, predicted_ms, ns_to_ms(round_ns), ns_to_ms(verdict.forward_ns),
             ns_to_ms(proposal.forward_ns) if proposal else 0.0, ns_to_ms(verdict.service_ns),
             ns_to_ms(proposal.service_ns) if proposal else 0.0, ns_to_ms(propose_ns), ns_to_ms(request.waiting_ns),
             ns_to_ms(request.start_wait_ns),
         )  # fmt: skip
 
-    def _draft_propose(self, request: _Request, gamma: int, cohort: int, floor: float) -> Proposal:
+    def _draft_propose(self, request: _Request, gamma: int, cohort: int, priced: int) -> Proposal:
         timeout = min(request.deadline.remaining(), self.draft_timeout_s)
         return self.draft.propose(
             request.draft_session,
@@ -500,7 +503,7 @@ class Orchestrator:
             timeout,
             min_confidence=self._early_stop(request, cohort),
             cohort=cohort,
-            min_path_confidence=floor,
+            min_path_confidence=self._path_floor(request, priced, cohort),
         )
 
     def _stops_early(self, request: _Request, cohort: int) -> bool:

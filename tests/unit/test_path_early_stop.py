@@ -117,6 +117,7 @@ def test_a_lone_request_drafts_to_its_reach_with_the_floor_priced_at_its_policys
     assert priced == [2, 2, 2]
     assert lone_proposals(monkeypatch, draft_to_floor=False)[0] == [2] * 10
     assert lone_proposals(monkeypatch, draft_min_path_confidence=0.0)[0] == [2] * 10  # nothing would stop it
+    assert lone_proposals(monkeypatch, lockstep_wait_s=0.0)[0] == [2] * 10  # lockstep off: nobody knows it is alone
 
 
 def test_a_proposal_reaches_only_as_far_as_the_floors_price_holds() -> None:
@@ -134,6 +135,10 @@ def test_a_proposal_reaches_only_as_far_as_the_floors_price_holds() -> None:
         CostCurve.of({1: 118.0, 6: 118.0, 7: 140.0, 11: 150.0}), CostCurve.of({1: 26.0}), draft_call_ms=0.0
     )
     assert step.path_reach(2, 10) == 10  # the 6th draft costs 26 + 22 ms, the four after it 26 + 2.5 each
+    bump = CostModel(
+        CostCurve.of({1: 118.0, 3: 118.0, 4: 148.0, 11: 148.0}), CostCurve.of({1: 26.0}), draft_call_ms=0.0
+    )
+    assert bump.path_reach(2, 10) == 10  # the 3rd draft alone costs 56 ms, from the 5th on they average within 1.5x
     linear = CostModel(CostCurve.of({1: 100.0, 17: 1700.0}), CostCurve.of({1: 26.0}), draft_call_ms=0.0)
     assert linear.path_reach(1, 10) == 10
 
