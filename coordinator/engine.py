@@ -299,8 +299,8 @@ class Orchestrator:
                 continue
             if not stopped:
                 text += detok.finish()
-            if request.stats.drafted:
-                self.costs.observe_acceptance(request.stats.acceptance_rate)
+            if request.stats.drafted:  # (stats.acceptance_rate is only set by _final_stats, below)
+                self.costs.observe_acceptance(request.stats.accepted / request.stats.drafted)
             # out of the group before the last chunk: its consumer may never ask for more (an HTTP stream
             # whose first chunk is its last), and the others would wait for this request at every round start
             self.lockstep.leave(request.request_id)
