@@ -222,11 +222,11 @@ def test_a_proposal_that_first_catches_up_after_target_only_rounds_does_not_infl
 
 
 def test_a_finished_request_moves_the_pair_wide_acceptance_towards_its_own() -> None:
-    """Wave 33: the engine fed every finished request's `stats.acceptance_rate` before `_final_stats` set it, so
-    each request taught the pair-wide prior an acceptance of 0 (0.6, 0.48, 0.38, ... in a DEBUG trace) and new
-    requests started their rounds expecting their drafts to fail."""
+    """Wave 33: since wave 16 the engine fed every finished request's `stats.acceptance_rate` before `_final_stats`
+    set it, so each request taught the pair-wide prior an acceptance of 0 (0.6, 0.48, 0.38, ... in a DEBUG trace)
+    and new requests started their rounds expecting their drafts to fail."""
     from calispec_core.timing import Deadline
-    from coordinator.cost_model import PRIOR_ACCEPTANCE
+    from coordinator.cost_model import COST_EMA, PRIOR_ACCEPTANCE
     from coordinator.engine import Orchestrator
     from tests.unit.fakes import EOS, CharTokenizer, FakeDraft, FakeTarget
     from tests.unit.test_orchestrator import alphabet_target, params
@@ -237,7 +237,7 @@ def test_a_finished_request_moves_the_pair_wide_acceptance_towards_its_own() -> 
     )
     for prompt in ("a", "b", "c"):  # a perfect draft: every request's acceptance is 1
         list(orchestrator.generate(prompt, params(max_new_tokens=12, num_speculative_tokens=3), Deadline(60)))
-    assert costs.acceptance == pytest.approx(1 - (1 - PRIOR_ACCEPTANCE) * 0.8**3)  # three steps of COST_EMA to 1
+    assert costs.acceptance == pytest.approx(1 - (1 - PRIOR_ACCEPTANCE) * (1 - COST_EMA) ** 3)  # three steps to 1
 
 
 def test_acceptance_by_position_follows_where_rounds_fail() -> None:
