@@ -216,9 +216,14 @@ class CostModel:
         if len(alphas) < gamma:
             raise ValueError(f"need an acceptance for each of {gamma} positions, got {len(alphas)}")
         mean_alpha = sum(alphas) / gamma
-        marginal_ms = self.round_ms(2, batch) - self.round_ms(1, batch)  # the second draft on (the first always runs)
-        floor = marginal_ms * self.rate(gamma, alphas, batch) / mean_alpha if mean_alpha > 0 else MAX_PATH_FLOOR
+        rate = self.rate(gamma, alphas, batch)
+        floor = self.floor_draft_ms(batch) * rate / mean_alpha if mean_alpha > 0 else MAX_PATH_FLOOR
         return min(floor, MAX_PATH_FLOOR) if math.isfinite(floor) else MAX_PATH_FLOOR
+
+    def floor_draft_ms(self, batch: float) -> float:
+        """What the path floor prices one more draft at: the second draft's marginal round time (the first always
+        runs), a draft step and one more verified position."""
+        return self.round_ms(2, batch) - self.round_ms(1, batch)
 
     def path_reach(self, gamma: int, limit: int, batch: float | None = None) -> int:
         """How far a lone proposal of γ drafts (at most `limit`), its path floor stopping it where the draft is
@@ -230,7 +235,7 @@ class CostModel:
         if gamma <= 0:
             return gamma
         batch = self.batch if batch is None else batch
-        priced, base = self.round_ms(2, batch) - self.round_ms(1, batch), self.round_ms(gamma, batch)
+        priced, base = self.floor_draft_ms(batch), self.round_ms(gamma, batch)
         reach = gamma
         for k in range(gamma + 1, limit + 1):
             if (self.round_ms(k, batch) - base) / (k - gamma) <= REACH_SLACK * priced:
