@@ -97,9 +97,10 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         "--draft-to-floor",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="adaptive γ: a request alone in its round that drafts at all drafts up to --max-gamma and lets the "
-        "path floor stop its proposal (default); --no-draft-to-floor: it drafts its policy's γ "
-        "(docs/performance.md, 'Where a proposal stops')",
+        help="adaptive γ: a request alone in its lockstep round that drafts at all drafts up to --max-gamma and "
+        "lets the path floor stop its proposal (default; with --lockstep-wait 0 or no path floor it drafts its "
+        "policy's γ); --no-draft-to-floor: it drafts its policy's γ (docs/performance.md, 'A lone proposal drafts "
+        "to its floor')",
     )
     parser.add_argument(
         "--lockstep-wait",
