@@ -14,8 +14,10 @@ from calispec_core.batch_forward import forward_rows
 from calispec_core.modeling import ModelRunner, Session, prefill_session, wait_for
 
 # A verify forward is γ + 1 tokens per row (γ <= 16); a batch of B rows costs about one row of
-# B·(γ+1) tokens, so the curve reaches past one row's worth. A draft step is one token per row.
-TARGET_TOKEN_COUNTS = (1, 2, 4, 8, 12, 17, 32, 64)
+# B·(γ+1) tokens, so the curve reaches past one row's worth. A draft step is one token per row. 6 and 7:
+# oneDNN's packed bf16 product costs ~1.18x at 7 rows what it costs at 6 (wave 33), a step between 4 and 8
+# that a straight line would spread over 5-7 (γ = 4-6 at batch 1).
+TARGET_TOKEN_COUNTS = (1, 2, 4, 6, 7, 8, 12, 17, 32, 64)
 DRAFT_TOKEN_COUNTS = (1, 2, 4, 8)
 CONTEXT = 64  # cached tokens before each measured forward (costs grow little with a short context)
 

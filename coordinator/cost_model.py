@@ -5,7 +5,8 @@ token per forward; the target verifies γ + 1 in one) when B sessions share each
 a batch of B rows of n new tokens costs about one forward of B·n tokens (the weights are read once
 either way and the matmuls see B·n rows), so the same measured curve prices both, and on hardware
 where the forward turns compute-bound (CPUs) a loaded service drafts shorter. B is a running average
-of the batch sizes the target reports. The round emits, if every
+of the batch sizes the target reports; each size class of batch learns its own correction of that
+curve (`CurvesByRows`: every row adds work of its own). The round emits, if every
 draft token is accepted independently with probability α, `(1 − α^(γ+1)) / (1 − α)` tokens
 (Leviathan et al. 2023). γ = 0 is a plain target step: one token for `target(1)`. The policy
 picks the γ with the most expected tokens per millisecond, so it drafts nothing where the
@@ -156,11 +157,47 @@ class LearnedCurve:
         return [(i - 1, 1.0 - upper), (i, upper)]
 
 
+class CurvesByRows:
+    """The target's forward cost by new tokens over all its rows, learned apart for each size class of batch
+    (1 row, 2, 3-4, 5-8, 9-16, ...), each from the start-up curve.
+
+    Tokens over all rows price a batch to first order (the weights are read once, the matmuls see every row),
+    but each row adds work of its own (its attention over its own cache, its cache writes, its padding): on the
+    bf16 EPYC a forward of 8 rows of 1 token cost 158 ms, one row of 8 tokens ~140. With one curve, a lone
+    request's 11-token verifies and an 8-row round's 11 tokens taught each other's point (wave 33: two
+    coordinators of the same code chose a mean γ of 1.13 and 0.47 at concurrency 8). A class no forward has
+    measured yet is priced by the nearest class that has."""
+
+    def __init__(self, measured: CostCurve) -> None:
+        self.measured = measured
+        self.by_class: dict[int, LearnedCurve] = {0: LearnedCurve(measured)}
+
+    @staticmethod
+    def size_class(rows: float) -> int:
+        """0 for one row, 1 for 2, 2 for 3-4, 3 for 5-8, ...: a running average of rows rounds to its class."""
+        return (max(round(rows), 1) - 1).bit_length()
+
+    def of(self, rows: float) -> LearnedCurve:
+        """The curve that prices a forward of `rows` rows: its class's, or the nearest measured one's."""
+        wanted = self.size_class(rows)
+        return self.by_class[min(self.by_class, key=lambda c: (abs(c - wanted), c))]
+
+    def at(self, tokens: float, rows: float = 1.0) -> float:
+        return self.of(rows).at(tokens)
+
+    def observe(self, tokens: float, ms: float, rows: int = 1) -> None:
+        """One forward of `rows` rows and `tokens` new tokens over all of them took `ms`."""
+        size_class = self.size_class(rows)
+        if size_class not in self.by_class:
+            self.by_class[size_class] = LearnedCurve(self.measured)
+        self.by_class[size_class].observe(tokens, ms)
+
+
 class CostModel:
     """The pair's forward costs (shared by all requests; thread-safe) and the γ policy."""
 
     def __init__(self, target: CostCurve, draft: CostCurve, draft_call_ms: float = 0.5) -> None:
-        self.target = LearnedCurve(target)  # ms by new tokens over all rows of a verify forward
+        self.target = CurvesByRows(target)  # ms by new tokens over all rows of a verify forward, by batch size
         self.draft = LearnedCurve(draft)  # ms of one draft step by sessions in it
         self.draft_call_ms = draft_call_ms  # per-round cost of the Propose round trip (RPC, (de)serialising)
         self.overhead_ms = 0.5  # per-round cost outside the services' handlers
@@ -172,9 +209,9 @@ class CostModel:
     def from_measured(cls, target: dict[int, float], draft: dict[int, float]) -> CostModel:
         return cls(CostCurve.of(target or FALLBACK_TARGET_MS), CostCurve.of(draft or FALLBACK_DRAFT_MS))
 
-    def target_ms(self, tokens: float) -> float:
-        """One target forward of `tokens` new tokens over all its rows."""
-        return self.target.at(tokens)
+    def target_ms(self, tokens: float, rows: float = 1.0) -> float:
+        """One target forward of `tokens` new tokens over all its `rows` rows."""
+        return self.target.at(tokens, rows)
 
     def draft_ms(self, tokens: int, batch: float = 1.0) -> float:
         """Drafting `tokens` for each of `batch` sessions: that many batched one-token-per-session forwards."""
@@ -182,7 +219,7 @@ class CostModel:
 
     def round_ms(self, gamma: int, batch: float = 1.0) -> float:
         drafting = self.draft_ms(gamma, batch) + self.draft_call_ms if gamma > 0 else 0.0
-        return drafting + self.target_ms(batch * (gamma + 1)) + self.overhead_ms
+        return drafting + self.target_ms(batch * (gamma + 1), batch) + self.overhead_ms
 
     def rate(self, gamma: int, alpha: float | Sequence[float], batch: float = 1.0) -> float:
         """Expected tokens per millisecond of one request's rounds with γ drafts (α: one for all
@@ -250,7 +287,7 @@ class CostModel:
         batch = max(batch, 1)
         with self._lock:
             self.batch = (1 - COST_EMA) * self.batch + COST_EMA * batch
-            self.target.observe(batch_tokens or batch * tokens, ms)
+            self.target.observe(batch_tokens or batch * tokens, ms, batch)
 
     def observe_draft(self, tokens: int, forward_ms: float, service_ms: float, call_ms: float) -> None:
         """A Propose of `tokens` spent forward_ms in the draft's forwards (its `tokens` batched steps),

@@ -10,6 +10,7 @@ from coordinator.cost_model import (
     AcceptanceTracker,
     CostCurve,
     CostModel,
+    CurvesByRows,
     GammaPolicy,
     LearnedCurve,
     expected_tokens,
@@ -353,5 +354,26 @@ def test_a_batch_is_priced_by_the_tokens_the_target_reports_for_it() -> None:
     for _ in range(30):  # 8 rows, 12 new tokens in all, as fast as the start-up curve's 12 points
         costs.observe_target(tokens=4, ms=317.0, batch=8, batch_tokens=12)
         reported.observe(12, 317.0)
-    assert costs.target_ms(12) == pytest.approx(reported.at(12)) == pytest.approx(317.0, rel=0.02)
-    assert costs.target_ms(32) == pytest.approx(520.0, rel=0.02)  # 8 x 4 tokens: not what was measured
+    assert costs.target_ms(12, rows=8) == pytest.approx(reported.at(12)) == pytest.approx(317.0, rel=0.02)
+    assert costs.target_ms(32, rows=8) == pytest.approx(520.0, rel=0.02)  # 8 x 4 tokens: not what was measured
+
+
+def test_a_lone_row_and_a_batch_of_the_same_tokens_learn_apart() -> None:
+    """One row of 11 tokens is a cheaper forward than 8 rows of 11 tokens in all (each row has its own attention
+    and cache): wave 33's c=8 A/B chose γ 1.13 against 0.47 with one curve, where lone verifies taught the point
+    that 8-row rounds live on. Each size class learns its own; one the target never reported is priced by the
+    nearest class that it did."""
+    costs = CostModel(CostCurve.of(LOADED_TARGET), CostCurve.of(BATCHED_DRAFT), draft_call_ms=0.0)
+    for _ in range(30):
+        costs.observe_target(tokens=12, ms=317.0 * 1.2, batch=8, batch_tokens=12)  # 8 rows: dearer than one row
+    group = costs.target_ms(12, rows=8)
+    assert group == pytest.approx(317.0 * 1.2, rel=0.02)
+    assert costs.target_ms(12, rows=6) == group  # 5-8 rows: one class
+    assert costs.target_ms(12, rows=3) == group  # 3-4 rows not reported yet: priced by the nearest that was
+    for _ in range(30):
+        costs.observe_target(tokens=12, ms=317.0 * 0.9, batch=1)  # a lone request's verifies of 12 tokens
+    assert costs.target_ms(12, rows=8) == group  # did not move the 8-row price
+    assert costs.target_ms(12) == pytest.approx(317.0 * 0.9, rel=0.02)
+    assert costs.round_ms(1, batch=8) > costs.round_ms(1, batch=1)
+    assert CurvesByRows.size_class(1) == 0 and CurvesByRows.size_class(1.4) == 0
+    assert [CurvesByRows.size_class(r) for r in (2, 3, 4, 5, 8, 9, 16)] == [1, 2, 2, 3, 3, 4, 4]
