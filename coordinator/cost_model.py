@@ -23,6 +23,7 @@ pair-wide running acceptance while a request has seen few tokens. No gRPC here; 
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 from bisect import bisect_left
@@ -159,38 +160,49 @@ class LearnedCurve:
 
 class CurvesByRows:
     """The target's forward cost by new tokens over all its rows, learned apart for each size class of batch
-    (1 row, 2, 3-4, 5-8, 9-16, ...), each from the start-up curve.
+    (1 row, 2, 3-4, 5-8, 9-16, ...).
 
     Tokens over all rows price a batch to first order (the weights are read once, the matmuls see every row),
     but each row adds work of its own (its attention over its own cache, its cache writes, its padding): on the
-    bf16 EPYC a forward of 8 rows of 1 token cost 158 ms, one row of 8 tokens ~140. With one curve, a lone
-    request's 11-token verifies and an 8-row round's 11 tokens taught each other's point (wave 33: two
-    coordinators of the same code chose a mean γ of 1.13 and 0.47 at concurrency 8). A class no forward has
-    measured yet is priced by the nearest class that has."""
+    bf16 EPYC 8 rows of 1 token cost 158 ms (wave 30), one row of 8 tokens ~140 (wave 33). With one curve, a lone
+    request's 10-11-token verifies and an 8-row round's ~11 tokens taught the same point (a suspect in wave 33's
+    concurrency-8 A/B, whose coordinators, with and without `--draft-to-floor`, chose a mean γ of 1.13 and 0.47;
+    not shown to be the cause). A class's first forward starts it as a copy of the nearest class already measured
+    (the larger on a tie: the dearer per row), or of the start-up curve; until then that class prices it.
+
+    Read without `CostModel`'s lock: `observe` (under it) never changes a dict a reader may be iterating, it swaps
+    in a new one."""
 
     def __init__(self, measured: CostCurve) -> None:
         self.measured = measured
-        self.by_class: dict[int, LearnedCurve] = {0: LearnedCurve(measured)}
+        self.by_class: dict[int, LearnedCurve] = {0: LearnedCurve(measured)}  # class 0 unseen until a lone forward
 
     @staticmethod
     def size_class(rows: float) -> int:
-        """0 for one row, 1 for 2, 2 for 3-4, 3 for 5-8, ...: a running average of rows rounds to its class."""
-        return (max(round(rows), 1) - 1).bit_length()
+        """0 for one row, 1 for 2, 2 for 3-4, 3 for 5-8, ...: a running average of rows rounds half up to its class."""
+        return (max(math.floor(rows + 0.5), 1) - 1).bit_length()
 
     def of(self, rows: float) -> LearnedCurve:
-        """The curve that prices a forward of `rows` rows: its class's, or the nearest measured one's."""
-        wanted = self.size_class(rows)
-        return self.by_class[min(self.by_class, key=lambda c: (abs(c - wanted), c))]
+        """The curve that prices a forward of `rows` rows: its class's, else the nearest measured class's, else the
+        start-up curve (class 0 before any forward)."""
+        return self._nearest(self.by_class, self.size_class(rows))
 
     def at(self, tokens: float, rows: float = 1.0) -> float:
         return self.of(rows).at(tokens)
 
-    def observe(self, tokens: float, ms: float, rows: int = 1) -> None:
-        """One forward of `rows` rows and `tokens` new tokens over all of them took `ms`."""
-        size_class = self.size_class(rows)
-        if size_class not in self.by_class:
-            self.by_class[size_class] = LearnedCurve(self.measured)
+    def observe(self, tokens: float, ms: float, rows: float = 1) -> None:
+        """One forward of `rows` rows and `tokens` new tokens over all of them took `ms` (the caller holds the lock)."""
+        size_class, classes = self.size_class(rows), self.by_class
+        if size_class not in classes or not classes[size_class].level.seen:  # its first forward
+            self.by_class = {**classes, size_class: copy.deepcopy(self._nearest(classes, size_class))}
         self.by_class[size_class].observe(tokens, ms)
+
+    @staticmethod
+    def _nearest(classes: dict[int, LearnedCurve], wanted: int) -> LearnedCurve:
+        measured = [c for c, curve in classes.items() if curve.level.seen]
+        if not measured:
+            return classes[0]
+        return classes[min(measured, key=lambda c: (abs(c - wanted), -c))]
 
 
 class CostModel:

@@ -349,7 +349,7 @@ def test_a_batch_is_priced_by_the_tokens_the_target_reports_for_it() -> None:
     of 1 + 3 + ... tokens, not 8 x 4. The count the target reports is where the curve learns."""
     reported = LearnedCurve(CostCurve.of(LOADED_TARGET))
     costs = CostModel(CostCurve.of(LOADED_TARGET), CostCurve.of(BATCHED_DRAFT), draft_call_ms=0.0)
-    costs.observe_target(tokens=1, ms=231.0)  # the level, seen
+    costs.observe_target(tokens=1, ms=231.0)  # the level, seen (the 8-row class starts as a copy of it)
     reported.observe(1, 231.0)
     for _ in range(30):  # 8 rows, 12 new tokens in all, as fast as the start-up curve's 12 points
         costs.observe_target(tokens=4, ms=317.0, batch=8, batch_tokens=12)
@@ -359,21 +359,39 @@ def test_a_batch_is_priced_by_the_tokens_the_target_reports_for_it() -> None:
 
 
 def test_a_lone_row_and_a_batch_of_the_same_tokens_learn_apart() -> None:
-    """One row of 11 tokens is a cheaper forward than 8 rows of 11 tokens in all (each row has its own attention
-    and cache): wave 33's c=8 A/B chose γ 1.13 against 0.47 with one curve, where lone verifies taught the point
-    that 8-row rounds live on. Each size class learns its own; one the target never reported is priced by the
-    nearest class that it did."""
+    """One row of 12 tokens is a cheaper forward than 8 rows of 12 tokens in all (each row has its own attention
+    and cache writes): each size class of batch learns its own, so a lone request's verifies leave the price of
+    an 8-row round alone; a class no forward has reported yet is priced by the nearest measured one."""
     costs = CostModel(CostCurve.of(LOADED_TARGET), CostCurve.of(BATCHED_DRAFT), draft_call_ms=0.0)
     for _ in range(30):
         costs.observe_target(tokens=12, ms=317.0 * 1.2, batch=8, batch_tokens=12)  # 8 rows: dearer than one row
     group = costs.target_ms(12, rows=8)
     assert group == pytest.approx(317.0 * 1.2, rel=0.02)
     assert costs.target_ms(12, rows=6) == group  # 5-8 rows: one class
-    assert costs.target_ms(12, rows=3) == group  # 3-4 rows not reported yet: priced by the nearest that was
+    assert costs.target_ms(12, rows=2) == group  # only 5-8 rows measured: not the start-up curve (317)
+    assert costs.target_ms(12) == group  # a lone row too, before its first forward
     for _ in range(30):
         costs.observe_target(tokens=12, ms=317.0 * 0.9, batch=1)  # a lone request's verifies of 12 tokens
     assert costs.target_ms(12, rows=8) == group  # did not move the 8-row price
     assert costs.target_ms(12) == pytest.approx(317.0 * 0.9, rel=0.02)
-    assert costs.round_ms(1, batch=8) > costs.round_ms(1, batch=1)
-    assert CurvesByRows.size_class(1) == 0 and CurvesByRows.size_class(1.4) == 0
-    assert [CurvesByRows.size_class(r) for r in (2, 3, 4, 5, 8, 9, 16)] == [1, 2, 2, 3, 3, 4, 4]
+    for _ in range(30):
+        costs.observe_target(tokens=6, ms=317.0, batch=2, batch_tokens=12)  # 2 rows
+    assert costs.target_ms(12, rows=2) == pytest.approx(317.0, rel=0.02)
+    assert costs.target_ms(12, rows=3) == group  # 3-4 rows: as near to 2 rows as to 5-8; the larger, dearer class
+
+
+def test_a_new_size_class_starts_from_the_nearest_measured_one() -> None:
+    """A class's first forward moves a copy of its neighbour's learned curve by the usual step, instead of setting
+    the class's price from that one forward alone."""
+    costs = CostModel(CostCurve.of(LOADED_TARGET), CostCurve.of(BATCHED_DRAFT), draft_call_ms=0.0)
+    for _ in range(30):
+        costs.observe_target(tokens=12, ms=317.0 * 2.0, batch=8, batch_tokens=12)
+    costs.observe_target(tokens=6, ms=317.0, batch=3, batch_tokens=12)  # one fast forward of 3 rows
+    three_rows = costs.target_ms(12, rows=3)
+    assert 317.0 * 1.5 < three_rows < 317.0 * 2.0  # moved from the 8-row price, not set to the one forward's 317
+
+
+def test_batch_sizes_round_half_up_to_their_class() -> None:
+    assert [CurvesByRows.size_class(r) for r in (0, 1, 1.4, 1.5, 2, 2.5, 3, 4, 4.5, 5, 8, 8.5, 9, 16)] == [
+        0, 0, 0, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4,
+    ]  # fmt: skip
