@@ -35,14 +35,18 @@ def main(draft: str, target: str, work: Path) -> dict:
     corpus, token = work / "corpus.jsonl", work / "token"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
     token.write_text(TOKEN)
-    server, port, store = create_server(
-        MemoryConfig(host="127.0.0.1", port=0, db_path=work / "memory.db", flush_interval_s=0.05, writer_token=TOKEN)
-    )
-    server.start()
+    # Ray's node first, then the memory service's gRPC server: with the server's threads running, ray.init's
+    # forks logged "Other threads are currently calling into gRPC, skipping fork() handlers" and, in the first
+    # `make test-slow` of waves 32-34, the raylet once never came up (no raylet log at all; "The current node
+    # timed out during startup"). test_ray.py starts no gRPC server before ray.init and has not failed so.
     context = ray.init(
         num_cpus=4, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
         _temp_dir=str(work / "ray"),
     )  # fmt: skip
+    server, port, store = create_server(
+        MemoryConfig(host="127.0.0.1", port=0, db_path=work / "memory.db", flush_interval_s=0.05, writer_token=TOKEN)
+    )
+    server.start()
     try:
         t0 = time.monotonic()
         cli = [sys.executable, "-m", "calispec_tools.cli", "calibrate", "--corpus", str(corpus), "--generate",

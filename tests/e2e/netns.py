@@ -54,9 +54,10 @@ def run_scenario(scenario: Path, args: list[str], prefix: str, timeout_s: float 
 def ray_log_tails(work: Path, lines: int = 15) -> str:
     """The last lines of the Ray node's own logs under `work` (the scenarios' `_temp_dir`): a raylet that
     never registered once failed a run with only "The current node timed out during startup" to show."""
-    tails = []
-    for log in sorted(work.glob("ray/session_latest/logs/*")):  # a link to the session_<time> directory
+    logs = sorted(work.glob("ray/session_latest/logs/*"))  # a link to the session_<time> directory
+    tails = [f"--- ray/session_latest/logs holds: {', '.join(log.name for log in logs) or 'nothing'}"]
+    for log in logs:
         if log.name.startswith(("raylet.", "gcs_server.")) and log.is_file():
             text = log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
             tails.append(f"--- {log.relative_to(work)}\n" + "\n".join(text))
-    return "\n" + "\n".join(tails) if tails else ""
+    return "\n" + "\n".join(tails)
