@@ -54,7 +54,10 @@ def run_scenario(scenario: Path, args: list[str], prefix: str, timeout_s: float 
 def ray_log_tails(work: Path, lines: int = 15) -> str:
     """The last lines of the Ray node's own logs under `work` (the scenarios' `_temp_dir`): a raylet that
     never registered once failed a run with only "The current node timed out during startup" to show."""
-    logs = sorted(work.glob("ray/session_latest/logs/*"))  # a link to the session_<time> directory
+    folder = work / "ray" / "session_latest" / "logs"  # through a link to the session_<time> directory
+    if not folder.is_dir():
+        return ""  # no Ray node was started there
+    logs = sorted(folder.iterdir())  # named first: a raylet that never started left no log of its own (wave 34)
     tails = [f"--- ray/session_latest/logs holds: {', '.join(log.name for log in logs) or 'nothing'}"]
     for log in logs:
         if log.name.startswith(("raylet.", "gcs_server.")) and log.is_file():

@@ -17,4 +17,5 @@ def test_a_failed_scenario_shows_the_raylet_and_gcs_logs(tmp_path: Path) -> None
     tails = ray_log_tails(tmp_path)
     assert "--- ray/session_latest/logs/raylet.err" in tails and "line 39" in tails and "line 24" not in tails
     assert "GCS started" in tails and "not this one" not in tails
+    assert "logs holds: gcs_server.out, raylet.err, worker-1.out" in tails  # a raylet with no log shows as missing
     assert ray_log_tails(tmp_path / "nothing-here") == ""
