@@ -174,7 +174,6 @@ class CurvesByRows:
     in a new one."""
 
     def __init__(self, measured: CostCurve) -> None:
-        self.measured = measured
         self.by_class: dict[int, LearnedCurve] = {0: LearnedCurve(measured)}  # class 0 unseen until a lone forward
 
     @staticmethod
@@ -185,7 +184,9 @@ class CurvesByRows:
     def of(self, rows: float) -> LearnedCurve:
         """The curve that prices a forward of `rows` rows: its class's, else the nearest measured class's, else the
         start-up curve (class 0 before any forward)."""
-        return self._nearest(self.by_class, self.size_class(rows))
+        classes, wanted = self.by_class, self.size_class(rows)
+        curve = classes.get(wanted)  # measured already, once the class has seen a forward: every round prices here
+        return curve if curve is not None and curve.level.seen else self._nearest(classes, wanted)
 
     def at(self, tokens: float, rows: float = 1.0) -> float:
         return self.of(rows).at(tokens)
