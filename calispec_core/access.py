@@ -202,29 +202,40 @@ class QuotaBook:
         self._usage: dict[str, _Usage] = {}
 
     @contextmanager
-    def admit(self, caller: str) -> Iterator[None]:
-        """Hold one of the caller's request slots for the duration, or raise ResourceExhausted."""
-        self._take(caller)
+    def admit(self, caller: str, requests: int = 1) -> Iterator[None]:
+        """Hold `requests` of the caller's request slots for the duration (an HTTP request of n choices is n
+        generations, so it counts as n requests), or raise ResourceExhausted."""
+        self._take(caller, requests)
         try:
             yield
         finally:
             with self._lock:
-                self._usage[caller].in_flight -= 1
+                self._usage[caller].in_flight -= requests
 
-    def _take(self, caller: str) -> None:
+    def _take(self, caller: str, requests: int) -> None:
         q = self.quota
         with self._lock:
             now = self._clock()
             usage = self._usage.setdefault(caller, _Usage(self._burst, now))
             usage.tokens = min(self._burst, usage.tokens + (now - usage.updated) * self._rate_per_s)
             usage.updated = now
-            if q.max_concurrent and usage.in_flight >= q.max_concurrent:
+            if q.max_concurrent and requests > q.max_concurrent:
+                raise ResourceExhausted(
+                    f"{caller!r} may have {q.max_concurrent} requests in flight; this one counts as {requests} "
+                    "(one per choice): ask for fewer choices"
+                )
+            if q.requests_per_minute and requests > self._burst:
+                raise ResourceExhausted(
+                    f"{caller!r} may send {self._burst:g} requests at once; this one counts as {requests} "
+                    "(one per choice): ask for fewer choices"
+                )
+            if q.max_concurrent and usage.in_flight + requests > q.max_concurrent:
                 raise ResourceExhausted(f"{caller!r} already has {usage.in_flight} requests in flight (the limit)")
-            if q.requests_per_minute and usage.tokens < 1:
+            if q.requests_per_minute and usage.tokens < requests:
                 raise ResourceExhausted(f"{caller!r} is over its quota of {q.requests_per_minute:g} requests/minute")
             if q.requests_per_minute:
-                usage.tokens -= 1
-            usage.in_flight += 1
+                usage.tokens -= requests
+            usage.in_flight += requests
 
 
 # -- interceptors ----------------------------------------------------------------------------------

@@ -13,25 +13,22 @@ is `coordinator.http_transport`'s.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
-import anyio
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_fastapi_instrumentator import Instrumentator
 from pydantic import BaseModel
-from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
@@ -40,7 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from calispec.types import Mode
 from calispec_core.access import ApiKeys, QuotaBook, parse_bearer
 from calispec_core.credentials import TlsConfig
-from calispec_core.errors import CalispecError, Cancelled, NotFound, Unauthenticated, Unavailable
+from calispec_core.errors import CalispecError, NotFound, Unauthenticated, Unavailable
 from calispec_core.generation import Defaults, GenerationParams
 from calispec_core.metrics import new_registry
 from calispec_core.observability import DrainGate
@@ -52,6 +49,7 @@ from coordinator.config import HTTP_HEADER_TIMEOUT_S, HTTP_MAX_BODY_BYTES, Coord
 from coordinator.engine import Chunk, Orchestrator
 from coordinator.http_transport import guarded_protocol, serve
 from coordinator.metrics import CoordinatorMetrics, RequestTimer
+from coordinator.openai_generations import HttpGeneration, first_chunks, gathered, merged, usage_of
 from coordinator.openai_protocol import (
     AssistantMessage,
     CalispecParams,
@@ -167,125 +165,22 @@ def body_too_large_message(max_body_bytes: int) -> str:
     return f"the request body is larger than this server's limit of {max_body_bytes} bytes"
 
 
-def generation_params(req: CalispecParams, defaults: Defaults, max_tokens: int | None) -> GenerationParams:
-    """The request's parameters with the server's defaults applied (validated by the Orchestrator)."""
+def generation_params(
+    req: CalispecParams, defaults: Defaults, max_tokens: int | None, choice: int = 0
+) -> GenerationParams:
+    """The request's parameters with the server's defaults applied (validated by the Orchestrator). `choice`: the
+    place among its prompt's `n` choices; a seed gives it seed + choice (vLLM's rule: a batch of prompts samples
+    each prompt as a request of its own would)."""
+    seed = req.seed + choice if req.seed is not None else None
     return GenerationParams(
         max_new_tokens=max_tokens if max_tokens is not None else defaults.max_new_tokens,
-        sampling=SamplingConfig(req.temperature, req.top_p, req.top_k, req.seed),
+        sampling=SamplingConfig(req.temperature, req.top_p, req.top_k, seed),
         stop=req.stop_strings(),
         num_speculative_tokens=req.gamma if req.gamma is not None else defaults.num_speculative_tokens,
         mode=Mode.parse(req.mode) if req.mode else defaults.mode,
         tau=req.tau if req.tau is not None else defaults.tau,
         lambda_=req.lambda_ if req.lambda_ is not None else defaults.lambda_,
     )
-
-
-@dataclass
-class Outcome:
-    """A whole generation, gathered from its chunks."""
-
-    text: str
-    finish: Chunk
-    token_ids: list[int]
-
-    def usage(self) -> Usage:
-        assert self.finish.stats is not None
-        return Usage.of(self.finish.stats.prompt_tokens, len(self.token_ids))
-
-
-class HttpGeneration:
-    """A generation an HTTP request drives from the thread pool, one `next` at a time, and can end early.
-
-    A client that leaves (a stream closed mid-way, a request given up on) ends it: the round in flight
-    finishes, then the generator is closed, so its sessions are closed and its place in lockstep given
-    back at once. Before, an abandoned generator stayed suspended until garbage collection: its sessions
-    open until their idle TTL, and the lockstep group waiting for it at every round start."""
-
-    def __init__(self, chunks: Generator[Chunk, None, None], gone: threading.Event) -> None:
-        self._chunks = chunks
-        self._lock = threading.Lock()  # held by the thread running a round
-        self._gone = gone  # the orchestrator's `cancelled`: checked at every round start
-        self._done = False  # nothing more to run: its last chunk is out, or it failed or was cancelled
-        self._last_out = False  # its last chunk is out: all that is left is its end (its bookkeeping)
-        self._ended = False  # the generator returned or raised: nothing at all is left
-
-    def __iter__(self) -> Iterator[Chunk]:
-        return self
-
-    def __next__(self) -> Chunk:
-        with self._lock:
-            if self._gone.is_set():  # abandoned, maybe before its first round: never a silent, empty end
-                self._done = True
-                raise Cancelled("request cancelled: the client went away")
-            try:
-                chunk = next(self._chunks)
-            except BaseException:
-                self._done = self._ended = True
-                raise
-            self._done = self._last_out = chunk.finish_reason is not None
-            return chunk
-
-    def next_or_none(self) -> Chunk | None:
-        return next(self, None)
-
-    def abandon(self) -> None:
-        """The client is gone: stop at the next round start and close the generator once no round runs
-        (on a thread of its own: the caller may be the event loop). A generation whose last chunk is out is
-        not cancelled but run to its end (a client gone between its last chunk and the stream's end).
-        Both under the caller's context: the request's log line keeps its request id."""
-        if self._ended:
-            return
-        if not self._done:
-            self._gone.set()
-        run = contextvars.copy_context().run
-        threading.Thread(target=run, args=(self._close,), name="http-abandoned", daemon=True).start()
-
-    def _close(self) -> None:
-        with self._lock:
-            if self._ended:
-                return
-            self._ended = True
-            if not self._last_out:  # GeneratorExit at its yield (CANCELLED): the orchestrator's `finally` closes
-                self._chunks.close()  # the sessions
-                return
-            try:  # nothing to cancel: run its end, where it is counted OK and its sessions close
-                for _ in self._chunks:
-                    pass
-            except Exception as exc:  # counted and logged by `tracked`; nobody is left to tell
-                log.debug("an abandoned generation failed at its end: %s", exc)
-
-
-def gather(chunks: Iterator[Chunk]) -> Outcome:
-    text: list[str] = []
-    ids: list[int] = []
-    last = None
-    for chunk in chunks:
-        text.append(chunk.text)
-        ids += chunk.token_ids
-        last = chunk
-    assert last is not None and last.finish_reason is not None
-    return Outcome("".join(text), last, ids)
-
-
-async def gathered(generation: HttpGeneration, request: Request) -> Outcome:
-    """The whole generation, ended early if the client disconnects meanwhile (its answer then goes nowhere)."""
-
-    async def abandon_on_disconnect() -> None:
-        while (await request.receive())["type"] != "http.disconnect":  # the body is read: only this is left
-            pass
-        generation.abandon()
-
-    failure: Exception | None = None
-    async with anyio.create_task_group() as group:
-        group.start_soon(abandon_on_disconnect)
-        try:
-            outcome = await run_in_threadpool(gather, generation)
-        except Exception as exc:  # raised below, as itself: not wrapped in the task group's ExceptionGroup
-            failure = exc
-        group.cancel_scope.cancel()
-    if failure is not None:
-        raise failure
-    return outcome
 
 
 def sse(payload: BaseModel | str) -> str:
@@ -303,10 +198,10 @@ class OpenAIApi:
         self.gate = settings.gate or DrainGate(())
         self.started = int(time.time())  # the served model's `created`: the same on every call
 
-    def admit(self, request: Request, model: str) -> ExitStack:
+    def admit(self, request: Request, model: str, choices: int = 1) -> ExitStack:
         """Refuse while draining (503, as gRPC's UNAVAILABLE), name the caller (RequestGuard authenticated it
-        before the body was read), check the model (404) and take a quota slot (429); the drain counts the
-        request and the quota slot stays taken until the returned stack is closed: by the endpoint, or by the
+        before the body was read), check the model (404) and take a quota slot per choice (429); the drain counts
+        the request and the quota slots stay taken until the returned stack is closed: by the endpoint, or by the
         stream when it ends."""
         if not self.gate.admit():
             raise Unavailable("the server is draining before shutdown; retry elsewhere")
@@ -316,7 +211,7 @@ class OpenAIApi:
             caller = self.caller(request)
             self.check_model(model)
             if self.settings.quotas is not None:
-                held.enter_context(self.settings.quotas.admit(caller))
+                held.enter_context(self.settings.quotas.admit(caller, choices))
         except BaseException:
             held.close()
             raise
@@ -356,12 +251,16 @@ class OpenAIApi:
             id=self.settings.model_name, created=self.started, max_model_len=self.orchestrator.context_length
         )
 
-    def chunks(self, prompt: Callable[[], str], req: CalispecParams) -> HttpGeneration:
+    def generations(self, prompts: Sequence[Callable[[], str]], req: CalispecParams) -> list[HttpGeneration]:
+        """One generation per choice: `n` per prompt, choice k continuing prompt k // n."""
+        return [self.chunks(prompt, req, choice) for prompt in prompts for choice in range(req.n)]
+
+    def chunks(self, prompt: Callable[[], str], req: CalispecParams, choice: int = 0) -> HttpGeneration:
         """The generation, lazily (nothing runs before the first `next`), with the per-request bookkeeping."""
         gone = threading.Event()
 
         def begin(timer: RequestTimer) -> Iterator[Chunk]:
-            params = generation_params(req, self.settings.defaults, req.token_limit())
+            params = generation_params(req, self.settings.defaults, req.token_limit(), choice)
             timer.mode = params.mode.name.lower()
             deadline = Deadline(self.settings.request_timeout_s)
             fits = self.context_check(req)
@@ -386,74 +285,89 @@ class OpenAIApi:
         return render_chat(self.orchestrator.tokenizer, [ChatTurn(m.role, m.content) for m in req.messages])
 
     async def completion(self, req: CompletionRequest, held: ExitStack, request: Request):
-        chunks = self.chunks(lambda: completion_prompt(req), req)
+        generations = self.generations([partial(str, p) for p in req.prompts()], req)
         rid, model = new_id("cmpl"), self.settings.model_name
         if not req.stream:
             with held:
-                done = await gathered(chunks, request)
-            ids = done.token_ids if req.return_token_ids else None
-            finish = openai_finish_reason(done.finish.finish_reason)
-            choice = CompletionChoice(text=done.text, finish_reason=finish, token_ids=ids)
-            return CompletionResponse(id=rid, model=model, choices=[choice], usage=done.usage())
+                done = await gathered(generations, request)
+            choices = [
+                CompletionChoice(
+                    index=index,
+                    text=outcome.text,
+                    finish_reason=openai_finish_reason(outcome.finish.finish_reason),
+                    token_ids=outcome.token_ids if req.return_token_ids else None,
+                )
+                for index, outcome in enumerate(done)
+            ]
+            return CompletionResponse(id=rid, model=model, choices=choices, usage=usage_of(done, req.n))
 
-        def event(chunk: Chunk) -> CompletionResponse:
+        def event(index: int, chunk: Chunk) -> CompletionResponse:
             ids = chunk.token_ids if req.return_token_ids else None
             choice = CompletionChoice(
-                text=chunk.text, finish_reason=openai_finish_reason(chunk.finish_reason), token_ids=ids
+                index=index, text=chunk.text, finish_reason=openai_finish_reason(chunk.finish_reason), token_ids=ids
             )
             return CompletionResponse(id=rid, model=model, choices=[choice])
 
         def usage_event(usage: Usage) -> CompletionResponse:
             return CompletionResponse(id=rid, model=model, choices=[], usage=usage)
 
-        return await stream(chunks, held, [], event, usage_event if req.include_usage_chunk else None)
+        usage = usage_event if req.include_usage_chunk else None
+        return await stream(generations, req.n, held, [], event, usage)
 
     async def chat_completion(self, req: ChatCompletionRequest, held: ExitStack, request: Request):
-        chunks = self.chunks(lambda: self.chat_prompt(req), req)
+        generations = self.generations([cache(partial(self.chat_prompt, req))], req)  # rendered once
         rid, model = new_id("chatcmpl"), self.settings.model_name
         if not req.stream:
             with held:
-                done = await gathered(chunks, request)
-            choice = ChatChoice(
-                message=AssistantMessage(content=done.text),
-                finish_reason=openai_finish_reason(done.finish.finish_reason),
-            )
-            return ChatCompletionResponse(id=rid, model=model, choices=[choice], usage=done.usage())
+                done = await gathered(generations, request)
+            choices = [
+                ChatChoice(
+                    index=index,
+                    message=AssistantMessage(content=outcome.text),
+                    finish_reason=openai_finish_reason(outcome.finish.finish_reason),
+                )
+                for index, outcome in enumerate(done)
+            ]
+            return ChatCompletionResponse(id=rid, model=model, choices=choices, usage=usage_of(done, req.n))
 
-        def event(chunk: Chunk) -> ChatCompletionChunk:
+        def event(index: int, chunk: Chunk) -> ChatCompletionChunk:
             delta = ChatDelta(content=chunk.text) if chunk.text or chunk.finish_reason is None else ChatDelta()
-            choice = ChatChunkChoice(delta=delta, finish_reason=openai_finish_reason(chunk.finish_reason))
+            choice = ChatChunkChoice(index=index, delta=delta, finish_reason=openai_finish_reason(chunk.finish_reason))
             return ChatCompletionChunk(id=rid, model=model, choices=[choice])
 
         def usage_event(usage: Usage) -> ChatCompletionChunk:
             return ChatCompletionChunk(id=rid, model=model, choices=[], usage=usage)
 
-        opening = ChatCompletionChunk(
-            id=rid, model=model, choices=[ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))]
-        )
-        return await stream(chunks, held, [opening], event, usage_event if req.include_usage_chunk else None)
+        opening = [  # each choice's first event names its role, as vLLM's
+            ChatCompletionChunk(
+                id=rid, model=model, choices=[ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))]
+            )
+            for i in range(len(generations))
+        ]
+        usage = usage_event if req.include_usage_chunk else None
+        return await stream(generations, req.n, held, opening, event, usage)
 
 
 class ModelNotFound(NotFound):
     param = "model"
 
 
-def completion_prompt(req: CompletionRequest) -> str:
-    return req.prompt if isinstance(req.prompt, str) else req.prompt[0]  # a list holds one: CompletionRequest's check
-
-
 async def stream(
-    chunks: HttpGeneration,
+    generations: Sequence[HttpGeneration],
+    n: int,
     held: ExitStack,
     opening: list[BaseModel],
-    event: Callable[[Chunk], BaseModel],
+    event: Callable[[int, Chunk], BaseModel],
     usage_event: Callable[[Usage], BaseModel] | None,
 ) -> StreamingResponse | JSONResponse:
-    """Server-sent events. The first round runs before the response starts, so that a bad request
-    still gets its HTTP error status; a failure later arrives as an `error` event."""
-    held.callback(chunks.abandon)  # however the response ends (a no-op once the generation finished)
+    """Server-sent events, each choice's as its rounds end. Every choice's first round runs before the response
+    starts, so that a bad request still gets its HTTP error status; a failure later arrives as an `error` event
+    (and ends the other choices). The usage event, when asked for, follows the last choice's end: each prompt's
+    tokens once (choice k continues prompt k // n), every choice's new tokens."""
+    for generation in generations:
+        held.callback(generation.abandon)  # however the response ends (a no-op once the generation finished)
     try:
-        first = await run_in_threadpool(next, chunks)
+        firsts = await first_chunks(generations)
     except CalispecError as exc:
         held.close()
         return domain_error_response(exc)
@@ -466,13 +380,15 @@ async def stream(
     async def _events() -> AsyncIterator[str]:
         for message in opening:
             yield sse(message)
-        completion_tokens = 0
+        prompt_tokens = completion_tokens = 0
         try:
-            async for chunk in _prepend(first, chunks):
+            async for index, chunk in merged(firsts, generations):
                 completion_tokens += len(chunk.token_ids)
-                yield sse(event(chunk))
-                if chunk.finish_reason is not None and usage_event is not None and chunk.stats is not None:
-                    yield sse(usage_event(Usage.of(chunk.stats.prompt_tokens, completion_tokens)))
+                yield sse(event(index, chunk))
+                if chunk.finish_reason is not None and chunk.stats is not None and index % n == 0:
+                    prompt_tokens += chunk.stats.prompt_tokens
+            if usage_event is not None:
+                yield sse(usage_event(Usage.of(prompt_tokens, completion_tokens)))
         except CalispecError as exc:
             kind = HTTP_ERRORS.get(exc.code, (500, "internal_error"))[1]
             yield sse(ErrorResponse(error=ErrorBody(message=str(exc), type=kind, code=exc.code.lower())))
@@ -495,15 +411,6 @@ class OwnedStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._release()
-
-
-async def _prepend(first: Chunk, rest: HttpGeneration) -> AsyncIterator[Chunk]:
-    """`first`, then the rest, pulled past the last chunk to the generation's end (before the stream's
-    `[DONE]`): there the request is counted OK and logged under its id, and its sessions are closed. Stopping
-    at the last chunk left the generation suspended until garbage collection ended it, counted CANCELLED."""
-    yield first
-    while (chunk := await run_in_threadpool(rest.next_or_none)) is not None:
-        yield chunk
 
 
 class RequestIdMiddleware:
@@ -648,7 +555,7 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
 
     @app.post(COMPLETIONS_PATH, response_model=None, max_body_size=settings.max_body_bytes)
     async def completions(body: CompletionRequest, request: Request):
-        held = api.admit(request, body.model)
+        held = api.admit(request, body.model, body.choice_count())
         try:
             return await api.completion(body, held, request)
         except BaseException:
@@ -657,7 +564,7 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
 
     @app.post(CHAT_PATH, response_model=None, max_body_size=settings.max_body_bytes)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        held = api.admit(request, body.model)
+        held = api.admit(request, body.model, body.choice_count())
         try:
             return await api.chat_completion(body, held, request)
         except BaseException:

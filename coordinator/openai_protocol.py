@@ -3,7 +3,7 @@
 The shapes follow OpenAI's `/v1/completions`, `/v1/chat/completions` and `/v1/models`, as vLLM,
 SGLang and TGI serve them. Calispec's own parameters ride along as extra body fields
 (`extra_body={"mode": "sd", "gamma": 4}` in the `openai` client). Fields a client may send
-but Calispec does not implement (logprobs, n > 1, penalties, tool calls, JSON mode, ...) are
+but Calispec does not implement (logprobs, penalties, tool calls, JSON mode, ...) are
 accepted only at their no-op values and refused with 400 otherwise, rather than silently ignored;
 unknown fields are ignored, as vLLM does. An explicit `null` is the field left out, as OpenAI takes it.
 
@@ -28,6 +28,7 @@ from pydantic_core import PydanticCustomError
 from calispec.types import MODE_NAMES, FinishReason
 from calispec_core.errors import InvalidArgument, InvalidField
 from calispec_core.limits import (
+    SEED_BOUND,
     check_csd_thresholds,
     check_max_new_tokens,
     check_sampling,
@@ -38,6 +39,9 @@ from calispec_core.limits import (
 from calispec_core.sampling import MIN_TOP_P
 
 ModeName = Literal[MODE_NAMES]  # type: ignore[valid-type]
+# Choices a request may ask for (`n`, times the prompts of a batched completion). Each running choice holds one of
+# the HTTP server's worker threads (Starlette's pool: 40) and a row of the model services' batches (8 by default).
+MAX_CHOICES = 16
 NO_TOOLS = "this server has no tool calling"
 
 
@@ -90,7 +94,7 @@ class CalispecParams(OpenAIModel):
     max_tokens: int | None = None  # unset: the server's default
     temperature: float = 1.0  # OpenAI's default; 0 is greedy
     top_p: float = 1.0  # OpenAI's 0 (the most likely token only) becomes MIN_TOP_P: 0 is "off" inside
-    n: Literal[1] = 1
+    n: int = 1  # choices per prompt: independent generations (a seed gives choice i seed + i, as vLLM's)
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
@@ -140,11 +144,21 @@ class CalispecParams(OpenAIModel):
                 require_unicode(s, f"stop string {i}")
         return value
 
+    @field_validator("n")
+    @classmethod
+    def _n(cls, value: int) -> int:
+        if not 1 <= value <= MAX_CHOICES:
+            raise invalid(f"must be in [1, {MAX_CHOICES}] (choices per request), got {value}")
+        return value
+
     @field_validator("seed")
     @classmethod
-    def _seed(cls, value: int | None) -> int | None:
+    def _seed(cls, value: int | None, info: ValidationInfo) -> int | None:
         with domain_checked():
             check_sampling(seed=value)
+        n = info.data.get("n", 1)
+        if value is not None and value + n > SEED_BOUND:  # choice i samples with seed + i
+            raise invalid(f"with n = {n}, seed + n - 1 must be below 2**63 (choice i samples with seed + i)")
         return value
 
     @field_validator("stream_options")
@@ -200,6 +214,13 @@ class CalispecParams(OpenAIModel):
 
     prompt_field: ClassVar[str] = "prompt"  # what the context's refusal names when the prompt alone fills it
 
+    def prompt_count(self) -> int:
+        """Prompts the request continues: `n` choices each."""
+        return 1
+
+    def choice_count(self) -> int:
+        return self.prompt_count() * self.n
+
     def token_limit(self) -> int | None:
         """The completion's token limit the client sent (None: the server's default)."""
         return self.max_tokens
@@ -219,20 +240,34 @@ class CalispecParams(OpenAIModel):
 
 
 class CompletionRequest(CalispecParams):
-    prompt: str | list[str]  # one text prompt (a list of one string is taken too)
+    prompt: str | list[str]  # a text prompt, or a batch of them: choice k is prompt k // n's choice k % n
     echo: Literal[False] = False
     logprobs: None = None
     suffix: None = None
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _one_text_prompt(cls, value: Any) -> Any:
+    def _text_prompts(cls, value: Any) -> Any:
         if isinstance(value, list):
             if any(isinstance(p, int | list) for p in value):
                 raise invalid("token-id prompts are not supported: send the prompt as text")
-            if len(value) != 1:
-                raise invalid("send one prompt per request (batched prompts are not supported)")
+            if not value:
+                raise invalid("send at least one prompt")
         return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _choices_fit(cls, value: str | list[str], info: ValidationInfo) -> str | list[str]:
+        prompts, n = (1 if isinstance(value, str) else len(value)), info.data.get("n", 1)
+        if prompts * n > MAX_CHOICES:
+            raise invalid(f"{prompts} prompts x n = {n} make {prompts * n} choices; at most {MAX_CHOICES} a request")
+        return value
+
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+    def prompt_count(self) -> int:
+        return 1 if isinstance(self.prompt, str) else len(self.prompt)
 
 
 def text_of_parts(parts: list[Any]) -> str:

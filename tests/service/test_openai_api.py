@@ -95,6 +95,75 @@ def test_chat_matches_grpc_chat_streaming_and_not(oai: openai.OpenAI, grpc_clien
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
 
 
+SAMPLED = {"max_tokens": 10, "temperature": 5.0, "extra_body": {"mode": "ar"}}  # hot: the tiny pair is peaked
+
+
+def test_n_choices_are_the_requests_with_seed_plus_i(oai: openai.OpenAI) -> None:
+    """vLLM's rule: with a seed, choice i samples as a request of its own with seed + i would."""
+    many = oai.completions.create(model=MODEL, prompt=PROMPT, n=3, seed=11, **SAMPLED)
+    singles = [oai.completions.create(model=MODEL, prompt=PROMPT, seed=11 + i, **SAMPLED) for i in range(3)]
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    assert [c.text for c in many.choices] == [s.choices[0].text for s in singles]
+    assert len({c.text for c in many.choices}) == 3  # three samples, not one repeated
+    assert many.usage is not None and singles[0].usage is not None
+    assert many.usage.prompt_tokens == singles[0].usage.prompt_tokens  # the prompt once
+    assert many.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles if s.usage)
+
+
+def test_a_batch_of_prompts_answers_each_as_a_request_of_its_own(oai: openai.OpenAI) -> None:
+    prompts = [PROMPT, "class Stack:"]
+    batch = oai.completions.create(model=MODEL, prompt=prompts, n=2, seed=5, **SAMPLED)
+    expected = [oai.completions.create(model=MODEL, prompt=p, seed=5 + j, **SAMPLED) for p in prompts for j in (0, 1)]
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3]  # choice k: prompt k // n, its choice k % n
+    assert [c.text for c in batch.choices] == [e.choices[0].text for e in expected]
+    usage = [e.usage for e in expected]
+    assert batch.usage is not None and all(usage)
+    assert batch.usage.prompt_tokens == usage[0].prompt_tokens + usage[2].prompt_tokens  # type: ignore[union-attr]
+    assert batch.usage.completion_tokens == sum(u.completion_tokens for u in usage)  # type: ignore[union-attr]
+
+
+def test_greedy_speculative_choices_are_each_the_greedy_answer(oai: openai.OpenAI) -> None:
+    """n rows of one request verify in one batch: each still equals target-only greedy decoding (float32)."""
+    kwargs = {"model": MODEL, "messages": MESSAGES, "max_tokens": 12, "temperature": 0}
+    alone = oai.chat.completions.create(**kwargs, extra_body={"mode": "ar"}).choices[0].message.content
+    for mode in ("sd", "csd"):
+        done = oai.chat.completions.create(**kwargs, n=3, extra_body={"mode": mode, "gamma": 3})
+        assert [c.message.content for c in done.choices] == [alone] * 3
+        assert [c.index for c in done.choices] == [0, 1, 2]
+
+
+def test_streamed_choices_each_equal_their_unary_choice(oai: openai.OpenAI) -> None:
+    kwargs = {"model": MODEL, "messages": MESSAGES, "n": 2, "seed": 3, **SAMPLED}
+    unary = oai.chat.completions.create(**kwargs)
+    events = list(oai.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    assert [e.choices[0].index for e in events[:2]] == [0, 1]  # each choice's role first, as vLLM's
+    assert all(e.choices[0].delta.role == "assistant" for e in events[:2])
+    texts, finishes = {0: "", 1: ""}, {}
+    for event in events[:-1]:
+        (choice,) = event.choices
+        texts[choice.index] += choice.delta.content or ""
+        if choice.finish_reason is not None:
+            assert choice.index not in finishes  # one end per choice
+            finishes[choice.index] = choice.finish_reason
+    assert [texts[0], texts[1]] == [c.message.content for c in unary.choices]
+    assert finishes == {c.index: c.finish_reason for c in unary.choices}
+    assert events[-1].usage == unary.usage and not events[-1].choices  # after both ends
+
+
+def test_a_request_of_n_choices_takes_n_quota_slots(chat_coordinator: Coordinator) -> None:
+    server, url = serve(chat_coordinator, quotas=QuotaBook(Quota(max_concurrent=2)))
+    try:
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
+        with pytest.raises(openai.RateLimitError) as limited:
+            client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0, n=3)
+        assert "counts as 3 (one per choice)" in limited.value.response.json()["error"]["message"]
+        done = client.completions.create(model=MODEL, prompt=[PROMPT, "x ="], max_tokens=2, temperature=0)
+        assert len(done.choices) == 2  # two slots, given back: the next one fits again
+        assert len(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, n=2).choices) == 2
+    finally:
+        server.stop()  # type: ignore[attr-defined]
+
+
 def test_sse_framing_ends_with_done(base_url: str) -> None:
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{base_url}/completions", json=body, timeout=60) as response:

@@ -141,14 +141,36 @@ def test_null_is_unset() -> None:
     [
         ([1, 2], "token-id prompts"),
         ([[1, 2]], "token-id prompts"),
-        (["a", "b"], "one prompt per request"),
-        ([], "one prompt"),
+        ([], "at least one prompt"),
+        (["p"] * 17, "17 prompts x n = 1 make 17 choices; at most 16 a request"),
     ],
 )
-def test_prompts_other_than_one_text_are_refused_with_param_prompt(prompt: list, fragment: str) -> None:
+def test_prompts_other_than_text_are_refused_with_param_prompt(prompt: list, fragment: str) -> None:
     message, param = first_error(CompletionRequest, {"model": "m", "prompt": prompt})
     assert param == "prompt" and fragment in message
-    assert CompletionRequest.model_validate({"model": "m", "prompt": ["one"]}).prompt == ["one"]
+    assert CompletionRequest.model_validate({"model": "m", "prompt": ["one"]}).prompts() == ["one"]
+
+
+def test_a_batch_of_prompts_makes_n_choices_each() -> None:
+    batch = CompletionRequest.model_validate({"model": "m", "prompt": ["a", "b"], "n": 3})
+    assert (batch.prompts(), batch.choice_count()) == (["a", "b"], 6)
+    assert CompletionRequest.model_validate({"model": "m", "prompt": "a"}).choice_count() == 1
+    assert chat(n=16).choice_count() == 16
+    message, param = first_error(CompletionRequest, {"model": "m", "prompt": ["a", "b"], "n": 9})
+    assert (param, message) == ("prompt", "prompt: 2 prompts x n = 9 make 18 choices; at most 16 a request")
+
+
+@pytest.mark.parametrize("n", [0, -1, 17])
+def test_n_out_of_range_is_refused_with_param_n(n: int) -> None:
+    message, param = first_error(CompletionRequest, {"model": "m", "prompt": "p", "n": n})
+    assert (param, message) == ("n", f"n: must be in [1, 16] (choices per request), got {n}")
+
+
+def test_a_seed_leaves_room_for_every_choices_seed() -> None:
+    """Choice i samples with seed + i, which must stay a seed (below 2**63)."""
+    assert chat(n=2, seed=2**63 - 2).seed == 2**63 - 2
+    message, param = first_error(CompletionRequest, {"model": "m", "prompt": "p", "n": 2, "seed": 2**63 - 1})
+    assert param == "seed" and "seed + n - 1 must be below 2**63" in message
 
 
 def test_stream_options_need_streaming() -> None:

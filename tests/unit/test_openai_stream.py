@@ -13,13 +13,14 @@ import pytest
 from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
-from calispec_core.errors import Cancelled
+from calispec_core.errors import Cancelled, InvalidArgument
 from calispec_core.generation import FinishReason, GenerationStats
 from calispec_core.metrics import new_registry
 from calispec_core.request_context import bound_request_id
 from coordinator.engine import Chunk
 from coordinator.metrics import CoordinatorMetrics, RequestTimer
-from coordinator.openai_api import HttpGeneration, gathered, stream
+from coordinator.openai_api import stream
+from coordinator.openai_generations import HttpGeneration, gathered
 from coordinator.request_log import tracked
 from tests.helpers import wait_until
 
@@ -41,7 +42,7 @@ def _chunks() -> list[Chunk]:
 
 async def _serve(held: ExitStack, send, generation: HttpGeneration | None = None) -> None:
     generation = generation or HttpGeneration((c for c in _chunks()), threading.Event())
-    response = await stream(generation, held, [], lambda c: Event(text=c.text), None)
+    response = await stream([generation], 1, held, [], lambda i, c: Event(text=c.text), None)
 
     async def receive() -> dict:
         await asyncio.Event().wait()  # the client says nothing more
@@ -129,7 +130,7 @@ def test_a_client_that_disconnects_from_a_unary_request_ends_its_generation() ->
             return {"type": "http.disconnect"}
 
     with pytest.raises(Cancelled):  # itself, not wrapped in an ExceptionGroup by the watcher's task group
-        asyncio.run(gathered(generation, LeftRequest()))  # type: ignore[arg-type]
+        asyncio.run(gathered([generation], LeftRequest()))  # type: ignore[arg-type]
     wait_until(endless.closed.is_set)
 
 
@@ -219,3 +220,53 @@ def test_a_client_gone_mid_stream_is_cancelled_under_its_request_id(caplog: pyte
         wait_until(lambda: _log_lines(caplog))
     assert (_requests(metrics, "OK"), _requests(metrics, "CANCELLED")) == (0, 1)
     assert _log_lines(caplog)[0].startswith("request id=http-req-11 mode=sd status=CANCELLED ")
+
+
+def _fails_at_second_round(text: str) -> HttpGeneration:
+    def chunks() -> Generator[Chunk, None, None]:
+        yield Chunk([1], text, "r")
+        raise InvalidArgument(f"choice {text!r} failed")
+
+    return HttpGeneration(chunks(), threading.Event())
+
+
+def test_a_choice_that_fails_ends_the_others_and_answers_the_request() -> None:
+    """n choices are n generations: one's failure is the request's answer, and the others stop at their next
+    round start instead of running to their end for an answer that goes nowhere."""
+    endless = EndlessGeneration()
+    others = HttpGeneration(endless.chunks(block=True), endless.gone)
+
+    class StillThere:
+        async def receive(self) -> dict:
+            await asyncio.Event().wait()
+            return {"type": "http.disconnect"}
+
+    with pytest.raises(InvalidArgument, match="choice 'b' failed"):  # not the Cancelled it caused in the other
+        asyncio.run(gathered([others, _fails_at_second_round("b")], StillThere()))  # type: ignore[arg-type]
+    wait_until(endless.closed.is_set)
+
+
+def test_a_choice_that_fails_mid_stream_ends_the_stream_and_the_others() -> None:
+    endless = EndlessGeneration()
+    generations = [HttpGeneration(endless.chunks(), endless.gone), _fails_at_second_round("b")]
+    held, released = _held()
+    body: list[bytes] = []
+
+    async def serve() -> None:
+        response = await stream(generations, 1, held, [], lambda i, c: Event(text=f"{i}{c.text}"), None)
+
+        async def receive() -> dict:
+            await asyncio.Event().wait()
+            return {"type": "http.disconnect"}
+
+        async def client(message: dict) -> None:
+            body.append(message.get("body", b""))
+
+        await response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, client)
+
+    asyncio.run(serve())
+    text = b"".join(body).decode()
+    assert '"text":"1b"' in text and '"text":"0a"' in text  # both choices streamed, each under its index
+    assert "choice 'b' failed" in text and text.endswith("data: [DONE]\n\n")
+    assert released == ["slot"]
+    wait_until(endless.closed.is_set)

@@ -1,0 +1,228 @@
+"""The generations behind one OpenAI request, driven from the event loop (no gRPC, no HTTP framing here).
+
+A request asks for one choice or several (`n`, a batch of prompts): each choice is a generation of its own,
+run by the Orchestrator on Starlette's thread pool one `next` at a time, so the choices of one request verify
+in one batch as concurrent requests do. A client that leaves ends every one of them; a choice that fails ends
+the others, and the request answers with that failure (as one generation's failure answers it alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import threading
+from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from dataclasses import dataclass
+
+import anyio
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from calispec_core.errors import Cancelled
+from coordinator.engine import Chunk
+from coordinator.openai_protocol import Usage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """A whole generation, gathered from its chunks."""
+
+    text: str
+    finish: Chunk
+    token_ids: list[int]
+
+
+def usage_of(outcomes: Sequence[Outcome], n: int) -> Usage:
+    """Each prompt's tokens once (choices k*n .. k*n + n-1 continue prompt k), every choice's new tokens."""
+    prompt_tokens = 0
+    for outcome in outcomes[::n]:
+        assert outcome.finish.stats is not None
+        prompt_tokens += outcome.finish.stats.prompt_tokens
+    return Usage.of(prompt_tokens, sum(len(o.token_ids) for o in outcomes))
+
+
+class HttpGeneration:
+    """A generation an HTTP request drives from the thread pool, one `next` at a time, and can end early.
+
+    A client that leaves (a stream closed mid-way, a request given up on) ends it: the round in flight
+    finishes, then the generator is closed, so its sessions are closed and its place in lockstep given
+    back at once. Before, an abandoned generator stayed suspended until garbage collection: its sessions
+    open until their idle TTL, and the lockstep group waiting for it at every round start."""
+
+    def __init__(self, chunks: Generator[Chunk, None, None], gone: threading.Event) -> None:
+        self._chunks = chunks
+        self._lock = threading.Lock()  # held by the thread running a round
+        self._gone = gone  # the orchestrator's `cancelled`: checked at every round start
+        self._done = False  # nothing more to run: its last chunk is out, or it failed or was cancelled
+        self._last_out = False  # its last chunk is out: all that is left is its end (its bookkeeping)
+        self._ended = False  # the generator returned or raised: nothing at all is left
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return self
+
+    def __next__(self) -> Chunk:
+        with self._lock:
+            if self._gone.is_set():  # abandoned, maybe before its first round: never a silent, empty end
+                self._done = True
+                raise Cancelled("request cancelled: the client went away")
+            try:
+                chunk = next(self._chunks)
+            except BaseException:
+                self._done = self._ended = True
+                raise
+            self._done = self._last_out = chunk.finish_reason is not None
+            return chunk
+
+    def next_or_none(self) -> Chunk | None:
+        return next(self, None)
+
+    def abandon(self) -> None:
+        """The client is gone: stop at the next round start and close the generator once no round runs
+        (on a thread of its own: the caller may be the event loop). A generation whose last chunk is out is
+        not cancelled but run to its end (a client gone between its last chunk and the stream's end).
+        Both under the caller's context: the request's log line keeps its request id."""
+        if self._ended:
+            return
+        if not self._done:
+            self._gone.set()
+        run = contextvars.copy_context().run
+        threading.Thread(target=run, args=(self._close,), name="http-abandoned", daemon=True).start()
+
+    def _close(self) -> None:
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+            if not self._last_out:  # GeneratorExit at its yield (CANCELLED): the orchestrator's `finally` closes
+                self._chunks.close()  # the sessions
+                return
+            try:  # nothing to cancel: run its end, where it is counted OK and its sessions close
+                for _ in self._chunks:
+                    pass
+            except Exception as exc:  # counted and logged by `tracked`; nobody is left to tell
+                log.debug("an abandoned generation failed at its end: %s", exc)
+
+
+def gather(chunks: Iterator[Chunk]) -> Outcome:
+    text: list[str] = []
+    ids: list[int] = []
+    last = None
+    for chunk in chunks:
+        text.append(chunk.text)
+        ids += chunk.token_ids
+        last = chunk
+    assert last is not None and last.finish_reason is not None
+    return Outcome("".join(text), last, ids)
+
+
+def abandon_all(generations: Sequence[HttpGeneration]) -> None:
+    for generation in generations:
+        generation.abandon()
+
+
+def first_failure(failures: Sequence[BaseException | None]) -> BaseException | None:
+    """What the request answers: a choice's own failure before the cancellations it caused in the others."""
+    real = [f for f in failures if f is not None and not isinstance(f, Cancelled)]
+    return real[0] if real else next((f for f in failures if f is not None), None)
+
+
+async def gathered(generations: Sequence[HttpGeneration], request: Request) -> list[Outcome]:
+    """Every choice whole, run at once; all ended early if the client disconnects meanwhile (the answer then
+    goes nowhere) or when one fails (the request answers with that failure, raised as itself)."""
+    outcomes: list[Outcome | None] = [None] * len(generations)
+    failures: list[BaseException | None] = [None] * len(generations)
+
+    async def abandon_on_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":  # the body is read: only this is left
+            pass
+        abandon_all(generations)
+
+    async def run(index: int) -> None:
+        try:
+            outcomes[index] = await run_in_threadpool(gather, generations[index])
+        except Exception as exc:  # kept, raised below: not wrapped in the task group's ExceptionGroup
+            failures[index] = exc
+            abandon_all(generations)  # the others' answers would go nowhere
+
+    async with anyio.create_task_group() as watcher:
+        watcher.start_soon(abandon_on_disconnect)
+        async with anyio.create_task_group() as choices:
+            for index in range(len(generations)):
+                choices.start_soon(run, index)
+        watcher.cancel_scope.cancel()
+    failure = first_failure(failures)
+    if failure is not None:
+        raise failure
+    return [o for o in outcomes if o is not None]
+
+
+async def first_chunks(generations: Sequence[HttpGeneration]) -> list[Chunk]:
+    """Every choice's first chunk (its first round), at once; on a failure the others are abandoned and the
+    failure raised, so that a bad request still gets its HTTP status before a stream starts."""
+    firsts: list[Chunk | None] = [None] * len(generations)
+    failures: list[BaseException | None] = [None] * len(generations)
+
+    async def first(index: int) -> None:
+        try:
+            firsts[index] = await run_in_threadpool(next, generations[index])
+        except Exception as exc:
+            failures[index] = exc
+            abandon_all(generations)
+
+    async with anyio.create_task_group() as group:
+        for index in range(len(generations)):
+            group.start_soon(first, index)
+    failure = first_failure(failures)
+    if failure is not None:
+        raise failure
+    return [c for c in firsts if c is not None]
+
+
+async def rest_of(first: Chunk, rest: HttpGeneration) -> AsyncIterator[Chunk]:
+    """`first`, then the rest, pulled past the last chunk to the generation's end (before the stream's
+    `[DONE]`): there the request is counted OK and logged under its id, and its sessions are closed. Stopping
+    at the last chunk left the generation suspended until garbage collection ended it, counted CANCELLED."""
+    yield first
+    while (chunk := await run_in_threadpool(rest.next_or_none)) is not None:
+        yield chunk
+
+
+async def merged(firsts: Sequence[Chunk], generations: Sequence[HttpGeneration]) -> AsyncIterator[tuple[int, Chunk]]:
+    """(choice, chunk) as each choice's rounds end; a choice's failure is raised once the chunks before it are out.
+
+    One task per choice feeds a queue; they are plain asyncio tasks, cancelled when the stream ends, because an
+    async generator may be closed from another task than the one that iterates it, which a task group's
+    cancel scope does not allow. A cancelled task leaves at most a round in flight: the request's `held`
+    abandons every generation."""
+    if len(generations) == 1:
+        async for chunk in rest_of(firsts[0], generations[0]):
+            yield 0, chunk
+        return
+    queue: asyncio.Queue[tuple[int, Chunk | None, BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int) -> None:
+        try:
+            async for chunk in rest_of(firsts[index], generations[index]):
+                await queue.put((index, chunk, None))
+        except Exception as exc:
+            await queue.put((index, None, exc))
+            return
+        await queue.put((index, None, None))  # this choice is done
+
+    tasks = [asyncio.create_task(pump(i)) for i in range(len(generations))]
+    try:
+        running = len(tasks)
+        while running:
+            index, chunk, failure = await queue.get()
+            if failure is not None:
+                raise failure
+            if chunk is None:
+                running -= 1
+            else:
+                yield index, chunk
+    finally:
+        for task in tasks:
+            task.cancel()
