@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 import stat
 from pathlib import Path
 
@@ -114,6 +115,23 @@ def test_quota_limits_rate_and_concurrency_per_caller() -> None:
     with book.admit("alice"):
         pass
     with pytest.raises(ResourceExhausted), book.admit("alice"):
+        pass
+
+
+def test_a_request_of_several_choices_counts_as_that_many_requests() -> None:
+    now = [0.0]
+    book = QuotaBook(Quota(requests_per_minute=4, burst=4, max_concurrent=3), clock=lambda: now[0])
+    with book.admit("alice", 3), pytest.raises(ResourceExhausted, match="in flight"), book.admit("alice"):
+        pass  # three slots held by one request of three choices
+    with pytest.raises(ResourceExhausted, match="requests/minute"), book.admit("alice", 2):
+        pass  # 4 - 3 = 1 left of the burst: two choices do not fit, and take nothing
+    with book.admit("alice"):  # the slots came back and the one request left is still there
+        pass
+    never = re.escape("counts as 4 (one per choice): ask for fewer choices")  # more than max_concurrent
+    with pytest.raises(ResourceExhausted, match=never), book.admit("bob", 4):
+        pass
+    beyond_burst = "may send 4 requests at once; this one counts as 5"
+    with pytest.raises(ResourceExhausted, match=beyond_burst), QuotaBook(Quota(4, burst=4)).admit("carol", 5):
         pass
 
 
