@@ -25,14 +25,21 @@ makes one if absent).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from calispec._channel import ClientAuth
-from calispec.types import REQUEST_ID_METADATA, FinishReason, GenerationStats, Mode, is_valid_request_id
+from calispec.types import (
+    REQUEST_ID_METADATA,
+    FinishReason,
+    GenerationStats,
+    Mode,
+    TokenLogprob,
+    is_valid_request_id,
+)
 from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 
@@ -56,15 +63,19 @@ class GenerationResult:
     finish_reason: str  # "length", "eos" or "stop"
     stats: GenerationStats
     request_id: str
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when asked for (`logprobs=k`)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        result = {
             "text": self.text,
             "token_ids": self.token_ids,
             "finish_reason": self.finish_reason,
             "stats": self.stats.to_dict(),
             "request_id": self.request_id,
         }
+        if self.logprobs is not None:
+            result["logprobs"] = [asdict(lp) for lp in self.logprobs]
+        return result
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,7 @@ class StreamChunk:
     request_id: str
     finish_reason: str | None = None  # set on the last chunk
     stats: GenerationStats | None = None  # set on the last chunk
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when asked for
 
 
 def build_params(
@@ -88,14 +100,19 @@ def build_params(
     mode: str | Mode | None = None,
     tau: float | None = None,
     lambda_: int | None = None,
+    ignore_eos: bool = False,
+    logprobs: int | None = None,
 ) -> coordinator_pb2.GenerationParams:
-    """Request parameters; None / 0 leaves a field to the server's default."""
+    """Request parameters; None / 0 leaves a field to the server's default. `ignore_eos`: go on past EOS to
+    `max_new_tokens` (outputs of a fixed length, for load tests). `logprobs=k`: each new token's log-probability
+    under the target and the k most likely tokens at its position (0 to 20)."""
     msg = coordinator_pb2.GenerationParams(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
         stop=[stop] if isinstance(stop, str) else list(stop),  # one string is one stop string, not its letters
+        ignore_eos=ignore_eos,
     )
     if mode is not None:
         msg.mode = int(Mode.parse(mode) if isinstance(mode, str) else mode)
@@ -104,6 +121,7 @@ def build_params(
         ("num_speculative_tokens", num_speculative_tokens),
         ("tau", tau),
         ("lambda_", lambda_),
+        ("logprobs", logprobs),
     ):
         if value is not None:
             setattr(msg, name, value)
@@ -141,9 +159,21 @@ def _stats(msg: coordinator_pb2.GenerationStats) -> GenerationStats:
     return GenerationStats(**{f.name: getattr(msg, f.name) for f in fields(GenerationStats)})
 
 
+def _logprobs(
+    msg: coordinator_pb2.GenerateResponse | coordinator_pb2.GenerateStreamResponse,
+) -> list[TokenLogprob] | None:
+    """None when the request asked for none (every response that has tokens has them then)."""
+    return [TokenLogprob.from_pb(lp) for lp in msg.logprobs] if msg.logprobs else None
+
+
 def _result(msg: coordinator_pb2.GenerateResponse) -> GenerationResult:
     return GenerationResult(
-        msg.text, list(msg.token_ids), _finish_name(msg.finish_reason) or "", _stats(msg.stats), msg.request_id
+        msg.text,
+        list(msg.token_ids),
+        _finish_name(msg.finish_reason) or "",
+        _stats(msg.stats),
+        msg.request_id,
+        _logprobs(msg),
     )
 
 
@@ -155,6 +185,7 @@ def _chunk(msg: coordinator_pb2.GenerateStreamResponse) -> StreamChunk:
         msg.request_id,
         _finish_name(msg.finish_reason),
         _stats(msg.stats) if last else None,
+        _logprobs(msg),
     )
 
 

@@ -81,3 +81,22 @@ class GenerationStats:
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the target: the log-softmax of its raw logits at that position
+    (before temperature, top-k and top-p, as vLLM's default), with the `top` most likely tokens there when asked."""
+
+    logprob: float
+    top_token_ids: tuple[int, ...] = ()  # most likely first
+    top_logprobs: tuple[float, ...] = ()
+
+    @classmethod
+    def from_pb(cls, msg: common_pb2.TokenLogprobs) -> TokenLogprob:
+        return cls(msg.logprob, tuple(msg.top_token_ids), tuple(msg.top_logprobs))
+
+    def to_pb(self) -> common_pb2.TokenLogprobs:
+        return common_pb2.TokenLogprobs(
+            logprob=self.logprob, top_token_ids=self.top_token_ids, top_logprobs=self.top_logprobs
+        )

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from calispec.types import FinishReason as FinishReason  # re-exported for the services
 from calispec.types import GenerationStats as GenerationStats
 from calispec.types import Mode
+from calispec.types import TokenLogprob as TokenLogprob
 from calispec_core.errors import InvalidArgument
 from calispec_core.limits import (
     check_csd_thresholds,
+    check_logprobs,
     check_max_new_tokens,
     check_speculative_tokens,
     check_stop_strings,
@@ -62,9 +64,12 @@ class GenerationParams:
     mode: Mode
     tau: float
     lambda_: int
+    ignore_eos: bool = False  # go on past EOS to the token limit (vLLM's `ignore_eos`: load tests of a fixed length)
+    logprobs: int | None = None  # None: none; k: each new token's log-probability and the k most likely there
 
     def validate(self) -> GenerationParams:
         check_lengths(self.max_new_tokens, self.num_speculative_tokens)
+        check_logprobs(self.logprobs)
         self.sampling.validate()
         check_csd_thresholds(self.tau, self.lambda_)
         check_stop_strings(self.stop)

@@ -15,6 +15,7 @@ T = TypeVar("T")
 MAX_SPECULATIVE_TOKENS = 16  # gamma; the paper uses 6
 MAX_NEW_TOKENS = 8192
 MAX_PROMPT_CHARS = 1_000_000
+MAX_LOGPROBS = 20  # most likely tokens a request may ask for at each position (vLLM's default max_logprobs)
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_LAMBDA = 2**31 - 1  # the coordinator API's int32 field
@@ -40,6 +41,13 @@ def check_max_new_tokens(max_new_tokens: int) -> None:
         1 <= max_new_tokens <= MAX_NEW_TOKENS,
         "max_new_tokens",
         f"must be in [1, {MAX_NEW_TOKENS}], got {max_new_tokens}",
+    )
+
+
+def check_logprobs(logprobs: int | None, field: str = "logprobs") -> None:
+    """None (no log-probabilities) or the most likely tokens to report at each position, in [0, MAX_LOGPROBS]."""
+    require_field(
+        logprobs is None or 0 <= logprobs <= MAX_LOGPROBS, field, f"must be in [0, {MAX_LOGPROBS}], got {logprobs}"
     )
 
 
@@ -157,6 +165,7 @@ def _int_checked_by(check: Callable[[int], None]) -> Callable[[str], int]:
 gamma = _int_checked_by(check_speculative_tokens)  # an argparse type: the range every fixed γ must keep
 max_new_tokens = _int_checked_by(check_max_new_tokens)  # an argparse type: the range of max_new_tokens
 lambda_ = _int_checked_by(lambda value: check_csd_thresholds(lambda_=value))  # an argparse type: CSD's λ
+logprobs = _int_checked_by(check_logprobs)  # an argparse type: the most likely tokens to report a position
 
 
 def tau(text: str) -> float:

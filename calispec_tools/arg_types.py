@@ -30,6 +30,7 @@ from calispec_core.limits import (
     int_at_least,
     int_in_range,
     lambda_,
+    logprobs,
     max_new_tokens,
     non_negative_float,
     non_negative_int,
@@ -44,7 +45,7 @@ from calispec_core.limits import (
 T = TypeVar("T")
 
 __all__ = [
-    "StopStrings", "chat_text", "csv_of", "gamma", "lambda_", "max_new_tokens", "max_new_tokens_or_default",
+    "StopStrings", "chat_text", "csv_of", "gamma", "lambda_", "logprobs", "max_new_tokens", "max_new_tokens_or_default",
     "non_negative_float", "non_negative_int", "port", "positive_float", "positive_int", "prompt", "rate",
     "request_tau", "seed", "stop_string", "tau", "temperature", "top_k", "top_p", "window_tokens",
 ]  # fmt: skip

@@ -249,6 +249,9 @@ def add_request_args(parser: argparse.ArgumentParser, prompt_required: bool, wit
     parser.add_argument("--gamma", type=at.gamma, default=None, help="speculative tokens per round (default: adaptive)")
     parser.add_argument("--tau", type=at.request_tau, default=None)
     parser.add_argument("--lambda", dest="lambda_", metavar="LAMBDA", type=at.lambda_, default=None)
+    parser.add_argument("--ignore-eos", action="store_true", help="go on past EOS to the token limit")
+    likeliest = "each token's log-probability and the K likeliest (printed with --json)"
+    parser.add_argument("--logprobs", type=at.logprobs, default=None, metavar="K", help=likeliest)
     parser.add_argument("--timeout", type=at.positive_float, default=120.0, help="request deadline, seconds")
     if with_prompt:
         parser.add_argument("--json", action="store_true", help="print one JSON object: response and stats")
@@ -266,6 +269,8 @@ def request_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "mode": args.mode,
         "tau": args.tau,
         "lambda_": args.lambda_,
+        "ignore_eos": args.ignore_eos,
+        "logprobs": args.logprobs,
     }
 
 

@@ -200,6 +200,9 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--temperature", type=at.temperature, default=0.0)  # what a request takes: 150 failed each
     p.add_argument("--seed", type=at.non_negative_int, default=0)
     p.add_argument("--timeout", type=at.positive_float, default=300.0, help="per-request deadline, seconds")
+    p.add_argument(
+        "--ignore-eos", action="store_true", help="every request runs to its token limit (outputs of a fixed length)"
+    )
     p.set_defaults(func=cmd_bench)
 
 
@@ -221,6 +224,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         modes=tuple(args.modes), num_requests=args.num_requests, duration_s=args.duration,
         warmup_requests=args.warmup, burstiness=args.burstiness, seed=args.seed, max_new_tokens=args.max_new_tokens,
         gamma=args.gamma, tau=args.tau, lambda_=args.lambda_, temperature=args.temperature, timeout_s=args.timeout,
+        ignore_eos=args.ignore_eos,
     )  # fmt: skip
     try:  # credentials the SDK cannot use: one line, exit 2, before any output or stack
         auth = bench_auth(args)

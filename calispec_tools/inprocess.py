@@ -94,7 +94,9 @@ class InProcessTarget:
         self.engine.prefill(session_id, token_ids, sampling, RescueConfig(mode, tau, lambda_), watch)
         return watch.total_ns
 
-    def verify(self, session_id: str, proposal: Proposal | None, timeout: float, cohort: int = 0) -> Verdict:
+    def verify(
+        self, session_id: str, proposal: Proposal | None, timeout: float, cohort: int = 0, logprobs: int | None = None
+    ) -> Verdict:
         watch = Stopwatch()
         draft = proposal.token_ids if proposal else []
         probs: torch.Tensor | SparseQ | None = None
@@ -103,10 +105,11 @@ class InProcessTarget:
         elif proposal and proposal.probs:
             rows = np.frombuffer(proposal.probs, dtype="<f4").reshape(len(draft), proposal.vocab_size)
             probs = torch.from_numpy(rows.copy())
-        r = self.engine.verify(session_id, draft, probs, watch, cohort)
+        r = self.engine.verify(session_id, draft, probs, watch, cohort, logprobs)
         return Verdict(
             r.accepted_count, r.rescued_positions, r.next_token, r.next_is_bonus, r.rejections, r.batch_size,
             watch.total_ns, watch.get("memory"), watch.get("forward"), withheld_rescues=r.withheld_rescues,
+            logprobs=r.logprobs,
         )  # fmt: skip
 
     def close(self, session_id: str, timeout: float) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from calispec_core.errors import Unavailable
-from calispec_core.generation import Mode
+from calispec_core.generation import Mode, TokenLogprob
 from calispec_core.sampling import SamplingConfig
 
 
@@ -50,6 +50,7 @@ class Verdict:
     forward_ns: int = 0  # part of service_ns spent in the model forward
     batch_tokens: int = 0  # new tokens over every session of that forward; 0: not reported
     withheld_rescues: int = 0  # 1: the round ended where the meaning guard refused a rescue
+    logprobs: list[TokenLogprob] | None = None  # per emitted token (kept drafts, then next_token), when asked for
 
 
 class DraftBackend(Protocol):
@@ -84,6 +85,6 @@ class TargetBackend(Protocol):
         timeout: float,
     ) -> int: ...
     def verify(
-        self, session_id: str, proposal: Proposal | None, timeout: float, cohort: int = 0
-    ) -> Verdict: ...  # cohort: Verify calls sent at this moment, this one included (0: no hint)
+        self, session_id: str, proposal: Proposal | None, timeout: float, cohort: int = 0, logprobs: int | None = None
+    ) -> Verdict: ...  # cohort: Verify calls sent at this moment, this one included (0: no hint); logprobs: None or k
     def close(self, session_id: str, timeout: float) -> None: ...

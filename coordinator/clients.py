@@ -11,7 +11,7 @@ import grpc
 from calispec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 from calispec_core import errors
 from calispec_core.credentials import DRAFT, TARGET, TlsConfig
-from calispec_core.generation import Mode
+from calispec_core.generation import Mode, TokenLogprob
 from calispec_core.grpc_server import make_channel
 from calispec_core.protocol import sampling_to_pb
 from calispec_core.request_context import with_request_id
@@ -138,8 +138,10 @@ class GrpcTargetBackend:
         )
         return _call("target", self.stub.Prefill, request, timeout).timing.total_ns
 
-    def verify(self, session_id: str, proposal: Proposal | None, timeout: float, cohort: int = 0) -> Verdict:
-        request = target_pb2.VerifyRequest(session_id=session_id, cohort=cohort)
+    def verify(
+        self, session_id: str, proposal: Proposal | None, timeout: float, cohort: int = 0, logprobs: int | None = None
+    ) -> Verdict:
+        request = target_pb2.VerifyRequest(session_id=session_id, cohort=cohort, logprobs=logprobs)
         if proposal is not None:
             request.draft_token_ids.extend(proposal.token_ids)
             request.draft_probs = proposal.probs
@@ -159,6 +161,7 @@ class GrpcTargetBackend:
             r.timing.forward_ns,
             r.batch_tokens,
             r.withheld_rescues,
+            [TokenLogprob.from_pb(lp) for lp in r.logprobs] if logprobs is not None else None,
         )
 
     def close(self, session_id: str, timeout: float) -> None:

@@ -32,8 +32,22 @@ from typing import Literal, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
-from calispec_core.errors import CalispecError, Cancelled, DeadlineExceeded, InvalidArgument, Unavailable, require
-from calispec_core.generation import FinishReason, GenerationParams, GenerationStats, Mode, validate_prompt
+from calispec_core.errors import (
+    CalispecError,
+    Cancelled,
+    DeadlineExceeded,
+    InvalidArgument,
+    Unavailable,
+    require,
+)
+from calispec_core.generation import (
+    FinishReason,
+    GenerationParams,
+    GenerationStats,
+    Mode,
+    TokenLogprob,
+    validate_prompt,
+)
 from calispec_core.timing import Deadline, Stopwatch, now_ns, ns_to_ms
 from coordinator.backends import DraftBackend, Proposal, SessionLost, TargetBackend, Verdict
 from coordinator.circuit import CircuitBreaker
@@ -60,6 +74,7 @@ class Chunk:
     request_id: str
     finish_reason: FinishReason | None = None
     stats: GenerationStats | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
 
 
 @dataclass(frozen=True)
@@ -287,15 +302,16 @@ class Orchestrator:
         while True:
             if cancelled():
                 raise Cancelled("request cancelled by the client")
-            new_tokens = self._round(request)
+            new_tokens, logprobs = self._round(request)
             finish = self._clip(request, new_tokens)
+            logprobs = logprobs[: len(new_tokens)] if logprobs is not None else None
             text, stopped = detok.add(new_tokens)
             if stopped:
                 finish = FinishReason.STOP
             request.generated += new_tokens
             request.stats.emitted += len(new_tokens)
             if finish is None:
-                yield Chunk(new_tokens, text, request.request_id)
+                yield Chunk(new_tokens, text, request.request_id, logprobs=logprobs)
                 continue
             if not stopped:
                 text += detok.finish()
@@ -304,11 +320,11 @@ class Orchestrator:
             # out of the group before the last chunk: its consumer may never ask for more (an HTTP stream
             # whose first chunk is its last), and the others would wait for this request at every round start
             self.lockstep.leave(request.request_id)
-            yield Chunk(new_tokens, text, request.request_id, finish, self._final_stats(request))
+            yield Chunk(new_tokens, text, request.request_id, finish, self._final_stats(request), logprobs)
             return
 
-    def _round(self, request: _Request) -> list[int]:
-        """One propose/verify round; returns the tokens it emits."""
+    def _round(self, request: _Request) -> tuple[list[int], list[TokenLogprob] | None]:
+        """One propose/verify round; returns the tokens it emits (and their log-probabilities, when asked for)."""
         start, request.opening_ns, request.waiting_ns = now_ns(), 0, 0
         remaining = request.max_new_tokens - len(request.generated)
         gamma = self._drafting_gamma(request, min(self._gamma(request), remaining - 1))
@@ -351,7 +367,10 @@ class Orchestrator:
         new_tokens = [*drafted, verdict.next_token]
         if request.use_draft:
             self._sync_draft_later(request, proposal, verdict)
-        return new_tokens
+        sent = len(verdict.logprobs or ())
+        if request.params.logprobs is not None and sent != len(new_tokens):  # a target's bug (INTERNAL)
+            raise CalispecError(f"the target sent {sent} log-probabilities for {len(new_tokens)} tokens")
+        return new_tokens, verdict.logprobs
 
     def _wish(self, request: _Request, gamma: int, room: int, probing: bool) -> Wish:
         """What this request brings to the round start: a fixed γ as it is; an adaptive one with how far it may
@@ -559,7 +578,11 @@ class Orchestrator:
             start = now_ns()
             try:
                 return request.target.verify(
-                    request.target_session, proposal, request.deadline.remaining(), cohort=cohort
+                    request.target_session,
+                    proposal,
+                    request.deadline.remaining(),
+                    cohort=cohort,
+                    logprobs=request.params.logprobs,
                 )
             except Unavailable as exc:
                 # a replica that answers it lost the session (restarted, or reaped it as idle) is up: reopen
@@ -606,8 +629,9 @@ class Orchestrator:
             stats.draft_ms += ns_to_ms(proposal.service_ns)
 
     def _clip(self, request: _Request, new_tokens: list[int]) -> FinishReason | None:
-        """Cut new_tokens (in place) at EOS or the token limit; returns the finish reason, if any."""
-        for i, token in enumerate(new_tokens):
+        """Cut new_tokens (in place) at EOS (unless the request ignores it) or the token limit; returns the finish
+        reason, if any."""
+        for i, token in enumerate(() if request.params.ignore_eos else new_tokens):
             if token in self.eos_token_ids:
                 del new_tokens[i + 1 :]
                 return FinishReason.EOS

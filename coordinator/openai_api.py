@@ -38,7 +38,7 @@ from calispec.types import Mode
 from calispec_core.access import ApiKeys, QuotaBook, parse_bearer
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError, NotFound, Unauthenticated, Unavailable
-from calispec_core.generation import Defaults, GenerationParams
+from calispec_core.generation import Defaults, GenerationParams, TokenLogprob
 from calispec_core.metrics import new_registry
 from calispec_core.observability import DrainGate
 from calispec_core.request_context import REQUEST_ID_METADATA, bound_request_id, new_request_id, sanitize
@@ -50,6 +50,7 @@ from coordinator.engine import Chunk, Orchestrator
 from coordinator.http_transport import guarded_protocol, serve
 from coordinator.metrics import CoordinatorMetrics, RequestTimer
 from coordinator.openai_generations import HttpGeneration, first_chunks, gathered, merged, usage_of
+from coordinator.openai_logprobs import TokenTexts, chat_logprobs, completion_logprobs
 from coordinator.openai_protocol import (
     AssistantMessage,
     CalispecParams,
@@ -59,7 +60,9 @@ from coordinator.openai_protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatDelta,
+    ChatLogprobs,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     ErrorBody,
@@ -180,6 +183,8 @@ def generation_params(
         mode=Mode.parse(req.mode) if req.mode else defaults.mode,
         tau=req.tau if req.tau is not None else defaults.tau,
         lambda_=req.lambda_ if req.lambda_ is not None else defaults.lambda_,
+        ignore_eos=req.ignore_eos,
+        logprobs=req.requested_logprobs(),
     )
 
 
@@ -197,6 +202,7 @@ class OpenAIApi:
         self.metrics = settings.metrics or CoordinatorMetrics(new_registry())
         self.gate = settings.gate or DrainGate(())
         self.started = int(time.time())  # the served model's `created`: the same on every call
+        self.token_texts = TokenTexts(lambda ids: orchestrator.tokenizer.decode(ids))  # log-probabilities' tokens
 
     def admit(self, request: Request, model: str, choices: int = 1) -> ExitStack:
         """Refuse while draining (503, as gRPC's UNAVAILABLE), name the caller (RequestGuard authenticated it
@@ -281,6 +287,14 @@ class OpenAIApi:
 
         return check
 
+    def chat_logprobs(self, token_ids: list[int], logprobs: list[TokenLogprob] | None) -> ChatLogprobs | None:
+        return None if logprobs is None else chat_logprobs(self.token_texts, token_ids, logprobs)
+
+    def completion_logprobs(
+        self, token_ids: list[int], logprobs: list[TokenLogprob] | None, offset: int = 0
+    ) -> CompletionLogprobs | None:
+        return None if logprobs is None else completion_logprobs(self.token_texts, token_ids, logprobs, offset)
+
     def chat_prompt(self, req: ChatCompletionRequest) -> str:
         return render_chat(self.orchestrator.tokenizer, [ChatTurn(m.role, m.content) for m in req.messages])
 
@@ -296,15 +310,27 @@ class OpenAIApi:
                     text=outcome.text,
                     finish_reason=openai_finish_reason(outcome.finish.finish_reason),
                     token_ids=outcome.token_ids if req.return_token_ids else None,
+                    logprobs=self.completion_logprobs(outcome.token_ids, outcome.logprobs),
                 )
                 for index, outcome in enumerate(done)
             ]
             return CompletionResponse(id=rid, model=model, choices=choices, usage=usage_of(done, req.n))
 
+        offsets = [0] * len(generations)  # each choice's text so far, as its log-probabilities count it
+
         def event(index: int, chunk: Chunk) -> CompletionResponse:
             ids = chunk.token_ids if req.return_token_ids else None
+            logprobs = self.completion_logprobs(chunk.token_ids, chunk.logprobs, offsets[index])
+            if logprobs is not None:
+                offsets[index] = (
+                    logprobs.text_offset[-1] + len(logprobs.tokens[-1]) if logprobs.tokens else offsets[index]
+                )
             choice = CompletionChoice(
-                index=index, text=chunk.text, finish_reason=openai_finish_reason(chunk.finish_reason), token_ids=ids
+                index=index,
+                text=chunk.text,
+                finish_reason=openai_finish_reason(chunk.finish_reason),
+                token_ids=ids,
+                logprobs=logprobs,
             )
             return CompletionResponse(id=rid, model=model, choices=[choice])
 
@@ -325,6 +351,7 @@ class OpenAIApi:
                     index=index,
                     message=AssistantMessage(content=outcome.text),
                     finish_reason=openai_finish_reason(outcome.finish.finish_reason),
+                    logprobs=self.chat_logprobs(outcome.token_ids, outcome.logprobs),
                 )
                 for index, outcome in enumerate(done)
             ]
@@ -332,7 +359,12 @@ class OpenAIApi:
 
         def event(index: int, chunk: Chunk) -> ChatCompletionChunk:
             delta = ChatDelta(content=chunk.text) if chunk.text or chunk.finish_reason is None else ChatDelta()
-            choice = ChatChunkChoice(index=index, delta=delta, finish_reason=openai_finish_reason(chunk.finish_reason))
+            choice = ChatChunkChoice(
+                index=index,
+                delta=delta,
+                finish_reason=openai_finish_reason(chunk.finish_reason),
+                logprobs=self.chat_logprobs(chunk.token_ids, chunk.logprobs),
+            )
             return ChatCompletionChunk(id=rid, model=model, choices=[choice])
 
         def usage_event(usage: Usage) -> ChatCompletionChunk:

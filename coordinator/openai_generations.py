@@ -20,6 +20,7 @@ from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from calispec_core.errors import Cancelled
+from calispec_core.generation import TokenLogprob
 from coordinator.engine import Chunk
 from coordinator.openai_protocol import Usage
 
@@ -33,6 +34,7 @@ class Outcome:
     text: str
     finish: Chunk
     token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
 
 
 def usage_of(outcomes: Sequence[Outcome], n: int) -> Usage:
@@ -109,13 +111,15 @@ class HttpGeneration:
 def gather(chunks: Iterator[Chunk]) -> Outcome:
     text: list[str] = []
     ids: list[int] = []
+    logprobs: list[TokenLogprob] = []
     last = None
     for chunk in chunks:
         text.append(chunk.text)
         ids += chunk.token_ids
+        logprobs += chunk.logprobs or ()
         last = chunk
     assert last is not None and last.finish_reason is not None
-    return Outcome("".join(text), last, ids)
+    return Outcome("".join(text), last, ids, logprobs if last.logprobs is not None else None)
 
 
 def abandon_all(generations: Sequence[HttpGeneration]) -> None:

@@ -3,7 +3,7 @@
 The shapes follow OpenAI's `/v1/completions`, `/v1/chat/completions` and `/v1/models`, as vLLM,
 SGLang and TGI serve them. Calispec's own parameters ride along as extra body fields
 (`extra_body={"mode": "sd", "gamma": 4}` in the `openai` client). Fields a client may send
-but Calispec does not implement (logprobs, penalties, tool calls, JSON mode, ...) are
+but Calispec does not implement (echo, penalties, tool calls, JSON mode, ...) are
 accepted only at their no-op values and refused with 400 otherwise, rather than silently ignored;
 unknown fields are ignored, as vLLM does. An explicit `null` is the field left out, as OpenAI takes it.
 
@@ -30,6 +30,7 @@ from calispec_core.errors import InvalidArgument, InvalidField
 from calispec_core.limits import (
     SEED_BOUND,
     check_csd_thresholds,
+    check_logprobs,
     check_max_new_tokens,
     check_sampling,
     check_speculative_tokens,
@@ -107,6 +108,7 @@ class CalispecParams(OpenAIModel):
     tau: float | None = None
     lambda_: int | None = Field(default=None, alias="lambda")
     return_token_ids: bool = False  # vLLM's extension: each choice carries its new token ids
+    ignore_eos: bool = False  # vLLM's extension: go on past EOS to the token limit (fixed-length load tests)
     # not implemented: accepted only at their no-op values (clients send those by default)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -221,6 +223,10 @@ class CalispecParams(OpenAIModel):
     def choice_count(self) -> int:
         return self.prompt_count() * self.n
 
+    def requested_logprobs(self) -> int | None:
+        """None: no log-probabilities; k: each new token's and the k most likely tokens at its position."""
+        return None
+
     def token_limit(self) -> int | None:
         """The completion's token limit the client sent (None: the server's default)."""
         return self.max_tokens
@@ -242,8 +248,15 @@ class CalispecParams(OpenAIModel):
 class CompletionRequest(CalispecParams):
     prompt: str | list[str]  # a text prompt, or a batch of them: choice k is prompt k // n's choice k % n
     echo: Literal[False] = False
-    logprobs: None = None
+    logprobs: int | None = None  # each new token's log-probability and this many most likely (legacy API: an int)
     suffix: None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, value: int | None) -> int | None:
+        with domain_checked():
+            check_logprobs(value)
+        return value
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -268,6 +281,9 @@ class CompletionRequest(CalispecParams):
 
     def prompt_count(self) -> int:
         return 1 if isinstance(self.prompt, str) else len(self.prompt)
+
+    def requested_logprobs(self) -> int | None:
+        return self.logprobs
 
 
 def text_of_parts(parts: list[Any]) -> str:
@@ -319,7 +335,8 @@ class ChatMessage(OpenAIModel):
 class ChatCompletionRequest(CalispecParams):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
-    logprobs: Literal[False] = False
+    logprobs: bool = False  # each new token's log-probability
+    top_logprobs: int | None = None  # and this many most likely tokens at each position (needs logprobs)
     # No tool calling and no JSON mode: accepted at their no-op values only. tool_choice comes before
     # tools (and function_call before functions) so that the second's check sees the first.
     tool_choice: Literal["none", "auto"] | None = None
@@ -332,6 +349,18 @@ class ChatCompletionRequest(CalispecParams):
     @classmethod
     def _max_completion_tokens(cls, value: int | None) -> int | None:
         return _token_count(value)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        with domain_checked():
+            check_logprobs(value, "top_logprobs")
+        if value and not info.data.get("logprobs", False):  # OpenAI's rule (0 with logprobs off is a no-op)
+            raise invalid("needs logprobs: true")
+        return value
+
+    def requested_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @field_validator("tool_choice", "function_call", mode="before")
     @classmethod
@@ -441,11 +470,36 @@ def now() -> int:
     return int(time.time())
 
 
+class CompletionLogprobs(BaseModel):
+    """The completions API's form: per token its text, log-probability, the most likely tokens at its position
+    (text -> log-probability, the token itself among them, as vLLM's) and where its text starts in the choice's."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]  # the token's text in UTF-8
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]  # most likely first
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob]
+    refusal: None = None
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: Literal["stop", "length"] | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     token_ids: list[int] | None = None  # with return_token_ids
 
 
@@ -467,7 +521,7 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: Literal["stop", "length"] | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -488,7 +542,7 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
     finish_reason: Literal["stop", "length"] | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):

@@ -63,6 +63,8 @@ def params_from_pb(msg: coordinator_pb2.GenerationParams, defaults: Defaults) ->
         mode=mode_from_wire(msg.mode, defaults.mode),
         tau=msg.tau if msg.HasField("tau") else defaults.tau,
         lambda_=msg.lambda_ if msg.HasField("lambda_") else defaults.lambda_,
+        ignore_eos=msg.ignore_eos,
+        logprobs=msg.logprobs if msg.HasField("logprobs") else None,
     )
 
 
@@ -78,6 +80,7 @@ def chunk_to_pb(chunk: Chunk) -> coordinator_pb2.GenerateStreamResponse:
         msg.finish_reason = int(chunk.finish_reason)
     if chunk.stats is not None:
         msg.stats.CopyFrom(stats_to_pb(chunk.stats))
+    msg.logprobs.extend(lp.to_pb() for lp in chunk.logprobs or ())
     return msg
 
 
@@ -121,6 +124,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         for chunk in self._chunks(request, context):
             response.token_ids.extend(chunk.token_ids)
             response.text += chunk.text
+            response.logprobs.extend(lp.to_pb() for lp in chunk.logprobs or ())
             response.request_id = chunk.request_id
             if chunk.finish_reason is not None:
                 response.finish_reason = int(chunk.finish_reason)

@@ -20,14 +20,15 @@ from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
 from calispec_core.errors import CalispecError, InvalidArgument, require
-from calispec_core.generation import Mode
-from calispec_core.limits import MAX_SPECULATIVE_TOKENS, check_csd_thresholds
+from calispec_core.generation import Mode, TokenLogprob
+from calispec_core.limits import MAX_SPECULATIVE_TOKENS, check_csd_thresholds, check_logprobs
 from calispec_core.modeling import ModelRunner, Session, prefill_session, wait_for
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.sampling import TARGET_STREAM, SamplingConfig, make_generator
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
 from calispec_core.sparse_q import SparseQ
 from calispec_core.timing import Stopwatch
+from target_service.logprobs import emitted_logprobs
 from target_service.meaning_guard import meaning_keys
 from target_service.pair_table import PairTable
 from target_service.verifier import PLACEHOLDER_TOKEN_ID, VerifyInput, VerifyOutput, verify
@@ -74,6 +75,7 @@ class VerifyResult:
     batch_size: int
     batch_tokens: int  # new tokens over every row of the forward (the count its cost follows)
     withheld_rescues: int = 0  # 0 or 1: the round ended where the meaning guard refused a rescue
+    logprobs: list[TokenLogprob] | None = None  # one per emitted token (kept drafts, then next_token), when asked
 
 
 @dataclass
@@ -84,6 +86,7 @@ class _Row:
     draft: list[int]
     draft_probs: torch.Tensor | SparseQ | None  # [k, V_draft] or sparse rows, when the session samples
     watch: Stopwatch
+    logprobs: int | None = None  # None: no log-probabilities; k: the emitted tokens' and the k most likely
 
 
 class TargetEngine:
@@ -138,13 +141,16 @@ class TargetEngine:
         draft_probs: torch.Tensor | SparseQ | None,
         watch: Stopwatch,
         cohort: int = 0,
+        logprobs: int | None = None,
     ) -> VerifyResult:
         """Verify `draft` (may be empty: one plain decoding step) and commit the outcome. `cohort`: the
-        Verify calls sent with this one (BatchScheduler.submit)."""
+        Verify calls sent with this one (BatchScheduler.submit). `logprobs`: None, or k to report each emitted
+        token's log-probability and the k most likely tokens at its position."""
+        check_logprobs(logprobs)
         state = self.sessions.get(session_id)
         with state.session.lock:  # one round at a time per session
             self._check_draft(state, draft, draft_probs)
-            return self.scheduler.submit(_Row(state, draft, draft_probs, watch), cohort)
+            return self.scheduler.submit(_Row(state, draft, draft_probs, watch, logprobs), cohort)
 
     @on_compute_thread
     def _round(self, rows: Sequence[_Row]) -> list[VerifyResult]:
@@ -179,6 +185,7 @@ class TargetEngine:
                 ).tolist()  # the one device sync of the round, after the math
                 rescued = out.rescued.tolist()  # [B][G]
                 self._check_emitted(rows, outcome[1])
+                logprobs = self._logprobs(rows, batch.target_logits, outcome[0], outcome[1])
             with watch.phase("memory"):
                 self._record_events(*out.events(batch.draft_tokens))
         except BaseException:
@@ -195,13 +202,36 @@ class TargetEngine:
             positions = [i for i, hit in enumerate(rescued[b]) if hit]
             results.append(
                 VerifyResult(
-                    accepted, positions, next_token, bool(bonus), rejections, len(rows), batch_tokens, withheld
+                    accepted,
+                    positions,
+                    next_token,
+                    bool(bonus),
+                    rejections,
+                    len(rows),
+                    batch_tokens,
+                    withheld,
+                    logprobs[b],
                 )
             )
         for row in rows:  # every row waited for the whole batched forward: each reports it
             for phase in ("forward", "verify", "memory"):
                 row.watch.add(phase, watch.get(phase))
         return results
+
+    @staticmethod
+    def _logprobs(
+        rows: Sequence[_Row], logits: torch.Tensor, accepted: list[int], next_tokens: list[int]
+    ) -> list[list[TokenLogprob] | None]:
+        """Per row that asks: its emitted tokens' log-probabilities, from the round's [B, G+1, V] logits (position i
+        emitted the i-th token: the kept drafts, then the next token)."""
+        reports: list[list[TokenLogprob] | None] = []
+        for b, row in enumerate(rows):
+            if row.logprobs is None:
+                reports.append(None)
+                continue
+            emitted = [*row.draft[: accepted[b]], next_tokens[b]]
+            reports.append(emitted_logprobs(logits[b, : len(emitted)], emitted, row.logprobs))
+        return reports
 
     def _check_emitted(self, rows: Sequence[_Row], next_tokens: list[int]) -> None:
         """Never commit a token outside the vocabulary (it would break every later batched forward)."""

@@ -84,7 +84,8 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         probs = draft_q_from_pb(request)
         if self.link is not None and draft:
             self.link.note_request()  # the memory write carrying this round's events names the request
-        result = self.engine.verify(request.session_id, draft, probs, watch, request.cohort)
+        logprobs = request.logprobs if request.HasField("logprobs") else None
+        result = self.engine.verify(request.session_id, draft, probs, watch, request.cohort, logprobs)
         self.metrics.verified(len(draft), result)
         return target_pb2.VerifyResponse(
             accepted_count=result.accepted_count,
@@ -96,6 +97,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             batch_tokens=result.batch_tokens,
             withheld_rescues=result.withheld_rescues,
             timing=timing_to_pb(watch),
+            logprobs=[lp.to_pb() for lp in result.logprobs or ()],
         )
 
     def Close(self, request, context):

@@ -42,6 +42,16 @@ class RescueParams(_message.Message):
     lambda_: int
     def __init__(self, tau: _Optional[float] = ..., lambda_: _Optional[int] = ...) -> None: ...
 
+class TokenLogprobs(_message.Message):
+    __slots__ = ("logprob", "top_token_ids", "top_logprobs")
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    logprob: float
+    top_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    top_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, logprob: _Optional[float] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+
 class Timing(_message.Message):
     __slots__ = ("total_ns", "forward_ns", "verify_ns", "memory_ns")
     TOTAL_NS_FIELD_NUMBER: _ClassVar[int]

@@ -28,23 +28,25 @@ class TargetPrefillResponse(_message.Message):
     def __init__(self, timing: _Optional[_Union[_common_pb2.Timing, _Mapping]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "draft_token_ids", "draft_probs", "draft_vocab_size", "draft_sparse_probs", "cohort")
+    __slots__ = ("session_id", "draft_token_ids", "draft_probs", "draft_vocab_size", "draft_sparse_probs", "cohort", "logprobs")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     DRAFT_SPARSE_PROBS_FIELD_NUMBER: _ClassVar[int]
     COHORT_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_probs: bytes
     draft_vocab_size: int
     draft_sparse_probs: _common_pb2.SparseDistributions
     cohort: int
-    def __init__(self, session_id: _Optional[str] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[bytes] = ..., draft_vocab_size: _Optional[int] = ..., draft_sparse_probs: _Optional[_Union[_common_pb2.SparseDistributions, _Mapping]] = ..., cohort: _Optional[int] = ...) -> None: ...
+    logprobs: int
+    def __init__(self, session_id: _Optional[str] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[bytes] = ..., draft_vocab_size: _Optional[int] = ..., draft_sparse_probs: _Optional[_Union[_common_pb2.SparseDistributions, _Mapping]] = ..., cohort: _Optional[int] = ..., logprobs: _Optional[int] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("accepted_count", "rescued_positions", "next_token_id", "next_is_bonus", "rejections", "timing", "batch_size", "batch_tokens", "withheld_rescues")
+    __slots__ = ("accepted_count", "rescued_positions", "next_token_id", "next_is_bonus", "rejections", "timing", "batch_size", "batch_tokens", "withheld_rescues", "logprobs")
     ACCEPTED_COUNT_FIELD_NUMBER: _ClassVar[int]
     RESCUED_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +56,7 @@ class VerifyResponse(_message.Message):
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     WITHHELD_RESCUES_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     accepted_count: int
     rescued_positions: _containers.RepeatedScalarFieldContainer[int]
     next_token_id: int
@@ -63,7 +66,8 @@ class VerifyResponse(_message.Message):
     batch_size: int
     batch_tokens: int
     withheld_rescues: int
-    def __init__(self, accepted_count: _Optional[int] = ..., rescued_positions: _Optional[_Iterable[int]] = ..., next_token_id: _Optional[int] = ..., next_is_bonus: _Optional[bool] = ..., rejections: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.Timing, _Mapping]] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., withheld_rescues: _Optional[int] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprobs]
+    def __init__(self, accepted_count: _Optional[int] = ..., rescued_positions: _Optional[_Iterable[int]] = ..., next_token_id: _Optional[int] = ..., next_is_bonus: _Optional[bool] = ..., rejections: _Optional[int] = ..., timing: _Optional[_Union[_common_pb2.Timing, _Mapping]] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., withheld_rescues: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ...) -> None: ...
 
 class TargetCloseRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -23,6 +23,8 @@ def extra_body(params: dict[str, Any]) -> dict[str, Any]:
         "tau": params.get("tau"),
         "lambda": params.get("lambda_"),
     }
+    if params.get("ignore_eos"):
+        named["ignore_eos"] = True
     return {"return_token_ids": True, **{k: v for k, v in named.items() if v is not None}}
 
 

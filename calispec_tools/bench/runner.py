@@ -35,6 +35,7 @@ class LoadConfig:
     lambda_: int | None = None
     temperature: float = 0.0
     timeout_s: float = 300.0
+    ignore_eos: bool = False  # every request runs to its token limit: a fixed length, whatever the text
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,6 +105,7 @@ class Plan:
             "lambda_": c.lambda_,
             "temperature": c.temperature,
             "seed": c.seed + slot if c.temperature > 0 else None,
+            "ignore_eos": c.ignore_eos,
         }
 
 

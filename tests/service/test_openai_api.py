@@ -164,6 +164,59 @@ def test_a_request_of_n_choices_takes_n_quota_slots(chat_coordinator: Coordinato
         server.stop()  # type: ignore[attr-defined]
 
 
+def test_ignore_eos_goes_on_past_eos_to_the_token_limit(oai: openai.OpenAI, grpc_client: CalispecClient) -> None:
+    """vLLM's `ignore_eos` (load tests ask for outputs of a fixed length): the EOS is kept and decoding goes on, on
+    both APIs; greedy `sd` still equals `ar` token for token past it."""
+    ended = grpc_client.generate(PROMPT, max_new_tokens=40, mode="ar")
+    assert ended.finish_reason == "eos" and len(ended.token_ids) < 40  # the tiny pair ends this one by itself
+    longer = {
+        mode: grpc_client.generate(PROMPT, max_new_tokens=40, mode=mode, num_speculative_tokens=3, ignore_eos=True)
+        for mode in ("ar", "sd", "csd")
+    }
+    for result in longer.values():
+        assert result.finish_reason == "length" and len(result.token_ids) == 40
+    assert longer["ar"].token_ids[: len(ended.token_ids)] == ended.token_ids  # its EOS among them
+    assert longer["sd"].token_ids == longer["ar"].token_ids
+    extra = {"mode": "sd", "gamma": 3, "ignore_eos": True, "return_token_ids": True}
+    http = oai.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0, extra_body=extra)
+    choice = http.choices[0]
+    assert choice.finish_reason == "length" and (choice.model_extra or {})["token_ids"] == longer["ar"].token_ids
+
+
+def test_logprobs_are_the_targets_on_both_apis_and_alike_for_every_mode(
+    oai: openai.OpenAI, grpc_client: CalispecClient
+) -> None:
+    """Greedy `sd` and `csd` emit `ar`'s tokens here, so their log-probabilities (the target's, at the same
+    positions, from verify forwards of other widths) agree with `ar`'s; the HTTP forms carry the same numbers."""
+    results = {m: grpc_client.generate(PROMPT, max_new_tokens=10, mode=m, num_speculative_tokens=3, logprobs=2,
+                                       ignore_eos=True)  # the tiny pair ends at 7 tokens: 10 with its EOS inside
+               for m in ("ar", "sd")}  # fmt: skip
+    ar = results["ar"]
+    assert ar.logprobs is not None and len(ar.logprobs) == len(ar.token_ids) == 10
+    assert grpc_client.generate(PROMPT, max_new_tokens=4, mode="ar").logprobs is None  # not asked: none
+    assert results["sd"].token_ids == ar.token_ids
+    for a, s, token in zip(ar.logprobs, results["sd"].logprobs or [], ar.token_ids, strict=True):
+        assert s.logprob == pytest.approx(a.logprob, abs=1e-4)
+        assert a.top_token_ids[0] == token and len(a.top_token_ids) == 2  # greedy: the likeliest
+        assert a.logprob == pytest.approx(a.top_logprobs[0]) and a.top_logprobs[0] >= a.top_logprobs[1]
+    kwargs = {"model": MODEL, "max_tokens": 10, "temperature": 0, "extra_body": {"mode": "ar", "ignore_eos": True}}
+    legacy = oai.completions.create(prompt=PROMPT, logprobs=2, **kwargs).choices[0].logprobs
+    assert legacy is not None and legacy.token_logprobs == pytest.approx([lp.logprob for lp in ar.logprobs])
+    assert legacy.text_offset == [sum(map(len, legacy.tokens[:i])) for i in range(10)]
+    assert legacy.top_logprobs is not None and all(len(top) >= 2 for top in legacy.top_logprobs)
+    chat = oai.chat.completions.create(messages=MESSAGES, logprobs=True, top_logprobs=3, **kwargs)
+    content = chat.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == chat.usage.completion_tokens  # type: ignore[union-attr]
+    for entry in content:
+        assert entry.token == entry.top_logprobs[0].token and len(entry.top_logprobs) == 3
+        assert entry.bytes == list(entry.token.encode())
+    streamed = oai.chat.completions.create(messages=MESSAGES, logprobs=True, top_logprobs=3, stream=True, **kwargs)
+    pieces = [e for c in streamed if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
+    assert [(e.token, e.logprob) for e in pieces] == [(e.token, e.logprob) for e in content]
+    plain = oai.chat.completions.create(messages=MESSAGES, **kwargs)
+    assert plain.choices[0].logprobs is None
+
+
 def test_sse_framing_ends_with_done(base_url: str) -> None:
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{base_url}/completions", json=body, timeout=60) as response:
@@ -701,6 +754,22 @@ RANGE_ERRORS: list[tuple[str, dict, str, str]] = [
         {"seed": 2**64},
         "seed",
         "seed: must be in [0, 2**63), got 18446744073709551616",
+    ),
+    ("/completions", {"logprobs": 21}, "logprobs", "logprobs: must be in [0, 20], got 21"),
+    ("/completions", {"logprobs": -1}, "logprobs", "logprobs: must be in [0, 20], got -1"),
+    (
+        "/chat/completions",
+        {"logprobs": True, "top_logprobs": 21},
+        "top_logprobs",
+        "top_logprobs: must be in [0, 20], got 21",
+    ),
+    ("/chat/completions", {"top_logprobs": 2}, "top_logprobs", "top_logprobs: needs logprobs: true"),
+    ("/chat/completions", {"n": 17}, "n", "n: must be in [1, 16] (choices per request), got 17"),
+    (
+        "/completions",
+        {"prompt": ["a", "b"], "n": 9},
+        "prompt",
+        "prompt: 2 prompts x n = 9 make 18 choices; at most 16 a request",
     ),
     ("/completions", {"gamma": 0}, "gamma", "gamma: must be in [1, 16], got 0"),
     ("/completions", {"gamma": -1}, "gamma", "gamma: must be in [1, 16], got -1"),

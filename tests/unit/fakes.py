@@ -116,7 +116,9 @@ class FakeTarget(_Killable):
         self.prefills.append(list(token_ids))
         return 3_000
 
-    def verify(self, session_id: str, proposal: Proposal | None, timeout: float, cohort: int = 0) -> Verdict:
+    def verify(
+        self, session_id: str, proposal: Proposal | None, timeout: float, cohort: int = 0, logprobs: int | None = None
+    ) -> Verdict:
         self._check_up()
         self.cohorts.append(cohort)
         seq = self._session(session_id)

@@ -276,8 +276,8 @@ class CountingTarget(FakeTarget):
         super().__init__(alphabet_target)
         self.verifies: Counter[str] = Counter()
 
-    def verify(self, session_id, proposal, timeout, cohort=0):
-        verdict = super().verify(session_id, proposal, timeout, cohort)
+    def verify(self, session_id, proposal, timeout, cohort=0, logprobs=None):
+        verdict = super().verify(session_id, proposal, timeout, cohort, logprobs)
         self.verifies[session_id] += 1
         return verdict
 

@@ -126,8 +126,8 @@ def test_seed_takes_the_shared_bound_exclusive() -> None:
 
 def test_null_is_unset() -> None:
     nullable = ("temperature", "top_p", "n", "stream", "stream_options", "presence_penalty", "frequency_penalty",
-                "top_k", "return_token_ids", "seed", "stop", "max_tokens", "lambda", "logprobs", "tool_choice",
-                "tools", "response_format")  # fmt: skip
+                "top_k", "return_token_ids", "seed", "stop", "max_tokens", "lambda", "logprobs", "top_logprobs",
+                "tool_choice", "tools", "response_format")  # fmt: skip
     request = chat(**dict.fromkeys(nullable))
     assert request.model_dump() == chat().model_dump()
     completion = CompletionRequest.model_validate({"model": "m", "prompt": "p", "echo": None, "logprobs": None})

@@ -266,8 +266,8 @@ def test_debug_log_traces_every_round_with_its_predicted_and_measured_cost(caplo
 
 def test_rescues_the_meaning_guard_withheld_reach_the_stats() -> None:
     class WithholdingTarget(FakeTarget):  # as if every rejection had been a guarded rescue
-        def verify(self, session_id, proposal, timeout, cohort=0):
-            verdict = super().verify(session_id, proposal, timeout, cohort)
+        def verify(self, session_id, proposal, timeout, cohort=0, logprobs=None):
+            verdict = super().verify(session_id, proposal, timeout, cohort, logprobs)
             return replace(verdict, withheld_rescues=verdict.rejections)
 
     draft, target = FakeDraft(sloppy_draft), WithholdingTarget(alphabet_target)

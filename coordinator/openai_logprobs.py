@@ -1,0 +1,57 @@
+"""Log-probabilities in the OpenAI API's two forms (no gRPC, no HTTP here): the chat API's `content` list and the
+completions API's parallel lists. Token texts are each token decoded alone, as vLLM's (a token that holds part of
+a character decodes to U+FFFD); a log-probability of -inf is sent as -9999.0, as vLLM's (JSON has no -inf)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+
+from calispec_core.generation import TokenLogprob
+from coordinator.openai_protocol import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
+
+FLOOR = -9999.0  # what -inf becomes
+
+
+class TokenTexts:
+    """Each token id's text, decoded once per id (a position's 20 most likely tokens repeat across positions)."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.text = lru_cache(maxsize=65536)(lambda token: decode([token]))
+
+
+def finite(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else FLOOR
+
+
+def chat_logprobs(texts: TokenTexts, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob]) -> ChatLogprobs:
+    def entry(token: int, logprob: float) -> TopLogprob:
+        text = texts.text(token)
+        return TopLogprob(token=text, logprob=finite(logprob), bytes=list(text.encode()))
+
+    content = []
+    for token, lp in zip(token_ids, logprobs, strict=True):
+        chosen = entry(token, lp.logprob)
+        top = [entry(t, v) for t, v in zip(lp.top_token_ids, lp.top_logprobs, strict=True)]
+        content.append(ChatTokenLogprob(**chosen.model_dump(), top_logprobs=top))
+    return ChatLogprobs(content=content)
+
+
+def completion_logprobs(
+    texts: TokenTexts, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob], offset: int = 0
+) -> CompletionLogprobs:
+    """`offset`: where this part's text starts in the choice's (a stream's earlier chunks)."""
+    tokens = [texts.text(t) for t in token_ids]
+    top = []
+    for text, lp in zip(tokens, logprobs, strict=True):
+        likely = {texts.text(t): finite(v) for t, v in zip(lp.top_token_ids, lp.top_logprobs, strict=True)}
+        likely.setdefault(text, finite(lp.logprob))  # the token itself among them, as vLLM's
+        top.append(likely)
+    starts = []
+    for text in tokens:
+        starts.append(offset)
+        offset += len(text)
+    return CompletionLogprobs(
+        tokens=tokens, token_logprobs=[finite(lp.logprob) for lp in logprobs], top_logprobs=top, text_offset=starts
+    )

@@ -1,0 +1,62 @@
+"""Log-probabilities of the emitted tokens: the target's log-softmax at the positions that emitted them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from calispec_core.errors import InvalidArgument
+from calispec_core.generation import Mode
+from calispec_core.modeling import ModelRunner
+from calispec_core.sampling import SamplingConfig
+from calispec_core.timing import Stopwatch
+from target_service.engine import RescueConfig, TargetEngine
+from target_service.logprobs import emitted_logprobs
+from target_service.pair_table import PairTable
+
+
+def test_emitted_logprobs_are_the_log_softmax_of_the_raw_logits() -> None:
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    tokens = [4, 7, 49]
+    reference = torch.log_softmax(logits, dim=-1)
+    got = emitted_logprobs(logits.to(torch.bfloat16), tokens, 5)  # a bf16 target's logits, taken in float32
+    for row, (token, lp) in enumerate(zip(tokens, got, strict=True)):
+        exact = torch.log_softmax(logits.to(torch.bfloat16).float()[row], dim=-1)
+        assert lp.logprob == pytest.approx(exact[token].item(), abs=1e-6)
+        assert list(lp.top_token_ids) == exact.topk(5).indices.tolist()
+        assert list(lp.top_logprobs) == sorted(lp.top_logprobs, reverse=True)
+        assert lp.logprob == pytest.approx(reference[row, token].item(), abs=0.05)  # bf16's rounding of the logits
+    assert [lp.top_token_ids for lp in emitted_logprobs(logits, tokens, 0)] == [(), (), ()]
+
+
+def _greedy(runner: ModelRunner, ids: list[int], steps: int) -> list[int]:
+    out = list(ids)
+    with torch.no_grad():
+        for _ in range(steps):
+            out.append(int(runner.model(input_ids=torch.tensor([out])).logits[0, -1].argmax()))
+    return out[len(ids) :]
+
+
+def test_a_round_reports_each_emitted_token_where_one_forward_over_the_text_puts_it(target_runner: ModelRunner) -> None:
+    """Kept drafts, then the token that ended the round: each at its own position of the sequence."""
+    engine = TargetEngine(target_runner, 4, PairTable(target_runner.vocab_size))
+    prompt = target_runner.tokenizer("def add(a, b):")["input_ids"]
+    greedy = _greedy(target_runner, prompt, 4)
+    wrong = next(t for t in range(target_runner.vocab_size) if t != greedy[3])
+    try:
+        engine.prefill("s", prompt, SamplingConfig(), RescueConfig(Mode.SD, 0.01, 6), Stopwatch())
+        result = engine.verify("s", [*greedy[:3], wrong], None, Stopwatch(), logprobs=2)
+        assert (result.accepted_count, result.next_token) == (3, greedy[3])
+        with torch.no_grad():
+            logits = target_runner.model(input_ids=torch.tensor([prompt + greedy[:3]])).logits[0]  # [T, V]
+        reference = torch.log_softmax(logits[len(prompt) - 1 :].float(), dim=-1)  # [4, V]
+        assert result.logprobs is not None and len(result.logprobs) == 4
+        for row, (token, lp) in enumerate(zip(greedy, result.logprobs, strict=True)):
+            assert lp.logprob == pytest.approx(reference[row, token].item(), abs=1e-4)
+            assert lp.top_token_ids[0] == token  # greedy: the emitted token is the most likely
+            assert len(lp.top_token_ids) == 2
+        assert engine.verify("s", [], None, Stopwatch()).logprobs is None  # not asked: none
+        with pytest.raises(InvalidArgument, match="logprobs"):
+            engine.verify("s", [], None, Stopwatch(), logprobs=21)
+    finally:
+        engine.stop()
