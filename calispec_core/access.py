@@ -219,6 +219,7 @@ class QuotaBook:
             usage = self._usage.setdefault(caller, _Usage(self._burst, now))
             usage.tokens = min(self._burst, usage.tokens + (now - usage.updated) * self._rate_per_s)
             usage.updated = now
+            # a request of more choices than the quota ever admits at once: say so, rather than "retry later"
             if q.max_concurrent and requests > q.max_concurrent:
                 raise ResourceExhausted(
                     f"{caller!r} may have {q.max_concurrent} requests in flight; this one counts as {requests} "

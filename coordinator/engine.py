@@ -36,6 +36,7 @@ from calispec_core.errors import (
     CalispecError,
     Cancelled,
     DeadlineExceeded,
+    FailedPrecondition,
     InvalidArgument,
     Unavailable,
     require,
@@ -354,6 +355,7 @@ class Orchestrator:
             request, lambda member, timeout: self.lockstep.before_verify(member, timeout, replica)
         )
         verdict = self._verify(request, proposal, cohort)
+        self._check_logprobs(request, proposal, verdict)
         self._account(request, gamma, proposal, verdict)
         # a prefill inside the round (a draft reopened after an outage, a failover) is per request, not
         # per round; waiting for the other requests is the price of batching them, not overhead
@@ -367,10 +369,20 @@ class Orchestrator:
         new_tokens = [*drafted, verdict.next_token]
         if request.use_draft:
             self._sync_draft_later(request, proposal, verdict)
-        sent = len(verdict.logprobs or ())
-        if request.params.logprobs is not None and sent != len(new_tokens):  # a target's bug (INTERNAL)
-            raise CalispecError(f"the target sent {sent} log-probabilities for {len(new_tokens)} tokens")
         return new_tokens, verdict.logprobs
+
+    @staticmethod
+    def _check_logprobs(request: _Request, proposal: Proposal | None, verdict: Verdict) -> None:
+        """A request that asked for log-probabilities gets one per token, or fails before the round counts: a
+        target that predates them sends none (FAILED_PRECONDITION: upgrade it), any other count is a target's bug."""
+        if request.params.logprobs is None:
+            return
+        emitted = (verdict.accepted_count if proposal else 0) + 1
+        sent = len(verdict.logprobs or ())
+        if sent == 0:
+            raise FailedPrecondition("this target replica serves no log-probabilities (it predates them)")
+        if sent != emitted:
+            raise CalispecError(f"the target sent {sent} log-probabilities for {emitted} tokens")
 
     def _wish(self, request: _Request, gamma: int, room: int, probing: bool) -> Wish:
         """What this request brings to the round start: a fixed γ as it is; an adaptive one with how far it may

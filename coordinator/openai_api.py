@@ -29,6 +29,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_fastapi_instrumentator import Instrumentator
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
@@ -50,7 +51,7 @@ from coordinator.engine import Chunk, Orchestrator
 from coordinator.http_transport import guarded_protocol, serve
 from coordinator.metrics import CoordinatorMetrics, RequestTimer
 from coordinator.openai_generations import HttpGeneration, first_chunks, gathered, merged, usage_of
-from coordinator.openai_logprobs import TokenTexts, chat_logprobs, completion_logprobs
+from coordinator.openai_logprobs import TokenTexts, chat_logprobs, completion_logprobs, end_offset
 from coordinator.openai_protocol import (
     AssistantMessage,
     CalispecParams,
@@ -202,7 +203,8 @@ class OpenAIApi:
         self.metrics = settings.metrics or CoordinatorMetrics(new_registry())
         self.gate = settings.gate or DrainGate(())
         self.started = int(time.time())  # the served model's `created`: the same on every call
-        self.token_texts = TokenTexts(lambda ids: orchestrator.tokenizer.decode(ids))  # log-probabilities' tokens
+        # log-probabilities' token texts, decoded as the choices' texts are
+        self.token_texts = TokenTexts(lambda ids: orchestrator.tokenizer.decode(ids, skip_special_tokens=True))
 
     def admit(self, request: Request, model: str, choices: int = 1) -> ExitStack:
         """Refuse while draining (503, as gRPC's UNAVAILABLE), name the caller (RequestGuard authenticated it
@@ -299,22 +301,26 @@ class OpenAIApi:
         return render_chat(self.orchestrator.tokenizer, [ChatTurn(m.role, m.content) for m in req.messages])
 
     async def completion(self, req: CompletionRequest, held: ExitStack, request: Request):
-        generations = self.generations([partial(str, p) for p in req.prompts()], req)
+        generations = self.generations([lambda text=text: text for text in req.prompts()], req)
         rid, model = new_id("cmpl"), self.settings.model_name
         if not req.stream:
             with held:
                 done = await gathered(generations, request)
-            choices = [
-                CompletionChoice(
-                    index=index,
-                    text=outcome.text,
-                    finish_reason=openai_finish_reason(outcome.finish.finish_reason),
-                    token_ids=outcome.token_ids if req.return_token_ids else None,
-                    logprobs=self.completion_logprobs(outcome.token_ids, outcome.logprobs),
-                )
-                for index, outcome in enumerate(done)
-            ]
-            return CompletionResponse(id=rid, model=model, choices=choices, usage=usage_of(done, req.n))
+
+            def response() -> CompletionResponse:  # on a worker thread: log-probabilities can be many objects
+                choices = [
+                    CompletionChoice(
+                        index=index,
+                        text=outcome.text,
+                        finish_reason=openai_finish_reason(outcome.finish.finish_reason),
+                        token_ids=outcome.token_ids if req.return_token_ids else None,
+                        logprobs=self.completion_logprobs(outcome.token_ids, outcome.logprobs),
+                    )
+                    for index, outcome in enumerate(done)
+                ]
+                return CompletionResponse(id=rid, model=model, choices=choices, usage=usage_of(done, req.n))
+
+            return await run_in_threadpool(response)
 
         offsets = [0] * len(generations)  # each choice's text so far, as its log-probabilities count it
 
@@ -322,9 +328,7 @@ class OpenAIApi:
             ids = chunk.token_ids if req.return_token_ids else None
             logprobs = self.completion_logprobs(chunk.token_ids, chunk.logprobs, offsets[index])
             if logprobs is not None:
-                offsets[index] = (
-                    logprobs.text_offset[-1] + len(logprobs.tokens[-1]) if logprobs.tokens else offsets[index]
-                )
+                offsets[index] = end_offset(logprobs, offsets[index])
             choice = CompletionChoice(
                 index=index,
                 text=chunk.text,
@@ -346,16 +350,20 @@ class OpenAIApi:
         if not req.stream:
             with held:
                 done = await gathered(generations, request)
-            choices = [
-                ChatChoice(
-                    index=index,
-                    message=AssistantMessage(content=outcome.text),
-                    finish_reason=openai_finish_reason(outcome.finish.finish_reason),
-                    logprobs=self.chat_logprobs(outcome.token_ids, outcome.logprobs),
-                )
-                for index, outcome in enumerate(done)
-            ]
-            return ChatCompletionResponse(id=rid, model=model, choices=choices, usage=usage_of(done, req.n))
+
+            def response() -> ChatCompletionResponse:  # on a worker thread: log-probabilities can be many objects
+                choices = [
+                    ChatChoice(
+                        index=index,
+                        message=AssistantMessage(content=outcome.text),
+                        finish_reason=openai_finish_reason(outcome.finish.finish_reason),
+                        logprobs=self.chat_logprobs(outcome.token_ids, outcome.logprobs),
+                    )
+                    for index, outcome in enumerate(done)
+                ]
+                return ChatCompletionResponse(id=rid, model=model, choices=choices, usage=usage_of(done, req.n))
+
+            return await run_in_threadpool(response)
 
         def event(index: int, chunk: Chunk) -> ChatCompletionChunk:
             delta = ChatDelta(content=chunk.text) if chunk.text or chunk.finish_reason is None else ChatDelta()

@@ -151,12 +151,16 @@ async def gathered(generations: Sequence[HttpGeneration], request: Request) -> l
             failures[index] = exc
             abandon_all(generations)  # the others' answers would go nowhere
 
-    async with anyio.create_task_group() as watcher:
-        watcher.start_soon(abandon_on_disconnect)
-        async with anyio.create_task_group() as choices:
-            for index in range(len(generations)):
-                choices.start_soon(run, index)
-        watcher.cancel_scope.cancel()
+    try:
+        async with anyio.create_task_group() as watcher:
+            watcher.start_soon(abandon_on_disconnect)
+            async with anyio.create_task_group() as choices:
+                for index in range(len(generations)):
+                    choices.start_soon(run, index)
+            watcher.cancel_scope.cancel()
+    except BaseException:  # this request itself cancelled (a shutdown): its choices' threads stop at their next round
+        abandon_all(generations)
+        raise
     failure = first_failure(failures)
     if failure is not None:
         raise failure
@@ -205,7 +209,9 @@ async def merged(firsts: Sequence[Chunk], generations: Sequence[HttpGeneration])
         async for chunk in rest_of(firsts[0], generations[0]):
             yield 0, chunk
         return
-    queue: asyncio.Queue[tuple[int, Chunk | None, BaseException | None]] = asyncio.Queue()
+    # one chunk waiting per choice: a choice runs its next round only once its last chunk is taken (the stream's
+    # pace, as with one choice), instead of running ahead of a slow client into memory
+    queue: asyncio.Queue[tuple[int, Chunk | None, BaseException | None]] = asyncio.Queue(maxsize=len(generations))
 
     async def pump(index: int) -> None:
         try:

@@ -1,6 +1,7 @@
 """Log-probabilities in the OpenAI API's two forms (no gRPC, no HTTP here): the chat API's `content` list and the
 completions API's parallel lists. Token texts are each token decoded alone, as vLLM's (a token that holds part of
-a character decodes to U+FFFD); a log-probability of -inf is sent as -9999.0, as vLLM's (JSON has no -inf)."""
+a character decodes to U+FFFD), special tokens skipped as in the choice's text (EOS is ""), so that the completions
+form's offsets follow the text; a log-probability of -inf is sent as -9999.0, as vLLM's (JSON has no -inf)."""
 
 from __future__ import annotations
 
@@ -32,16 +33,18 @@ def chat_logprobs(texts: TokenTexts, token_ids: Sequence[int], logprobs: Sequenc
 
     content = []
     for token, lp in zip(token_ids, logprobs, strict=True):
-        chosen = entry(token, lp.logprob)
+        text = texts.text(token)
         top = [entry(t, v) for t, v in zip(lp.top_token_ids, lp.top_logprobs, strict=True)]
-        content.append(ChatTokenLogprob(**chosen.model_dump(), top_logprobs=top))
+        content.append(
+            ChatTokenLogprob(token=text, logprob=finite(lp.logprob), bytes=list(text.encode()), top_logprobs=top)
+        )
     return ChatLogprobs(content=content)
 
 
 def completion_logprobs(
     texts: TokenTexts, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob], offset: int = 0
 ) -> CompletionLogprobs:
-    """`offset`: where this part's text starts in the choice's (a stream's earlier chunks)."""
+    """`offset`: where this part's text starts in the choice's (a stream's earlier chunks: `end_offset` of the last)."""
     tokens = [texts.text(t) for t in token_ids]
     top = []
     for text, lp in zip(tokens, logprobs, strict=True):
@@ -55,3 +58,8 @@ def completion_logprobs(
     return CompletionLogprobs(
         tokens=tokens, token_logprobs=[finite(lp.logprob) for lp in logprobs], top_logprobs=top, text_offset=starts
     )
+
+
+def end_offset(logprobs: CompletionLogprobs, offset: int) -> int:
+    """Where the text after these tokens starts: the next chunk's `offset`."""
+    return logprobs.text_offset[-1] + len(logprobs.tokens[-1]) if logprobs.tokens else offset

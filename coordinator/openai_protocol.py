@@ -355,7 +355,8 @@ class ChatCompletionRequest(CalispecParams):
     def _top_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
         with domain_checked():
             check_logprobs(value, "top_logprobs")
-        if value and not info.data.get("logprobs", False):  # OpenAI's rule (0 with logprobs off is a no-op)
+        # OpenAI's rule (0 with logprobs off is a no-op); a logprobs that failed its own check is reported alone
+        if value and "logprobs" in info.data and not info.data["logprobs"]:
             raise invalid("needs logprobs: true")
         return value
 

@@ -223,15 +223,14 @@ class TargetEngine:
         rows: Sequence[_Row], logits: torch.Tensor, accepted: list[int], next_tokens: list[int]
     ) -> list[list[TokenLogprob] | None]:
         """Per row that asks: its emitted tokens' log-probabilities, from the round's [B, G+1, V] logits (position i
-        emitted the i-th token: the kept drafts, then the next token)."""
-        reports: list[list[TokenLogprob] | None] = []
-        for b, row in enumerate(rows):
-            if row.logprobs is None:
-                reports.append(None)
-                continue
-            emitted = [*row.draft[: accepted[b]], next_tokens[b]]
-            reports.append(emitted_logprobs(logits[b, : len(emitted)], emitted, row.logprobs))
-        return reports
+        emitted the i-th token: the kept drafts, then the next token); None for the others."""
+        asking = [b for b, row in enumerate(rows) if row.logprobs is not None]
+        if not asking:
+            return [None] * len(rows)
+        emitted = [[*rows[b].draft[: accepted[b]], next_tokens[b]] for b in asking]
+        tops = [rows[b].logprobs or 0 for b in asking]
+        reports = dict(zip(asking, emitted_logprobs(logits, asking, emitted, tops), strict=True))
+        return [reports.get(b) for b in range(len(rows))]
 
     def _check_emitted(self, rows: Sequence[_Row], next_tokens: list[int]) -> None:
         """Never commit a token outside the vocabulary (it would break every later batched forward)."""

@@ -2,23 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from calispec_core.generation import TokenLogprob
 
 
-def emitted_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
-    """Each emitted token's log-probability under the target and the `top` most likely tokens at its position.
+def emitted_logprobs(
+    logits: torch.Tensor, rows: Sequence[int], emitted: Sequence[list[int]], tops: Sequence[int]
+) -> list[list[TokenLogprob]]:
+    """For each asking row `rows[j]`: its emitted tokens' log-probabilities under the target and the `tops[j]` most
+    likely tokens at each one's position; all rows at once (one log-softmax, one read to the host).
 
-    logits: [n, V] raw logits at the n positions that emitted `tokens` ([n]); the log-softmax is taken in float32,
-    before temperature, top-k and top-p (vLLM's default: what the model thinks, not what the sampler drew from).
-    A rescued token (CSD) gets its own log-probability: how far from the target's choice it was."""
-    logp = torch.log_softmax(logits.float(), dim=-1)  # [n, V]
-    ids = torch.tensor(tokens, dtype=torch.long, device=logp.device).view(-1, 1)  # [n, 1]
-    chosen = logp.gather(1, ids).view(-1).tolist()  # [n]
-    if top == 0:
-        return [TokenLogprob(c) for c in chosen]
-    values, top_ids = logp.topk(min(top, logp.shape[-1]), dim=-1)  # [n, top], most likely first
-    return [
-        TokenLogprob(c, tuple(i), tuple(v)) for c, i, v in zip(chosen, top_ids.tolist(), values.tolist(), strict=True)
-    ]
+    logits: [B, G+1, V] the round's raw logits; position i of row rows[j] emitted emitted[j][i] (the kept drafts,
+    then the next token). The log-softmax is taken in float32, before temperature, top-k and top-p (vLLM's default:
+    what the model thinks, not what the sampler drew from); a rescued token (CSD) gets its own log-probability: how
+    far from the target's choice it was."""
+    device = logits.device
+    batch_rows = torch.tensor([b for b, tokens in zip(rows, emitted, strict=True) for _ in tokens], device=device)
+    positions = torch.tensor([i for tokens in emitted for i in range(len(tokens))], device=device)  # [N]
+    ids = torch.tensor([t for tokens in emitted for t in tokens], device=device).view(-1, 1)  # [N, 1]
+    logp = torch.log_softmax(logits[batch_rows, positions].float(), dim=-1)  # [N, V]
+    chosen = logp.gather(1, ids).view(-1).tolist()  # [N]
+    values, top_ids = logp.topk(min(max(tops), logp.shape[-1]), dim=-1)  # [N, k_max], likeliest first
+    top_values, top_tokens = values.tolist(), top_ids.tolist()
+    reports, start = [], 0
+    for tokens, k in zip(emitted, tops, strict=True):
+        span = range(start, start + len(tokens))
+        reports.append([TokenLogprob(chosen[i], tuple(top_tokens[i][:k]), tuple(top_values[i][:k])) for i in span])
+        start += len(tokens)
+    return reports

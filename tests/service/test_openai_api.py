@@ -215,6 +215,19 @@ def test_logprobs_are_the_targets_on_both_apis_and_alike_for_every_mode(
     assert [(e.token, e.logprob) for e in pieces] == [(e.token, e.logprob) for e in content]
     plain = oai.chat.completions.create(messages=MESSAGES, **kwargs)
     assert plain.choices[0].logprobs is None
+    grpc_chat = grpc_client.chat(MESSAGES, max_new_tokens=10, mode="ar", logprobs=3, ignore_eos=True)
+    assert [e.logprob for e in content] == pytest.approx([lp.logprob for lp in grpc_chat.logprobs or []])
+
+
+def test_choices_verified_in_one_batch_report_the_logprobs_of_one_alone(oai: openai.OpenAI) -> None:
+    """n choices share verify rounds (rows of a padded batch): each row's log-probabilities are its own."""
+    kwargs = {"model": MODEL, "prompt": PROMPT, "max_tokens": 10, "temperature": 0, "logprobs": 2}
+    alone = oai.completions.create(**kwargs, extra_body={"mode": "ar", "ignore_eos": True}).choices[0].logprobs
+    batch = oai.completions.create(**kwargs, n=3, extra_body={"mode": "sd", "gamma": 3, "ignore_eos": True})
+    assert alone is not None and len(batch.choices) == 3
+    for choice in batch.choices:
+        assert choice.logprobs is not None and choice.logprobs.tokens == alone.tokens
+        assert choice.logprobs.token_logprobs == pytest.approx(alone.token_logprobs, abs=1e-4)
 
 
 def test_sse_framing_ends_with_done(base_url: str) -> None:

@@ -8,6 +8,7 @@ import statistics
 import pytest
 
 from calispec_tools.bench.arrivals import arrival_times, gamma_gaps
+from calispec_tools.bench.openai_client import extra_body
 from calispec_tools.bench.prompts import builtin_sets, load_jsonl, load_prompts
 from calispec_tools.bench.runner import LoadConfig, Plan
 
@@ -51,3 +52,12 @@ def test_plan_interleaves_modes_per_slot() -> None:
     assert [plan.mode(s) for s in range(6)] == ["ar", "sd", "csd"] * 2
     assert [plan.prompt_index(s) for s in range(7)] == [0, 0, 0, 1, 1, 1, 0]  # every mode meets every prompt
     assert plan.params(4)["max_new_tokens"] == 8 and plan.new_record(3).gamma == 0
+
+
+def test_ignore_eos_reaches_every_request_on_both_transports() -> None:
+    """`calispec bench --ignore-eos`: requests of a fixed length (the SDK's keyword, the HTTP API's extra field)."""
+    prompts = load_prompts("math")[:1]
+    plan = Plan(prompts, LoadConfig(modes=("ar", "csd"), max_new_tokens=8, ignore_eos=True))
+    assert all(plan.params(slot)["ignore_eos"] for slot in range(2))
+    assert extra_body(plan.params(1))["ignore_eos"] is True
+    assert "ignore_eos" not in extra_body(Plan(prompts, LoadConfig(max_new_tokens=8)).params(0))

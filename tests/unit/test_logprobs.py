@@ -19,14 +19,16 @@ def test_emitted_logprobs_are_the_log_softmax_of_the_raw_logits() -> None:
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
     tokens = [4, 7, 49]
     reference = torch.log_softmax(logits, dim=-1)
-    got = emitted_logprobs(logits.to(torch.bfloat16), tokens, 5)  # a bf16 target's logits, taken in float32
+    padded = torch.stack([logits.to(torch.bfloat16), torch.zeros(3, 50, dtype=torch.bfloat16)])  # [2, 3, 50]
+    got, flat = emitted_logprobs(padded, [0, 1], [tokens, [9]], [5, 0])  # a bf16 target's logits, in float32
+    assert flat[0].top_token_ids == () and flat[0].logprob == pytest.approx(-torch.log(torch.tensor(50.0)).item())
     for row, (token, lp) in enumerate(zip(tokens, got, strict=True)):
         exact = torch.log_softmax(logits.to(torch.bfloat16).float()[row], dim=-1)
         assert lp.logprob == pytest.approx(exact[token].item(), abs=1e-6)
         assert list(lp.top_token_ids) == exact.topk(5).indices.tolist()
         assert list(lp.top_logprobs) == sorted(lp.top_logprobs, reverse=True)
         assert lp.logprob == pytest.approx(reference[row, token].item(), abs=0.05)  # bf16's rounding of the logits
-    assert [lp.top_token_ids for lp in emitted_logprobs(logits, tokens, 0)] == [(), (), ()]
+    assert [lp.top_token_ids for lp in emitted_logprobs(logits[None], [0], [tokens], [0])[0]] == [(), (), ()]
 
 
 def _greedy(runner: ModelRunner, ids: list[int], steps: int) -> list[int]:
@@ -58,5 +60,26 @@ def test_a_round_reports_each_emitted_token_where_one_forward_over_the_text_puts
         assert engine.verify("s", [], None, Stopwatch()).logprobs is None  # not asked: none
         with pytest.raises(InvalidArgument, match="logprobs"):
             engine.verify("s", [], None, Stopwatch(), logprobs=21)
+    finally:
+        engine.stop()
+
+
+def test_a_sampling_rows_logprobs_are_the_raw_distributions_not_the_warped_one(target_runner: ModelRunner) -> None:
+    """vLLM's default: log-probabilities of the model's own distribution, before temperature (here 5)."""
+    engine = TargetEngine(target_runner, 4, PairTable(target_runner.vocab_size))
+    prompt = target_runner.tokenizer("def add(a, b):")["input_ids"]
+    try:
+        hot = SamplingConfig(temperature=5.0, seed=3)
+        engine.prefill("s", prompt, hot, RescueConfig(Mode.AR, 0.01, 6), Stopwatch())
+        result = engine.verify("s", [], None, Stopwatch(), logprobs=1)
+        with torch.no_grad():
+            logits = target_runner.model(input_ids=torch.tensor([prompt])).logits[0, -1]  # [V]
+        raw = torch.log_softmax(logits.float(), dim=-1)
+        assert result.logprobs is not None
+        (lp,) = result.logprobs
+        assert lp.logprob == pytest.approx(raw[result.next_token].item(), abs=1e-4)
+        assert lp.top_token_ids == (int(raw.argmax()),)
+        warped = torch.log_softmax(logits.float() / 5.0, dim=-1)[result.next_token].item()
+        assert abs(lp.logprob - warped) > 1e-2  # not what the sampler drew from
     finally:
         engine.stop()

@@ -306,3 +306,12 @@ def test_a_range_error_has_one_wording_for_both_apis(fields: dict[str, Any]) -> 
     (name,) = fields
     message, param = first_error(ChatCompletionRequest, {"model": "m", "messages": USER, **fields})
     assert (param, message) == (name, f"{name}: {domain_refusal(fields)}")
+
+
+def test_top_logprobs_need_logprobs_and_a_bad_logprobs_is_reported_alone() -> None:
+    assert chat(logprobs=True, top_logprobs=20).requested_logprobs() == 20
+    assert chat(logprobs=True).requested_logprobs() == 0 and chat(top_logprobs=0).requested_logprobs() is None
+    assert first_error(ChatCompletionRequest, {"model": "m", "messages": USER, "top_logprobs": 2})[1] == "top_logprobs"
+    with pytest.raises(ValidationError) as info:
+        chat(logprobs="maybe", top_logprobs=2)
+    assert [e["loc"] for e in info.value.errors()] == [("logprobs",)]  # not also "top_logprobs: needs logprobs"

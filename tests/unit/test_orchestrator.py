@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from calispec_core.errors import Cancelled, DeadlineExceeded, InvalidArgument
+from calispec_core.errors import Cancelled, DeadlineExceeded, FailedPrecondition, InvalidArgument
 from calispec_core.generation import Defaults, FinishReason, GenerationParams, Mode
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
@@ -288,3 +288,12 @@ def test_the_coordinators_metrics_count_withheld_rescues() -> None:
     proposal = Proposal([1, 2], b"", 0, 0)
     metrics.observe_round(Mode.CSD, proposal, Verdict(0, [], 5, False, 1, 1, 0, 0, withheld_rescues=1))
     assert registry.get_sample_value("calispec_spec_decode_num_withheld_rescues_total") == 1
+
+
+def test_log_probabilities_from_a_target_that_predates_them_are_a_clear_failed_precondition() -> None:
+    """The fake target, like one of an older release, ignores VerifyRequest.logprobs: the request fails at its first
+    round saying why, not as an INTERNAL bug, and before the round is counted."""
+    orchestrator, _, _ = make()
+    with pytest.raises(FailedPrecondition, match="serves no log-probabilities"):
+        run(orchestrator, "c", params(logprobs=2))
+    assert [c.text for c in run(orchestrator, "c", params(max_new_tokens=3))]  # those that do not ask still run
