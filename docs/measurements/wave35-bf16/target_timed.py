@@ -1,5 +1,5 @@
 """Scratch (wave 35): a target service whose verify rounds' parts are timed (ns) into /tmp/s1/tparts.jsonl; same flags
-as `python -m target_service`. Summarised by target_parts.py."""
+as `python -m target_service` (less `--stop-when-stdin-closes`). Summarised by target_parts.py."""
 
 import functools
 import json
