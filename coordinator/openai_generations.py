@@ -1,9 +1,10 @@
 """The generations behind one OpenAI request, driven from the event loop (no gRPC, no HTTP framing here).
 
 A request asks for one choice or several (`n`, a batch of prompts): each choice is a generation of its own,
-run by the Orchestrator on Starlette's thread pool one `next` at a time, so the choices of one request verify
-in one batch as concurrent requests do. A client that leaves ends every one of them; a choice that fails ends
-the others, and the request answers with that failure (as one generation's failure answers it alone).
+run by the Orchestrator on Starlette's thread pool (a stream's one round at a time, a unary request's whole), so
+the choices of one request verify in one batch as concurrent requests do. A client that leaves ends every one of
+them; a choice that fails ends the others, and the request answers with that failure (as one generation's failure
+answers it alone).
 """
 
 from __future__ import annotations

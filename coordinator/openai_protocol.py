@@ -40,8 +40,9 @@ from calispec_core.limits import (
 from calispec_core.sampling import MIN_TOP_P
 
 ModeName = Literal[MODE_NAMES]  # type: ignore[valid-type]
-# Choices a request may ask for (`n`, times the prompts of a batched completion). Each running choice holds one of
-# the HTTP server's worker threads (Starlette's pool: 40) and a row of the model services' batches (8 by default).
+# Choices a request may ask for (`n`, times the prompts of a batched completion). Each running choice holds a row of
+# the model services' batches (8 by default) and, in a unary request, one of the HTTP server's worker threads for its
+# whole generation (Starlette's pool: 40).
 MAX_CHOICES = 16
 NO_TOOLS = "this server has no tool calling"
 
