@@ -355,7 +355,9 @@ class Orchestrator:
             request, lambda member, timeout: self.lockstep.before_verify(member, timeout, replica)
         )
         verdict = self._verify(request, proposal, cohort)
-        self._check_logprobs(request, proposal, verdict)
+        drafted = proposal.token_ids[: verdict.accepted_count] if proposal else []
+        new_tokens = [*drafted, verdict.next_token]
+        self._check_logprobs(request, verdict, len(new_tokens))
         self._account(request, gamma, proposal, verdict)
         # a prefill inside the round (a draft reopened after an outage, a failover) is per request, not
         # per round; waiting for the other requests is the price of batching them, not overhead
@@ -365,19 +367,16 @@ class Orchestrator:
             self._log_round(request, gamma, plan, proposal, verdict, round_ns, propose_ns)
         if self.on_round is not None:
             self.on_round(request.params.mode, proposal, verdict)
-        drafted = proposal.token_ids[: verdict.accepted_count] if proposal else []
-        new_tokens = [*drafted, verdict.next_token]
         if request.use_draft:
             self._sync_draft_later(request, proposal, verdict)
         return new_tokens, verdict.logprobs
 
     @staticmethod
-    def _check_logprobs(request: _Request, proposal: Proposal | None, verdict: Verdict) -> None:
+    def _check_logprobs(request: _Request, verdict: Verdict, emitted: int) -> None:
         """A request that asked for log-probabilities gets one per token, or fails before the round counts: a
         target that predates them sends none (FAILED_PRECONDITION: upgrade it), any other count is a target's bug."""
         if request.params.logprobs is None:
             return
-        emitted = (verdict.accepted_count if proposal else 0) + 1
         sent = len(verdict.logprobs or ())
         if sent == 0:
             raise FailedPrecondition("this target replica serves no log-probabilities (it predates them)")

@@ -13,8 +13,9 @@ import asyncio
 import contextvars
 import logging
 import threading
-from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import anyio
 from fastapi import Request
@@ -26,6 +27,7 @@ from coordinator.engine import Chunk
 from coordinator.openai_protocol import Usage
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -134,60 +136,59 @@ def first_failure(failures: Sequence[BaseException | None]) -> BaseException | N
     return real[0] if real else next((f for f in failures if f is not None), None)
 
 
-async def gathered(generations: Sequence[HttpGeneration], request: Request) -> list[Outcome]:
-    """Every choice whole, run at once; all ended early if the client disconnects meanwhile (the answer then
-    goes nowhere) or when one fails (the request answers with that failure, raised as itself)."""
-    outcomes: list[Outcome | None] = [None] * len(generations)
+async def each_choice(generations: Sequence[HttpGeneration], work: Callable[[HttpGeneration], T]) -> list[T]:
+    """`work` on every choice at once, on the thread pool; the first to fail abandons the others (their answers
+    would go nowhere) and the request answers with that failure, raised as itself (not wrapped in a task group's
+    ExceptionGroup)."""
+    results: list[T | None] = [None] * len(generations)
     failures: list[BaseException | None] = [None] * len(generations)
-
-    async def abandon_on_disconnect() -> None:
-        while (await request.receive())["type"] != "http.disconnect":  # the body is read: only this is left
-            pass
-        abandon_all(generations)
 
     async def run(index: int) -> None:
         try:
-            outcomes[index] = await run_in_threadpool(gather, generations[index])
-        except Exception as exc:  # kept, raised below: not wrapped in the task group's ExceptionGroup
-            failures[index] = exc
-            abandon_all(generations)  # the others' answers would go nowhere
-
-    try:
-        async with anyio.create_task_group() as watcher:
-            watcher.start_soon(abandon_on_disconnect)
-            async with anyio.create_task_group() as choices:
-                for index in range(len(generations)):
-                    choices.start_soon(run, index)
-            watcher.cancel_scope.cancel()
-    except BaseException:  # this request itself cancelled (a shutdown): its choices' threads stop at their next round
-        abandon_all(generations)
-        raise
-    failure = first_failure(failures)
-    if failure is not None:
-        raise failure
-    return [o for o in outcomes if o is not None]
-
-
-async def first_chunks(generations: Sequence[HttpGeneration]) -> list[Chunk]:
-    """Every choice's first chunk (its first round), at once; on a failure the others are abandoned and the
-    failure raised, so that a bad request still gets its HTTP status before a stream starts."""
-    firsts: list[Chunk | None] = [None] * len(generations)
-    failures: list[BaseException | None] = [None] * len(generations)
-
-    async def first(index: int) -> None:
-        try:
-            firsts[index] = await run_in_threadpool(next, generations[index])
+            results[index] = await run_in_threadpool(work, generations[index])
         except Exception as exc:
             failures[index] = exc
             abandon_all(generations)
 
     async with anyio.create_task_group() as group:
         for index in range(len(generations)):
-            group.start_soon(first, index)
+            group.start_soon(run, index)
     failure = first_failure(failures)
     if failure is not None:
         raise failure
-    return [c for c in firsts if c is not None]
+    return [r for r in results if r is not None]
+
+
+async def gathered(generations: Sequence[HttpGeneration], request: Request) -> list[Outcome]:
+    """Every choice whole, run at once; all ended early if the client disconnects meanwhile (the answer then
+    goes nowhere) or when one fails (`each_choice`)."""
+
+    async def abandon_on_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":  # the body is read: only this is left
+            pass
+        abandon_all(generations)
+
+    failure: Exception | None = None
+    try:
+        async with anyio.create_task_group() as watcher:
+            watcher.start_soon(abandon_on_disconnect)
+            try:
+                outcomes = await each_choice(generations, gather)
+            except Exception as exc:  # raised below, as itself: not wrapped in the watcher's ExceptionGroup
+                failure = exc
+            watcher.cancel_scope.cancel()
+    except BaseException:  # this request itself cancelled (a shutdown): its choices' threads stop at their next round
+        abandon_all(generations)
+        raise
+    if failure is not None:
+        raise failure
+    return outcomes
+
+
+async def first_chunks(generations: Sequence[HttpGeneration]) -> list[Chunk]:
+    """Every choice's first chunk (its first round), at once, so that a bad request still gets its HTTP status
+    before a stream starts (`each_choice`)."""
+    return await each_choice(generations, next)
 
 
 async def rest_of(first: Chunk, rest: HttpGeneration) -> AsyncIterator[Chunk]:

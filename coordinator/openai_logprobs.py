@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from functools import lru_cache
+from typing import Any
 
 from calispec_core.generation import TokenLogprob
 from coordinator.openai_protocol import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
@@ -27,17 +28,14 @@ def finite(logprob: float) -> float:
 
 
 def chat_logprobs(texts: TokenTexts, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob]) -> ChatLogprobs:
-    def entry(token: int, logprob: float) -> TopLogprob:
+    def entry(token: int, logprob: float) -> dict[str, Any]:  # the fields of a TopLogprob
         text = texts.text(token)
-        return TopLogprob(token=text, logprob=finite(logprob), bytes=list(text.encode()))
+        return {"token": text, "logprob": finite(logprob), "bytes": list(text.encode())}
 
     content = []
     for token, lp in zip(token_ids, logprobs, strict=True):
-        text = texts.text(token)
-        top = [entry(t, v) for t, v in zip(lp.top_token_ids, lp.top_logprobs, strict=True)]
-        content.append(
-            ChatTokenLogprob(token=text, logprob=finite(lp.logprob), bytes=list(text.encode()), top_logprobs=top)
-        )
+        top = [TopLogprob(**entry(t, v)) for t, v in zip(lp.top_token_ids, lp.top_logprobs, strict=True)]
+        content.append(ChatTokenLogprob(**entry(token, lp.logprob), top_logprobs=top))
     return ChatLogprobs(content=content)
 
 
