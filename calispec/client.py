@@ -64,6 +64,9 @@ class GenerationResult:
     stats: GenerationStats
     request_id: str
     logprobs: list[TokenLogprob] | None = None  # one per token id, when asked for (`logprobs=k`)
+    # with `prompt_logprobs=k`: the prompt's token ids, and one entry per prompt token from the second
+    prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         result = {
@@ -75,6 +78,9 @@ class GenerationResult:
         }
         if self.logprobs is not None:
             result["logprobs"] = [asdict(lp) for lp in self.logprobs]
+        if self.prompt_logprobs is not None:
+            result["prompt_token_ids"] = self.prompt_token_ids
+            result["prompt_logprobs"] = [asdict(lp) for lp in self.prompt_logprobs]
         return result
 
 
@@ -86,6 +92,8 @@ class StreamChunk:
     finish_reason: str | None = None  # set on the last chunk
     stats: GenerationStats | None = None  # set on the last chunk
     logprobs: list[TokenLogprob] | None = None  # one per token id, when asked for
+    prompt_token_ids: list[int] | None = None  # on the first chunk, with `prompt_logprobs=k`
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 def build_params(
@@ -102,10 +110,12 @@ def build_params(
     lambda_: int | None = None,
     ignore_eos: bool = False,
     logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
 ) -> coordinator_pb2.GenerationParams:
     """Request parameters; None / 0 leaves a field to the server's default. `ignore_eos`: go on past EOS to
     `max_new_tokens` (outputs of a fixed length, for load tests). `logprobs=k`: each new token's log-probability
-    under the target and the k most likely tokens at its position (0 to 20)."""
+    under the target and the k most likely tokens at its position (0 to 20); `prompt_logprobs=k`: the same for
+    each prompt token from the second (under the tokens before it)."""
     msg = coordinator_pb2.GenerationParams(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
@@ -122,6 +132,7 @@ def build_params(
         ("tau", tau),
         ("lambda_", lambda_),
         ("logprobs", logprobs),
+        ("prompt_logprobs", prompt_logprobs),
     ):
         if value is not None:
             setattr(msg, name, value)
@@ -138,16 +149,19 @@ def chat_messages(messages: Messages) -> coordinator_pb2.ChatMessages:
 
 
 def _requests(
-    prompt: str | None, messages: Messages | None, params: dict[str, Any]
+    prompt: str | Sequence[int] | None, messages: Messages | None, params: dict[str, Any]
 ) -> tuple[coordinator_pb2.GenerateRequest, coordinator_pb2.GenerateStreamRequest]:
-    """The unary and the streaming request for a raw prompt or a conversation (exactly one of them)."""
+    """The unary and the streaming request for a raw prompt, its token ids (the target tokenizer's) or a
+    conversation (exactly one of them)."""
     if (prompt is None) == (messages is None):
         raise ValueError("give exactly one of a prompt and chat messages")
     fields_ = {"params": build_params(**params)}
     if messages is not None:
         fields_["messages"] = chat_messages(messages)
-    else:
+    elif isinstance(prompt, str):
         fields_["prompt"] = prompt
+    else:
+        fields_["prompt_token_ids"] = coordinator_pb2.PromptTokens(ids=list(prompt))
     return coordinator_pb2.GenerateRequest(**fields_), coordinator_pb2.GenerateStreamRequest(**fields_)
 
 
@@ -166,6 +180,15 @@ def _logprobs(
     return [TokenLogprob.from_pb(lp) for lp in msg.logprobs] if msg.logprobs else None
 
 
+def _prompt_report(
+    msg: coordinator_pb2.GenerateResponse | coordinator_pb2.GenerateStreamResponse,
+) -> tuple[list[int] | None, list[TokenLogprob] | None]:
+    """The prompt's ids and log-probabilities; None, None where the message has none (not asked, a later chunk)."""
+    if not msg.prompt_token_ids:
+        return None, None
+    return list(msg.prompt_token_ids), [TokenLogprob.from_pb(lp) for lp in msg.prompt_logprobs]
+
+
 def _result(msg: coordinator_pb2.GenerateResponse) -> GenerationResult:
     return GenerationResult(
         msg.text,
@@ -174,6 +197,7 @@ def _result(msg: coordinator_pb2.GenerateResponse) -> GenerationResult:
         _stats(msg.stats),
         msg.request_id,
         _logprobs(msg),
+        *_prompt_report(msg),
     )
 
 
@@ -186,6 +210,7 @@ def _chunk(msg: coordinator_pb2.GenerateStreamResponse) -> StreamChunk:
         _finish_name(msg.finish_reason),
         _stats(msg.stats) if last else None,
         _logprobs(msg),
+        *_prompt_report(msg),
     )
 
 
@@ -224,7 +249,7 @@ class CalispecClient:
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
 
     def generate(
-        self, prompt: str, *, timeout: float | None = None, request_id: str | None = None, **params: Any
+        self, prompt: str | Sequence[int], *, timeout: float | None = None, request_id: str | None = None, **params: Any
     ) -> GenerationResult:
         return self._unary(_requests(prompt, None, params)[0], timeout, request_id)
 
@@ -234,7 +259,7 @@ class CalispecClient:
         return self._unary(_requests(None, messages, params)[0], timeout, request_id)
 
     def generate_stream(
-        self, prompt: str, *, timeout: float | None = None, request_id: str | None = None, **params: Any
+        self, prompt: str | Sequence[int], *, timeout: float | None = None, request_id: str | None = None, **params: Any
     ) -> Iterator[StreamChunk]:
         return self._stream(_requests(prompt, None, params)[1], timeout, request_id)
 
@@ -298,7 +323,7 @@ class AsyncCalispecClient:
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
 
     async def generate(
-        self, prompt: str, *, timeout: float | None = None, request_id: str | None = None, **params: Any
+        self, prompt: str | Sequence[int], *, timeout: float | None = None, request_id: str | None = None, **params: Any
     ) -> GenerationResult:
         return await self._unary(_requests(prompt, None, params)[0], timeout, request_id)
 
@@ -308,7 +333,7 @@ class AsyncCalispecClient:
         return await self._unary(_requests(None, messages, params)[0], timeout, request_id)
 
     def generate_stream(
-        self, prompt: str, *, timeout: float | None = None, request_id: str | None = None, **params: Any
+        self, prompt: str | Sequence[int], *, timeout: float | None = None, request_id: str | None = None, **params: Any
     ) -> AsyncIterator[StreamChunk]:
         return self._stream(_requests(prompt, None, params)[1], timeout, request_id)
 

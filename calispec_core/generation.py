@@ -66,10 +66,12 @@ class GenerationParams:
     lambda_: int
     ignore_eos: bool = False  # go on past EOS to the token limit (vLLM's `ignore_eos`: load tests of a fixed length)
     logprobs: int | None = None  # None: none; k: each new token's log-probability and the k most likely there
+    prompt_logprobs: int | None = None  # the same for each prompt token from the second (vLLM's `prompt_logprobs`)
 
     def validate(self) -> GenerationParams:
         check_lengths(self.max_new_tokens, self.num_speculative_tokens)
         check_logprobs(self.logprobs)
+        check_logprobs(self.prompt_logprobs, "prompt_logprobs")
         self.sampling.validate()
         check_csd_thresholds(self.tau, self.lambda_)
         check_stop_strings(self.stop)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -288,10 +289,18 @@ class Session:
 
 
 def prefill_session(
-    runner: ModelRunner, session_id: str, token_ids: list[int], prefix_cache: PrefixCache | None = None
+    runner: ModelRunner,
+    session_id: str,
+    token_ids: list[int],
+    prefix_cache: PrefixCache | None = None,
+    on_logits: Callable[[torch.Tensor, int], None] | None = None,
 ) -> Session:
     """Validate a prompt and cache all but its last token (the next forward's input); with a prefix
-    cache, the longest stored prefix is reused and only the rest computed."""
+    cache, the longest stored prefix is reused and only the rest computed.
+
+    `on_logits(logits, start)`, when given, gets every cached position's logits chunk by chunk ([n, V]: position
+    start + i predicts prompt token start + i + 1), right after the chunk's forward; every position is computed
+    then (no stored prefix is reused: its logits were never kept)."""
     require(valid_session_id(session_id), f"session_id must be 1 to {MAX_SESSION_ID_CHARS} characters")
     require(len(token_ids) > 0, "prompt token_ids must not be empty")
     require(
@@ -301,10 +310,15 @@ def prefill_session(
     runner.check_token_ids(token_ids, "prompt")
     session = Session(session_id, list(token_ids), runner.new_cache())
     prefix = token_ids[:-1]
-    # The cache's copies are torch work: on the compute thread, like every forward (one OpenMP team per process)
-    reused = compute_thread().run(prefix_cache.attach, prefix, session.cache) if prefix_cache is not None else 0
+    reused = 0
+    if prefix_cache is not None and on_logits is None:
+        # The cache's copies are torch work: on the compute thread, like every forward (one OpenMP team per process)
+        reused = compute_thread().run(prefix_cache.attach, prefix, session.cache)
     for start in range(reused, len(prefix), PREFILL_CHUNK):  # other sessions' forwards run between chunks
-        runner.forward(prefix[start : start + PREFILL_CHUNK], session.cache, logits_to_keep=1)
+        chunk = prefix[start : start + PREFILL_CHUNK]
+        logits = runner.forward(chunk, session.cache, logits_to_keep=len(chunk) if on_logits else 1)  # [1, n, V]
+        if on_logits is not None:
+            on_logits(logits[0], start)
     if prefix_cache is not None:
         compute_thread().run(prefix_cache.store, prefix, session.cache)
     return session

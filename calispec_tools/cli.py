@@ -252,6 +252,8 @@ def add_request_args(parser: argparse.ArgumentParser, prompt_required: bool, wit
     parser.add_argument("--ignore-eos", action="store_true", help="go on past EOS to the token limit")
     likeliest = "each token's log-probability and the K likeliest (printed with --json)"
     parser.add_argument("--logprobs", type=at.logprobs, default=None, metavar="K", help=likeliest)
+    prompt_likeliest = "each prompt token's (from the second) and the K likeliest there (printed with --json)"
+    parser.add_argument("--prompt-logprobs", type=at.logprobs, default=None, metavar="K", help=prompt_likeliest)
     parser.add_argument("--timeout", type=at.positive_float, default=120.0, help="request deadline, seconds")
     if with_prompt:
         parser.add_argument("--json", action="store_true", help="print one JSON object: response and stats")
@@ -271,6 +273,7 @@ def request_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "lambda_": args.lambda_,
         "ignore_eos": args.ignore_eos,
         "logprobs": args.logprobs,
+        "prompt_logprobs": args.prompt_logprobs,
     }
 
 

@@ -18,7 +18,7 @@ from calispec_core.protocol import sparse_q_from_pb, sparse_q_to_pb
 from calispec_core.sampling import SamplingConfig
 from calispec_core.sparse_q import SparseQ
 from calispec_core.timing import Stopwatch
-from coordinator.backends import ModelFacts, Proposal, Verdict
+from coordinator.backends import ModelFacts, Opened, Proposal, Verdict
 from coordinator.engine import Orchestrator
 from draft_service.proposer import Proposer
 from target_service.engine import RescueConfig, RoundObserver, TargetEngine
@@ -89,10 +89,13 @@ class InProcessTarget:
     def info(self, timeout: float) -> ModelFacts:
         return _facts(self.engine.runner)
 
-    def prefill(self, session_id, token_ids, sampling, mode: Mode, tau, lambda_, timeout) -> int:
+    def prefill(
+        self, session_id, token_ids, sampling, mode: Mode, tau, lambda_, timeout, prompt_logprobs=None
+    ) -> Opened:
         watch = Stopwatch()
-        self.engine.prefill(session_id, token_ids, sampling, RescueConfig(mode, tau, lambda_), watch)
-        return watch.total_ns
+        rescue = RescueConfig(mode, tau, lambda_)
+        logprobs = self.engine.prefill(session_id, token_ids, sampling, rescue, watch, prompt_logprobs)
+        return Opened(watch.total_ns, logprobs)
 
     def verify(
         self, session_id: str, proposal: Proposal | None, timeout: float, cohort: int = 0, logprobs: int | None = None

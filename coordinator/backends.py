@@ -38,6 +38,14 @@ class Proposal:
 
 
 @dataclass(frozen=True)
+class Opened:
+    """A target session opened by a prefill."""
+
+    service_ns: int  # whole Prefill handler inside the target service
+    prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt token from the second, when asked for
+
+
+@dataclass(frozen=True)
 class Verdict:
     accepted_count: int
     rescued_positions: list[int]
@@ -83,7 +91,8 @@ class TargetBackend(Protocol):
         tau: float,
         lambda_: int,
         timeout: float,
-    ) -> int: ...
+        prompt_logprobs: int | None = None,  # None, or k: each prompt token's log-probability and the k likeliest
+    ) -> Opened: ...
     def verify(
         self, session_id: str, proposal: Proposal | None, timeout: float, cohort: int = 0, logprobs: int | None = None
     ) -> Verdict: ...  # cohort: Verify calls sent at this moment, this one included (0: no hint); logprobs: None or k

@@ -16,7 +16,7 @@ from calispec_core.grpc_server import make_channel
 from calispec_core.protocol import sampling_to_pb
 from calispec_core.request_context import with_request_id
 from calispec_core.sampling import SamplingConfig
-from coordinator.backends import ModelFacts, Proposal, SessionLost, Verdict
+from coordinator.backends import ModelFacts, Opened, Proposal, SessionLost, Verdict
 
 T = TypeVar("T")
 
@@ -128,15 +128,19 @@ class GrpcTargetBackend:
         tau: float,
         lambda_: int,
         timeout: float,
-    ) -> int:
+        prompt_logprobs: int | None = None,
+    ) -> Opened:
         request = target_pb2.TargetPrefillRequest(
             session_id=session_id,
             token_ids=token_ids,
             sampling=sampling_to_pb(sampling),
             mode=int(mode),
             rescue=common_pb2.RescueParams(tau=tau, lambda_=lambda_),
+            prompt_logprobs=prompt_logprobs,
         )
-        return _call("target", self.stub.Prefill, request, timeout).timing.total_ns
+        r = _call("target", self.stub.Prefill, request, timeout)
+        asked = prompt_logprobs is not None
+        return Opened(r.timing.total_ns, [TokenLogprob.from_pb(lp) for lp in r.prompt_logprobs] if asked else None)
 
     def verify(
         self, session_id: str, proposal: Proposal | None, timeout: float, cohort: int = 0, logprobs: int | None = None

@@ -25,7 +25,7 @@ import logging
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
@@ -50,7 +50,7 @@ from calispec_core.generation import (
     validate_prompt,
 )
 from calispec_core.timing import Deadline, Stopwatch, now_ns, ns_to_ms
-from coordinator.backends import DraftBackend, Proposal, SessionLost, TargetBackend, Verdict
+from coordinator.backends import DraftBackend, Opened, Proposal, SessionLost, TargetBackend, Verdict
 from coordinator.circuit import CircuitBreaker
 from coordinator.cost_model import CostModel, GammaPolicy
 from coordinator.detokenizer import IncrementalDetokenizer
@@ -76,6 +76,9 @@ class Chunk:
     finish_reason: FinishReason | None = None
     stats: GenerationStats | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
+    # on the first chunk of a request that asked for prompt_logprobs: its prompt and one entry per token from the second
+    prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,7 @@ class _Request:
     waiting_ns: int = 0  # wall time spent waiting for the other requests (lockstep) during the current round
     start_wait_ns: int = 0  # the part of it at the round's start (the others' previous rounds still ending)
     gammas: int = 0  # sum of the γ asked for, for stats.mean_gamma
+    prompt_logprobs: list[TokenLogprob] | None = None  # from the first target session's prefill, when asked for
 
     draft_refused: bool = False  # the draft refused this request: it runs target-only from then on
 
@@ -220,7 +224,7 @@ class Orchestrator:
 
     def generate(
         self,
-        prompt: str,
+        prompt: str | Sequence[int],  # text, or token ids of the target's tokenizer (used as they are)
         params: GenerationParams,
         deadline: Deadline,
         cancelled: Callable[[], bool] = lambda: False,
@@ -240,12 +244,14 @@ class Orchestrator:
             self._close(request)
 
     def _new_request(
-        self, prompt: str, params: GenerationParams, deadline: Deadline, check_prompt: Callable[[int], None] | None
+        self,
+        prompt: str | Sequence[int],
+        params: GenerationParams,
+        deadline: Deadline,
+        check_prompt: Callable[[int], None] | None,
     ) -> _Request:
-        validate_prompt(prompt)
         params.validate()
-        prompt_ids = self.tokenizer.encode(prompt)
-        require(len(prompt_ids) > 0, "prompt encodes to no tokens")
+        prompt_ids = self.prompt_ids(prompt)
         if check_prompt is not None:
             check_prompt(len(prompt_ids))
         room = self.context_length - len(prompt_ids)
@@ -258,6 +264,20 @@ class Orchestrator:
         if request.use_draft and adaptive_gamma(params):
             request.policy = GammaPolicy(self.costs, self.speculation.max_gamma)
         return request
+
+    def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        """The prompt's token ids: a text encoded; ids checked (INVALID_ARGUMENT when empty, or for an id the
+        tokenizer cannot decode) and used as they are."""
+        if isinstance(prompt, str):
+            validate_prompt(prompt)
+            ids = self.tokenizer.encode(prompt)
+            require(len(ids) > 0, "prompt encodes to no tokens")
+            return ids
+        ids, size = list(prompt), len(self.tokenizer)
+        require(len(ids) > 0, "prompt_token_ids must not be empty")
+        bad = next((t for t in ids if not 0 <= t < size), None)
+        require(bad is None, f"prompt_token_ids: {bad} is not a token id of the tokenizer (0 to {size - 1})")
+        return ids
 
     def _prefill(self, request: _Request) -> None:
         """Open the target session, and the draft's unless it is down (then the first proposal that
@@ -278,17 +298,32 @@ class Orchestrator:
             target = self.replicas.pick(exclude=request.failed_targets)  # UNAVAILABLE when none is left
             session_id = request.next_session_id("target")
             ids, timeout = request.committed_ids, request.deadline.remaining()
+            # asked of the first session only: a failover reopens the session, not the prompt's report
+            asked = p.prompt_logprobs if request.prompt_logprobs is None else None
             try:
                 with _closed_if_abandoned(target, session_id):
-                    ns = target.prefill(session_id, ids, p.sampling, p.mode, p.tau, p.lambda_, timeout)
+                    opened = target.prefill(session_id, ids, p.sampling, p.mode, p.tau, p.lambda_, timeout, asked)
             except Unavailable as exc:
                 self._target_failed(request, target, exc, "placement")
                 continue
             self.replicas.succeeded(target.address)
             request.target, request.target_session = target, session_id
             request.opened.append((target, session_id))
-            request.stats.target_ms += ns_to_ms(ns)
+            request.stats.target_ms += ns_to_ms(opened.service_ns)
+            if asked is not None:
+                request.prompt_logprobs = self._checked_prompt_logprobs(request, opened)
             return
+
+    @staticmethod
+    def _checked_prompt_logprobs(request: _Request, opened: Opened) -> list[TokenLogprob]:
+        """One per prompt token from the second, or the request fails: a target that predates them sends none
+        (FAILED_PRECONDITION: upgrade it), any other count is a target's bug."""
+        expected, sent = len(request.prompt_ids) - 1, len(opened.prompt_logprobs or ())
+        if sent == 0 and expected > 0:
+            raise FailedPrecondition("this target replica serves no prompt log-probabilities (it predates them)")
+        if sent != expected:
+            raise CalispecError(f"the target sent {sent} prompt log-probabilities for {expected} tokens")
+        return list(opened.prompt_logprobs or ())
 
     def _target_failed(self, request: _Request, target: TargetBackend, exc: Exception, kind: TargetFailure) -> None:
         """`target` failed the request (`kind`: its "session", or a "placement"): never again for this request."""
@@ -300,6 +335,7 @@ class Orchestrator:
 
     def _rounds(self, request: _Request, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
         detok = IncrementalDetokenizer(self.tokenizer, request.params.stop)
+        first = True
         while True:
             if cancelled():
                 raise Cancelled("request cancelled by the client")
@@ -311,8 +347,10 @@ class Orchestrator:
                 finish = FinishReason.STOP
             request.generated += new_tokens
             request.stats.emitted += len(new_tokens)
+            prompt_ids, prompt_logprobs = self._prompt_report(request) if first else (None, None)
+            first = False
             if finish is None:
-                yield Chunk(new_tokens, text, request.request_id, logprobs=logprobs)
+                yield Chunk(new_tokens, text, request.request_id, None, None, logprobs, prompt_ids, prompt_logprobs)
                 continue
             if not stopped:
                 text += detok.finish()
@@ -321,8 +359,16 @@ class Orchestrator:
             # out of the group before the last chunk: its consumer may never ask for more (an HTTP stream
             # whose first chunk is its last), and the others would wait for this request at every round start
             self.lockstep.leave(request.request_id)
-            yield Chunk(new_tokens, text, request.request_id, finish, self._final_stats(request), logprobs)
+            stats = self._final_stats(request)
+            yield Chunk(new_tokens, text, request.request_id, finish, stats, logprobs, prompt_ids, prompt_logprobs)
             return
+
+    @staticmethod
+    def _prompt_report(request: _Request) -> tuple[list[int] | None, list[TokenLogprob] | None]:
+        """The first chunk's prompt ids and log-probabilities, when the request asked for them."""
+        if request.params.prompt_logprobs is None:
+            return None, None
+        return list(request.prompt_ids), request.prompt_logprobs
 
     def _round(self, request: _Request) -> tuple[list[int], list[TokenLogprob] | None]:
         """One propose/verify round; returns the tokens it emits (and their log-probabilities, when asked for)."""

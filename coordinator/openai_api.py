@@ -50,8 +50,16 @@ from coordinator.config import HTTP_HEADER_TIMEOUT_S, HTTP_MAX_BODY_BYTES, Coord
 from coordinator.engine import Chunk, Orchestrator
 from coordinator.http_transport import guarded_protocol, serve
 from coordinator.metrics import CoordinatorMetrics, RequestTimer
-from coordinator.openai_generations import HttpGeneration, first_chunks, gathered, merged, usage_of
-from coordinator.openai_logprobs import TokenTexts, chat_logprobs, completion_logprobs, end_offset
+from coordinator.openai_generations import HttpGeneration, Outcome, first_chunks, gathered, merged, usage_of
+from coordinator.openai_logprobs import (
+    Echoed,
+    TokenTexts,
+    chat_logprobs,
+    completion_logprobs,
+    end_offset,
+    joined,
+    prompt_logprobs,
+)
 from coordinator.openai_protocol import (
     AssistantMessage,
     CalispecParams,
@@ -186,6 +194,7 @@ def generation_params(
         lambda_=req.lambda_ if req.lambda_ is not None else defaults.lambda_,
         ignore_eos=req.ignore_eos,
         logprobs=req.requested_logprobs(),
+        prompt_logprobs=req.requested_prompt_logprobs(),
     )
 
 
@@ -259,11 +268,13 @@ class OpenAIApi:
             id=self.settings.model_name, created=self.started, max_model_len=self.orchestrator.context_length
         )
 
-    def generations(self, prompts: Sequence[Callable[[], str]], req: CalispecParams) -> list[HttpGeneration]:
+    def generations(
+        self, prompts: Sequence[Callable[[], str | list[int]]], req: CalispecParams
+    ) -> list[HttpGeneration]:
         """One generation per choice: `n` per prompt, choice k continuing prompt k // n."""
         return [self.chunks(prompt, req, choice) for prompt in prompts for choice in range(req.n)]
 
-    def chunks(self, prompt: Callable[[], str], req: CalispecParams, choice: int = 0) -> HttpGeneration:
+    def chunks(self, prompt: Callable[[], str | list[int]], req: CalispecParams, choice: int = 0) -> HttpGeneration:
         """The generation, lazily (nothing runs before the first `next`), with the per-request bookkeeping."""
         gone = threading.Event()
 
@@ -297,11 +308,27 @@ class OpenAIApi:
     ) -> CompletionLogprobs | None:
         return None if logprobs is None else completion_logprobs(self.token_texts, token_ids, logprobs, offset)
 
+    def echoed(self, req: CompletionRequest, index: int, part: Chunk | Outcome, first: bool, offset: int = 0) -> Echoed:
+        """Choice `index`'s text and log-probabilities from `part` (a whole outcome, or a stream's chunk whose text
+        starts at `offset`), after its prompt's when the request echoes and `part` is the choice's first."""
+        if not (req.echo and first):
+            return Echoed(part.text, self.completion_logprobs(part.token_ids, part.logprobs, offset))
+        text = self.prompt_text(req.prompts()[index // req.n]) + part.text
+        if part.prompt_token_ids is None:  # echo without log-probabilities
+            return Echoed(text, None)
+        head = prompt_logprobs(self.token_texts, part.prompt_token_ids, part.prompt_logprobs or [])
+        tail = completion_logprobs(self.token_texts, part.token_ids, part.logprobs or [], end_offset(head, 0))
+        return Echoed(text, joined(head, tail))
+
+    def prompt_text(self, prompt: str | list[int]) -> str:
+        """An echoed prompt: its text as sent, or its token ids decoded (special tokens kept: what the model read)."""
+        return prompt if isinstance(prompt, str) else self.orchestrator.tokenizer.decode(prompt)
+
     def chat_prompt(self, req: ChatCompletionRequest) -> str:
         return render_chat(self.orchestrator.tokenizer, [ChatTurn(m.role, m.content) for m in req.messages])
 
     async def completion(self, req: CompletionRequest, held: ExitStack, request: Request):
-        generations = self.generations([lambda text=text: text for text in req.prompts()], req)
+        generations = self.generations([lambda prompt=prompt: prompt for prompt in req.prompts()], req)
         rid, model = new_id("cmpl"), self.settings.model_name
         if not req.stream:
             with held:
@@ -311,30 +338,33 @@ class OpenAIApi:
                 choices = [
                     CompletionChoice(
                         index=index,
-                        text=outcome.text,
+                        text=echo.text,
                         finish_reason=openai_finish_reason(outcome.finish.finish_reason),
                         token_ids=outcome.token_ids if req.return_token_ids else None,
-                        logprobs=self.completion_logprobs(outcome.token_ids, outcome.logprobs),
+                        logprobs=echo.logprobs,
                     )
                     for index, outcome in enumerate(done)
+                    for echo in [self.echoed(req, index, outcome, first=True)]
                 ]
                 return CompletionResponse(id=rid, model=model, choices=choices, usage=usage_of(done, req.n))
 
             return await run_in_threadpool(response)
 
         offsets = [0] * len(generations)  # each choice's text so far, as its log-probabilities count it
+        started = [False] * len(generations)  # each choice's first event sent (it carries an echoed prompt)
 
         def event(index: int, chunk: Chunk) -> CompletionResponse:
             ids = chunk.token_ids if req.return_token_ids else None
-            logprobs = self.completion_logprobs(chunk.token_ids, chunk.logprobs, offsets[index])
-            if logprobs is not None:
-                offsets[index] = end_offset(logprobs, offsets[index])
+            echo = self.echoed(req, index, chunk, not started[index], offsets[index])
+            started[index] = True
+            if echo.logprobs is not None:
+                offsets[index] = end_offset(echo.logprobs, offsets[index])
             choice = CompletionChoice(
                 index=index,
-                text=chunk.text,
+                text=echo.text,
                 finish_reason=openai_finish_reason(chunk.finish_reason),
                 token_ids=ids,
-                logprobs=logprobs,
+                logprobs=echo.logprobs,
             )
             return CompletionResponse(id=rid, model=model, choices=[choice])
 

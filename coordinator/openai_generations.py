@@ -38,6 +38,8 @@ class Outcome:
     finish: Chunk
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
+    prompt_token_ids: list[int] | None = None  # with prompt log-probabilities (from the first chunk)
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 def usage_of(outcomes: Sequence[Outcome], n: int) -> Usage:
@@ -115,14 +117,15 @@ def gather(chunks: Iterator[Chunk]) -> Outcome:
     text: list[str] = []
     ids: list[int] = []
     logprobs: list[TokenLogprob] = []
-    last = None
+    first = last = None
     for chunk in chunks:
         text.append(chunk.text)
         ids += chunk.token_ids
         logprobs += chunk.logprobs or ()
-        last = chunk
-    assert last is not None and last.finish_reason is not None
-    return Outcome("".join(text), last, ids, logprobs if last.logprobs is not None else None)
+        first, last = first or chunk, chunk
+    assert first is not None and last is not None and last.finish_reason is not None
+    kept = logprobs if last.logprobs is not None else None
+    return Outcome("".join(text), last, ids, kept, first.prompt_token_ids, first.prompt_logprobs)
 
 
 def abandon_all(generations: Sequence[HttpGeneration]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from calispec_core.generation import TokenLogprob
 from coordinator.openai_protocol import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
@@ -61,3 +61,34 @@ def completion_logprobs(
 def end_offset(logprobs: CompletionLogprobs, offset: int) -> int:
     """Where the text after these tokens starts: the next chunk's `offset`."""
     return logprobs.text_offset[-1] + len(logprobs.tokens[-1]) if logprobs.tokens else offset
+
+
+def prompt_logprobs(
+    texts: TokenTexts, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob]
+) -> CompletionLogprobs:
+    """An echoed prompt's part of a choice's log-probabilities: `logprobs` are its tokens' from the second; the
+    first has none (null, as OpenAI's and vLLM's: nothing before it to condition on)."""
+    first = texts.text(token_ids[0])
+    rest = completion_logprobs(texts, token_ids[1:], logprobs, len(first))
+    return CompletionLogprobs(
+        tokens=[first, *rest.tokens],
+        token_logprobs=[None, *rest.token_logprobs],
+        top_logprobs=[None, *rest.top_logprobs],
+        text_offset=[0, *rest.text_offset],
+    )
+
+
+def joined(head: CompletionLogprobs, tail: CompletionLogprobs) -> CompletionLogprobs:
+    return CompletionLogprobs(
+        tokens=head.tokens + tail.tokens,
+        token_logprobs=head.token_logprobs + tail.token_logprobs,
+        top_logprobs=head.top_logprobs + tail.top_logprobs,
+        text_offset=head.text_offset + tail.text_offset,
+    )
+
+
+class Echoed(NamedTuple):
+    """A completion choice's text and log-probabilities, its prompt's first when echoed."""
+
+    text: str
+    logprobs: CompletionLogprobs | None

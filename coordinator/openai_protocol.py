@@ -228,6 +228,10 @@ class CalispecParams(OpenAIModel):
         """None: no log-probabilities; k: each new token's and the k most likely tokens at its position."""
         return None
 
+    def requested_prompt_logprobs(self) -> int | None:
+        """None: none; k: each prompt token's (from the second) and the k most likely tokens at its position."""
+        return None
+
     def token_limit(self) -> int | None:
         """The completion's token limit the client sent (None: the server's default)."""
         return self.max_tokens
@@ -247,8 +251,9 @@ class CalispecParams(OpenAIModel):
 
 
 class CompletionRequest(CalispecParams):
-    prompt: str | list[str]  # a text prompt, or a batch of them: choice k is prompt k // n's choice k % n
-    echo: Literal[False] = False
+    # a text, a batch of texts, one tokenized prompt or a batch of them: choice k is prompt k // n's choice k % n
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False  # the prompt before each choice's text (and, with logprobs, its tokens' log-probabilities)
     logprobs: int | None = None  # each new token's log-probability and this many most likely (legacy API: an int)
     suffix: None = None
 
@@ -261,30 +266,52 @@ class CompletionRequest(CalispecParams):
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _text_prompts(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            if any(isinstance(p, int | list) for p in value):
-                raise invalid("token-id prompts are not supported: send the prompt as text")
-            if not value:
-                raise invalid("send at least one prompt")
+    def _prompt_forms(cls, value: Any) -> Any:
+        """OpenAI's four forms, each checked whole, so that a mixture gets a message of its own."""
+        if not isinstance(value, list):
+            return value
+        if not value:
+            raise invalid("send at least one prompt")
+        if all(isinstance(p, str) for p in value) or all(is_token_id(p) for p in value):
+            return value
+        if not all(isinstance(p, list) for p in value):
+            raise invalid("a text, a list of texts, a list of token ids or a list of such lists; not a mixture")
+        for i, ids in enumerate(value):
+            if not ids or not all(is_token_id(t) for t in ids):
+                raise invalid(f"prompt {i} must be a non-empty list of token ids (integers >= 0)")
         return value
 
     @field_validator("prompt")
     @classmethod
-    def _choices_fit(cls, value: str | list[str], info: ValidationInfo) -> str | list[str]:
-        prompts, n = (1 if isinstance(value, str) else len(value)), info.data.get("n", 1)
+    def _choices_fit(cls, value: Any, info: ValidationInfo) -> Any:
+        prompts, n = len(prompt_list(value)), info.data.get("n", 1)
         if prompts * n > MAX_CHOICES:
             raise invalid(f"{prompts} prompts x n = {n} make {prompts * n} choices; at most {MAX_CHOICES} a request")
         return value
 
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt: a text, or token ids."""
+        return prompt_list(self.prompt)
 
     def prompt_count(self) -> int:
-        return 1 if isinstance(self.prompt, str) else len(self.prompt)
+        return len(self.prompts())
 
     def requested_logprobs(self) -> int | None:
         return self.logprobs
+
+    def requested_prompt_logprobs(self) -> int | None:
+        return self.logprobs if self.echo else None
+
+
+def is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """The prompts of a `prompt` field's value: one text, one list of token ids, or a list of either."""
+    if isinstance(prompt, str) or (prompt and is_token_id(prompt[0])):
+        return [prompt]  # type: ignore[list-item]
+    return list(prompt)  # type: ignore[arg-type]
 
 
 def text_of_parts(parts: list[Any]) -> str:
@@ -477,8 +504,8 @@ class CompletionLogprobs(BaseModel):
     (text -> log-probability, the token itself among them, as vLLM's) and where its text starts in the choice's."""
 
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # None: an echoed prompt's first token (nothing before it to condition on)
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 

@@ -65,6 +65,7 @@ def params_from_pb(msg: coordinator_pb2.GenerationParams, defaults: Defaults) ->
         lambda_=msg.lambda_ if msg.HasField("lambda_") else defaults.lambda_,
         ignore_eos=msg.ignore_eos,
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+        prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
     )
 
 
@@ -81,7 +82,16 @@ def chunk_to_pb(chunk: Chunk) -> coordinator_pb2.GenerateStreamResponse:
     if chunk.stats is not None:
         msg.stats.CopyFrom(stats_to_pb(chunk.stats))
     msg.logprobs.extend(lp.to_pb() for lp in chunk.logprobs or ())
+    add_prompt_report(msg, chunk)
     return msg
+
+
+def add_prompt_report(
+    msg: coordinator_pb2.GenerateResponse | coordinator_pb2.GenerateStreamResponse, chunk: Chunk
+) -> None:
+    """The prompt's ids and log-probabilities, on a request's first chunk when it asked for them."""
+    msg.prompt_token_ids.extend(chunk.prompt_token_ids or ())
+    msg.prompt_logprobs.extend(lp.to_pb() for lp in chunk.prompt_logprobs or ())
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
@@ -112,11 +122,14 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         finally:
             watchdog.cancel()
 
-    def _prompt(self, request) -> str:
-        """The raw prompt, or the chat messages rendered with the target's chat template."""
-        if request.WhichOneof("input") == "messages":
+    def _prompt(self, request) -> str | list[int]:
+        """The raw prompt, its token ids, or the chat messages rendered with the target's chat template."""
+        given = request.WhichOneof("input")
+        if given == "messages":
             turns = [ChatTurn(m.role, m.content) for m in request.messages.messages]
             return render_chat(self.orchestrator.tokenizer, turns)
+        if given == "prompt_token_ids":
+            return list(request.prompt_token_ids.ids)
         return request.prompt
 
     def Generate(self, request, context):
@@ -125,6 +138,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             response.token_ids.extend(chunk.token_ids)
             response.text += chunk.text
             response.logprobs.extend(lp.to_pb() for lp in chunk.logprobs or ())
+            add_prompt_report(response, chunk)
             response.request_id = chunk.request_id
             if chunk.finish_reason is not None:
                 response.finish_reason = int(chunk.finish_reason)

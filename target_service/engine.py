@@ -28,7 +28,7 @@ from calispec_core.sampling import TARGET_STREAM, SamplingConfig, make_generator
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
 from calispec_core.sparse_q import SparseQ
 from calispec_core.timing import Stopwatch
-from target_service.logprobs import emitted_logprobs
+from target_service.logprobs import PromptLogprobs, emitted_logprobs
 from target_service.meaning_guard import meaning_keys
 from target_service.pair_table import PairTable
 from target_service.verifier import PLACEHOLDER_TOKEN_ID, VerifyInput, VerifyOutput, verify
@@ -117,16 +117,27 @@ class TargetEngine:
         self._padded_buffer: torch.Tensor | None = None  # [N] float32: rounds' padded logits (compute thread only)
 
     def prefill(
-        self, session_id: str, token_ids: list[int], sampling: SamplingConfig, rescue: RescueConfig, watch: Stopwatch
-    ) -> None:
+        self,
+        session_id: str,
+        token_ids: list[int],
+        sampling: SamplingConfig,
+        rescue: RescueConfig,
+        watch: Stopwatch,
+        prompt_logprobs: int | None = None,
+    ) -> list[TokenLogprob] | None:
+        """Open the session. `prompt_logprobs`: None, or k to return each prompt token's log-probability from the
+        second on (under the tokens before it) and the k most likely tokens at its position."""
         sampling.validate(self.runner.vocab_size)
         rescue.validate()
+        check_logprobs(prompt_logprobs, "prompt_logprobs")
+        report = PromptLogprobs(token_ids, prompt_logprobs) if prompt_logprobs is not None else None
         with self.sessions.opening(session_id) as open_session:
             with watch.phase("forward"):
-                session = prefill_session(self.runner, session_id, token_ids, self.prefix_cache)
+                session = prefill_session(self.runner, session_id, token_ids, self.prefix_cache, report)
                 wait_for(self.runner.device)
             generator = make_generator(sampling.seed, TARGET_STREAM, self.runner.device)
             open_session(TargetSession(session, sampling, rescue, generator))
+        return report.entries if report is not None else None
 
     def close(self, session_id: str) -> None:
         self.sessions.remove(session_id)

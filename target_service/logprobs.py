@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from calispec_core.compute import on_compute_thread
 from calispec_core.generation import TokenLogprob
 
 
@@ -33,3 +34,19 @@ def emitted_logprobs(
         reports.append([TokenLogprob(chosen[i], tuple(top_tokens[i][:k]), tuple(top_values[i][:k])) for i in span])
         start += len(tokens)
     return reports
+
+
+class PromptLogprobs:
+    """Collects a prompt's log-probabilities from its prefill's logits, chunk by chunk (`prefill_session`'s
+    `on_logits`): entry i is prompt token i + 1's, under the tokens before it, with the `top` most likely there."""
+
+    def __init__(self, prompt: Sequence[int], top: int) -> None:
+        self.prompt = prompt
+        self.top = top
+        self.entries: list[TokenLogprob] = []
+
+    @on_compute_thread  # torch work: on the one OpenMP team, like the forward that made the logits
+    def __call__(self, logits: torch.Tensor, start: int) -> None:
+        """logits: [n, V], position start + i predicting prompt token start + i + 1."""
+        following = list(self.prompt[start + 1 : start + 1 + logits.shape[0]])
+        self.entries += emitted_logprobs(logits[None], [0], [following], [self.top])[0]

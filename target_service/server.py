@@ -75,8 +75,11 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         watch = Stopwatch()
         sampling = sampling_from_pb(request.sampling)
         rescue = rescue_from_pb(request)
-        self.engine.prefill(request.session_id, list(request.token_ids), sampling, rescue, watch)
-        return target_pb2.TargetPrefillResponse(timing=timing_to_pb(watch))
+        asked = request.prompt_logprobs if request.HasField("prompt_logprobs") else None
+        logprobs = self.engine.prefill(request.session_id, list(request.token_ids), sampling, rescue, watch, asked)
+        return target_pb2.TargetPrefillResponse(
+            timing=timing_to_pb(watch), prompt_logprobs=[lp.to_pb() for lp in logprobs or ()]
+        )
 
     def Verify(self, request, context):
         watch = Stopwatch()

@@ -8,24 +8,28 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TargetPrefillRequest(_message.Message):
-    __slots__ = ("session_id", "token_ids", "sampling", "mode", "rescue")
+    __slots__ = ("session_id", "token_ids", "sampling", "mode", "rescue", "prompt_logprobs")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     RESCUE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
     mode: _common_pb2.Mode
     rescue: _common_pb2.RescueParams
-    def __init__(self, session_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., rescue: _Optional[_Union[_common_pb2.RescueParams, _Mapping]] = ...) -> None: ...
+    prompt_logprobs: int
+    def __init__(self, session_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., rescue: _Optional[_Union[_common_pb2.RescueParams, _Mapping]] = ..., prompt_logprobs: _Optional[int] = ...) -> None: ...
 
 class TargetPrefillResponse(_message.Message):
-    __slots__ = ("timing",)
+    __slots__ = ("timing", "prompt_logprobs")
     TIMING_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     timing: _common_pb2.Timing
-    def __init__(self, timing: _Optional[_Union[_common_pb2.Timing, _Mapping]] = ...) -> None: ...
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprobs]
+    def __init__(self, timing: _Optional[_Union[_common_pb2.Timing, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("session_id", "draft_token_ids", "draft_probs", "draft_vocab_size", "draft_sparse_probs", "cohort", "logprobs")

@@ -581,11 +581,98 @@ def test_an_explicit_null_is_the_field_left_out(base_url: str) -> None:
     assert chat.json()["usage"]["completion_tokens"] <= 3
 
 
-@pytest.mark.parametrize("prompt", [[257, 383], [[1, 2, 3]], [[1, 2], [3, 4]]])
-def test_token_id_prompts_are_refused_clearly(base_url: str, prompt: list) -> None:
-    """They were refused as "prompt.str: Input should be a valid string" (the coordinator takes text only)."""
+def test_token_id_prompts_continue_as_their_texts_do(base_url: str, chat_coordinator: Coordinator) -> None:
+    """OpenAI's token-id forms (what lm-eval's local-completions sends by default): one list of ids, or a batch."""
+    ids = chat_coordinator.orchestrator.tokenizer.encode(PROMPT)
+    body = {"max_tokens": 6, "temperature": 0, "mode": "ar"}
+    by_text = _post(base_url, "/completions", {"prompt": PROMPT, **body}).json()
+    one = _post(base_url, "/completions", {"prompt": ids, **body}).json()
+    batch = _post(base_url, "/completions", {"prompt": [ids, ids[:2]], **body}).json()
+    assert one["choices"][0]["text"] == by_text["choices"][0]["text"] == batch["choices"][0]["text"]
+    assert one["usage"]["prompt_tokens"] == len(ids) and batch["usage"]["prompt_tokens"] == len(ids) + 2
+    assert [c["index"] for c in batch["choices"]] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([[1, 2], "text"], "not a mixture"),
+        ([1, "text"], "not a mixture"),
+        ([[1, 2], []], "prompt 1 must be a non-empty list of token ids"),
+        ([[1, -2]], "prompt 0 must be a non-empty list of token ids"),
+        ([[True]], "prompt 0 must be a non-empty list of token ids"),
+        ([], "at least one prompt"),
+    ],
+)
+def test_malformed_token_id_prompts_are_refused_clearly(base_url: str, prompt: list, message: str) -> None:
     error = _error(_post(base_url, "/completions", {"prompt": prompt, "max_tokens": 2}))
-    assert error["param"] == "prompt" and "token-id prompts are not supported" in error["message"]
+    assert error["param"] == "prompt" and message in error["message"]
+
+
+def test_a_token_id_outside_the_vocabulary_is_a_400(base_url: str, chat_coordinator: Coordinator) -> None:
+    size = len(chat_coordinator.orchestrator.tokenizer)
+    error = _error(_post(base_url, "/completions", {"prompt": [1, size], "max_tokens": 2}))
+    assert f"{size} is not a token id" in error["message"]
+
+
+def test_echo_puts_the_prompt_before_each_choices_text(base_url: str, chat_coordinator: Coordinator) -> None:
+    ids = chat_coordinator.orchestrator.tokenizer.encode(PROMPT)
+    body = {"max_tokens": 5, "temperature": 0, "mode": "sd", "gamma": 3}
+    plain = _post(base_url, "/completions", {"prompt": PROMPT, **body}).json()["choices"][0]["text"]
+    echoed = _post(base_url, "/completions", {"prompt": [PROMPT, PROMPT], "n": 2, "echo": True, **body}).json()
+    assert [c["text"] for c in echoed["choices"]] == [PROMPT + plain] * 4
+    by_ids = _post(base_url, "/completions", {"prompt": ids, "echo": True, **body}).json()
+    assert by_ids["choices"][0]["text"] == PROMPT + plain  # token ids echo decoded
+    streamed = httpx.post(f"{base_url}/completions", json={"model": MODEL, "prompt": PROMPT, "echo": True,
+                          "stream": True, **body}, timeout=60).text  # fmt: skip
+    texts = [json.loads(e[6:])["choices"][0]["text"] for e in streamed.split("\n\n") if e.startswith("data: {")]
+    assert texts[0].startswith(PROMPT) and "".join(texts) == PROMPT + plain
+
+
+def _loglikelihood(base_url: str, context: list[int], continuation: list[int]) -> tuple[float, bool]:
+    """What lm-eval's local-completions does for a loglikelihood request: the whole text as token ids, one new
+    token, echo with one log-probability a position; then the continuation's log-probabilities summed, and
+    whether each of its tokens was the most likely one."""
+    body = {"prompt": [context + continuation], "max_tokens": 1, "temperature": 0, "logprobs": 1, "echo": True}
+    choice = _post(base_url, "/completions", {**body, "seed": 1234}).json()["choices"][0]
+    logprobs, tops = choice["logprobs"]["token_logprobs"], choice["logprobs"]["top_logprobs"]
+    span = slice(len(context), -1)
+    return sum(logprobs[span]), all(lp == max(top.values()) for lp, top in zip(logprobs[span], tops[span], strict=True))
+
+
+def test_echoed_logprobs_serve_lm_eval_loglikelihood_requests(
+    base_url: str, chat_coordinator: Coordinator, grpc_client: CalispecClient
+) -> None:
+    """The prompt's tokens first (the first without a log-probability: null, as OpenAI's), then the completion's:
+    the target's own numbers, as gRPC's `prompt_logprobs` reports them."""
+    tokenizer = chat_coordinator.orchestrator.tokenizer
+    context, continuation = tokenizer.encode(PROMPT), tokenizer.encode("\n    return a + b")
+    ids = context + continuation
+    reference = grpc_client.generate(ids, max_new_tokens=1, mode="ar", prompt_logprobs=1, logprobs=1)
+    assert reference.prompt_token_ids == ids and reference.prompt_logprobs is not None
+    assert len(reference.prompt_logprobs) == len(ids) - 1
+    body = {"prompt": ids, "max_tokens": 1, "temperature": 0, "logprobs": 1, "echo": True, "mode": "ar"}
+    echoed = _post(base_url, "/completions", body).json()["choices"][0]
+    logprobs = echoed["logprobs"]
+    assert logprobs["tokens"] == [tokenizer.decode([t], skip_special_tokens=True) for t in [*ids, *reference.token_ids]]
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    expected = [lp.logprob for lp in [*reference.prompt_logprobs, *(reference.logprobs or [])]]
+    assert logprobs["token_logprobs"][1:] == pytest.approx(expected, abs=1e-5)
+    assert logprobs["text_offset"] == [sum(map(len, logprobs["tokens"][:i])) for i in range(len(ids) + 1)]
+    assert echoed["text"] == tokenizer.decode(ids) + reference.text
+    total, greedy = _loglikelihood(base_url, context, continuation)
+    continuation_entries = reference.prompt_logprobs[len(context) - 1 :]
+    assert total == pytest.approx(sum(lp.logprob for lp in continuation_entries), abs=1e-4)
+    tokens_greedy = [lp.top_token_ids[0] == t for lp, t in zip(continuation_entries, continuation, strict=True)]
+    assert greedy == all(tokens_greedy)
+    streamed = httpx.post(f"{base_url}/completions", json={"model": MODEL, **body, "max_tokens": 3, "stream": True},
+                          timeout=60).text  # fmt: skip
+    events = [json.loads(e[6:])["choices"][0] for e in streamed.split("\n\n") if e.startswith("data: {")]
+    firsts = events[0]["logprobs"]
+    assert firsts["token_logprobs"][: len(ids)] == logprobs["token_logprobs"][: len(ids)]
+    offsets = [o for e in events if e["logprobs"] for o in e["logprobs"]["text_offset"]]
+    tokens = [t for e in events if e["logprobs"] for t in e["logprobs"]["tokens"]]
+    assert offsets == [sum(map(len, tokens[:i])) for i in range(len(tokens))]  # one run of offsets over both
 
 
 def test_schema_errors_name_nested_fields_as_openai_does(base_url: str) -> None:
@@ -838,3 +925,15 @@ def test_each_fields_range_error_is_a_400_naming_it(
     body = json.dumps({"model": MODEL, **prompt, **fields})  # NaN and Infinity, as Python's JSON writes them
     error = _error(_post_raw(base_url, path, body))
     assert (error["param"], error["message"]) == (param, message)
+
+
+def test_grpc_streams_the_prompt_report_on_the_first_chunk_only(grpc_client: CalispecClient) -> None:
+    unary = grpc_client.generate(PROMPT, max_new_tokens=6, mode="sd", num_speculative_tokens=2, prompt_logprobs=2)
+    chunks = list(grpc_client.generate_stream(PROMPT, max_new_tokens=6, mode="sd", num_speculative_tokens=2,
+                                              prompt_logprobs=2))  # fmt: skip
+    assert chunks[0].prompt_token_ids == unary.prompt_token_ids and unary.prompt_logprobs is not None
+    assert [lp.logprob for lp in chunks[0].prompt_logprobs or []] == [lp.logprob for lp in unary.prompt_logprobs]
+    assert all(lp.top_token_ids and len(lp.top_token_ids) == 2 for lp in unary.prompt_logprobs)
+    assert all(c.prompt_token_ids is None and c.prompt_logprobs is None for c in chunks[1:]) and len(chunks) > 1
+    assert unary.to_dict()["prompt_token_ids"] == unary.prompt_token_ids
+    assert grpc_client.generate(PROMPT, max_new_tokens=2).prompt_logprobs is None  # not asked: none

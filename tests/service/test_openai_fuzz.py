@@ -35,8 +35,14 @@ COMMON = {  # valid values; a body may then have one field spoiled (`_bodies`)
     "ignore_eos": st.booleans(),
     "return_token_ids": st.booleans(),
 }
-PROMPTS = st.one_of(st.just(PROMPT), st.lists(st.sampled_from([PROMPT, "x = 1"]), min_size=1, max_size=3))
-COMPLETION = ({"prompt": PROMPTS}, {**COMMON, "logprobs": st.integers(0, 20)})
+TOKEN_IDS = st.lists(st.integers(0, 300), min_size=1, max_size=6)  # the tiny pair's ids (and some past them)
+PROMPTS = st.one_of(
+    st.just(PROMPT),
+    st.lists(st.sampled_from([PROMPT, "x = 1"]), min_size=1, max_size=3),
+    TOKEN_IDS,
+    st.lists(TOKEN_IDS, min_size=1, max_size=3),
+)
+COMPLETION = ({"prompt": PROMPTS}, {**COMMON, "logprobs": st.integers(0, 20), "echo": st.booleans()})
 CHAT = ({"messages": st.just(MESSAGES)}, {**COMMON, "logprobs": st.booleans(), "top_logprobs": st.integers(0, 20)})
 
 

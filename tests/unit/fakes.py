@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from calispec_core.errors import NotFound, Unavailable
-from calispec_core.generation import Mode
+from calispec_core.generation import Mode, TokenLogprob
 from calispec_core.sampling import SamplingConfig
-from coordinator.backends import ModelFacts, Proposal, SessionLost, Verdict
+from coordinator.backends import ModelFacts, Opened, Proposal, SessionLost, Verdict
 
 EOS = 0
 Model = Callable[[list[int]], int]  # sequence -> greedy next token
@@ -23,6 +23,9 @@ class CharTokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(i) for i in ids if i != EOS)
+
+    def __len__(self) -> int:  # ids 0-127 decode
+        return 128
 
 
 def facts() -> ModelFacts:
@@ -106,15 +109,22 @@ class FakeTarget(_Killable):
         self.rejections = 0
         self.prefills: list[list[int]] = []
         self.cohorts: list[int] = []  # each Verify's cohort hint
+        self.prompt_logprobs_asked: list[int | None] = []  # each Prefill's prompt_logprobs
 
     def info(self, timeout: float) -> ModelFacts:
         return facts()
 
-    def prefill(self, session_id, token_ids, sampling, mode: Mode, tau, lambda_, timeout) -> int:
+    def prefill(
+        self, session_id, token_ids, sampling, mode: Mode, tau, lambda_, timeout, prompt_logprobs=None
+    ) -> Opened:
         self._check_up()
         self.sessions[session_id] = list(token_ids)
         self.prefills.append(list(token_ids))
-        return 3_000
+        self.prompt_logprobs_asked.append(prompt_logprobs)
+        if prompt_logprobs is None:
+            return Opened(3_000)
+        # token i's "log-probability" is -i, so a test can tell the entries apart and see their order
+        return Opened(3_000, [TokenLogprob(-float(i), (), ()) for i in range(1, len(token_ids))])
 
     def verify(
         self, session_id: str, proposal: Proposal | None, timeout: float, cohort: int = 0, logprobs: int | None = None

@@ -42,6 +42,8 @@ EDGES: dict[str, tuple[str, list[str]]] = {
     "--tau": ("tau", ["1", "1.00000001", "1.0001", "0.01", "1e-40", "1e-46", "0", "-0.5", "nan", "inf"]),
     "--lambda": ("lambda_", ["0", "-1", "6", str(2**31 - 1), str(2**31)]),
     "--max-new-tokens": ("max_new_tokens", ["0", "1", "8192", "8193", "-1", str(2**31)]),
+    "--logprobs": ("logprobs", ["-1", "0", "20", "21", str(2**32)]),
+    "--prompt-logprobs": ("prompt_logprobs", ["-1", "0", "20", "21", str(2**32)]),
 }
 CASES = [(flag, value) for flag, (_, values) in EDGES.items() for value in values]
 

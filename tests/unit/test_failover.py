@@ -291,3 +291,19 @@ def test_a_request_allowed_to_draft_before_the_draft_failed_does_not_call_it() -
     assert "".join(c.text for c in chunks) == EXPECTED[:6]
     assert calls[0] == 3 and draft.proposals == []  # allowed at first, skipped once the draft had failed
     assert chunks[-1].stats.draft_unavailable_rounds == 5
+
+
+def test_prompt_logprobs_come_from_the_first_session_and_a_failover_does_not_ask_again() -> None:
+    """A request that asks gets its prompt's log-probabilities on its first chunk only; the replica that takes
+    it over reopens prompt + emitted tokens without them (they are the prompt's, reported already)."""
+    a, b = target("a:1"), target("b:1")
+    orchestrator, _ = make([a, b])
+    stream = orchestrator.generate("cde", params(num_speculative_tokens=3, prompt_logprobs=2), Deadline(60))
+    first = next(stream)
+    a.kill()
+    rest = list(stream)
+    assert first.prompt_token_ids == [ord(ch) for ch in "cde"]
+    assert [lp.logprob for lp in first.prompt_logprobs or []] == [-1.0, -2.0]  # the fake's: token i's is -i
+    assert all(c.prompt_token_ids is None and c.prompt_logprobs is None for c in rest)
+    assert (a.prompt_logprobs_asked, b.prompt_logprobs_asked) == ([2], [None])
+    assert rest[-1].stats.target_failovers == 1

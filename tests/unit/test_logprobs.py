@@ -83,3 +83,48 @@ def test_a_sampling_rows_logprobs_are_the_raw_distributions_not_the_warped_one(t
         assert abs(lp.logprob - warped) > 1e-2  # not what the sampler drew from
     finally:
         engine.stop()
+
+
+def _prompt_reference(runner: ModelRunner, prompt: list[int]) -> torch.Tensor:
+    """[T-1, V]: each prompt token's distribution from one forward over the whole prompt (position i predicts i+1)."""
+    with torch.no_grad():
+        logits = runner.model(input_ids=torch.tensor([prompt])).logits[0, :-1]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+@pytest.mark.parametrize("chunk", [None, 3])  # the prompt's forward in one piece, or in chunks of 3 positions
+def test_prompt_logprobs_are_one_forward_over_the_prompt_and_ignore_a_cached_prefix(
+    target_runner: ModelRunner, monkeypatch: pytest.MonkeyPatch, chunk: int | None
+) -> None:
+    """Each prompt token from the second, under the tokens before it; a prefix cache that holds the prompt (its
+    logits never kept) is not used for a session that asks, and the session then decodes as any other."""
+    from calispec_core import modeling
+    from calispec_core.prefix_cache import PrefixCache
+
+    if chunk is not None:
+        monkeypatch.setattr(modeling, "PREFILL_CHUNK", chunk)
+    cache = PrefixCache(min_reused=1)
+    engine = TargetEngine(target_runner, 4, PairTable(target_runner.vocab_size), prefix_cache=cache)
+    prompt = target_runner.tokenizer("def add(a, b):\n    return")["input_ids"]
+    reference = _prompt_reference(target_runner, prompt)
+    sd = RescueConfig(Mode.SD, 0.01, 6)
+    try:
+        assert engine.prefill("warm", prompt, SamplingConfig(), sd, Stopwatch()) is None  # not asked: none
+        hits = cache.stats.hits
+        got = engine.prefill("s", prompt, SamplingConfig(), sd, Stopwatch(), prompt_logprobs=3)
+        assert cache.stats.hits == hits  # computed whole, not attached
+        engine.prefill("hit", prompt, SamplingConfig(), sd, Stopwatch())
+        assert cache.stats.hits == hits + 1  # where a session that does not ask reuses it
+        assert got is not None and len(got) == len(prompt) - 1
+        for row, (token, lp) in enumerate(zip(prompt[1:], got, strict=True)):
+            assert lp.logprob == pytest.approx(reference[row, token].item(), abs=1e-4)
+            assert list(lp.top_token_ids) == reference[row].topk(3).indices.tolist()
+            assert lp.top_logprobs == pytest.approx(reference[row].topk(3).values.tolist(), abs=1e-4)
+        step = engine.verify("s", [], None, Stopwatch())
+        assert step.next_token == _greedy(target_runner, prompt, 1)[0]
+        assert engine.prefill("one", prompt[:1], SamplingConfig(), sd, Stopwatch(), prompt_logprobs=0) == []
+        with pytest.raises(InvalidArgument, match="prompt_logprobs"):
+            engine.prefill("bad", prompt, SamplingConfig(), sd, Stopwatch(), prompt_logprobs=21)
+        assert "bad" not in engine.sessions
+    finally:
+        engine.stop()

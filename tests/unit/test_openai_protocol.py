@@ -139,16 +139,25 @@ def test_null_is_unset() -> None:
 @pytest.mark.parametrize(
     ("prompt", "fragment"),
     [
-        ([1, 2], "token-id prompts"),
-        ([[1, 2]], "token-id prompts"),
+        ([[1, 2], "p"], "not a mixture"),
+        ([[1], [2, "3"]], "prompt 1 must be a non-empty list of token ids"),
         ([], "at least one prompt"),
         (["p"] * 17, "17 prompts x n = 1 make 17 choices; at most 16 a request"),
+        ([[1]] * 17, "17 prompts x n = 1 make 17 choices; at most 16 a request"),
     ],
 )
-def test_prompts_other_than_text_are_refused_with_param_prompt(prompt: list, fragment: str) -> None:
+def test_malformed_prompts_are_refused_with_param_prompt(prompt: list, fragment: str) -> None:
     message, param = first_error(CompletionRequest, {"model": "m", "prompt": prompt})
     assert param == "prompt" and fragment in message
-    assert CompletionRequest.model_validate({"model": "m", "prompt": ["one"]}).prompts() == ["one"]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "prompts"),
+    [("one", ["one"]), (["one", "two"], ["one", "two"]), ([5, 0], [[5, 0]]), ([[5], [6, 7]], [[5], [6, 7]])],
+)
+def test_openai_s_four_prompt_forms_are_each_a_list_of_prompts(prompt: object, prompts: list) -> None:
+    request = CompletionRequest.model_validate({"model": "m", "prompt": prompt, "n": 2})
+    assert request.prompts() == prompts and request.choice_count() == 2 * len(prompts)
 
 
 def test_a_batch_of_prompts_makes_n_choices_each() -> None:

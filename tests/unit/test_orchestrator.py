@@ -297,3 +297,25 @@ def test_log_probabilities_from_a_target_that_predates_them_are_a_clear_failed_p
     with pytest.raises(FailedPrecondition, match="serves no log-probabilities"):
         run(orchestrator, "c", params(logprobs=2))
     assert [c.text for c in run(orchestrator, "c", params(max_new_tokens=3))]  # those that do not ask still run
+
+
+def test_a_prompt_of_token_ids_is_used_as_it_is_and_checked() -> None:
+    orchestrator, _, target = make()
+    by_ids = run(orchestrator, [ord("c")], params())  # type: ignore[arg-type]
+    assert "".join(c.text for c in by_ids) == "".join(c.text for c in run(orchestrator, "c", params()))
+    assert target.prefills[0] == [ord("c")]
+    assert all(c.prompt_token_ids is None for c in by_ids)  # not asked: no prompt report
+    for bad, message in (([], "must not be empty"), ([ord("c"), 128], "128 is not a token id")):
+        with pytest.raises(InvalidArgument, match=message):
+            run(orchestrator, bad, params())  # type: ignore[arg-type]
+    assert len(target.prefills) == 2  # refused before any session opened
+
+
+def test_a_target_without_prompt_logprobs_fails_the_request_before_its_first_round() -> None:
+    orchestrator, draft, target = make()
+    serve = target.prefill
+    target.prefill = lambda *args, **kwargs: serve(*args[:7])  # type: ignore[method-assign]  # drops the ask
+    with pytest.raises(FailedPrecondition, match="prompt log-probabilities"):
+        run(orchestrator, "cd", params(prompt_logprobs=0))
+    assert draft.proposals == [] and target.sessions == {}  # closed again
+    assert run(orchestrator, "c", params(prompt_logprobs=0))[0].prompt_logprobs == []  # one token: none to send
