@@ -34,14 +34,17 @@ class ChatTurn:
     content: str
 
 
-def render_chat(tokenizer: PreTrainedTokenizerBase, turns: Sequence[ChatTurn]) -> str:
-    """The conversation as the model was trained to see it, ending where the assistant's reply starts."""
+def render_chat(
+    tokenizer: PreTrainedTokenizerBase, turns: Sequence[ChatTurn], add_generation_prompt: bool = True
+) -> str:
+    """The conversation as the model was trained to see it, ending where the assistant's reply starts (without
+    `add_generation_prompt`: after the last message)."""
     _validate(turns)
     if not tokenizer.chat_template:
         raise InvalidArgument("the model's tokenizer has no chat template: send a raw prompt instead of messages")
     messages = [{"role": t.role, "content": t.content} for t in turns]
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     except TemplateError as exc:  # templates raise_exception() on conversations they do not accept
         raise InvalidParam(f"the chat template rejected the messages: {exc}", "messages") from exc
     return _without_duplicate_bos(tokenizer, text)

@@ -84,6 +84,19 @@ from coordinator.openai_protocol import (
     openai_finish_reason,
     validation_error,
 )
+from coordinator.openai_tokenizer import (
+    DETOKENIZE_PATH,
+    TOKENIZE_PATH,
+    TOKENIZER_INFO_PATH,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+    TokenizerInfo,
+    detokenize,
+    tokenize,
+    tokenizer_info,
+)
 from coordinator.request_log import tracked
 
 log = logging.getLogger(__name__)
@@ -111,7 +124,7 @@ HTTP_STATUS_ERRORS: dict[int, tuple[str, str]] = {
 HEALTH_PATH = "/health"  # unauthenticated, as vLLM's: 200 serving, 503 draining or without a target replica
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
-JSON_BODY_PATHS = frozenset({COMPLETIONS_PATH, CHAT_PATH})
+JSON_BODY_PATHS = frozenset({COMPLETIONS_PATH, CHAT_PATH, TOKENIZE_PATH, DETOKENIZE_PATH})
 CALLER_SCOPE_KEY = "calispec.caller"  # the caller's name, as RequestGuard found it
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies pass each event on at once
 
@@ -641,7 +654,34 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
             held.close()
             raise
 
+    add_tokenizer_routes(app, api)
     return app
+
+
+def add_tokenizer_routes(app: FastAPI, api: OpenAIApi) -> None:
+    """vLLM's `/tokenize`, `/detokenize` and `/tokenizer_info` (coordinator.openai_tokenizer), behind the same API
+    keys; no quota (nothing is generated). Tokenizing runs on the thread pool: a long prompt is CPU work."""
+    tokenizer, max_body = api.orchestrator.tokenizer, api.settings.max_body_bytes
+
+    def check(request: Request, model: str | None) -> None:
+        api.caller(request)
+        if model is not None:
+            api.check_model(model)
+
+    @app.post(TOKENIZE_PATH, max_body_size=max_body)
+    async def tokenize_route(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+        check(request, body.model)
+        return await run_in_threadpool(tokenize, tokenizer, body, api.orchestrator.context_length)
+
+    @app.post(DETOKENIZE_PATH, max_body_size=max_body)
+    async def detokenize_route(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
+        check(request, body.model)
+        return await run_in_threadpool(detokenize, tokenizer, body, api.orchestrator.context_length)
+
+    @app.get(TOKENIZER_INFO_PATH)
+    async def tokenizer_info_route(request: Request) -> TokenizerInfo:
+        check(request, None)
+        return tokenizer_info(tokenizer, api.orchestrator.context_length)
 
 
 @dataclass

@@ -1,0 +1,108 @@
+"""vLLM's tokenizer endpoints (no gRPC here): `POST /tokenize`, `POST /detokenize`, `GET /tokenizer_info`.
+
+Clients that send token ids count and cut their prompts with the served tokenizer without loading it themselves:
+lm-eval's `local-completions` looks for `/tokenizer_info` and `/tokenize` at the server's root and, when both
+answer, tokenizes remotely. `/tokenize` encodes a text prompt as a completion request's prompt is encoded, and chat
+messages as a chat request's are rendered and encoded, so its `count` is that request's `usage.prompt_tokens`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from transformers import PreTrainedTokenizerBase
+
+from calispec_core.errors import InvalidArgument
+from calispec_core.limits import validate_prompt
+from coordinator.chat import ChatTurn, InvalidParam, render_chat
+from coordinator.openai_protocol import ChatMessage, OpenAIModel, invalid, is_token_id
+
+TOKENIZE_PATH = "/tokenize"
+DETOKENIZE_PATH = "/detokenize"
+TOKENIZER_INFO_PATH = "/tokenizer_info"
+
+
+class TokenizeRequest(OpenAIModel):
+    """A text prompt, or chat messages (exactly one)."""
+
+    model: str | None = None  # optional, as vLLM's; when sent, the served model's name
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True  # the tokenizer's own (BOS where it adds one), as a request's prompt gets
+    add_generation_prompt: bool = True  # messages only: end where the assistant's reply starts, as a chat request
+    return_token_strs: bool = False  # each token's string too (the tokenizer's, not decoded text)
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise invalid("send exactly one of prompt and messages")
+        return self
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(OpenAIModel):
+    model: str | None = None
+    tokens: list[int]
+
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _token_ids(cls, value: Any) -> Any:
+        if isinstance(value, list) and not all(is_token_id(t) for t in value):
+            raise invalid("must be a list of token ids (integers >= 0)")
+        return value
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class TokenizerInfo(BaseModel):
+    """What lm-eval's remote tokenizer reads (vLLM's `TokenizerInfoResponse`, which carries the tokenizer's config)."""
+
+    model_config = ConfigDict(extra="allow")
+    tokenizer_class: str
+
+
+def tokenize(tokenizer: PreTrainedTokenizerBase, req: TokenizeRequest, context_length: int) -> TokenizeResponse:
+    if req.messages is not None:
+        turns = [ChatTurn(m.role, m.content) for m in req.messages]
+        text = render_chat(tokenizer, turns, req.add_generation_prompt)
+    else:
+        assert req.prompt is not None
+        try:
+            validate_prompt(req.prompt)
+        except InvalidArgument as exc:
+            raise InvalidParam(str(exc), "prompt") from None
+        text = req.prompt
+    ids = tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
+    strs = tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
+    return TokenizeResponse(count=len(ids), max_model_len=context_length, tokens=ids, token_strs=strs)
+
+
+def detokenize(tokenizer: PreTrainedTokenizerBase, req: DetokenizeRequest, context_length: int) -> DetokenizeResponse:
+    """The ids' text, special tokens kept (what the model reads); ids the tokenizer cannot decode are a 400."""
+    if len(req.tokens) > context_length:
+        raise InvalidParam(f"at most {context_length} tokens (the context), got {len(req.tokens)}", "tokens")
+    size = len(tokenizer)
+    bad = next((t for t in req.tokens if t >= size), None)
+    if bad is not None:
+        raise InvalidParam(f"{bad} is not a token id of the tokenizer (0 to {size - 1})", "tokens")
+    return DetokenizeResponse(prompt=tokenizer.decode(req.tokens))
+
+
+def tokenizer_info(tokenizer: PreTrainedTokenizerBase, context_length: int) -> TokenizerInfo:
+    return TokenizerInfo(
+        tokenizer_class=type(tokenizer).__name__,
+        eos_token=tokenizer.eos_token,
+        bos_token=tokenizer.bos_token,
+        pad_token=tokenizer.pad_token,
+        chat_template=tokenizer.chat_template,
+        model_max_length=context_length,
+    )
