@@ -283,7 +283,9 @@ class Orchestrator:
         """Open the target session, and the draft's unless it is down (then the first proposal that
         finds it back opens it): a draft prefill inside a round would hold up the requests in step."""
         self._open_target(request)
-        if request.use_draft and self.draft_circuit.allow():
+        # a round drafts at most the tokens left less the target's own: one token (a log-likelihood request of
+        # lm-eval's, echo with max_tokens 1) leaves the draft nothing to do, so it opens no session there
+        if request.use_draft and request.max_new_tokens > 1 and self.draft_circuit.allow():
             try:
                 self._prefill_draft(request)
             except CalispecError as exc:

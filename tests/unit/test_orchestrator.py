@@ -319,3 +319,14 @@ def test_a_target_without_prompt_logprobs_fails_the_request_before_its_first_rou
         run(orchestrator, "cd", params(prompt_logprobs=0))
     assert draft.proposals == [] and target.sessions == {}  # closed again
     assert run(orchestrator, "c", params(prompt_logprobs=0))[0].prompt_logprobs == []  # one token: none to send
+
+
+def test_a_request_of_one_token_opens_no_draft_session() -> None:
+    """Its one round is the target's own token (a round drafts at most the tokens left less one): a draft
+    prefill of its prompt was wasted work (every log-likelihood request of lm-eval asks for one token)."""
+    orchestrator, draft, target = make()
+    (chunk,) = run(orchestrator, "cde", params(max_new_tokens=1))
+    assert chunk.text == "f" and chunk.stats is not None and chunk.stats.drafted == 0
+    assert draft.prefills == [] and draft.proposals == [] and len(target.prefills) == 1
+    run(orchestrator, "cde", params(max_new_tokens=2))
+    assert len(draft.prefills) == 1  # two tokens: the first round may draft one
