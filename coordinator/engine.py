@@ -229,11 +229,15 @@ class Orchestrator:
         deadline: Deadline,
         cancelled: Callable[[], bool] = lambda: False,
         check_prompt: Callable[[int], None] | None = None,
+        on_start: Callable[[str, GenerationStats], None] | None = None,
     ) -> Iterator[Chunk]:
         """Yield one chunk per round until EOS, a stop string or the token limit. `check_prompt` gets the
         prompt's token count before any session opens, and raises to refuse the request (the HTTP API
-        refuses what the context cannot hold instead of cutting it short)."""
+        refuses what the context cannot hold instead of cutting it short). `on_start` gets the request's id and
+        its stats as they grow, once the request is accepted (the request log of one that ends early reads them)."""
         request = self._new_request(prompt, params, deadline, check_prompt)
+        if on_start is not None:
+            on_start(request.request_id, request.stats)
         try:
             self._prefill(request)
             try:

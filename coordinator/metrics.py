@@ -140,7 +140,13 @@ class RequestTimer:
         self.start_ns = now_ns()
         self.first_token_ns: int | None = None
         self.tokens = 0
+        # the orchestrator's request and its stats so far (`follow`): what a request that ends early had done
+        self.request_id: str | None = None
+        self.live_stats: GenerationStats | None = None
         metrics.running.inc()
+
+    def follow(self, request_id: str, stats: GenerationStats) -> None:
+        self.request_id, self.live_stats = request_id, stats
 
     def tokens_out(self, count: int) -> None:
         if count and self.first_token_ns is None:

@@ -296,7 +296,7 @@ class OpenAIApi:
             timer.mode = params.mode.name.lower()
             deadline = Deadline(self.settings.request_timeout_s)
             fits = self.context_check(req)
-            return self.orchestrator.generate(prompt(), params, deadline, gone.is_set, fits)
+            return self.orchestrator.generate(prompt(), params, deadline, gone.is_set, fits, timer.follow)
 
         return HttpGeneration(tracked(self.metrics, begin), gone)
 

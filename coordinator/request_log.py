@@ -42,8 +42,10 @@ def status_of(exc: BaseException) -> str:
 
 
 def finished(timer: RequestTimer, status: str, stats: GenerationStats | None, session: str | None) -> None:
+    """Count (a request's final stats only) and log it: one that ended early with what it had done by then."""
     latency_s = timer.finish(status, stats)
-    s = stats or GenerationStats()
+    s = stats or timer.live_stats or GenerationStats()
+    session = session or timer.request_id
     ttft_ms = (timer.first_token_ns - timer.start_ns) / 1e6 if timer.first_token_ns else -1.0
     log.info(
         "request id=%s mode=%s status=%s prompt_tokens=%d tokens=%d rounds=%d drafted=%d accepted=%d "

@@ -112,7 +112,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             params = params_from_pb(request.params, self.config.defaults)
             timer.mode = params.mode.name.lower()
             prompt = self._prompt(request)
-            return self.orchestrator.generate(prompt, params, Deadline(timeout_s), lambda: not context.is_active())
+            return self.orchestrator.generate(
+                prompt, params, Deadline(timeout_s), lambda: not context.is_active(), on_start=timer.follow
+            )
 
         watchdog = threading.Timer(timeout_s + CANCEL_GRACE_S, context.cancel)
         watchdog.daemon = True

@@ -18,6 +18,7 @@ from calispec_core.metrics import new_registry
 from coordinator.chat import ChatTurn, render_chat
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.openai_api import ApiSettings, create_app, domain_error_response, start_http_server
+from tests.helpers import wait_until
 from tests.service.conftest import Coordinator
 
 MODEL = "tiny-chat"
@@ -937,3 +938,23 @@ def test_grpc_streams_the_prompt_report_on_the_first_chunk_only(grpc_client: Cal
     assert all(c.prompt_token_ids is None and c.prompt_logprobs is None for c in chunks[1:]) and len(chunks) > 1
     assert unary.to_dict()["prompt_token_ids"] == unary.prompt_token_ids
     assert grpc_client.generate(PROMPT, max_new_tokens=2).prompt_logprobs is None  # not asked: none
+
+
+def test_an_http_stream_left_mid_way_is_logged_with_what_it_had_done(
+    chat_coordinator: Coordinator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The request log read only a last chunk's stats: a request that never sent one was logged with
+    prompt_tokens=0 rounds=0 session=-."""
+    server, url = serve(chat_coordinator)
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 500, "ignore_eos": True, "stream": True, **SD}
+    try:
+        with caplog.at_level(logging.INFO, logger="coordinator.request_log"):
+            with httpx.stream("POST", f"{url}/completions", json=body, timeout=60) as response:
+                first = next(response.iter_lines())
+            wait_until(lambda: any("status=CANCELLED" in r.getMessage() for r in caplog.records))
+    finally:
+        server.stop()  # type: ignore[attr-defined]
+    assert first.startswith("data: {")
+    (line,) = [r.getMessage() for r in caplog.records if "status=CANCELLED" in r.getMessage()]
+    prompt_tokens = len(chat_coordinator.orchestrator.tokenizer.encode(PROMPT))
+    assert f" prompt_tokens={prompt_tokens} " in line and " rounds=0 " not in line and not line.endswith("session=-")

@@ -3,6 +3,7 @@ model services, the coordinator's drain count."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from calispec.v1 import draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 from calispec_core.access import Quota
 from calispec_core.grpc_server import make_channel
 from calispec_core.metrics import new_registry
+from calispec_core.modeling import load_tokenizer
 from coordinator.config import CoordinatorConfig
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.server import build_orchestrator
@@ -47,11 +49,14 @@ def open_sessions(services: ModelServices) -> tuple[int, int]:
 
 
 def test_a_stream_the_client_leaves_gives_back_its_slot_and_sessions(
-    one_at_a_time: tuple[str, CoordinatorMetrics], model_services: ModelServices
+    one_at_a_time: tuple[str, CoordinatorMetrics],
+    model_services: ModelServices,
+    tiny_pair_tokenizer: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     address, metrics = one_at_a_time
     before = open_sessions(model_services)
-    with CalispecClient(address, timeout=60) as client:
+    with CalispecClient(address, timeout=60) as client, caplog.at_level(logging.INFO, "coordinator.request_log"):
         stream = client.generate_stream("def add(a, b):", max_new_tokens=900, mode="sd", num_speculative_tokens=2)
         first = next(iter(stream))
         assert first.finish_reason is None and open_sessions(model_services) == (before[0] + 1, before[1] + 1)
@@ -59,5 +64,10 @@ def test_a_stream_the_client_leaves_gives_back_its_slot_and_sessions(
         # the request ends as cancelled (not by running its 900 tokens out), and both sessions close
         wait_until(lambda: metrics.requests.labels("sd", "CANCELLED")._value.get() == 1)
         wait_until(lambda: open_sessions(model_services) == before)
+        # logged with what it had done (the log read only a last chunk's stats: prompt_tokens=0 rounds=0 session=-)
+        (line,) = [r.getMessage() for r in caplog.records if "status=CANCELLED" in r.getMessage()]
+        prompt_tokens = len(load_tokenizer(tiny_pair_tokenizer).encode("def add(a, b):"))
+        assert f" prompt_tokens={prompt_tokens} " in line and f"session={first.request_id}" in line
+        assert " rounds=0 " not in line
         result = client.generate("def add(a, b):", max_new_tokens=4, mode="sd")  # the one slot is free again
         assert result.finish_reason is not None
