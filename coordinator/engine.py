@@ -51,6 +51,7 @@ from calispec_core.generation import (
 )
 from calispec_core.timing import Deadline, Stopwatch, now_ns, ns_to_ms
 from coordinator.backends import DraftBackend, Opened, Proposal, SessionLost, TargetBackend, Verdict
+from coordinator.chat import InvalidParam
 from coordinator.circuit import CircuitBreaker
 from coordinator.cost_model import CostModel, GammaPolicy
 from coordinator.detokenizer import IncrementalDetokenizer
@@ -279,8 +280,11 @@ class Orchestrator:
             return ids
         ids, size = list(prompt), len(self.tokenizer)
         require(len(ids) > 0, "prompt_token_ids must not be empty")
+        if len(ids) > self.context_length:  # refused for its length next: no scan of millions of ids first
+            return ids
         bad = next((t for t in ids if not 0 <= t < size), None)
-        require(bad is None, f"prompt_token_ids: {bad} is not a token id of the tokenizer (0 to {size - 1})")
+        if bad is not None:  # named as the HTTP API's `prompt`
+            raise InvalidParam(f"prompt token id {bad} is not a token of the tokenizer (0 to {size - 1})", "prompt")
         return ids
 
     def _prefill(self, request: _Request) -> None:
@@ -356,7 +360,14 @@ class Orchestrator:
             prompt_ids, prompt_logprobs = self._prompt_report(request) if first else (None, None)
             first = False
             if finish is None:
-                yield Chunk(new_tokens, text, request.request_id, None, None, logprobs, prompt_ids, prompt_logprobs)
+                yield Chunk(
+                    new_tokens,
+                    text,
+                    request.request_id,
+                    logprobs=logprobs,
+                    prompt_token_ids=prompt_ids,
+                    prompt_logprobs=prompt_logprobs,
+                )
                 continue
             if not stopped:
                 text += detok.finish()

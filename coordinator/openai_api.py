@@ -21,8 +21,9 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import cache, partial
-from typing import Any
+from typing import Any, TypeVar
 
+import anyio
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -126,6 +127,8 @@ COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
 JSON_BODY_PATHS = frozenset({COMPLETIONS_PATH, CHAT_PATH, TOKENIZE_PATH, DETOKENIZE_PATH})
 CALLER_SCOPE_KEY = "calispec.caller"  # the caller's name, as RequestGuard found it
+T = TypeVar("T")
+TOKENIZER_THREADS = 4  # /tokenize and /detokenize calls computing at once (their own threads)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies pass each event on at once
 
 
@@ -227,6 +230,8 @@ class OpenAIApi:
         self.started = int(time.time())  # the served model's `created`: the same on every call
         # log-probabilities' token texts, decoded as the choices' texts are
         self.token_texts = TokenTexts(lambda ids: orchestrator.tokenizer.decode(ids, skip_special_tokens=True))
+        # an echoed prompt's, decoded as its echoed text is (special tokens kept), so that its offsets follow that text
+        self.prompt_token_texts = TokenTexts(lambda ids: orchestrator.tokenizer.decode(ids))
 
     def admit(self, request: Request, model: str, choices: int = 1) -> ExitStack:
         """Refuse while draining (503, as gRPC's UNAVAILABLE), name the caller (RequestGuard authenticated it
@@ -321,6 +326,16 @@ class OpenAIApi:
     ) -> CompletionLogprobs | None:
         return None if logprobs is None else completion_logprobs(self.token_texts, token_ids, logprobs, offset)
 
+    def completion_choice(self, req: CompletionRequest, index: int, outcome: Outcome) -> CompletionChoice:
+        echo = self.echoed(req, index, outcome, first=True)
+        return CompletionChoice(
+            index=index,
+            text=echo.text,
+            finish_reason=openai_finish_reason(outcome.finish.finish_reason),
+            token_ids=outcome.token_ids if req.return_token_ids else None,
+            logprobs=echo.logprobs,
+        )
+
     def echoed(self, req: CompletionRequest, index: int, part: Chunk | Outcome, first: bool, offset: int = 0) -> Echoed:
         """Choice `index`'s text and log-probabilities from `part` (a whole outcome, or a stream's chunk whose text
         starts at `offset`), after its prompt's when the request echoes and `part` is the choice's first."""
@@ -329,7 +344,7 @@ class OpenAIApi:
         text = self.prompt_text(req.prompts()[index // req.n]) + part.text
         if part.prompt_token_ids is None:  # echo without log-probabilities
             return Echoed(text, None)
-        head = prompt_logprobs(self.token_texts, part.prompt_token_ids, part.prompt_logprobs or [])
+        head = prompt_logprobs(self.prompt_token_texts, part.prompt_token_ids, part.prompt_logprobs or [])
         tail = completion_logprobs(self.token_texts, part.token_ids, part.logprobs or [], end_offset(head, 0))
         return Echoed(text, joined(head, tail))
 
@@ -348,17 +363,7 @@ class OpenAIApi:
                 done = await gathered(generations, request)
 
             def response() -> CompletionResponse:  # on a worker thread: log-probabilities can be many objects
-                choices = [
-                    CompletionChoice(
-                        index=index,
-                        text=echo.text,
-                        finish_reason=openai_finish_reason(outcome.finish.finish_reason),
-                        token_ids=outcome.token_ids if req.return_token_ids else None,
-                        logprobs=echo.logprobs,
-                    )
-                    for index, outcome in enumerate(done)
-                    for echo in [self.echoed(req, index, outcome, first=True)]
-                ]
+                choices = [self.completion_choice(req, index, outcome) for index, outcome in enumerate(done)]
                 return CompletionResponse(id=rid, model=model, choices=choices, usage=usage_of(done, req.n))
 
             return await run_in_threadpool(response)
@@ -660,8 +665,13 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
 
 def add_tokenizer_routes(app: FastAPI, api: OpenAIApi) -> None:
     """vLLM's `/tokenize`, `/detokenize` and `/tokenizer_info` (coordinator.openai_tokenizer), behind the same API
-    keys; no quota (nothing is generated). Tokenizing runs on the thread pool: a long prompt is CPU work."""
-    tokenizer, max_body = api.orchestrator.tokenizer, api.settings.max_body_bytes
+    keys; no quota (nothing is generated). Tokenizing a long prompt is CPU work: off the event loop, on threads of
+    its own (TOKENIZER_THREADS at once), so that many such calls never take the threads generations run on."""
+    max_body = api.settings.max_body_bytes
+    limiter = anyio.CapacityLimiter(TOKENIZER_THREADS)
+
+    async def off_loop(work: Callable[..., T], *args: Any) -> T:
+        return await anyio.to_thread.run_sync(work, *args, limiter=limiter)
 
     def check(request: Request, model: str | None) -> None:
         api.caller(request)
@@ -671,17 +681,17 @@ def add_tokenizer_routes(app: FastAPI, api: OpenAIApi) -> None:
     @app.post(TOKENIZE_PATH, max_body_size=max_body)
     async def tokenize_route(body: TokenizeRequest, request: Request) -> TokenizeResponse:
         check(request, body.model)
-        return await run_in_threadpool(tokenize, tokenizer, body, api.orchestrator.context_length)
+        return await off_loop(tokenize, api.orchestrator.tokenizer, body, api.orchestrator.context_length)
 
     @app.post(DETOKENIZE_PATH, max_body_size=max_body)
     async def detokenize_route(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
         check(request, body.model)
-        return await run_in_threadpool(detokenize, tokenizer, body, api.orchestrator.context_length)
+        return await off_loop(detokenize, api.orchestrator.tokenizer, body, api.orchestrator.context_length)
 
     @app.get(TOKENIZER_INFO_PATH)
     async def tokenizer_info_route(request: Request) -> TokenizerInfo:
         check(request, None)
-        return tokenizer_info(tokenizer, api.orchestrator.context_length)
+        return tokenizer_info(api.orchestrator.tokenizer, api.orchestrator.context_length)
 
 
 @dataclass

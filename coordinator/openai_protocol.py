@@ -22,12 +22,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from calispec.types import MODE_NAMES, FinishReason
 from calispec_core.errors import InvalidArgument, InvalidField
 from calispec_core.limits import (
+    MAX_PROMPT_CHARS,
     SEED_BOUND,
     check_csd_thresholds,
     check_logprobs,
@@ -44,6 +45,8 @@ ModeName = Literal[MODE_NAMES]  # type: ignore[valid-type]
 # the model services' batches (8 by default) and, in a unary request, one of the HTTP server's worker threads for its
 # whole generation (Starlette's pool: 40).
 MAX_CHOICES = 16
+MAX_PROMPT_TOKEN_IDS = MAX_PROMPT_CHARS  # a request's token-id prompts, in all (a text prompt's limit, in ids)
+TokenIds = list[StrictInt]
 NO_TOOLS = "this server has no tool calling"
 
 
@@ -251,8 +254,9 @@ class CalispecParams(OpenAIModel):
 
 
 class CompletionRequest(CalispecParams):
-    # a text, a batch of texts, one tokenized prompt or a batch of them: choice k is prompt k // n's choice k % n
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # a text, one tokenized prompt, a batch of either: choice k is prompt k // n's choice k % n. Tried in this order
+    # (strict ints: a text "5" is no token id), so a long list of ids is not first tried, item by item, as texts.
+    prompt: str | TokenIds | list[TokenIds] | list[str] = Field(union_mode="left_to_right")
     echo: bool = False  # the prompt before each choice's text (and, with logprobs, its tokens' log-probabilities)
     logprobs: int | None = None  # each new token's log-probability and this many most likely (legacy API: an int)
     suffix: None = None
@@ -266,27 +270,28 @@ class CompletionRequest(CalispecParams):
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _prompt_forms(cls, value: Any) -> Any:
-        """OpenAI's four forms, each checked whole, so that a mixture gets a message of its own."""
+    def _prompt_forms(cls, value: Any, info: ValidationInfo) -> Any:
+        """OpenAI's four forms, each checked whole (a mixture gets a message of its own), and the request's size
+        before any item is validated: at most MAX_CHOICES choices, MAX_PROMPT_TOKEN_IDS ids in all."""
         if not isinstance(value, list):
             return value
         if not value:
             raise invalid("send at least one prompt")
-        if all(isinstance(p, str) for p in value) or all(is_token_id(p) for p in value):
+        prompts = [value] if all(is_token_id(p) for p in value) else value
+        n = info.data.get("n", 1)
+        if len(prompts) * n > MAX_CHOICES:
+            raise invalid(
+                f"{len(prompts)} prompts x n = {n} make {len(prompts) * n} choices; at most {MAX_CHOICES} a request"
+            )
+        if all(isinstance(p, str) for p in prompts):
             return value
-        if not all(isinstance(p, list) for p in value):
+        if not all(isinstance(p, list) for p in prompts):
             raise invalid("a text, a list of texts, a list of token ids or a list of such lists; not a mixture")
-        for i, ids in enumerate(value):
+        if sum(map(len, prompts)) > MAX_PROMPT_TOKEN_IDS:
+            raise invalid(f"at most {MAX_PROMPT_TOKEN_IDS} token ids in all")
+        for i, ids in enumerate(prompts):
             if not ids or not all(is_token_id(t) for t in ids):
                 raise invalid(f"prompt {i} must be a non-empty list of token ids (integers >= 0)")
-        return value
-
-    @field_validator("prompt")
-    @classmethod
-    def _choices_fit(cls, value: Any, info: ValidationInfo) -> Any:
-        prompts, n = len(prompt_list(value)), info.data.get("n", 1)
-        if prompts * n > MAX_CHOICES:
-            raise invalid(f"{prompts} prompts x n = {n} make {prompts * n} choices; at most {MAX_CHOICES} a request")
         return value
 
     def prompts(self) -> list[str | list[int]]:
@@ -304,7 +309,7 @@ class CompletionRequest(CalispecParams):
 
 
 def is_token_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return type(value) is int and value >= 0  # not a bool (an int subclass)
 
 
 def prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:

@@ -126,7 +126,9 @@ class HeldOrchestrator:
         reference = SimpleNamespace(info=lambda timeout: None)
         self.replicas = SimpleNamespace(backends=lambda: [reference])
 
-    def generate(self, prompt: object, params: object, deadline: object, cancelled: object = None) -> Iterator[Chunk]:
+    def generate(
+        self, prompt: object, params: object, deadline: object, cancelled: object = None, **hooks: object
+    ) -> Iterator[Chunk]:
         yield Chunk([1], "a", "session-1")
         assert self.release.wait(60)
         yield Chunk([2], "b", "session-1", FinishReason.LENGTH, GenerationStats(rounds=2, emitted=2))

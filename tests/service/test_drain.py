@@ -36,7 +36,7 @@ class BlockingOrchestrator:
         self.release = threading.Event()
         self.on_round = None
 
-    def generate(self, prompt, params, deadline, cancelled=None, check_prompt=None) -> Iterator[Chunk]:
+    def generate(self, prompt, params, deadline, cancelled=None, check_prompt=None, on_start=None) -> Iterator[Chunk]:
         yield Chunk([1], "a", "session-1")
         assert self.release.wait(60)
         yield Chunk([2], "b", "session-1", FinishReason.LENGTH, GenerationStats(rounds=2, emitted=2))

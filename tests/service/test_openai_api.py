@@ -613,21 +613,39 @@ def test_malformed_token_id_prompts_are_refused_clearly(base_url: str, prompt: l
 def test_a_token_id_outside_the_vocabulary_is_a_400(base_url: str, chat_coordinator: Coordinator) -> None:
     size = len(chat_coordinator.orchestrator.tokenizer)
     error = _error(_post(base_url, "/completions", {"prompt": [1, size], "max_tokens": 2}))
-    assert f"{size} is not a token id" in error["message"]
+    assert f"token id {size} is not a token" in error["message"] and error["param"] == "prompt"
 
 
-def test_echo_puts_the_prompt_before_each_choices_text(base_url: str, chat_coordinator: Coordinator) -> None:
+def test_echo_puts_its_own_prompt_before_each_choices_text(base_url: str, chat_coordinator: Coordinator) -> None:
     ids = chat_coordinator.orchestrator.tokenizer.encode(PROMPT)
+    other = "x = 1"
     body = {"max_tokens": 5, "temperature": 0, "mode": "sd", "gamma": 3}
-    plain = _post(base_url, "/completions", {"prompt": PROMPT, **body}).json()["choices"][0]["text"]
-    echoed = _post(base_url, "/completions", {"prompt": [PROMPT, PROMPT], "n": 2, "echo": True, **body}).json()
-    assert [c["text"] for c in echoed["choices"]] == [PROMPT + plain] * 4
+    plain = {
+        p: _post(base_url, "/completions", {"prompt": p, **body}).json()["choices"][0]["text"] for p in (PROMPT, other)
+    }
+    echoed = _post(base_url, "/completions", {"prompt": [PROMPT, other], "n": 2, "echo": True, **body}).json()
+    assert [c["text"] for c in echoed["choices"]] == [PROMPT + plain[PROMPT]] * 2 + [other + plain[other]] * 2
     by_ids = _post(base_url, "/completions", {"prompt": ids, "echo": True, **body}).json()
-    assert by_ids["choices"][0]["text"] == PROMPT + plain  # token ids echo decoded
+    assert by_ids["choices"][0]["text"] == PROMPT + plain[PROMPT]  # token ids echo decoded
     streamed = httpx.post(f"{base_url}/completions", json={"model": MODEL, "prompt": PROMPT, "echo": True,
                           "stream": True, **body}, timeout=60).text  # fmt: skip
     texts = [json.loads(e[6:])["choices"][0]["text"] for e in streamed.split("\n\n") if e.startswith("data: {")]
-    assert texts[0].startswith(PROMPT) and "".join(texts) == PROMPT + plain
+    assert texts[0].startswith(PROMPT) and "".join(texts) == PROMPT + plain[PROMPT]
+
+
+def test_an_echoed_prompts_offsets_follow_its_text_special_tokens_and_all(
+    base_url: str, chat_coordinator: Coordinator
+) -> None:
+    """Its tokens' texts were decoded without special tokens while its echoed text kept them: the offsets drifted."""
+    tokenizer = chat_coordinator.orchestrator.tokenizer
+    ids = [tokenizer.eos_token_id, *tokenizer.encode(PROMPT)]
+    body = {"prompt": ids, "max_tokens": 3, "temperature": 0, "mode": "ar", "echo": True, "logprobs": 0}
+    choice = _post(base_url, "/completions", body).json()["choices"][0]
+    text, logprobs = choice["text"], choice["logprobs"]
+    assert text.startswith(tokenizer.eos_token)
+    assert logprobs["tokens"][0] == tokenizer.eos_token and logprobs["token_logprobs"][0] is None
+    for token, offset in zip(logprobs["tokens"], logprobs["text_offset"], strict=True):  # the completion's too
+        assert text[offset : offset + len(token)] == token
 
 
 def _loglikelihood(base_url: str, context: list[int], continuation: list[int]) -> tuple[float, bool]:

@@ -11,6 +11,7 @@ from calispec_core.errors import InvalidArgument, InvalidField
 from calispec_core.generation import Defaults, GenerationParams
 from calispec_core.limits import SEED_BOUND
 from calispec_core.sampling import MIN_TOP_P, SamplingConfig
+from coordinator import openai_protocol as protocol
 from coordinator.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -158,6 +159,15 @@ def test_malformed_prompts_are_refused_with_param_prompt(prompt: list, fragment:
 def test_openai_s_four_prompt_forms_are_each_a_list_of_prompts(prompt: object, prompts: list) -> None:
     request = CompletionRequest.model_validate({"model": "m", "prompt": prompt, "n": 2})
     assert request.prompts() == prompts and request.choice_count() == 2 * len(prompts)
+
+
+def test_texts_of_digits_stay_texts_and_token_ids_are_bounded_before_their_items_are_checked() -> None:
+    assert CompletionRequest.model_validate({"model": "m", "prompt": ["1", "2"]}).prompts() == ["1", "2"]
+    limit = protocol.MAX_PROMPT_TOKEN_IDS
+    message, param = first_error(CompletionRequest, {"model": "m", "prompt": [[1] * limit, [1]]})
+    assert param == "prompt" and f"at most {limit} token ids in all" in message
+    message, _ = first_error(CompletionRequest, {"model": "m", "prompt": [[1]] * 9, "n": 2})
+    assert "9 prompts x n = 2 make 18 choices" in message
 
 
 def test_a_batch_of_prompts_makes_n_choices_each() -> None:

@@ -305,10 +305,12 @@ def test_a_prompt_of_token_ids_is_used_as_it_is_and_checked() -> None:
     assert "".join(c.text for c in by_ids) == "".join(c.text for c in run(orchestrator, "c", params()))
     assert target.prefills[0] == [ord("c")]
     assert all(c.prompt_token_ids is None for c in by_ids)  # not asked: no prompt report
-    for bad, message in (([], "must not be empty"), ([ord("c"), 128], "128 is not a token id")):
+    for bad, message in (([], "must not be empty"), ([ord("c"), 128], "token id 128 is not a token")):
         with pytest.raises(InvalidArgument, match=message):
             run(orchestrator, bad, params())  # type: ignore[arg-type]
     assert len(target.prefills) == 2  # refused before any session opened
+    with pytest.raises(InvalidArgument, match="leaves no room in the context"):  # for its length, ids unscanned
+        run(orchestrator, [10**9] * orchestrator.context_length * 2, params())  # type: ignore[arg-type]
 
 
 def test_a_target_without_prompt_logprobs_fails_the_request_before_its_first_round() -> None:
