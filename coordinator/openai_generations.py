@@ -13,8 +13,9 @@ import asyncio
 import contextvars
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 import anyio
@@ -113,7 +114,7 @@ class HttpGeneration:
                 log.debug("an abandoned generation failed at its end: %s", exc)
 
 
-def gather(chunks: Iterator[Chunk]) -> Outcome:
+def gather(chunks: Iterable[Chunk]) -> Outcome:
     text: list[str] = []
     ids: list[int] = []
     logprobs: list[TokenLogprob] = []
@@ -139,16 +140,15 @@ def first_failure(failures: Sequence[BaseException | None]) -> BaseException | N
     return real[0] if real else next((f for f in failures if f is not None), None)
 
 
-async def each_choice(generations: Sequence[HttpGeneration], work: Callable[[HttpGeneration], T]) -> list[T]:
-    """`work` on every choice at once, on the thread pool; the first to fail abandons the others (their answers
-    would go nowhere) and the request answers with that failure, raised as itself (not wrapped in a task group's
-    ExceptionGroup)."""
+async def each_choice(generations: Sequence[HttpGeneration], work: Callable[[HttpGeneration], Awaitable[T]]) -> list[T]:
+    """`work` on every choice at once; the first to fail abandons the others (their answers would go nowhere) and
+    the request answers with that failure, raised as itself (not wrapped in a task group's ExceptionGroup)."""
     results: list[T | None] = [None] * len(generations)
     failures: list[BaseException | None] = [None] * len(generations)
 
     async def run(index: int) -> None:
         try:
-            results[index] = await run_in_threadpool(work, generations[index])
+            results[index] = await work(generations[index])
         except Exception as exc:
             failures[index] = exc
             abandon_all(generations)
@@ -176,7 +176,7 @@ async def gathered(generations: Sequence[HttpGeneration], request: Request) -> l
         async with anyio.create_task_group() as watcher:
             watcher.start_soon(abandon_on_disconnect)
             try:
-                outcomes = await each_choice(generations, gather)
+                outcomes = await each_choice(generations, whole)
             except Exception as exc:  # raised below, as itself: not wrapped in the watcher's ExceptionGroup
                 failure = exc
             watcher.cancel_scope.cancel()
@@ -188,10 +188,20 @@ async def gathered(generations: Sequence[HttpGeneration], request: Request) -> l
     return outcomes
 
 
+async def whole(generation: HttpGeneration) -> Outcome:
+    """A choice's every chunk, a round at a time on the thread pool: between its rounds it holds no worker thread,
+    so that many choices of unary requests never leave streams and other requests without one (they held a
+    thread for their whole generation: three requests of 16 choices took more than the pool's 40)."""
+    chunks = []
+    while (chunk := await run_in_threadpool(generation.next_or_none)) is not None:
+        chunks.append(chunk)
+    return gather(chunks)
+
+
 async def first_chunks(generations: Sequence[HttpGeneration]) -> list[Chunk]:
     """Every choice's first chunk (its first round), at once, so that a bad request still gets its HTTP status
     before a stream starts (`each_choice`)."""
-    return await each_choice(generations, next)
+    return await each_choice(generations, partial(run_in_threadpool, next))
 
 
 async def rest_of(first: Chunk, rest: HttpGeneration) -> AsyncIterator[Chunk]:

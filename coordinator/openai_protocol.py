@@ -42,8 +42,8 @@ from calispec_core.sampling import MIN_TOP_P
 
 ModeName = Literal[MODE_NAMES]  # type: ignore[valid-type]
 # Choices a request may ask for (`n`, times the prompts of a batched completion). Each running choice holds a row of
-# the model services' batches (8 by default) and, in a unary request, one of the HTTP server's worker threads for its
-# whole generation (Starlette's pool: 40).
+# the model services' batches (8 by default) and, while a round of it runs, one of the HTTP server's worker threads
+# (Starlette's pool: 40).
 MAX_CHOICES = 16
 MAX_PROMPT_TOKEN_IDS = MAX_PROMPT_CHARS  # a request's token-id prompts, in all (a text prompt's limit, in ids)
 TokenIds = list[StrictInt]

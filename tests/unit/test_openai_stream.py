@@ -9,6 +9,7 @@ import threading
 from collections.abc import Generator, Iterator
 from contextlib import ExitStack
 
+import anyio
 import pytest
 from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
@@ -270,3 +271,32 @@ def test_a_choice_that_fails_mid_stream_ends_the_stream_and_the_others() -> None
     assert "choice 'b' failed" in text and text.endswith("data: [DONE]\n\n")
     assert released == ["slot"]
     wait_until(endless.closed.is_set)
+
+
+def test_a_unary_request_holds_a_worker_thread_per_round_not_per_generation() -> None:
+    """Its choices each held one of the HTTP server's worker threads for their whole generation, so enough of them
+    left streams and other requests no thread between rounds. With one thread here, choice a's second round waits
+    for choice b's first, which runs only if a gives the thread back between its rounds."""
+    b_ran = threading.Event()
+
+    def a() -> Iterator[Chunk]:
+        yield Chunk([1], "a", "r")
+        if not b_ran.wait(10):
+            raise AssertionError("choice b never got the thread")
+        yield Chunk([2], "a", "r", FinishReason.LENGTH, GenerationStats())
+
+    def b() -> Iterator[Chunk]:
+        b_ran.set()
+        yield Chunk([3], "b", "r", FinishReason.LENGTH, GenerationStats())
+
+    class StillThere:
+        async def receive(self) -> dict:
+            await asyncio.Event().wait()
+            return {"type": "http.disconnect"}
+
+    async def on_one_thread() -> list:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = 1
+        choices = [HttpGeneration(a(), threading.Event()), HttpGeneration(b(), threading.Event())]
+        return await gathered(choices, StillThere())  # type: ignore[arg-type]
+
+    assert [outcome.text for outcome in asyncio.run(on_one_thread())] == ["aa", "b"]
