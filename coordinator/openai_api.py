@@ -465,6 +465,9 @@ async def stream(
             async for event_text in _events():
                 yield event_text
 
+    def event_text(index: int, chunk: Chunk) -> str:
+        return sse(event(index, chunk))
+
     async def _events() -> AsyncIterator[str]:
         for message in opening:
             yield sse(message)
@@ -472,7 +475,10 @@ async def stream(
         try:
             async for index, chunk in merged(firsts, generations):
                 completion_tokens += len(chunk.token_ids)
-                yield sse(event(index, chunk))
+                if chunk.prompt_logprobs:  # an echoed prompt's entries, maybe thousands: built off the event loop
+                    yield await run_in_threadpool(event_text, index, chunk)
+                else:
+                    yield event_text(index, chunk)
                 if chunk.finish_reason is not None and chunk.stats is not None and index % n == 0:
                     prompt_tokens += chunk.stats.prompt_tokens
             if usage_event is not None:
