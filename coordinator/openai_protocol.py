@@ -277,6 +277,8 @@ class CompletionRequest(CalispecParams):
             return value
         if not value:
             raise invalid("send at least one prompt")
+        if len(value) > MAX_PROMPT_TOKEN_IDS:  # before any item is looked at (one list of ids, or far too many prompts)
+            raise invalid(f"at most {MAX_PROMPT_TOKEN_IDS} token ids in all")
         prompts = [value] if all(is_token_id(p) for p in value) else value
         n = info.data.get("n", 1)
         if len(prompts) * n > MAX_CHOICES:

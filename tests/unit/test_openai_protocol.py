@@ -164,8 +164,9 @@ def test_openai_s_four_prompt_forms_are_each_a_list_of_prompts(prompt: object, p
 def test_texts_of_digits_stay_texts_and_token_ids_are_bounded_before_their_items_are_checked() -> None:
     assert CompletionRequest.model_validate({"model": "m", "prompt": ["1", "2"]}).prompts() == ["1", "2"]
     limit = protocol.MAX_PROMPT_TOKEN_IDS
-    message, param = first_error(CompletionRequest, {"model": "m", "prompt": [[1] * limit, [1]]})
-    assert param == "prompt" and f"at most {limit} token ids in all" in message
+    for prompt in ([[1] * limit, [1]], [1] * (limit + 1)):
+        message, param = first_error(CompletionRequest, {"model": "m", "prompt": prompt})
+        assert param == "prompt" and f"at most {limit} token ids in all" in message
     message, _ = first_error(CompletionRequest, {"model": "m", "prompt": [[1]] * 9, "n": 2})
     assert "9 prompts x n = 2 make 18 choices" in message
 
