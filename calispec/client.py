@@ -111,11 +111,13 @@ def build_params(
     ignore_eos: bool = False,
     logprobs: int | None = None,
     prompt_logprobs: int | None = None,
+    stop_token_ids: Sequence[int] = (),
 ) -> coordinator_pb2.GenerationParams:
     """Request parameters; None / 0 leaves a field to the server's default. `ignore_eos`: go on past EOS to
     `max_new_tokens` (outputs of a fixed length, for load tests). `logprobs=k`: each new token's log-probability
     under the target and the k most likely tokens at its position (0 to 20); `prompt_logprobs=k`: the same for
-    each prompt token from the second (under the tokens before it)."""
+    each prompt token from the second (under the tokens before it). `stop_token_ids`: a new token among them ends
+    the request (kept in the output; finish reason "stop"), as vLLM's."""
     msg = coordinator_pb2.GenerationParams(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
@@ -123,6 +125,7 @@ def build_params(
         top_k=top_k,
         stop=[stop] if isinstance(stop, str) else list(stop),  # one string is one stop string, not its letters
         ignore_eos=ignore_eos,
+        stop_token_ids=list(stop_token_ids),
     )
     if mode is not None:
         msg.mode = int(Mode.parse(mode) if isinstance(mode, str) else mode)

@@ -18,6 +18,7 @@ from calispec_core.limits import (
     check_max_new_tokens,
     check_speculative_tokens,
     check_stop_strings,
+    check_stop_token_ids,
 )
 from calispec_core.limits import validate_prompt as validate_prompt
 from calispec_core.sampling import SamplingConfig
@@ -67,6 +68,7 @@ class GenerationParams:
     ignore_eos: bool = False  # go on past EOS to the token limit (vLLM's `ignore_eos`: load tests of a fixed length)
     logprobs: int | None = None  # None: none; k: each new token's log-probability and the k most likely there
     prompt_logprobs: int | None = None  # the same for each prompt token from the second (vLLM's `prompt_logprobs`)
+    stop_token_ids: tuple[int, ...] = ()  # vLLM's: a new token among them ends the request (kept, finish STOP)
 
     def validate(self) -> GenerationParams:
         check_lengths(self.max_new_tokens, self.num_speculative_tokens)
@@ -75,4 +77,5 @@ class GenerationParams:
         self.sampling.validate()
         check_csd_thresholds(self.tau, self.lambda_)
         check_stop_strings(self.stop)
+        check_stop_token_ids(self.stop_token_ids)
         return self

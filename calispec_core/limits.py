@@ -95,6 +95,15 @@ def check_stop_strings(stop: Sequence[str]) -> None:
         require(0 < len(s) <= MAX_STOP_STRING_CHARS, f"stop strings must be 1 to {MAX_STOP_STRING_CHARS} characters")
 
 
+def check_stop_token_ids(stop_token_ids: Sequence[int]) -> None:
+    """At most MAX_STOP_STRINGS stop token ids, each a uint32 (an id outside the vocabulary never matches)."""
+    require(
+        len(stop_token_ids) <= MAX_STOP_STRINGS,
+        f"at most {MAX_STOP_STRINGS} stop token ids, got {len(stop_token_ids)}",
+    )
+    require(all(0 <= t < 2**32 for t in stop_token_ids), "stop token ids must be integers in [0, 2**32)")
+
+
 def validate_prompt(prompt: str) -> None:
     """A raw prompt: 1 to MAX_PROMPT_CHARS characters, valid Unicode (a model may still encode it to no tokens)."""
     require(len(prompt) > 0, "prompt must not be empty")

@@ -703,12 +703,13 @@ class Orchestrator:
             stats.draft_ms += ns_to_ms(proposal.service_ns)
 
     def _clip(self, request: _Request, new_tokens: list[int]) -> FinishReason | None:
-        """Cut new_tokens (in place) at EOS (unless the request ignores it) or the token limit; returns the finish
-        reason, if any."""
-        for i, token in enumerate(() if request.params.ignore_eos else new_tokens):
-            if token in self.eos_token_ids:
+        """Cut new_tokens (in place) after a stop token id (kept, as vLLM's), at EOS (unless the request ignores
+        it) or at the token limit; returns the finish reason, if any."""
+        stops, eos = request.params.stop_token_ids, () if request.params.ignore_eos else self.eos_token_ids
+        for i, token in enumerate(new_tokens):
+            if token in stops or token in eos:
                 del new_tokens[i + 1 :]
-                return FinishReason.EOS
+                return FinishReason.STOP if token in stops else FinishReason.EOS
         room = request.max_new_tokens - len(request.generated)
         if len(new_tokens) >= room:
             del new_tokens[room:]

@@ -211,6 +211,7 @@ def generation_params(
         ignore_eos=req.ignore_eos,
         logprobs=req.requested_logprobs(),
         prompt_logprobs=req.requested_prompt_logprobs(),
+        stop_token_ids=tuple(req.stop_token_ids or ()),
     )
 
 

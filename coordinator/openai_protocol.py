@@ -36,6 +36,7 @@ from calispec_core.limits import (
     check_sampling,
     check_speculative_tokens,
     check_stop_strings,
+    check_stop_token_ids,
     require_unicode,
 )
 from calispec_core.sampling import MIN_TOP_P
@@ -113,6 +114,7 @@ class CalispecParams(OpenAIModel):
     lambda_: int | None = Field(default=None, alias="lambda")
     return_token_ids: bool = False  # vLLM's extension: each choice carries its new token ids
     ignore_eos: bool = False  # vLLM's extension: go on past EOS to the token limit (fixed-length load tests)
+    stop_token_ids: list[StrictInt] | None = None  # vLLM's extension: a new token among them ends the choice (kept)
     # not implemented: accepted only at their no-op values (clients send those by default)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -209,6 +211,13 @@ class CalispecParams(OpenAIModel):
     def _no_penalty(cls, value: float) -> float:
         if value != 0:
             raise invalid("penalties are not supported: send 0 or leave it out")
+        return value
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_token_ids(cls, value: list[int] | None) -> list[int] | None:
+        with domain_checked():
+            check_stop_token_ids(value or [])
         return value
 
     @field_validator("logit_bias")

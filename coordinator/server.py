@@ -66,6 +66,7 @@ def params_from_pb(msg: coordinator_pb2.GenerationParams, defaults: Defaults) ->
         ignore_eos=msg.ignore_eos,
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
         prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
+        stop_token_ids=tuple(msg.stop_token_ids),
     )
 
 

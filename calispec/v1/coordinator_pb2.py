@@ -25,33 +25,33 @@ _sym_db = _symbol_database.Default()
 from calispec.v1 import common_pb2 as calispec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63\x61lispec/v1/coordinator.proto\x12\x0b\x63\x61lispec.v1\x1a\x18\x63\x61lispec/v1/common.proto\"\x8e\x03\n\x10GenerationParams\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12#\n\x16num_speculative_tokens\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12\x1f\n\x04mode\x18\x08 \x01(\x0e\x32\x11.calispec.v1.Mode\x12\x10\n\x03tau\x18\t \x01(\x02H\x02\x88\x01\x01\x12\x14\n\x07lambda_\x18\n \x01(\x05H\x03\x88\x01\x01\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x12\x15\n\x08logprobs\x18\x0c \x01(\rH\x04\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\r \x01(\rH\x05\x88\x01\x01\x42\x07\n\x05_seedB\x19\n\x17_num_speculative_tokensB\x06\n\x04_tauB\n\n\x08_lambda_B\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\xc5\x03\n\x0fGenerationStats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x0e\n\x06rounds\x18\x02 \x01(\r\x12\x0f\n\x07\x64rafted\x18\x03 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\r\x12\x0f\n\x07rescued\x18\x05 \x01(\r\x12\x0f\n\x07\x65mitted\x18\x06 \x01(\r\x12\x10\n\x08\x64raft_ms\x18\x07 \x01(\x01\x12\x11\n\ttarget_ms\x18\x08 \x01(\x01\x12\x11\n\tmemory_ms\x18\t \x01(\x01\x12\x16\n\x0e\x63oordinator_ms\x18\n \x01(\x01\x12\x10\n\x08total_ms\x18\x0b \x01(\x01\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x0c \x01(\x01\x12\x12\n\nrejections\x18\r \x01(\r\x12\x16\n\x0emax_batch_size\x18\x0e \x01(\r\x12 \n\x18\x64raft_unavailable_rounds\x18\x0f \x01(\r\x12\x18\n\x10target_failovers\x18\x10 \x01(\r\x12\x12\n\nmean_gamma\x18\x11 \x01(\x01\x12\x1a\n\x12target_only_rounds\x18\x12 \x01(\r\x12\x19\n\x11round_overhead_ms\x18\x13 \x01(\x01\x12\x18\n\x10withheld_rescues\x18\x14 \x01(\r\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\":\n\x0c\x43hatMessages\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.calispec.v1.ChatMessage\"\x1b\n\x0cPromptTokens\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xc1\x01\n\x0fGenerateRequest\x12\x10\n\x06prompt\x18\x01 \x01(\tH\x00\x12-\n\x08messages\x18\x03 \x01(\x0b\x32\x19.calispec.v1.ChatMessagesH\x00\x12\x35\n\x10prompt_token_ids\x18\x04 \x01(\x0b\x32\x19.calispec.v1.PromptTokensH\x00\x12-\n\x06params\x18\x02 \x01(\x0b\x32\x1d.calispec.v1.GenerationParamsB\x07\n\x05input\"\xa3\x02\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.calispec.v1.FinishReason\x12+\n\x05stats\x18\x04 \x01(\x0b\x32\x1c.calispec.v1.GenerationStats\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12,\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1a.calispec.v1.TokenLogprobs\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\r\x12\x33\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1a.calispec.v1.TokenLogprobs\"\xc7\x01\n\x15GenerateStreamRequest\x12\x10\n\x06prompt\x18\x01 \x01(\tH\x00\x12-\n\x08messages\x18\x03 \x01(\x0b\x32\x19.calispec.v1.ChatMessagesH\x00\x12\x35\n\x10prompt_token_ids\x18\x04 \x01(\x0b\x32\x19.calispec.v1.PromptTokensH\x00\x12-\n\x06params\x18\x02 \x01(\x0b\x32\x1d.calispec.v1.GenerationParamsB\x07\n\x05input\"\xa9\x02\n\x16GenerateStreamResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.calispec.v1.FinishReason\x12+\n\x05stats\x18\x04 \x01(\x0b\x32\x1c.calispec.v1.GenerationStats\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12,\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1a.calispec.v1.TokenLogprobs\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\r\x12\x33\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1a.calispec.v1.TokenLogprobs*v\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x02\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x03\x32\xb3\x01\n\x0b\x43oordinator\x12G\n\x08Generate\x12\x1c.calispec.v1.GenerateRequest\x1a\x1d.calispec.v1.GenerateResponse\x12[\n\x0eGenerateStream\x12\".calispec.v1.GenerateStreamRequest\x1a#.calispec.v1.GenerateStreamResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63\x61lispec/v1/coordinator.proto\x12\x0b\x63\x61lispec.v1\x1a\x18\x63\x61lispec/v1/common.proto\"\xa6\x03\n\x10GenerationParams\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12#\n\x16num_speculative_tokens\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12\x1f\n\x04mode\x18\x08 \x01(\x0e\x32\x11.calispec.v1.Mode\x12\x10\n\x03tau\x18\t \x01(\x02H\x02\x88\x01\x01\x12\x14\n\x07lambda_\x18\n \x01(\x05H\x03\x88\x01\x01\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x12\x15\n\x08logprobs\x18\x0c \x01(\rH\x04\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\r \x01(\rH\x05\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x0e \x03(\rB\x07\n\x05_seedB\x19\n\x17_num_speculative_tokensB\x06\n\x04_tauB\n\n\x08_lambda_B\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\xc5\x03\n\x0fGenerationStats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x0e\n\x06rounds\x18\x02 \x01(\r\x12\x0f\n\x07\x64rafted\x18\x03 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\r\x12\x0f\n\x07rescued\x18\x05 \x01(\r\x12\x0f\n\x07\x65mitted\x18\x06 \x01(\r\x12\x10\n\x08\x64raft_ms\x18\x07 \x01(\x01\x12\x11\n\ttarget_ms\x18\x08 \x01(\x01\x12\x11\n\tmemory_ms\x18\t \x01(\x01\x12\x16\n\x0e\x63oordinator_ms\x18\n \x01(\x01\x12\x10\n\x08total_ms\x18\x0b \x01(\x01\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x0c \x01(\x01\x12\x12\n\nrejections\x18\r \x01(\r\x12\x16\n\x0emax_batch_size\x18\x0e \x01(\r\x12 \n\x18\x64raft_unavailable_rounds\x18\x0f \x01(\r\x12\x18\n\x10target_failovers\x18\x10 \x01(\r\x12\x12\n\nmean_gamma\x18\x11 \x01(\x01\x12\x1a\n\x12target_only_rounds\x18\x12 \x01(\r\x12\x19\n\x11round_overhead_ms\x18\x13 \x01(\x01\x12\x18\n\x10withheld_rescues\x18\x14 \x01(\r\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\":\n\x0c\x43hatMessages\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.calispec.v1.ChatMessage\"\x1b\n\x0cPromptTokens\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xc1\x01\n\x0fGenerateRequest\x12\x10\n\x06prompt\x18\x01 \x01(\tH\x00\x12-\n\x08messages\x18\x03 \x01(\x0b\x32\x19.calispec.v1.ChatMessagesH\x00\x12\x35\n\x10prompt_token_ids\x18\x04 \x01(\x0b\x32\x19.calispec.v1.PromptTokensH\x00\x12-\n\x06params\x18\x02 \x01(\x0b\x32\x1d.calispec.v1.GenerationParamsB\x07\n\x05input\"\xa3\x02\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.calispec.v1.FinishReason\x12+\n\x05stats\x18\x04 \x01(\x0b\x32\x1c.calispec.v1.GenerationStats\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12,\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1a.calispec.v1.TokenLogprobs\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\r\x12\x33\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1a.calispec.v1.TokenLogprobs\"\xc7\x01\n\x15GenerateStreamRequest\x12\x10\n\x06prompt\x18\x01 \x01(\tH\x00\x12-\n\x08messages\x18\x03 \x01(\x0b\x32\x19.calispec.v1.ChatMessagesH\x00\x12\x35\n\x10prompt_token_ids\x18\x04 \x01(\x0b\x32\x19.calispec.v1.PromptTokensH\x00\x12-\n\x06params\x18\x02 \x01(\x0b\x32\x1d.calispec.v1.GenerationParamsB\x07\n\x05input\"\xa9\x02\n\x16GenerateStreamResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.calispec.v1.FinishReason\x12+\n\x05stats\x18\x04 \x01(\x0b\x32\x1c.calispec.v1.GenerationStats\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12,\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1a.calispec.v1.TokenLogprobs\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\r\x12\x33\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1a.calispec.v1.TokenLogprobs*v\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x02\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x03\x32\xb3\x01\n\x0b\x43oordinator\x12G\n\x08Generate\x12\x1c.calispec.v1.GenerateRequest\x1a\x1d.calispec.v1.GenerateResponse\x12[\n\x0eGenerateStream\x12\".calispec.v1.GenerateStreamRequest\x1a#.calispec.v1.GenerateStreamResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'calispec.v1.coordinator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2056
-  _globals['_FINISHREASON']._serialized_end=2174
+  _globals['_FINISHREASON']._serialized_start=2080
+  _globals['_FINISHREASON']._serialized_end=2198
   _globals['_GENERATIONPARAMS']._serialized_start=73
-  _globals['_GENERATIONPARAMS']._serialized_end=471
-  _globals['_GENERATIONSTATS']._serialized_start=474
-  _globals['_GENERATIONSTATS']._serialized_end=927
-  _globals['_CHATMESSAGE']._serialized_start=929
-  _globals['_CHATMESSAGE']._serialized_end=973
-  _globals['_CHATMESSAGES']._serialized_start=975
-  _globals['_CHATMESSAGES']._serialized_end=1033
-  _globals['_PROMPTTOKENS']._serialized_start=1035
-  _globals['_PROMPTTOKENS']._serialized_end=1062
-  _globals['_GENERATEREQUEST']._serialized_start=1065
-  _globals['_GENERATEREQUEST']._serialized_end=1258
-  _globals['_GENERATERESPONSE']._serialized_start=1261
-  _globals['_GENERATERESPONSE']._serialized_end=1552
-  _globals['_GENERATESTREAMREQUEST']._serialized_start=1555
-  _globals['_GENERATESTREAMREQUEST']._serialized_end=1754
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1757
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=2054
-  _globals['_COORDINATOR']._serialized_start=2177
-  _globals['_COORDINATOR']._serialized_end=2356
+  _globals['_GENERATIONPARAMS']._serialized_end=495
+  _globals['_GENERATIONSTATS']._serialized_start=498
+  _globals['_GENERATIONSTATS']._serialized_end=951
+  _globals['_CHATMESSAGE']._serialized_start=953
+  _globals['_CHATMESSAGE']._serialized_end=997
+  _globals['_CHATMESSAGES']._serialized_start=999
+  _globals['_CHATMESSAGES']._serialized_end=1057
+  _globals['_PROMPTTOKENS']._serialized_start=1059
+  _globals['_PROMPTTOKENS']._serialized_end=1086
+  _globals['_GENERATEREQUEST']._serialized_start=1089
+  _globals['_GENERATEREQUEST']._serialized_end=1282
+  _globals['_GENERATERESPONSE']._serialized_start=1285
+  _globals['_GENERATERESPONSE']._serialized_end=1576
+  _globals['_GENERATESTREAMREQUEST']._serialized_start=1579
+  _globals['_GENERATESTREAMREQUEST']._serialized_end=1778
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1781
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=2078
+  _globals['_COORDINATOR']._serialized_start=2201
+  _globals['_COORDINATOR']._serialized_end=2380
 # @@protoc_insertion_point(module_scope)

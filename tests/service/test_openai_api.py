@@ -976,3 +976,18 @@ def test_an_http_stream_left_mid_way_is_logged_with_what_it_had_done(
     (line,) = [r.getMessage() for r in caplog.records if "status=CANCELLED" in r.getMessage()]
     prompt_tokens = len(chat_coordinator.orchestrator.tokenizer.encode(PROMPT))
     assert f" prompt_tokens={prompt_tokens} " in line and " rounds=0 " not in line and not line.endswith("session=-")
+
+
+def test_stop_token_ids_end_a_choice_with_the_token_kept(base_url: str, grpc_client: CalispecClient) -> None:
+    """vLLM's extension; the gRPC API and the SDK have it too."""
+    ids = grpc_client.generate(PROMPT, max_new_tokens=6, mode="ar", ignore_eos=True).token_ids
+    stop = ids[2]
+    body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "mode": "ar", "ignore_eos": True}
+    choice = _post(base_url, "/completions", {**body, "stop_token_ids": [stop], "return_token_ids": True}).json()
+    first = ids.index(stop)  # the first occurrence ends it
+    assert choice["choices"][0]["token_ids"] == ids[: first + 1] and choice["choices"][0]["finish_reason"] == "stop"
+    by_grpc = grpc_client.generate(PROMPT, max_new_tokens=6, mode="sd", stop_token_ids=[stop], ignore_eos=True)
+    assert by_grpc.token_ids == ids[: first + 1] and by_grpc.finish_reason == "stop"
+    for bad in ([-1], ["a"], list(range(17))):
+        param = _error(_post(base_url, "/completions", {**body, "stop_token_ids": bad}))["param"]
+        assert param in ("stop_token_ids", "stop_token_ids[0]")  # a non-integer item is named as itself

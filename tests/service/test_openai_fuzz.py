@@ -34,6 +34,7 @@ COMMON = {  # valid values; a body may then have one field spoiled (`_bodies`)
     "gamma": st.integers(1, 16),
     "ignore_eos": st.booleans(),
     "return_token_ids": st.booleans(),
+    "stop_token_ids": st.lists(st.integers(0, 420), max_size=3),
 }
 TOKEN_IDS = st.lists(st.integers(0, 420), min_size=1, max_size=6)  # the tiny tokenizer has 384 ids: some past them
 PROMPTS = st.one_of(

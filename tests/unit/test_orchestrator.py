@@ -332,3 +332,17 @@ def test_a_request_of_one_token_opens_no_draft_session() -> None:
     assert draft.prefills == [] and draft.proposals == [] and len(target.prefills) == 1
     run(orchestrator, "cde", params(max_new_tokens=2))
     assert len(draft.prefills) == 1  # two tokens: the first round may draft one
+
+
+@pytest.mark.parametrize("mode", [Mode.AR, Mode.SD])
+def test_a_stop_token_id_ends_the_request_kept_in_its_output(mode: Mode) -> None:
+    """vLLM's `stop_token_ids`: the first new token among them ends the request with finish STOP, the token kept
+    (a round that drafted past it is cut there), with or without ignore_eos."""
+    orchestrator, _, _ = make()
+    for ignore_eos in (False, True):
+        p = params(mode=mode, stop_token_ids=(ord("g"), ord("x")), ignore_eos=ignore_eos)
+        chunks = run(orchestrator, "c", p)
+        assert "".join(c.text for c in chunks) == "defg"
+        assert chunks[-1].finish_reason == FinishReason.STOP and chunks[-1].stats.emitted == 4
+    with pytest.raises(InvalidArgument, match="at most 16 stop token ids"):
+        run(orchestrator, "c", params(stop_token_ids=tuple(range(17))))
