@@ -50,7 +50,7 @@ from calispec_core.generation import (
     validate_prompt,
 )
 from calispec_core.timing import Deadline, Stopwatch, now_ns, ns_to_ms
-from coordinator.backends import DraftBackend, Opened, Proposal, SessionLost, TargetBackend, Verdict
+from coordinator.backends import DraftBackend, Proposal, SessionLost, TargetBackend, Verdict
 from coordinator.chat import InvalidParam
 from coordinator.circuit import CircuitBreaker
 from coordinator.cost_model import CostModel, GammaPolicy
@@ -177,6 +177,16 @@ def _closed_if_abandoned(backend: DraftBackend | TargetBackend, session_id: str)
     except DeadlineExceeded:
         threading.Thread(target=_close_quietly, args=(backend, session_id), name="close-abandoned", daemon=True).start()
         raise
+
+
+def _check_report(what: str, sent: int, expected: int) -> None:
+    """A report a request asked for (log-probabilities) comes one per token, or the request fails before its round
+    or its first round counts: a target that predates it sends none (FAILED_PRECONDITION: upgrade it), any other
+    count is a target's bug."""
+    if sent == 0 and expected > 0:
+        raise FailedPrecondition(f"this target replica serves no {what} (it predates them)")
+    if sent != expected:
+        raise CalispecError(f"the target sent {sent} {what} for {expected} tokens")
 
 
 def _close_quietly(backend: DraftBackend | TargetBackend, session_id: str) -> None:
@@ -320,20 +330,10 @@ class Orchestrator:
             request.target, request.target_session = target, session_id
             request.opened.append((target, session_id))
             request.stats.target_ms += ns_to_ms(opened.service_ns)
-            if asked is not None:
-                request.prompt_logprobs = self._checked_prompt_logprobs(request, opened)
+            if asked is not None:  # one per prompt token from the second
+                request.prompt_logprobs = list(opened.prompt_logprobs or ())
+                _check_report("prompt log-probabilities", len(request.prompt_logprobs), len(request.prompt_ids) - 1)
             return
-
-    @staticmethod
-    def _checked_prompt_logprobs(request: _Request, opened: Opened) -> list[TokenLogprob]:
-        """One per prompt token from the second, or the request fails: a target that predates them sends none
-        (FAILED_PRECONDITION: upgrade it), any other count is a target's bug."""
-        expected, sent = len(request.prompt_ids) - 1, len(opened.prompt_logprobs or ())
-        if sent == 0 and expected > 0:
-            raise FailedPrecondition("this target replica serves no prompt log-probabilities (it predates them)")
-        if sent != expected:
-            raise CalispecError(f"the target sent {sent} prompt log-probabilities for {expected} tokens")
-        return list(opened.prompt_logprobs or ())
 
     def _target_failed(self, request: _Request, target: TargetBackend, exc: Exception, kind: TargetFailure) -> None:
         """`target` failed the request (`kind`: its "session", or a "placement"): never again for this request."""
@@ -420,7 +420,8 @@ class Orchestrator:
         verdict = self._verify(request, proposal, cohort)
         drafted = proposal.token_ids[: verdict.accepted_count] if proposal else []
         new_tokens = [*drafted, verdict.next_token]
-        self._check_logprobs(request, verdict, len(new_tokens))
+        if request.params.logprobs is not None:
+            _check_report("log-probabilities", len(verdict.logprobs or ()), len(new_tokens))
         self._account(request, gamma, proposal, verdict)
         # a prefill inside the round (a draft reopened after an outage, a failover) is per request, not
         # per round; waiting for the other requests is the price of batching them, not overhead
@@ -433,18 +434,6 @@ class Orchestrator:
         if request.use_draft:
             self._sync_draft_later(request, proposal, verdict)
         return new_tokens, verdict.logprobs
-
-    @staticmethod
-    def _check_logprobs(request: _Request, verdict: Verdict, emitted: int) -> None:
-        """A request that asked for log-probabilities gets one per token, or fails before the round counts: a
-        target that predates them sends none (FAILED_PRECONDITION: upgrade it), any other count is a target's bug."""
-        if request.params.logprobs is None:
-            return
-        sent = len(verdict.logprobs or ())
-        if sent == 0:
-            raise FailedPrecondition("this target replica serves no log-probabilities (it predates them)")
-        if sent != emitted:
-            raise CalispecError(f"the target sent {sent} log-probabilities for {emitted} tokens")
 
     def _wish(self, request: _Request, gamma: int, room: int, probing: bool) -> Wish:
         """What this request brings to the round start: a fixed γ as it is; an adaptive one with how far it may
