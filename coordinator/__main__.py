@@ -118,6 +118,14 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         "'Concurrency 8 on the bf16 CPU after packing')",
     )
     parser.add_argument(
+        "--group-phase",
+        action="store_true",
+        help="in lockstep, one draft phase length for the round's drafting members, chosen with them for the whole "
+        "round by the cost model (the most expected tokens per ms over all members; the others sit it out; no early "
+        "stops in it). Opt-in: ahead in a scratch A/B on an AMX CPU, not yet confirmed by `bench compare` "
+        "(docs/performance.md, section 'An AMX CPU'); takes precedence over --shared-phase",
+    )
+    parser.add_argument(
         "--connect-timeout", type=positive_float, default=60.0, help="seconds to wait for draft and target at start-up"
     )
     parser.add_argument(
@@ -197,6 +205,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         draft_to_floor=args.draft_to_floor,
         lockstep_wait_s=args.lockstep_wait,
         shared_phase=args.shared_phase,
+        group_phase=args.group_phase,
         metrics_port=args.metrics_port,
         drain_timeout_s=args.drain_timeout_s,
         stop_when_stdin_closes=args.stop_when_stdin_closes,

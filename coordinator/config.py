@@ -56,6 +56,8 @@ class CoordinatorConfig:
     lockstep_wait_s: float = 0.5  # how long requests wait for each other to run rounds together (0: off)
     # lockstep: adaptive members draft the round's shared phase (round_plan.py, opt-in); False: wave 6's median cap
     shared_phase: bool = False
+    # lockstep: one phase length for the drafting members, planned for the group (round_plan.group_phase, opt-in)
+    group_phase: bool = False
 
     def __post_init__(self) -> None:
         # A request without a deadline of its own would time out at once; the DNS watcher would spin; adaptive γ

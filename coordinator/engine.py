@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal, TypeVar
 
 from transformers import PreTrainedTokenizerBase
@@ -55,9 +56,9 @@ from coordinator.chat import InvalidParam
 from coordinator.circuit import CircuitBreaker
 from coordinator.cost_model import CostModel, GammaPolicy
 from coordinator.detokenizer import IncrementalDetokenizer
-from coordinator.lockstep import Lockstep
+from coordinator.lockstep import Lockstep, Planner
 from coordinator.replicas import ReplicaSet
-from coordinator.round_plan import Wish, median_cap, shared_phase
+from coordinator.round_plan import Wish, group_phase, median_cap, shared_phase
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -104,6 +105,14 @@ class SpeculationConfig:
     # (`round_plan.py`; opt-in until `bench compare` confirms the scratch A/B); False: wave 6's rule (each its own
     # choice, capped at the drafting members' lower median wish).
     shared_phase: bool = False
+    # One phase length for the members that draft, planned for the whole group by the cost model, no early stops
+    # in it (`round_plan.group_phase`; opt-in, wave 37); it takes precedence over shared_phase.
+    group_phase: bool = False
+
+    @property
+    def phase_shared(self) -> bool:
+        """Whether a drafting round's proposals run without early stops (its members draft one phase length)."""
+        return self.shared_phase or self.group_phase
 
 
 def adaptive_gamma(params: GenerationParams) -> bool:
@@ -221,8 +230,7 @@ class Orchestrator:
         self.draft_timeout_s = draft_timeout_s
         self.costs = costs or CostModel.from_measured({}, {})
         self.speculation = speculation
-        plan = shared_phase if speculation.shared_phase else median_cap
-        self.lockstep = Lockstep(speculation.lockstep_wait_s, plan)  # shared by all requests
+        self.lockstep = Lockstep(speculation.lockstep_wait_s, self._round_planner())  # shared by all requests
         self.on_round: Callable[[Mode, Proposal | None, Verdict], None] | None = None  # e.g. metrics
         # a replica failed a request: "session" (it held the request: a failover) or "placement" (a new session)
         self.on_target_failure: Callable[[TargetFailure], None] | None = None
@@ -435,6 +443,12 @@ class Orchestrator:
             self._sync_draft_later(request, proposal, verdict)
         return new_tokens, verdict.logprobs
 
+    def _round_planner(self) -> Planner:
+        """The lockstep's rule for a round's γ (round_plan.py): the group's phase, the shared phase, or wave 6's cap."""
+        if self.speculation.group_phase:
+            return partial(group_phase, self.costs)
+        return shared_phase if self.speculation.shared_phase else median_cap
+
     def _wish(self, request: _Request, gamma: int, room: int, probing: bool) -> Wish:
         """What this request brings to the round start: a fixed γ as it is; an adaptive one with how far it may
         draft (`room`: tokens left after the target's own; no further than its wish while the draft circuit is
@@ -448,7 +462,8 @@ class Orchestrator:
         floor = gamma if policy.probing else 0
         reach = self.costs.path_reach(gamma, limit) if self._drafts_to_floor() and not policy.probing else 0
         # (a lone round's reach: lockstep on; with it off, or out of step, a request drafts its own γ)
-        return Wish(gamma, True, limit, floor, reach)
+        alpha = policy.tracker.alphas(1)[0] if self.speculation.group_phase else None  # what group_phase prices
+        return Wish(gamma, True, limit, floor, reach, alpha)
 
     def _drafts_to_floor(self) -> bool:
         """Whether a lone adaptive request drafts past its γ: only where a path floor can stop its proposal."""
@@ -593,7 +608,7 @@ class Orchestrator:
         drafting together), which runs as long as its longest proposal whoever stops early: there an early stop
         saves a row's verified tokens, not draft steps (wave 29: `sd` 1.12× `ar` at concurrency 8 without it,
         1.03× with it)."""
-        return request.policy is not None and not (cohort > 1 and self.speculation.shared_phase)
+        return request.policy is not None and not (cohort > 1 and self.speculation.phase_shared)
 
     def _early_stop(self, request: _Request, cohort: int) -> float:
         """The draft's confidence threshold for this proposal's tokens, where it may stop early."""

@@ -211,6 +211,7 @@ def build_orchestrator(config: CoordinatorConfig) -> Orchestrator:
         draft_to_floor=config.draft_to_floor,
         lockstep_wait_s=config.lockstep_wait_s,
         shared_phase=config.shared_phase,
+        group_phase=config.group_phase,
     )
     return Orchestrator(
         tokenizer,

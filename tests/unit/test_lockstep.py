@@ -15,7 +15,7 @@ from calispec_core.timing import Deadline
 from coordinator.circuit import CircuitBreaker
 from coordinator.engine import Orchestrator, SpeculationConfig
 from coordinator.lockstep import Lockstep, RoundStart
-from coordinator.round_plan import Wish, median_cap, shared_phase
+from coordinator.round_plan import Wish, group_phase, median_cap, shared_phase
 from tests.helpers import wait_until
 from tests.unit.fakes import EOS, CharTokenizer, FakeDraft, FakeTarget
 from tests.unit.test_circuit import Clock
@@ -402,6 +402,37 @@ def test_the_coordinator_takes_each_rounds_gamma_from_the_round_start() -> None:
     assert [len(p) for p in draft.proposals] == [min(2, w.limit) for w in wishes if w.limit]
     default = Orchestrator(CharTokenizer(), draft, [target], (EOS,), 4096)
     assert default.lockstep.plan is median_cap  # opt-in (module doc of round_plan.py)
+
+
+def test_the_group_phase_plans_with_the_coordinators_costs_and_each_members_acceptance() -> None:
+    """--group-phase: the lockstep's rule is round_plan.group_phase over the orchestrator's own cost model, and each
+    adaptive member brings its acceptance (what the plan prices)."""
+    draft, target = FakeDraft(sloppy_draft), FakeTarget(alphabet_target)
+    speculation = SpeculationConfig(lockstep_wait_s=60, max_gamma=4, group_phase=True, shared_phase=True)
+    orchestrator = Orchestrator(CharTokenizer(), draft, [target], (EOS,), 4096, speculation=speculation)
+    plan = orchestrator.lockstep.plan
+    assert plan.func is group_phase and plan.args == (orchestrator.costs,)  # type: ignore[attr-defined]
+    wishes: list[Wish] = []
+
+    def recording(group: list[Wish]) -> list[int]:
+        wishes.extend(group)
+        return plan(group)
+
+    orchestrator.lockstep.plan = recording
+    chunks = list(orchestrator.generate("c", params(num_speculative_tokens=None, max_new_tokens=7), Deadline(60)))
+    assert "".join(c.text for c in chunks) == "defghij"
+    drafting = [w for w in wishes if w.limit]
+    assert drafting and all(w.alpha is not None and 0.0 < w.alpha < 1.0 for w in drafting)
+    lockstep = SpeculationConfig(lockstep_wait_s=60)
+    without = Orchestrator(CharTokenizer(), draft, [target], (EOS,), 4096, speculation=lockstep)
+    member = SimpleNamespace(policy=SimpleNamespace(probing=False), use_draft=True, draft_session="d")
+    assert without._wish(member, 1, 9, False).alpha is None  # other rules price nothing
+
+
+def test_the_command_line_turns_the_group_phase_on() -> None:
+    base = ["--draft-addr", "d:1", "--target-addr", "t:1", "--tokenizer", "x"]
+    assert coordinator_cli.parse_config([*base, "--group-phase"])[0].group_phase is True
+    assert coordinator_cli.parse_config(base)[0].group_phase is False  # opt-in
 
 
 def test_no_early_stop_in_a_shared_draft_phase() -> None:

@@ -1,9 +1,11 @@
-"""γ for the members of a lockstep round: wave 6's cap, and the shared draft phase."""
+"""γ for the members of a lockstep round: wave 6's cap, the shared draft phase, and the group's phase."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from coordinator.cost_model import CostCurve, CostModel, GammaPolicy
-from coordinator.round_plan import Wish, alone, median_cap, phase_length, shared_phase
+from coordinator.round_plan import Wish, alone, group_phase, median_cap, phase_length, shared_phase
 
 
 def adaptive(gamma: int, limit: int = 10, floor: int = 0, reach: int = 0) -> Wish:
@@ -51,12 +53,13 @@ def test_a_lone_member_drafts_what_it_chose() -> None:
 def test_a_lone_member_that_drafts_reaches_as_far_as_its_path_floor_may_take_it() -> None:
     """Wave 33: alone, an adaptive member that chose to draft drafts up to its reach (within its limit) and lets
     the path floor stop the proposal; one that chose not to stays at 0; a fixed γ and any group keep the rule."""
-    for plan in (median_cap, shared_phase):
+    for plan in (median_cap, shared_phase, partial(group_phase, amx_like())):
         assert plan([adaptive(3, reach=10)]) == [10]
         assert plan([adaptive(3, limit=5, reach=10)]) == [5]  # its room
         assert plan([adaptive(0, reach=10)]) == [0]  # its cost model said no
         assert plan([adaptive(6, reach=4)]) == [6]  # never below its own choice
         assert plan([Wish(3, False, 3, 3, 10)]) == [3]  # a fixed γ is what the request asked
+    for plan in (median_cap, shared_phase):  # (the group phase plans a group by its costs: tests below)
         assert plan([adaptive(3, reach=10), adaptive(3, reach=10)]) == [3, 3]  # a group waits for nobody's reach
     assert alone(adaptive(2, reach=0)) == 2  # no reach: its γ
 
@@ -71,3 +74,72 @@ def test_a_round_the_group_drafted_counts_as_measured_acceptance() -> None:
     assert [policy.next_gamma() for _ in range(5)] == [0] * 5
     policy.observe(drafted=2, accepted=0)  # the shared phase drafted for it (both rejected)
     assert [policy.next_gamma() for _ in range(8)] == [0] * 8  # without the reset it probed after 3 more
+
+
+def amx_like() -> CostModel:
+    """Wave 37's AMX CPU at concurrency 8: a verify of 8 rows 213-290 ms for 8-64 tokens, a draft step of 8 rows 50."""
+    return CostModel(CostCurve.of({1: 213.0, 16: 215.0, 64: 290.0}), CostCurve.of({1: 35.0, 8: 50.0}))
+
+
+def avx2_like() -> CostModel:
+    """A CPU without bf16 units in float32: every verified token costs about as much as the first."""
+    return CostModel(CostCurve.of({1: 380.0, 16: 5600.0}), CostCurve.of({1: 60.0}))
+
+
+def sure(alpha: float, limit: int = 10) -> Wish:
+    """An adaptive member whose drafts pass with probability alpha."""
+    return Wish(1, True, limit, 0, 0, alpha)
+
+
+def test_the_group_phase_has_the_length_with_the_most_tokens_per_ms_for_the_whole_round() -> None:
+    """Wave 37 (AMX, concurrency 8): every row drafting 3 ran 1.48x `ar`, wave 6's rule 1.12-1.15x. With members
+    alike the plan is everyone drafting the length that maximises the group's rate (the formula, by hand)."""
+    costs, wishes = amx_like(), [sure(0.8)] * 8
+    rate = {n: _rate(costs, [0.8] * 8, [n] * 8) for n in range(11)}
+    assert group_phase(costs, wishes) == [max(rate, key=rate.__getitem__)] * 8
+    assert 2 <= group_phase(costs, wishes)[0] <= 6  # a flat verify and a cheap batched step: drafting pays, not to 10
+    assert group_phase(costs, [sure(0.95)] * 8)[0] > group_phase(costs, [sure(0.6)] * 8)[0]  # better drafts: longer
+
+
+def test_members_whose_drafts_rarely_pass_sit_the_phase_out() -> None:
+    """Wave 29's trace: rows at 0.5 drafting beside rows at 0.9 cost the group draft rows and verified tokens for
+    little; the plan drafts with the best members first and adds a member only where that raises the group's rate."""
+    costs = amx_like()
+    alphas = [0.95, 0.9, 0.9, 0.85, 0.3, 0.2, 0.1, 0.05]
+    plan = group_phase(costs, [sure(a) for a in alphas])
+    length = plan[0]
+    assert length >= 2 and plan[:4] == [length] * 4 and plan[-1] == 0
+    drafting = [g for g in plan if g]
+    assert all(g == length for g in drafting)  # one phase length
+    assert plan == sorted(plan, reverse=True)  # the better a member's drafts, the likelier it drafts
+    everyone = _rate(costs, alphas, [length] * 8)
+    assert _rate(costs, alphas, plan) >= everyone
+
+
+def test_the_group_phase_is_a_plain_round_where_verifying_more_tokens_costs_as_much_as_decoding_them() -> None:
+    assert group_phase(avx2_like(), [sure(0.8)] * 8) == [0] * 8
+    assert group_phase(amx_like(), [sure(0.05)] * 8) == [0] * 8  # drafts that never pass
+
+
+def test_the_group_phase_keeps_bounds_probes_and_fixed_members() -> None:
+    costs = amx_like()
+    wishes = [sure(0.8), sure(0.8, limit=1), Wish(0, True, 0, 0, 0), Wish.fixed(6), Wish(0, True, 10, 4, 0, 0.1)]
+    plan = group_phase(costs, wishes)
+    assert plan[0] >= 2
+    assert plan[1:4] == [1, 0, 6]  # its room, a skipped draft, a fixed γ
+    assert plan[4] >= 4  # a probe drafts at least its floor
+
+
+def test_a_member_without_an_acceptance_is_priced_at_the_pairs() -> None:
+    costs = amx_like()
+    costs.acceptance = 0.8
+    assert group_phase(costs, [Wish(1, True, 10)] * 8) == group_phase(costs, [sure(0.8)] * 8)
+
+
+def _rate(costs: CostModel, alphas: list[float], plan: list[int]) -> float:
+    """The group's expected tokens per ms (round_plan._group_rate's formula, by hand)."""
+    tokens = sum(1 + sum(a ** (k + 1) for k in range(g)) for a, g in zip(alphas, plan, strict=True))
+    drafting = sum(costs.draft_ms(1, sum(1 for g in plan if g >= k)) for k in range(1, max(plan) + 1))
+    call = costs.draft_call_ms if max(plan) else 0.0
+    verify = costs.target_ms(sum(g + 1 for g in plan), len(plan))
+    return tokens / (drafting + call + verify + costs.overhead_ms)
