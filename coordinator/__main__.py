@@ -122,8 +122,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         action="store_true",
         help="in lockstep, one draft phase length for the round's drafting members, chosen with them for the whole "
         "round by the cost model (the most expected tokens per ms over all members; the others sit it out; no early "
-        "stops in it). Opt-in: ahead in a scratch A/B on an AMX CPU, not yet confirmed by `bench compare` "
-        "(docs/performance.md, section 'An AMX CPU'); takes precedence over --shared-phase",
+        "stops while several draft). Opt-in: ahead in a scratch A/B on an AMX CPU, not yet confirmed by `bench "
+        "compare` (docs/performance.md, section 'An AMX CPU'); takes precedence over --shared-phase",
     )
     parser.add_argument(
         "--connect-timeout", type=positive_float, default=60.0, help="seconds to wait for draft and target at start-up"

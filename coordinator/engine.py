@@ -412,6 +412,8 @@ class Orchestrator:
             raise
         request.start_wait_ns = request.waiting_ns
         gamma = start_gate.gamma  # the round's choice for it (a fixed γ stays as it is)
+        if probing and gamma == 0:  # a round plan left the probe out: another request may probe at once
+            self.draft_circuit.give_up_probe()
         if gamma > 0 and not probing and self.draft_circuit.is_open:  # the draft failed while it waited
             request.stats.draft_unavailable_rounds += 1
             gamma = 0
@@ -452,14 +454,16 @@ class Orchestrator:
     def _wish(self, request: _Request, gamma: int, room: int, probing: bool) -> Wish:
         """What this request brings to the round start: a fixed γ as it is; an adaptive one with how far it may
         draft (`room`: tokens left after the target's own; no further than its wish while the draft circuit is
-        open, where only a probe calls the draft, or while it has no draft session)."""
+        open, where only a probe calls the draft, or while it has no draft session), the least (a probe drafts its
+        wish: a plan that left the draft circuit's probe out would keep the draft off until the probe expired), and,
+        under the group phase, its first draft's acceptance."""
         policy = request.policy
         if policy is None or not request.use_draft:
             return Wish.fixed(gamma)
         # a raised member without a draft session would prefill it inside the group's round (`_prefill`)
         hold = probing or self.draft_circuit.is_open or request.draft_session is None
         limit = gamma if hold else max(min(self.speculation.max_gamma, room), 0)
-        floor = gamma if policy.probing else 0
+        floor = gamma if policy.probing or probing else 0  # a probe of the policy's or of the draft circuit drafts
         reach = self.costs.path_reach(gamma, limit) if self._drafts_to_floor() and not policy.probing else 0
         # (a lone round's reach: lockstep on; with it off, or out of step, a request drafts its own γ)
         alpha = policy.tracker.alphas(1)[0] if self.speculation.group_phase else None  # what group_phase prices

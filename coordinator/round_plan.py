@@ -16,8 +16,9 @@ adaptive row drafts unless one of them judged drafting to pay. `median_cap` is w
 default: `bench compare` at concurrency 8 has not confirmed the scratch A/B yet (coordinator `--shared-phase`).
 
 `group_phase` (coordinator `--group-phase`, opt-in, wave 37) plans the round for the group: one phase length L for
-the members that draft, the others sitting it out, no early stops inside it. It picks L and the drafting members
-(those with the best acceptance first) whose round emits the most expected tokens per millisecond over all members,
+the members that draft, the others sitting it out, no early stops while several draft (a lone drafter stops as it
+would alone). It picks L and how many members draft it (the best acceptance first: for each L the best number of
+them) whose round emits the most expected tokens per millisecond over all members,
 priced by the cost model: each draft step at the rows still drafting, one verify of every row's tokens. A member's
 drafts are priced as independent at its first position's acceptance: the per-position estimates, learned from
 proposals that the path floor stopped where the draft was unsure, made long phases look better than they were (a

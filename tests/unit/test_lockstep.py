@@ -13,6 +13,7 @@ import coordinator.__main__ as coordinator_cli
 from calispec_core.errors import InvalidArgument
 from calispec_core.timing import Deadline
 from coordinator.circuit import CircuitBreaker
+from coordinator.cost_model import CostCurve, CostModel
 from coordinator.engine import Orchestrator, SpeculationConfig
 from coordinator.lockstep import Lockstep, RoundStart
 from coordinator.round_plan import Wish, group_phase, median_cap, shared_phase
@@ -429,6 +430,24 @@ def test_the_group_phase_plans_with_the_coordinators_costs_and_each_members_acce
     assert without._wish(member, 1, 9, False).alpha is None  # other rules price nothing
 
 
+def test_a_group_phase_never_leaves_the_draft_circuits_probe_out() -> None:
+    """While the draft circuit is open one request probes the draft; the others may not draft. A group plan that
+    priced the lone prober's drafts as not worth the round's draft steps planned it 0, no Propose was sent, and the
+    circuit waited for that probe until it expired (60 s) with the draft off for everyone. The probe's floor is
+    its wish, so every rule plans it, and a round that still leaves it out frees the probe for the next request."""
+    costs = CostModel(CostCurve.of({1: 213.0, 16: 215.0, 64: 290.0}), CostCurve.of({1: 35.0, 8: 50.0}))
+    speculation = SpeculationConfig(lockstep_wait_s=60, max_gamma=4, group_phase=True)
+    orchestrator = Orchestrator(
+        CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096, speculation=speculation,
+        costs=costs,
+    )  # fmt: skip
+    orchestrator.draft_circuit.failed()  # open
+    policy = SimpleNamespace(probing=False, tracker=SimpleNamespace(alphas=lambda n: [0.3] * n))
+    prober = orchestrator._wish(SimpleNamespace(policy=policy, use_draft=True, draft_session="d"), 2, 9, True)
+    others = [orchestrator._wish(SimpleNamespace(policy=policy, use_draft=True, draft_session="d"), 0, 9, False)] * 7
+    assert group_phase(costs, [prober, *others]) == [2] + [0] * 7
+
+
 def test_the_command_line_turns_the_group_phase_on() -> None:
     base = ["--draft-addr", "d:1", "--target-addr", "t:1", "--tokenizer", "x"]
     assert coordinator_cli.parse_config([*base, "--group-phase"])[0].group_phase is True
@@ -451,6 +470,11 @@ def test_no_early_stop_in_a_shared_draft_phase() -> None:
         CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096,
     )  # fmt: skip
     assert wave6._early_stop(adaptive, 8) == threshold
+    group = Orchestrator(
+        CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096,
+        speculation=SpeculationConfig(group_phase=True),
+    )  # fmt: skip
+    assert [group._early_stop(adaptive, cohort) for cohort in (1, 2, 8)] == [threshold, 0.0, 0.0]  # --group-phase
 
 
 def test_what_a_request_brings_to_the_round_start() -> None:
@@ -476,4 +500,5 @@ def test_what_a_request_brings_to_the_round_start() -> None:
     assert wish(request(policy=False), 3, room=9, probing=False) == Wish.fixed(3)
     orchestrator.draft_circuit.failed()  # open: only a probe calls the draft
     assert wish(request(), 0, room=9, probing=False) == Wish(0, True, 0, 0)
-    assert wish(request(), 2, room=9, probing=True) == Wish(2, True, 2, 0, 2)
+    # the draft circuit's probe drafts its wish whatever the plan: left out, it would hold the draft off (wave 37)
+    assert wish(request(), 2, room=9, probing=True) == Wish(2, True, 2, 2, 2)

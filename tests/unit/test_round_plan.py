@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from coordinator.cost_model import CostCurve, CostModel, GammaPolicy
+from coordinator.cost_model import MIN_GAIN, CostCurve, CostModel, GammaPolicy
 from coordinator.round_plan import Wish, alone, group_phase, median_cap, phase_length, shared_phase
 
 
@@ -128,6 +128,22 @@ def test_the_group_phase_keeps_bounds_probes_and_fixed_members() -> None:
     assert plan[0] >= 2
     assert plan[1:4] == [1, 0, 6]  # its room, a skipped draft, a fixed γ
     assert plan[4] >= 4  # a probe drafts at least its floor
+
+
+def test_the_group_drafts_only_where_that_beats_a_plain_round_by_min_gain() -> None:
+    """As alone (CostModel.best_gamma): a plan that drafts must beat the plain round's rate by MIN_GAIN, so an
+    acceptance whose best drafting plan is only 0-3 % better than a plain round drafts nothing."""
+    costs = amx_like()
+    plain = _rate(costs, [0.0] * 8, [0] * 8)  # 8 tokens, whatever the acceptance
+
+    def best(alpha: float) -> float:  # the best plan: the first k members drafting L
+        return max(_rate(costs, [alpha] * 8, [n] * k + [0] * (8 - k)) for n in range(1, 11) for k in range(1, 9))
+
+    alphas = [x / 200 for x in range(1, 200)]
+    gap = [a for a in alphas if plain < best(a) <= plain * MIN_GAIN]
+    assert gap  # the case is reachable on these costs
+    assert all(group_phase(costs, [sure(a)] * 8) == [0] * 8 for a in gap)
+    assert all(group_phase(costs, [sure(a)] * 8) != [0] * 8 for a in alphas if best(a) > plain * MIN_GAIN)
 
 
 def test_a_member_without_an_acceptance_is_priced_at_the_pairs() -> None:
