@@ -106,7 +106,7 @@ class SpeculationConfig:
     # choice, capped at the drafting members' lower median wish).
     shared_phase: bool = False
     # One phase length for the members that draft, planned for the whole group by the cost model, no early stops
-    # in it (`round_plan.group_phase`; opt-in, wave 37); it takes precedence over shared_phase.
+    # while several draft (`round_plan.group_phase`; opt-in, wave 37); it takes precedence over shared_phase.
     group_phase: bool = False
 
     @property

@@ -40,7 +40,7 @@ class Wish(NamedTuple):
     gamma: int  # the γ it chose alone (a fixed γ, or its policy's choice)
     adaptive: bool = False  # its γ is the coordinator's to choose (False: the request fixed it, and only gamma counts)
     limit: int = 0  # adaptive: the most it may draft this round (tokens left, the draft circuit, its draft session)
-    floor: int = 0  # adaptive: the least it drafts (its policy's acceptance probe)
+    floor: int = 0  # adaptive: the least it drafts (a probe: its policy's of acceptance, or the draft circuit's)
     reach: int = 0  # adaptive: how far it drafts alone, its proposal stopping on the path floor (0: its γ)
     alpha: float | None = None  # adaptive, under group_phase: its first draft's acceptance (None: the pair's)
 
