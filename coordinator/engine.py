@@ -109,11 +109,6 @@ class SpeculationConfig:
     # while several draft (`round_plan.group_phase`; opt-in, wave 37); it takes precedence over shared_phase.
     group_phase: bool = False
 
-    @property
-    def phase_shared(self) -> bool:
-        """Whether a drafting round's proposals run without early stops (its members draft one phase length)."""
-        return self.shared_phase or self.group_phase
-
 
 def adaptive_gamma(params: GenerationParams) -> bool:
     """Whether a request's γ adapts: it sets none, and its output does not hang on γ's choices. A seeded
@@ -612,7 +607,8 @@ class Orchestrator:
         drafting together), which runs as long as its longest proposal whoever stops early: there an early stop
         saves a row's verified tokens, not draft steps (wave 29: `sd` 1.12× `ar` at concurrency 8 without it,
         1.03× with it)."""
-        return request.policy is not None and not (cohort > 1 and self.speculation.phase_shared)
+        one_phase = self.speculation.shared_phase or self.speculation.group_phase  # every member drafts its length
+        return request.policy is not None and not (cohort > 1 and one_phase)
 
     def _early_stop(self, request: _Request, cohort: int) -> float:
         """The draft's confidence threshold for this proposal's tokens, where it may stop early."""

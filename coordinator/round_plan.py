@@ -88,14 +88,15 @@ def group_phase(costs: CostModel, wishes: Sequence[Wish]) -> list[int]:
     past its limit nor below its floor. Alone: `alone`, as the other rules."""
     if len(wishes) == 1:
         return [alone(wishes[0])]
+    step_ms = [costs.draft_ms(1, rows) for rows in range(len(wishes) + 1)]  # a draft step by rows in it, priced once
     plain = [w.floor if w.adaptive else w.gamma for w in wishes]
-    best, best_rate = plain, _group_rate(costs, wishes, plain) * MIN_GAIN
+    best, best_rate = plain, _group_rate(costs, step_ms, wishes, plain) * MIN_GAIN
     ranked = sorted((i for i, w in enumerate(wishes) if w.adaptive), key=lambda i: -_alpha(costs, wishes[i]))
     for length in range(1, max((wishes[i].limit for i in ranked), default=0) + 1):
         plan = list(plain)
         for i in ranked:  # the k best drafting L, for k = 1, 2, ...
             plan[i] = max(min(length, wishes[i].limit), wishes[i].floor)
-            if (rate := _group_rate(costs, wishes, plan)) > best_rate:
+            if (rate := _group_rate(costs, step_ms, wishes, plan)) > best_rate:
                 best, best_rate = list(plan), rate
     return best
 
@@ -104,11 +105,12 @@ def _alpha(costs: CostModel, wish: Wish) -> float:
     return costs.acceptance if wish.alpha is None else wish.alpha
 
 
-def _group_rate(costs: CostModel, wishes: Sequence[Wish], plan: Sequence[int]) -> float:
+def _group_rate(costs: CostModel, step_ms: Sequence[float], wishes: Sequence[Wish], plan: Sequence[int]) -> float:
     """Expected tokens per ms of one lockstep round in which member m drafts plan[m]: Σ_m E(plan[m], α_m) over
-    Σ_k draft(rows drafting ≥ k) + the Propose call + target(Σ_m (plan[m] + 1) tokens over all rows) + overhead."""
+    Σ_k draft(rows drafting ≥ k) + the Propose call + target(Σ_m (plan[m] + 1) tokens over all rows) + overhead
+    (`step_ms[r]`: a draft step of r rows, CostModel.round_ms's price of one)."""
     tokens = sum(expected_tokens(g, _alpha(costs, w)) for w, g in zip(wishes, plan, strict=True))
     steps = max(plan, default=0)
-    drafting = sum(costs.draft_ms(1, sum(1 for g in plan if g >= k)) for k in range(1, steps + 1))
+    drafting = sum(step_ms[sum(1 for g in plan if g >= k)] for k in range(1, steps + 1))
     verify = costs.target_ms(sum(g + 1 for g in plan), len(plan))
     return tokens / (drafting + (costs.draft_call_ms if steps else 0.0) + verify + costs.overhead_ms)

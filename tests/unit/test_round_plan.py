@@ -114,6 +114,8 @@ def test_members_whose_drafts_rarely_pass_sit_the_phase_out() -> None:
     assert plan == sorted(plan, reverse=True)  # the better a member's drafts, the likelier it drafts
     everyone = _rate(costs, alphas, [length] * 8)
     assert _rate(costs, alphas, plan) >= everyone
+    best = max(_rate(costs, alphas, [n] * k + [0] * (8 - k)) for n in range(1, 11) for k in range(1, 9))
+    assert _rate(costs, alphas, plan) == best  # the best (L, k) by hand
 
 
 def test_the_group_phase_is_a_plain_round_where_verifying_more_tokens_costs_as_much_as_decoding_them() -> None:
