@@ -51,6 +51,14 @@ def add_prefix_cache_arg(parser: argparse.ArgumentParser, when: str = "") -> Non
     )  # fmt: skip
 
 
+def add_group_phase_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--group-phase", action="store_true",
+        help="the coordinator's --group-phase: a lockstep round's draft phase planned for the whole group by the "
+        "cost model (opt-in; docs/performance.md, section 'An AMX CPU')",
+    )  # fmt: skip
+
+
 def add_meaning_guard_arg(parser: argparse.ArgumentParser, when: str = "") -> None:
     parser.add_argument(
         "--no-meaning-guard", dest="meaning_guard", action="store_false",
@@ -290,6 +298,7 @@ def add_compare_parser(sub: Any) -> None:
         help="the model services' --batch-gather-ms (default: theirs; 0: no gathering)",
     )  # fmt: skip
     add_prefix_cache_arg(p)
+    add_group_phase_arg(p)
     p.add_argument("--json", help="also write everything to this JSON file")
     from calispec_tools.cli import add_model_flavour_args
 

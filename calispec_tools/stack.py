@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +138,7 @@ class StackConfig:
     batch_gather_ms: float | None = None  # draft and target batchers (--batch-gather-ms); None: the default
     meaning_guard: bool = True  # the target's CSD never rescues a changed numeral or operator (meaning_guard.py)
     compute_lock: bool = True  # on CPU the model services' forwards take turns (calispec_core/host_lock.py)
+    group_phase: bool = False  # the coordinator's --group-phase (lockstep rounds planned for the group)
     metrics: bool = False  # serve /metrics on a free port per service (`calispec up` prints the URLs)
     log_level: str = "INFO"
 
@@ -306,15 +307,11 @@ class LocalStack:
                 self._spawn(name, self.target_args(c.target_port + i if c.target_port else 0, memory.address))
                 for i, name in enumerate(self.target_names)
             ]
-            target_addrs = [arg for t in targets for arg in ("--target-addr", t.address)]
-            keys = ["--api-keys-file", str(c.api_keys_file)] if c.api_keys_file else []
-            http = [] if c.http_port is None else ["--http-port", str(c.http_port)]
             self.target_dtype = targets[0].banner_value("dtype")  # what `auto` resolved to, there
-            self._spawn("coordinator", [
-                *self.tls_args("coordinator"), *keys, *http, *self.csd_default_args(),
-                "--port", str(c.coordinator_port), "--tokenizer", str(c.target_model),
-                "--draft-addr", self.services["draft_service"].address, *target_addrs,
-            ])  # fmt: skip
+            self._spawn(
+                "coordinator",
+                self.coordinator_args(self.services["draft_service"].address, [t.address for t in targets]),
+            )
             lock.describe(self.served())
         except BaseException:
             self.stop()
@@ -325,6 +322,17 @@ class LocalStack:
         """What a user of the stack connects to (the lock names them to a second stack refused its directory)."""
         http = {"http": self.http_url} if self.http_url else {}
         return {name: self.services[name].address for name in ("coordinator", "memory_service")} | http
+
+    def coordinator_args(self, draft_address: str, target_addresses: Sequence[str]) -> list[str]:
+        c = self.config
+        keys = ["--api-keys-file", str(c.api_keys_file)] if c.api_keys_file else []
+        http = [] if c.http_port is None else ["--http-port", str(c.http_port)]
+        return [
+            *self.tls_args("coordinator"), *keys, *http, *self.csd_default_args(),
+            "--port", str(c.coordinator_port), "--tokenizer", str(c.target_model),
+            "--draft-addr", draft_address, *(arg for a in target_addresses for arg in ("--target-addr", a)),
+            *(["--group-phase"] if c.group_phase else []),
+        ]  # fmt: skip
 
     def draft_args(self) -> list[str]:
         c = self.config

@@ -173,3 +173,21 @@ def test_on_cuda_the_warm_up_runs_a_whole_request() -> None:
 
     assert warm_up_tokens("cuda", 96) == 96 and warm_up_tokens("cuda:0", 64) == 64
     assert warm_up_tokens("cpu", 96) == 8
+
+
+@pytest.mark.parametrize("flags", [[], ["--group-phase"]])
+def test_compare_and_up_pass_the_group_phase_to_the_coordinator(tmp_path: Path, flags: list[str]) -> None:
+    """`bench compare` had no way to measure the coordinator's --group-phase (wave 37: opt-in until it does)."""
+    from calispec_tools.bench.compare import compare_stack_config
+    from calispec_tools.cli import build_parser, stack_config
+    from calispec_tools.stack import LocalStack
+
+    parser = build_parser()
+    bench = parser.parse_args(["bench", "compare", "--pair", "qwen-coder", *flags])
+    bench.model_dirs = (tmp_path / "draft", tmp_path / "target")
+    dirs = ["--draft", str(tmp_path / "draft"), "--target", str(tmp_path / "target")]
+    up = parser.parse_args(["up", *dirs, *flags])
+    for config in (compare_stack_config(bench, tmp_path), stack_config(up, (0, 0, 0, 0))):
+        args = LocalStack(config).coordinator_args("127.0.0.1:2", ["127.0.0.1:3", "127.0.0.1:4"])
+        assert ("--group-phase" in args) is bool(flags)
+        assert args.count("--target-addr") == 2 and args[args.index("--draft-addr") + 1] == "127.0.0.1:2"
