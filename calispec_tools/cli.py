@@ -128,7 +128,7 @@ def stack_config(args: argparse.Namespace, ports: tuple[int, int, int, int]) -> 
         meaning_guard=args.meaning_guard,
         default_tau=getattr(args, "default_tau", None),
         default_lambda=getattr(args, "default_lambda", None),
-        group_phase=getattr(args, "group_phase", False),
+        lockstep_phase=getattr(args, "lockstep_phase", None),
         log_level=args.log_level,
     )
 
@@ -550,7 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="CSD λ for requests that set none (default: the paper's 6, or the λ chosen for the seeded shipped "
         "calibration on the target's dtype with the meaning guard: 3 for qwen-coder on float32; docs/calibration.md)",
     )  # fmt: skip
-    cli_bench.add_group_phase_arg(up)
+    cli_bench.add_lockstep_phase_arg(up)
     up.set_defaults(func=cmd_up)
 
     down = sub.add_parser("down", help="stop the stack `calispec up` runs (from another shell)")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from calispec.types import Mode
-from calispec_core.limits import DTYPE_CHOICES
+from calispec_core.limits import DTYPE_CHOICES, LOCKSTEP_PHASES
 from calispec_tools import arg_types as at
 from calispec_tools.cli_auth import add_client_auth_args, checked_client_auth, own_stack_auth, usage_error
 
@@ -51,11 +51,11 @@ def add_prefix_cache_arg(parser: argparse.ArgumentParser, when: str = "") -> Non
     )  # fmt: skip
 
 
-def add_group_phase_arg(parser: argparse.ArgumentParser) -> None:
+def add_lockstep_phase_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--group-phase", action="store_true",
-        help="the coordinator's --group-phase: a lockstep round's draft phase planned for the whole group by the "
-        "cost model (opt-in; docs/performance.md, section 'An AMX CPU')",
+        "--lockstep-phase", choices=LOCKSTEP_PHASES, default=None,
+        help="the coordinator's rule for a lockstep round's γ (default: its own, group; median: wave 6's cap; "
+        "docs/performance.md)",
     )  # fmt: skip
 
 
@@ -298,7 +298,7 @@ def add_compare_parser(sub: Any) -> None:
         help="the model services' --batch-gather-ms (default: theirs; 0: no gathering)",
     )  # fmt: skip
     add_prefix_cache_arg(p)
-    add_group_phase_arg(p)
+    add_lockstep_phase_arg(p)
     p.add_argument("--json", help="also write everything to this JSON file")
     from calispec_tools.cli import add_model_flavour_args
 

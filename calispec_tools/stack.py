@@ -138,7 +138,7 @@ class StackConfig:
     batch_gather_ms: float | None = None  # draft and target batchers (--batch-gather-ms); None: the default
     meaning_guard: bool = True  # the target's CSD never rescues a changed numeral or operator (meaning_guard.py)
     compute_lock: bool = True  # on CPU the model services' forwards take turns (calispec_core/host_lock.py)
-    group_phase: bool = False  # the coordinator's --group-phase (lockstep rounds planned for the group)
+    lockstep_phase: str | None = None  # the coordinator's --lockstep-phase (None: its default, group)
     metrics: bool = False  # serve /metrics on a free port per service (`calispec up` prints the URLs)
     log_level: str = "INFO"
 
@@ -331,7 +331,7 @@ class LocalStack:
             *self.tls_args("coordinator"), *keys, *http, *self.csd_default_args(),
             "--port", str(c.coordinator_port), "--tokenizer", str(c.target_model),
             "--draft-addr", draft_address, *(arg for a in target_addresses for arg in ("--target-addr", a)),
-            *(["--group-phase"] if c.group_phase else []),
+            *([] if c.lockstep_phase is None else ["--lockstep-phase", c.lockstep_phase]),
         ]  # fmt: skip
 
     def draft_args(self) -> list[str]:

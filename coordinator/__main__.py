@@ -19,6 +19,7 @@ with interrupt_exits_quietly():
     from calispec_core.errors import CalispecError
     from calispec_core.generation import Defaults, Mode
     from calispec_core.limits import (
+        LOCKSTEP_PHASES,
         burst,
         gamma,
         lambda_,
@@ -110,20 +111,14 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         "(docs/performance.md, lockstep rounds; 0: off)",
     )
     parser.add_argument(
-        "--shared-phase",
-        action="store_true",
-        help="in lockstep, every adaptive member of a drafting round drafts the round's phase length, without "
-        "early stops (opt-in: ahead in a scratch A/B, not confirmed by `bench compare`), instead of its own "
-        "choice capped at the drafting members' lower median wish (docs/performance.md, section "
-        "'Concurrency 8 on the bf16 CPU after packing')",
-    )
-    parser.add_argument(
-        "--group-phase",
-        action="store_true",
-        help="in lockstep, one draft phase length for the round's drafting members, chosen with them for the whole "
-        "round by the cost model (the most expected tokens per ms over all members; the others sit it out; no early "
-        "stops while several draft). Opt-in: ahead in a scratch A/B on an AMX CPU, not yet confirmed by `bench "
-        "compare` (docs/performance.md, section 'An AMX CPU'); takes precedence over --shared-phase",
+        "--lockstep-phase",
+        choices=LOCKSTEP_PHASES,
+        default="group",
+        help="how a lockstep round's members get their γ: group (default), one draft phase length for the members "
+        "that draft, chosen with them for the whole round by the cost model (the most expected tokens per ms over "
+        "all members; the others sit it out; no early stops while several draft); median, each member's own choice "
+        "capped at the drafting members' lower median wish (wave 6's rule); shared, every adaptive member drafts "
+        "that cap's length (docs/performance.md, 'Concurrency 8: the group phase by default')",
     )
     parser.add_argument(
         "--connect-timeout", type=positive_float, default=60.0, help="seconds to wait for draft and target at start-up"
@@ -204,8 +199,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         draft_min_path_confidence=args.draft_min_path_confidence,
         draft_to_floor=args.draft_to_floor,
         lockstep_wait_s=args.lockstep_wait,
-        shared_phase=args.shared_phase,
-        group_phase=args.group_phase,
+        lockstep_phase=args.lockstep_phase,
         metrics_port=args.metrics_port,
         drain_timeout_s=args.drain_timeout_s,
         stop_when_stdin_closes=args.stop_when_stdin_closes,

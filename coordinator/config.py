@@ -8,7 +8,7 @@ from pathlib import Path
 from calispec_core.access import Quota
 from calispec_core.credentials import TlsConfig
 from calispec_core.generation import Defaults
-from calispec_core.limits import MAX_PROMPT_CHARS, MAX_SPECULATIVE_TOKENS
+from calispec_core.limits import LOCKSTEP_PHASES, MAX_PROMPT_CHARS, MAX_SPECULATIVE_TOKENS
 
 # The largest HTTP request body the OpenAI-compatible API reads: a longest valid prompt at its longest JSON
 # (12 bytes a character: an escaped surrogate pair, `\ud83d\ude00`, as json.dumps writes any character past
@@ -54,10 +54,7 @@ class CoordinatorConfig:
     draft_min_path_confidence: float | None = None  # adaptive γ: stop on a proposal's path probability (None: costs)
     draft_to_floor: bool = True  # adaptive γ: alone in a round, draft up to max_gamma and let the path floor stop it
     lockstep_wait_s: float = 0.5  # how long requests wait for each other to run rounds together (0: off)
-    # lockstep: adaptive members draft the round's shared phase (round_plan.py, opt-in); False: wave 6's median cap
-    shared_phase: bool = False
-    # lockstep: one phase length for the drafting members, planned for the group (round_plan.group_phase, opt-in)
-    group_phase: bool = False
+    lockstep_phase: str = "group"  # how a lockstep round's γ is chosen (round_plan.py; LOCKSTEP_PHASES)
 
     def __post_init__(self) -> None:
         # A request without a deadline of its own would time out at once; the DNS watcher would spin; adaptive γ
@@ -76,6 +73,8 @@ class CoordinatorConfig:
             raise ValueError(f"http_max_body_bytes must be >= 1, got {self.http_max_body_bytes}")
         if not self.http_header_timeout_s > 0:
             raise ValueError(f"http_header_timeout_s must be > 0, got {self.http_header_timeout_s}")
+        if self.lockstep_phase not in LOCKSTEP_PHASES:
+            raise ValueError(f"lockstep_phase must be one of {', '.join(LOCKSTEP_PHASES)}, got {self.lockstep_phase!r}")
 
     @property
     def model_name(self) -> str:

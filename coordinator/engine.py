@@ -101,13 +101,11 @@ class SpeculationConfig:
     # Lockstep rounds (`lockstep.py`): how long a request waits for the others to finish their
     # rounds before all start the next one together; 0 turns lockstep off.
     lockstep_wait_s: float = 0.5
-    # In lockstep, every adaptive member of a drafting round drafts the phase's length, without early stops
-    # (`round_plan.py`; opt-in until `bench compare` confirms the scratch A/B); False: wave 6's rule (each its own
-    # choice, capped at the drafting members' lower median wish).
-    shared_phase: bool = False
-    # One phase length for the members that draft, planned for the whole group by the cost model, no early stops
-    # while several draft (`round_plan.group_phase`; opt-in, wave 37); it takes precedence over shared_phase.
-    group_phase: bool = False
+    # How a lockstep round's members get their γ (`round_plan.py`): "group", one phase length for the members that
+    # draft, planned for the whole group by the cost model, no early stops while several draft (the default since
+    # wave 38); "median", wave 6's rule (each its own choice, capped at the drafting members' lower median wish);
+    # "shared", every adaptive member drafts that cap's length, without early stops.
+    lockstep_phase: str = "group"
 
 
 def adaptive_gamma(params: GenerationParams) -> bool:
@@ -441,10 +439,13 @@ class Orchestrator:
         return new_tokens, verdict.logprobs
 
     def _round_planner(self) -> Planner:
-        """The lockstep's rule for a round's γ (round_plan.py): the group's phase, the shared phase, or wave 6's cap."""
-        if self.speculation.group_phase:
-            return partial(group_phase, self.costs)
-        return shared_phase if self.speculation.shared_phase else median_cap
+        """The lockstep's rule for a round's γ (round_plan.py): the group's phase, wave 6's cap, or the shared phase."""
+        rule = self.speculation.lockstep_phase
+        return (
+            partial(group_phase, self.costs)
+            if rule == "group"
+            else {"median": median_cap, "shared": shared_phase}[rule]
+        )
 
     def _wish(self, request: _Request, gamma: int, room: int, probing: bool) -> Wish:
         """What this request brings to the round start: a fixed γ as it is; an adaptive one with how far it may
@@ -461,7 +462,7 @@ class Orchestrator:
         floor = gamma if policy.probing or probing else 0  # a probe of the policy's or of the draft circuit drafts
         reach = self.costs.path_reach(gamma, limit) if self._drafts_to_floor() and not policy.probing else 0
         # (a lone round's reach: lockstep on; with it off, or out of step, a request drafts its own γ)
-        alpha = policy.tracker.alphas(1)[0] if self.speculation.group_phase else None  # what group_phase prices
+        alpha = policy.tracker.alphas(1)[0] if self.speculation.lockstep_phase == "group" else None  # what it prices
         return Wish(gamma, True, limit, floor, reach, alpha)
 
     def _drafts_to_floor(self) -> bool:
@@ -607,7 +608,7 @@ class Orchestrator:
         drafting together), which runs as long as its longest proposal whoever stops early: there an early stop
         saves a row's verified tokens, not draft steps (wave 29: `sd` 1.12× `ar` at concurrency 8 without it,
         1.03× with it)."""
-        one_phase = self.speculation.shared_phase or self.speculation.group_phase  # every member drafts its length
+        one_phase = self.speculation.lockstep_phase != "median"  # every member drafts its length
         return request.policy is not None and not (cohort > 1 and one_phase)
 
     def _early_stop(self, request: _Request, cohort: int) -> float:

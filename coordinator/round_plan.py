@@ -12,10 +12,10 @@ in a phase that ran on anyway. Every member drafting a fixed γ = 2 ran 1.17× (
 `shared_phase` therefore gives every adaptive member the phase's length: once the group drafts, a row
 that joins costs one more row of each batched draft step and its verified tokens, not a step of its own.
 The phase is as long as wave 6's cap over the adaptive members (their drafting wishes' lower median), so no
-adaptive row drafts unless one of them judged drafting to pay. `median_cap` is wave 6's rule, still the
-default: `bench compare` at concurrency 8 has not confirmed the scratch A/B yet (coordinator `--shared-phase`).
+adaptive row drafts unless one of them judged drafting to pay (coordinator `--lockstep-phase shared`; `median_cap`,
+wave 6's rule, is `--lockstep-phase median`).
 
-`group_phase` (coordinator `--group-phase`, opt-in, wave 37) plans the round for the group: one phase length L for
+`group_phase` (the default since wave 38; wave 37's opt-in `--group-phase`) plans the round for the group: one phase length L for
 the members that draft, the others sitting it out, no early stops while several draft (a lone drafter stops as it
 would alone). It picks L and how many members draft it (the best acceptance first: for each L the best number of
 them) whose round emits the most expected tokens per millisecond over all members,
@@ -23,7 +23,8 @@ priced by the cost model: each draft step at the rows still drafting, one verify
 drafts are priced as independent at its first position's acceptance: the per-position estimates, learned from
 proposals that the path floor stopped where the draft was unsure, made long phases look better than they were (a
 version priced by them drafted 5 a row at 64-69 % acceptance). On the AMX CPU of wave 37 at concurrency 8 (a scratch
-A/B, docs/performance.md "An AMX CPU"): `csd` +22 % / +31 % over wave 6's rule, `sd` −3 % / +4 %.
+A/B, docs/performance.md "An AMX CPU"): `csd` +22 % / +31 % over wave 6's rule, `sd` −3 % / +4 %; through `bench
+compare` (wave 38, docs/performance.md "Concurrency 8: the group phase by default") ahead of it in all four runs.
 """
 
 from __future__ import annotations

@@ -210,8 +210,7 @@ def build_orchestrator(config: CoordinatorConfig) -> Orchestrator:
         draft_min_path_confidence=config.draft_min_path_confidence,
         draft_to_floor=config.draft_to_floor,
         lockstep_wait_s=config.lockstep_wait_s,
-        shared_phase=config.shared_phase,
-        group_phase=config.group_phase,
+        lockstep_phase=config.lockstep_phase,
     )
     return Orchestrator(
         tokenizer,

@@ -488,7 +488,8 @@ def compare_stack_config(args: argparse.Namespace, tmp: Path) -> StackConfig:
         draft_dtype=served_draft_dtype(args), draft_threads=args.draft_threads, target_threads=args.target_threads,
         draft_vocab=draft_vocab(args, None if args.draft else args.pair), batch_gather_ms=args.batch_gather_ms,
         prefix_cache_tokens=args.prefix_cache_tokens, fp32_linear=args.fp32_linear,
-        compute_lock=not args.no_compute_lock, meaning_guard=args.meaning_guard, group_phase=args.group_phase,
+        compute_lock=not args.no_compute_lock, meaning_guard=args.meaning_guard,
+        lockstep_phase=args.lockstep_phase,
         calibration_file=seeded_calibration(args), calibration_lambdas=calibration_lambdas(args),
     )  # fmt: skip
 
@@ -542,7 +543,7 @@ def run_compare(args: argparse.Namespace) -> int:
         "compute_lock": "on" if compute_lock_path(stack_config) else "off",  # forwards take turns (host_lock.py)
         "calibration": calibration,  # the memory csd starts from (shipped_calibration.py), as `up` seeds it
         "meaning_guard": "on" if stack_config.meaning_guard else "off",
-        "lockstep_phase": "group (--group-phase)" if stack_config.group_phase else "median cap",  # round_plan.py
+        "lockstep_phase": stack_config.lockstep_phase or "group (the coordinator's default)",  # round_plan.py
         "csd_defaults": csd_defaults.removeprefix("CSD defaults: "),  # the τ and λ csd ran at, and why
     }
     summary = summarize(runs)

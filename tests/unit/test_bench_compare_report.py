@@ -175,9 +175,10 @@ def test_on_cuda_the_warm_up_runs_a_whole_request() -> None:
     assert warm_up_tokens("cpu", 96) == 8
 
 
-@pytest.mark.parametrize("flags", [[], ["--group-phase"]])
-def test_compare_and_up_pass_the_group_phase_to_the_coordinator(tmp_path: Path, flags: list[str]) -> None:
-    """`bench compare` had no way to measure the coordinator's --group-phase (wave 37: opt-in until it does)."""
+@pytest.mark.parametrize("flags", [[], ["--lockstep-phase", "median"], ["--lockstep-phase", "group"]])
+def test_compare_and_up_pass_the_lockstep_phase_to_the_coordinator(tmp_path: Path, flags: list[str]) -> None:
+    """`bench compare` had no way to measure the coordinator's group phase (wave 37: opt-in until it did), nor
+    `calispec up` to serve another rule; without the flag the coordinator's own default stands."""
     from calispec_tools.bench.compare import compare_stack_config
     from calispec_tools.cli import build_parser, stack_config
     from calispec_tools.stack import LocalStack
@@ -189,5 +190,5 @@ def test_compare_and_up_pass_the_group_phase_to_the_coordinator(tmp_path: Path, 
     up = parser.parse_args(["up", *dirs, *flags])
     for config in (compare_stack_config(bench, tmp_path), stack_config(up, (0, 0, 0, 0))):
         args = LocalStack(config).coordinator_args("127.0.0.1:2", ["127.0.0.1:3", "127.0.0.1:4"])
-        assert ("--group-phase" in args) is bool(flags)
+        assert args[args.index("--lockstep-phase") :][:2] == flags if flags else "--lockstep-phase" not in args
         assert args.count("--target-addr") == 2 and args[args.index("--draft-addr") + 1] == "127.0.0.1:2"

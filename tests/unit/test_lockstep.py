@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +14,7 @@ import coordinator.__main__ as coordinator_cli
 from calispec_core.errors import InvalidArgument
 from calispec_core.timing import Deadline
 from coordinator.circuit import CircuitBreaker
+from coordinator.config import CoordinatorConfig
 from coordinator.cost_model import CostCurve, CostModel
 from coordinator.engine import Orchestrator, SpeculationConfig
 from coordinator.lockstep import Lockstep, RoundStart
@@ -386,7 +388,7 @@ def test_the_coordinator_takes_each_rounds_gamma_from_the_round_start() -> None:
     """Adaptive requests bring how far they may draft; the γ each drafts is the round start's, whatever its own
     policy chose."""
     draft, target = FakeDraft(sloppy_draft), FakeTarget(alphabet_target)
-    speculation = SpeculationConfig(lockstep_wait_s=60, max_gamma=4, shared_phase=True)
+    speculation = SpeculationConfig(lockstep_wait_s=60, max_gamma=4, lockstep_phase="shared")
     orchestrator = Orchestrator(CharTokenizer(), draft, [target], (EOS,), 4096, speculation=speculation)
     assert orchestrator.lockstep.plan is shared_phase
     wishes: list[Wish] = []
@@ -401,15 +403,15 @@ def test_the_coordinator_takes_each_rounds_gamma_from_the_round_start() -> None:
     assert all(w.adaptive for w in wishes)
     assert [w.limit for w in wishes][:1] == [4]  # max_gamma, while the budget leaves room for more
     assert [len(p) for p in draft.proposals] == [min(2, w.limit) for w in wishes if w.limit]
-    default = Orchestrator(CharTokenizer(), draft, [target], (EOS,), 4096)
-    assert default.lockstep.plan is median_cap  # opt-in (module doc of round_plan.py)
+    median = SpeculationConfig(lockstep_phase="median")
+    assert Orchestrator(CharTokenizer(), draft, [target], (EOS,), 4096, speculation=median).lockstep.plan is median_cap
 
 
 def test_the_group_phase_plans_with_the_coordinators_costs_and_each_members_acceptance() -> None:
-    """--group-phase: the lockstep's rule is round_plan.group_phase over the orchestrator's own cost model, and each
+    """The default rule: round_plan.group_phase over the orchestrator's own cost model, and each
     adaptive member brings its acceptance (what the plan prices)."""
     draft, target = FakeDraft(sloppy_draft), FakeTarget(alphabet_target)
-    speculation = SpeculationConfig(lockstep_wait_s=60, max_gamma=4, group_phase=True, shared_phase=True)
+    speculation = SpeculationConfig(lockstep_wait_s=60, max_gamma=4)  # the default rule
     orchestrator = Orchestrator(CharTokenizer(), draft, [target], (EOS,), 4096, speculation=speculation)
     plan = orchestrator.lockstep.plan
     assert plan.func is group_phase and plan.args == (orchestrator.costs,)  # type: ignore[attr-defined]
@@ -424,7 +426,7 @@ def test_the_group_phase_plans_with_the_coordinators_costs_and_each_members_acce
     assert "".join(c.text for c in chunks) == "defghij"
     drafting = [w for w in wishes if w.limit]
     assert drafting and all(w.alpha is not None and 0.0 < w.alpha < 1.0 for w in drafting)
-    lockstep = SpeculationConfig(lockstep_wait_s=60)
+    lockstep = SpeculationConfig(lockstep_wait_s=60, lockstep_phase="median")
     without = Orchestrator(CharTokenizer(), draft, [target], (EOS,), 4096, speculation=lockstep)
     member = SimpleNamespace(policy=SimpleNamespace(probing=False), use_draft=True, draft_session="d")
     assert without._wish(member, 1, 9, False).alpha is None  # other rules price nothing
@@ -436,7 +438,7 @@ def test_a_group_phase_never_leaves_the_draft_circuits_probe_out() -> None:
     circuit waited for that probe until it expired (60 s) with the draft off for everyone. The probe's floor is
     its wish, so every rule plans it, and a round that still leaves it out frees the probe for the next request."""
     costs = CostModel(CostCurve.of({1: 213.0, 16: 215.0, 64: 290.0}), CostCurve.of({1: 35.0, 8: 50.0}))
-    speculation = SpeculationConfig(lockstep_wait_s=60, max_gamma=4, group_phase=True)
+    speculation = SpeculationConfig(lockstep_wait_s=60, max_gamma=4)
     orchestrator = Orchestrator(
         CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096, speculation=speculation,
         costs=costs,
@@ -448,10 +450,15 @@ def test_a_group_phase_never_leaves_the_draft_circuits_probe_out() -> None:
     assert group_phase(costs, [prober, *others]) == [2] + [0] * 7
 
 
-def test_the_command_line_turns_the_group_phase_on() -> None:
+def test_the_command_line_chooses_the_lockstep_phase(tmp_path: Path) -> None:
     base = ["--draft-addr", "d:1", "--target-addr", "t:1", "--tokenizer", "x"]
-    assert coordinator_cli.parse_config([*base, "--group-phase"])[0].group_phase is True
-    assert coordinator_cli.parse_config(base)[0].group_phase is False  # opt-in
+    assert coordinator_cli.parse_config(base)[0].lockstep_phase == "group"  # the default since wave 38
+    for rule in ("median", "shared", "group"):
+        assert coordinator_cli.parse_config([*base, "--lockstep-phase", rule])[0].lockstep_phase == rule
+    with pytest.raises(SystemExit):
+        coordinator_cli.parse_config([*base, "--lockstep-phase", "fastest"])
+    with pytest.raises(ValueError, match="lockstep_phase"):
+        CoordinatorConfig("127.0.0.1:1", ("127.0.0.1:2",), tmp_path, lockstep_phase="fastest")
 
 
 def test_no_early_stop_in_a_shared_draft_phase() -> None:
@@ -460,7 +467,7 @@ def test_no_early_stop_in_a_shared_draft_phase() -> None:
     adaptive, fixed = SimpleNamespace(policy=object()), SimpleNamespace(policy=None)
     shared = Orchestrator(
         CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096,
-        speculation=SpeculationConfig(shared_phase=True),
+        speculation=SpeculationConfig(lockstep_phase="shared"),
     )  # fmt: skip
     threshold = shared.speculation.draft_min_confidence
     assert threshold > 0
@@ -468,20 +475,21 @@ def test_no_early_stop_in_a_shared_draft_phase() -> None:
     assert shared._early_stop(fixed, 1) == 0.0  # a fixed γ never stops early
     wave6 = Orchestrator(
         CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096,
+        speculation=SpeculationConfig(lockstep_phase="median"),
     )  # fmt: skip
     assert wave6._early_stop(adaptive, 8) == threshold
-    group = Orchestrator(
+    group = Orchestrator(  # the default rule: the group phase
         CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096,
-        speculation=SpeculationConfig(group_phase=True),
     )  # fmt: skip
-    assert [group._early_stop(adaptive, cohort) for cohort in (1, 2, 8)] == [threshold, 0.0, 0.0]  # --group-phase
+    assert [group._early_stop(adaptive, cohort) for cohort in (1, 2, 8)] == [threshold, 0.0, 0.0]
 
 
 def test_what_a_request_brings_to_the_round_start() -> None:
     """How far the shared phase may raise a member: its room and max_gamma normally; no further than its own wish
     while the draft circuit is open (only a probe calls the draft) or while it has no draft session (opening one
-    inside the round would hold the group); a probe at least its own γ; a fixed γ exactly."""
-    speculation = SpeculationConfig(lockstep_wait_s=60, max_gamma=4)
+    inside the round would hold the group); a probe at least its own γ; a fixed γ exactly (the median rule: no
+    acceptance brought, which the group phase adds)."""
+    speculation = SpeculationConfig(lockstep_wait_s=60, max_gamma=4, lockstep_phase="median")
     orchestrator = Orchestrator(
         CharTokenizer(), FakeDraft(sloppy_draft), [FakeTarget(alphabet_target)], (EOS,), 4096, speculation=speculation
     )

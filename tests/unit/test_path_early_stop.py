@@ -147,7 +147,7 @@ def test_a_configured_floor_is_sent_as_is_and_zero_in_a_shared_phase() -> None:
     adaptive = SimpleNamespace(policy=SimpleNamespace(tracker=SimpleNamespace(alphas=lambda n: [0.8] * n)))
     assert orchestrator(draft_min_path_confidence=0.3)._path_floor(adaptive, 4, 1) == 0.3  # type: ignore[arg-type]
     assert orchestrator(draft_min_path_confidence=0.0)._path_floor(adaptive, 4, 1) == 0.0  # type: ignore[arg-type]
-    for shared in (orchestrator(shared_phase=True), orchestrator(group_phase=True)):
+    for shared in (orchestrator(lockstep_phase="shared"), orchestrator()):  # the default: group
         assert shared._path_floor(adaptive, 4, 8) == 0.0  # type: ignore[arg-type]
         assert shared._path_floor(adaptive, 4, 1) > 0.0  # type: ignore[arg-type]
     assert orchestrator()._path_floor(SimpleNamespace(policy=None), 4, 1) == 0.0  # type: ignore[arg-type]
