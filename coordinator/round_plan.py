@@ -15,16 +15,16 @@ The phase is as long as wave 6's cap over the adaptive members (their drafting w
 adaptive row drafts unless one of them judged drafting to pay (coordinator `--lockstep-phase shared`; `median_cap`,
 wave 6's rule, is `--lockstep-phase median`).
 
-`group_phase` (the default since wave 38; wave 37's opt-in `--group-phase`) plans the round for the group: one phase length L for
-the members that draft, the others sitting it out, no early stops while several draft (a lone drafter stops as it
-would alone). It picks L and how many members draft it (the best acceptance first: for each L the best number of
-them) whose round emits the most expected tokens per millisecond over all members,
-priced by the cost model: each draft step at the rows still drafting, one verify of every row's tokens. A member's
-drafts are priced as independent at its first position's acceptance: the per-position estimates, learned from
-proposals that the path floor stopped where the draft was unsure, made long phases look better than they were (a
-version priced by them drafted 5 a row at 64-69 % acceptance). On the AMX CPU of wave 37 at concurrency 8 (a scratch
-A/B, docs/performance.md "An AMX CPU"): `csd` +22 % / +31 % over wave 6's rule, `sd` −3 % / +4 %; through `bench
-compare` (wave 38, docs/performance.md "Concurrency 8: the group phase by default") ahead of it in all four runs.
+`group_phase` (the default since wave 38; wave 37's opt-in `--group-phase`) plans the round for the group: one phase
+length L for the members that draft, the others sitting it out, no early stops while several draft (a lone drafter
+stops as it would alone). It picks L and how many members draft it (the best acceptance first: for each L the best
+number of them) whose round emits the most expected tokens per millisecond over all members, priced by the cost
+model: each draft step at the rows still drafting, one verify of every row's tokens. A member's drafts are priced as
+independent at its first position's acceptance: the per-position estimates, learned from proposals that the path
+floor stopped where the draft was unsure, made long phases look better than they were (a version priced by them
+drafted 5 a row at 64-69 % acceptance). On the AMX CPU of wave 37 at concurrency 8 (a scratch A/B,
+docs/performance.md "An AMX CPU"): `csd` +22 % / +31 % over wave 6's rule, `sd` −3 % / +4 %; through `bench compare`
+(wave 38, docs/performance.md "Concurrency 8: the group phase by default") ahead of it in all four runs.
 """
 
 from __future__ import annotations
@@ -86,20 +86,59 @@ def group_phase(costs: CostModel, wishes: Sequence[Wish]) -> list[int]:
     """One phase length L for the k adaptive members with the best acceptance (the rest sit out at their floor), at
     the (L, k) with the most expected tokens per ms over all members (`_group_rate`); a plain round for the adaptive
     members unless drafting beats it by `MIN_GAIN`, as alone. Fixed members draft their γ; a member never drafts
-    past its limit nor below its floor. Alone: `alone`, as the other rules."""
+    past its limit nor below its floor. Alone: `alone`, as the other rules.
+
+    Each candidate (L, k) is the one before with one more member raised to L, so its rate is kept up to date by
+    that member's change (`_Tally`) instead of summed again over all members: ~γ_max × members candidates a round
+    start, under the lockstep's lock (wave 38: the default rule)."""
     if len(wishes) == 1:
         return [alone(wishes[0])]
     step_ms = [costs.draft_ms(1, rows) for rows in range(len(wishes) + 1)]  # a draft step by rows in it, priced once
+    alphas = [_alpha(costs, w) for w in wishes]
     plain = [w.floor if w.adaptive else w.gamma for w in wishes]
     best, best_rate = plain, _group_rate(costs, step_ms, wishes, plain) * MIN_GAIN
-    ranked = sorted((i for i, w in enumerate(wishes) if w.adaptive), key=lambda i: -_alpha(costs, wishes[i]))
-    for length in range(1, max((wishes[i].limit for i in ranked), default=0) + 1):
-        plan = list(plain)
+    ranked = sorted((i for i, w in enumerate(wishes) if w.adaptive), key=lambda i: -alphas[i])
+    most = max((wishes[i].limit for i in ranked), default=0)
+    start = _Tally.of(plain, alphas, most)
+    for length in range(1, most + 1):
+        plan, tally = list(plain), start.copy()
         for i in ranked:  # the k best drafting L, for k = 1, 2, ...
             plan[i] = max(min(length, wishes[i].limit), wishes[i].floor)
-            if (rate := _group_rate(costs, step_ms, wishes, plan)) > best_rate:
+            tally.raise_member(plain[i], plan[i], alphas[i])
+            if (rate := tally.rate(costs, step_ms, len(plan))) > best_rate:
                 best, best_rate = list(plan), rate
     return best
+
+
+class _Tally:
+    """A plan's sums for `_group_rate`, updated member by member: expected tokens, tokens verified, and how many
+    members draft at least k (`rows_at[k]`, k ≥ 1; index 0 unused)."""
+
+    def __init__(self, tokens: float, verified: int, rows_at: list[int]) -> None:
+        self.tokens, self.verified, self.rows_at = tokens, verified, rows_at
+
+    @classmethod
+    def of(cls, plan: Sequence[int], alphas: Sequence[float], most: int) -> _Tally:
+        rows_at = [sum(1 for g in plan if g >= k) for k in range(max(most, *plan) + 1)]
+        tokens = sum(expected_tokens(g, a) for g, a in zip(plan, alphas, strict=True))
+        return cls(tokens, sum(g + 1 for g in plan), rows_at)
+
+    def copy(self) -> _Tally:
+        return _Tally(self.tokens, self.verified, list(self.rows_at))
+
+    def raise_member(self, old: int, new: int, alpha: float) -> None:
+        """One member's γ from `old` to `new` (never lower: a plan raises members from their floor)."""
+        self.tokens += expected_tokens(new, alpha) - expected_tokens(old, alpha)
+        self.verified += new - old
+        for k in range(old + 1, new + 1):
+            self.rows_at[k] += 1
+
+    def rate(self, costs: CostModel, step_ms: Sequence[float], members: int) -> float:
+        """`_group_rate` of the plan these sums describe."""
+        drafting = sum(step_ms[rows] for rows in self.rows_at[1:] if rows)  # the steps some member still drafts
+        call = costs.draft_call_ms if len(self.rows_at) > 1 and self.rows_at[1] else 0.0  # anyone drafts
+        verify = costs.target_ms(self.verified, members)
+        return self.tokens / (drafting + call + verify + costs.overhead_ms)
 
 
 def _alpha(costs: CostModel, wish: Wish) -> float:

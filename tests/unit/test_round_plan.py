@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from functools import partial
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from coordinator.cost_model import MIN_GAIN, CostCurve, CostModel, GammaPolicy
 from coordinator.round_plan import Wish, alone, group_phase, median_cap, phase_length, shared_phase
 
@@ -161,3 +165,42 @@ def _rate(costs: CostModel, alphas: list[float], plan: list[int]) -> float:
     call = costs.draft_call_ms if max(plan) else 0.0
     verify = costs.target_ms(sum(g + 1 for g in plan), len(plan))
     return tokens / (drafting + call + verify + costs.overhead_ms)
+
+
+def _best_plan_by_hand(costs: CostModel, wishes: list[Wish]) -> list[int]:
+    """Wave 37's search, every candidate (L, k) priced from scratch by `_rate`."""
+    alphas = [costs.acceptance if w.alpha is None else w.alpha for w in wishes]
+    plain = [w.floor if w.adaptive else w.gamma for w in wishes]
+    best, best_rate = plain, _rate(costs, alphas, plain) * MIN_GAIN
+    ranked = sorted((i for i, w in enumerate(wishes) if w.adaptive), key=lambda i: -alphas[i])
+    for length in range(1, max((wishes[i].limit for i in ranked), default=0) + 1):
+        plan = list(plain)
+        for i in ranked:
+            plan[i] = max(min(length, wishes[i].limit), wishes[i].floor)
+            if (rate := _rate(costs, alphas, plan)) > best_rate:
+                best, best_rate = list(plan), rate
+    return best
+
+
+member = st.one_of(
+    st.builds(Wish.fixed, st.integers(0, 10)),
+    st.builds(
+        lambda limit, floor, alpha: Wish(1, True, limit, min(floor, limit), 0, alpha),
+        st.integers(0, 10), st.integers(0, 3), st.one_of(st.none(), st.floats(0.0, 1.0)),
+    ),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(member, min_size=2, max_size=12), st.sampled_from(["amx", "avx2"]))
+def test_the_group_phase_kept_up_to_date_member_by_member_plans_what_pricing_each_plan_afresh_does(
+    wishes: list[Wish], machine: str
+) -> None:
+    """Wave 38 made the group phase the default and keeps each candidate's sums up to date as members join
+    (round_plan._Tally) instead of summing every member again for each of ~γ_max × members candidates."""
+    costs = amx_like() if machine == "amx" else avx2_like()
+    plan = group_phase(costs, wishes)
+    expected = _best_plan_by_hand(costs, wishes)
+    if plan != expected:  # only a tie within rounding may differ: then both plans price the same
+        alphas = [costs.acceptance if w.alpha is None else w.alpha for w in wishes]
+        assert _rate(costs, alphas, plan) == pytest.approx(_rate(costs, alphas, expected), rel=1e-12)
