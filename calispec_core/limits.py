@@ -6,7 +6,7 @@ import argparse
 import math
 import struct
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from calispec_core.errors import InvalidArgument, InvalidField, require, require_field
 
@@ -266,4 +266,6 @@ FP32_LINEAR_CHOICES = ("auto", "packed", "onednn", "default")
 # how the coordinator's lockstep rounds choose their members' γ (coordinator/round_plan.py): "group" plans the round
 # for the whole group by the cost model (the default since wave 38), "median" is wave 6's cap at the drafting
 # members' lower median wish, "shared" gives every adaptive member that cap's length
-LOCKSTEP_PHASES = ("group", "median", "shared")
+LockstepPhase = Literal["group", "median", "shared"]
+LOCKSTEP_PHASES: tuple[LockstepPhase, ...] = ("group", "median", "shared")
+DEFAULT_LOCKSTEP_PHASE: LockstepPhase = "group"

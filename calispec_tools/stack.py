@@ -31,6 +31,7 @@ from typing import IO
 from calispec_core.credentials import write_new_token
 from calispec_core.generation import Defaults
 from calispec_core.interrupts import SIGNAL_POLL_S
+from calispec_core.limits import LockstepPhase
 from calispec_tools.certs import DevCerts
 from calispec_tools.namespaces import pair_namespace
 from calispec_tools.shipped_calibration import SeedResult, seed_namespace, served_lambda
@@ -138,7 +139,7 @@ class StackConfig:
     batch_gather_ms: float | None = None  # draft and target batchers (--batch-gather-ms); None: the default
     meaning_guard: bool = True  # the target's CSD never rescues a changed numeral or operator (meaning_guard.py)
     compute_lock: bool = True  # on CPU the model services' forwards take turns (calispec_core/host_lock.py)
-    lockstep_phase: str | None = None  # the coordinator's --lockstep-phase (None: its default, group)
+    lockstep_phase: LockstepPhase | None = None  # the coordinator's --lockstep-phase (None: its default)
     metrics: bool = False  # serve /metrics on a free port per service (`calispec up` prints the URLs)
     log_level: str = "INFO"
 

@@ -19,6 +19,7 @@ with interrupt_exits_quietly():
     from calispec_core.errors import CalispecError
     from calispec_core.generation import Defaults, Mode
     from calispec_core.limits import (
+        DEFAULT_LOCKSTEP_PHASE,
         LOCKSTEP_PHASES,
         burst,
         gamma,
@@ -113,7 +114,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     parser.add_argument(
         "--lockstep-phase",
         choices=LOCKSTEP_PHASES,
-        default="group",
+        default=DEFAULT_LOCKSTEP_PHASE,
         help="how a lockstep round's members get their γ: group (default), one draft phase length for the members "
         "that draft, chosen with them for the whole round by the cost model (the most expected tokens per ms over "
         "all members; the others sit it out; no early stops while several draft); median, each member's own choice "

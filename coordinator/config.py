@@ -8,7 +8,13 @@ from pathlib import Path
 from calispec_core.access import Quota
 from calispec_core.credentials import TlsConfig
 from calispec_core.generation import Defaults
-from calispec_core.limits import LOCKSTEP_PHASES, MAX_PROMPT_CHARS, MAX_SPECULATIVE_TOKENS
+from calispec_core.limits import (
+    DEFAULT_LOCKSTEP_PHASE,
+    LOCKSTEP_PHASES,
+    MAX_PROMPT_CHARS,
+    MAX_SPECULATIVE_TOKENS,
+    LockstepPhase,
+)
 
 # The largest HTTP request body the OpenAI-compatible API reads: a longest valid prompt at its longest JSON
 # (12 bytes a character: an escaped surrogate pair, `\ud83d\ude00`, as json.dumps writes any character past
@@ -54,7 +60,7 @@ class CoordinatorConfig:
     draft_min_path_confidence: float | None = None  # adaptive γ: stop on a proposal's path probability (None: costs)
     draft_to_floor: bool = True  # adaptive γ: alone in a round, draft up to max_gamma and let the path floor stop it
     lockstep_wait_s: float = 0.5  # how long requests wait for each other to run rounds together (0: off)
-    lockstep_phase: str = "group"  # how a lockstep round's γ is chosen (round_plan.py; LOCKSTEP_PHASES)
+    lockstep_phase: LockstepPhase = DEFAULT_LOCKSTEP_PHASE  # how a lockstep round's γ is chosen (round_plan.py)
 
     def __post_init__(self) -> None:
         # A request without a deadline of its own would time out at once; the DNS watcher would spin; adaptive γ

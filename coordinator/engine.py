@@ -50,6 +50,7 @@ from calispec_core.generation import (
     TokenLogprob,
     validate_prompt,
 )
+from calispec_core.limits import DEFAULT_LOCKSTEP_PHASE, LOCKSTEP_PHASES, LockstepPhase
 from calispec_core.timing import Deadline, Stopwatch, now_ns, ns_to_ms
 from coordinator.backends import DraftBackend, Proposal, SessionLost, TargetBackend, Verdict
 from coordinator.chat import InvalidParam
@@ -105,7 +106,11 @@ class SpeculationConfig:
     # draft, planned for the whole group by the cost model, no early stops while several draft (the default since
     # wave 38); "median", wave 6's rule (each its own choice, capped at the drafting members' lower median wish);
     # "shared", every adaptive member drafts that cap's length, without early stops.
-    lockstep_phase: str = "group"
+    lockstep_phase: LockstepPhase = DEFAULT_LOCKSTEP_PHASE
+
+    def __post_init__(self) -> None:
+        # an unknown rule would fail every round start with a KeyError (and plan no acceptance without one)
+        require(self.lockstep_phase in LOCKSTEP_PHASES, f"lockstep_phase must be one of {LOCKSTEP_PHASES}")
 
 
 def adaptive_gamma(params: GenerationParams) -> bool:

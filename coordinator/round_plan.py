@@ -24,7 +24,8 @@ independent at its first position's acceptance: the per-position estimates, lear
 floor stopped where the draft was unsure, made long phases look better than they were (a version priced by them
 drafted 5 a row at 64-69 % acceptance). On the AMX CPU of wave 37 at concurrency 8 (a scratch A/B,
 docs/performance.md "An AMX CPU"): `csd` +22 % / +31 % over wave 6's rule, `sd` −3 % / +4 %; through `bench compare`
-(wave 38, docs/performance.md "Concurrency 8: the group phase by default") ahead of it in all four runs.
+(wave 38, docs/performance.md "Concurrency 8: the group phase by default") `csd` ahead of it in 4 of 4 repeat pairs,
+`sd` in 3 of 4.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def shared_phase(wishes: Sequence[Wish]) -> list[int]:
 
 def group_phase(costs: CostModel, wishes: Sequence[Wish]) -> list[int]:
     """One phase length L for the k adaptive members with the best acceptance (the rest sit out at their floor), at
-    the (L, k) with the most expected tokens per ms over all members (`_group_rate`); a plain round for the adaptive
+    the (L, k) with the most expected tokens per ms over all members (`_Tally.rate`); a plain round for the adaptive
     members unless drafting beats it by `MIN_GAIN`, as alone. Fixed members draft their γ; a member never drafts
     past its limit nor below its floor. Alone: `alone`, as the other rules.
 
@@ -96,10 +97,10 @@ def group_phase(costs: CostModel, wishes: Sequence[Wish]) -> list[int]:
     step_ms = [costs.draft_ms(1, rows) for rows in range(len(wishes) + 1)]  # a draft step by rows in it, priced once
     alphas = [_alpha(costs, w) for w in wishes]
     plain = [w.floor if w.adaptive else w.gamma for w in wishes]
-    best, best_rate = plain, _group_rate(costs, step_ms, wishes, plain) * MIN_GAIN
     ranked = sorted((i for i, w in enumerate(wishes) if w.adaptive), key=lambda i: -alphas[i])
     most = max((wishes[i].limit for i in ranked), default=0)
     start = _Tally.of(plain, alphas, most)
+    best, best_rate = plain, start.rate(costs, step_ms, len(plain)) * MIN_GAIN
     for length in range(1, most + 1):
         plan, tally = list(plain), start.copy()
         for i in ranked:  # the k best drafting L, for k = 1, 2, ...
@@ -111,15 +112,15 @@ def group_phase(costs: CostModel, wishes: Sequence[Wish]) -> list[int]:
 
 
 class _Tally:
-    """A plan's sums for `_group_rate`, updated member by member: expected tokens, tokens verified, and how many
-    members draft at least k (`rows_at[k]`, k ≥ 1; index 0 unused)."""
+    """A plan's sums, updated member by member: expected tokens Σ_m E(plan[m], α_m), tokens verified Σ_m (plan[m] + 1),
+    and how many members draft at least k (`rows_at[k]`, k ≥ 1; index 0 unused)."""
 
     def __init__(self, tokens: float, verified: int, rows_at: list[int]) -> None:
         self.tokens, self.verified, self.rows_at = tokens, verified, rows_at
 
     @classmethod
     def of(cls, plan: Sequence[int], alphas: Sequence[float], most: int) -> _Tally:
-        rows_at = [sum(1 for g in plan if g >= k) for k in range(max(most, *plan) + 1)]
+        rows_at = [sum(1 for g in plan if g >= k) for k in range(max([most, *plan]) + 1)]
         tokens = sum(expected_tokens(g, a) for g, a in zip(plan, alphas, strict=True))
         return cls(tokens, sum(g + 1 for g in plan), rows_at)
 
@@ -134,7 +135,9 @@ class _Tally:
             self.rows_at[k] += 1
 
     def rate(self, costs: CostModel, step_ms: Sequence[float], members: int) -> float:
-        """`_group_rate` of the plan these sums describe."""
+        """Expected tokens per ms of the lockstep round these sums describe: the tokens over Σ_k draft(rows drafting
+        ≥ k) + the Propose call (if anyone drafts) + target(tokens verified, over all rows) + overhead (`step_ms[r]`:
+        a draft step of r rows, CostModel.round_ms's price of one)."""
         drafting = sum(step_ms[rows] for rows in self.rows_at[1:] if rows)  # the steps some member still drafts
         call = costs.draft_call_ms if len(self.rows_at) > 1 and self.rows_at[1] else 0.0  # anyone drafts
         verify = costs.target_ms(self.verified, members)
@@ -143,14 +146,3 @@ class _Tally:
 
 def _alpha(costs: CostModel, wish: Wish) -> float:
     return costs.acceptance if wish.alpha is None else wish.alpha
-
-
-def _group_rate(costs: CostModel, step_ms: Sequence[float], wishes: Sequence[Wish], plan: Sequence[int]) -> float:
-    """Expected tokens per ms of one lockstep round in which member m drafts plan[m]: Σ_m E(plan[m], α_m) over
-    Σ_k draft(rows drafting ≥ k) + the Propose call + target(Σ_m (plan[m] + 1) tokens over all rows) + overhead
-    (`step_ms[r]`: a draft step of r rows, CostModel.round_ms's price of one)."""
-    tokens = sum(expected_tokens(g, _alpha(costs, w)) for w, g in zip(wishes, plan, strict=True))
-    steps = max(plan, default=0)
-    drafting = sum(step_ms[sum(1 for g in plan if g >= k)] for k in range(1, steps + 1))
-    verify = costs.target_ms(sum(g + 1 for g in plan), len(plan))
-    return tokens / (drafting + (costs.draft_call_ms if steps else 0.0) + verify + costs.overhead_ms)

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from calispec_core.limits import DEFAULT_LOCKSTEP_PHASE
 from calispec_tools.bench.rpc_floor import format_floors, model_service_floors
 from calispec_tools.cli_auth import own_stack_auth
 
@@ -543,7 +544,7 @@ def run_compare(args: argparse.Namespace) -> int:
         "compute_lock": "on" if compute_lock_path(stack_config) else "off",  # forwards take turns (host_lock.py)
         "calibration": calibration,  # the memory csd starts from (shipped_calibration.py), as `up` seeds it
         "meaning_guard": "on" if stack_config.meaning_guard else "off",
-        "lockstep_phase": stack_config.lockstep_phase or "group (the coordinator's default)",  # round_plan.py
+        "lockstep_phase": stack_config.lockstep_phase or f"{DEFAULT_LOCKSTEP_PHASE} (the coordinator's default)",
         "csd_defaults": csd_defaults.removeprefix("CSD defaults: "),  # the τ and λ csd ran at, and why
     }
     summary = summarize(runs)

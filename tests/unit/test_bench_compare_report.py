@@ -175,7 +175,7 @@ def test_on_cuda_the_warm_up_runs_a_whole_request() -> None:
     assert warm_up_tokens("cpu", 96) == 8
 
 
-@pytest.mark.parametrize("flags", [[], ["--lockstep-phase", "median"], ["--lockstep-phase", "group"]])
+@pytest.mark.parametrize("flags", [[], *(["--lockstep-phase", rule] for rule in ("median", "group", "shared"))])
 def test_compare_and_up_pass_the_lockstep_phase_to_the_coordinator(tmp_path: Path, flags: list[str]) -> None:
     """`bench compare` had no way to measure the coordinator's group phase (wave 37: opt-in until it did), nor
     `calispec up` to serve another rule; without the flag the coordinator's own default stands."""

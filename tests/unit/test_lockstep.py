@@ -458,7 +458,9 @@ def test_the_command_line_chooses_the_lockstep_phase(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         coordinator_cli.parse_config([*base, "--lockstep-phase", "fastest"])
     with pytest.raises(ValueError, match="lockstep_phase"):
-        CoordinatorConfig("127.0.0.1:1", ("127.0.0.1:2",), tmp_path, lockstep_phase="fastest")
+        CoordinatorConfig("127.0.0.1:1", ("127.0.0.1:2",), tmp_path, lockstep_phase="fastest")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="lockstep_phase"):  # not a KeyError at the first round start
+        SpeculationConfig(lockstep_phase="fastest")  # type: ignore[arg-type]
 
 
 def test_no_early_stop_in_a_shared_draft_phase() -> None:
