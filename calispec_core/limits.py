@@ -269,3 +269,9 @@ FP32_LINEAR_CHOICES = ("auto", "packed", "onednn", "default")
 LockstepPhase = Literal["group", "median", "shared"]
 LOCKSTEP_PHASES: tuple[LockstepPhase, ...] = ("group", "median", "shared")
 DEFAULT_LOCKSTEP_PHASE: LockstepPhase = "group"
+
+
+def require_lockstep_phase(rule: str) -> None:
+    """The coordinator's config and the orchestrator's both refuse an unknown rule (the orchestrator's would fail
+    every round start with a KeyError)."""
+    require(rule in LOCKSTEP_PHASES, f"lockstep_phase must be one of {', '.join(LOCKSTEP_PHASES)}, got {rule!r}")

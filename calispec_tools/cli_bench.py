@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from calispec.types import Mode
-from calispec_core.limits import DTYPE_CHOICES, LOCKSTEP_PHASES
+from calispec_core.limits import DEFAULT_LOCKSTEP_PHASE, DTYPE_CHOICES, LOCKSTEP_PHASES
 from calispec_tools import arg_types as at
 from calispec_tools.cli_auth import add_client_auth_args, checked_client_auth, own_stack_auth, usage_error
 
@@ -54,8 +54,8 @@ def add_prefix_cache_arg(parser: argparse.ArgumentParser, when: str = "") -> Non
 def add_lockstep_phase_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lockstep-phase", choices=LOCKSTEP_PHASES, default=None,
-        help="the coordinator's rule for a lockstep round's γ (default: its own, group; median: wave 6's cap; "
-        "docs/performance.md)",
+        help=f"the coordinator's rule for a lockstep round's γ (default: its own, {DEFAULT_LOCKSTEP_PHASE}; median: "
+        "wave 6's cap; docs/performance.md)",
     )  # fmt: skip
 
 

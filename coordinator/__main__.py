@@ -115,11 +115,11 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         "--lockstep-phase",
         choices=LOCKSTEP_PHASES,
         default=DEFAULT_LOCKSTEP_PHASE,
-        help="how a lockstep round's members get their γ: group (default), one draft phase length for the members "
-        "that draft, chosen with them for the whole round by the cost model (the most expected tokens per ms over "
-        "all members; the others sit it out; no early stops while several draft); median, each member's own choice "
-        "capped at the drafting members' lower median wish (wave 6's rule); shared, every adaptive member drafts "
-        "that cap's length (docs/performance.md, 'Concurrency 8: the group phase by default')",
+        help=f"how a lockstep round's members get their γ (default: {DEFAULT_LOCKSTEP_PHASE}): group, one draft "
+        "phase length for the members that draft, chosen with them for the whole round by the cost model (the most "
+        "expected tokens per ms over all members; the others sit it out; no early stops while several draft); median, "
+        "each member's own choice capped at the drafting members' lower median wish (wave 6's rule); shared, every "
+        "adaptive member drafts that cap's length (docs/performance.md, 'Concurrency 8: the group phase by default')",
     )
     parser.add_argument(
         "--connect-timeout", type=positive_float, default=60.0, help="seconds to wait for draft and target at start-up"

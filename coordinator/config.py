@@ -10,10 +10,10 @@ from calispec_core.credentials import TlsConfig
 from calispec_core.generation import Defaults
 from calispec_core.limits import (
     DEFAULT_LOCKSTEP_PHASE,
-    LOCKSTEP_PHASES,
     MAX_PROMPT_CHARS,
     MAX_SPECULATIVE_TOKENS,
     LockstepPhase,
+    require_lockstep_phase,
 )
 
 # The largest HTTP request body the OpenAI-compatible API reads: a longest valid prompt at its longest JSON
@@ -79,8 +79,7 @@ class CoordinatorConfig:
             raise ValueError(f"http_max_body_bytes must be >= 1, got {self.http_max_body_bytes}")
         if not self.http_header_timeout_s > 0:
             raise ValueError(f"http_header_timeout_s must be > 0, got {self.http_header_timeout_s}")
-        if self.lockstep_phase not in LOCKSTEP_PHASES:
-            raise ValueError(f"lockstep_phase must be one of {', '.join(LOCKSTEP_PHASES)}, got {self.lockstep_phase!r}")
+        require_lockstep_phase(self.lockstep_phase)
 
     @property
     def model_name(self) -> str:

@@ -50,7 +50,7 @@ from calispec_core.generation import (
     TokenLogprob,
     validate_prompt,
 )
-from calispec_core.limits import DEFAULT_LOCKSTEP_PHASE, LOCKSTEP_PHASES, LockstepPhase
+from calispec_core.limits import DEFAULT_LOCKSTEP_PHASE, LockstepPhase, require_lockstep_phase
 from calispec_core.timing import Deadline, Stopwatch, now_ns, ns_to_ms
 from coordinator.backends import DraftBackend, Proposal, SessionLost, TargetBackend, Verdict
 from coordinator.chat import InvalidParam
@@ -109,8 +109,7 @@ class SpeculationConfig:
     lockstep_phase: LockstepPhase = DEFAULT_LOCKSTEP_PHASE
 
     def __post_init__(self) -> None:
-        # an unknown rule would fail every round start with a KeyError (and plan no acceptance without one)
-        require(self.lockstep_phase in LOCKSTEP_PHASES, f"lockstep_phase must be one of {LOCKSTEP_PHASES}")
+        require_lockstep_phase(self.lockstep_phase)
 
 
 def adaptive_gamma(params: GenerationParams) -> bool:
@@ -445,12 +444,10 @@ class Orchestrator:
 
     def _round_planner(self) -> Planner:
         """The lockstep's rule for a round's γ (round_plan.py): the group's phase, wave 6's cap, or the shared phase."""
-        rule = self.speculation.lockstep_phase
-        return (
-            partial(group_phase, self.costs)
-            if rule == "group"
-            else {"median": median_cap, "shared": shared_phase}[rule]
-        )
+        rules: dict[LockstepPhase, Planner] = {
+            "group": partial(group_phase, self.costs), "median": median_cap, "shared": shared_phase,
+        }  # fmt: skip
+        return rules[self.speculation.lockstep_phase]
 
     def _wish(self, request: _Request, gamma: int, room: int, probing: bool) -> Wish:
         """What this request brings to the round start: a fixed γ as it is; an adaptive one with how far it may
