@@ -23,6 +23,9 @@ MAX_TEMPERATURE = 100.0
 MAX_TOP_K = 2**31 - 1  # the public API's int32; a model service bounds it by its vocabulary as well
 SEED_BOUND = 2**63  # exclusive: a seed is a non-negative int64
 DEFAULT_PREFIX_CACHE_TOKENS = 8192  # here, not in prefix_cache (torch): service_cli serves the memory service too
+# Prompts up to this many tokens prefill inside their session's first batched forward (calispec_core/modeling.py
+# prefill_session), the length of one prefill chunk; 0: every prompt prefills on its own.
+DEFAULT_RIDE_PREFILL_TOKENS = 128
 MAX_STATS_TOP_PAIRS = 10_000  # the memory service's GetStats.top_k (`calispec memory stats --top`)
 
 

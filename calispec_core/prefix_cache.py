@@ -88,7 +88,8 @@ class PrefixCache:
         return length
 
     def store(self, prompt: Sequence[int], cache: DynamicCache) -> None:
-        """Keep `cache` (exactly the KV of `prompt`) for later prompts; the oldest entries make room."""
+        """Keep the KV of `prompt` (the first len(prompt) entries of `cache`: a riding prefill's session holds more
+        by then) for later prompts; the oldest entries make room."""
         if not self.max_tokens or len(prompt) < self.min_reused or len(prompt) > self.max_tokens:
             return
         key = tuple(prompt)
@@ -96,7 +97,9 @@ class PrefixCache:
             if key in self._entries:
                 self._entries.move_to_end(key)
                 return
-            self._entries[key] = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+            n = len(key)
+            layers = [(layer.keys[:, :, :n].clone(), layer.values[:, :, :n].clone()) for layer in cache.layers]
+            self._entries[key] = layers
             self._tokens += len(key)
             while self._tokens > self.max_tokens:
                 old, _ = self._entries.popitem(last=False)

@@ -21,6 +21,7 @@ from calispec_core.errors import CalispecError
 from calispec_core.interrupts import wait_for_stop
 from calispec_core.limits import (
     DEFAULT_PREFIX_CACHE_TOKENS,
+    DEFAULT_RIDE_PREFILL_TOKENS,
     DTYPE_CHOICES,
     FP32_LINEAR_CHOICES,
     LOG_LEVELS,
@@ -126,6 +127,11 @@ def add_batching_args(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--batch-gather-ms", type=non_negative_float, default=DEFAULT_GATHER_S * 1000,  # finite: inf held rows forever
         help="how long an idle batcher waits for the last batch's other sessions to come back (0: never)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ride-prefill-tokens", type=non_negative_int, default=DEFAULT_RIDE_PREFILL_TOKENS,
+        help="a prompt of at most this many tokens prefills inside its session's first batched forward, beside the "
+        "other sessions' rows, instead of on its own (0: every prompt on its own; default: %(default)s)",
     )  # fmt: skip
 
 

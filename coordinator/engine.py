@@ -137,6 +137,7 @@ class _Request:
     # what the draft must do before its next proposal to match the committed sequence
     draft_rollback_to: int | None = None
     draft_append: list[int] = field(default_factory=list)
+    draft_fresh: bool = False  # no Propose since the draft session opened: the first may compute its prompt
     opened: list[tuple[DraftBackend | TargetBackend, str]] = field(default_factory=list)  # sessions to close
     _sessions_per_service: Counter[str] = field(default_factory=Counter)
     policy: GammaPolicy | None = None  # adaptive γ; None when the request fixes γ
@@ -417,9 +418,11 @@ class Orchestrator:
         priced = min(gamma, wish.gamma)  # the path floor's price: the policy's γ, not a lone request's reach
         plan = self._plan(request, gamma, priced, start_gate.cohort) if log.isEnabledFor(logging.DEBUG) else None
         # a Propose after target-only rounds first feeds the draft every token it missed: not a per-token cost
-        catching_up = len(request.draft_append) > 1 or request.draft_session is None
+        # so may the first Propose of a draft session: a short prompt's prefill rides in its first step
+        catching_up = len(request.draft_append) > 1 or request.draft_session is None or request.draft_fresh
         # each call's cohort: the members sent with it, so the service batches them whole (lockstep.py)
         proposal, propose_ns = self._propose(request, gamma, start_gate.cohort, priced) if gamma > 0 else (None, 0)
+        request.draft_fresh = request.draft_fresh and proposal is None
         replica = request.target.address if request.target is not None else None
         cohort = self._wait_for_others(
             request, lambda member, timeout: self.lockstep.before_verify(member, timeout, replica)
@@ -640,7 +643,7 @@ class Orchestrator:
             ns = self.draft.prefill(session_id, request.committed_ids, request.params.sampling, timeout)
         request.draft_session = session_id
         request.opened.append((self.draft, session_id))
-        request.draft_rollback_to, request.draft_append = None, []
+        request.draft_rollback_to, request.draft_append, request.draft_fresh = None, [], True
         request.stats.draft_ms += ns_to_ms(ns)
 
     @staticmethod

@@ -56,6 +56,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[DraftConfig, str]:
         prefix_cache_tokens=args.prefix_cache_tokens,
         max_batch_size=args.max_batch_size,
         batch_gather_s=args.batch_gather_ms / 1000,
+        ride_prefill_tokens=args.ride_prefill_tokens,
         proposal_top_k=args.proposal_top_k,
         draft_vocab=args.draft_vocab,
         tls=tls_from_args(parser, args),

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S
 from calispec_core.credentials import COORDINATOR, TlsConfig
-from calispec_core.limits import DEFAULT_PREFIX_CACHE_TOKENS
+from calispec_core.limits import DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_RIDE_PREFILL_TOKENS
 from calispec_core.modeling import ModelSpec
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
 
@@ -22,6 +22,7 @@ class DraftConfig:
     max_batch_size: int = 8  # sessions drafting in one forward pass (1 = no batching)
     prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS  # prompt KV kept for reuse by later prompts (0: off)
     batch_gather_s: float = DEFAULT_GATHER_S  # an idle batcher waits this long for the last batch to come back
+    ride_prefill_tokens: int = DEFAULT_RIDE_PREFILL_TOKENS  # prompts up to this long prefill in their first batch
     # Sampling proposals draw from (and send) q truncated to its K most likely tokens, renormalised
     # (exact: the target verifies against the q that was sampled from); 0: the full q, sent dense.
     proposal_top_k: int = DEFAULT_PROPOSAL_TOP_K

@@ -12,8 +12,8 @@ from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
 from calispec_core.errors import require
-from calispec_core.limits import check_speculative_tokens
-from calispec_core.modeling import ModelRunner, Session, prefill_session, wait_for
+from calispec_core.limits import DEFAULT_RIDE_PREFILL_TOKENS, check_speculative_tokens
+from calispec_core.modeling import ModelRunner, Session, prefill_session, settle_riders, store_riders, wait_for
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.sampling import DRAFT_STREAM, SamplingConfig, make_generator, warp_probs
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
@@ -124,10 +124,12 @@ class Proposer:
         proposal_top_k: int = 256,  # tokens of q a sampling proposal keeps (0: the full q, sent dense)
         gather_s: float = DEFAULT_GATHER_S,  # an idle batcher waits this long for the last batch's sessions
         prefix_cache: PrefixCache | None = None,  # prompt KV reused by later prompts (None: off)
+        ride_prefill_tokens: int = DEFAULT_RIDE_PREFILL_TOKENS,  # prompts up to this long prefill in a Propose step
     ) -> None:
         require(proposal_top_k >= 0, f"proposal_top_k must be >= 0 (0: full q), got {proposal_top_k}")
         self.runner = runner
         self.prefix_cache = prefix_cache
+        self.ride_prefill_tokens = ride_prefill_tokens
         self.proposal_top_k = proposal_top_k
         self.scheduler: BatchScheduler[_Job, Proposal] = BatchScheduler(
             self._draft_batch, max_batch, "draft-batcher", gather_s
@@ -138,10 +140,14 @@ class Proposer:
         )
 
     def prefill(self, session_id: str, token_ids: list[int], sampling: SamplingConfig, watch: Stopwatch) -> None:
+        """Open the session; a short prompt computes nothing yet: it rides in the first step of the session's first
+        Propose (`prefill_session`)."""
         sampling.validate(self.runner.vocab_size)
         with self.sessions.opening(session_id) as open_session:
             with watch.phase("forward"):
-                session = prefill_session(self.runner, session_id, token_ids, self.prefix_cache)
+                session = prefill_session(
+                    self.runner, session_id, token_ids, self.prefix_cache, ride_tokens=self.ride_prefill_tokens
+                )
                 wait_for(self.runner.device)
             generator = make_generator(sampling.seed, DRAFT_STREAM, self.runner.device)
             open_session(DraftSession(session, sampling, generator))
@@ -201,16 +207,20 @@ class Proposer:
     @on_compute_thread
     def _draft_batch(self, jobs: Sequence[_Job]) -> list[Proposal]:
         """Runs on the scheduler thread. A failed batch changes nothing (the scheduler reruns its rows alone)."""
-        starts = [job.state.session.checkpoint() for job in jobs]
+        sessions = [job.state.session for job in jobs]
+        settle_riders(sessions, self.prefix_cache)  # before the checkpoints: a rerun keeps the attached prefix
+        starts = [session.checkpoint() for session in sessions]
         draws = [job.state.generator.get_state() for job in jobs]  # a seeded rerun must draw the same
         try:
-            return self._draft_steps(jobs)
+            proposals = self._draft_steps(jobs)
         except BaseException:
             for job, start, drawn in zip(jobs, starts, draws, strict=True):
                 job.state.session.restore(start)  # drop this batch's drafted tokens and their cache entries
                 job.state.generator.set_state(drawn)
                 job.reset()
             raise
+        store_riders(sessions, self.prefix_cache)
+        return proposals
 
     def _draft_steps(self, jobs: Sequence[_Job]) -> list[Proposal]:
         """One forward per step for every session still drafting."""

@@ -90,6 +90,7 @@ def create_server(config: DraftConfig, runner: ModelRunner | None = None) -> tup
         config.proposal_top_k,
         config.batch_gather_s,
         PrefixCache(config.prefix_cache_tokens),
+        config.ride_prefill_tokens,
     )
     proposer.sessions.start_reaper()
     observe = Observe(metrics_port=config.metrics_port, admission=[f"/{SERVICE_NAME}/Prefill"])

@@ -60,6 +60,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
         session_idle_ttl_s=args.session_idle_ttl_s,
         max_batch_size=args.max_batch_size,
         batch_gather_s=args.batch_gather_ms / 1000,
+        ride_prefill_tokens=args.ride_prefill_tokens,
         memory_address=args.memory_addr,
         memory_namespace=args.memory_namespace,
         memory_sync_interval_s=args.memory_sync_interval,

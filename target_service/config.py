@@ -7,7 +7,7 @@ from pathlib import Path
 
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S
 from calispec_core.credentials import COORDINATOR, TlsConfig
-from calispec_core.limits import DEFAULT_PREFIX_CACHE_TOKENS
+from calispec_core.limits import DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_RIDE_PREFILL_TOKENS
 from calispec_core.modeling import ModelSpec
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
 
@@ -23,6 +23,7 @@ class TargetConfig:
     max_batch_size: int = 8  # sessions verified in one forward pass (1 = no batching)
     prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS  # prompt KV kept for reuse by later prompts (0: off)
     batch_gather_s: float = DEFAULT_GATHER_S  # an idle batcher waits this long for the last batch to come back
+    ride_prefill_tokens: int = DEFAULT_RIDE_PREFILL_TOKENS  # prompts up to this long prefill in their first batch
     meaning_guard: bool = True  # CSD never rescues a changed numeral, operator or special token
     measure_forward_costs: bool = True  # at start-up, for the coordinator's cost model
     memory_address: str | None = None  # None: no shared memory, local online counts only

@@ -21,8 +21,13 @@ from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
 from calispec_core.errors import CalispecError, InvalidArgument, require
 from calispec_core.generation import Mode, TokenLogprob
-from calispec_core.limits import MAX_SPECULATIVE_TOKENS, check_csd_thresholds, check_logprobs
-from calispec_core.modeling import ModelRunner, Session, prefill_session, wait_for
+from calispec_core.limits import (
+    DEFAULT_RIDE_PREFILL_TOKENS,
+    MAX_SPECULATIVE_TOKENS,
+    check_csd_thresholds,
+    check_logprobs,
+)
+from calispec_core.modeling import ModelRunner, Session, prefill_session, settle_riders, store_riders, wait_for
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.sampling import TARGET_STREAM, SamplingConfig, make_generator
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
@@ -101,12 +106,14 @@ class TargetEngine:
         gather_s: float = DEFAULT_GATHER_S,
         prefix_cache: PrefixCache | None = None,  # prompt KV reused by later prompts (None: off)
         meaning_guard: bool = True,  # rescue only pairs of equal numerals, operators, role (meaning_guard.py)
+        ride_prefill_tokens: int = DEFAULT_RIDE_PREFILL_TOKENS,  # prompts up to this long prefill in their first round
     ) -> None:
         self.runner = runner
         self.meaning_keys = (  # [V] int64 on the logits' device
             meaning_keys(runner.tokenizer, runner.vocab_size).to(runner.device) if meaning_guard else None
         )
         self.prefix_cache = prefix_cache
+        self.ride_prefill_tokens = ride_prefill_tokens
         self.table = table  # MemoryLink (if any) ships its local events and refreshes it in the background
         self.observer = observer
         # A session whose lock is held is mid-round: never reaped, however long the round takes.
@@ -126,14 +133,17 @@ class TargetEngine:
         prompt_logprobs: int | None = None,
     ) -> list[TokenLogprob] | None:
         """Open the session. `prompt_logprobs`: None, or k to return each prompt token's log-probability from the
-        second on (under the tokens before it) and the k most likely tokens at its position."""
+        second on (under the tokens before it) and the k most likely tokens at its position. A short prompt without
+        `prompt_logprobs` computes nothing yet: it rides in the session's first round (`prefill_session`)."""
         sampling.validate(self.runner.vocab_size)
         rescue.validate()
         check_logprobs(prompt_logprobs, "prompt_logprobs")
         report = PromptLogprobs(token_ids, prompt_logprobs) if prompt_logprobs is not None else None
         with self.sessions.opening(session_id) as open_session:
             with watch.phase("forward"):
-                session = prefill_session(self.runner, session_id, token_ids, self.prefix_cache, report)
+                session = prefill_session(
+                    self.runner, session_id, token_ids, self.prefix_cache, report, self.ride_prefill_tokens
+                )
                 wait_for(self.runner.device)
             generator = make_generator(sampling.seed, TARGET_STREAM, self.runner.device)
             open_session(TargetSession(session, sampling, rescue, generator))
@@ -173,6 +183,7 @@ class TargetEngine:
         """
         watch = Stopwatch()
         sessions = [r.state.session for r in rows]
+        settle_riders(sessions, self.prefix_cache)  # before the checkpoints: a rerun keeps the attached prefix
         checkpoints = [s.checkpoint() for s in sessions]
         generator_states = [r.state.generator.get_state() for r in rows]
         try:
@@ -202,6 +213,7 @@ class TargetEngine:
         except BaseException:
             self._undo(rows, checkpoints, generator_states)
             raise
+        store_riders(sessions, self.prefix_cache)
         if self.observer is not None:  # a round that made it: observed once, never rerun
             try:
                 self.observer(batch, out)

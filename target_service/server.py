@@ -145,7 +145,7 @@ def create_server(config: TargetConfig, runner: ModelRunner | None = None) -> tu
     engine = TargetEngine(
         runner, config.max_sessions, table, config.max_batch_size, config.session_idle_ttl_s,
         gather_s=config.batch_gather_s, prefix_cache=PrefixCache(config.prefix_cache_tokens),
-        meaning_guard=config.meaning_guard,
+        meaning_guard=config.meaning_guard, ride_prefill_tokens=config.ride_prefill_tokens,
     )  # fmt: skip
     engine.sessions.start_reaper()
     observe = Observe(metrics_port=config.metrics_port, admission=[f"/{SERVICE_NAME}/Prefill"])

@@ -68,7 +68,10 @@ def test_batched_rounds_keep_every_session_exact(tiny_pair: TinyPair, target_run
         server.stop(None)
         runtime.stop()
     assert batch_sizes[0][0] == 1 and all(sizes[0] == len(PROMPTS) - 1 for sizes in batch_sizes[1:])
-    # each row: its pending token and 3 drafts; what the cost model prices a batch by
-    assert batch_tokens[0][0] == 4 and all(tokens[0] == 4 * (len(PROMPTS) - 1) for tokens in batch_tokens[1:])
+    # each row: its pending tokens (the whole prompt in a session's first round: its prefill rides there) and 3
+    # drafts; what the cost model prices a batch by
+    riding = [len(prompt) + 3 for prompt in PROMPTS]
+    assert batch_tokens[0][0] == riding[0] and all(tokens[0] == sum(riding[1:]) for tokens in batch_tokens[1:])
+    assert all(tokens[1] % 4 == 0 for tokens in batch_tokens)  # then 1 pending + 3 drafts a row
     for truth, got in zip(truths, emitted, strict=True):
         assert got == truth[: len(got)] and len(got) >= ROUNDS * 2

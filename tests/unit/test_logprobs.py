@@ -110,10 +110,12 @@ def test_prompt_logprobs_are_one_forward_over_the_prompt_and_ignore_a_cached_pre
     sd = RescueConfig(Mode.SD, 0.01, 6)
     try:
         assert engine.prefill("warm", prompt, SamplingConfig(), sd, Stopwatch()) is None  # not asked: none
+        engine.verify("warm", [], None, Stopwatch())  # its prompt rode in this round, which stored it
         hits = cache.stats.hits
         got = engine.prefill("s", prompt, SamplingConfig(), sd, Stopwatch(), prompt_logprobs=3)
         assert cache.stats.hits == hits  # computed whole, not attached
         engine.prefill("hit", prompt, SamplingConfig(), sd, Stopwatch())
+        engine.verify("hit", [], None, Stopwatch())  # its prompt rides: attached in its first round
         assert cache.stats.hits == hits + 1  # where a session that does not ask reuses it
         assert got is not None and len(got) == len(prompt) - 1
         for row, (token, lp) in enumerate(zip(prompt[1:], got, strict=True)):

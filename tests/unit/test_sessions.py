@@ -160,12 +160,12 @@ def test_the_draft_refuses_a_prefill_for_the_last_slot_before_computing_it(draft
     real, computing, release = proposer_module.prefill_session, threading.Event(), threading.Event()
     computed: list[str] = []
 
-    def prefill_session(runner, session_id, token_ids, cache):
+    def prefill_session(runner, session_id, token_ids, cache, **options):
         computed.append(session_id)
         if session_id == "first":
             computing.set()
             release.wait()
-        return real(runner, session_id, token_ids, cache)
+        return real(runner, session_id, token_ids, cache, **options)
 
     monkeypatch.setattr(proposer_module, "prefill_session", prefill_session)
     proposer = Proposer(draft_runner, max_sessions=1)
