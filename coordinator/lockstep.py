@@ -9,17 +9,23 @@ for every running request; this is the same shape across services. A round has t
 
 - `start_round`: the group's rounds start together once every member has arrived, so their
   Propose calls reach the draft service together and draft as one batch. A request that is
-  new (or fell out of step) waits here for the current group's round to end, then joins.
+  new (or fell out of step) while the group drafts joins that round at once with γ = 0: its
+  row rides in the round's verify (its first token; its prompt's prefill with it, where the
+  target defers short prefills to the first forward) and it drafts from the next round start.
+  Waiting for the round to end instead left its row empty for the whole round (measured at
+  concurrency 8 with the prefill before it: ~2 s a newcomer, docs/performance.md "Prefills that
+  ride"). A request new while the group verifies waits for the members to come back.
 - `before_verify`: the Verify calls leave together once every member has its proposal (a
   request that drafts nothing this round arrives at once), so the target verifies them as one
   batch and no target forward overlaps a draft forward of the same group.
 
 A member that keeps the others waiting longer than `max_wait_s` (a draft prefill, an outage
 waiting for its timeout, a slow client) is left behind: the group goes on without it, and it
-rejoins at the next round start. A newcomer waits longer, `max_wait_s` plus twice the last whole
-round: the members it waits for are busy with the round in progress, not late (bounded by
-`max_wait_s`, a newcomer that arrived while the group verified for longer than that left the whole
-group behind). `max_wait_s` = 0 turns lockstep off.
+rejoins as a newcomer. A newcomer waits longer, `max_wait_s` plus twice the last whole round, at
+the round start or at the verify gate of the round it joined: the members it waits for are busy
+with the round in progress, not late (bounded by `max_wait_s`, a newcomer that arrived while the
+group verified for longer than that left the whole group behind). `max_wait_s` = 0 turns lockstep
+off.
 
 The round start also decides every member's γ at once (`round_plan.py`: a rule given each arrived
 member's `Wish`, wave 6's median cap unless told otherwise): the group's drafting lasts as long as
@@ -62,7 +68,7 @@ class Lockstep:
         self._state = threading.Condition()
         self._group: set[Hashable] = set()  # members of the round in progress (or gathering)
         self._arrived: set[Hashable] = set()  # members at the current gate
-        self._joining: set[Hashable] = set()  # requests waiting for the round in progress to end
+        self._joined: set[Hashable] = set()  # requests that joined the drafting round at its verify (γ 0)
         self._drafting = False  # gate: False = round start, True = before verify
         self._generation = 0  # counts opened gates: a waiter is free once it moves on
         self._wishes: dict[Hashable, Wish] = {}  # what each member brings to this round start
@@ -75,9 +81,9 @@ class Lockstep:
         self._plan_failures = 0  # round plans that raised (a bug in the rule), for the log
 
     def waiting(self) -> int:
-        """Requests waiting now (at the current gate, or to join at the next round start)."""
+        """Requests waiting now at the current gate."""
         with self._state:
-            return len(self._arrived) + len(self._joining)
+            return len(self._arrived)
 
     def members(self) -> int:
         """Requests in the group now."""
@@ -85,25 +91,22 @@ class Lockstep:
             return len(self._group)
 
     def start_round(self, member: Hashable, timeout_s: float, wish: Wish) -> RoundStart:
-        """Wait until every member is ready to start a round (a newcomer first waits for the round
-        in progress to end). `wish`: what this member would draft alone, and its bounds; returns its γ
-        under the round's rule (`plan`, over everyone starting the round) and how many members draft it.
-        A member that runs out of step (or with lockstep off) drafts its own wish."""
+        """Wait until every member is ready to start a round; a request that is not a member while the group
+        drafts (new, or left behind) joins that round at once with γ 0 (module doc). `wish`: what this member
+        would draft alone, and its bounds; returns its γ under the round's rule (`plan`, over everyone starting the
+        round) and how many members draft it. With lockstep off a request drafts its own wish."""
         if self.max_wait_s == 0:
             return RoundStart(wish.gamma, 0)
         with self._state:
+            if self._drafting and member not in self._group:
+                self._group.add(member)
+                self._joined.add(member)
+                return RoundStart(0, max(self._drafters, 1))
             # a newcomer's wait is bounded by the round in progress, a member's by max_wait_s (module doc)
             newcomer = member not in self._verifying  # not back from the round in progress
-            end = self._end(timeout_s, self.max_wait_s + 2 * self._round_s if newcomer else None)
-            self._joining.add(member)
-            while member not in self._group and self._drafting and (left := end - time.monotonic()) > 0:
-                self._state.wait(left)  # a round is in progress: join at its end
-            self._joining.discard(member)
-            if self._drafting and member not in self._group:
-                return RoundStart(wish.gamma, 1)  # waited long enough: this round runs out of step
             self._group.add(member)
             self._wishes[member] = wish
-            self._arrive(member, end)
+            self._arrive(member, self._end(timeout_s, self._newcomer_wait_s() if newcomer else None))
             # decided when this gate opened (a later one opens only once this member is left behind)
             return RoundStart(self._planned.get(member, wish.gamma), max(self._drafters, 1))
 
@@ -117,7 +120,8 @@ class Lockstep:
             if not (self._drafting and member in self._group):
                 return 1  # out of step: verify at once
             self._shards[member] = shard
-            self._arrive(member, self._end(timeout_s))
+            # one that joined this round waits for members busy drafting, not late ones (module doc)
+            self._arrive(member, self._end(timeout_s, self._newcomer_wait_s() if member in self._joined else None))
             return max(sum(1 for m in self._verifying if self._shards.get(m) == shard), 1)
 
     def leave(self, member: Hashable) -> None:
@@ -126,10 +130,15 @@ class Lockstep:
             self._arrived.discard(member)
             self._wishes.pop(member, None)
             self._shards.pop(member, None)
+            self._joined.discard(member)
             if self._arrived and self._arrived >= self._group:  # the gate waited only for this one
                 self._open()
             elif self._drafting and not self._group:  # the round lost its last member: back to a round
                 self._open()  # start, or the gate stayed shut and every later request ran out of step
+
+    def _newcomer_wait_s(self) -> float:
+        """(Holding the lock) how long a request new to the round in progress may wait for its members."""
+        return self.max_wait_s + 2 * self._round_s
 
     def _end(self, timeout_s: float, wait_s: float | None = None) -> float:
         return time.monotonic() + min(self.max_wait_s if wait_s is None else wait_s, max(timeout_s, 0.0))
@@ -175,10 +184,9 @@ class Lockstep:
             now = time.monotonic()
             self._round_s, self._round_started = (now - self._round_started if self._round_started else 0.0), now
             self._verifying = set()
-        else:  # the group verifies; those waiting to join are members from the next round start (before
-            # they wake: a member back from an instant verify would otherwise start the round without them)
+        else:  # the group verifies
             self._verifying = set(self._group)
-            self._group |= self._joining
+            self._joined.clear()
         self._generation += 1
         self._drafting = not self._drafting
         self._arrived.clear()

@@ -50,17 +50,20 @@ def _ends(thread: threading.Thread) -> bool:
     return not thread.is_alive()
 
 
+def _together(gate: Callable[..., object], *more: object) -> None:
+    """ "a" and "b" through `gate` at once (each waits for the other)."""
+    threads = [_in_thread(gate, member, *more) for member in ("a", "b")]
+    assert all(_ends(t) for t in threads)
+
+
 def _group_of_two() -> Lockstep:
     """ "a" and "b" both in the group, drafting."""
     lockstep = Lockstep(max_wait_s=60)
     lockstep.start_round("a", timeout_s=60, wish=Wish(4))  # alone: starts at once
-    b = _in_thread(lockstep.start_round, "b", Wish(4))  # joins when "a"'s round ends
-    wait_until(lambda: lockstep.waiting() == 1, interval_s=0.001)
-    lockstep.before_verify("a", timeout_s=60)
-    wait_until(lambda: lockstep.members() == 2, interval_s=0.001)
-    assert b.is_alive()  # at the round start, waiting for "a"
-    lockstep.start_round("a", timeout_s=60, wish=Wish(4))
-    assert _ends(b)
+    assert lockstep.start_round("b", timeout_s=60, wish=Wish(4)) == RoundStart(0, 1)  # joins "a"'s verify
+    _together(lockstep.before_verify)
+    _together(lockstep.start_round, Wish(4))
+    assert lockstep.members() == 2
     return lockstep
 
 
@@ -74,15 +77,30 @@ def test_a_round_starts_when_every_member_is_ready_and_verifies_when_every_membe
     assert lockstep.waiting() == 0
 
 
-def test_a_newcomer_joins_when_the_round_in_progress_ends() -> None:
+def test_a_newcomer_joins_the_drafting_rounds_verify_at_once() -> None:
+    """Its row fills the round's verify (γ 0: its first token) instead of staying empty until the round ends."""
     lockstep = Lockstep(max_wait_s=60)
     lockstep.start_round("a", timeout_s=60, wish=Wish(4))  # "a" is drafting
-    b = _in_thread(lockstep.start_round, "b", Wish(4))
+    assert lockstep.start_round("b", timeout_s=60, wish=Wish(4)) == RoundStart(0, 1)  # at once: nothing to draft
+    assert lockstep.members() == 2
+    b = _in_thread(lockstep.before_verify, "b")
     wait_until(lambda: lockstep.waiting() == 1, interval_s=0.001)
-    assert b.is_alive() and lockstep.members() == 1  # no round start while "a" drafts
-    lockstep.before_verify("a", timeout_s=60)  # "a"'s round ends: "b" joins the next start
-    wait_until(lambda: lockstep.members() == 2, interval_s=0.001)
-    lockstep.start_round("a", timeout_s=60, wish=Wish(4))
+    assert b.is_alive()  # the verify waits for "a"'s proposal
+    assert lockstep.before_verify("a", timeout_s=60) == 2  # one batch of both
+    assert _ends(b)
+
+
+def test_a_newcomer_at_the_verify_gate_waits_for_the_drafting_members_and_leaves_nobody_behind() -> None:
+    """Drafting at batch 8 can outlast max_wait_s: a joiner's wait at the verify gate is a newcomer's, or its
+    timeout would leave every drafting member behind."""
+    lockstep = Lockstep(max_wait_s=0.01)
+    lockstep.start_round("a", timeout_s=60, wish=Wish(4))  # "a" drafts, for much longer than max_wait_s
+    lockstep._round_s = 60.0  # as if the last whole round had taken a minute
+    lockstep.start_round("b", timeout_s=60, wish=Wish(4))
+    b = _in_thread(lockstep.before_verify, "b")
+    b.join(timeout=0.5)  # 50x max_wait_s
+    assert b.is_alive() and lockstep.members() == 2  # waiting for "a", which is busy, not late
+    assert lockstep.before_verify("a", timeout_s=60) == 2
     assert _ends(b)
 
 
@@ -106,12 +124,13 @@ def test_the_last_member_leaving_mid_round_reopens_the_round_start() -> None:
     assert lockstep.before_verify("b", timeout_s=60) == 1  # in step: it passes its own verify gate
 
 
-def test_newcomers_waiting_when_the_last_member_leaves_mid_round_start_the_next_round() -> None:
+def test_a_newcomer_whose_round_loses_its_last_drafter_verifies_at_once() -> None:
     lockstep = Lockstep(max_wait_s=60)
     lockstep.start_round("a", timeout_s=60, wish=Wish(4))
-    b = _in_thread(lockstep.start_round, "b", Wish(4))
+    lockstep.start_round("b", timeout_s=60, wish=Wish(4))  # joins "a"'s verify
+    b = _in_thread(lockstep.before_verify, "b")
     wait_until(lambda: lockstep.waiting() == 1, interval_s=0.001)
-    lockstep.leave("a")
+    lockstep.leave("a")  # its Propose raised
     assert _ends(b)
     assert lockstep.members() == 1
 
@@ -162,14 +181,14 @@ def test_a_round_start_plans_every_member_at_once_and_counts_the_drafters() -> N
     def start(member: str) -> None:
         starts[member] = lockstep.start_round(member, 60, Wish(wishes[member]))
 
-    joining = [threading.Thread(target=start, args=(m,)) for m in ("b", "c")]
-    for thread in joining:
+    for member in ("b", "c"):  # join the round "a" drafts: at once, nothing to draft
+        assert lockstep.start_round(member, 60, Wish(wishes[member])) == RoundStart(0, 1)
+    verifying = [_in_thread(lockstep.before_verify, m) for m in ("a", "b", "c")]
+    assert all(_ends(t) for t in verifying)
+    starting = [threading.Thread(target=start, args=(m,)) for m in ("a", "b", "c")]
+    for thread in starting:
         thread.start()
-    wait_until(lambda: lockstep.waiting() == 2, interval_s=0.001)
-    lockstep.before_verify("a", timeout_s=60)
-    wait_until(lambda: lockstep.members() == 3, interval_s=0.001)
-    starts["a"] = lockstep.start_round("a", timeout_s=60, wish=Wish(wishes["a"]))
-    assert all(_ends(t) for t in joining)
+    assert all(_ends(t) for t in starting)
     assert seen == [[5], [0, 1, 5]]  # one plan per round start, over everyone starting it
     assert starts == {"a": RoundStart(2, 2), "b": RoundStart(0, 2), "c": RoundStart(2, 2)}
 
@@ -190,12 +209,12 @@ def test_a_failing_round_plan_gives_each_member_its_own_wish_and_shuts_no_gate(
 
     lockstep = Lockstep(max_wait_s=60, plan=plan)
     lockstep.start_round("a", timeout_s=60, wish=Wish(5))
+    lockstep.start_round("b", timeout_s=60, wish=Wish(3))  # joins "a"'s verify
+    _together(lockstep.before_verify)
     starts: dict[str, RoundStart] = {}
     b = threading.Thread(target=lambda: starts.update(b=lockstep.start_round("b", 60, Wish(3))))
     b.start()
     wait_until(lambda: lockstep.waiting() == 1, interval_s=0.001)
-    lockstep.before_verify("a", timeout_s=60)
-    wait_until(lambda: lockstep.members() == 2, interval_s=0.001)
     with caplog.at_level("ERROR", logger="coordinator.lockstep"):
         starts["a"] = lockstep.start_round("a", timeout_s=60, wish=Wish(5))
     assert _ends(b)
