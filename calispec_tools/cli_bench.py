@@ -298,6 +298,10 @@ def add_compare_parser(sub: Any) -> None:
         help="the model services' --batch-gather-ms (default: theirs; 0: no gathering)",
     )  # fmt: skip
     add_prefix_cache_arg(p)
+    p.add_argument(
+        "--ride-prefill-tokens", type=at.non_negative_int, default=None,
+        help="the model services' --ride-prefill-tokens (default: theirs; 0: every prompt prefills on its own)",
+    )  # fmt: skip
     add_lockstep_phase_arg(p)
     p.add_argument("--json", help="also write everything to this JSON file")
     from calispec_tools.cli import add_model_flavour_args

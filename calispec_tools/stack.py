@@ -122,6 +122,7 @@ class StackConfig:
     fp32_linear: str | None = None  # both model services' float32 (bf16) CPU Linear path (None: theirs, auto)
     target_threads: int | None = None
     prefix_cache_tokens: int | None = None  # the model services' prefix cache (None: their default; 0: off)
+    ride_prefill_tokens: int | None = None  # prompts up to this long prefill in their first batch (None: default)
     default_tau: float | None = None  # the coordinator's τ and λ for requests that set none (None: the paper's)
     default_lambda: int | None = None
     memory_sync_interval_s: float = 1.0
@@ -387,18 +388,20 @@ class LocalStack:
         return f"CSD defaults: {tau}, λ = {Defaults.lambda_ if lam is None else lam} ({why})"
 
     def model_service_args(self) -> list[str]:
-        """What the draft and the target share: session idle TTL, batch gather time, prefix cache, float32
-        Linear path (when set), the compute lock (on CPU)."""
+        """What the draft and the target share: session idle TTL, batch gather time, prefix cache, riding
+        prefills, float32 Linear path (when set), the compute lock (on CPU)."""
         lock = compute_lock_path(self.config)
-        ttl, gather, prefix, linear = (
+        ttl, gather, prefix, ride, linear = (
             self.config.session_idle_ttl_s,
             self.config.batch_gather_ms,
             self.config.prefix_cache_tokens,
+            self.config.ride_prefill_tokens,
             self.config.fp32_linear,
         )
         return [*([] if ttl is None else ["--session-idle-ttl-s", str(ttl)]),
                 *([] if gather is None else ["--batch-gather-ms", str(gather)]),
                 *([] if prefix is None else ["--prefix-cache-tokens", str(prefix)]),
+                *([] if ride is None else ["--ride-prefill-tokens", str(ride)]),
                 *([] if linear is None else ["--fp32-linear", linear]),
                 *([] if lock is None else ["--compute-lock", str(lock)])]  # fmt: skip
 

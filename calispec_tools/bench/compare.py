@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from calispec_core.limits import DEFAULT_LOCKSTEP_PHASE
+from calispec_core.limits import DEFAULT_LOCKSTEP_PHASE, DEFAULT_RIDE_PREFILL_TOKENS
 from calispec_tools.bench.rpc_floor import format_floors, model_service_floors
 from calispec_tools.cli_auth import own_stack_auth
 
@@ -488,7 +488,8 @@ def compare_stack_config(args: argparse.Namespace, tmp: Path) -> StackConfig:
         coordinator_port=0, target_port=0, draft_port=0, memory_port=0, dtype=args.dtype, device=args.device,
         draft_dtype=served_draft_dtype(args), draft_threads=args.draft_threads, target_threads=args.target_threads,
         draft_vocab=draft_vocab(args, None if args.draft else args.pair), batch_gather_ms=args.batch_gather_ms,
-        prefix_cache_tokens=args.prefix_cache_tokens, fp32_linear=args.fp32_linear,
+        prefix_cache_tokens=args.prefix_cache_tokens, ride_prefill_tokens=args.ride_prefill_tokens,
+        fp32_linear=args.fp32_linear,
         compute_lock=not args.no_compute_lock, meaning_guard=args.meaning_guard,
         lockstep_phase=args.lockstep_phase,
         calibration_file=seeded_calibration(args), calibration_lambdas=calibration_lambdas(args),
@@ -540,6 +541,11 @@ def run_compare(args: argparse.Namespace) -> int:
     env = environment(args, draft_dtype, threads) | {
         "draft_vocab": draft_vocab or "full",
         "prefix_cache_tokens": args.prefix_cache_tokens,
+        "ride_prefill_tokens": (  # prompts up to this long prefill in their session's first batched forward
+            args.ride_prefill_tokens
+            if args.ride_prefill_tokens is not None
+            else f"{DEFAULT_RIDE_PREFILL_TOKENS} (the services' default)"
+        ),
         "fp32_linear": f"{args.fp32_linear or 'auto'} (target {linear['target']}, draft {linear['draft']})",
         "compute_lock": "on" if compute_lock_path(stack_config) else "off",  # forwards take turns (host_lock.py)
         "calibration": calibration,  # the memory csd starts from (shipped_calibration.py), as `up` seeds it

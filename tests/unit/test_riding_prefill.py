@@ -1,0 +1,102 @@
+"""Prefills that ride: a short prompt computes nothing at Prefill, its KV comes with the session's first batched
+forward (calispec_core/modeling.py `prefill_session`, `settle_riders`, `store_riders`), on the tiny float32 pair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from calispec_core.generation import Mode
+from calispec_core.modeling import ModelRunner, prefill_session
+from calispec_core.prefix_cache import PrefixCache
+from calispec_core.sampling import SamplingConfig
+from calispec_core.timing import Stopwatch
+from draft_service.proposer import Proposer
+from target_service.engine import RescueConfig, TargetEngine
+from target_service.pair_table import PairTable
+from tests.unit.test_prefix_cache import counting_forwards, prompt
+
+SD = RescueConfig(Mode.SD, 0.01, 6)
+
+
+def test_a_short_prompt_computes_nothing_at_prefill_and_a_long_one_all_but_its_last_token(
+    target_runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fed = counting_forwards(target_runner, monkeypatch)
+    tokens = prompt(0, 12, target_runner.vocab_size)
+    riding = prefill_session(target_runner, "r", tokens, ride_tokens=12)
+    assert fed == [] and riding.pending() == tokens and riding.riding_prefix == tokens[:-1]
+    eager = prefill_session(target_runner, "e", tokens, ride_tokens=11)  # one token longer than rides
+    assert fed == [11] and eager.pending() == tokens[-1:] and eager.riding_prefix is None
+    asked = prefill_session(target_runner, "p", tokens, on_logits=lambda logits, start: None, ride_tokens=12)
+    assert fed == [11, 11] and asked.riding_prefix is None  # prompt log-probabilities need the prompt's own forward
+
+
+def _greedy_tokens(engine: TargetEngine, session_id: str, tokens: list[int], rounds: int) -> list[int]:
+    engine.prefill(session_id, tokens, SamplingConfig(), SD, Stopwatch())
+    return [engine.verify(session_id, [], None, Stopwatch()).next_token for _ in range(rounds)]
+
+
+def test_a_riding_prompt_decodes_as_a_prefilled_one_and_fills_the_prefix_cache(target_runner: ModelRunner) -> None:
+    tokens = prompt(1, 30, target_runner.vocab_size)
+    eager = TargetEngine(target_runner, 4, PairTable(target_runner.vocab_size), ride_prefill_tokens=0)
+    cache = PrefixCache(min_reused=1)
+    riding = TargetEngine(target_runner, 4, PairTable(target_runner.vocab_size), prefix_cache=cache)
+    try:
+        reference = _greedy_tokens(eager, "e", tokens, 6)
+        assert _greedy_tokens(riding, "first", tokens, 6) == reference
+        assert cache.cached_tokens == len(tokens) - 1 and cache.stats.hits == 0  # stored by its first round
+        (stored,) = cache._entries.values()  # the prompt's KV only, not the round's tokens after it
+        assert {keys.shape[-2] for keys, _ in stored} == {len(tokens) - 1}
+        assert _greedy_tokens(riding, "again", tokens, 6) == reference  # attached in its first round
+        assert cache.stats.hits == 1 and cache.stats.reused_tokens == len(tokens) - 1
+    finally:
+        eager.stop()
+        riding.stop()
+
+
+def test_a_draft_rollback_before_the_first_proposal_rides_only_what_is_left_of_the_prompt(
+    draft_runner: ModelRunner,
+) -> None:
+    """A rollback into a riding prompt: its first Propose must attach (from the prefix cache) and compute only the
+    tokens the session still has. Before: the whole prompt's stored prefix was attached to a shorter session."""
+    tokens = prompt(2, 20, draft_runner.vocab_size)
+    kept, appended = 8, [7]
+    riding = Proposer(draft_runner, max_sessions=4, prefix_cache=PrefixCache(min_reused=1))
+    eager = Proposer(draft_runner, max_sessions=4, ride_prefill_tokens=0)
+    try:
+        riding.prefill("warm", tokens, SamplingConfig(), Stopwatch())
+        riding.propose("warm", 3, None, [], Stopwatch())  # its prompt rode, and went into the prefix cache
+        riding.prefill("x", tokens, SamplingConfig(), Stopwatch())
+        got = riding.propose("x", 4, kept, appended, Stopwatch())
+        eager.prefill("y", tokens[:kept] + appended, SamplingConfig(), Stopwatch())
+        assert got.token_ids == eager.propose("y", 4, None, [], Stopwatch()).token_ids
+    finally:
+        riding.stop()
+        eager.stop()
+
+
+def test_the_flag_maps_onto_both_model_services_and_bench_compare(tmp_path: Path) -> None:
+    import draft_service.__main__ as draft_cli
+    import target_service.__main__ as target_cli
+    from calispec_core.limits import DEFAULT_RIDE_PREFILL_TOKENS
+    from calispec_tools.bench.compare import compare_stack_config
+    from calispec_tools.cli import build_parser
+    from calispec_tools.stack import LocalStack
+
+    base = ["--model", "m"]
+    assert target_cli.parse_config(base)[0].ride_prefill_tokens == DEFAULT_RIDE_PREFILL_TOKENS
+    assert target_cli.parse_config([*base, "--ride-prefill-tokens", "0"])[0].ride_prefill_tokens == 0
+    assert draft_cli.parse_config([*base, "--ride-prefill-tokens", "64"])[0].ride_prefill_tokens == 64
+    with pytest.raises(SystemExit):
+        draft_cli.parse_config([*base, "--ride-prefill-tokens", "-1"])
+    parser = build_parser()
+    for flags, passed in (([], None), (["--ride-prefill-tokens", "0"], "0")):
+        bench = parser.parse_args(["bench", "compare", "--pair", "qwen-coder", *flags])
+        bench.model_dirs = (tmp_path / "draft", tmp_path / "target")
+        args = LocalStack(compare_stack_config(bench, tmp_path)).model_service_args()
+        if passed is None:
+            assert "--ride-prefill-tokens" not in args  # the services' own default
+        else:
+            assert args[args.index("--ride-prefill-tokens") + 1] == passed
