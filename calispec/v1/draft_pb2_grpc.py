@@ -70,7 +70,8 @@ class DraftServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Prefill(self, request, context):
-        """Opens a session and runs the prompt through the model.
+        """Opens a session and runs the prompt through the model (a short prompt runs in the session's first Propose
+        instead, beside the other sessions' rows: --ride-prefill-tokens).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

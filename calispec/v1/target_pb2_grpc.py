@@ -65,7 +65,8 @@ class TargetServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Prefill(self, request, context):
-        """Opens a session: caches the prompt, fixes the session's mode and parameters.
+        """Opens a session: fixes its mode and parameters, and caches the prompt (a short prompt without prompt_logprobs
+        is cached by the session's first Verify instead, beside the other sessions' rows: --ride-prefill-tokens).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
