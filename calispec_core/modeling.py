@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from calispec_core.onednn_linear import set_fp32_linear_path
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.sessions import MAX_SESSION_ID_CHARS, valid_session_id
 from calispec_core.vocab_pruning import pruned_columns
+
+log = logging.getLogger(__name__)
 
 # Prompt tokens per prefill forward. The compute thread runs calls in arrival order, so a round
 # waiting behind a long prompt waits for one chunk, not for the whole prompt.
@@ -343,19 +346,27 @@ def prefill_session(
 def settle_riders(sessions: Sequence[Session], prefix_cache: PrefixCache | None) -> None:
     """(On the compute thread, before a batched forward) give each riding session whose cache is still empty the
     longest stored prefix of its prompt; the forward computes the rest. Idempotent: a rerun of a failed forward
-    finds the prefix attached."""
+    finds the prefix attached. A failed attach (out of memory for the copy) leaves the cache empty, never part-filled:
+    the forward then computes the whole prompt (the cache only saves work)."""
     if prefix_cache is None:
         return
     for session in sessions:
         if session.riding_prefix is not None and session.cached_len == 0:
-            prefix_cache.attach(session.riding_prefix, session.cache)
+            try:
+                prefix_cache.attach(session.riding_prefix, session.cache)
+            except Exception:
+                crop_to(session.cache, 0)  # some layers may hold the prefix: none must
+                log.exception("session %r: the prefix cache's attach failed", session.session_id)
 
 
 def store_riders(sessions: Sequence[Session], prefix_cache: PrefixCache | None) -> None:
     """(On the compute thread, after a batched forward that succeeded) keep each riding session's prompt KV for
-    later prompts; the sessions ride no more."""
+    later prompts; the sessions ride no more. A failed store is logged, never raised: the round it follows has
+    computed (and its caller commits) every row."""
     for session in sessions:
-        if session.riding_prefix is not None:
-            if prefix_cache is not None:
+        if session.riding_prefix is not None and prefix_cache is not None:
+            try:
                 prefix_cache.store(session.riding_prefix, session.cache)
-            session.riding_prefix = None
+            except Exception:
+                log.exception("session %r: the prefix cache's store failed", session.session_id)
+        session.riding_prefix = None

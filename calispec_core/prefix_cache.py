@@ -13,7 +13,9 @@ caches in place (calispec_core/kv_cache.py), so a shared view would let one sess
 cheaper than the forward it replaces. Bounded by cached tokens, least recently used out.
 
 Exactness: a prompt that matches an entry up to its last cached token reuses bit-identical KV
-(the same prompt twice computes the same thing). A partial match computes the rest on top of the
+(the same prompt twice computes the same thing; a prompt that rode in a batched forward,
+`modeling.prefill_session`, stored the KV of that forward, which may differ in rounding from a
+forward of the prompt alone). A partial match computes the rest on top of the
 stored prefix, as the chunked prefill already does between chunks; its rounding may differ from
 one uninterrupted prefill, as any change of chunk boundaries may.
 """

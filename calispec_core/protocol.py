@@ -34,6 +34,7 @@ def timing_to_pb(watch: Stopwatch) -> common_pb2.Timing:
         forward_ns=watch.get("forward"),
         verify_ns=watch.get("verify"),
         memory_ns=watch.get("memory"),
+        prefill_ns=watch.get("prefill"),
     )
 
 

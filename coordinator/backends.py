@@ -35,6 +35,7 @@ class Proposal:
     service_ns: int  # whole Propose handler inside the draft service
     forward_ns: int = 0  # part of service_ns spent in model forwards
     sparse_probs: bytes = b""  # q when sampling, an encoded `SparseDistributions` relayed untouched; else empty
+    prefill_ns: int = 0  # part of forward_ns in a step that also computed a riding prompt: not a per-token cost
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,7 @@ class GrpcDraftBackend:
             response.timing.total_ns,
             response.timing.forward_ns,
             sparse,
+            response.timing.prefill_ns,
         )
 
     def close(self, session_id: str, timeout: float) -> None:

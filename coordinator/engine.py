@@ -137,7 +137,6 @@ class _Request:
     # what the draft must do before its next proposal to match the committed sequence
     draft_rollback_to: int | None = None
     draft_append: list[int] = field(default_factory=list)
-    draft_fresh: bool = False  # no Propose since the draft session opened: the first may compute its prompt
     opened: list[tuple[DraftBackend | TargetBackend, str]] = field(default_factory=list)  # sessions to close
     _sessions_per_service: Counter[str] = field(default_factory=Counter)
     policy: GammaPolicy | None = None  # adaptive γ; None when the request fixes γ
@@ -409,7 +408,8 @@ class Orchestrator:
                 self.draft_circuit.give_up_probe()
             raise
         request.start_wait_ns = request.waiting_ns
-        gamma = start_gate.gamma  # the round's choice for it (a fixed γ stays as it is)
+        # the round's choice for it: a fixed γ stays as it is, but a request joining a drafting round verifies with γ 0
+        gamma = start_gate.gamma
         if probing and gamma == 0:  # a round plan left the probe out: another request may probe at once
             self.draft_circuit.give_up_probe()
         if gamma > 0 and not probing and self.draft_circuit.is_open:  # the draft failed while it waited
@@ -418,11 +418,9 @@ class Orchestrator:
         priced = min(gamma, wish.gamma)  # the path floor's price: the policy's γ, not a lone request's reach
         plan = self._plan(request, gamma, priced, start_gate.cohort) if log.isEnabledFor(logging.DEBUG) else None
         # a Propose after target-only rounds first feeds the draft every token it missed: not a per-token cost
-        # so may the first Propose of a draft session: a short prompt's prefill rides in its first step
-        catching_up = len(request.draft_append) > 1 or request.draft_session is None or request.draft_fresh
+        catching_up = len(request.draft_append) > 1 or request.draft_session is None
         # each call's cohort: the members sent with it, so the service batches them whole (lockstep.py)
         proposal, propose_ns = self._propose(request, gamma, start_gate.cohort, priced) if gamma > 0 else (None, 0)
-        request.draft_fresh = request.draft_fresh and proposal is None
         replica = request.target.address if request.target is not None else None
         cohort = self._wait_for_others(
             request, lambda member, timeout: self.lockstep.before_verify(member, timeout, replica)
@@ -554,7 +552,9 @@ class Orchestrator:
         forwards_ns = verdict.forward_ns + (proposal.forward_ns if proposal else 0)
         request.stats.round_overhead_ms += ns_to_ms(max(round_ns - forwards_ns, 0))
         self.costs.observe_target(drafted + 1, ns_to_ms(verdict.service_ns), verdict.batch_size, verdict.batch_tokens)
-        if proposal is not None and not catching_up:  # a catch-up forward would inflate the per-token cost
+        # a catch-up forward would inflate the per-token cost, as would a step that computed a riding prompt (this
+        # session's or another's in the same batch: the draft reports such a step's time as prefill_ns)
+        if proposal is not None and not catching_up and not proposal.prefill_ns:
             self.costs.observe_draft(
                 drafted, ns_to_ms(proposal.forward_ns), ns_to_ms(proposal.service_ns), ns_to_ms(propose_ns)
             )
@@ -643,7 +643,7 @@ class Orchestrator:
             ns = self.draft.prefill(session_id, request.committed_ids, request.params.sampling, timeout)
         request.draft_session = session_id
         request.opened.append((self.draft, session_id))
-        request.draft_rollback_to, request.draft_append, request.draft_fresh = None, [], True
+        request.draft_rollback_to, request.draft_append = None, []
         request.stats.draft_ms += ns_to_ms(ns)
 
     @staticmethod

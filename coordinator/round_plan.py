@@ -59,7 +59,7 @@ def phase_length(wishes: Sequence[Wish]) -> int:
 
 def alone(wish: Wish) -> int:
     """A lone member's γ: an adaptive one that drafts at all drafts up to its reach, since no member waits for its
-    draft steps (a newcomer waits for the round in progress, as for any round) and its path floor stops the
+    draft steps (a newcomer joins the round in progress at its verify, as for any round) and its path floor stops the
     proposal where the draft is unsure (its γ alone prices blind drafts: wave 33, docs/performance.md "A lone
     proposal drafts to its floor")."""
     return max(wish.gamma, min(wish.reach, wish.limit)) if wish.adaptive and wish.gamma > 0 else wish.gamma

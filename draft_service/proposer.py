@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -38,6 +38,7 @@ class Proposal:
     )  # [k, V] float32 full q over the whole vocabulary, only when sampling with proposal_top_k 0
     sparse: SparseQ | None = None  # q as sampled from, only when sampling with a proposal_top_k
     forward_ns: int = 0  # the batched forwards this proposal took part in (the rest is overhead)
+    prefill_ns: int = 0  # part of forward_ns in a step that also computed riding prompts (not a per-token cost)
 
 
 DEFAULT_MAX_BATCH = 8  # sessions drafting in one forward
@@ -66,6 +67,7 @@ class _Job:
     tokens: list[int] = field(default_factory=list)
     dists: list[Dist] = field(default_factory=list)  # q over the logit columns per token, when sampling
     forward_ns: int = 0
+    prefill_ns: int = 0
     done: bool = False
     path: float = 1.0  # the product of the proposed tokens' draft probabilities (while an early stop needs it)
 
@@ -96,19 +98,24 @@ class _Job:
         self.tokens.clear()
         self.dists.clear()
         self.forward_ns = 0
+        self.prefill_ns = 0
         self.done = False
         self.path = 1.0
 
     def proposal(self) -> Proposal:
+        return replace(self._drafted(), forward_ns=self.forward_ns, prefill_ns=self.prefill_ns)
+
+    def _drafted(self) -> Proposal:
+        """The proposed tokens, their q(token) and, when sampling, q itself."""
         if self.state.sampling.greedy:
-            return Proposal(self.tokens, [1.0] * len(self.tokens), None, forward_ns=self.forward_ns)
+            return Proposal(self.tokens, [1.0] * len(self.tokens), None)
         if isinstance(self.dists[0], tuple):
             rows = [(self.columns.token_ids(c), p) for c, p in self.dists]  # type: ignore[misc]  # token ids
             chosen = [float(p[ids == t][0]) for t, (ids, p) in zip(self.tokens, rows, strict=True)]
-            return Proposal(self.tokens, chosen, None, SparseQ.of_rows(rows), self.forward_ns)
+            return Proposal(self.tokens, chosen, None, SparseQ.of_rows(rows))
         probs = self.columns.full_width(torch.cat(self.dists).float()).cpu()  # type: ignore[arg-type]  # [k, V]
         dense = probs.gather(1, torch.tensor(self.tokens).view(-1, 1)).view(-1)  # [k]
-        return Proposal(self.tokens, dense.tolist(), probs, forward_ns=self.forward_ns)
+        return Proposal(self.tokens, dense.tolist(), probs)
 
 
 class Proposer:
@@ -191,6 +198,7 @@ class Proposer:
             job = _Job(state, num_tokens, min_confidence, self.runner.logit_columns, min_path_confidence)
             proposal = self.scheduler.submit(job, cohort)
             watch.add("forward", proposal.forward_ns)
+            watch.add("prefill", proposal.prefill_ns)
             return proposal
 
     def close(self, session_id: str) -> None:
@@ -225,6 +233,7 @@ class Proposer:
     def _draft_steps(self, jobs: Sequence[_Job]) -> list[Proposal]:
         """One forward per step for every session still drafting."""
         active = list(jobs)
+        riding = any(job.state.session.riding_prefix is not None for job in jobs)  # their prompts: the first step
         while active:
             sessions = [job.state.session for job in active]
             start = now_ns()
@@ -235,8 +244,10 @@ class Proposer:
             forward_ns = now_ns() - start
             for job, row in zip(active, logits, strict=True):
                 job.forward_ns += forward_ns  # every row waited for the whole batched forward
+                job.prefill_ns += forward_ns if riding else 0  # ... and for the prompts riding in it
                 job.step(row[None], self._pick)  # [1, 1, C]
             active = [job for job in active if not job.done]
+            riding = False
         return [job.proposal() for job in jobs]
 
     def _pick(

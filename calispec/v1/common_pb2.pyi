@@ -53,16 +53,18 @@ class TokenLogprobs(_message.Message):
     def __init__(self, logprob: _Optional[float] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Timing(_message.Message):
-    __slots__ = ("total_ns", "forward_ns", "verify_ns", "memory_ns")
+    __slots__ = ("total_ns", "forward_ns", "verify_ns", "memory_ns", "prefill_ns")
     TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
     FORWARD_NS_FIELD_NUMBER: _ClassVar[int]
     VERIFY_NS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_NS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_NS_FIELD_NUMBER: _ClassVar[int]
     total_ns: int
     forward_ns: int
     verify_ns: int
     memory_ns: int
-    def __init__(self, total_ns: _Optional[int] = ..., forward_ns: _Optional[int] = ..., verify_ns: _Optional[int] = ..., memory_ns: _Optional[int] = ...) -> None: ...
+    prefill_ns: int
+    def __init__(self, total_ns: _Optional[int] = ..., forward_ns: _Optional[int] = ..., verify_ns: _Optional[int] = ..., memory_ns: _Optional[int] = ..., prefill_ns: _Optional[int] = ...) -> None: ...
 
 class SparseDistributions(_message.Message):
     __slots__ = ("row_sizes", "token_ids", "probs")

@@ -222,9 +222,12 @@ def test_a_proposal_that_first_catches_up_after_target_only_rounds_does_not_infl
     assert costs.draft_ms(1) < 1.0  # observed: microseconds per token, not the catch-up's second
 
 
-def test_a_draft_sessions_first_proposal_does_not_inflate_the_draft_cost() -> None:
+def test_a_proposal_whose_step_computed_a_riding_prompt_does_not_inflate_the_draft_cost() -> None:
     """A short prompt's draft prefill rides in its session's first Propose (calispec_core/modeling.py
-    prefill_session): that call's forwards are the prompt's, not a per-token cost."""
+    prefill_session), in a step every session of the batch waits for: the draft reports that step's time as
+    prefill_ns, and such a proposal, the session's own first or another's beside it, is no per-token cost."""
+    from dataclasses import replace
+
     from calispec_core.sampling import SamplingConfig
     from calispec_core.timing import Deadline
     from coordinator.engine import Orchestrator
@@ -232,22 +235,23 @@ def test_a_draft_sessions_first_proposal_does_not_inflate_the_draft_cost() -> No
     from tests.unit.test_orchestrator import alphabet_target, params
 
     class RidingDraft(FakeDraft):
-        """A session's first proposal takes a second (its prompt's prefill); the others 2 µs."""
+        """The first two proposals share a step with a riding prompt (their own, then another session's): a second
+        each, reported as prefill_ns; the others 2 µs."""
 
         def propose(self, session_id, num_tokens, rollback_to, append, timeout, *early_stop, **hints):
-            first = session_id not in self.proposed
-            self.proposed.add(session_id)
             proposal = super().propose(session_id, num_tokens, rollback_to, append, timeout, *early_stop, **hints)
-            return type(proposal)(proposal.token_ids, b"", 128, 10**9 if first else 2_000)
+            riding = len(self.proposals) <= 2
+            ns = 10**9 if riding else 2_000
+            return replace(proposal, service_ns=ns, forward_ns=ns, prefill_ns=ns if riding else 0)
 
-    draft = RidingDraft(alphabet_target)
-    draft.proposed = set()
     costs = model(FLAT, draft_per_token=40.0)
-    orchestrator = Orchestrator(CharTokenizer(), draft, [FakeTarget(alphabet_target)], (EOS,), 4096, costs=costs)
+    orchestrator = Orchestrator(
+        CharTokenizer(), RidingDraft(alphabet_target), [FakeTarget(alphabet_target)], (EOS,), 4096, costs=costs
+    )
     orchestrator._gamma = lambda request: 3  # type: ignore[method-assign]
-    list(orchestrator.generate("c", params(max_new_tokens=20, num_speculative_tokens=None,
+    list(orchestrator.generate("c", params(max_new_tokens=40, num_speculative_tokens=None,
                                            sampling=SamplingConfig()), Deadline(60)))  # fmt: skip
-    assert costs.draft_ms(1) < 1.0  # microseconds per token, not the first call's second
+    assert costs.draft_ms(1) < 1.0  # microseconds per token, not the riding steps' second
 
 
 def test_a_finished_request_moves_the_pair_wide_acceptance_towards_its_own() -> None:

@@ -56,6 +56,33 @@ def test_a_riding_prompt_decodes_as_a_prefilled_one_and_fills_the_prefix_cache(t
         riding.stop()
 
 
+@pytest.mark.parametrize("failing", ["attach", "store"])
+def test_a_failing_prefix_cache_neither_fails_nor_corrupts_a_riding_round(
+    target_runner: ModelRunner, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """The cache only saves work: a copy that fails (out of memory) inside a round must cost the reuse, not the round
+    (before: the error failed the round after its forward had extended the caches, or left a cache part-filled)."""
+    tokens = prompt(5, 30, target_runner.vocab_size)
+    eager = TargetEngine(target_runner, 4, PairTable(target_runner.vocab_size), ride_prefill_tokens=0)
+    cache = PrefixCache(min_reused=1)
+    riding = TargetEngine(target_runner, 4, PairTable(target_runner.vocab_size), prefix_cache=cache)
+    try:
+        reference = _greedy_tokens(eager, "e", tokens, 4)
+        if failing == "attach":
+            assert _greedy_tokens(riding, "warm", tokens, 1) == reference[:1]  # stored: the next one attaches
+        real = getattr(cache, failing)
+
+        def fails(prompt_ids: list[int], kv_cache: object) -> None:
+            real(prompt_ids, kv_cache)  # an attach that fills the cache's layers, then fails
+            raise MemoryError("no room for the copy")
+
+        monkeypatch.setattr(cache, failing, fails)
+        assert _greedy_tokens(riding, "s", tokens, 4) == reference
+    finally:
+        eager.stop()
+        riding.stop()
+
+
 def test_a_draft_rollback_before_the_first_proposal_rides_only_what_is_left_of_the_prompt(
     draft_runner: ModelRunner,
 ) -> None:
@@ -75,6 +102,25 @@ def test_a_draft_rollback_before_the_first_proposal_rides_only_what_is_left_of_t
     finally:
         riding.stop()
         eager.stop()
+
+
+def test_a_draft_step_that_computes_a_riding_prompt_is_reported_to_every_row_of_it(draft_runner: ModelRunner) -> None:
+    """The coordinator learns the draft's per-token cost from each proposal's forward time: a step that also
+    computed a riding prompt is reported apart (prefill_ns), for every session that waited for it."""
+    from draft_service.proposer import _Job
+
+    proposer = Proposer(draft_runner, max_sessions=4)
+    try:
+        proposer.prefill("old", prompt(3, 20, draft_runner.vocab_size), SamplingConfig(), Stopwatch())
+        first = proposer.propose("old", 3, None, [], Stopwatch())  # its own prompt rides in its first step
+        assert 0 < first.prefill_ns < first.forward_ns
+        assert proposer.propose("old", 3, None, [], Stopwatch()).prefill_ns == 0  # nothing rides any more
+        proposer.prefill("new", prompt(4, 20, draft_runner.vocab_size), SamplingConfig(), Stopwatch())
+        jobs = [_Job(proposer.sessions.get(s), 3, 0.0, draft_runner.logit_columns) for s in ("old", "new")]
+        beside, riding = proposer._draft_batch(jobs)
+        assert 0 < beside.prefill_ns == riding.prefill_ns < beside.forward_ns  # "old" waited for "new"'s prompt
+    finally:
+        proposer.stop()
 
 
 def test_the_flag_maps_onto_both_model_services_and_bench_compare(tmp_path: Path) -> None:
