@@ -3,6 +3,8 @@ forward (calispec_core/modeling.py `prefill_session`, `settle_riders`, `store_ri
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,19 @@ def test_a_short_prompt_computes_nothing_at_prefill_and_a_long_one_all_but_its_l
     assert fed == [11, 11] and asked.riding_prefix is None  # prompt log-probabilities need the prompt's own forward
 
 
+@contextmanager
+def _eager_and_riding(runner: ModelRunner) -> Iterator[tuple[TargetEngine, TargetEngine, PrefixCache]]:
+    """A target engine that prefills every prompt on its own, and one whose short prompts ride (with a prefix cache)."""
+    eager = TargetEngine(runner, 4, PairTable(runner.vocab_size), ride_prefill_tokens=0)
+    cache = PrefixCache(min_reused=1)
+    riding = TargetEngine(runner, 4, PairTable(runner.vocab_size), prefix_cache=cache)
+    try:
+        yield eager, riding, cache
+    finally:
+        eager.stop()
+        riding.stop()
+
+
 def _greedy_tokens(engine: TargetEngine, session_id: str, tokens: list[int], rounds: int) -> list[int]:
     engine.prefill(session_id, tokens, SamplingConfig(), SD, Stopwatch())
     return [engine.verify(session_id, [], None, Stopwatch()).next_token for _ in range(rounds)]
@@ -40,10 +55,7 @@ def _greedy_tokens(engine: TargetEngine, session_id: str, tokens: list[int], rou
 
 def test_a_riding_prompt_decodes_as_a_prefilled_one_and_fills_the_prefix_cache(target_runner: ModelRunner) -> None:
     tokens = prompt(1, 30, target_runner.vocab_size)
-    eager = TargetEngine(target_runner, 4, PairTable(target_runner.vocab_size), ride_prefill_tokens=0)
-    cache = PrefixCache(min_reused=1)
-    riding = TargetEngine(target_runner, 4, PairTable(target_runner.vocab_size), prefix_cache=cache)
-    try:
+    with _eager_and_riding(target_runner) as (eager, riding, cache):
         reference = _greedy_tokens(eager, "e", tokens, 6)
         assert _greedy_tokens(riding, "first", tokens, 6) == reference
         assert cache.cached_tokens == len(tokens) - 1 and cache.stats.hits == 0  # stored by its first round
@@ -51,9 +63,6 @@ def test_a_riding_prompt_decodes_as_a_prefilled_one_and_fills_the_prefix_cache(t
         assert {keys.shape[-2] for keys, _ in stored} == {len(tokens) - 1}
         assert _greedy_tokens(riding, "again", tokens, 6) == reference  # attached in its first round
         assert cache.stats.hits == 1 and cache.stats.reused_tokens == len(tokens) - 1
-    finally:
-        eager.stop()
-        riding.stop()
 
 
 @pytest.mark.parametrize("failing", ["attach", "store"])
@@ -63,10 +72,7 @@ def test_a_failing_prefix_cache_neither_fails_nor_corrupts_a_riding_round(
     """The cache only saves work: a copy that fails (out of memory) inside a round must cost the reuse, not the round
     (before: the error failed the round after its forward had extended the caches, or left a cache part-filled)."""
     tokens = prompt(5, 30, target_runner.vocab_size)
-    eager = TargetEngine(target_runner, 4, PairTable(target_runner.vocab_size), ride_prefill_tokens=0)
-    cache = PrefixCache(min_reused=1)
-    riding = TargetEngine(target_runner, 4, PairTable(target_runner.vocab_size), prefix_cache=cache)
-    try:
+    with _eager_and_riding(target_runner) as (eager, riding, cache):
         reference = _greedy_tokens(eager, "e", tokens, 4)
         if failing == "attach":
             assert _greedy_tokens(riding, "warm", tokens, 1) == reference[:1]  # stored: the next one attaches
@@ -78,9 +84,6 @@ def test_a_failing_prefix_cache_neither_fails_nor_corrupts_a_riding_round(
 
         monkeypatch.setattr(cache, failing, fails)
         assert _greedy_tokens(riding, "s", tokens, 4) == reference
-    finally:
-        eager.stop()
-        riding.stop()
 
 
 def test_a_draft_rollback_before_the_first_proposal_rides_only_what_is_left_of_the_prompt(
