@@ -223,9 +223,14 @@ def test_a_client_gone_mid_stream_is_cancelled_under_its_request_id(caplog: pyte
     assert _log_lines(caplog)[0].startswith("request id=http-req-11 mode=sd status=CANCELLED ")
 
 
-def _fails_at_second_round(text: str) -> HttpGeneration:
+def _fails_at_second_round(text: str, others_started: threading.Event) -> HttpGeneration:
+    """A choice whose second round fails, once the other choice's first round has begun: a choice abandoned before
+    its first round never starts its generator (nothing to close, `closed` never set), and under a loaded test run
+    the thread pool could start it after this one's two rounds (a 30 s `wait_until` failure, seen once)."""
+
     def chunks() -> Generator[Chunk, None, None]:
         yield Chunk([1], text, "r")
+        assert others_started.wait(timeout=20)
         raise InvalidArgument(f"choice {text!r} failed")
 
     return HttpGeneration(chunks(), threading.Event())
@@ -243,13 +248,13 @@ def test_a_choice_that_fails_ends_the_others_and_answers_the_request() -> None:
             return {"type": "http.disconnect"}
 
     with pytest.raises(InvalidArgument, match="choice 'b' failed"):  # not the Cancelled it caused in the other
-        asyncio.run(gathered([others, _fails_at_second_round("b")], StillThere()))  # type: ignore[arg-type]
+        asyncio.run(gathered([others, _fails_at_second_round("b", endless.in_round)], StillThere()))  # type: ignore[arg-type]
     wait_until(endless.closed.is_set)
 
 
 def test_a_choice_that_fails_mid_stream_ends_the_stream_and_the_others() -> None:
     endless = EndlessGeneration()
-    generations = [HttpGeneration(endless.chunks(), endless.gone), _fails_at_second_round("b")]
+    generations = [HttpGeneration(endless.chunks(), endless.gone), _fails_at_second_round("b", endless.in_round)]
     held, released = _held()
     body: list[bytes] = []
 
