@@ -155,7 +155,6 @@ class Proposer:
                 session = prefill_session(
                     self.runner, session_id, token_ids, self.prefix_cache, ride_tokens=self.ride_prefill_tokens
                 )
-                wait_for(self.runner.device)
             generator = make_generator(sampling.seed, DRAFT_STREAM, self.runner.device)
             open_session(DraftSession(session, sampling, generator))
 

@@ -144,7 +144,6 @@ class TargetEngine:
                 session = prefill_session(
                     self.runner, session_id, token_ids, self.prefix_cache, report, self.ride_prefill_tokens
                 )
-                wait_for(self.runner.device)
             generator = make_generator(sampling.seed, TARGET_STREAM, self.runner.device)
             open_session(TargetSession(session, sampling, rescue, generator))
         return report.entries if report is not None else None

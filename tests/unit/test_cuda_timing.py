@@ -4,6 +4,7 @@ absorbs the GPU's work (found by review in wave 27). CPU-only here: the waits ar
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import draft_service.proposer as proposer_module
@@ -26,31 +27,40 @@ def test_wait_for_synchronizes_cuda_only(monkeypatch) -> None:
     assert synced == [torch.device("cuda", 0)]
 
 
-def _recording(monkeypatch, module) -> list[str]:
-    """The device type of each wait the module makes."""
+def _recording(monkeypatch, *modules) -> list[str]:
+    """The device type of each wait the modules make."""
     waits: list[str] = []
-    monkeypatch.setattr(module, "wait_for", lambda device: waits.append(device.type))
+    for module in modules:
+        monkeypatch.setattr(module, "wait_for", lambda device: waits.append(device.type))
     return waits
 
 
-def test_the_target_waits_inside_its_prefill_and_verify_forwards(target_runner: ModelRunner, monkeypatch) -> None:
-    waits = _recording(monkeypatch, engine_module)
-    engine = TargetEngine(target_runner, 4, PairTable(target_runner.vocab_size))
+@pytest.mark.parametrize("ride", [0, 3], ids=["prefilled", "riding"])
+def test_the_target_waits_inside_its_prefill_and_verify_forwards(
+    target_runner: ModelRunner, monkeypatch, ride: int
+) -> None:
+    """A prompt that prefills on its own waits for its forward there; a riding one computes nothing there (nothing
+    to wait for: on CUDA a wait would only stall the call behind other sessions' forwards) and rides in the round's."""
+    waits = _recording(monkeypatch, engine_module, modeling)
+    engine = TargetEngine(target_runner, 4, PairTable(target_runner.vocab_size), ride_prefill_tokens=ride)
     try:
         engine.prefill("s", [1, 2, 3], SamplingConfig(), RescueConfig(Mode.SD), Stopwatch())
-        assert waits == ["cpu"]
+        prefill_waits = [] if ride else ["cpu"]
+        assert waits == prefill_waits
         engine.verify("s", [5, 6], None, Stopwatch())
-        assert waits == ["cpu", "cpu"]
+        assert waits == [*prefill_waits, "cpu"]
     finally:
         engine.stop()
 
 
-def test_the_draft_waits_inside_its_prefill_and_every_step(draft_runner: ModelRunner, monkeypatch) -> None:
-    waits = _recording(monkeypatch, proposer_module)
-    proposer = Proposer(draft_runner, max_sessions=2)
+@pytest.mark.parametrize("ride", [0, 3], ids=["prefilled", "riding"])
+def test_the_draft_waits_inside_its_prefill_and_every_step(draft_runner: ModelRunner, monkeypatch, ride: int) -> None:
+    waits = _recording(monkeypatch, proposer_module, modeling)
+    proposer = Proposer(draft_runner, max_sessions=2, ride_prefill_tokens=ride)
     try:
         proposer.prefill("s", [1, 2, 3], SamplingConfig(), Stopwatch())
+        assert len(waits) == (0 if ride else 1)  # a prefill that computed waits for its forward
         proposal = proposer.propose("s", 3, None, [], Stopwatch())
-        assert len(waits) == 1 + len(proposal.token_ids)  # the prefill, then one per drafted token
+        assert len(waits) == (0 if ride else 1) + len(proposal.token_ids)  # then one per drafted token
     finally:
         proposer.stop()
