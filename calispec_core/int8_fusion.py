@@ -49,7 +49,7 @@ def fuse_gate_up_mlps(model: torch.nn.Module) -> int:
 def _fused_gate_up(mlp: torch.nn.Module) -> DynamicQuantizedLinear | None:
     """gate and up in one call, if both are dynamic int8 Linears of one shape (`chunk(2)` splits them back)."""
     gate, up = mlp.gate_proj, mlp.up_proj
-    if not all(type(p) is DynamicQuantizedLinear for p in (gate, up)) or gate.out_features != up.out_features:
+    if not all(isinstance(p, DynamicQuantizedLinear) for p in (gate, up)) or gate.out_features != up.out_features:
         return None
     return fuse_dynamic_int8((gate, up))  # None unless their input widths agree too
 
@@ -62,7 +62,7 @@ def fuse_dynamic_int8(projections: tuple[torch.nn.Module, ...]) -> DynamicQuanti
     weight becomes per-channel with its scale repeated), so the int8 weights are the same and fbgemm
     dequantises every output with the same factors; the activations are quantised once per call, as
     each separate call would have quantised the same input."""
-    if not all(type(p) is DynamicQuantizedLinear and p.weight().dtype == torch.qint8 for p in projections):
+    if not all(isinstance(p, DynamicQuantizedLinear) and p.weight().dtype == torch.qint8 for p in projections):
         return None
     weights = [p.weight() for p in projections]  # qint8 [N_i, E]
     if len({w.shape[1] for w in weights}) != 1 or any(_per_channel(w) and w.q_per_channel_axis() != 0 for w in weights):
@@ -76,7 +76,7 @@ def fuse_dynamic_int8(projections: tuple[torch.nn.Module, ...]) -> DynamicQuanti
     if any(b is not None for b in biases):
         zeros = [torch.zeros(w.shape[0], dtype=torch.float32) for w in weights]  # x + 0.0 == x
         bias = torch.cat([b if b is not None else z for b, z in zip(biases, zeros, strict=True)])
-    fused = DynamicQuantizedLinear(weight.shape[1], weight.shape[0], dtype=torch.qint8)
+    fused = type(projections[0])(weight.shape[1], weight.shape[0], dtype=torch.qint8)  # Int8Linear stays one
     fused.set_weight_bias(weight, bias)
     return fused
 

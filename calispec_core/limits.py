@@ -266,6 +266,9 @@ LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]  # every service's --log-leve
 # else onednn; "default" keeps torch's own path. bf16 layers follow it on CPUs with bf16 units (wave 28);
 # other dtypes ignore it.
 FP32_LINEAR_CHOICES = ("auto", "packed", "onednn", "default")
+# int8 models, a forward holding a sequence's first token (calispec_core/int8_outliers.py): "split" quantises its
+# outlier rows apart from the others, "shared" keeps torch's one activation scale over every row of a call
+INT8_OUTLIER_CHOICES = ("split", "shared")
 # how the coordinator's lockstep rounds choose their members' γ (coordinator/round_plan.py): "group" plans the round
 # for the whole group by the cost model (the default since wave 38), "median" is wave 6's cap at the drafting
 # members' lower median wish, "shared" gives every adaptive member that cap's length

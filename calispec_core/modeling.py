@@ -23,9 +23,10 @@ from calispec_core.batch_forward import packed_forward
 from calispec_core.compute import compute_thread, on_compute_thread
 from calispec_core.errors import InvalidArgument, require
 from calispec_core.int8_fusion import fuse_gate_up_mlps
+from calispec_core.int8_outliers import SPLIT, isolating_outliers, use_int8_outlier_split
 from calispec_core.kv_cache import SessionLayer, crop_to, new_session_cache
 from calispec_core.lean_decoder import LeanDecoder
-from calispec_core.limits import FP32_LINEAR_CHOICES
+from calispec_core.limits import FP32_LINEAR_CHOICES, INT8_OUTLIER_CHOICES
 from calispec_core.onednn_linear import set_fp32_linear_path
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.sessions import MAX_SESSION_ID_CHARS, valid_session_id
@@ -133,6 +134,8 @@ class ModelSpec:
     threads: int | None = None  # torch intra-op threads; None: torch's default (all cores)
     fp32_linear: str = "auto"  # float32 CPU Linear path, one of FP32_LINEAR_CHOICES (auto: packed where it fits)
     lean_forward: bool = True  # rounds' passes through LeanDecoder where the model is one it reproduces
+    # int8: a forward holding a sequence's first token quantises its outlier rows apart (int8_outliers.py)
+    int8_outliers: str = SPLIT
     # a lock file the model services of this host share: their forwards take turns (host_lock.py); None: off
     compute_lock: Path | None = None
 
@@ -152,6 +155,7 @@ class ModelRunner:
         if not Path(spec.path).is_dir():
             raise InvalidArgument(f"model directory not found: {spec.path}")
         require(spec.fp32_linear in FP32_LINEAR_CHOICES, f"fp32_linear must be one of {FP32_LINEAR_CHOICES}")
+        require(spec.int8_outliers in INT8_OUTLIER_CHOICES, f"int8_outliers must be one of {INT8_OUTLIER_CHOICES}")
         apply_threads(spec.threads)
         self.device = resolve_device(spec.device)
         self.dtype = resolve_dtype(spec.dtype, self.device)  # of activations and logits
@@ -167,6 +171,10 @@ class ModelRunner:
         self.logit_columns = pruned_columns(model, self.tokenizer, output_vocab, self.eos_token_ids)
         self.vocab_size: int = self.logit_columns.vocab_size
         self.model = quantize_int8(model) if spec.dtype == INT8 else model
+        # before the lean decoder fuses q/k/v: its fused layer takes its projections' class
+        self.isolates_outliers = spec.dtype == INT8 and spec.int8_outliers == SPLIT
+        if self.isolates_outliers:
+            use_int8_outlier_split(self.model)
         # float32 CPU layers, bf16 ones on CPUs with bf16 units ("" for int8, CUDA); after quantising, after
         # pruning the head
         self.fp32_linear = set_fp32_linear_path(self.model, spec.fp32_linear, bf16=cpu_has_fast_bf16())
@@ -209,10 +217,12 @@ class ModelRunner:
         widths: list[int],  # n_b
         masks: list[torch.Tensor | None],  # per row [g·n_b, L_b + n_b] or None
         kept: torch.Tensor,  # [K]
+        first_tokens: bool = False,  # some row starts at position 0 (int8: its outlier rows quantised apart)
     ) -> torch.Tensor:  # [K, V]
         """A packed pass through `decoder` (calispec_core/batch_forward.py builds its arguments)."""
         assert self.decoder is not None
-        return self.decoder.forward(input_ids, positions, rows, widths, masks, kept)
+        with isolating_outliers(self.isolates_outliers and first_tokens):
+            return self.decoder.forward(input_ids, positions, rows, widths, masks, kept)
 
     @on_compute_thread
     @torch.inference_mode()
@@ -223,6 +233,7 @@ class ModelRunner:
         position_ids: torch.Tensor,  # [B, S] each token's own position
         cache: DynamicCache,  # [B, H, P, D] per layer
         logits_to_keep: int | torch.Tensor,  # the last n positions, or the positions' indices [K]
+        first_tokens: bool = False,  # some row starts at position 0 (int8: its outlier rows quantised apart)
     ) -> torch.Tensor:  # [B, n or K, V]
         """A multi-session forward: padded rows, or sessions packed end to end (calispec_core.batch_forward).
 
@@ -232,14 +243,15 @@ class ModelRunner:
         if isinstance(logits_to_keep, int) and 0 < logits_to_keep < input_ids.shape[1]:
             width = input_ids.shape[1]
             logits_to_keep = torch.arange(width - logits_to_keep, width, device=input_ids.device)  # [n]
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-        )
+        with isolating_outliers(self.isolates_outliers and first_tokens):
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
+            )
         return out.logits
 
     def check_token_ids(self, token_ids: list[int], what: str) -> None:

@@ -24,6 +24,7 @@ from calispec_core.limits import (
     DEFAULT_RIDE_PREFILL_TOKENS,
     DTYPE_CHOICES,
     FP32_LINEAR_CHOICES,
+    INT8_OUTLIER_CHOICES,
     LOG_LEVELS,
     non_negative_float,
     non_negative_int,
@@ -141,7 +142,7 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
 
     return ModelSpec(
         Path(args.model), dtype=args.dtype, device=args.device, threads=args.threads,
-        fp32_linear=args.fp32_linear, compute_lock=args.compute_lock,
+        fp32_linear=args.fp32_linear, compute_lock=args.compute_lock, int8_outliers=args.int8_outliers,
     )  # fmt: skip
 
 
@@ -178,6 +179,14 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         "(host or cgroup) holds that copy twice over, else onednn; default: torch's path. Despite the name, bf16 "
         "layers take the same path on CPUs with bf16 units (AVX512-BF16/AMX; packed: ~30%% cheaper forwards, one "
         "token included); docs/performance.md",
+    )
+    parser.add_argument(
+        "--int8-outliers",
+        default=INT8_OUTLIER_CHOICES[0],
+        choices=INT8_OUTLIER_CHOICES,
+        help="--dtype int8: split: a forward holding a prompt's first token quantises that token's massive "
+        "activations apart from the other rows (calispec_core/int8_outliers.py); shared: one scale over every row "
+        "of a call, as torch's dynamic Linear does",
     )
     parser.add_argument(
         "--max-sessions", type=positive_int, default=256, help="open sessions before RESOURCE_EXHAUSTED"

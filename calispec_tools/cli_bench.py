@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from calispec.types import Mode
-from calispec_core.limits import DEFAULT_LOCKSTEP_PHASE, DTYPE_CHOICES, LOCKSTEP_PHASES
+from calispec_core.limits import DEFAULT_LOCKSTEP_PHASE, DTYPE_CHOICES, INT8_OUTLIER_CHOICES, LOCKSTEP_PHASES
 from calispec_tools import arg_types as at
 from calispec_tools.cli_auth import add_client_auth_args, checked_client_auth, own_stack_auth, usage_error
 
@@ -302,6 +302,7 @@ def add_compare_parser(sub: Any) -> None:
         "--ride-prefill-tokens", type=at.non_negative_int, default=None,
         help="the model services' --ride-prefill-tokens (default: theirs; 0: every prompt prefills on its own)",
     )  # fmt: skip
+    add_int8_outliers_arg(p)
     add_lockstep_phase_arg(p)
     p.add_argument("--json", help="also write everything to this JSON file")
     from calispec_tools.cli import add_model_flavour_args
@@ -341,6 +342,13 @@ def bench_pair_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
     return ensure_pulled_pair(args.pair)
 
 
+def add_int8_outliers_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--int8-outliers", choices=INT8_OUTLIER_CHOICES, default=None,
+        help="int8 models' --int8-outliers (default: the services', split; shared: torch's one scale a call)",
+    )  # fmt: skip
+
+
 def add_calibration_bench_parser(sub: Any) -> None:
     p = sub.add_parser(
         "calibration",
@@ -357,6 +365,7 @@ def add_calibration_bench_parser(sub: Any) -> None:
         "--max-tokens", type=at.window_tokens, default=512, help="text documents are cut into windows this long"
     )
     p.add_argument("--no-text", action="store_true", help="skip the dense run over the corpus's text documents")
+    add_int8_outliers_arg(p)  # the stack's services and the teacher-forced runners alike
     from calispec_tools.cli import add_model_flavour_args
 
     add_model_flavour_args(p, serves_csd=False)  # it runs SD only, and counts the events it adds to an empty memory

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from calispec_core.limits import DTYPE_CHOICES
+from calispec_core.limits import DTYPE_CHOICES, INT8_OUTLIER_CHOICES
 from calispec_tools import arg_types as at
 from calispec_tools.cli_auth import USAGE_ERROR
 
@@ -54,6 +54,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--draft-dtype", default=None, choices=DTYPE_CHOICES,
         help="the draft's (default: what `calispec up` serves, int8 on CPU): events come from the draft as served",
+    )  # fmt: skip
+    p.add_argument(
+        "--int8-outliers", default=INT8_OUTLIER_CHOICES[0], choices=INT8_OUTLIER_CHOICES,
+        help="an int8 draft's first-token outlier rows: split (as the services compute them) or shared (torch's one "
+        "scale a call; the shipped file was counted so)",
     )  # fmt: skip
     p.add_argument("--device", default="auto")
     p.add_argument("--namespace", default=None, help="default: the running stack's (or the pair's, with --export)")
@@ -149,7 +154,9 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
         from calispec_tools.cli import served_draft_dtype
 
         draft_dtype = served_draft_dtype(args)
-        job = RayJob(str(draft), str(target), args.dtype, args.device, address, namespace, token, draft_dtype)
+        job = RayJob(
+            str(draft), str(target), args.dtype, args.device, address, namespace, token, draft_dtype, args.int8_outliers
+        )
         summary, parts = run_on_ray(args.ray, docs, config, job, args.workers, args.worker_cpus)
         extra = {"workers": [{"documents": p.documents, "events": p.events, "total_s": p.total_s} for p in parts]}
     else:
@@ -196,8 +203,10 @@ def _load(args: argparse.Namespace, config: Any, draft: Path, target: Path) -> A
     from calispec_tools.cli import served_draft_dtype
 
     print(f"loading the pair (draft {draft}, target {target})...", file=sys.stderr)
-    draft_runner = ModelRunner(ModelSpec(draft, served_draft_dtype(args), args.device))
-    return Calibrator(draft_runner, ModelRunner(ModelSpec(target, args.dtype, args.device)), config)
+    outliers = args.int8_outliers
+    draft_runner = ModelRunner(ModelSpec(draft, served_draft_dtype(args), args.device, int8_outliers=outliers))
+    target_runner = ModelRunner(ModelSpec(target, args.dtype, args.device, int8_outliers=outliers))
+    return Calibrator(draft_runner, target_runner, config)
 
 
 def _run_local(

@@ -123,6 +123,7 @@ class StackConfig:
     target_threads: int | None = None
     prefix_cache_tokens: int | None = None  # the model services' prefix cache (None: their default; 0: off)
     ride_prefill_tokens: int | None = None  # prompts up to this long prefill in their first batch (None: default)
+    int8_outliers: str | None = None  # int8 models' first-token outlier rows: split or shared (None: theirs, split)
     default_tau: float | None = None  # the coordinator's τ and λ for requests that set none (None: the paper's)
     default_lambda: int | None = None
     memory_sync_interval_s: float = 1.0
@@ -389,20 +390,22 @@ class LocalStack:
 
     def model_service_args(self) -> list[str]:
         """What the draft and the target share: session idle TTL, batch gather time, prefix cache, riding
-        prefills, float32 Linear path (when set), the compute lock (on CPU)."""
+        prefills, float32 Linear path and int8 outlier rows (when set), the compute lock (on CPU)."""
         lock = compute_lock_path(self.config)
-        ttl, gather, prefix, ride, linear = (
+        ttl, gather, prefix, ride, linear, outliers = (
             self.config.session_idle_ttl_s,
             self.config.batch_gather_ms,
             self.config.prefix_cache_tokens,
             self.config.ride_prefill_tokens,
             self.config.fp32_linear,
+            self.config.int8_outliers,
         )
         return [*([] if ttl is None else ["--session-idle-ttl-s", str(ttl)]),
                 *([] if gather is None else ["--batch-gather-ms", str(gather)]),
                 *([] if prefix is None else ["--prefix-cache-tokens", str(prefix)]),
                 *([] if ride is None else ["--ride-prefill-tokens", str(ride)]),
                 *([] if linear is None else ["--fp32-linear", linear]),
+                *([] if outliers is None else ["--int8-outliers", outliers]),
                 *([] if lock is None else ["--compute-lock", str(lock)])]  # fmt: skip
 
     def memory_args(self, port: int) -> list[str]:

@@ -94,12 +94,14 @@ def agreement(reference: Counter[tuple[int, int]], other: Counter[tuple[int, int
 def teacher_forced(
     args: argparse.Namespace, draft_dtype: str, prompts: list[str], texts: list[Document]
 ) -> list[Method]:
+    from calispec_core.int8_outliers import SPLIT
     from calispec_core.modeling import ModelRunner, ModelSpec
     from calispec_tools.calibrate.job import CalibrateConfig, Calibrator
 
     draft_dir, target_dir = args.model_dirs
-    draft = ModelRunner(ModelSpec(draft_dir, draft_dtype, args.device))
-    target = ModelRunner(ModelSpec(target_dir, args.dtype, args.device))
+    outliers = args.int8_outliers or SPLIT
+    draft = ModelRunner(ModelSpec(draft_dir, draft_dtype, args.device, int8_outliers=outliers))
+    target = ModelRunner(ModelSpec(target_dir, args.dtype, args.device, int8_outliers=outliers))
     docs = [Document(p, True, "bench") for p in prompts]
     sd = CalibrateConfig(mode="sd", generate=True, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
                          batch_size=args.batch_size)  # fmt: skip
@@ -144,6 +146,7 @@ def run_calibration_bench(args: argparse.Namespace) -> int:
             coordinator_port=0, target_port=0, draft_port=0, memory_port=0, dtype=args.dtype, device=args.device,
             draft_dtype=draft_dtype, draft_threads=args.draft_threads,
             target_threads=args.target_threads, compute_lock=not args.no_compute_lock,
+            int8_outliers=args.int8_outliers,
         )  # fmt: skip
         threads = service_threads(config)
         print(f"SD through a local stack over {len(prompts)} prompts...", file=sys.stderr)
@@ -159,7 +162,7 @@ def run_calibration_bench(args: argparse.Namespace) -> int:
         "draft_dtype": draft_dtype, "stack_threads": [threads_label(t) for t in threads],
         "process_threads": torch.get_num_threads(),
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
-        "batch_size": args.batch_size,
+        "batch_size": args.batch_size, "int8_outliers": args.int8_outliers or "split (the services' default)",
     }  # fmt: skip
     print(format_report(env, methods))
     return 0

@@ -489,7 +489,7 @@ def compare_stack_config(args: argparse.Namespace, tmp: Path) -> StackConfig:
         draft_dtype=served_draft_dtype(args), draft_threads=args.draft_threads, target_threads=args.target_threads,
         draft_vocab=draft_vocab(args, None if args.draft else args.pair), batch_gather_ms=args.batch_gather_ms,
         prefix_cache_tokens=args.prefix_cache_tokens, ride_prefill_tokens=args.ride_prefill_tokens,
-        fp32_linear=args.fp32_linear,
+        fp32_linear=args.fp32_linear, int8_outliers=args.int8_outliers,
         compute_lock=not args.no_compute_lock, meaning_guard=args.meaning_guard,
         lockstep_phase=args.lockstep_phase,
         calibration_file=seeded_calibration(args), calibration_lambdas=calibration_lambdas(args),
@@ -547,6 +547,7 @@ def run_compare(args: argparse.Namespace) -> int:
             else f"{DEFAULT_RIDE_PREFILL_TOKENS} (the services' default)"
         ),
         "fp32_linear": f"{args.fp32_linear or 'auto'} (target {linear['target']}, draft {linear['draft']})",
+        "int8_outliers": args.int8_outliers or "split (the services' default)",  # int8_outliers.py
         "compute_lock": "on" if compute_lock_path(stack_config) else "off",  # forwards take turns (host_lock.py)
         "calibration": calibration,  # the memory csd starts from (shipped_calibration.py), as `up` seeds it
         "meaning_guard": "on" if stack_config.meaning_guard else "off",

@@ -35,8 +35,8 @@ def continue_greedy(runner: ModelRunner, prompts: Sequence[list[int]], max_new_t
     positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)  # [B, P] each row counts from its first real token
     cache = runner.new_cache()
     outputs: list[list[int]] = [[] for _ in prompts]
-    for _ in range(max(budgets, default=0)):
-        logits = runner.forward_batch(ids, mask, positions, cache, logits_to_keep=1)  # [B, 1, V]
+    for step in range(max(budgets, default=0)):
+        logits = runner.forward_batch(ids, mask, positions, cache, 1, first_tokens=step == 0)  # [B, 1, V]
         ids = argmax_last(logits[:, -1]).unsqueeze(-1)  # [B, 1]
         for b, token in enumerate(ids.view(-1).tolist()):
             if len(outputs[b]) < budgets[b]:

@@ -30,6 +30,7 @@ class RayJob:
     namespace: str
     token: str  # the verifiers' writer token
     draft_dtype: str | None = None  # None: dtype
+    int8_outliers: str = "split"  # int8 models' first-token outlier rows (calispec_core/int8_outliers.py)
 
 
 @ray.remote
@@ -39,8 +40,9 @@ class CalibrationWorker:
         from calispec_tools.calibrate.job import Calibrator
 
         self.job, self.rank = job, rank
-        draft = ModelRunner(ModelSpec(job.draft, job.draft_dtype or job.dtype, job.device))
-        target = ModelRunner(ModelSpec(job.target, job.dtype, job.device))
+        outliers = job.int8_outliers
+        draft = ModelRunner(ModelSpec(job.draft, job.draft_dtype or job.dtype, job.device, int8_outliers=outliers))
+        target = ModelRunner(ModelSpec(job.target, job.dtype, job.device, int8_outliers=outliers))
         self.calibrator = Calibrator(draft, target, config)
 
     def run(self, docs: list[Document]) -> Summary:

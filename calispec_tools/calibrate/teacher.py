@@ -31,6 +31,7 @@ import torch
 
 from calispec_core.argmax import argmax_last
 from calispec_core.compute import on_compute_thread
+from calispec_core.int8_outliers import isolating_outliers
 from calispec_core.modeling import ModelRunner
 
 Pair = tuple[int, int]  # (draft token id, target token id)
@@ -103,9 +104,10 @@ def greedy_predictions(
             offset += n
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()  # [S, S]
     mask = (segment[:, :, None] == segment[:, None, :]) & causal  # [B, S, S] own row, earlier tokens
-    hidden = runner.model.base_model(
-        input_ids=ids, attention_mask=mask[:, None], position_ids=positions, use_cache=False
-    ).last_hidden_state  # [B, S, H]
+    with isolating_outliers(runner.isolates_outliers):  # every row starts at position 0 (int8_outliers.py)
+        hidden = runner.model.base_model(
+            input_ids=ids, attention_mask=mask[:, None], position_ids=positions, use_cache=False
+        ).last_hidden_state  # [B, S, H]
     real = (segment >= 0).view(-1).nonzero().squeeze(1)  # [N] flat indices of real tokens, in bin order
     flat = hidden.reshape(-1, hidden.shape[-1])[real]  # [N, H]
     head = runner.model.get_output_embeddings()
