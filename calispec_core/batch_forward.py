@@ -61,11 +61,11 @@ def packed_forward(
     rows = [[c.layers[i] for c in caches] for i in range(len(caches[0].layers))]  # [layer][row]
     first = 0 in lengths  # a row at position 0 (a prompt's first chunk, a riding prompt): int8_outliers.py
     if runner.decoder is not None:  # the same ops without HF's wrappers (calispec_core/lean_decoder.py)
-        logits = runner.forward_lean(input_ids, positions, rows, widths, masks, kept, first)  # [Σ keep, V]
+        logits = runner.forward_lean(input_ids, positions, rows, widths, masks, kept, first_tokens=first)  # [Σ keep, V]
     else:
         packed = runner.new_cache()
         packed.layers = [_RowsLayer(layer_rows, widths, masks) for layer_rows in rows]
-        logits = runner.forward_batch(input_ids, None, positions, packed, kept, first)[0]  # [Σ keep, V]
+        logits = runner.forward_batch(input_ids, None, positions, packed, kept, first_tokens=first)[0]  # [Σ keep, V]
     return list(logits.split(keep))  # [keep[b], V] each
 
 

@@ -13,7 +13,11 @@ from __future__ import annotations
 import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
+from calispec_core.int8_outliers import Int8Linear
+
 MLP_CLASSES = ("LlamaMLP", "Qwen2MLP")  # down_proj(act_fn(gate_proj(x)) * up_proj(x)), HF's names
+# torch's dynamic int8 Linear and ours (the same layer, outlier rows apart), never a subclass adding ops (LinearReLU)
+INT8_LINEARS = (DynamicQuantizedLinear, Int8Linear)
 
 
 class FusedGateUpMLP(torch.nn.Module):
@@ -49,7 +53,7 @@ def fuse_gate_up_mlps(model: torch.nn.Module) -> int:
 def _fused_gate_up(mlp: torch.nn.Module) -> DynamicQuantizedLinear | None:
     """gate and up in one call, if both are dynamic int8 Linears of one shape (`chunk(2)` splits them back)."""
     gate, up = mlp.gate_proj, mlp.up_proj
-    if not all(isinstance(p, DynamicQuantizedLinear) for p in (gate, up)) or gate.out_features != up.out_features:
+    if not all(type(p) in INT8_LINEARS for p in (gate, up)) or gate.out_features != up.out_features:
         return None
     return fuse_dynamic_int8((gate, up))  # None unless their input widths agree too
 
@@ -62,7 +66,7 @@ def fuse_dynamic_int8(projections: tuple[torch.nn.Module, ...]) -> DynamicQuanti
     weight becomes per-channel with its scale repeated), so the int8 weights are the same and fbgemm
     dequantises every output with the same factors; the activations are quantised once per call, as
     each separate call would have quantised the same input."""
-    if not all(isinstance(p, DynamicQuantizedLinear) and p.weight().dtype == torch.qint8 for p in projections):
+    if not all(type(p) in INT8_LINEARS and p.weight().dtype == torch.qint8 for p in projections):
         return None
     weights = [p.weight() for p in projections]  # qint8 [N_i, E]
     if len({w.shape[1] for w in weights}) != 1 or any(_per_channel(w) and w.q_per_channel_axis() != 0 for w in weights):

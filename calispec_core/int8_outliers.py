@@ -3,8 +3,8 @@
 A dynamic int8 Linear (fbgemm) quantises its whole input with one scale, from the input's min and max. LLMs
 put *massive activations* on a sequence's first token (Sun et al., 2024, "Massive activations in large
 language models"): in the 0.5B Qwen draft, the first token's inputs to some layers reach 34-172 where the
-other tokens of a 256-token text stay under ~19 (layer 3's MLP: 172 against 11.5). One scale over both
-quantises every other row an order of magnitude more coarsely. Serving meets this in every forward that
+other tokens of a 256-token text stay under ~19 (layer 3's MLP: 172 against at most 11.5). One scale over both
+quantises every other row 4-15× more coarsely in those layers. Serving meets this in every forward that
 holds a prompt's first token (its prefill, or a riding prompt together with other sessions' decode rows);
 teacher-forced calibration meets it in every forward (each packed document starts at position 0).
 
@@ -26,17 +26,15 @@ from contextlib import contextmanager
 import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
-from calispec_core.limits import INT8_OUTLIER_CHOICES
-
 OUTLIER_RATIO = 4.0  # a row is an outlier where its largest |activation| exceeds this × the median row's
-SPLIT, SHARED = INT8_OUTLIER_CHOICES  # outlier rows quantised apart (the default) / torch's one scale a call
 
 _isolating: contextvars.ContextVar[bool] = contextvars.ContextVar("int8_isolating_outliers", default=False)
 
 
 @contextmanager
 def isolating_outliers(active: bool = True) -> Iterator[None]:
-    """Within this block (on this thread), `Int8Linear` layers quantise outlier rows apart."""
+    """Within this block (this context: a thread's, or an asyncio task's), `Int8Linear` layers quantise outlier
+    rows apart."""
     token = _isolating.set(active)
     try:
         yield
@@ -58,12 +56,10 @@ class Int8Linear(DynamicQuantizedLinear):
         outliers = peaks > OUTLIER_RATIO * peaks.median()  # [R] bool
         if not bool(outliers.any()):  # CPU only (dynamic int8): no device sync
             return super().forward(x)
+        # The other rows in one call with the outlier rows zeroed: a quantisation range always holds 0, so their
+        # scale and outputs are the same bits as a call over them alone, and only the few outlier rows move
+        out = super().forward(rows.masked_fill(outliers[:, None], 0.0))  # [R, N], outlier rows wrong until replaced
         apart = outliers.nonzero().squeeze(1)  # [A]
-        # The other rows in one call with the outliers zeroed: a quantisation range always holds 0, so their scale
-        # and outputs are the same bits as a call over them alone, without gathering them or scattering [R, N]
-        others = rows.clone()  # [R, E]
-        others[apart] = 0
-        out = super().forward(others)  # [R, N], the outlier rows' outputs wrong until replaced
         out[apart] = super().forward(rows[apart])
         return out.view(*x.shape[:-1], self.out_features)
 

@@ -268,7 +268,8 @@ LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]  # every service's --log-leve
 FP32_LINEAR_CHOICES = ("auto", "packed", "onednn", "default")
 # int8 models, a forward holding a sequence's first token (calispec_core/int8_outliers.py): "split" quantises its
 # outlier rows apart from the others, "shared" keeps torch's one activation scale over every row of a call
-INT8_OUTLIER_CHOICES = ("split", "shared")
+INT8_SPLIT, INT8_SHARED = "split", "shared"
+INT8_OUTLIER_CHOICES = (INT8_SPLIT, INT8_SHARED)
 # how the coordinator's lockstep rounds choose their members' γ (coordinator/round_plan.py): "group" plans the round
 # for the whole group by the cost model (the default since wave 38), "median" is wave 6's cap at the drafting
 # members' lower median wish, "shared" gives every adaptive member that cap's length

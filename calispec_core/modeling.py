@@ -23,10 +23,10 @@ from calispec_core.batch_forward import packed_forward
 from calispec_core.compute import compute_thread, on_compute_thread
 from calispec_core.errors import InvalidArgument, require
 from calispec_core.int8_fusion import fuse_gate_up_mlps
-from calispec_core.int8_outliers import SPLIT, isolating_outliers, use_int8_outlier_split
+from calispec_core.int8_outliers import isolating_outliers, use_int8_outlier_split
 from calispec_core.kv_cache import SessionLayer, crop_to, new_session_cache
 from calispec_core.lean_decoder import LeanDecoder
-from calispec_core.limits import FP32_LINEAR_CHOICES, INT8_OUTLIER_CHOICES
+from calispec_core.limits import FP32_LINEAR_CHOICES, INT8_OUTLIER_CHOICES, INT8_SPLIT
 from calispec_core.onednn_linear import set_fp32_linear_path
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.sessions import MAX_SESSION_ID_CHARS, valid_session_id
@@ -135,7 +135,7 @@ class ModelSpec:
     fp32_linear: str = "auto"  # float32 CPU Linear path, one of FP32_LINEAR_CHOICES (auto: packed where it fits)
     lean_forward: bool = True  # rounds' passes through LeanDecoder where the model is one it reproduces
     # int8: a forward holding a sequence's first token quantises its outlier rows apart (int8_outliers.py)
-    int8_outliers: str = SPLIT
+    int8_outliers: str = INT8_SPLIT
     # a lock file the model services of this host share: their forwards take turns (host_lock.py); None: off
     compute_lock: Path | None = None
 
@@ -172,7 +172,7 @@ class ModelRunner:
         self.vocab_size: int = self.logit_columns.vocab_size
         self.model = quantize_int8(model) if spec.dtype == INT8 else model
         # before the lean decoder fuses q/k/v: its fused layer takes its projections' class
-        self.isolates_outliers = spec.dtype == INT8 and spec.int8_outliers == SPLIT
+        self.isolates_outliers = spec.dtype == INT8 and spec.int8_outliers == INT8_SPLIT
         if self.isolates_outliers:
             use_int8_outlier_split(self.model)
         # float32 CPU layers, bf16 ones on CPUs with bf16 units ("" for int8, CUDA); after quantising, after

@@ -25,6 +25,7 @@ from calispec_core.limits import (
     DTYPE_CHOICES,
     FP32_LINEAR_CHOICES,
     INT8_OUTLIER_CHOICES,
+    INT8_SPLIT,
     LOG_LEVELS,
     non_negative_float,
     non_negative_int,
@@ -182,7 +183,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--int8-outliers",
-        default=INT8_OUTLIER_CHOICES[0],
+        default=INT8_SPLIT,
         choices=INT8_OUTLIER_CHOICES,
         help="--dtype int8: split: a forward holding a prompt's first token quantises that token's massive "
         "activations apart from the other rows (calispec_core/int8_outliers.py); shared: one scale over every row "

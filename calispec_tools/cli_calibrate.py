@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from calispec_core.limits import DTYPE_CHOICES, INT8_OUTLIER_CHOICES
+from calispec_core.limits import DTYPE_CHOICES, INT8_OUTLIER_CHOICES, INT8_SPLIT
 from calispec_tools import arg_types as at
 from calispec_tools.cli_auth import USAGE_ERROR
 
@@ -56,8 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the draft's (default: what `calispec up` serves, int8 on CPU): events come from the draft as served",
     )  # fmt: skip
     p.add_argument(
-        "--int8-outliers", default=INT8_OUTLIER_CHOICES[0], choices=INT8_OUTLIER_CHOICES,
-        help="an int8 draft's first-token outlier rows: split (as the services compute them) or shared (torch's one "
+        "--int8-outliers", default=INT8_SPLIT, choices=INT8_OUTLIER_CHOICES,
+        help="int8 models' first-token outlier rows: split (as the services compute them) or shared (torch's one "
         "scale a call; the shipped file was counted so)",
     )  # fmt: skip
     p.add_argument("--device", default="auto")

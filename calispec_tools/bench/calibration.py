@@ -94,12 +94,12 @@ def agreement(reference: Counter[tuple[int, int]], other: Counter[tuple[int, int
 def teacher_forced(
     args: argparse.Namespace, draft_dtype: str, prompts: list[str], texts: list[Document]
 ) -> list[Method]:
-    from calispec_core.int8_outliers import SPLIT
+    from calispec_core.limits import INT8_SPLIT
     from calispec_core.modeling import ModelRunner, ModelSpec
     from calispec_tools.calibrate.job import CalibrateConfig, Calibrator
 
     draft_dir, target_dir = args.model_dirs
-    outliers = args.int8_outliers or SPLIT
+    outliers = args.int8_outliers or INT8_SPLIT
     draft = ModelRunner(ModelSpec(draft_dir, draft_dtype, args.device, int8_outliers=outliers))
     target = ModelRunner(ModelSpec(target_dir, args.dtype, args.device, int8_outliers=outliers))
     docs = [Document(p, True, "bench") for p in prompts]

@@ -208,7 +208,8 @@ class HfPair:
     """The pair loaded with transformers, as a user of `generate(assistant_model=...)` would, in the dtypes the
     stack serves: an int8 model (the stack's CPU draft by default) gets the same dynamic quantisation the
     model services apply (`quantize_int8`), so both sides run the same weights. The Linear path stays HF's
-    (torch's own); the stack's oneDNN path, lean pass and pruned draft head are its own engineering."""
+    (torch's own); the stack's oneDNN path, lean pass, pruned draft head and first-token outlier rows quantised
+    apart (calispec_core/int8_outliers.py: torch's int8 layers keep one scale a call) are its own engineering."""
 
     def __init__(self, draft: Path, target: Path, dtype: str, device: str, draft_dtype: str | None = None) -> None:
         import torch

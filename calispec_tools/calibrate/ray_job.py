@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import ray
 
+from calispec_core.limits import INT8_SPLIT
 from calispec_tools.calibrate.corpus import Document
 from calispec_tools.calibrate.job import CalibrateConfig, Summary
 
@@ -30,7 +31,7 @@ class RayJob:
     namespace: str
     token: str  # the verifiers' writer token
     draft_dtype: str | None = None  # None: dtype
-    int8_outliers: str = "split"  # int8 models' first-token outlier rows (calispec_core/int8_outliers.py)
+    int8_outliers: str = INT8_SPLIT  # int8 models' first-token outlier rows (calispec_core/int8_outliers.py)
 
 
 @ray.remote

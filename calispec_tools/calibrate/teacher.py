@@ -104,14 +104,14 @@ def greedy_predictions(
             offset += n
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()  # [S, S]
     mask = (segment[:, :, None] == segment[:, None, :]) & causal  # [B, S, S] own row, earlier tokens
+    real = (segment >= 0).view(-1).nonzero().squeeze(1)  # [N] flat indices of real tokens, in bin order
+    head = runner.model.get_output_embeddings()
     with isolating_outliers(runner.isolates_outliers):  # every row starts at position 0 (int8_outliers.py)
         hidden = runner.model.base_model(
             input_ids=ids, attention_mask=mask[:, None], position_ids=positions, use_cache=False
         ).last_hidden_state  # [B, S, H]
-    real = (segment >= 0).view(-1).nonzero().squeeze(1)  # [N] flat indices of real tokens, in bin order
-    flat = hidden.reshape(-1, hidden.shape[-1])[real]  # [N, H]
-    head = runner.model.get_output_embeddings()
-    preds = torch.cat([argmax_last(head(flat[i : i + chunk])) for i in range(0, flat.shape[0], chunk)])  # [N]
+        flat = hidden.reshape(-1, hidden.shape[-1])[real]  # [N, H]
+        preds = torch.cat([argmax_last(head(flat[i : i + chunk])) for i in range(0, flat.shape[0], chunk)])  # [N]
     table = torch.full((len(bins) * width,), -1, dtype=torch.long, device=device)  # [B*S]
     table[real] = preds
     grid = table.view(len(bins), width).tolist()  # [B][S]

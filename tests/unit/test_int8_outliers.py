@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,11 @@ from calispec_core.errors import InvalidArgument
 from calispec_core.int8_fusion import fuse_dynamic_int8
 from calispec_core.int8_outliers import Int8Linear, isolating_outliers, use_int8_outlier_split
 from calispec_core.modeling import ModelRunner, ModelSpec, prefill_session, quantize_int8
+from calispec_core.prefix_cache import PrefixCache
+from calispec_tools.calibrate.generate import continue_greedy
 from calispec_tools.calibrate.teacher import greedy_predictions
 from tests.conftest import TinyPair
+from tests.unit.test_prefix_cache import prompt
 
 
 def int8_layers(*widths: int, seed: int = 3) -> tuple[torch.nn.Module, ...]:
@@ -119,11 +123,17 @@ class IsolationSpy:
         seen, self.seen = set(self.seen), []
         return seen
 
+    def take_calls(self) -> list[bool]:
+        seen, self.seen = self.seen, []
+        return seen
 
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean pass", "HF pass"])
 def test_forwards_holding_a_first_token_isolate_and_decode_steps_do_not(
-    tiny_pair: TinyPair, monkeypatch: pytest.MonkeyPatch
+    tiny_pair: TinyPair, monkeypatch: pytest.MonkeyPatch, lean: bool
 ) -> None:
-    runner = ModelRunner(ModelSpec(tiny_pair.draft, dtype="int8", device="cpu"))
+    runner = ModelRunner(ModelSpec(tiny_pair.draft, dtype="int8", device="cpu", lean_forward=lean))
+    assert (runner.decoder is not None) == lean
     spy = IsolationSpy(monkeypatch)
     session = prefill_session(runner, "a", [5, 17, 42, 8])
     assert spy.take() == {True}  # the prompt's chunk starts at position 0
@@ -142,7 +152,42 @@ def test_teacher_forced_predictions_isolate_every_batch(tiny_pair: TinyPair, mon
     runner = ModelRunner(ModelSpec(tiny_pair.draft, dtype="int8", device="cpu"))
     spy = IsolationSpy(monkeypatch)
     predictions = greedy_predictions(runner, [[5, 17, 42, 8], [9, 10]])
-    assert [len(p) for p in predictions] == [4, 2] and True in spy.take()
+    assert [len(p) for p in predictions] == [4, 2] and spy.take() == {True}  # the layers and the output head
+
+
+def test_a_prompt_whose_start_comes_from_the_prefix_cache_does_not_isolate(
+    tiny_pair: TinyPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = ModelRunner(ModelSpec(tiny_pair.draft, dtype="int8", device="cpu"))
+    cache = PrefixCache(1024)
+    system = prompt(1, 30, runner.vocab_size)
+    prefill_session(runner, "a", system + prompt(2, 12, runner.vocab_size), cache)
+    spy = IsolationSpy(monkeypatch)
+    reused = prefill_session(runner, "b", system + prompt(3, 9, runner.vocab_size), cache)
+    assert cache.stats.hits == 1 and reused.cached_len == 38
+    assert spy.take() == {False}  # the shared start came from the cache: what is computed starts past position 0
+
+
+def test_generated_continuations_isolate_their_first_step_only(
+    tiny_pair: TinyPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = ModelRunner(ModelSpec(tiny_pair.draft, dtype="int8", device="cpu"))
+    spy = IsolationSpy(monkeypatch)
+    assert [len(c) for c in continue_greedy(runner, [[5, 17, 42], [9, 10]], 3)] == [3, 3]
+    calls = spy.take_calls()  # three forwards of the same layers: the prompts' (padded), then two decode steps
+    per_forward = len(calls) // 3
+    assert calls == [True] * per_forward + [False] * (2 * per_forward)
+
+
+@pytest.mark.parametrize("outliers", ["split", "shared"])
+def test_calibrate_loads_both_runners_with_the_flag(tiny_pair: TinyPair, outliers: str) -> None:
+    from calispec_tools.calibrate.job import CalibrateConfig
+    from calispec_tools.cli_calibrate import _load
+
+    args = argparse.Namespace(draft_dtype="int8", dtype="float32", device="cpu", int8_outliers=outliers)
+    calibrator = _load(args, CalibrateConfig(), tiny_pair.draft, tiny_pair.target)
+    assert calibrator.draft.isolates_outliers == (outliers == "split")
+    assert not calibrator.target.isolates_outliers  # float32: nothing quantises its activations
 
 
 def test_the_flag_maps_onto_both_model_services_bench_compare_and_calibrate(tmp_path: Path) -> None:
