@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from calispec.types import Mode
-from calispec_core.limits import DEFAULT_LOCKSTEP_PHASE, DTYPE_CHOICES, INT8_OUTLIER_CHOICES, LOCKSTEP_PHASES
+from calispec_core.limits import (
+    DEFAULT_LOCKSTEP_PHASE,
+    DTYPE_CHOICES,
+    INT8_OUTLIER_CHOICES,
+    INT8_SPLIT,
+    LOCKSTEP_PHASES,
+)
 from calispec_tools import arg_types as at
 from calispec_tools.cli_auth import add_client_auth_args, checked_client_auth, own_stack_auth, usage_error
 
@@ -473,8 +479,7 @@ CALIBRATION_NEW_TOKENS = 96  # the target's continuation per calibration prompt 
 
 def _study_calibrate(args: argparse.Namespace, config: Any, kinds: list[str]) -> Any:
     """The study's CalibrateFn: the shipped file if the pair has one, else teacher-forced here (models loaded once)."""
-    from calispec_core.modeling import ModelRunner, ModelSpec
-    from calispec_tools.calibrate.job import CalibrateConfig, Calibrator
+    from calispec_tools.calibrate.job import CalibrateConfig, Calibrator, load_pair
     from calispec_tools.calibrate.sink import MemoryWriter
     from calispec_tools.cli import served_draft_dtype
     from calispec_tools.eval.calibration import calibration_documents
@@ -486,11 +491,11 @@ def _study_calibrate(args: argparse.Namespace, config: Any, kinds: list[str]) ->
     def calibrator() -> Calibrator:
         if not loaded:
             draft_dir, target_dir = model_dirs(args)
-            draft = ModelRunner(ModelSpec(draft_dir, served_draft_dtype(args), args.device))
-            target = ModelRunner(ModelSpec(target_dir, args.dtype, args.device))
+            # the int8 outlier rule the stack's services run by default (the study starts them with theirs)
+            pair = load_pair(draft_dir, target_dir, args.dtype, args.device, served_draft_dtype(args), INT8_SPLIT)
             cfg = CalibrateConfig(generate=True, gamma=args.gamma or 6, max_new_tokens=CALIBRATION_NEW_TOKENS,
                                   batch_size=args.calibration_batch_size)  # fmt: skip
-            loaded.append(Calibrator(draft, target, cfg))
+            loaded.append(Calibrator(*pair, cfg))
         return loaded[0]
 
     def calibrate(label: str, ep: Any) -> dict[str, Any]:

@@ -198,15 +198,12 @@ def _memory_target(args: argparse.Namespace) -> tuple[str, str, str]:
 
 
 def _load(args: argparse.Namespace, config: Any, draft: Path, target: Path) -> Any:
-    from calispec_core.modeling import ModelRunner, ModelSpec
-    from calispec_tools.calibrate.job import Calibrator
+    from calispec_tools.calibrate.job import Calibrator, load_pair
     from calispec_tools.cli import served_draft_dtype
 
     print(f"loading the pair (draft {draft}, target {target})...", file=sys.stderr)
-    outliers = args.int8_outliers
-    draft_runner = ModelRunner(ModelSpec(draft, served_draft_dtype(args), args.device, int8_outliers=outliers))
-    target_runner = ModelRunner(ModelSpec(target, args.dtype, args.device, int8_outliers=outliers))
-    return Calibrator(draft_runner, target_runner, config)
+    pair = load_pair(draft, target, args.dtype, args.device, served_draft_dtype(args), args.int8_outliers)
+    return Calibrator(*pair, config)
 
 
 def _run_local(

@@ -87,3 +87,16 @@ def write_recorded_export(path: Path, namespace: str, pairs: list[tuple[int, int
     dump_export(path, namespace, 1, pairs, exported_at="")
     (path.parent / SUMS_NAME).write_text(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}\n")
     return path
+
+
+def bench_compare_service_flag(tmp_path: Path, flag: str, *flags: str) -> str | None:
+    """The value `bench compare --pair qwen-coder [flags]` gives both model services for `flag` (None: it passes
+    none, so the services keep their own default)."""
+    from calispec_tools.bench.compare import compare_stack_config
+    from calispec_tools.cli import build_parser
+    from calispec_tools.stack import LocalStack
+
+    bench = build_parser().parse_args(["bench", "compare", "--pair", "qwen-coder", *flags])
+    bench.model_dirs = (tmp_path / "draft", tmp_path / "target")
+    args = LocalStack(compare_stack_config(bench, tmp_path)).model_service_args()
+    return args[args.index(flag) + 1] if flag in args else None

@@ -95,13 +95,11 @@ def teacher_forced(
     args: argparse.Namespace, draft_dtype: str, prompts: list[str], texts: list[Document]
 ) -> list[Method]:
     from calispec_core.limits import INT8_SPLIT
-    from calispec_core.modeling import ModelRunner, ModelSpec
-    from calispec_tools.calibrate.job import CalibrateConfig, Calibrator
+    from calispec_tools.calibrate.job import CalibrateConfig, Calibrator, load_pair
 
     draft_dir, target_dir = args.model_dirs
     outliers = args.int8_outliers or INT8_SPLIT
-    draft = ModelRunner(ModelSpec(draft_dir, draft_dtype, args.device, int8_outliers=outliers))
-    target = ModelRunner(ModelSpec(target_dir, args.dtype, args.device, int8_outliers=outliers))
+    draft, target = load_pair(draft_dir, target_dir, args.dtype, args.device, draft_dtype, outliers)
     docs = [Document(p, True, "bench") for p in prompts]
     sd = CalibrateConfig(mode="sd", generate=True, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
                          batch_size=args.batch_size)  # fmt: skip

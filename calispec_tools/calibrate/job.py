@@ -9,9 +9,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from calispec_core.modeling import ModelRunner
+from calispec_core.modeling import ModelRunner, ModelSpec
 from calispec_tools.arg_types import MIN_WINDOW_TOKENS
 from calispec_tools.calibrate.corpus import Document, encode, windows
 from calispec_tools.calibrate.generate import continue_greedy
@@ -63,6 +64,15 @@ class Summary:
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "pairs"}
         return {**out, "distinct_pairs": len(self.pairs), "events_per_s": self.events_per_s}
+
+
+def load_pair(
+    draft: str | Path, target: str | Path, dtype: str, device: str, draft_dtype: str, int8_outliers: str
+) -> tuple[ModelRunner, ModelRunner]:
+    """(draft, target) runners for calibration: the draft in the dtype that will propose, both with one int8 outlier
+    rule (calispec_core/int8_outliers.py)."""
+    draft_runner = ModelRunner(ModelSpec(Path(draft), draft_dtype, device, int8_outliers=int8_outliers))
+    return draft_runner, ModelRunner(ModelSpec(Path(target), dtype, device, int8_outliers=int8_outliers))
 
 
 class Calibrator:

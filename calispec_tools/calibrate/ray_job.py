@@ -37,14 +37,12 @@ class RayJob:
 @ray.remote
 class CalibrationWorker:
     def __init__(self, job: RayJob, config: CalibrateConfig, rank: int) -> None:
-        from calispec_core.modeling import ModelRunner, ModelSpec
-        from calispec_tools.calibrate.job import Calibrator
+        from calispec_tools.calibrate.job import Calibrator, load_pair
 
         self.job, self.rank = job, rank
-        outliers = job.int8_outliers
-        draft = ModelRunner(ModelSpec(job.draft, job.draft_dtype or job.dtype, job.device, int8_outliers=outliers))
-        target = ModelRunner(ModelSpec(job.target, job.dtype, job.device, int8_outliers=outliers))
-        self.calibrator = Calibrator(draft, target, config)
+        draft_dtype = job.draft_dtype or job.dtype
+        pair = load_pair(job.draft, job.target, job.dtype, job.device, draft_dtype, job.int8_outliers)
+        self.calibrator = Calibrator(*pair, config)
 
     def run(self, docs: list[Document]) -> Summary:
         from calispec_tools.calibrate.sink import MemoryWriter

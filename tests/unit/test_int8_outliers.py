@@ -19,6 +19,7 @@ from calispec_core.prefix_cache import PrefixCache
 from calispec_tools.calibrate.generate import continue_greedy
 from calispec_tools.calibrate.teacher import greedy_predictions
 from tests.conftest import TinyPair
+from tests.helpers import bench_compare_service_flag
 from tests.unit.test_prefix_cache import prompt
 
 
@@ -193,23 +194,16 @@ def test_calibrate_loads_both_runners_with_the_flag(tiny_pair: TinyPair, outlier
 def test_the_flag_maps_onto_both_model_services_bench_compare_and_calibrate(tmp_path: Path) -> None:
     import draft_service.__main__ as draft_cli
     import target_service.__main__ as target_cli
-    from calispec_tools.bench.compare import compare_stack_config
     from calispec_tools.cli import build_parser
-    from calispec_tools.stack import LocalStack
 
     base = ["--model", "m"]
     assert target_cli.parse_config(base)[0].model.int8_outliers == "split"
     assert draft_cli.parse_config([*base, "--int8-outliers", "shared"])[0].model.int8_outliers == "shared"
     with pytest.raises(SystemExit):
         draft_cli.parse_config([*base, "--int8-outliers", "apart"])
+    assert bench_compare_service_flag(tmp_path, "--int8-outliers") is None  # the services' own default
+    assert bench_compare_service_flag(tmp_path, "--int8-outliers", "--int8-outliers", "shared") == "shared"
     parser = build_parser()
-    for flags, passed in (([], None), (["--int8-outliers", "shared"], "shared")):
-        bench = parser.parse_args(["bench", "compare", "--pair", "qwen-coder", *flags])
-        bench.model_dirs = (tmp_path / "draft", tmp_path / "target")
-        args = LocalStack(compare_stack_config(bench, tmp_path)).model_service_args()
-        assert (args[args.index("--int8-outliers") + 1] if passed else "--int8-outliers" not in args) == (
-            passed or True
-        )
     calibrate = parser.parse_args(["calibrate", "--corpus", "c.jsonl"])
     assert calibrate.int8_outliers == "split"  # counted as the services compute (make calibration pins the file's)
     assert parser.parse_args(["bench", "calibration", "--int8-outliers", "shared"]).int8_outliers == "shared"

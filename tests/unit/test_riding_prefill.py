@@ -17,6 +17,7 @@ from calispec_core.timing import Stopwatch
 from draft_service.proposer import Proposer
 from target_service.engine import RescueConfig, TargetEngine
 from target_service.pair_table import PairTable
+from tests.helpers import bench_compare_service_flag
 from tests.unit.test_prefix_cache import counting_forwards, prompt
 
 SD = RescueConfig(Mode.SD, 0.01, 6)
@@ -130,9 +131,6 @@ def test_the_flag_maps_onto_both_model_services_and_bench_compare(tmp_path: Path
     import draft_service.__main__ as draft_cli
     import target_service.__main__ as target_cli
     from calispec_core.limits import DEFAULT_RIDE_PREFILL_TOKENS
-    from calispec_tools.bench.compare import compare_stack_config
-    from calispec_tools.cli import build_parser
-    from calispec_tools.stack import LocalStack
 
     base = ["--model", "m"]
     assert target_cli.parse_config(base)[0].ride_prefill_tokens == DEFAULT_RIDE_PREFILL_TOKENS
@@ -140,12 +138,5 @@ def test_the_flag_maps_onto_both_model_services_and_bench_compare(tmp_path: Path
     assert draft_cli.parse_config([*base, "--ride-prefill-tokens", "64"])[0].ride_prefill_tokens == 64
     with pytest.raises(SystemExit):
         draft_cli.parse_config([*base, "--ride-prefill-tokens", "-1"])
-    parser = build_parser()
-    for flags, passed in (([], None), (["--ride-prefill-tokens", "0"], "0")):
-        bench = parser.parse_args(["bench", "compare", "--pair", "qwen-coder", *flags])
-        bench.model_dirs = (tmp_path / "draft", tmp_path / "target")
-        args = LocalStack(compare_stack_config(bench, tmp_path)).model_service_args()
-        if passed is None:
-            assert "--ride-prefill-tokens" not in args  # the services' own default
-        else:
-            assert args[args.index("--ride-prefill-tokens") + 1] == passed
+    assert bench_compare_service_flag(tmp_path, "--ride-prefill-tokens") is None  # the services' own default
+    assert bench_compare_service_flag(tmp_path, "--ride-prefill-tokens", "--ride-prefill-tokens", "0") == "0"
