@@ -222,7 +222,7 @@ def _run_local(
     calibrator = _load(args, config, draft, target)
     writer = MemoryWriter(address, namespace, token, calibrator.target.vocab_size, tls=memory_tls(args))
     try:
-        summary = calibrator.run(docs, writer.send)
+        summary = calibrator.run(docs, writer.send, _print_progress)
     finally:
         writer.close()  # the last batch durably: the memory holds everything on return
     return summary
@@ -234,7 +234,7 @@ def _to_export(args: argparse.Namespace, docs: Any, config: Any, draft: Path, ta
 
     namespace = args.namespace or pair_namespace(draft, target)
     calibrator = _load(args, config, draft, target)
-    summary = calibrator.run(docs)
+    summary = calibrator.run(docs, progress=_print_progress)
     kept = [(d, t, c) for (d, t), c in summary.pairs.items() if c >= args.min_count]
     vocab = calibrator.target.vocab_size
     try:
@@ -244,6 +244,17 @@ def _to_export(args: argparse.Namespace, docs: Any, config: Any, draft: Path, ta
     _print_summary(summary.to_dict() | {"namespace": namespace, "exported_pairs": len(kept)}, summary.pairs, args.json)
     print(f"wrote {args.export}", file=sys.stderr)
     return 0
+
+
+def _print_progress(summary: Any) -> None:
+    """One stderr line a batch: a real pair's run takes an hour (docs/calibration.md)."""
+    minutes, seconds = divmod(int(summary.total_s), 60)
+    print(
+        f"calibrate: {summary.rows} of {summary.rows_planned} rows, {summary.positions:,} positions, "
+        f"{summary.events:,} events, {minutes}:{seconds:02d} elapsed",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _print_summary(doc: dict[str, Any], pairs: Any, as_json: bool) -> None:

@@ -19,6 +19,7 @@ from calispec_tools.calibrate.generate import continue_greedy
 from calispec_tools.calibrate.teacher import EVENT_MODES, Pair, Row, SdRule, batch_events
 
 Sink = Callable[[Counter[Pair]], None]
+Progress = Callable[["Summary"], None]  # after every batch: the summary so far (total_s = elapsed)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class CalibrateConfig:
 class Summary:
     documents: int = 0
     rows: int = 0
+    rows_planned: int = 0  # text windows plus prompts (less those the target continues with nothing): the run's rows
     positions: int = 0  # predictions compared
     events: int = 0
     off_path: int = 0  # compared positions where the text is not the target's greedy choice
@@ -53,7 +55,7 @@ class Summary:
     pairs: Counter[Pair] = field(default_factory=Counter)
 
     def add(self, other: Summary) -> None:
-        for name in ("documents", "rows", "positions", "events", "off_path", "generate_s", "forward_s"):
+        for name in ("documents", "rows", "rows_planned", "positions", "events", "off_path", "generate_s", "forward_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.pairs.update(other.pairs)
 
@@ -82,7 +84,9 @@ class Calibrator:
         self.draft, self.target, self.config = draft, target, config.validate()
         self.rule = SdRule(config.gamma, frozenset(target.eos_token_ids))
 
-    def run(self, docs: Sequence[Document], sink: Sink = lambda events: None) -> Summary:
+    def run(
+        self, docs: Sequence[Document], sink: Sink = lambda events: None, progress: Progress | None = None
+    ) -> Summary:
         start = time.perf_counter()
         summary = Summary(documents=len(docs))
         for batch in self.batches(docs, summary):
@@ -95,6 +99,9 @@ class Calibrator:
             summary.events += sum(result.events.values())
             summary.pairs.update(result.events)
             sink(result.events)
+            summary.total_s = time.perf_counter() - start
+            if progress is not None:
+                progress(summary)
         summary.total_s = time.perf_counter() - start
         return summary
 
@@ -105,12 +112,16 @@ class Calibrator:
         texts = [d for d in docs if not (self.config.generate and d.is_prompt)]
         prompts = [encode(tokenizer, d.text) for d in docs if self.config.generate and d.is_prompt]
         rows = [Row(w, 1) for d in texts for w in windows(encode(tokenizer, d.text), self.config.max_tokens)]
+        summary.rows_planned = len(rows) + len(prompts)
         yield from _by_tokens(rows, self.config.batch_size * self.config.max_tokens)
         for group in _chunks(sorted(prompts, key=len), self.config.batch_size):
             t0 = time.perf_counter()
             outputs = continue_greedy(self.target, group, self.config.max_new_tokens)
             summary.generate_s += time.perf_counter() - t0
-            yield [Row(p + out, len(p), len(out), True) for p, out in zip(group, outputs, strict=True) if out]
+            batch = [Row(p + out, len(p), len(out), True) for p, out in zip(group, outputs, strict=True) if out]
+            summary.rows_planned -= len(group) - len(batch)
+            if batch:  # every prompt ended at once: nothing to compare
+                yield batch
 
 
 def _by_tokens(rows: list[Row], budget: int) -> Iterator[list[Row]]:

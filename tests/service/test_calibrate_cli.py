@@ -23,11 +23,17 @@ def test_corpus_events_reach_the_memory_and_match_an_export(memory, tiny_pair: T
     token = tmp_path / "token"
     token.write_text(TOKEN)
     pair = ("--draft", str(tiny_pair.draft), "--target", str(tiny_pair.target), "--dtype", "float32")
-    common = ("--corpus", str(corpus), "--generate", "--max-new-tokens", "24", *pair, "--json")
+    common = ("--corpus", str(corpus), "--generate", "--max-new-tokens", "24", "--batch-size", "1", *pair, "--json")
     args = ("--memory-addr", address, "--namespace", "tiny", "--writer-token-file", str(token))
     assert run("calibrate", *common, *args) == 0
-    summary = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
     assert summary["documents"] == 3 and summary["events"] > 0 and summary["events_per_s"] > 0
+    progress = [line for line in captured.err.splitlines() if line.startswith("calibrate: ")]
+    rows = summary["rows"]
+    assert len(progress) == 3 and rows == summary["rows_planned"] == 3  # a line a batch: the text's window, 2 prompts
+    last = progress[-1]
+    assert last.startswith(f"calibrate: {rows} of {rows} rows, ") and f" {summary['events']:,} events" in last
     assert store.stats("tiny")[0] == summary["events"]  # durable on return: every event is in the table
     out = tmp_path / "tiny.json"
     assert run("calibrate", *common, "--namespace", "tiny", "--export", str(out)) == 0

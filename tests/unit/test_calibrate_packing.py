@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from calispec_core.modeling import ModelRunner
+from calispec_tools.calibrate import job
 from calispec_tools.calibrate.corpus import Document
 from calispec_tools.calibrate.job import CalibrateConfig, Calibrator, Summary
 from calispec_tools.calibrate.teacher import greedy_predictions, pack_rows
@@ -34,3 +37,15 @@ def test_text_batches_follow_a_token_budget(target_runner: ModelRunner, draft_ru
     docs = [Document(text, False, "test"), Document("a short one here", False, "test")]
     batches = list(Calibrator(draft_runner, target_runner, config).batches(docs, Summary()))
     assert len(batches) > 1 and all(sum(len(r.tokens) for r in b) <= 32 for b in batches)
+
+
+def test_prompts_the_target_continues_with_nothing_make_no_batch(
+    target_runner: ModelRunner, draft_runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of prompts whose continuations are all empty (the target ends at once) was yielded as an empty
+    batch, and packing no rows failed (`max()` of nothing), ending an hour's calibration at its last batch."""
+    monkeypatch.setattr(job, "continue_greedy", lambda runner, group, budget: [[] for _ in group])
+    config = CalibrateConfig(generate=True, batch_size=1)
+    docs = [Document("def first(x):", True, "test"), Document("def second(y):", True, "test")]
+    summary = Calibrator(draft_runner, target_runner, config).run(docs)
+    assert (summary.rows, summary.rows_planned, summary.events) == (0, 0, 0)
