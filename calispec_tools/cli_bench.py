@@ -366,7 +366,9 @@ def add_calibration_bench_parser(sub: Any) -> None:
     p.add_argument("--prompts", type=at.positive_int, default=16, help="prompts of the shipped calibration corpus")
     p.add_argument("--max-new-tokens", type=at.max_new_tokens, default=64)
     p.add_argument("--gamma", type=at.gamma, default=6, help="fixed γ of the SD run (and of the sd events)")
-    p.add_argument("--batch-size", type=at.positive_int, default=16, help="teacher-forced rows per forward")
+    p.add_argument(
+        "--batch-size", type=at.positive_int, default=32, help="teacher-forced rows per forward (as `make calibration`)"
+    )
     p.add_argument(
         "--max-tokens", type=at.window_tokens, default=512, help="text documents are cut into windows this long"
     )

@@ -45,3 +45,12 @@ def test_report_says_how_many_of_the_sd_runs_events_teacher_forcing_reproduced()
     report = format_report({}, [sd, teacher])
     assert report.splitlines()[-1] == "same events: teacher holds 2 of the SD run's 4 events (50.0%); 3 others"
     assert "same events" not in format_report({}, [Method("SD", 0, 1, 1.0), teacher])  # nothing to compare
+
+
+def test_the_bench_forwards_as_many_rows_as_make_calibration() -> None:
+    """#12's throughput goal is about the shipped calibration's run: the bench measures that batch by default."""
+    from calispec_tools.cli import build_parser
+
+    recipe = (Path(__file__).resolve().parents[2] / "Makefile").read_text().split("\ncalibration:")[1].split("\n\n")[0]
+    default = build_parser().parse_args(["bench", "calibration"]).batch_size
+    assert f"--batch-size {default} " in recipe
