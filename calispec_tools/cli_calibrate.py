@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--int8-outliers", default=INT8_SPLIT, choices=INT8_OUTLIER_CHOICES,
         help="int8 models' first-token outlier rows: split (as the services compute them) or shared (torch's one "
-        "scale a call; the shipped file was counted so)",
+        "scale a call; the shipped file of waves 26-40 was counted so)",
     )  # fmt: skip
     p.add_argument("--device", default="auto")
     p.add_argument("--namespace", default=None, help="default: the running stack's (or the pair's, with --export)")

@@ -205,5 +205,5 @@ def test_the_flag_maps_onto_both_model_services_bench_compare_and_calibrate(tmp_
     assert bench_compare_service_flag(tmp_path, "--int8-outliers", "--int8-outliers", "shared") == "shared"
     parser = build_parser()
     calibrate = parser.parse_args(["calibrate", "--corpus", "c.jsonl"])
-    assert calibrate.int8_outliers == "split"  # counted as the services compute (make calibration pins the file's)
+    assert calibrate.int8_outliers == "split"  # counted as the services compute (make calibration too)
     assert parser.parse_args(["bench", "calibration", "--int8-outliers", "shared"]).int8_outliers == "shared"
