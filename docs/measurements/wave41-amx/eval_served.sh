@@ -1,18 +1,23 @@
 #!/bin/bash
-# usage: eval.sh LABEL MODES   -- calispec up on a fresh memory (seeded with the shipped file), eval, down
+# usage: [DTYPE=float32] [IMPORT=FILE] eval_served.sh LABEL MODES -- calispec up on a fresh memory (seeded with the
+# shipped file, or IMPORT instead), calispec eval over the eval tasks, memory stats, calispec down; output in
+# ${OUT:-/tmp}/ev-LABEL (wave 41 ran it from /tmp/w41 with the repo at /work/main)
 set -u
-cd /work/main
-L=$1; MODES=$2; W=/tmp/w41/ev-$L
+cd "$(dirname "$0")/../../.."
+L=$1; MODES=$2; W=${OUT:-/tmp}/ev-$L
 rm -rf $W; mkdir -p $W
 T=$HOME/.cache/calispec/models/qwen-coder/target
 date > $W/times.txt
 .venv/bin/calispec up --memory-db $W/memory.db --open --port 52050 --target-port 52051 --draft-port 52052 \
-  --memory-port 52053 --no-http --log-dir $W/logs > $W/up.txt 2>&1 &
+  --memory-port 52053 --no-http --log-dir $W/logs ${DTYPE:+--dtype $DTYPE} ${IMPORT:+--no-calibration} > $W/up.txt 2>&1 &
 until grep -q '^ready:' $W/up.txt; do
   if ! kill -0 $! 2>/dev/null; then echo "up failed"; cat $W/up.txt; exit 1; fi
   sleep 2
 done
 NS=$(sed -n 's/^memory namespace: //p' $W/up.txt)
+if [ -n "${IMPORT:-}" ]; then  # another calibration file instead of the shipped one
+  .venv/bin/calispec memory import --memory-addr 127.0.0.1:52053 --namespace "$NS" --file "$IMPORT" > $W/import.txt 2>&1
+fi
 date >> $W/times.txt
 .venv/bin/calispec eval --address 127.0.0.1:52050 --memory-address 127.0.0.1:52053 --memory-namespace "$NS" \
   --tokenizer $T --task-set eval --modes $MODES --gamma 6 --max-new-tokens 128 --no-plots --out $W/eval \
