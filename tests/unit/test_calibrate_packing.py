@@ -43,7 +43,7 @@ def test_prompts_the_target_continues_with_nothing_make_no_batch(
     target_runner: ModelRunner, draft_runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A batch of prompts whose continuations are all empty (the target ends at once) was yielded as an empty
-    batch, and packing no rows failed (`max()` of nothing), ending an hour's calibration at its last batch."""
+    batch, and packing no rows failed (`max()` of nothing), ending an hour's calibration at whatever batch it came."""
     monkeypatch.setattr(job, "continue_greedy", lambda runner, group, budget: [[] for _ in group])
     config = CalibrateConfig(generate=True, batch_size=1)
     docs = [Document("def first(x):", True, "test"), Document("def second(y):", True, "test")]
