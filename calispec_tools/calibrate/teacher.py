@@ -73,6 +73,14 @@ def pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     return bins
 
 
+FORWARD_TOKENS = 512
+"""Tokens of one teacher-forced forward (whole packed sequences; a longer sequence alone). Bigger forwards ran
+slower, not faster: the int8 draft over 13 sequences of 512 tokens at once took 31-45 s, one at a time 15 s,
+because their activations (its MLP: 19 KB a token in float32) pass what glibc reuses of freed memory, so each
+forward faults them in afresh, and in a process holding a model a page fault costs microseconds
+(docs/performance.md, "Teacher-forced forwards by size")."""
+
+
 @on_compute_thread
 @torch.inference_mode()
 def greedy_predictions(
@@ -82,25 +90,40 @@ def greedy_predictions(
 
     The rows are packed end to end into sequences of `capacity` tokens (at least the longest row)
     under a block-diagonal causal mask, each row at its own positions from 0, so a row sees nothing
-    but itself and no padded token is computed beyond each sequence's tail. The output head runs
-    over the real positions only, `chunk` at a time, so the full [N, V] logits never exist at once.
-    Runs on the compute thread, like every forward."""
-    device = runner.device
+    but itself and no padded token is computed beyond each sequence's tail. Sequences go through the
+    model `FORWARD_TOKENS` at a time. The output head runs over the real positions only, `chunk` at a
+    time, so the full [N, V] logits never exist at once. Runs on the compute thread, like every forward."""
     lengths = [len(r) for r in rows]
     width = max(capacity, *lengths)
     bins = pack_rows(lengths, width)
+    per_forward = max(1, FORWARD_TOKENS // width)
+    out: list[list[int]] = [[] for _ in rows]
+    for i in range(0, len(bins), per_forward):
+        group = bins[i : i + per_forward]
+        members = [r for b in group for r in b]
+        for r, predictions in zip(members, _packed_argmax(runner, rows, group, width, chunk), strict=True):
+            out[r] = predictions
+    return out
+
+
+def _packed_argmax(
+    runner: ModelRunner, rows: Sequence[list[int]], bins: list[list[int]], width: int, chunk: int
+) -> list[list[int]]:
+    """One forward over `bins` (sequences of `width` tokens, each the rows it lists end to end); the argmax of
+    every real position, per row, in the order the bins list them."""
+    device = runner.device
     ids = torch.zeros(len(bins), width, dtype=torch.long, device=device)  # [B, S]
     positions = torch.zeros_like(ids)  # [B, S]
     segment = torch.full_like(ids, -1)  # [B, S] which row a token belongs to (-1: padding)
-    where: list[tuple[int, int]] = [(0, 0)] * len(rows)  # row -> (bin, offset)
+    spans: list[tuple[int, int, int]] = []  # (bin, offset, length) of each row, in bin order
     for b, members in enumerate(bins):
         offset = 0
         for r in members:
-            n = lengths[r]
+            n = len(rows[r])
             ids[b, offset : offset + n] = torch.tensor(rows[r], dtype=torch.long, device=device)
             positions[b, offset : offset + n] = torch.arange(n, device=device)
             segment[b, offset : offset + n] = r
-            where[r] = (b, offset)
+            spans.append((b, offset, n))
             offset += n
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()  # [S, S]
     mask = (segment[:, :, None] == segment[:, None, :]) & causal  # [B, S, S] own row, earlier tokens
@@ -115,7 +138,7 @@ def greedy_predictions(
     table = torch.full((len(bins) * width,), -1, dtype=torch.long, device=device)  # [B*S]
     table[real] = preds
     grid = table.view(len(bins), width).tolist()  # [B][S]
-    return [grid[b][offset : offset + lengths[r]] for r, (b, offset) in enumerate(where)]
+    return [grid[b][offset : offset + n] for b, offset, n in spans]
 
 
 def dense_event_positions(draft: Sequence[int], target: Sequence[int], row: Row) -> list[int]:
