@@ -12,6 +12,7 @@ The memory service, namespace, model pair and writer token default to the runnin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -247,14 +248,15 @@ def _to_export(args: argparse.Namespace, docs: Any, config: Any, draft: Path, ta
 
 
 def _print_progress(summary: Any) -> None:
-    """One stderr line a batch: a real pair's run takes an hour (docs/calibration.md)."""
+    """One stderr line a batch: a real pair's run takes an hour (docs/calibration.md). A stderr that is gone (a
+    closed pipe, `2>&1 | head`) costs the lines, never the run."""
     minutes, seconds = divmod(int(summary.total_s), 60)
-    print(
+    line = (
         f"calibrate: {summary.rows} of {summary.rows_planned} rows, {summary.positions:,} positions, "
-        f"{summary.events:,} events, {minutes}:{seconds:02d} elapsed",
-        file=sys.stderr,
-        flush=True,
+        f"{summary.events:,} events, {minutes}:{seconds:02d} elapsed"
     )
+    with contextlib.suppress(OSError, ValueError):  # BrokenPipeError, or a closed file
+        print(line, file=sys.stderr, flush=True)
 
 
 def _print_summary(doc: dict[str, Any], pairs: Any, as_json: bool) -> None:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 from pathlib import Path
 
+import pytest
+
+from calispec_tools.calibrate.job import Summary
+from calispec_tools.cli_calibrate import _print_progress
 from calispec_tools.memory_file import load_export
 from tests.conftest import TinyPair
 from tests.service.test_memory_cli import TOKEN, memory, run  # noqa: F401 - the fixture
@@ -38,3 +44,16 @@ def test_corpus_events_reach_the_memory_and_match_an_export(memory, tiny_pair: T
     out = tmp_path / "tiny.json"
     assert run("calibrate", *common, "--namespace", "tiny", "--export", str(out)) == 0
     assert sorted(load_export(out, "tiny").pairs) == sorted(store.snapshot("tiny")[0])  # the same run, the same counts
+
+
+class _GoneStream(io.TextIOBase):
+    """A stderr whose reader has gone (`calispec calibrate ... 2>&1 | head`)."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_stderr_that_is_gone_costs_the_progress_lines_not_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The progress line raised BrokenPipeError out of Calibrator.run, ending an hour's calibration at that batch."""
+    monkeypatch.setattr(sys, "stderr", _GoneStream())
+    _print_progress(Summary(rows=1, rows_planned=2, positions=10, events=3, total_s=61.0))  # no exception
