@@ -78,7 +78,7 @@ FORWARD_TOKENS = 512
 slower, not faster: the int8 draft over 13 sequences of 512 tokens at once took 31-45 s, one at a time 15 s,
 because their activations (its MLP: 19 KB a token in float32) pass what glibc reuses of freed memory, so each
 forward faults them in afresh, and in a process holding a model a page fault costs microseconds
-(docs/performance.md, "Teacher-forced forwards by size")."""
+(docs/calibration.md, "Throughput", wave 42)."""
 
 
 @on_compute_thread
