@@ -367,7 +367,7 @@ def add_calibration_bench_parser(sub: Any) -> None:
     p.add_argument("--max-new-tokens", type=at.max_new_tokens, default=64)
     p.add_argument("--gamma", type=at.gamma, default=6, help="fixed γ of the SD run (and of the sd events)")
     p.add_argument(
-        "--batch-size", type=at.positive_int, default=32, help="teacher-forced rows per forward (as `make calibration`)"
+        "--batch-size", type=at.positive_int, default=32, help="teacher-forced rows a batch (as `make calibration`)"
     )
     p.add_argument(
         "--max-tokens", type=at.window_tokens, default=512, help="text documents are cut into windows this long"
@@ -435,7 +435,7 @@ def add_eval_parser(sub: Any) -> None:
     )  # fmt: skip
     p.add_argument(
         "--calibration-batch-size", type=at.positive_int, default=8,
-        help="documents per forward when calibrating here (as `calispec calibrate --batch-size`)",
+        help="documents a batch when calibrating here (as `calispec calibrate --batch-size`)",
     )  # fmt: skip
     p.set_defaults(func=cmd_eval)
 

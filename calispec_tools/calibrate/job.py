@@ -29,7 +29,7 @@ class CalibrateConfig:
     gamma: int = 6  # sd mode: speculative tokens per round
     max_new_tokens: int = 128  # --generate: the continuation's budget (a request's max_new_tokens)
     max_tokens: int = 512  # documents are cut into windows of at most this many tokens; rows are packed this long
-    batch_size: int = 8  # per forward: prompts continued together; text windows up to batch_size * max_tokens tokens
+    batch_size: int = 8  # per batch: prompts continued together; text windows up to batch_size * max_tokens tokens
 
     def validate(self) -> CalibrateConfig:
         if self.mode not in EVENT_MODES:

@@ -1,4 +1,4 @@
-"""Rejection events of greedy speculative decoding, from one batched forward of each model.
+"""Rejection events of greedy speculative decoding, from batched teacher-forced forwards of each model.
 
 Under greedy SD the committed sequence is the target's own greedy output y, and a draft token
 is compared with the target's argmax on the *committed* prefix: within a round, every draft
@@ -57,7 +57,7 @@ class SdRule:
 def pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     """Row indices grouped into bins of at most `capacity` tokens (first fit, longest first).
 
-    One forward computes every token of every bin, so padding rows to the longest in the batch
+    A forward computes every token of its bins, so padding rows to the longest in the batch
     wastes what the bins save: 16 corpus windows of 24..512 tokens padded to 512 computed 8,192
     tokens for ~3,700 real ones."""
     bins: list[list[int]] = []
@@ -75,10 +75,10 @@ def pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
 
 FORWARD_TOKENS = 512
 """Tokens of one teacher-forced forward (whole packed sequences; a longer sequence alone). Bigger forwards ran
-slower, not faster: the int8 draft over 13 sequences of 512 tokens at once took 31-45 s, one at a time 15 s,
-because their activations (its MLP: 19 KB a token in float32) pass what glibc reuses of freed memory, so each
-forward faults them in afresh, and in a process holding a model a page fault costs microseconds
-(docs/calibration.md, "Throughput", wave 42)."""
+slower, not faster: the int8 draft over 13 sequences of 512 tokens at once took 30.8-31.9 s, one at a time
+16.6-20.5 s (docs/measurements/wave42-amx/teacher-forward-budget.txt), likely because their activations (its MLP:
+19 KB a token in float32) pass what glibc reuses of freed memory, so each forward faults them in afresh, and in a
+process holding a model a page fault costs microseconds (docs/calibration.md, "Throughput", wave 42)."""
 
 
 @on_compute_thread
@@ -91,12 +91,13 @@ def greedy_predictions(
     The rows are packed end to end into sequences of `capacity` tokens (at least the longest row)
     under a block-diagonal causal mask, each row at its own positions from 0, so a row sees nothing
     but itself and no padded token is computed beyond each sequence's tail. Sequences go through the
-    model `FORWARD_TOKENS` at a time. The output head runs over the real positions only, `chunk` at a
-    time, so the full [N, V] logits never exist at once. Runs on the compute thread, like every forward."""
+    model at most `FORWARD_TOKENS` tokens a forward (a longer sequence alone). The output head runs
+    over the real positions only, `chunk` at a time, so the full [N, V] logits never exist at once.
+    Runs on the compute thread, like every forward."""
     lengths = [len(r) for r in rows]
     width = max(capacity, *lengths)
     bins = pack_rows(lengths, width)
-    per_forward = max(1, FORWARD_TOKENS // width)
+    per_forward = max(1, FORWARD_TOKENS // max(width, 1))
     out: list[list[int]] = [[] for _ in rows]
     for i in range(0, len(bins), per_forward):
         group = bins[i : i + per_forward]
