@@ -16,6 +16,7 @@ from calispec_core.modeling import ModelRunner, ModelSpec
 from calispec_tools.arg_types import MIN_WINDOW_TOKENS
 from calispec_tools.calibrate.corpus import Document, encode, windows
 from calispec_tools.calibrate.generate import continue_greedy
+from calispec_tools.calibrate.heap import keep_freed_memory
 from calispec_tools.calibrate.teacher import EVENT_MODES, Pair, Row, SdRule, batch_events
 
 Sink = Callable[[Counter[Pair]], None]
@@ -72,7 +73,8 @@ def load_pair(
     draft: str | Path, target: str | Path, dtype: str, device: str, draft_dtype: str, int8_outliers: str
 ) -> tuple[ModelRunner, ModelRunner]:
     """(draft, target) runners for calibration: the draft in the dtype that will propose, both with one int8 outlier
-    rule (calispec_core/int8_outliers.py)."""
+    rule (calispec_core/int8_outliers.py). The process's heap keeps what the forwards free from here on (heap.py)."""
+    keep_freed_memory()
     draft_runner = ModelRunner(ModelSpec(Path(draft), draft_dtype, device, int8_outliers=int8_outliers))
     return draft_runner, ModelRunner(ModelSpec(Path(target), dtype, device, int8_outliers=int8_outliers))
 

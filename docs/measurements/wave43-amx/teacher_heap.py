@@ -1,0 +1,67 @@
+"""Teacher-forced forwards before and after wave 43: both served models over the shipped corpus's text, as in
+wave 42's teacher_forward_budget.py (FORWARD_TOKENS = 512), one variant per process.
+
+`python teacher_heap.py before|heap|now [repeats]`:
+- before: wave 42's code (glibc's default heap; Int8Linear's outlier split by abs() and a masked copy);
+- heap: wave 42's Int8Linear, the heap keeping freed memory (load_pair calls keep_freed_memory);
+- now: this wave's code (the heap kept, and Int8Linear's peaks from amax/amin and its outlier rows zeroed in place).
+Prints each model's time, system time and minor page faults per repeat, and a digest of every prediction.
+"""
+
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from calispec_core import int8_outliers
+from calispec_core.int8_outliers import OUTLIER_RATIO, Int8Linear
+from calispec_core.limits import INT8_SPLIT
+from calispec_tools.bench.calibration import text_documents
+from calispec_tools.calibrate import job, teacher
+from calispec_tools.calibrate.corpus import encode, windows
+from calispec_tools.calibrate.job import load_pair
+
+
+def wave42_forward(self: Int8Linear, x: torch.Tensor) -> torch.Tensor:
+    """Int8Linear.forward as wave 42 shipped it."""
+    if not int8_outliers._isolating.get():
+        return super(Int8Linear, self).forward(x)
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] < 2:
+        return super(Int8Linear, self).forward(x)
+    peaks = rows.abs().amax(dim=-1)
+    outliers = peaks > OUTLIER_RATIO * peaks.median()
+    if not bool(outliers.any()):
+        return super(Int8Linear, self).forward(x)
+    out = super(Int8Linear, self).forward(rows.masked_fill(outliers[:, None], 0.0))
+    apart = outliers.nonzero().squeeze(1)
+    out[apart] = super(Int8Linear, self).forward(rows[apart])
+    return out.view(*x.shape[:-1], self.out_features)
+
+
+variant = sys.argv[1]
+repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+if variant == "before":
+    job.keep_freed_memory = lambda: False
+if variant in ("before", "heap"):
+    Int8Linear.forward = wave42_forward
+MODELS = Path.home() / ".cache/calispec/models/qwen-coder"
+draft, target = load_pair(MODELS / "draft", MODELS / "target", "auto", "auto", "int8", INT8_SPLIT)
+rows = [w for d in text_documents() for w in windows(encode(target.tokenizer, d.text), 512)]
+print(f"variant {variant}: threads {torch.get_num_threads()}, {len(rows)} rows, {sum(map(len, rows))} tokens")
+results = {}
+for _ in range(repeats):
+    for name, runner in (("draft int8", draft), ("target bf16", target)):
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        start = time.perf_counter()
+        predictions = teacher.greedy_predictions(runner, rows, 512)
+        seconds = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        assert results.setdefault(name, predictions) == predictions, "predictions moved between repeats"
+        print(f"{variant:6s} {name:11s} {seconds:5.1f} s (system {after.ru_stime - usage.ru_stime:4.1f} s, "
+              f"{after.ru_minflt - usage.ru_minflt:8d} page faults)", flush=True)  # fmt: skip
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+digest = hash(tuple(tuple(p) for name in sorted(results) for p in results[name]))
+print(f"{variant:6s} peak RSS {peak:.1f} GiB, predictions digest {digest}")
