@@ -20,11 +20,14 @@ target's greedy continuation of 12 shipped prompts, decoding after its own int8 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
+
+from calispec_core import int8_gemm
+from calispec_core.argmax import argmax_last
 
 OUTLIER_RATIO = 4.0  # a row is an outlier where its largest |activation| exceeds this × the median row's
 
@@ -44,19 +47,36 @@ def isolating_outliers(active: bool = True) -> Iterator[None]:
 
 class Int8Linear(DynamicQuantizedLinear):
     """torch's dynamic int8 Linear, whose outlier rows get a quantisation call of their own inside
-    `isolating_outliers()`. It adds no state: `use_int8_outlier_split` turns a quantised model's layers into it."""
+    `isolating_outliers()`, and whose calls over many rows take oneDNN's integer GEMM, same bits, inside
+    `int8_gemm.many_rows()`. It adds no state: `use_int8_outlier_split` turns a quantised model's layers into it."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., E] -> [..., N]
-        if not _isolating.get():
-            return super().forward(x)
         rows = x.reshape(-1, x.shape[-1])  # [R, E]
-        if rows.shape[0] < 2:
-            return super().forward(x)
+        return self._by_rows(rows, self._linear).view(*x.shape[:-1], self.out_features)
+
+    def greedy(self, rows: torch.Tensor) -> torch.Tensor:  # [R, E] -> [R] int64
+        """argmax(self(rows), -1), without the [R, N] logits where `int8_gemm.greedy_head` is exact."""
+        return self._by_rows(rows, self._argmax)
+
+    def _linear(self, rows: torch.Tensor) -> torch.Tensor:  # [R, E] -> [R, N]
+        if int8_gemm.applies(self, rows):
+            return int8_gemm.int8_linear(self, rows)
+        return super().forward(rows)
+
+    def _argmax(self, rows: torch.Tensor) -> torch.Tensor:  # [R, E] -> [R]
+        if int8_gemm.head_applies(self, rows):
+            return int8_gemm.greedy_head(self, rows)
+        return argmax_last(self._linear(rows))
+
+    def _by_rows(self, rows: torch.Tensor, call: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """call(rows) (row by row results: [R, ...]), the outlier rows quantised apart inside `isolating_outliers()`."""
+        if not _isolating.get() or rows.shape[0] < 2:
+            return call(rows)
         # max(|row|) from two reductions: no [R, E] temporary (abs() wrote one per call: 10 MB at 512 rows of 4,864)
         peaks = torch.maximum(rows.amax(dim=-1), rows.amin(dim=-1).neg())  # [R]
         outliers = peaks > OUTLIER_RATIO * peaks.median()  # [R] bool
         if not bool(outliers.any()):  # CPU only (dynamic int8): no device sync
-            return super().forward(x)
+            return call(rows)
         apart = outliers.nonzero().squeeze(1)  # [A]
         kept = rows[apart]  # [A, E] a copy
         # The other rows in one call with the outlier rows zeroed: a quantisation range always holds 0, so their
@@ -65,11 +85,11 @@ class Int8Linear(DynamicQuantizedLinear):
         # other layers read the same input (q/k/v, gate/up), so it must leave as it came.
         rows[apart] = 0.0
         try:
-            out = super().forward(rows)  # [R, N], outlier rows wrong until replaced
+            out = call(rows)  # [R, ...], outlier rows wrong until replaced
         finally:
             rows[apart] = kept
-        out[apart] = super().forward(kept)
-        return out.view(*x.shape[:-1], self.out_features)
+        out[apart] = call(kept)
+        return out
 
 
 def use_int8_outlier_split(model: torch.nn.Module) -> int:

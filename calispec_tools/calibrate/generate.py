@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from calispec_core.argmax import argmax_last
+from calispec_core.compute import on_compute_thread
 from calispec_core.modeling import ModelRunner
 
 
@@ -21,9 +22,13 @@ def budget_for(runner: ModelRunner, prompt: Sequence[int], max_new_tokens: int) 
     return max(0, min(max_new_tokens, runner.max_context - len(prompt) - 1))
 
 
+@on_compute_thread
 @torch.inference_mode()
 def continue_greedy(runner: ModelRunner, prompts: Sequence[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """Greedy continuations (budget_for tokens each) of every prompt, all prompts in one batch."""
+    """Greedy continuations (budget_for tokens each) of every prompt, all prompts in one batch. On the compute
+    thread, all of it: its argmax and concatenations on another thread started a second OpenMP team, whose idle
+    threads then slowed every later forward of the process (the draft's teacher-forced pass over the corpus text
+    10.4 → 13.5 s after a 2-token continuation; calispec_core/compute.py says why)."""
     device = runner.device
     budgets = [budget_for(runner, p, max_new_tokens) for p in prompts]
     width = max(len(p) for p in prompts)

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calispec_core import int8_gemm
+from calispec_core.compute import compute_thread
 from calispec_core.modeling import ModelRunner, ModelSpec
 from calispec_tools.arg_types import MIN_WINDOW_TOKENS
 from calispec_tools.calibrate.corpus import Document, encode, windows
@@ -73,9 +75,11 @@ def load_pair(
     draft: str | Path, target: str | Path, dtype: str, device: str, draft_dtype: str, int8_outliers: str
 ) -> tuple[ModelRunner, ModelRunner]:
     """(draft, target) runners for calibration: the draft in the dtype that will propose, both with one int8 outlier
-    rule (calispec_core/int8_outliers.py). The process's heap keeps what the forwards free from here on (heap.py)."""
+    rule (calispec_core/int8_outliers.py). The process's heap keeps what the forwards free from here on (heap.py);
+    an int8 draft's layers are read for oneDNN's integer GEMM (calispec_core/int8_gemm.py)."""
     keep_freed_memory()
     draft_runner = ModelRunner(ModelSpec(Path(draft), draft_dtype, device, int8_outliers=int8_outliers))
+    compute_thread().run(int8_gemm.prepare, draft_runner.model)  # its int8 calls over many rows (int8_gemm.py)
     return draft_runner, ModelRunner(ModelSpec(Path(target), dtype, device, int8_outliers=int8_outliers))
 
 

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
+from calispec_core import int8_gemm
 from calispec_core.argmax import argmax_last
 from calispec_core.compute import on_compute_thread
-from calispec_core.int8_outliers import isolating_outliers
+from calispec_core.int8_outliers import Int8Linear, isolating_outliers
 from calispec_core.modeling import ModelRunner
 
 Pair = tuple[int, int]  # (draft token id, target token id)
@@ -130,16 +131,22 @@ def _packed_argmax(
     mask = (segment[:, :, None] == segment[:, None, :]) & causal  # [B, S, S] own row, earlier tokens
     real = (segment >= 0).view(-1).nonzero().squeeze(1)  # [N] flat indices of real tokens, in bin order
     head = runner.model.get_output_embeddings()
-    with isolating_outliers(runner.isolates_outliers):  # every row starts at position 0 (int8_outliers.py)
+    # every row starts at position 0 (int8_outliers.py); int8 calls over many rows on oneDNN, same bits (int8_gemm.py)
+    with isolating_outliers(runner.isolates_outliers), int8_gemm.many_rows():
         hidden = runner.model.base_model(
             input_ids=ids, attention_mask=mask[:, None], position_ids=positions, use_cache=False
         ).last_hidden_state  # [B, S, H]
         flat = hidden.reshape(-1, hidden.shape[-1])[real]  # [N, H]
-        preds = torch.cat([argmax_last(head(flat[i : i + chunk])) for i in range(0, flat.shape[0], chunk)])  # [N]
+        preds = torch.cat([_greedy(head, flat[i : i + chunk]) for i in range(0, flat.shape[0], chunk)])  # [N]
     table = torch.full((len(bins) * width,), -1, dtype=torch.long, device=device)  # [B*S]
     table[real] = preds
     grid = table.view(len(bins), width).tolist()  # [B][S]
     return [grid[b][offset : offset + n] for b, offset, n in spans]
+
+
+def _greedy(head: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:  # [R, H] -> [R]
+    """The output layer's argmax per row; an int8 head's straight from its integer GEMM (Int8Linear.greedy)."""
+    return head.greedy(rows) if isinstance(head, Int8Linear) else argmax_last(head(rows))
 
 
 def dense_event_positions(draft: Sequence[int], target: Sequence[int], row: Row) -> list[int]:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
+import threading
 
 import pytest
 
+from calispec_core.compute import compute_thread
 from calispec_core.modeling import ModelRunner
-from calispec_tools.calibrate import job, teacher
+from calispec_tools.calibrate import generate, job, teacher
 from calispec_tools.calibrate.corpus import Document
 from calispec_tools.calibrate.job import CalibrateConfig, Calibrator, Summary
 from calispec_tools.calibrate.teacher import greedy_predictions, pack_rows
@@ -72,3 +74,16 @@ def test_packed_sequences_go_through_the_model_a_few_at_a_time(
     assert len(pack_rows([len(r) for r in rows], 48)) == 4
     assert shapes == [(2, 48), (2, 48)]  # two sequences of 48 a forward, never all four at once
     assert packed == alone
+
+
+def test_continuations_compute_on_the_compute_thread(
+    target_runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """continue_greedy's own ops (argmax, concatenations) ran on the caller's thread and started a second OpenMP
+    team there, whose idle threads slowed every later forward of the process: the draft's teacher-forced pass over
+    the corpus text took 13.5 s after a 2-token continuation against 10.4 s without (wave 43)."""
+    threads = []
+    argmax = generate.argmax_last
+    monkeypatch.setattr(generate, "argmax_last", lambda x: threads.append(threading.get_ident()) or argmax(x))
+    generate.continue_greedy(target_runner, [[5, 6, 7], [8, 9]], 3)
+    assert threads and set(threads) == {compute_thread().ident} != {threading.get_ident()}

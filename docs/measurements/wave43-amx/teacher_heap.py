@@ -1,13 +1,16 @@
 """Teacher-forced forwards before and after wave 43: both served models over the shipped corpus's text, as in
 wave 42's teacher_forward_budget.py (FORWARD_TOKENS = 512), one variant per process.
 
-`python teacher_heap.py before|heap|now [repeats]`:
-- before: wave 42's code (glibc's default heap; Int8Linear's outlier split by abs() and a masked copy);
+`python teacher_heap.py before|heap|peaks|now [repeats]`:
+- before: wave 42's code (glibc's default heap; Int8Linear's outlier split by abs() and a masked copy; fbgemm);
 - heap: wave 42's Int8Linear, the heap keeping freed memory (load_pair calls keep_freed_memory);
-- now: this wave's code (the heap kept, and Int8Linear's peaks from amax/amin and its outlier rows zeroed in place).
+- peaks: and Int8Linear's peaks from amax/amin, its outlier rows zeroed in place (still fbgemm for every call);
+- now: this wave's code: and int8 calls over 128 rows or more on oneDNN's integer GEMM, the output layer's argmax
+  straight from its accumulators (calispec_core/int8_gemm.py).
 Prints each model's time, system time and minor page faults per repeat, and a digest of every prediction.
 """
 
+import contextlib
 import resource
 import sys
 import time
@@ -16,6 +19,7 @@ from pathlib import Path
 import torch
 
 from calispec_core import int8_outliers
+from calispec_core.argmax import argmax_last
 from calispec_core.int8_outliers import OUTLIER_RATIO, Int8Linear
 from calispec_core.limits import INT8_SPLIT
 from calispec_tools.bench.calibration import text_documents
@@ -47,6 +51,9 @@ if variant == "before":
     job.keep_freed_memory = lambda: False
 if variant in ("before", "heap"):
     Int8Linear.forward = wave42_forward
+    teacher._greedy = lambda head, rows: argmax_last(head(rows))
+if variant in ("before", "heap", "peaks"):
+    teacher.int8_gemm.many_rows = contextlib.nullcontext
 MODELS = Path.home() / ".cache/calispec/models/qwen-coder"
 draft, target = load_pair(MODELS / "draft", MODELS / "target", "auto", "auto", "int8", INT8_SPLIT)
 rows = [w for d in text_documents() for w in windows(encode(target.tokenizer, d.text), 512)]

@@ -1,0 +1,184 @@
+"""fbgemm's dynamic int8 Linear, recomputed bit for bit on oneDNN's integer GEMM for many rows (no gRPC here).
+
+torch's dynamic int8 Linear (fbgemm) does three things, and each can be redone exactly:
+1. one activation scale and zero point from the input's min and max (`torch._choose_qparams_per_tensor`: the same
+   function, with the 7-bit range x86 asks for), and fbgemm's own quantisation (`torch.quantize_per_tensor`);
+2. an exact integer GEMM, u8 × s8 → s32, less zero_point × each weight column's sum;
+3. back to float: acc × (scale × w_scale), one multiplier per tensor or per output channel.
+Integer arithmetic is exact on any engine, so `torch._int_mm` (oneDNN: AMX or VNNI) gives the same accumulators,
+2-3× faster than fbgemm over 512 rows on the AMX VM and no faster over a few (docs/calibration.md, "Throughput",
+wave 43). Layers with a bias stay on fbgemm: its fma(acc, multiplier, bias) has no exact torch counterpart on
+every element (torch fuses `addcmul` in its vector loops, not in their scalar tails), and they are the narrow
+q/k/v projections. `exact_here()` checks the recipe against torch's own layer once per process.
+
+`greedy_head` goes one step further for an output layer: the argmax of its logits straight from the integer
+accumulators (they are scaled by one positive factor), never writing the [rows, vocabulary] float logits.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
+
+MIN_ROWS = 128  # fewer rows: fbgemm is as fast (one-token decode steps never come here)
+_SHIFT = 128  # q − 128 fits int8 whatever q's 8-bit value: torch._int_mm takes s8 × s8
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """What the recipe needs of one layer, read once: torch unpacks its weights (~11 ms for a draft MLP) at every
+    `layer.weight()` or `layer.bias()`."""
+
+    transposed: torch.Tensor | None  # int8 [K, N]; None: the layer has a bias and stays on fbgemm
+    col_sums: torch.Tensor | None  # int32 [N]
+    scale: torch.Tensor | None  # float32 [] or [N] (per output channel)
+
+
+_weights: weakref.WeakKeyDictionary[torch.nn.Module, _Weights] = weakref.WeakKeyDictionary()  # gone with the layer
+
+
+_many_rows: contextvars.ContextVar[bool] = contextvars.ContextVar("int8_gemm_many_rows", default=False)
+
+
+@contextmanager
+def many_rows() -> Iterator[None]:
+    """Within this block (this context), `Int8Linear` layers take this module's path where it `applies`. Only
+    teacher-forced calibration asks: the transposed int8 weights it caches are a second copy of the model's
+    (~0.5 GB for the 0.5B draft), which a serving process should not carry for its few long prefills."""
+    token = _many_rows.set(True)
+    try:
+        yield
+    finally:
+        _many_rows.reset(token)
+
+
+def prepare(model: torch.nn.Module) -> int:
+    """Read every dynamic int8 Linear's weights for the recipe now (a model load's work: ~1.5 s for the 0.5B
+    draft), not inside the first forward that takes this path; returns how many layers can. Nothing when the
+    recipe is not exact here."""
+    if torch.backends.quantized.engine != "fbgemm" or not exact_here():
+        return 0
+    layers = [m for m in model.modules() if isinstance(m, DynamicQuantizedLinear)]
+    return sum(_layer_weights(m).transposed is not None for m in layers)
+
+
+def applies(layer: torch.nn.Module, rows: torch.Tensor) -> bool:
+    """Whether `int8_linear` may replace this call: inside `many_rows()`, enough rows, no bias, fbgemm's engine
+    on CPU, exact here."""
+    return (
+        _many_rows.get()
+        and rows.shape[0] >= MIN_ROWS
+        and rows.device.type == "cpu"
+        and isinstance(layer, DynamicQuantizedLinear)
+        and layer._packed_params.dtype == torch.qint8
+        and torch.backends.quantized.engine == "fbgemm"
+        and exact_here()
+        and _layer_weights(layer).transposed is not None
+    )
+
+
+def int8_linear(layer: DynamicQuantizedLinear, rows: torch.Tensor) -> torch.Tensor:  # [R, K] -> [R, N]
+    """layer(rows) as fbgemm computes it, bit for bit, for a layer without a bias (see the module docstring)."""
+    acc, scale = _accumulators(layer, rows)  # [R, N] int32
+    return acc.float().mul_(scale * _layer_weights(layer).scale)  # × a [] or [N] float32 multiplier
+
+
+def greedy_head(layer: DynamicQuantizedLinear, rows: torch.Tensor) -> torch.Tensor:  # [R, K] -> [R] int64
+    """argmax(layer(rows), -1) without the float logits: exact for a per-tensor weight scale and no bias, where
+    every logit is float(acc) × one positive multiplier (float(acc) exact: |acc| < 2^24). Ties as torch's argmax:
+    the first index whose float logit equals the row's largest."""
+    acc, scale = _accumulators(layer, rows)  # [R, N] int32
+    return first_top(acc, float(scale * _layer_weights(layer).scale))
+
+
+def first_top(acc: torch.Tensor, multiplier: float) -> torch.Tensor:  # [R, N] int32 -> [R] int64
+    """argmax(acc.float() * multiplier, -1) for a float32 multiplier > 0 and |acc| < 2^24, from the integers: the
+    product is monotonic, but it can round neighbours onto one float (where the multiplier is under a float32 step
+    of the logits; over half a step while |acc| < 2^24, so at most 3 of them), so the answer is the first index
+    whose accumulator reaches the smallest one that rounds onto the top logit."""
+    top = acc.amax(dim=-1)  # [R]
+    top_logit = top.float() * multiplier  # [R]
+    threshold = top.clone()  # [R]
+    for step in range(1, 4):
+        lower = top - step  # [R]
+        joins = (lower.float() * multiplier == top_logit) & (threshold == lower + 1)  # [R] the run goes on
+        threshold = torch.where(joins, lower, threshold)
+    at_top = acc.numpy() >= threshold.numpy()[:, None]  # [R, N] bool
+    return torch.from_numpy(np.argmax(at_top, axis=1).astype(np.int64))
+
+
+def head_applies(layer: torch.nn.Module, rows: torch.Tensor) -> bool:
+    """`greedy_head` is exact for this output layer: `applies`, one weight scale, accumulators < 2^24."""
+    if not applies(layer, rows) or _layer_weights(layer).scale.dim() != 0:
+        return False
+    return rows.shape[-1] * _levels(layer) * 128 < 2**24  # |q − zero_point| < levels, |w| <= 128
+
+
+def _accumulators(layer: DynamicQuantizedLinear, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Σ_k (q_ik − zero_point) · w_kj as int32 [R, N], the activation scale as a float32 scalar tensor)."""
+    weights = _layer_weights(layer)
+    scale64, zero_point = torch._choose_qparams_per_tensor(rows, _levels(layer) == 128)
+    scale = torch.tensor(scale64, dtype=torch.float32)  # fbgemm quantises with the float32 scale
+    quantized = torch.quantize_per_tensor(rows, float(scale), zero_point, torch.quint8).int_repr()  # [R, K] u8
+    shifted = quantized.view(torch.int8).bitwise_xor_(-_SHIFT)  # [R, K] u8 − 128 as s8 (flips the top bit)
+    acc = torch._int_mm(shifted, weights.transposed)  # [R, N] Σ (q − 128) · w
+    return acc.add_(weights.col_sums * (_SHIFT - zero_point)), scale  # + (128 − zero_point) · Σ_k w_kj
+
+
+def _levels(layer: DynamicQuantizedLinear) -> int:
+    """Activation levels: 128 (x86's 7-bit range, what torch's layer asks fbgemm for since its version 4), else 256."""
+    return 128 if layer.version is not None and layer.version >= 4 else 256
+
+
+def _layer_weights(layer: DynamicQuantizedLinear) -> _Weights:
+    cached = _weights.get(layer)
+    if cached is None:
+        cached = _Weights(None, None, None)
+        weight, bias = layer._weight_bias()  # qint8 [N, K] (zero points 0: symmetric), float [N] or None
+        if bias is None:
+            ints = weight.int_repr()  # [N, K]
+            per_tensor = weight.qscheme() == torch.per_tensor_affine
+            scale = torch.tensor(weight.q_scale()) if per_tensor else weight.q_per_channel_scales()
+            cached = _Weights(ints.t(), ints.sum(dim=1, dtype=torch.int32), scale.float())
+        _weights[layer] = cached
+    return cached
+
+
+@functools.cache
+def exact_here() -> bool:
+    """The recipe gives torch's own layer's bits on this machine and build, checked once (odd widths, per tensor
+    and per channel, an outlier row; the head's argmax too). Callers ask only with fbgemm as the engine."""
+    generator = torch.Generator().manual_seed(0)
+    try:
+        for k, n, per_channel in ((67, 33, False), (200, 131, False), (75, 41, True)):
+            layer = _random_layer(k, n, per_channel, generator)
+            rows = torch.randn(MIN_ROWS + 3, k, generator=generator) * 3  # [R, K]
+            rows[0] *= 40
+            logits = layer(rows)  # [R, N] torch's (fbgemm's)
+            if not torch.equal(int8_linear(layer, rows), logits):
+                return False
+            if not per_channel and not torch.equal(greedy_head(layer, rows), logits.argmax(dim=-1)):
+                return False
+        return True
+    except RuntimeError:  # no torch._int_mm for CPU in this build
+        return False
+
+
+def _random_layer(k: int, n: int, per_channel: bool, generator: torch.Generator) -> DynamicQuantizedLinear:
+    weight = torch.randn(n, k, generator=generator)  # [N, K]
+    if per_channel:
+        scales = weight.abs().amax(dim=1).double() / 127  # [N]
+        q = torch.quantize_per_channel(weight, scales, torch.zeros(n, dtype=torch.long), 0, torch.qint8)
+    else:
+        q = torch.quantize_per_tensor(weight, float(weight.abs().max()) / 127, 0, torch.qint8)
+    layer = DynamicQuantizedLinear(k, n, bias_=False, dtype=torch.qint8)
+    layer.set_weight_bias(q, None)
+    return layer

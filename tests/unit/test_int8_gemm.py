@@ -1,0 +1,139 @@
+"""fbgemm's dynamic int8 Linear recomputed on oneDNN's integer GEMM, bit for bit (calispec_core/int8_gemm.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import pytest
+import torch
+from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
+from torch.ao.quantization import per_channel_dynamic_qconfig
+
+from calispec_core import int8_gemm
+from calispec_core.int8_outliers import Int8Linear, isolating_outliers
+from calispec_core.modeling import ModelRunner, ModelSpec, quantize_int8
+from calispec_tools.calibrate import teacher
+from tests.conftest import TinyPair
+
+pytestmark = pytest.mark.skipif(
+    "fbgemm" not in torch.backends.quantized.supported_engines, reason="the recipe redoes fbgemm's layer"
+)
+
+
+def int8_layer(k: int, n: int, *, per_channel: bool = False, bias: bool = False, seed: int = 0) -> Int8Linear:
+    """A dynamic int8 Linear as quantize_int8 makes them (fbgemm), turned into Int8Linear."""
+    torch.manual_seed(seed)
+    dense = torch.nn.Sequential(torch.nn.Linear(k, n, bias=bias))
+    if per_channel:  # the fused gate/up layers keep one scale per output channel
+        layer = torch.ao.quantization.quantize_dynamic(dense, {torch.nn.Linear: per_channel_dynamic_qconfig})[0]
+    else:
+        layer = quantize_int8(dense)[0]
+    layer.__class__ = Int8Linear
+    return layer
+
+
+def activations(rows: int, k: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=generator) * (1 + 9 * torch.rand((), generator=generator))  # [R, K]
+    return x + torch.randn((), generator=generator)  # shifted: a zero point away from the middle
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+@torch.inference_mode()
+def test_the_integer_gemm_gives_torchs_bits_on_odd_shapes(per_channel: bool) -> None:
+    rng = random.Random(int(per_channel))
+    for trial in range(6):
+        k, n, rows = rng.randrange(17, 1200), rng.randrange(17, 700), rng.randrange(128, 400)
+        layer = int8_layer(k, n, per_channel=per_channel, seed=trial)
+        x = activations(rows, k, seed=trial)
+        if trial % 2:
+            x[0] *= 40  # a first token's massive activation sets the range
+        with int8_gemm.many_rows():
+            assert int8_gemm.applies(layer, x)
+            assert torch.equal(int8_gemm.int8_linear(layer, x), DynamicQuantizedLinear.forward(layer, x)), (k, n, rows)
+
+
+@torch.inference_mode()
+def test_the_heads_argmax_comes_from_the_accumulators_ties_included() -> None:
+    layer = int8_layer(8, 3000)
+    few_levels = torch.randint(-2, 3, (3000, 8)).float()  # [N, K] weights of five values: many equal logits
+    layer.set_weight_bias(torch.quantize_per_tensor(few_levels, 1.0, 0, torch.qint8), None)
+    x = torch.randint(0, 3, (300, 8)).float()  # [R, K]
+    logits = DynamicQuantizedLinear.forward(layer, x)  # [R, N]
+    tied = (logits == logits.amax(dim=-1, keepdim=True)).sum(dim=-1) > 1  # [R]
+    assert tied.float().mean() > 0.5  # most rows' largest logit is shared: the first index must win
+    with int8_gemm.many_rows():
+        assert int8_gemm.head_applies(layer, x)
+        assert torch.equal(int8_gemm.greedy_head(layer, x), logits.argmax(dim=-1))
+        assert torch.equal(layer.greedy(x), logits.argmax(dim=-1))
+
+
+@torch.inference_mode()
+def test_greedy_splits_outlier_rows_as_the_forward_does() -> None:
+    layer = int8_layer(64, 500, seed=3)
+    x = activations(200, 64, seed=3)
+    x[0] *= 40
+    with isolating_outliers():
+        expected = layer(x).argmax(dim=-1)  # fbgemm, the outlier row quantised apart
+        with int8_gemm.many_rows():
+            assert torch.equal(layer.greedy(x), expected)
+            assert torch.equal(layer(x).argmax(dim=-1), expected)
+
+
+@torch.inference_mode()
+def test_serving_and_narrow_calls_keep_fbgemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only calibration asks (many_rows): a serving process keeps torch's layer and holds no second weight copy."""
+
+    def no_int_mm(*args: object) -> torch.Tensor:
+        raise AssertionError("torch._int_mm called")
+
+    layer = int8_layer(64, 32)
+    biased = int8_layer(64, 32, bias=True)
+    x = activations(256, 64, seed=5)
+    monkeypatch.setattr(torch, "_int_mm", no_int_mm)
+    with isolating_outliers():
+        layer(x)  # serving's prefill: outside many_rows
+    with int8_gemm.many_rows():
+        layer(x[:127])  # too few rows
+        biased(x)  # a bias: fbgemm's fused bias add has no exact torch counterpart
+        assert not int8_gemm.applies(biased, x)
+    assert layer not in int8_gemm._weights
+
+
+def test_calibration_predictions_are_the_same_on_the_integer_gemm(
+    tiny_pair: TinyPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The int8 tiny draft over packed rows of 200-300 tokens: with the recipe (its forwards' int8 calls over 128
+    rows or more, the head's argmax from the accumulators) and without it, the same predictions."""
+    runner = ModelRunner(ModelSpec(tiny_pair.draft, dtype="int8", device="cpu"))
+    assert int8_gemm.prepare(runner.model) > 0
+    rng = random.Random(7)
+    rows = [[rng.randrange(runner.vocab_size) for _ in range(rng.randrange(200, 300))] for _ in range(5)]
+    calls = []
+    int_mm = torch._int_mm
+    monkeypatch.setattr(torch, "_int_mm", lambda a, b: calls.append(a.shape) or int_mm(a, b))
+    recipe = teacher.greedy_predictions(runner, rows, 512)
+    assert calls  # the recipe ran
+    monkeypatch.setattr(teacher.int8_gemm, "many_rows", contextlib.nullcontext)
+    assert teacher.greedy_predictions(runner, rows, 512) == recipe
+
+
+def test_the_recipe_is_exact_on_this_machine() -> None:
+    assert int8_gemm.exact_here()
+
+
+def test_first_top_matches_the_float_argmax_where_the_product_rounds_neighbours_together() -> None:
+    """Near 2^24 a multiplier under one float32 step rounds neighbouring accumulators onto one logit: the float
+    argmax is then the first index of any of them, not the index of the largest integer."""
+    generator = torch.Generator().manual_seed(11)
+    rows = []
+    for r in range(400):
+        order = torch.randperm(64, generator=generator)  # [N] where each neighbour lands
+        rows.append(16_000_000 + r - order)  # [N] the row's top accumulator and its 63 neighbours below
+    acc = torch.stack(rows).to(torch.int32)  # [R, N]
+    multiplier = float(torch.tensor(0.9))  # a float32 value
+    expected = (acc.float() * multiplier).argmax(dim=-1)  # [R] torch's answer on the float logits
+    largest_integer = acc.argmax(dim=-1)  # [R]
+    assert (expected != largest_integer).sum() >= 10  # the collisions this test is about happen (19 of 400)
+    assert torch.equal(int8_gemm.first_top(acc, multiplier), expected)
