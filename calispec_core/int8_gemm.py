@@ -7,9 +7,10 @@ torch's dynamic int8 Linear (fbgemm) does three things, and each can be redone e
 3. back to float: acc × (scale × w_scale), one multiplier per tensor or per output channel.
 Integer arithmetic is exact on any engine, so `torch._int_mm` (oneDNN: AMX or VNNI) gives the same accumulators,
 2-3× faster than fbgemm over 512 rows on the AMX VM and no faster over a few (docs/calibration.md, "Throughput",
-wave 43). Layers with a bias stay on fbgemm: its fma(acc, multiplier, bias) has no exact torch counterpart on
-every element (torch fuses `addcmul` in its vector loops, not in their scalar tails), and they are the narrow
-q/k/v projections. `exact_here()` checks the recipe against torch's own layer once per process.
+wave 43). Layers with a bias stay on fbgemm: its fused fma(acc, multiplier, bias) matched torch's `add(alpha=)` and
+`addcmul` on most elements but not on all (likely their loops' scalar tails), and they are the narrow q/k/v
+projections; so do weights with a zero point (none here: torch's int8 weights are symmetric). `exact_here()` checks
+the recipe against torch's own layer once per process.
 
 `greedy_head` goes one step further for an output layer: the argmax of its logits straight from the integer
 accumulators (they are scaled by one positive factor), never writing the [rows, vocabulary] float logits.
@@ -37,7 +38,7 @@ class _Weights:
     """What the recipe needs of one layer, read once: torch unpacks its weights (~11 ms for a draft MLP) at every
     `layer.weight()` or `layer.bias()`."""
 
-    transposed: torch.Tensor | None  # int8 [K, N]; None: the layer has a bias and stays on fbgemm
+    transposed: torch.Tensor | None  # int8 [K, N]; None: a bias or a weight zero point: the layer stays on fbgemm
     col_sums: torch.Tensor | None  # int32 [N]
     scale: torch.Tensor | None  # float32 [] or [N] (per output channel)
 
@@ -142,10 +143,11 @@ def _layer_weights(layer: DynamicQuantizedLinear) -> _Weights:
     cached = _weights.get(layer)
     if cached is None:
         cached = _Weights(None, None, None)
-        weight, bias = layer._weight_bias()  # qint8 [N, K] (zero points 0: symmetric), float [N] or None
-        if bias is None:
+        weight, bias = layer._weight_bias()  # qint8 [N, K], float [N] or None
+        per_tensor = weight.qscheme() == torch.per_tensor_affine
+        symmetric = weight.q_zero_point() == 0 if per_tensor else not weight.q_per_channel_zero_points().any()
+        if bias is None and symmetric:  # else fbgemm also subtracts w's zero point times each row's sum
             ints = weight.int_repr()  # [N, K]
-            per_tensor = weight.qscheme() == torch.per_tensor_affine
             scale = torch.tensor(weight.q_scale()) if per_tensor else weight.q_per_channel_scales()
             cached = _Weights(ints.t(), ints.sum(dim=1, dtype=torch.int32), scale.float())
         _weights[layer] = cached

@@ -595,10 +595,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+SIGPIPE_STATUS = 128 + 13  # what a shell reports for a process that SIGPIPE ended
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        status = args.func(args)
+        sys.stdout.flush()  # here, not at exit, so that a reader gone away lands below
+    except BrokenPipeError:  # stdout's reader went away (`| head`): the rest of the output has nowhere to go
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or Python's exit flush raises again
+        return SIGPIPE_STATUS
+    return status
 
 
 if __name__ == "__main__":

@@ -98,6 +98,9 @@ def test_serving_and_narrow_calls_keep_fbgemm(monkeypatch: pytest.MonkeyPatch) -
         layer(x[:127])  # too few rows
         biased(x)  # a bias: fbgemm's fused bias add has no exact torch counterpart
         assert not int8_gemm.applies(biased, x)
+        offset = int8_layer(64, 32)
+        offset.set_weight_bias(torch.quantize_per_tensor(torch.randn(32, 64), 0.02, 3, torch.qint8), None)
+        assert not int8_gemm.applies(offset, x)  # a weight zero point: fbgemm subtracts it times each row's sum
     assert layer not in int8_gemm._weights
 
 
