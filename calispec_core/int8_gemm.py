@@ -5,10 +5,11 @@ torch's dynamic int8 Linear (fbgemm) does three things, and each can be redone e
    function, with the 7-bit range x86 asks for), and fbgemm's own quantisation (`torch.quantize_per_tensor`);
 2. an exact integer GEMM, u8 × s8 → s32, less zero_point × each weight column's sum;
 3. back to float: acc × (scale × w_scale), one multiplier per tensor or per output channel.
-Integer arithmetic is exact on any engine, so `torch._int_mm` (oneDNN: AMX or VNNI) gives the same accumulators,
-2-3× faster than fbgemm over 512 rows on the AMX VM and no faster over a few (docs/calibration.md, "Throughput",
-wave 43). Layers with a bias stay on fbgemm: its fused fma(acc, multiplier, bias) matched torch's `add(alpha=)` and
-`addcmul` on most elements but not on all (likely their loops' scalar tails), and they are the narrow q/k/v
+Integer arithmetic is exact on any engine, so `torch._int_mm` (oneDNN: AMX or VNNI) gives the same accumulators; on
+the AMX VM the whole call ran 1.3-1.5× faster than fbgemm's over 512 rows (scratch timing; docs/calibration.md,
+"Throughput", wave 43), and no faster over a few rows. `torch.quantize_per_tensor` rounds a half-way activation as
+the layer does (tested). Layers with a bias stay on fbgemm: its fused fma(acc, multiplier, bias) matched torch's
+`add(alpha=)` and `addcmul` on most elements but not on all (why was not traced), and they are the narrow q/k/v
 projections; so do weights with a zero point (none here: torch's int8 weights are symmetric). `exact_here()` checks
 the recipe against torch's own layer once per process.
 
@@ -38,6 +39,7 @@ class _Weights:
     """What the recipe needs of one layer, read once: torch unpacks its weights (~11 ms for a draft MLP) at every
     `layer.weight()` or `layer.bias()`."""
 
+    packed: object  # the layer's packed weights these were read from (new weights: read again)
     transposed: torch.Tensor | None  # int8 [K, N]; None: a bias or a weight zero point: the layer stays on fbgemm
     col_sums: torch.Tensor | None  # int32 [N]
     scale: torch.Tensor | None  # float32 [] or [N] (per output channel)
@@ -97,10 +99,10 @@ def greedy_head(layer: DynamicQuantizedLinear, rows: torch.Tensor) -> torch.Tens
     every logit is float(acc) × one positive multiplier (float(acc) exact: |acc| < 2^24). Ties as torch's argmax:
     the first index whose float logit equals the row's largest."""
     acc, scale = _accumulators(layer, rows)  # [R, N] int32
-    return first_top(acc, float(scale * _layer_weights(layer).scale))
+    return scaled_argmax(acc, float(scale * _layer_weights(layer).scale))
 
 
-def first_top(acc: torch.Tensor, multiplier: float) -> torch.Tensor:  # [R, N] int32 -> [R] int64
+def scaled_argmax(acc: torch.Tensor, multiplier: float) -> torch.Tensor:  # [R, N] int32 -> [R] int64
     """argmax(acc.float() * multiplier, -1) for a float32 multiplier > 0 and |acc| < 2^24, from the integers: the
     product is monotonic, but it can round neighbours onto one float (where the multiplier is under a float32 step
     of the logits; over half a step while |acc| < 2^24, so at most 3 of them), so the answer is the first index
@@ -140,16 +142,17 @@ def _levels(layer: DynamicQuantizedLinear) -> int:
 
 
 def _layer_weights(layer: DynamicQuantizedLinear) -> _Weights:
+    packed = layer._packed_params._packed_params
     cached = _weights.get(layer)
-    if cached is None:
-        cached = _Weights(None, None, None)
+    if cached is None or cached.packed is not packed:  # set_weight_bias / load_state_dict repack
+        cached = _Weights(packed, None, None, None)
         weight, bias = layer._weight_bias()  # qint8 [N, K], float [N] or None
         per_tensor = weight.qscheme() == torch.per_tensor_affine
         symmetric = weight.q_zero_point() == 0 if per_tensor else not weight.q_per_channel_zero_points().any()
         if bias is None and symmetric:  # else fbgemm also subtracts w's zero point times each row's sum
             ints = weight.int_repr()  # [N, K]
             scale = torch.tensor(weight.q_scale()) if per_tensor else weight.q_per_channel_scales()
-            cached = _Weights(ints.t(), ints.sum(dim=1, dtype=torch.int32), scale.float())
+            cached = _Weights(packed, ints.t(), ints.sum(dim=1, dtype=torch.int32), scale.float())
         _weights[layer] = cached
     return cached
 
@@ -164,6 +167,10 @@ def exact_here() -> bool:
             layer = _random_layer(k, n, per_channel, generator)
             rows = torch.randn(MIN_ROWS + 3, k, generator=generator) * 3  # [R, K]
             rows[0] *= 40
+            halfway = torch.zeros_like(rows)  # [R, K] scale 0.125, zero point 9: 0.0625 quantises from 9.5, a tie
+            halfway[0, :3] = torch.tensor([-1.125, 14.75, 0.0625])
+            if not torch.equal(int8_linear(layer, halfway), layer(halfway)):
+                return False
             logits = layer(rows)  # [R, N] torch's (fbgemm's)
             if not torch.equal(int8_linear(layer, rows), logits):
                 return False

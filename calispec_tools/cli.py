@@ -20,6 +20,7 @@ import dataclasses
 import json
 import logging
 import os
+import select
 import signal
 import sys
 import tempfile
@@ -604,10 +605,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         status = args.func(args)
         sys.stdout.flush()  # here, not at exit, so that a reader gone away lands below
-    except BrokenPipeError:  # stdout's reader went away (`| head`): the rest of the output has nowhere to go
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # another pipe or socket: a real failure
+        # stdout's reader went away (`| head`): the rest of the output has nowhere to go
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or Python's exit flush raises again
         return SIGPIPE_STATUS
     return status
+
+
+def _stdout_reader_gone() -> bool:
+    """stdout is a pipe whose read end is closed (poll reports an error on the write end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll here, or no real stdout
+        return False
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ A teacher-forced forward allocates the same large tensors every time: the output
 for 512 rows of the int8 draft (float32) and 155 MB for the bf16 target. glibc serves blocks that large with a
 fresh mmap and unmaps them on free, and smaller ones from heaps it trims back to the kernel, so every forward
 faults its memory in again, page by page: over the shipped corpus's text 1.6 M faults for the draft and 0.46 M for
-the target, 1-5 s of system time in ~25 s (docs/measurements/wave43-amx/teacher-heap.txt). One arena that never
-maps or trims reuses the same pages instead, for a peak resident size ~8 % higher. The numbers computed do not
-change. A serving process is left as it is: its forwards are a few rows.
+the target, 4-7 s of system time in 29-31 s (docs/measurements/wave43-amx/teacher-heap.txt, `before`). One arena
+that never maps or trims reuses the same pages instead; the peak resident size grows (8.8 GiB → 9.1-10.9 there) and
+nothing freed goes back to the system until the process ends. The numbers computed do not change. Every process
+that loads a pair for calibration asks (`load_pair`: `calispec calibrate`, its Ray workers, `bench calibration`,
+eval's calibration study); a serving process does not: its forwards are a few rows.
 """
 
 from __future__ import annotations

@@ -55,6 +55,30 @@ def test_the_integer_gemm_gives_torchs_bits_on_odd_shapes(per_channel: bool) -> 
 
 
 @torch.inference_mode()
+def test_an_activation_half_way_between_two_levels_rounds_as_fbgemm_rounds() -> None:
+    """fbgemm quantises x to round(fma(x, 1/scale, zero_point)), half to even: 0.0625 at scale 0.125 and zero point
+    9 is 9.5 → 10, where round(x/scale) + zero_point would give 9."""
+    layer = int8_layer(8, 4)
+    layer.set_weight_bias(torch.quantize_per_tensor(torch.eye(4, 8), 1 / 127, 0, torch.qint8), None)
+    x = torch.zeros(130, 8)  # [R, K]
+    x[:, :3] = torch.tensor([-1.125, 14.75, 0.0625])
+    assert torch._choose_qparams_per_tensor(x, True) == (0.125, 9)
+    expected = DynamicQuantizedLinear.forward(layer, x)  # [R, 4]
+    assert expected[0, 2] == 0.125  # (10 − 9) × 0.125: the tie went up
+    with int8_gemm.many_rows():
+        assert torch.equal(int8_gemm.int8_linear(layer, x), expected)
+
+
+def test_new_weights_are_read_again() -> None:
+    layer = int8_layer(64, 32)
+    x = activations(200, 64, seed=9)
+    with int8_gemm.many_rows():
+        int8_gemm.int8_linear(layer, x)  # caches the first weights
+        layer.set_weight_bias(torch.quantize_per_tensor(torch.randn(32, 64), 0.02, 0, torch.qint8), None)
+        assert torch.equal(int8_gemm.int8_linear(layer, x), DynamicQuantizedLinear.forward(layer, x))
+
+
+@torch.inference_mode()
 def test_the_heads_argmax_comes_from_the_accumulators_ties_included() -> None:
     layer = int8_layer(8, 3000)
     few_levels = torch.randint(-2, 3, (3000, 8)).float()  # [N, K] weights of five values: many equal logits
@@ -91,6 +115,7 @@ def test_serving_and_narrow_calls_keep_fbgemm(monkeypatch: pytest.MonkeyPatch) -
     layer = int8_layer(64, 32)
     biased = int8_layer(64, 32, bias=True)
     x = activations(256, 64, seed=5)
+    assert int8_gemm.exact_here()  # its once-a-process check runs torch._int_mm: before the patch
     monkeypatch.setattr(torch, "_int_mm", no_int_mm)
     with isolating_outliers():
         layer(x)  # serving's prefill: outside many_rows
@@ -126,7 +151,7 @@ def test_the_recipe_is_exact_on_this_machine() -> None:
     assert int8_gemm.exact_here()
 
 
-def test_first_top_matches_the_float_argmax_where_the_product_rounds_neighbours_together() -> None:
+def test_scaled_argmax_matches_the_float_argmax_where_the_product_rounds_neighbours_together() -> None:
     """Near 2^24 a multiplier under one float32 step rounds neighbouring accumulators onto one logit: the float
     argmax is then the first index of any of them, not the index of the largest integer."""
     generator = torch.Generator().manual_seed(11)
@@ -139,4 +164,4 @@ def test_first_top_matches_the_float_argmax_where_the_product_rounds_neighbours_
     expected = (acc.float() * multiplier).argmax(dim=-1)  # [R] torch's answer on the float logits
     largest_integer = acc.argmax(dim=-1)  # [R]
     assert (expected != largest_integer).sum() >= 10  # the collisions this test is about happen (19 of 400)
-    assert torch.equal(int8_gemm.first_top(acc, multiplier), expected)
+    assert torch.equal(int8_gemm.scaled_argmax(acc, multiplier), expected)
