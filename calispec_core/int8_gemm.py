@@ -63,6 +63,11 @@ def many_rows() -> Iterator[None]:
         _many_rows.reset(token)
 
 
+def in_many_rows() -> bool:
+    """Inside `many_rows()`."""
+    return _many_rows.get()
+
+
 def prepare(model: torch.nn.Module) -> int:
     """Read every dynamic int8 Linear's weights for the recipe now (a model load's work: ~1.5 s for the 0.5B
     draft), not inside the first forward that takes this path; returns how many layers can. Nothing when the
@@ -77,7 +82,7 @@ def applies(layer: torch.nn.Module, rows: torch.Tensor) -> bool:
     """Whether `int8_linear` may replace this call: inside `many_rows()`, enough rows, no bias, fbgemm's engine
     on CPU, exact here."""
     return (
-        _many_rows.get()
+        in_many_rows()
         and rows.shape[0] >= MIN_ROWS
         and rows.device.type == "cpu"
         and isinstance(layer, DynamicQuantizedLinear)

@@ -51,6 +51,8 @@ class Int8Linear(DynamicQuantizedLinear):
     `int8_gemm.many_rows()`. It adds no state: `use_int8_outlier_split` turns a quantised model's layers into it."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., E] -> [..., N]
+        if not (_isolating.get() or int8_gemm.in_many_rows()):
+            return super().forward(x)  # a decode step: torch's layer with nothing in between (~170 calls a step)
         rows = x.reshape(-1, x.shape[-1])  # [R, E]
         return self._by_rows(rows, self._linear).view(*x.shape[:-1], self.out_features)
 
