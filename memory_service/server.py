@@ -126,6 +126,7 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
                 durable=request.wait_durable,
                 vocab_size=request.vocab_size,
                 only_if_empty=request.only_if_empty,
+                write_id=request.write_id,
             )
         except AcceptedNotDurable:
             raise  # buffered: it will be committed, so it did use the budget

@@ -39,6 +39,9 @@ that declares a vocabulary size fixes it for the namespace (stored, survives res
 then on a write with an id outside [0, vocab_size) is refused whole (INVALID_ARGUMENT) and a
 client declaring another size is refused (FAILED_PRECONDITION). A namespace nobody declared
 accepts any uint32 id, as before.
+
+Idempotent writes: a request may carry a `write_id`; a retry with the same id (the first reply was
+lost) counts nothing and gets the first reply again (`memory_service/write_ids.py`).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ import sqlite_utils
 
 from calispec_core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable, require
 from calispec_core.limits import MAX_STATS_TOP_PAIRS
+from memory_service import write_ids
 from memory_service.db_lock import DatabaseLock
 from memory_service.watch import Delta, WatchHub
 
@@ -235,6 +239,7 @@ class _Batch:
     decay_steps: int = 0
     decay_until: float = 0.0
     seq: int = 0
+    writes: list[tuple[str, str, write_ids.AcceptedWrite]] = field(default_factory=list)  # with a write_id
 
 
 class CorrectionStore:
@@ -266,6 +271,7 @@ class CorrectionStore:
             self._db = _open_database(self.db_path, clock())
             self._versions, self._totals, self._last_decay = self._load_state()
             self._vocab = self._load_vocab()
+            self._writes = write_ids.WriteLog(self._load_writes())
         except BaseException:
             self._let_go()  # a store that failed to open holds neither the file nor its lock
             raise
@@ -292,6 +298,7 @@ class CorrectionStore:
         durable: bool = False,
         vocab_size: int = 0,
         only_if_empty: bool = False,
+        write_id: str = "",
     ) -> tuple[int, int]:
         """Accept `events` into the open batch; returns (sum of counts, version that will hold them).
 
@@ -300,26 +307,45 @@ class CorrectionStore:
         vocab_size > 0 declares the writer's vocabulary (see the module doc); 0 declares none.
         only_if_empty: FailedPrecondition, nothing written, where the namespace ever recorded an event
         (buffered ones included): of several seeders of one calibration exactly one writes.
+        write_id: a write accepted before with this id (and these events) is not counted again: the first
+        reply is returned (after its commit, if durable); other events under a known id: InvalidArgument.
         """
         validate_namespace(namespace)
+        write_id = write_ids.validate_write_id(write_id)
         recorded = validate_events(events, self.vocab_limit(namespace, vocab_size))
+        digest = write_ids.events_digest(events) if write_id else ""
         with self._cond:
-            self._check_room(namespace, recorded, only_if_empty)
-        self.declare_vocab(namespace, vocab_size)  # only once the whole request is known to be accepted
-        with self._cond:
-            self._check_room(namespace, recorded, only_if_empty)  # again: the lock was let go to declare
-            if not events:
-                return 0, self._versions.get(namespace, 0)
-            self._totals[namespace] = self._totals.get(namespace, 0) + recorded
-            counter = self._open.events.setdefault(namespace, Counter())
-            for draft, target, count in events:
-                counter[draft, target] += count
-            self._open.totals[namespace] += recorded
-            version = self._versions.get(namespace, 0) + 1  # the next take assigns exactly this
-            seq = self._assigned_seq + 1
+            self._check_open()
+            write = self._writes.find(namespace, write_id, digest)  # a retry of it: the first reply
+            if write is None:
+                self._check_room(namespace, recorded, only_if_empty)
+        if write is None:
+            self.declare_vocab(namespace, vocab_size)  # only once the whole request is known to be accepted
+            with self._cond:  # again: the lock was let go to declare (a twin of this retry may have won)
+                write = self._writes.find(namespace, write_id, digest)
+                if write is None:
+                    self._check_room(namespace, recorded, only_if_empty)
+                    if not events:
+                        return 0, self._versions.get(namespace, 0)
+                    write = self._accept(namespace, events, recorded, write_id, digest)
         if durable:
-            self._wait_committed(seq)
-        return recorded, version
+            self._wait_committed(write.seq)
+        return write.recorded, write.version
+
+    def _accept(
+        self, namespace: str, events: Sequence[Event], recorded: int, write_id: str, digest: str
+    ) -> write_ids.AcceptedWrite:  # self._cond held
+        self._totals[namespace] = self._totals.get(namespace, 0) + recorded
+        counter = self._open.events.setdefault(namespace, Counter())
+        for draft, target, count in events:
+            counter[draft, target] += count
+        self._open.totals[namespace] += recorded
+        version = self._versions.get(namespace, 0) + 1  # the next take assigns exactly this
+        write = write_ids.AcceptedWrite(digest, recorded, version, seq=self._assigned_seq + 1)
+        if write_id:
+            self._writes.add(namespace, write_id, write)
+            self._open.writes.append((namespace, write_id, write))
+        return write
 
     def flush(self) -> bool:
         """Commit the open batch (and a due decay step) now; True if something was written.
@@ -336,6 +362,7 @@ class CorrectionStore:
                 deltas = [self._write_namespace(db, batch, ns, v) for ns, v in batch.versions.items()]
                 if batch.decay_steps:
                     db.execute(_META_SET, ("last_decay", repr(batch.decay_until)))
+                write_ids.save(db, batch.writes)
             self._taken = None
             with self._cond:
                 self._committed.update(batch.versions)
@@ -583,6 +610,10 @@ class CorrectionStore:
             last_decay = float(db.execute(_META_GET, ("last_decay",)).fetchone()[0])
         return {ns: v for ns, v, _ in rows}, {ns: t for ns, _, t in rows}, last_decay
 
+    def _load_writes(self) -> list[tuple[str, str, str, int, int]]:
+        with self._transaction(write=False) as db:
+            return write_ids.load(db)
+
     def _load_vocab(self) -> dict[str, int]:
         with self._transaction(write=False) as db:
             return dict(db.execute("SELECT namespace, vocab_size FROM namespace_vocab").fetchall())
@@ -702,6 +733,7 @@ def _create_schema(db: sqlite_utils.Database, now: float) -> None:
         strict=strict,
     )
     db.create_table("store_meta", {"key": str, "value": str}, pk="key", if_not_exists=True, strict=strict)
+    write_ids.create_table(db, strict)
     # The decay clock starts when the database is created and survives restarts.
     db.execute("INSERT OR IGNORE INTO store_meta (key, value) VALUES ('last_decay', ?)", (repr(now),))
     if found < SCHEMA_VERSION:

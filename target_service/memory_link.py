@@ -23,6 +23,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,7 +36,7 @@ from calispec_core.credentials import MEMORY, TlsConfig, read_writer_token, writ
 from calispec_core.errors import CalispecError, FailedPrecondition
 from calispec_core.grpc_server import make_channel
 from calispec_core.request_context import MAX_REQUEST_ID_CHARS, REQUEST_ID_METADATA, current_request_id
-from target_service.pair_table import PairTable
+from target_service.pair_table import FlushBatch, PairTable
 
 if TYPE_CHECKING:
     from target_service.config import TargetConfig
@@ -46,6 +47,17 @@ MEMORY_HEALTH_SERVICE = "calispec.v1.TargetService/memory"
 MAX_BACKOFF_S = 5.0
 # Refusals that retrying will not cure: a wrong token, or a namespace of another vocabulary.
 _CONFIG_ERRORS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
+# Refusals: the service counted nothing, so the events go back to the table (and may be sent in other
+# writes). Any other failure (a deadline, a broken connection) may have come after the service counted
+# the write: it is sent again as it was, with the same write_id, which the service counts at most once.
+_REFUSED = (
+    *_CONFIG_ERRORS,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.OUT_OF_RANGE,
+    grpc.StatusCode.UNIMPLEMENTED,
+)
 MAX_NOTED_REQUESTS = 8  # request ids named by one RecordEvents (the most recent ones)
 # One RecordEvents carries at most this much; a backlog (after an outage) goes as several. The memory
 # service refuses a write over 100,000 pairs or over its writer's burst (default 1,000,000 events), and
@@ -102,6 +114,7 @@ class MemoryLink:
         self._watch_ok = False
         self._flush_ok = True
         self._flush_events = MAX_FLUSH_EVENTS  # events per RecordEvents now (halved by size refusals)
+        self._unsettled: tuple[FlushBatch, str] | None = None  # a write whose reply was lost, and its write_id
         self._last_message: float | None = None
         self._reconnects = 0
         self._flush_failures = 0
@@ -206,19 +219,24 @@ class MemoryLink:
         return True
 
     def _send_one(self) -> bool | None:
-        """Send one write of the unflushed events; None when there was nothing to send."""
-        batch = self.table.take_unflushed(MAX_FLUSH_PAIRS, self._flush_events)
-        if batch is None:
-            return None
+        """Send one write of the unflushed events (a write whose reply was lost first); None: nothing to send."""
+        if self._unsettled is None:
+            batch = self.table.take_unflushed(MAX_FLUSH_PAIRS, self._flush_events)
+            if batch is None:
+                return None
+            self._unsettled = (batch, uuid.uuid4().hex)
+        batch, write_id = self._unsettled
         events = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for d, t, c in batch.pairs()]
         request = memory_pb2.RecordEventsRequest(
-            namespace=self.namespace, events=events, vocab_size=self.table.vocab_size
+            namespace=self.namespace, events=events, vocab_size=self.table.vocab_size, write_id=write_id
         )
         try:
             metadata = [*self._metadata, *self._take_noted()]
             response = self._stub.RecordEvents(request, timeout=self.rpc_timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
-            self.table.mark_failed(batch.batch_id)
+            if exc.code() in _REFUSED:
+                self._unsettled = None
+                self.table.mark_failed(batch.batch_id)
             too_big = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             if too_big:  # over the writer's burst (or its rate): smaller writes, down to one event
                 self._flush_events = max(1, min(self._flush_events, int(batch.counts.sum())) // 2)
@@ -229,6 +247,7 @@ class MemoryLink:
                 exc.details(),
             )
             return False
+        self._unsettled = None
         self.table.mark_flushed(batch.batch_id, response.version)
         self._flush_events = min(self._flush_events * 2, MAX_FLUSH_EVENTS)
         return True

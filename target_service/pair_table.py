@@ -21,9 +21,9 @@ Protocol (the local events live in batches; batch ids are this table's own):
    with RecordEvents; its events stay counted locally while in flight.
 3. flusher, on the reply: `mark_flushed(batch_id, version)` — the memory service recorded the
    batch in the write that produced `version`, so every snapshot of version >= v contains it.
-   On failure: `mark_failed(batch_id)` puts the events back into the open batch (sent again
-   with the next flush; a request that timed out after the service committed it would count
-   twice — the memory API has no idempotency key).
+   When the service refused it: `mark_failed(batch_id)` puts the events back into the open batch
+   (sent again with the next flush). A lost reply leaves the batch in flight: the flusher sends it
+   again as it was, with the same write_id, which the memory service counts at most once.
 4. refresher: `replace_snapshot(pairs, version)` installs a newer snapshot and drops every
    acknowledged batch with version <= the snapshot's. Older snapshots than the installed one
    are ignored (replies can arrive out of order). An acknowledgement for a version the

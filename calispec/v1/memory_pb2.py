@@ -24,41 +24,41 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x63\x61lispec/v1/memory.proto\x12\x0b\x63\x61lispec.v1\"K\n\tPairCount\x12\x16\n\x0e\x64raft_token_id\x18\x01 \x01(\r\x12\x17\n\x0ftarget_token_id\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\"\x91\x01\n\x13RecordEventsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12&\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x16.calispec.v1.PairCount\x12\x14\n\x0cwait_durable\x18\x03 \x01(\x08\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x15\n\ronly_if_empty\x18\x05 \x01(\x08\"J\n\x14RecordEventsResponse\x12\x10\n\x08recorded\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0f\n\x07\x64urable\x18\x03 \x01(\x08\"J\n\x0fGetPairsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tmin_count\x18\x02 \x01(\x04\x12\x11\n\tmax_pairs\x18\x03 \x01(\r\"J\n\x10GetPairsResponse\x12%\n\x05pairs\x18\x01 \x03(\x0b\x32\x16.calispec.v1.PairCount\x12\x0f\n\x07version\x18\x02 \x01(\x04\"3\n\x0fGetStatsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05top_k\x18\x02 \x01(\r\"R\n\x0b\x43ountBucket\x12\x11\n\tmin_count\x18\x01 \x01(\x04\x12\x11\n\tmax_count\x18\x02 \x01(\x04\x12\r\n\x05pairs\x18\x03 \x01(\x04\x12\x0e\n\x06\x65vents\x18\x04 \x01(\x04\"\xc5\x02\n\x10GetStatsResponse\x12\x14\n\x0ctotal_events\x18\x01 \x01(\x04\x12\x16\n\x0e\x64istinct_pairs\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x14\n\x0ctable_events\x18\x04 \x01(\x04\x12)\n\ttop_pairs\x18\x05 \x03(\x0b\x32\x16.calispec.v1.PairCount\x12\x13\n\x0btop20_share\x18\x06 \x01(\x01\x12\x31\n\x0f\x63ount_histogram\x18\x07 \x03(\x0b\x32\x18.calispec.v1.CountBucket\x12\x10\n\x08\x64\x62_bytes\x18\x08 \x01(\x04\x12\x11\n\tmax_pairs\x18\t \x01(\x04\x12\x1b\n\x13max_pairs_per_draft\x18\n \x01(\x04\x12\x13\n\x0bhalf_life_s\x18\x0b \x01(\x01\x12\x12\n\nvocab_size\x18\x0c \x01(\r\"\x17\n\x15ListNamespacesRequest\"w\n\rNamespaceInfo\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x16\n\x0e\x64istinct_pairs\x18\x02 \x01(\x04\x12\x14\n\x0ctable_events\x18\x03 \x01(\x04\x12\x14\n\x0ctotal_events\x18\x04 \x01(\x04\x12\x0f\n\x07version\x18\x05 \x01(\x04\"H\n\x16ListNamespacesResponse\x12.\n\nnamespaces\x18\x01 \x03(\x0b\x32\x1a.calispec.v1.NamespaceInfo\"e\n\x0cWatchRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x1b\n\x0eresume_version\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nvocab_size\x18\x03 \x01(\rB\x11\n\x0f_resume_version\"\x87\x01\n\rWatchResponse\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.calispec.v1.WatchUpdateKind\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12%\n\x05pairs\x18\x03 \x03(\x0b\x32\x16.calispec.v1.PairCount\x12\x12\n\nlast_chunk\x18\x04 \x01(\x08*\x92\x01\n\x0fWatchUpdateKind\x12!\n\x1dWATCH_UPDATE_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1aWATCH_UPDATE_KIND_SNAPSHOT\x10\x01\x12\x1b\n\x17WATCH_UPDATE_KIND_DELTA\x10\x02\x12\x1f\n\x1bWATCH_UPDATE_KIND_HEARTBEAT\x10\x03\x32\x93\x03\n\rMemoryService\x12S\n\x0cRecordEvents\x12 .calispec.v1.RecordEventsRequest\x1a!.calispec.v1.RecordEventsResponse\x12G\n\x08GetPairs\x12\x1c.calispec.v1.GetPairsRequest\x1a\x1d.calispec.v1.GetPairsResponse\x12G\n\x08GetStats\x12\x1c.calispec.v1.GetStatsRequest\x1a\x1d.calispec.v1.GetStatsResponse\x12Y\n\x0eListNamespaces\x12\".calispec.v1.ListNamespacesRequest\x1a#.calispec.v1.ListNamespacesResponse\x12@\n\x05Watch\x12\x19.calispec.v1.WatchRequest\x1a\x1a.calispec.v1.WatchResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x63\x61lispec/v1/memory.proto\x12\x0b\x63\x61lispec.v1\"K\n\tPairCount\x12\x16\n\x0e\x64raft_token_id\x18\x01 \x01(\r\x12\x17\n\x0ftarget_token_id\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\"\xa3\x01\n\x13RecordEventsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12&\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x16.calispec.v1.PairCount\x12\x14\n\x0cwait_durable\x18\x03 \x01(\x08\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x15\n\ronly_if_empty\x18\x05 \x01(\x08\x12\x10\n\x08write_id\x18\x06 \x01(\t\"J\n\x14RecordEventsResponse\x12\x10\n\x08recorded\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0f\n\x07\x64urable\x18\x03 \x01(\x08\"J\n\x0fGetPairsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tmin_count\x18\x02 \x01(\x04\x12\x11\n\tmax_pairs\x18\x03 \x01(\r\"J\n\x10GetPairsResponse\x12%\n\x05pairs\x18\x01 \x03(\x0b\x32\x16.calispec.v1.PairCount\x12\x0f\n\x07version\x18\x02 \x01(\x04\"3\n\x0fGetStatsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05top_k\x18\x02 \x01(\r\"R\n\x0b\x43ountBucket\x12\x11\n\tmin_count\x18\x01 \x01(\x04\x12\x11\n\tmax_count\x18\x02 \x01(\x04\x12\r\n\x05pairs\x18\x03 \x01(\x04\x12\x0e\n\x06\x65vents\x18\x04 \x01(\x04\"\xc5\x02\n\x10GetStatsResponse\x12\x14\n\x0ctotal_events\x18\x01 \x01(\x04\x12\x16\n\x0e\x64istinct_pairs\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x14\n\x0ctable_events\x18\x04 \x01(\x04\x12)\n\ttop_pairs\x18\x05 \x03(\x0b\x32\x16.calispec.v1.PairCount\x12\x13\n\x0btop20_share\x18\x06 \x01(\x01\x12\x31\n\x0f\x63ount_histogram\x18\x07 \x03(\x0b\x32\x18.calispec.v1.CountBucket\x12\x10\n\x08\x64\x62_bytes\x18\x08 \x01(\x04\x12\x11\n\tmax_pairs\x18\t \x01(\x04\x12\x1b\n\x13max_pairs_per_draft\x18\n \x01(\x04\x12\x13\n\x0bhalf_life_s\x18\x0b \x01(\x01\x12\x12\n\nvocab_size\x18\x0c \x01(\r\"\x17\n\x15ListNamespacesRequest\"w\n\rNamespaceInfo\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x16\n\x0e\x64istinct_pairs\x18\x02 \x01(\x04\x12\x14\n\x0ctable_events\x18\x03 \x01(\x04\x12\x14\n\x0ctotal_events\x18\x04 \x01(\x04\x12\x0f\n\x07version\x18\x05 \x01(\x04\"H\n\x16ListNamespacesResponse\x12.\n\nnamespaces\x18\x01 \x03(\x0b\x32\x1a.calispec.v1.NamespaceInfo\"e\n\x0cWatchRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x1b\n\x0eresume_version\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nvocab_size\x18\x03 \x01(\rB\x11\n\x0f_resume_version\"\x87\x01\n\rWatchResponse\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.calispec.v1.WatchUpdateKind\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12%\n\x05pairs\x18\x03 \x03(\x0b\x32\x16.calispec.v1.PairCount\x12\x12\n\nlast_chunk\x18\x04 \x01(\x08*\x92\x01\n\x0fWatchUpdateKind\x12!\n\x1dWATCH_UPDATE_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1aWATCH_UPDATE_KIND_SNAPSHOT\x10\x01\x12\x1b\n\x17WATCH_UPDATE_KIND_DELTA\x10\x02\x12\x1f\n\x1bWATCH_UPDATE_KIND_HEARTBEAT\x10\x03\x32\x93\x03\n\rMemoryService\x12S\n\x0cRecordEvents\x12 .calispec.v1.RecordEventsRequest\x1a!.calispec.v1.RecordEventsResponse\x12G\n\x08GetPairs\x12\x1c.calispec.v1.GetPairsRequest\x1a\x1d.calispec.v1.GetPairsResponse\x12G\n\x08GetStats\x12\x1c.calispec.v1.GetStatsRequest\x1a\x1d.calispec.v1.GetStatsResponse\x12Y\n\x0eListNamespaces\x12\".calispec.v1.ListNamespacesRequest\x1a#.calispec.v1.ListNamespacesResponse\x12@\n\x05Watch\x12\x19.calispec.v1.WatchRequest\x1a\x1a.calispec.v1.WatchResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'calispec.v1.memory_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WATCHUPDATEKIND']._serialized_start=1421
-  _globals['_WATCHUPDATEKIND']._serialized_end=1567
+  _globals['_WATCHUPDATEKIND']._serialized_start=1439
+  _globals['_WATCHUPDATEKIND']._serialized_end=1585
   _globals['_PAIRCOUNT']._serialized_start=41
   _globals['_PAIRCOUNT']._serialized_end=116
   _globals['_RECORDEVENTSREQUEST']._serialized_start=119
-  _globals['_RECORDEVENTSREQUEST']._serialized_end=264
-  _globals['_RECORDEVENTSRESPONSE']._serialized_start=266
-  _globals['_RECORDEVENTSRESPONSE']._serialized_end=340
-  _globals['_GETPAIRSREQUEST']._serialized_start=342
-  _globals['_GETPAIRSREQUEST']._serialized_end=416
-  _globals['_GETPAIRSRESPONSE']._serialized_start=418
-  _globals['_GETPAIRSRESPONSE']._serialized_end=492
-  _globals['_GETSTATSREQUEST']._serialized_start=494
-  _globals['_GETSTATSREQUEST']._serialized_end=545
-  _globals['_COUNTBUCKET']._serialized_start=547
-  _globals['_COUNTBUCKET']._serialized_end=629
-  _globals['_GETSTATSRESPONSE']._serialized_start=632
-  _globals['_GETSTATSRESPONSE']._serialized_end=957
-  _globals['_LISTNAMESPACESREQUEST']._serialized_start=959
-  _globals['_LISTNAMESPACESREQUEST']._serialized_end=982
-  _globals['_NAMESPACEINFO']._serialized_start=984
-  _globals['_NAMESPACEINFO']._serialized_end=1103
-  _globals['_LISTNAMESPACESRESPONSE']._serialized_start=1105
-  _globals['_LISTNAMESPACESRESPONSE']._serialized_end=1177
-  _globals['_WATCHREQUEST']._serialized_start=1179
-  _globals['_WATCHREQUEST']._serialized_end=1280
-  _globals['_WATCHRESPONSE']._serialized_start=1283
-  _globals['_WATCHRESPONSE']._serialized_end=1418
-  _globals['_MEMORYSERVICE']._serialized_start=1570
-  _globals['_MEMORYSERVICE']._serialized_end=1973
+  _globals['_RECORDEVENTSREQUEST']._serialized_end=282
+  _globals['_RECORDEVENTSRESPONSE']._serialized_start=284
+  _globals['_RECORDEVENTSRESPONSE']._serialized_end=358
+  _globals['_GETPAIRSREQUEST']._serialized_start=360
+  _globals['_GETPAIRSREQUEST']._serialized_end=434
+  _globals['_GETPAIRSRESPONSE']._serialized_start=436
+  _globals['_GETPAIRSRESPONSE']._serialized_end=510
+  _globals['_GETSTATSREQUEST']._serialized_start=512
+  _globals['_GETSTATSREQUEST']._serialized_end=563
+  _globals['_COUNTBUCKET']._serialized_start=565
+  _globals['_COUNTBUCKET']._serialized_end=647
+  _globals['_GETSTATSRESPONSE']._serialized_start=650
+  _globals['_GETSTATSRESPONSE']._serialized_end=975
+  _globals['_LISTNAMESPACESREQUEST']._serialized_start=977
+  _globals['_LISTNAMESPACESREQUEST']._serialized_end=1000
+  _globals['_NAMESPACEINFO']._serialized_start=1002
+  _globals['_NAMESPACEINFO']._serialized_end=1121
+  _globals['_LISTNAMESPACESRESPONSE']._serialized_start=1123
+  _globals['_LISTNAMESPACESRESPONSE']._serialized_end=1195
+  _globals['_WATCHREQUEST']._serialized_start=1197
+  _globals['_WATCHREQUEST']._serialized_end=1298
+  _globals['_WATCHRESPONSE']._serialized_start=1301
+  _globals['_WATCHRESPONSE']._serialized_end=1436
+  _globals['_MEMORYSERVICE']._serialized_start=1588
+  _globals['_MEMORYSERVICE']._serialized_end=1991
 # @@protoc_insertion_point(module_scope)

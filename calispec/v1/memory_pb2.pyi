@@ -29,18 +29,20 @@ class PairCount(_message.Message):
     def __init__(self, draft_token_id: _Optional[int] = ..., target_token_id: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class RecordEventsRequest(_message.Message):
-    __slots__ = ("namespace", "events", "wait_durable", "vocab_size", "only_if_empty")
+    __slots__ = ("namespace", "events", "wait_durable", "vocab_size", "only_if_empty", "write_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     WAIT_DURABLE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     ONLY_IF_EMPTY_FIELD_NUMBER: _ClassVar[int]
+    WRITE_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     events: _containers.RepeatedCompositeFieldContainer[PairCount]
     wait_durable: bool
     vocab_size: int
     only_if_empty: bool
-    def __init__(self, namespace: _Optional[str] = ..., events: _Optional[_Iterable[_Union[PairCount, _Mapping]]] = ..., wait_durable: _Optional[bool] = ..., vocab_size: _Optional[int] = ..., only_if_empty: _Optional[bool] = ...) -> None: ...
+    write_id: str
+    def __init__(self, namespace: _Optional[str] = ..., events: _Optional[_Iterable[_Union[PairCount, _Mapping]]] = ..., wait_durable: _Optional[bool] = ..., vocab_size: _Optional[int] = ..., only_if_empty: _Optional[bool] = ..., write_id: _Optional[str] = ...) -> None: ...
 
 class RecordEventsResponse(_message.Message):
     __slots__ = ("recorded", "version", "durable")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterable
 
@@ -15,6 +16,9 @@ from calispec_core.grpc_server import make_channel
 Pair = tuple[int, int]
 MAX_PAIRS_PER_CALL = 50_000  # under the service's 100,000 events per request
 RETRY_S = 0.5  # a writer over its rate limit gets RESOURCE_EXHAUSTED: wait and resend
+# A lost reply (the service may have counted the write): resend the same request, whose write_id the service
+# counts at most once. Over its rate: nothing was counted, resend too.
+_RETRIED = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 class MemoryWriter:
@@ -61,7 +65,11 @@ class MemoryWriter:
     def _record(self, chunk: Iterable[tuple[Pair, int]], durable: bool, timeout_s: float) -> None:
         pairs = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for (d, t), c in chunk]
         request = memory_pb2.RecordEventsRequest(
-            namespace=self.namespace, events=pairs, wait_durable=durable, vocab_size=self.vocab_size
+            namespace=self.namespace,
+            events=pairs,
+            wait_durable=durable,
+            vocab_size=self.vocab_size,
+            write_id=uuid.uuid4().hex,
         )
         deadline = time.monotonic() + timeout_s
         while True:
@@ -69,7 +77,7 @@ class MemoryWriter:
                 reply = self._stub.RecordEvents(request, timeout=timeout_s, metadata=self._metadata)
                 break
             except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() > deadline:
+                if exc.code() not in _RETRIED or time.monotonic() > deadline:
                     raise
                 time.sleep(RETRY_S)
         self.recorded += reply.recorded

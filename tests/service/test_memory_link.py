@@ -176,3 +176,49 @@ def test_a_backlog_larger_than_one_write_allows_still_reaches_the_memory(tmp_pat
     finally:
         link.stop()
         memory.stop()
+
+
+class LostReply(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self) -> str:
+        return "the reply was lost (test)"
+
+
+class LoseFirstReply:
+    """The memory service's stub, but the first RecordEvents' reply is lost after the service took it."""
+
+    def __init__(self, stub: memory_pb2_grpc.MemoryServiceStub) -> None:
+        self._stub = stub
+        self.requests: list[memory_pb2.RecordEventsRequest] = []
+
+    def RecordEvents(
+        self, request: memory_pb2.RecordEventsRequest, **kwargs: object
+    ) -> memory_pb2.RecordEventsResponse:
+        self.requests.append(request)
+        reply = self._stub.RecordEvents(request, **kwargs)
+        if len(self.requests) == 1:
+            raise LostReply()
+        return reply
+
+
+def test_a_write_whose_reply_was_lost_is_sent_again_as_it_was_and_counted_once(memory: Memory) -> None:
+    """Before write ids the link put the events back and sent them again: the service counted them twice."""
+    table = PairTable(vocab_size=100)
+    link = MemoryLink(f"127.0.0.1:{memory.port}", "ns", table, writer_token=TOKEN, writer_id="t1")  # not started
+    stub = LoseFirstReply(link._stub)
+    link._stub = stub  # type: ignore[assignment]
+    try:
+        table.add_local(torch.tensor([1, 1, 2]), torch.tensor([3, 3, 4]))
+        assert not link.flush()  # the service took it, the reply was lost
+        table.add_local(torch.tensor([5]), torch.tensor([6]))  # verification goes on meanwhile
+        assert link.flush()
+        first, retry, new = stub.requests
+        assert retry == first and first.write_id  # the same write, the same id: not merged with newer events
+        assert new.write_id != first.write_id and [(e.draft_token_id, e.count) for e in new.events] == [(5, 1)]
+        memory.store.flush()
+        assert memory.store.stats("ns")[0] == 4  # 3 + 1: the lost reply's write counted once
+        assert not table.in_flight()
+    finally:
+        link.stop()
