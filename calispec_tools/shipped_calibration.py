@@ -33,7 +33,7 @@ CORPUS_DIR = CALIBRATION_DIR / "corpus"
 SUMS_NAME = "SHA256SUMS"
 
 # λ by the target's served dtype, chosen on the dev tasks with the meaning guard on and run once on the eval
-# tasks (docs/calibration.md, "Choosing λ and τ on held-out tasks"; README waves 22 and 26). The file of wave 26
+# tasks (docs/calibration.md, "Choosing λ and τ on held-out tasks"; docs/waves.md waves 22 and 26). The file of wave 26
 # (a denser corpus) chose the paper's λ = 6 over 3 and 4; an entry still records that it was chosen. Wave 41
 # recounted the file (the int8 draft's first tokens quantised apart) without choosing again: the entry is wave 26's
 # choice, and the paper's value. A dtype not listed was not measured with the guard: it keeps the paper's λ.

@@ -312,7 +312,7 @@ def warm_up(client: Any, hf: HfPair | None, prompt: str, tokens: int) -> None:
 
 def warm_up_tokens(device: str, max_new_tokens: int) -> int:
     """On CUDA a whole request's length: kernels load on first use per shape, and on an H200 the first
-    96-token request after an 8-token warm-up took 3x the next ones (README wave 27); on CPU 8 suffice."""
+    96-token request after an 8-token warm-up took 3x the next ones (docs/waves.md wave 27); on CPU 8 suffice."""
     from calispec_core.modeling import resolve_device
 
     return max_new_tokens if resolve_device(device).type == "cuda" else 8

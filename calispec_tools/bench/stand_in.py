@@ -13,7 +13,7 @@ while every forward costs what the real model's does (dense kernels do not skip 
 reproduce: where the real pair's rejections fall (bursts in prose, long agreeing runs in code) and the draft's
 confidence (always near 1 here), so adaptive γ and CSD's rescues see a different text than the real pair's.
 The default share, 0.85, is about what the real pair's CPU runs imply: ~70 % of drafted tokens accepted at a
-mean γ of 3.5 (README, wave 16) is what independent agreement of 0.85 per token gives.
+mean γ of 3.5 (docs/waves.md, wave 16) is what independent agreement of 0.85 per token gives.
 """
 
 from __future__ import annotations
