@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import GetTimeoutError
 
 from calispec_core.credentials import TlsConfig
 from calispec_tools.deploy.ray_config import DEFAULT_NAMESPACE, RayDeployConfig, ServiceSpec
@@ -41,6 +42,9 @@ log = logging.getLogger(__name__)
 
 CONTROLLER = "controller"
 STOP_GRACE_S = 5.0
+# A quick question to a service actor (its dtype, its sessions, its stats, new targets): an actor that does not
+# answer in this time is hung, and the controller must not hang with it (every later ray command would queue).
+CALL_TIMEOUT_S = 60.0
 STOP_ORDER = ("coordinator", "target", "draft", "memory")  # `down`: no new requests first, memory flushes last
 CSD_DEFAULT_FLAGS = ("--default-tau", "--default-lambda")  # coordinator flags: the deployment set its own defaults
 
@@ -290,7 +294,7 @@ class Controller:
         own = any(a.split("=")[0] in CSD_DEFAULT_FLAGS for a in self.config.coordinator.args)
         if calibration is None or own:
             return None  # the coordinator's args decide
-        serves = ray.get(self.actors[self.targets[0]].serves.remote())
+        serves = ray.get(self.actors[self.targets[0]].serves.remote(), timeout=CALL_TIMEOUT_S)
         seeded = self.calibration is not None and self.calibration.present
         choices = dict(chosen_lambdas(calibration.stem, meaning_guard=True)) if is_shipped(calibration) else {}
         return served_lambda(
@@ -334,7 +338,8 @@ class Controller:
         return self.status()
 
     def _push_targets(self) -> None:
-        ray.get(self.actors["coordinator"].set_targets.remote([self.addresses[n] for n in self.targets]))
+        targets = [self.addresses[n] for n in self.targets]
+        ray.get(self.actors["coordinator"].set_targets.remote(targets), timeout=CALL_TIMEOUT_S)
 
     def _drain(self, name: str) -> None:
         """Wait until the replica (already out of rotation) has no open sessions, or the drain timeout."""
@@ -343,7 +348,12 @@ class Controller:
         idle_polls = 0
         time.sleep(0.2)  # a request that picked it just before the push is about to open its session
         while time.monotonic() < deadline:
-            idle_polls = idle_polls + 1 if ray.get(actor.open_sessions.remote()) == 0 else 0
+            try:
+                sessions = ray.get(actor.open_sessions.remote(), timeout=CALL_TIMEOUT_S)
+            except GetTimeoutError:
+                log.warning("%s does not answer; stopping it", name)
+                return
+            idle_polls = idle_polls + 1 if sessions == 0 else 0
             if idle_polls >= 2:
                 return
             time.sleep(0.2)
@@ -371,7 +381,8 @@ class Controller:
         }
 
     def stats(self) -> dict[str, dict[str, Any]]:
-        return dict(zip(self.actors, ray.get([a.stats.remote() for a in self.actors.values()]), strict=True))
+        refs = [a.stats.remote() for a in self.actors.values()]
+        return dict(zip(self.actors, ray.get(refs, timeout=CALL_TIMEOUT_S), strict=True))
 
     def down(self, drain_timeout_s: float | None = None) -> None:
         """Stop the coordinator first, drained for at most `drain_timeout_s` (None: the config's), then the

@@ -83,6 +83,41 @@ def test_a_drain_that_runs_out_logs_its_timeout(
     assert "target-1 still has sessions after 1s;" in caplog.text
 
 
+@pytest.mark.slow  # needs the `ray` extra (importing it starts nothing)
+def test_the_controller_bounds_its_questions_to_actors_and_stops_one_that_hangs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The controller asked its actors (stats, sessions, new targets) without a timeout: one hung actor hung the
+    controller, and every later `calispec ray` command queued behind it."""
+    from ray.exceptions import GetTimeoutError
+
+    from calispec_tools.deploy import ray_actors
+
+    timeouts: list[float | None] = []
+
+    def get(ref: object, timeout: float | None = None) -> object:
+        timeouts.append(timeout)
+        if ref == "hung":
+            raise GetTimeoutError("no answer")
+        return ref
+
+    monkeypatch.setattr(ray_actors, "ray", SimpleNamespace(get=get))
+    controller = ray_actors.Controller(RayDeployConfig(draft_model="/d", target_model="/t", memory_db="/m"))
+    controller.actors["coordinator"] = SimpleNamespace(
+        set_targets=SimpleNamespace(remote=lambda targets: targets), stats=SimpleNamespace(remote=lambda: {})
+    )
+    controller.actors["target-1"] = SimpleNamespace(open_sessions=SimpleNamespace(remote=lambda: "hung"))
+    controller.addresses["target-1"] = "127.0.0.1:1"
+    controller.targets = ["target-1"]
+    controller._push_targets()
+    with caplog.at_level(logging.WARNING, logger=ray_actors.__name__):
+        controller._drain("target-1")  # returns: the hung replica is stopped, not waited for forever
+    controller.actors.pop("target-1")
+    assert controller.stats() == {"coordinator": {}}
+    assert "target-1 does not answer; stopping it" in caplog.text
+    assert timeouts == [ray_actors.CALL_TIMEOUT_S] * 3
+
+
 class StopRecorder:
     """Fake actors and `ray` for the controller: records each actor's stop (with its drain) and get's bound."""
 
