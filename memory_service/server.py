@@ -33,6 +33,7 @@ from memory_service.store import (
     validate_namespace,
 )
 from memory_service.watch import Update, UpdateKind, WatchHub, watch
+from memory_service.write_ids import validate_write_id
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         try:
             writer = _writer_identity(self._gate, context, request.namespace)
             validate_namespace(request.namespace)
+            validate_write_id(request.write_id)
             vocab = self._store.vocab_limit(request.namespace, request.vocab_size)
             cost = validate_events(events, vocab)
             self._gate.charge(writer, cost)
