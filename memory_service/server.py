@@ -106,6 +106,10 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
             validate_write_id(request.write_id)
             vocab = self._store.vocab_limit(request.namespace, request.vocab_size)
             cost = validate_events(events, vocab)
+            replayed = self._store.replay(request.namespace, events, request.write_id, request.wait_durable)
+            if replayed is not None:  # a retry of a write already counted: its first reply, free and not counted again
+                recorded, version = replayed
+                return memory_pb2.RecordEventsResponse(recorded=recorded, version=version, durable=request.wait_durable)
             self._gate.charge(writer, cost)
             recorded, version = self._record_or_refund(writer, cost, request, events)
         except CalispecError as exc:

@@ -332,6 +332,25 @@ class CorrectionStore:
             self._wait_committed(write.seq)
         return write.recorded, write.version
 
+    def replay(
+        self, namespace: str, events: Sequence[Event], write_id: str, durable: bool = False
+    ) -> tuple[int, int] | None:
+        """The first reply to an accepted write with this id (after its commit, if durable); None if the id is new.
+
+        Lets the service answer a retry before charging the writer for it (a retry over the writer's rate would
+        otherwise be refused, and a refused write's events are sent again under a new id).
+        """
+        if not write_id:
+            return None
+        with self._cond:
+            self._check_open()
+            write = self._writes.find(namespace, write_id, write_ids.events_digest(events))
+        if write is None:
+            return None
+        if durable:
+            self._wait_committed(write.seq)
+        return write.recorded, write.version
+
     def _accept(
         self, namespace: str, events: Sequence[Event], recorded: int, write_id: str, digest: str
     ) -> write_ids.AcceptedWrite:  # self._cond held

@@ -49,7 +49,8 @@ MAX_BACKOFF_S = 5.0
 _CONFIG_ERRORS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
 # Refusals: the service counted nothing, so the events go back to the table (and may be sent in other
 # writes). Any other failure (a deadline, a broken connection) may have come after the service counted
-# the write: it is sent again as it was, with the same write_id, which the service counts at most once.
+# the write: from then on it is sent again as it was, with the same write_id, which the service counts at
+# most once, whatever a later try gets (a refusal of the retry does not show the first try was not counted).
 _REFUSED = (
     *_CONFIG_ERRORS,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -114,7 +115,8 @@ class MemoryLink:
         self._watch_ok = False
         self._flush_ok = True
         self._flush_events = MAX_FLUSH_EVENTS  # events per RecordEvents now (halved by size refusals)
-        self._unsettled: tuple[FlushBatch, str] | None = None  # a write whose reply was lost, and its write_id
+        # the write being sent, its write_id, and whether a try's reply was lost (then the service may have counted it)
+        self._unsettled: tuple[FlushBatch, str, bool] | None = None
         self._last_message: float | None = None
         self._reconnects = 0
         self._flush_failures = 0
@@ -224,8 +226,8 @@ class MemoryLink:
             batch = self.table.take_unflushed(MAX_FLUSH_PAIRS, self._flush_events)
             if batch is None:
                 return None
-            self._unsettled = (batch, uuid.uuid4().hex)
-        batch, write_id = self._unsettled
+            self._unsettled = (batch, uuid.uuid4().hex, False)
+        batch, write_id, maybe_counted = self._unsettled
         events = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for d, t, c in batch.pairs()]
         request = memory_pb2.RecordEventsRequest(
             namespace=self.namespace, events=events, vocab_size=self.table.vocab_size, write_id=write_id
@@ -234,10 +236,13 @@ class MemoryLink:
             metadata = [*self._metadata, *self._take_noted()]
             response = self._stub.RecordEvents(request, timeout=self.rpc_timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
-            if exc.code() in _REFUSED:
+            refused = exc.code() in _REFUSED and not maybe_counted
+            if refused:
                 self._unsettled = None
                 self.table.mark_failed(batch.batch_id)
-            too_big = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            else:
+                self._unsettled = (batch, write_id, maybe_counted or exc.code() not in _REFUSED)
+            too_big = refused and exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             if too_big:  # over the writer's burst (or its rate): smaller writes, down to one event
                 self._flush_events = max(1, min(self._flush_events, int(batch.counts.sum())) // 2)
             log.log(

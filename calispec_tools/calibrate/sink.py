@@ -16,6 +16,7 @@ from calispec_core.grpc_server import make_channel
 Pair = tuple[int, int]
 MAX_PAIRS_PER_CALL = 50_000  # under the service's 100,000 events per request
 RETRY_S = 0.5  # a writer over its rate limit gets RESOURCE_EXHAUSTED: wait and resend
+TRY_TIMEOUT_S = 45.0  # one try (the service's durable wait gives up after 30 s); tries go on until the deadline
 # A lost reply (the service may have counted the write): resend the same request, whose write_id the service
 # counts at most once. Over its rate: nothing was counted, resend too.
 _RETRIED = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -74,7 +75,8 @@ class MemoryWriter:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                reply = self._stub.RecordEvents(request, timeout=timeout_s, metadata=self._metadata)
+                remaining = max(deadline - time.monotonic(), 1.0)
+                reply = self._stub.RecordEvents(request, timeout=min(TRY_TIMEOUT_S, remaining), metadata=self._metadata)
                 break
             except grpc.RpcError as exc:
                 if exc.code() not in _RETRIED or time.monotonic() > deadline:

@@ -349,7 +349,8 @@ class Controller:
         time.sleep(0.2)  # a request that picked it just before the push is about to open its session
         while time.monotonic() < deadline:
             try:
-                sessions = ray.get(actor.open_sessions.remote(), timeout=CALL_TIMEOUT_S)
+                wait_s = min(CALL_TIMEOUT_S, max(deadline - time.monotonic(), 0.1))
+                sessions = ray.get(actor.open_sessions.remote(), timeout=wait_s)
             except GetTimeoutError:
                 log.warning("%s does not answer; stopping it", name)
                 return

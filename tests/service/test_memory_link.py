@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -38,9 +38,11 @@ class Memory:
         self.store.close()
 
 
-def start_memory(db: Path, port: int = 0, burst: float | None = None) -> Memory:
+def start_memory(db: Path, port: int = 0, burst: float | None = None, rate: float | None = None) -> Memory:
     config = MemoryConfig(port=port, db_path=db, flush_interval_s=FLUSH_S, writer_token=TOKEN, watch_heartbeat_s=0.2,
                           writer_burst_events=burst)  # fmt: skip
+    if rate is not None:
+        config = replace(config, writer_events_per_s=rate)
     server, bound, store = create_server(config)
     server.start()
     return Memory(server, bound, store)
@@ -222,3 +224,57 @@ def test_a_write_whose_reply_was_lost_is_sent_again_as_it_was_and_counted_once(m
         assert not table.in_flight()
     finally:
         link.stop()
+
+
+class Refused(LostReply):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class LoseFirstReplyThenRefuse(LoseFirstReply):
+    """The first reply is lost after the service took the write; the second try is refused over the rate."""
+
+    def RecordEvents(
+        self, request: memory_pb2.RecordEventsRequest, **kwargs: object
+    ) -> memory_pb2.RecordEventsResponse:
+        if len(self.requests) == 1:
+            self.requests.append(request)
+            raise Refused()
+        return super().RecordEvents(request, **kwargs)
+
+
+def test_a_refused_retry_of_a_write_that_may_have_counted_is_sent_again_not_put_back(memory: Memory) -> None:
+    """A refusal of the retry does not show that the first try was not counted: putting the events back sent them
+    again under a new id, and the service counted them twice."""
+    table = PairTable(vocab_size=100)
+    link = MemoryLink(f"127.0.0.1:{memory.port}", "ns", table, writer_token=TOKEN, writer_id="t1")  # not started
+    stub = LoseFirstReplyThenRefuse(link._stub)
+    link._stub = stub  # type: ignore[assignment]
+    try:
+        table.add_local(torch.tensor([1, 1, 2]), torch.tensor([3, 3, 4]))
+        assert not link.flush()  # taken, reply lost
+        assert not link.flush()  # the retry refused
+        assert link.flush()  # the same write again: answered
+        assert len({r.write_id for r in stub.requests}) == 1 and len(stub.requests) == 3
+        memory.store.flush()
+        assert memory.store.stats("ns")[0] == 3
+    finally:
+        link.stop()
+
+
+def test_a_retry_of_a_counted_write_is_answered_even_over_the_writers_rate(tmp_path: Path) -> None:
+    """The service charged a retry before it looked at its write_id, so a retry of a write that had used up the
+    writer's burst was refused (and the writer then sent its events again under a new id)."""
+    memory = start_memory(tmp_path / "memory.db", burst=3, rate=1e-3)  # no refill within the test
+    try:
+        with make_channel(f"127.0.0.1:{memory.port}") as channel:
+            stub = memory_pb2_grpc.MemoryServiceStub(channel)
+            events = [memory_pb2.PairCount(draft_token_id=1, target_token_id=2, count=3)]
+            request = memory_pb2.RecordEventsRequest(namespace="ns", events=events, write_id="w1")
+            first = stub.RecordEvents(request, metadata=writer_metadata(TOKEN, "t1"))  # uses the whole burst
+            retry = stub.RecordEvents(request, metadata=writer_metadata(TOKEN, "t1"))
+        assert (retry.recorded, retry.version) == (first.recorded, first.version) == (3, 1)
+        memory.store.flush()
+        assert memory.store.stats("ns")[0] == 3
+    finally:
+        memory.stop()
