@@ -205,12 +205,18 @@ class LoseFirstReply:
         return reply
 
 
+def unstarted_link(memory: Memory, stub_type: type[LoseFirstReply]) -> tuple[PairTable, MemoryLink, LoseFirstReply]:
+    """A link whose flushes the test calls itself, over a stub that loses replies."""
+    table = PairTable(vocab_size=100)
+    link = MemoryLink(f"127.0.0.1:{memory.port}", "ns", table, writer_token=TOKEN, writer_id="t1")
+    stub = stub_type(link._stub)
+    link._stub = stub  # type: ignore[assignment]
+    return table, link, stub
+
+
 def test_a_write_whose_reply_was_lost_is_sent_again_as_it_was_and_counted_once(memory: Memory) -> None:
     """Before write ids the link put the events back and sent them again: the service counted them twice."""
-    table = PairTable(vocab_size=100)
-    link = MemoryLink(f"127.0.0.1:{memory.port}", "ns", table, writer_token=TOKEN, writer_id="t1")  # not started
-    stub = LoseFirstReply(link._stub)
-    link._stub = stub  # type: ignore[assignment]
+    table, link, stub = unstarted_link(memory, LoseFirstReply)
     try:
         table.add_local(torch.tensor([1, 1, 2]), torch.tensor([3, 3, 4]))
         assert not link.flush()  # the service took it, the reply was lost
@@ -246,10 +252,7 @@ class LoseFirstReplyThenRefuse(LoseFirstReply):
 def test_a_refused_retry_of_a_write_that_may_have_counted_is_sent_again_not_put_back(memory: Memory) -> None:
     """A refusal of the retry does not show that the first try was not counted: putting the events back sent them
     again under a new id, and the service counted them twice."""
-    table = PairTable(vocab_size=100)
-    link = MemoryLink(f"127.0.0.1:{memory.port}", "ns", table, writer_token=TOKEN, writer_id="t1")  # not started
-    stub = LoseFirstReplyThenRefuse(link._stub)
-    link._stub = stub  # type: ignore[assignment]
+    table, link, stub = unstarted_link(memory, LoseFirstReplyThenRefuse)
     try:
         table.add_local(torch.tensor([1, 1, 2]), torch.tensor([3, 3, 4]))
         assert not link.flush()  # taken, reply lost
