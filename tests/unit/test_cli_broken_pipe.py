@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SIGPIPE_STATUS = 128 + 13  # what a shell reports for a process SIGPIPE ended (calispec_tools/cli.py)
+from calispec_tools.cli import SIGPIPE_STATUS
 
 
 def test_a_closed_stdout_ends_the_command_without_a_traceback(tmp_path: Path) -> None:
