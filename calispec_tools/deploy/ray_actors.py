@@ -332,7 +332,12 @@ class Controller:
             self._push_targets()
         while len(self.targets) > replicas:
             name = self.targets.pop()  # the newest goes first
-            self._push_targets()
+            try:
+                self._push_targets()
+            except Exception:
+                # the coordinator may still route to it: it keeps serving, listed, until a push succeeds
+                self.targets.append(name)
+                raise
             self._drain(name)
             self._stop_actor(name)
         return self.status()

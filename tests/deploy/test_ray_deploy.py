@@ -119,6 +119,35 @@ def test_the_controller_bounds_its_questions_to_actors_and_stops_one_that_hangs(
     assert 0 < timeouts[1] <= controller.config.drain_timeout_s  # a drain poll never outlasts the drain
 
 
+@pytest.mark.slow  # needs the `ray` extra (importing it starts nothing)
+def test_a_scale_down_whose_push_times_out_keeps_the_replica_serving(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scale-down popped the newest replica before pushing the shorter list: when the push timed out, the
+    coordinator could still route to a replica the controller no longer listed, and no later scale touched it."""
+    from ray.exceptions import GetTimeoutError
+
+    from calispec_tools.deploy import ray_actors
+
+    stopped: list[str] = []
+
+    def get(ref: object, timeout: float | None = None) -> object:
+        if ref == "push":
+            raise GetTimeoutError("the coordinator does not answer")
+        return ref
+
+    monkeypatch.setattr(ray_actors, "ray", SimpleNamespace(get=get, kill=lambda actor: stopped.append(actor)))
+    controller = ray_actors.Controller(RayDeployConfig(draft_model="/d", target_model="/t", memory_db="/m"))
+    controller.actors["coordinator"] = SimpleNamespace(set_targets=SimpleNamespace(remote=lambda targets: "push"))
+    for name in ["target-0", "target-1"]:
+        controller.actors[name] = SimpleNamespace(name=name)
+        controller.addresses[name] = f"127.0.0.1:{name[-1]}"
+    controller.targets = ["target-0", "target-1"]
+    with pytest.raises(GetTimeoutError):
+        controller.scale(1)
+    assert controller.targets == ["target-0", "target-1"]
+    assert controller.status()["targets"] == ["127.0.0.1:0", "127.0.0.1:1"]
+    assert stopped == []
+
+
 class StopRecorder:
     """Fake actors and `ray` for the controller: records each actor's stop (with its drain) and get's bound."""
 
