@@ -33,7 +33,7 @@ from memory_service.store import (
     validate_namespace,
 )
 from memory_service.watch import Update, UpdateKind, WatchHub, watch
-from memory_service.write_ids import validate_write_id
+from memory_service.write_ids import events_digest, validate_write_id
 
 log = logging.getLogger(__name__)
 
@@ -106,12 +106,13 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
             validate_write_id(request.write_id)
             vocab = self._store.vocab_limit(request.namespace, request.vocab_size)
             cost = validate_events(events, vocab)
-            replayed = self._store.replay(request.namespace, events, request.write_id, request.wait_durable)
+            digest = events_digest(events) if request.write_id else ""  # once: a verifier's write sorts 10k pairs
+            replayed = self._store.replay(request.namespace, request.write_id, digest, request.wait_durable)
             if replayed is not None:  # a retry of a write already counted: its first reply, free and not counted again
                 recorded, version = replayed
                 return memory_pb2.RecordEventsResponse(recorded=recorded, version=version, durable=request.wait_durable)
             self._gate.charge(writer, cost)
-            recorded, version = self._record_or_refund(writer, cost, request, events)
+            recorded, version = self._record_or_refund(writer, cost, request, events, digest)
         except CalispecError as exc:
             # the entries sent, not the counts they claim: a refused write's counts are unchecked (a stranger's
             # write of 2^40 per entry inflated this counter by as much)
@@ -122,7 +123,7 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         return memory_pb2.RecordEventsResponse(recorded=recorded, version=version, durable=request.wait_durable)
 
     def _record_or_refund(
-        self, writer: str, cost: int, request: memory_pb2.RecordEventsRequest, events: list[Event]
+        self, writer: str, cost: int, request: memory_pb2.RecordEventsRequest, events: list[Event], digest: str
     ) -> tuple[int, int]:
         """A write the store refuses (closed, or the namespace full) changed nothing: its charge goes back."""
         try:
@@ -133,6 +134,7 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
                 vocab_size=request.vocab_size,
                 only_if_empty=request.only_if_empty,
                 write_id=request.write_id,
+                digest=digest,
             )
         except AcceptedNotDurable:
             raise  # buffered: it will be committed, so it did use the budget

@@ -299,6 +299,7 @@ class CorrectionStore:
         vocab_size: int = 0,
         only_if_empty: bool = False,
         write_id: str = "",
+        digest: str = "",
     ) -> tuple[int, int]:
         """Accept `events` into the open batch; returns (sum of counts, version that will hold them).
 
@@ -309,11 +310,12 @@ class CorrectionStore:
         (buffered ones included): of several seeders of one calibration exactly one writes.
         write_id: a write accepted before with this id (and these events) is not counted again: the first
         reply is returned (after its commit, if durable); other events under a known id: InvalidArgument.
+        digest: `write_ids.events_digest(events)` where the caller has it already (sorting a large write costs ms).
         """
         validate_namespace(namespace)
         write_id = write_ids.validate_write_id(write_id)
         recorded = validate_events(events, self.vocab_limit(namespace, vocab_size))
-        digest = write_ids.events_digest(events) if write_id else ""
+        digest = (digest or write_ids.events_digest(events)) if write_id else ""
         with self._cond:
             self._check_open()
             write = self._writes.find(namespace, write_id, digest)  # a retry of it: the first reply
@@ -328,14 +330,11 @@ class CorrectionStore:
                     if not events:
                         return 0, self._versions.get(namespace, 0)
                     write = self._accept(namespace, events, recorded, write_id, digest)
-        if durable:
-            self._wait_committed(write.seq)
-        return write.recorded, write.version
+        return self._reply(write, durable)
 
-    def replay(
-        self, namespace: str, events: Sequence[Event], write_id: str, durable: bool = False
-    ) -> tuple[int, int] | None:
-        """The first reply to an accepted write with this id (after its commit, if durable); None if the id is new.
+    def replay(self, namespace: str, write_id: str, digest: str, durable: bool = False) -> tuple[int, int] | None:
+        """The first reply to an accepted write with this id and events' digest (after its commit, if durable);
+        None if the id is new.
 
         Lets the service answer a retry before charging the writer for it (a retry over the writer's rate would
         otherwise be refused, and a refused write's events are sent again under a new id).
@@ -344,9 +343,10 @@ class CorrectionStore:
             return None
         with self._cond:
             self._check_open()
-            write = self._writes.find(namespace, write_id, write_ids.events_digest(events))
-        if write is None:
-            return None
+            write = self._writes.find(namespace, write_id, digest)
+        return None if write is None else self._reply(write, durable)
+
+    def _reply(self, write: write_ids.AcceptedWrite, durable: bool) -> tuple[int, int]:
         if durable:
             self._wait_committed(write.seq)
         return write.recorded, write.version

@@ -281,3 +281,30 @@ def test_a_retry_of_a_counted_write_is_answered_even_over_the_writers_rate(tmp_p
         assert memory.store.stats("ns")[0] == 3
     finally:
         memory.stop()
+
+
+def test_a_write_with_an_id_is_digested_once(memory: Memory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service sorted and hashed a write's events twice (the retry check before the rate charge, then the
+    record): a few ms for a verifier's write of 10k pairs, on the RPC's path."""
+    import memory_service.server as memory_server
+    from memory_service import write_ids
+
+    digests: list[int] = []
+    digest = write_ids.events_digest
+
+    def counted(events: list[tuple[int, int, int]]) -> str:
+        digests.append(len(events))
+        return digest(events)
+
+    monkeypatch.setattr(memory_server, "events_digest", counted)
+    monkeypatch.setattr(write_ids, "events_digest", counted)
+    with make_channel(f"127.0.0.1:{memory.port}") as channel:
+        stub = memory_pb2_grpc.MemoryServiceStub(channel)
+        events = [memory_pb2.PairCount(draft_token_id=1, target_token_id=d, count=1) for d in (2, 3)]
+        request = memory_pb2.RecordEventsRequest(namespace="ns", events=events, write_id="w1")
+        stub.RecordEvents(request, metadata=writer_metadata(TOKEN, "t1"))
+        assert digests == [2]
+        retry = stub.RecordEvents(request, metadata=writer_metadata(TOKEN, "t1"))
+    assert retry.recorded == 2 and digests == [2, 2]
+    memory.store.flush()
+    assert memory.store.stats("ns")[0] == 2
