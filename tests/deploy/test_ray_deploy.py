@@ -295,7 +295,8 @@ def test_the_lambda_chosen_for_a_shipped_calibration_holds_only_where_it_was_cho
     shipped = shipped_file("qwen-coder")
     assert shipped is not None
     assert chosen_lambda(shipped, "float32", meaning_guard=True) == 6  # wave 26: the paper's, chosen again on dev
-    assert chosen_lambda(shipped, "bfloat16", meaning_guard=True) is None  # not measured with the guard
+    assert chosen_lambda(shipped, "bfloat16", meaning_guard=True) == 4  # wave 45, on the dev tasks
+    assert chosen_lambda(shipped, "float16", meaning_guard=True) is None  # never chosen
     assert chosen_lambda(shipped, "float32", meaning_guard=False) is None
     copy = tmp_path / shipped.name
     copy.write_bytes(shipped.read_bytes())
@@ -328,7 +329,9 @@ def test_the_ray_controller_serves_the_lambda_chosen_for_the_calibration_it_seed
     assert controller(("--default-lambda", "5"))._calibrated_lambda(shipped) is None  # the deployment's own
     assert controller(("--default-tau=0.1",))._calibrated_lambda(shipped) is None  # λ was chosen at the paper's τ
     serves["dtype"] = "bfloat16"
-    assert controller()._calibrated_lambda(shipped) is None
+    assert controller()._calibrated_lambda(shipped) == 4
+    serves["dtype"] = "float16"
+    assert controller()._calibrated_lambda(shipped) is None  # no λ chosen on it
 
 
 @pytest.mark.slow  # needs the `ray` extra (the memory service runs in-process here: no cluster)
