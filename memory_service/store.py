@@ -333,8 +333,8 @@ class CorrectionStore:
         return self._reply(write, durable)
 
     def replay(self, namespace: str, write_id: str, digest: str, durable: bool = False) -> tuple[int, int] | None:
-        """The first reply to an accepted write with this id and events' digest (after its commit, if durable);
-        None if the id is new.
+        """The first reply to an accepted write with this id and events' digest (`write_ids.events_digest`, required
+        with an id; after its commit, if durable); None if the id is new.
 
         Lets the service answer a retry before charging the writer for it (a retry over the writer's rate would
         otherwise be refused, and a refused write's events are sent again under a new id).

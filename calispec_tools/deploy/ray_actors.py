@@ -246,6 +246,7 @@ class Controller:
         self.addresses: dict[str, str] = {}
         self.targets: list[str] = []  # target actor names, in rotation order
         self._next_target = 0
+        self._push_pending = False  # the coordinator may not hold self.targets (a push failed)
         self.memory_namespace = ""  # resolved by up (auto: the pair's)
         self.calibration: SeedResult | None = None  # what seeding the calibration did
         self.default_lambda: int | None = None  # the coordinator's λ chosen for that calibration
@@ -340,11 +341,15 @@ class Controller:
                 raise
             self._drain(name)
             self._stop_actor(name)
+        if self._push_pending:  # a push that failed may still have landed (a timeout cancels nothing): send the list
+            self._push_targets()
         return self.status()
 
     def _push_targets(self) -> None:
+        self._push_pending = True  # until the coordinator acknowledges this list
         targets = [self.addresses[n] for n in self.targets]
         ray.get(self.actors["coordinator"].set_targets.remote(targets), timeout=CALL_TIMEOUT_S)
+        self._push_pending = False
 
     def _drain(self, name: str) -> None:
         """Wait until the replica (already out of rotation) has no open sessions, or the drain timeout."""

@@ -122,7 +122,8 @@ def test_the_controller_bounds_its_questions_to_actors_and_stops_one_that_hangs(
 @pytest.mark.slow  # needs the `ray` extra (importing it starts nothing)
 def test_a_scale_down_whose_push_times_out_keeps_the_replica_serving(monkeypatch: pytest.MonkeyPatch) -> None:
     """A scale-down popped the newest replica before pushing the shorter list: when the push timed out, the
-    coordinator could still route to a replica the controller no longer listed, and no later scale touched it."""
+    coordinator could still route to a replica the controller no longer listed, and no later scale touched it (nor
+    re-sent a list the coordinator may have taken late)."""
     from ray.exceptions import GetTimeoutError
 
     from calispec_tools.deploy import ray_actors
@@ -146,6 +147,13 @@ def test_a_scale_down_whose_push_times_out_keeps_the_replica_serving(monkeypatch
     assert controller.targets == ["target-0", "target-1"]
     assert controller.status()["targets"] == ["127.0.0.1:0", "127.0.0.1:1"]
     assert stopped == []
+    # the timed-out push may have landed after all: the next scale sends the list again, even with nothing to change
+    pushed: list[list[str]] = []
+    controller.actors["coordinator"] = SimpleNamespace(set_targets=SimpleNamespace(remote=pushed.append))
+    controller.scale(2)
+    assert pushed == [["127.0.0.1:0", "127.0.0.1:1"]]
+    controller.scale(2)
+    assert len(pushed) == 1  # acknowledged: nothing to send
 
 
 class StopRecorder:
