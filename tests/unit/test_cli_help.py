@@ -42,3 +42,12 @@ def test_no_metavar_shows_a_trailing_underscore() -> None:
         if (found := re.findall(r"\b[A-Z][A-Z0-9_]*_\b", parser.format_help()))
     }
     assert shown == {}
+
+
+def test_up_help_names_the_lambdas_chosen_for_the_shipped_calibration() -> None:
+    """`up --help` said qwen-coder's float32 λ was 3 for twenty waves after it became 6."""
+    from calispec_tools.shipped_calibration import CHOSEN_LAMBDA
+
+    text = " ".join(help_of("up").split())
+    for dtype, lam in CHOSEN_LAMBDA["qwen-coder"].items():
+        assert f"{lam} on {dtype}" in text
