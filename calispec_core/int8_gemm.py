@@ -4,14 +4,19 @@ torch's dynamic int8 Linear (fbgemm) does three things, and each can be redone e
 1. one activation scale and zero point from the input's min and max (`torch._choose_qparams_per_tensor`: the same
    function, with the 7-bit range x86 asks for), and fbgemm's own quantisation (`torch.quantize_per_tensor`);
 2. an exact integer GEMM, u8 × s8 → s32, less zero_point × each weight column's sum;
-3. back to float: acc × (scale × w_scale), one multiplier per tensor or per output channel.
-Integer arithmetic is exact on any engine, so `torch._int_mm` (oneDNN: AMX or VNNI) gives the same accumulators; on
-the AMX VM the whole call ran 1.3-1.5× faster than fbgemm's over 512 rows (scratch timing; docs/calibration.md,
-"Throughput", wave 43), and no faster over a few rows. `torch.quantize_per_tensor` rounds a half-way activation as
+3. back to float: float(acc) × (scale × w_scale), one multiplier per tensor or per output channel.
+Integer arithmetic is exact on any engine, so oneDNN gives the same accumulators. Two ways in (`gemm_path`):
+- "matmul": oneDNN's matmul primitive through torch's x86 quantised Linear op (`torch.ops.onednn.qlinear_pointwise`)
+  with unit scales, zero point in, float32 out: it returns float(acc) itself. It runs AMX's brgemm where the CPU has
+  AMX; on the AMX VM of wave 46 2-3.5× faster than `torch._int_mm` over 512 rows of the draft's shapes (scratch
+  timing; docs/calibration.md, "Throughput", wave 46).
+- "int_mm": `torch._int_mm` (s8 × s8, so u8 − 128, corrected by 128 − zero_point times the column sums), which
+  reaches oneDNN's gemm API (VNNI, no AMX): wave 43's path, 1.3-1.5× faster than fbgemm over 512 rows, the fallback.
+Neither is faster than fbgemm over a few rows. `torch.quantize_per_tensor` rounds a half-way activation as
 the layer does (tested). Layers with a bias stay on fbgemm: its fused fma(acc, multiplier, bias) matched torch's
 `add(alpha=)` and `addcmul` on most elements but not on all (why was not traced), and they are the narrow q/k/v
-projections; so do weights with a zero point (none here: torch's int8 weights are symmetric). `exact_here()` checks
-the recipe against torch's own layer once per process.
+projections; so do weights with a zero point (none here: torch's int8 weights are symmetric). `gemm_path()` checks
+each path against torch's own layer once per process and takes the first exact one.
 
 `greedy_head` goes one step further for an output layer: the argmax of its logits straight from the integer
 accumulators (they are scaled by one positive factor), never writing the [rows, vocabulary] float logits.
@@ -32,6 +37,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 MIN_ROWS = 128  # fewer rows: fbgemm is as fast (one-token decode steps never come here)
 _SHIFT = 128  # q − 128 fits int8 whatever q's 8-bit value: torch._int_mm takes s8 × s8
+GEMM_PATHS = ("matmul", "int_mm")  # in order of preference (module docstring)
 
 
 @dataclass(frozen=True)
@@ -40,8 +46,9 @@ class _Weights:
     `layer.weight()` or `layer.bias()`."""
 
     packed: object  # the layer's packed weights these were read from (new weights: read again)
-    transposed: torch.Tensor | None  # int8 [K, N]; None: a bias or a weight zero point: the layer stays on fbgemm
-    col_sums: torch.Tensor | None  # int32 [N]
+    path: str  # the GEMM path `gemm` is laid out for
+    gemm: torch.Tensor | None  # matmul: oneDNN's blocked int8 copy; int_mm: int8 [K, N]; None: stays on fbgemm
+    col_sums: torch.Tensor | None  # int32 [N]: int_mm's correction for the shift
     scale: torch.Tensor | None  # float32 [] or [N] (per output channel)
 
 
@@ -72,10 +79,11 @@ def prepare(model: torch.nn.Module) -> int:
     """Read every dynamic int8 Linear's weights for the recipe now (a model load's work: ~1.5 s for the 0.5B
     draft), not inside the first forward that takes this path; returns how many layers can. Nothing when the
     recipe is not exact here."""
-    if torch.backends.quantized.engine != "fbgemm" or not exact_here():
+    path = gemm_path() if torch.backends.quantized.engine == "fbgemm" else None
+    if path is None:
         return 0
     layers = [m for m in model.modules() if isinstance(m, DynamicQuantizedLinear)]
-    return sum(_layer_weights(m).transposed is not None for m in layers)
+    return sum(_layer_weights(m, path).gemm is not None for m in layers)
 
 
 def applies(layer: torch.nn.Module, rows: torch.Tensor) -> bool:
@@ -88,30 +96,38 @@ def applies(layer: torch.nn.Module, rows: torch.Tensor) -> bool:
         and isinstance(layer, DynamicQuantizedLinear)
         and layer._packed_params.dtype == torch.qint8
         and torch.backends.quantized.engine == "fbgemm"
-        and exact_here()
-        and _layer_weights(layer).transposed is not None
+        and (path := gemm_path()) is not None
+        and _layer_weights(layer, path).gemm is not None
     )
 
 
-def int8_linear(layer: DynamicQuantizedLinear, rows: torch.Tensor) -> torch.Tensor:  # [R, K] -> [R, N]
-    """layer(rows) as fbgemm computes it, bit for bit, for a layer without a bias (see the module docstring)."""
-    acc, scale = _accumulators(layer, rows)  # [R, N] int32
-    return acc.float().mul_(scale * _layer_weights(layer).scale)  # × a [] or [N] float32 multiplier
+def int8_linear(
+    layer: DynamicQuantizedLinear, rows: torch.Tensor, path: str | None = None
+) -> torch.Tensor:  # [R, K] -> [R, N]
+    """layer(rows) as fbgemm computes it, bit for bit, for a layer without a bias (see the module docstring), on
+    `path` (None: `gemm_path()`)."""
+    path = path or gemm_path()
+    acc, scale = _accumulators(layer, rows, path)  # [R, N] int32 or float32
+    return acc.float().mul_(scale * _layer_weights(layer, path).scale)  # × a [] or [N] float32 multiplier
 
 
-def greedy_head(layer: DynamicQuantizedLinear, rows: torch.Tensor) -> torch.Tensor:  # [R, K] -> [R] int64
+def greedy_head(
+    layer: DynamicQuantizedLinear, rows: torch.Tensor, path: str | None = None
+) -> torch.Tensor:  # [R, K] -> [R] int64
     """argmax(layer(rows), -1) without the float logits: exact for a per-tensor weight scale and no bias, where
     every logit is float(acc) × one positive multiplier (float(acc) exact: |acc| < 2^24). Ties as torch's argmax:
     the first index whose float logit equals the row's largest."""
-    acc, scale = _accumulators(layer, rows)  # [R, N] int32
-    return scaled_argmax(acc, float(scale * _layer_weights(layer).scale))
+    path = path or gemm_path()
+    acc, scale = _accumulators(layer, rows, path)  # [R, N] int32 or float32
+    return scaled_argmax(acc, float(scale * _layer_weights(layer, path).scale))
 
 
-def scaled_argmax(acc: torch.Tensor, multiplier: float) -> torch.Tensor:  # [R, N] int32 -> [R] int64
-    """argmax(acc.float() * multiplier, -1) for a float32 multiplier > 0 and |acc| < 2^24, from the integers: the
-    product is monotonic, but it can round neighbours onto one float (where the multiplier is under a float32 step
-    of the logits; over half a step while |acc| < 2^24, so at most 3 of them), so the answer is the first index
-    whose accumulator reaches the smallest one that rounds onto the top logit."""
+def scaled_argmax(acc: torch.Tensor, multiplier: float) -> torch.Tensor:  # [R, N] int32 or float32 -> [R] int64
+    """argmax(acc.float() * multiplier, -1) for a float32 multiplier > 0 and integer accumulators |acc| < 2^24 (as
+    int32, or as float32, exact below 2^24), from the integers: the product is monotonic, but it can round neighbours
+    onto one float (where the multiplier is under a float32 step of the logits; over half a step while |acc| < 2^24,
+    so at most 3 of them), so the answer is the first index whose accumulator reaches the smallest one that rounds
+    onto the top logit."""
     top = acc.amax(dim=-1)  # [R]
     top_logit = top.float() * multiplier  # [R]
     threshold = top.clone()  # [R]
@@ -130,15 +146,29 @@ def head_applies(layer: torch.nn.Module, rows: torch.Tensor) -> bool:
     return rows.shape[-1] * _levels(layer) * 128 < 2**24  # |q − zero_point| < levels, |w| <= 128
 
 
-def _accumulators(layer: DynamicQuantizedLinear, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Σ_k (q_ik − zero_point) · w_kj as int32 [R, N], the activation scale as a float32 scalar tensor)."""
-    weights = _layer_weights(layer)
+def _accumulators(layer: DynamicQuantizedLinear, rows: torch.Tensor, path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Σ_k (q_ik − zero_point) · w_kj [R, N] as int32 (int_mm) or its float32 (matmul), the activation scale as a
+    float32 scalar tensor)."""
+    weights = _layer_weights(layer, path)
     scale64, zero_point = torch._choose_qparams_per_tensor(rows, _levels(layer) == 128)
     scale = torch.tensor(scale64, dtype=torch.float32)  # fbgemm quantises with the float32 scale
     quantized = torch.quantize_per_tensor(rows, float(scale), zero_point, torch.quint8).int_repr()  # [R, K] u8
+    return _gemm(path, layer, weights, quantized, zero_point), scale
+
+
+def _gemm(
+    path: str, layer: DynamicQuantizedLinear, weights: _Weights, quantized: torch.Tensor, zero_point: int
+) -> torch.Tensor:
+    """Σ_k (q_ik − zero_point) · w_kj: [R, K] u8 -> [R, N] int32 (int_mm) or float32 (matmul: float(acc), the
+    primitive's scales all 1)."""
+    if path == "matmul":
+        return torch.ops.onednn.qlinear_pointwise(
+            quantized, 1.0, zero_point, weights.gemm, *_unit_scales(layer.out_features),
+            None, 1.0, 0, torch.float32, "none", [], "",
+        )  # fmt: skip
     shifted = quantized.view(torch.int8).bitwise_xor_(-_SHIFT)  # [R, K] u8 − 128 as s8 (flips the top bit)
-    acc = torch._int_mm(shifted, weights.transposed)  # [R, N] Σ (q − 128) · w
-    return acc.add_(weights.col_sums * (_SHIFT - zero_point)), scale  # + (128 − zero_point) · Σ_k w_kj
+    acc = torch._int_mm(shifted, weights.gemm)  # [R, N] Σ (q − 128) · w
+    return acc.add_(weights.col_sums * (_SHIFT - zero_point))  # + (128 − zero_point) · Σ_k w_kj
 
 
 def _levels(layer: DynamicQuantizedLinear) -> int:
@@ -146,26 +176,50 @@ def _levels(layer: DynamicQuantizedLinear) -> int:
     return 128 if layer.version is not None and layer.version >= 4 else 256
 
 
-def _layer_weights(layer: DynamicQuantizedLinear) -> _Weights:
+def _layer_weights(layer: DynamicQuantizedLinear, path: str | None = None) -> _Weights:
+    """The layer's weights laid out for `path` (None: whichever they were read for), read again for new weights."""
     packed = layer._packed_params._packed_params
     cached = _weights.get(layer)
-    if cached is None or cached.packed is not packed:  # set_weight_bias / load_state_dict repack
-        cached = _Weights(packed, None, None, None)
-        weight, bias = layer._weight_bias()  # qint8 [N, K], float [N] or None
-        per_tensor = weight.qscheme() == torch.per_tensor_affine
-        symmetric = weight.q_zero_point() == 0 if per_tensor else not weight.q_per_channel_zero_points().any()
-        if bias is None and symmetric:  # else fbgemm also subtracts w's zero point times each row's sum
-            ints = weight.int_repr()  # [N, K]
-            scale = torch.tensor(weight.q_scale()) if per_tensor else weight.q_per_channel_scales()
-            cached = _Weights(packed, ints.t(), ints.sum(dim=1, dtype=torch.int32), scale.float())
+    if cached is None or cached.packed is not packed or (path is not None and cached.path != path):
+        cached = _read_weights(layer, packed, path or gemm_path() or GEMM_PATHS[-1])
         _weights[layer] = cached
     return cached
 
 
+def _read_weights(layer: DynamicQuantizedLinear, packed: object, path: str) -> _Weights:
+    weight, bias = layer._weight_bias()  # qint8 [N, K], float [N] or None
+    per_tensor = weight.qscheme() == torch.per_tensor_affine
+    symmetric = weight.q_zero_point() == 0 if per_tensor else not weight.q_per_channel_zero_points().any()
+    if bias is not None or not symmetric:  # fbgemm's fused bias add; or it subtracts w's zero point times row sums
+        return _Weights(packed, path, None, None, None)
+    ints = weight.int_repr()  # [N, K]
+    scale = torch.tensor(weight.q_scale()) if per_tensor else weight.q_per_channel_scales()
+    if path == "matmul":
+        return _Weights(packed, path, torch.ops.onednn.qlinear_prepack(ints, None), None, scale.float())
+    return _Weights(packed, path, ints.t(), ints.sum(dim=1, dtype=torch.int32), scale.float())
+
+
 @functools.cache
+def _unit_scales(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The matmul primitive's [n] weight scales, 1, and zero points, 0: it then returns float(acc) itself."""
+    return torch.ones(n), torch.zeros(n, dtype=torch.int32)
+
+
+@functools.cache
+def gemm_path() -> str | None:
+    """The first of `GEMM_PATHS` whose recipe gives torch's own layer's bits on this machine and build, checked once
+    a process; None: neither (no oneDNN int8 here). Callers ask only with fbgemm as the engine."""
+    return next((path for path in GEMM_PATHS if exact_with(path)), None)
+
+
 def exact_here() -> bool:
-    """The recipe gives torch's own layer's bits on this machine and build, checked once (odd widths, per tensor
-    and per channel, an outlier row; the head's argmax too). Callers ask only with fbgemm as the engine."""
+    """Some path of the recipe is exact here."""
+    return gemm_path() is not None
+
+
+def exact_with(path: str) -> bool:
+    """The recipe on `path` gives torch's layer's bits: odd widths, per tensor and per channel, an outlier row, a
+    half-way activation, sums past 2^24 (where float(acc) rounds), and the head's argmax."""
     generator = torch.Generator().manual_seed(0)
     try:
         for k, n, per_channel in ((67, 33, False), (200, 131, False), (75, 41, True)):
@@ -174,16 +228,25 @@ def exact_here() -> bool:
             rows[0] *= 40
             halfway = torch.zeros_like(rows)  # [R, K] scale 0.125, zero point 9: 0.0625 quantises from 9.5, a tie
             halfway[0, :3] = torch.tensor([-1.125, 14.75, 0.0625])
-            if not torch.equal(int8_linear(layer, halfway), layer(halfway)):
+            if not all(torch.equal(int8_linear(layer, x, path), layer(x)) for x in (halfway, rows)):
                 return False
             logits = layer(rows)  # [R, N] torch's (fbgemm's)
-            if not torch.equal(int8_linear(layer, rows), logits):
+            if not per_channel and not torch.equal(greedy_head(layer, rows, path), logits.argmax(dim=-1)):
                 return False
-            if not per_channel and not torch.equal(greedy_head(layer, rows), logits.argmax(dim=-1)):
-                return False
-        return True
-    except RuntimeError:  # no torch._int_mm for CPU in this build
+        layer, rows = _past_float_precision(generator)
+        return torch.equal(int8_linear(layer, rows, path), layer(rows))
+    except (RuntimeError, AttributeError, NotImplementedError):  # no such op for CPU in this build
         return False
+
+
+def _past_float_precision(generator: torch.Generator) -> tuple[DynamicQuantizedLinear, torch.Tensor]:
+    """A layer of ±127 weights and rows of 0 and 127 (zero point 0) on their positive ones: |acc| ~ 2^25."""
+    k, n = 4100, 37
+    signs = torch.randint(0, 2, (n, k), generator=generator).float() * 2 - 1  # [N, K] ±1
+    layer = DynamicQuantizedLinear(k, n, bias_=False, dtype=torch.qint8)
+    layer.set_weight_bias(torch.quantize_per_tensor(signs, 1 / 127, 0, torch.qint8), None)
+    rows = (signs[torch.arange(MIN_ROWS) % n] > 0).float() * 10  # [R, K] row i saturates column i % n
+    return layer, rows
 
 
 def _random_layer(k: int, n: int, per_channel: bool, generator: torch.Generator) -> DynamicQuantizedLinear:

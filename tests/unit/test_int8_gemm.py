@@ -1,4 +1,4 @@
-"""fbgemm's dynamic int8 Linear recomputed on oneDNN's integer GEMM, bit for bit (calispec_core/int8_gemm.py)."""
+"""fbgemm's dynamic int8 Linear recomputed on oneDNN's integer GEMM, bit for bit, on each path (int8_gemm.py)."""
 
 from __future__ import annotations
 
@@ -39,9 +39,13 @@ def activations(rows: int, k: int, seed: int) -> torch.Tensor:
     return x + torch.randn((), generator=generator)  # shifted: a zero point away from the middle
 
 
+@pytest.mark.parametrize("path", int8_gemm.GEMM_PATHS)
 @pytest.mark.parametrize("per_channel", [False, True])
 @torch.inference_mode()
-def test_the_integer_gemm_gives_torchs_bits_on_odd_shapes(per_channel: bool) -> None:
+def test_the_integer_gemm_gives_torchs_bits_on_odd_shapes(
+    per_channel: bool, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(int8_gemm, "gemm_path", lambda: path)
     rng = random.Random(int(per_channel))
     for trial in range(6):
         k, n, rows = rng.randrange(17, 1200), rng.randrange(17, 700), rng.randrange(128, 400)
@@ -109,14 +113,14 @@ def test_greedy_splits_outlier_rows_as_the_forward_does() -> None:
 def test_serving_and_narrow_calls_keep_fbgemm(monkeypatch: pytest.MonkeyPatch) -> None:
     """Only calibration asks (many_rows): a serving process keeps torch's layer and holds no second weight copy."""
 
-    def no_int_mm(*args: object) -> torch.Tensor:
-        raise AssertionError("torch._int_mm called")
+    def no_gemm(*args: object) -> torch.Tensor:
+        raise AssertionError("the recipe's integer GEMM called")
 
     layer = int8_layer(64, 32)
     biased = int8_layer(64, 32, bias=True)
     x = activations(256, 64, seed=5)
-    assert int8_gemm.exact_here()  # its once-a-process check runs torch._int_mm: before the patch
-    monkeypatch.setattr(torch, "_int_mm", no_int_mm)
+    assert int8_gemm.exact_here()  # its once-a-process check runs the GEMM: before the patch
+    monkeypatch.setattr(int8_gemm, "_gemm", no_gemm)
     with isolating_outliers():
         layer(x)  # serving's prefill: outside many_rows
     with int8_gemm.many_rows():
@@ -139,16 +143,30 @@ def test_calibration_predictions_are_the_same_on_the_integer_gemm(
     rng = random.Random(7)
     rows = [[rng.randrange(runner.vocab_size) for _ in range(rng.randrange(200, 300))] for _ in range(5)]
     calls = []
-    int_mm = torch._int_mm
-    monkeypatch.setattr(torch, "_int_mm", lambda a, b: calls.append(a.shape) or int_mm(a, b))
+    gemm = int8_gemm._gemm
+    monkeypatch.setattr(int8_gemm, "_gemm", lambda *args: calls.append(args[0]) or gemm(*args))
     recipe = teacher.greedy_predictions(runner, rows, 512)
-    assert calls  # the recipe ran
+    assert set(calls) == {int8_gemm.gemm_path()}  # the recipe ran
     monkeypatch.setattr(teacher.int8_gemm, "many_rows", contextlib.nullcontext)
     assert teacher.greedy_predictions(runner, rows, 512) == recipe
 
 
 def test_the_recipe_is_exact_on_this_machine() -> None:
     assert int8_gemm.exact_here()
+
+
+@pytest.mark.parametrize("path", int8_gemm.GEMM_PATHS)
+def test_each_path_is_exact_here_sums_past_float_precision_included(path: str) -> None:
+    layer, rows = int8_gemm._past_float_precision(torch.Generator().manual_seed(1))
+    with int8_gemm.many_rows():
+        assert int8_gemm._accumulators(layer, rows, path)[0].abs().max() > 2**24  # float(acc) rounds here
+    assert int8_gemm.exact_with(path)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN's matmul primitive is x86's")
+def test_calibration_takes_onednns_matmul_primitive_where_torch_has_it() -> None:
+    """Its brgemm runs on AMX where the CPU has it: 2-3.5x torch._int_mm's gemm API over 512 rows (wave 46)."""
+    assert int8_gemm.gemm_path() == "matmul"
 
 
 def test_scaled_argmax_matches_the_float_argmax_where_the_product_rounds_neighbours_together() -> None:
