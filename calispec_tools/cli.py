@@ -549,7 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--default-lambda", type=at.lambda_,
         help="CSD λ for requests that set none (default: the paper's 6, or the λ chosen for the seeded shipped "
-        "calibration on the target's dtype with the meaning guard: for qwen-coder 6 on float32, 4 on bfloat16; "
+        "calibration on the target's dtype with the meaning guard: for qwen-coder 4 on float32, 4 on bfloat16; "
         "docs/calibration.md)",
     )  # fmt: skip
     cli_bench.add_lockstep_phase_arg(up)

@@ -433,7 +433,7 @@ def test_the_seed_job_loads_the_shipped_file_into_the_namespace_the_targets_serv
 
 def test_the_coordinator_serves_the_lambda_chosen_for_the_targets_dtype(docs: list[Doc], tmp_path: Path) -> None:
     """As `calispec up` does: the λ chosen for the shipped file where the target serves its dtype with the meaning
-    guard (float32: 6 since wave 26; bfloat16: 4 since wave 45), the paper's 6 elsewhere."""
+    guard (float32: 4 since wave 46, 6 from wave 26; bfloat16: 4 since wave 45), the paper's 6 elsewhere."""
     token_file = tmp_path / "token"
     token_file.write_text("x" * 32)
     specs = {name: pod_spec(find(docs, "Deployment", name)) for name in ("coordinator", "target")}

@@ -163,7 +163,7 @@ def test_compare_benchmarks_the_stack_up_serves(tmp_path: Path, flags: list[str]
     assert config.calibration_file == (shipped_file("qwen-coder") if seeded else None)
     assert config.calibration_file != (None if seeded else shipped_file("qwen-coder"))
     assert config.meaning_guard is guard
-    assert config.calibration_lambdas == ((("bfloat16", 4), ("float32", 6)) if seeded and guard else ())  # as `up`
+    assert config.calibration_lambdas == ((("bfloat16", 4), ("float32", 4)) if seeded and guard else ())  # as `up`
     assert config.memory_db.parent == tmp_path and config.coordinator_port == 0
 
 

@@ -171,7 +171,7 @@ def test_the_calibrations_lambda_is_served_only_where_it_was_chosen(
 @pytest.mark.parametrize(
     ("flags", "lambdas"),
     [
-        ([], (("bfloat16", 4), ("float32", 6))),
+        ([], (("bfloat16", 4), ("float32", 4))),
         (["--no-calibration"], ()),  # no calibration seeded: nothing λ was chosen for
         (["--no-meaning-guard"], ()),  # λ was chosen for the guarded rule
         (["--pair", "tiny"], ()),  # no shipped calibration
