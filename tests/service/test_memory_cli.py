@@ -242,7 +242,7 @@ def test_memory_seed_loads_the_shipped_calibration_once_into_its_namespace(
     assert run(*args) == 0
     printed = capsys.readouterr().out
     assert f"namespace {namespace}" in printed and "calibration: loaded" in printed
-    assert "λ chosen for it: 6 where the target serves float32" in printed
+    assert "λ chosen for it: 4 where the target serves float32" in printed
     store.flush()
     events = store.stats(namespace)[0]
     assert events > 1000 and store.stats("pair/other+pair/0")[0] == 0
