@@ -5,13 +5,7 @@ the model's linear layers, but each session's keys and values stay in its own ca
 (calispec_core/kv_cache.py): nothing is concatenated. So the cache update of such a pass returns
 `PackedRows` instead of one key and one value tensor, and attention runs row by row: row b's queries
 against row b's own cache views, causal within its new tokens. Everything else (one session's
-forward, generation) is Hugging Face's SDPA attention unchanged.
-
-Teacher forcing (calispec_tools/calibrate/teacher.py) lays documents end to end in each sequence. Its forward
-passes `segments` (per sequence, its documents' widths) through the model: each document's attention then runs
-alone with `is_causal` (`segment_attention`), which SDPA's kernels compute without the blocks above the diagonal,
-where the block-diagonal mask it also passes costs all S² of them (the int8 draft's attention was 19 % of its
-teacher-forced pass under the mask: wave 46, docs/calibration.md "Throughput").
+forward, teacher forcing, generation) is Hugging Face's SDPA attention unchanged.
 
 Grouped-query attention without copies: the query heads that share a key/value head are folded into
 that head's query rows ([1, H_q, n, D] -> [1, H_kv, g·n, D]), so SDPA reads each cached head once
@@ -29,7 +23,6 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 ATTENTION = "calispec_sdpa"  # the attn_implementation name models are loaded with
-SEGMENTS = "segments"  # the model keyword of `segment_attention`: per sequence, its documents' widths (sum: S)
 
 
 @dataclass(frozen=True)
@@ -66,11 +59,7 @@ def rows_attention(
     scaling: float | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """Returns [1, T, H_q, D] like HF's attention functions; plain tensors go to HF's SDPA attention (per
-    document where the forward gives `segments`)."""
-    segments = kwargs.pop(SEGMENTS, None)
-    if segments is not None and not isinstance(key, PackedRows):
-        return segment_attention(module, query, key, value, segments, dropout, scaling, **kwargs)
+    """Returns [1, T, H_q, D] like HF's attention functions; plain tensors go to HF's SDPA attention."""
     if not isinstance(key, PackedRows):
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
@@ -82,29 +71,6 @@ def rows_attention(
     ]
     out = torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]  # [1, H_q, T, D]
     return out.transpose(1, 2).reshape(1, -1, heads, dim), None
-
-
-def segment_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,  # [B, H_q, S, D]
-    key: torch.Tensor,  # [B, H_kv, S, D]
-    value: torch.Tensor,  # [B, H_kv, S, D]
-    segments: list[list[int]],  # per sequence b: its documents' widths, end to end (sum: S)
-    dropout: float,
-    scaling: float | None,
-    **kwargs: object,
-) -> tuple[torch.Tensor, None]:
-    """Each document attends to its own earlier tokens only, as under the block-diagonal causal mask: HF's SDPA
-    attention per document without a mask (so `is_causal` for more than one token). Returns [B, S, H_q, D]."""
-    sequences = []
-    for b, widths in enumerate(segments):
-        parts = zip(*(t[b : b + 1].split(widths, dim=2) for t in (query, key, value)), strict=True)
-        outputs = [
-            sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, **kwargs)[0]  # [1, n, H, D]
-            for q, k, v in parts
-        ]
-        sequences.append(torch.cat(outputs, dim=1) if len(outputs) > 1 else outputs[0])  # [1, S, H_q, D]
-    return torch.cat(sequences), None
 
 
 def grouped_attention(

@@ -31,7 +31,6 @@ import torch
 
 from calispec_core import int8_gemm
 from calispec_core.argmax import argmax_last
-from calispec_core.attention import SEGMENTS
 from calispec_core.compute import on_compute_thread
 from calispec_core.int8_outliers import Int8Linear, isolating_outliers
 from calispec_core.modeling import ModelRunner
@@ -119,7 +118,6 @@ def _packed_argmax(
     positions = torch.zeros_like(ids)  # [B, S]
     segment = torch.full_like(ids, -1)  # [B, S] which row a token belongs to (-1: padding)
     spans: list[tuple[int, int, int]] = []  # (bin, offset, length) of each row, in bin order
-    widths: list[list[int]] = []  # per bin: its rows' lengths, then its padding's
     for b, members in enumerate(bins):
         offset = 0
         for r in members:
@@ -129,16 +127,14 @@ def _packed_argmax(
             segment[b, offset : offset + n] = r
             spans.append((b, offset, n))
             offset += n
-        widths.append([len(rows[r]) for r in members] + ([width - offset] if offset < width else []))
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()  # [S, S]
     mask = (segment[:, :, None] == segment[:, None, :]) & causal  # [B, S, S] own row, earlier tokens
     real = (segment >= 0).view(-1).nonzero().squeeze(1)  # [N] flat indices of real tokens, in bin order
     head = runner.model.get_output_embeddings()
     # every row starts at position 0 (int8_outliers.py); int8 calls over many rows on oneDNN, same bits (int8_gemm.py)
     with isolating_outliers(runner.isolates_outliers), int8_gemm.many_rows():
-        # the mask says the same as `segments`, which attention.py's SDPA computes per row instead (a fraction of it)
         hidden = runner.model.base_model(
-            input_ids=ids, attention_mask=mask[:, None], position_ids=positions, use_cache=False, **{SEGMENTS: widths}
+            input_ids=ids, attention_mask=mask[:, None], position_ids=positions, use_cache=False
         ).last_hidden_state  # [B, S, H]
         flat = hidden.reshape(-1, hidden.shape[-1])[real]  # [N, H]
         preds = torch.cat([_greedy(head, flat[i : i + chunk]) for i in range(0, flat.shape[0], chunk)])  # [N]
