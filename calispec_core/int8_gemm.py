@@ -7,9 +7,11 @@ torch's dynamic int8 Linear (fbgemm) does three things, and each can be redone e
 3. back to float: float(acc) × (scale × w_scale), one multiplier per tensor or per output channel.
 Integer arithmetic is exact on any engine, so oneDNN gives the same accumulators. Two ways in (`gemm_path`):
 - "matmul": oneDNN's matmul primitive through torch's x86 quantised Linear op (`torch.ops.onednn.qlinear_pointwise`)
-  with unit scales, zero point in, float32 out: it returns float(acc) itself. It runs AMX's brgemm where the CPU has
-  AMX; on the AMX VM of wave 46 2-3.5× faster than `torch._int_mm` over 512 rows of the draft's shapes (scratch
-  timing; docs/calibration.md, "Throughput", wave 46).
+  with unit scales, zero point in, float32 out: float(acc), but as float(Σ q·w) − float(zero_point · Σ w), so only
+  where both stay under 2^24 (`_float_exact`: inputs narrower than 1,024 at x86's 7-bit range); wider layers (the
+  draft's MLP down projection) take "int_mm". It runs AMX's brgemm where the CPU has AMX; on the AMX VM of wave 46,
+  over 512 rows, 2.0× `torch._int_mm`'s speed for the draft's MLP gate and up layers and 1.8× for its output layer
+  (docs/measurements/wave46-amx/int8-gemm-paths.txt, where its down layer, K = 4,864, ran 0.6×).
 - "int_mm": `torch._int_mm` (s8 × s8, so u8 − 128, corrected by 128 − zero_point times the column sums), which
   reaches oneDNN's gemm API (VNNI, no AMX): wave 43's path, 1.3-1.5× faster than fbgemm over 512 rows, the fallback.
 Neither is faster than fbgemm over a few rows. `torch.quantize_per_tensor` rounds a half-way activation as
@@ -61,8 +63,9 @@ _many_rows: contextvars.ContextVar[bool] = contextvars.ContextVar("int8_gemm_man
 @contextmanager
 def many_rows() -> Iterator[None]:
     """Within this block (this context), `Int8Linear` layers take this module's path where it `applies`. Only
-    teacher-forced calibration asks: the transposed int8 weights it caches are a second copy of the model's
-    (~0.5 GB for the 0.5B draft), which a serving process should not carry for its few long prefills."""
+    teacher-forced calibration asks: the int8 weights it caches (oneDNN's blocked copy, or transposed) are a second
+    copy of the model's (~0.5 GB for the 0.5B draft), which a serving process should not carry for its few long
+    prefills."""
     token = _many_rows.set(True)
     try:
         yield
@@ -106,7 +109,7 @@ def int8_linear(
 ) -> torch.Tensor:  # [R, K] -> [R, N]
     """layer(rows) as fbgemm computes it, bit for bit, for a layer without a bias (see the module docstring), on
     `path` (None: `gemm_path()`)."""
-    path = path or gemm_path()
+    path = _resolved(path)
     acc, scale = _accumulators(layer, rows, path)  # [R, N] int32 or float32
     return acc.float().mul_(scale * _layer_weights(layer, path).scale)  # × a [] or [N] float32 multiplier
 
@@ -117,9 +120,16 @@ def greedy_head(
     """argmax(layer(rows), -1) without the float logits: exact for a per-tensor weight scale and no bias, where
     every logit is float(acc) × one positive multiplier (float(acc) exact: |acc| < 2^24). Ties as torch's argmax:
     the first index whose float logit equals the row's largest."""
-    path = path or gemm_path()
+    path = _resolved(path)
     acc, scale = _accumulators(layer, rows, path)  # [R, N] int32 or float32
     return scaled_argmax(acc, float(scale * _layer_weights(layer, path).scale))
+
+
+def _resolved(path: str | None) -> str:
+    path = path or gemm_path()
+    if path is None:
+        raise RuntimeError("no exact integer GEMM path here: callers ask `applies` first")
+    return path
 
 
 def scaled_argmax(acc: torch.Tensor, multiplier: float) -> torch.Tensor:  # [R, N] int32 or float32 -> [R] int64
@@ -153,7 +163,7 @@ def _accumulators(layer: DynamicQuantizedLinear, rows: torch.Tensor, path: str) 
     scale64, zero_point = torch._choose_qparams_per_tensor(rows, _levels(layer) == 128)
     scale = torch.tensor(scale64, dtype=torch.float32)  # fbgemm quantises with the float32 scale
     quantized = torch.quantize_per_tensor(rows, float(scale), zero_point, torch.quint8).int_repr()  # [R, K] u8
-    return _gemm(path, layer, weights, quantized, zero_point), scale
+    return _gemm(weights.path, layer, weights, quantized, zero_point), scale
 
 
 def _gemm(
@@ -177,13 +187,25 @@ def _levels(layer: DynamicQuantizedLinear) -> int:
 
 
 def _layer_weights(layer: DynamicQuantizedLinear, path: str | None = None) -> _Weights:
-    """The layer's weights laid out for `path` (None: whichever they were read for), read again for new weights."""
+    """The layer's weights laid out for `path` where that is exact for the layer, else for "int_mm" (None: whichever
+    they were read for), read again for new weights."""
     packed = layer._packed_params._packed_params
     cached = _weights.get(layer)
-    if cached is None or cached.packed is not packed or (path is not None and cached.path != path):
-        cached = _read_weights(layer, packed, path or gemm_path() or GEMM_PATHS[-1])
+    wanted = None if path is None else _layer_path(layer, path)
+    if cached is None or cached.packed is not packed or (wanted is not None and cached.path != wanted):
+        cached = _read_weights(layer, packed, wanted or _layer_path(layer, gemm_path() or GEMM_PATHS[-1]))
         _weights[layer] = cached
     return cached
+
+
+def _layer_path(layer: DynamicQuantizedLinear, path: str) -> str:
+    return path if path != "matmul" or _float_exact(layer) else "int_mm"
+
+
+def _float_exact(layer: DynamicQuantizedLinear) -> bool:
+    """The matmul primitive's float(Σ q·w) and float(zero_point · Σ w) are exact: both under 2^24 (q, zero_point <
+    levels, |w| <= 128), so their float difference rounds once, as float(acc) does."""
+    return layer.in_features * _levels(layer) * 128 < 2**24
 
 
 def _read_weights(layer: DynamicQuantizedLinear, packed: object, path: str) -> _Weights:
@@ -219,7 +241,8 @@ def exact_here() -> bool:
 
 def exact_with(path: str) -> bool:
     """The recipe on `path` gives torch's layer's bits: odd widths, per tensor and per channel, an outlier row, a
-    half-way activation, sums past 2^24 (where float(acc) rounds), and the head's argmax."""
+    half-way activation, the head's argmax, and a zero point with sums near and past 2^24 (where float(acc) rounds
+    and the matmul primitive's two floats would not: such layers take int_mm, `_float_exact`)."""
     generator = torch.Generator().manual_seed(0)
     try:
         for k, n, per_channel in ((67, 33, False), (200, 131, False), (75, 41, True)):
@@ -233,19 +256,20 @@ def exact_with(path: str) -> bool:
             logits = layer(rows)  # [R, N] torch's (fbgemm's)
             if not per_channel and not torch.equal(greedy_head(layer, rows, path), logits.argmax(dim=-1)):
                 return False
-        layer, rows = _past_float_precision(generator)
-        return torch.equal(int8_linear(layer, rows, path), layer(rows))
+        wide = (_past_float_precision(generator, k) for k in (1023, 4100))  # the matmul path's widest, then int_mm's
+        return all(torch.equal(int8_linear(layer, rows, path), layer(rows)) for layer, rows in wide)
     except (RuntimeError, AttributeError, NotImplementedError):  # no such op for CPU in this build
         return False
 
 
-def _past_float_precision(generator: torch.Generator) -> tuple[DynamicQuantizedLinear, torch.Tensor]:
-    """A layer of ±127 weights and rows of 0 and 127 (zero point 0) on their positive ones: |acc| ~ 2^25."""
-    k, n = 4100, 37
+def _past_float_precision(generator: torch.Generator, k: int = 4100) -> tuple[DynamicQuantizedLinear, torch.Tensor]:
+    """A layer of ±127 weights and rows of 10 on their positive ones, −1 elsewhere (zero point 12): Σ q·w ~ k/2 ·
+    127², past 2^24 for k = 4,100, just under it for k = 1,023 (the widest input the matmul path takes)."""
+    n = 37
     signs = torch.randint(0, 2, (n, k), generator=generator).float() * 2 - 1  # [N, K] ±1
     layer = DynamicQuantizedLinear(k, n, bias_=False, dtype=torch.qint8)
     layer.set_weight_bias(torch.quantize_per_tensor(signs, 1 / 127, 0, torch.qint8), None)
-    rows = (signs[torch.arange(MIN_ROWS) % n] > 0).float() * 10  # [R, K] row i saturates column i % n
+    rows = torch.where(signs[torch.arange(MIN_ROWS) % n] > 0, 10.0, -1.0)  # [R, K] row i saturates column i % n
     return layer, rows
 
 

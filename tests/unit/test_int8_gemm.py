@@ -163,6 +163,24 @@ def test_each_path_is_exact_here_sums_past_float_precision_included(path: str) -
     assert int8_gemm.exact_with(path)
 
 
+@torch.inference_mode()
+def test_inputs_whose_sums_can_pass_float_precision_take_int_mm_on_the_matmul_path() -> None:
+    """oneDNN's primitive returns float(Σ q·w) − float(zero_point · Σ w): past 2^24 that rounds twice (found by review:
+    a zero point of 12 and K = 4,100 differed from fbgemm on most elements), so such layers take int_mm's int32 sum."""
+    generator = torch.Generator().manual_seed(2)
+    narrow, narrow_rows = int8_gemm._past_float_precision(generator, 1023)
+    wide, wide_rows = int8_gemm._past_float_precision(generator, 4100)
+    assert torch._choose_qparams_per_tensor(wide_rows, True)[1] != 0  # a zero point: the compensation is in play
+    with int8_gemm.many_rows():
+        assert torch.equal(
+            int8_gemm.int8_linear(wide, wide_rows, "matmul"), DynamicQuantizedLinear.forward(wide, wide_rows)
+        )
+        assert int8_gemm._weights[wide].path == "int_mm"
+        for path in ("int_mm", "matmul"):  # one layer on both paths in turn: its weights are read for each
+            assert torch.equal(int8_gemm.int8_linear(narrow, narrow_rows, path), narrow(narrow_rows))
+            assert int8_gemm._weights[narrow].path == path
+
+
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN's matmul primitive is x86's")
 def test_calibration_takes_onednns_matmul_primitive_where_torch_has_it() -> None:
     """Its brgemm runs on AMX where the CPU has it: 2-3.5x torch._int_mm's gemm API over 512 rows (wave 46)."""
