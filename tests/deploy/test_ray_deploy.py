@@ -331,7 +331,7 @@ def test_the_ray_controller_serves_the_lambda_chosen_for_the_calibration_it_seed
         made.calibration = SeedResult(present, "seeded", present=present)
         return made
 
-    assert controller()._calibrated_lambda(shipped) == 6
+    assert controller()._calibrated_lambda(shipped) == 4  # float32: wave 46's choice (6 before)
     assert controller()._calibrated_lambda(None) is None  # nothing seeded
     assert controller(present=False)._calibrated_lambda(shipped) is None  # the file was refused
     assert controller(("--default-lambda", "5"))._calibrated_lambda(shipped) is None  # the deployment's own

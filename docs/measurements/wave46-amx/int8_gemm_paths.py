@@ -3,7 +3,7 @@
 fbgemm (torch's dynamic Linear, serving's), the recipe on `torch._int_mm` (oneDNN's gemm API: wave 43's path) and on
 oneDNN's matmul primitive (`torch.ops.onednn.qlinear_pointwise`: AMX brgemm where present). Run alone:
     .venv/bin/python docs/measurements/wave46-amx/int8_gemm_paths.py [threads]
-Prints the median of 7 calls after 2 warm-ups, in ms, and the oneDNN implementation the primitive takes.
+Prints the median of 7 calls after 2 warm-ups, in ms (the recipe's paths as `int8_linear` routes them).
 """
 
 from __future__ import annotations
