@@ -264,7 +264,7 @@ def exact_with(path: str) -> bool:
 
 def _past_float_precision(generator: torch.Generator, k: int = 4100) -> tuple[DynamicQuantizedLinear, torch.Tensor]:
     """A layer of ±127 weights and rows of 10 on their positive ones, −1 elsewhere (zero point 12): Σ q·w ~ k/2 ·
-    127², past 2^24 for k = 4,100, just under it for k = 1,023 (the widest input the matmul path takes)."""
+    127², past 2^24 for k = 4,100; k = 1,023 is the widest input the matmul path takes (`_float_exact`)."""
     n = 37
     signs = torch.randint(0, 2, (n, k), generator=generator).float() * 2 - 1  # [N, K] ±1
     layer = DynamicQuantizedLinear(k, n, bias_=False, dtype=torch.qint8)
