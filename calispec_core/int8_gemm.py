@@ -109,9 +109,8 @@ def int8_linear(
 ) -> torch.Tensor:  # [R, K] -> [R, N]
     """layer(rows) as fbgemm computes it, bit for bit, for a layer without a bias (see the module docstring), on
     `path` (None: `gemm_path()`)."""
-    path = _resolved(path)
-    acc, scale = _accumulators(layer, rows, path)  # [R, N] int32 or float32
-    return acc.float().mul_(scale * _layer_weights(layer, path).scale)  # × a [] or [N] float32 multiplier
+    acc, multiplier = _accumulators(layer, rows, _resolved(path))  # [R, N] int32 or float32
+    return acc.float().mul_(multiplier)
 
 
 def greedy_head(
@@ -120,9 +119,8 @@ def greedy_head(
     """argmax(layer(rows), -1) without the float logits: exact for a per-tensor weight scale and no bias, where
     every logit is float(acc) × one positive multiplier (float(acc) exact: |acc| < 2^24). Ties as torch's argmax:
     the first index whose float logit equals the row's largest."""
-    path = _resolved(path)
-    acc, scale = _accumulators(layer, rows, path)  # [R, N] int32 or float32
-    return scaled_argmax(acc, float(scale * _layer_weights(layer, path).scale))
+    acc, multiplier = _accumulators(layer, rows, _resolved(path))  # [R, N] int32 or float32
+    return scaled_argmax(acc, float(multiplier))
 
 
 def _resolved(path: str | None) -> str:
@@ -151,19 +149,18 @@ def scaled_argmax(acc: torch.Tensor, multiplier: float) -> torch.Tensor:  # [R, 
 
 def head_applies(layer: torch.nn.Module, rows: torch.Tensor) -> bool:
     """`greedy_head` is exact for this output layer: `applies`, one weight scale, accumulators < 2^24."""
-    if not applies(layer, rows) or _layer_weights(layer).scale.dim() != 0:
-        return False
-    return rows.shape[-1] * _levels(layer) * 128 < 2**24  # |q − zero_point| < levels, |w| <= 128
+    path = gemm_path()
+    return applies(layer, rows) and _layer_weights(layer, path).scale.dim() == 0 and _float_exact(layer)
 
 
 def _accumulators(layer: DynamicQuantizedLinear, rows: torch.Tensor, path: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Σ_k (q_ik − zero_point) · w_kj [R, N] as int32 (int_mm) or its float32 (matmul), the activation scale as a
-    float32 scalar tensor)."""
+    """(Σ_k (q_ik − zero_point) · w_kj [R, N] as int32 (int_mm) or its float32 (matmul), the float32 multiplier back
+    to the layer's output: activation scale × weight scale, [] or [N])."""
     weights = _layer_weights(layer, path)
     scale64, zero_point = torch._choose_qparams_per_tensor(rows, _levels(layer) == 128)
     scale = torch.tensor(scale64, dtype=torch.float32)  # fbgemm quantises with the float32 scale
     quantized = torch.quantize_per_tensor(rows, float(scale), zero_point, torch.quint8).int_repr()  # [R, K] u8
-    return _gemm(weights.path, layer, weights, quantized, zero_point), scale
+    return _gemm(weights.path, layer, weights, quantized, zero_point), scale * weights.scale
 
 
 def _gemm(
@@ -186,14 +183,14 @@ def _levels(layer: DynamicQuantizedLinear) -> int:
     return 128 if layer.version is not None and layer.version >= 4 else 256
 
 
-def _layer_weights(layer: DynamicQuantizedLinear, path: str | None = None) -> _Weights:
-    """The layer's weights laid out for `path` where that is exact for the layer, else for "int_mm" (None: whichever
-    they were read for), read again for new weights."""
+def _layer_weights(layer: DynamicQuantizedLinear, path: str) -> _Weights:
+    """The layer's weights laid out for `path` where that is exact for the layer, else for "int_mm", read again for
+    new weights."""
     packed = layer._packed_params._packed_params
     cached = _weights.get(layer)
-    wanted = None if path is None else _layer_path(layer, path)
-    if cached is None or cached.packed is not packed or (wanted is not None and cached.path != wanted):
-        cached = _read_weights(layer, packed, wanted or _layer_path(layer, gemm_path() or GEMM_PATHS[-1]))
+    wanted = _layer_path(layer, path)
+    if cached is None or cached.packed is not packed or cached.path != wanted:
+        cached = _read_weights(layer, packed, wanted)
         _weights[layer] = cached
     return cached
 
@@ -203,8 +200,9 @@ def _layer_path(layer: DynamicQuantizedLinear, path: str) -> str:
 
 
 def _float_exact(layer: DynamicQuantizedLinear) -> bool:
-    """The matmul primitive's float(Σ q·w) and float(zero_point · Σ w) are exact: both under 2^24 (q, zero_point <
-    levels, |w| <= 128), so their float difference rounds once, as float(acc) does."""
+    """Every sum of the layer's products is under 2^24 (q, zero_point < levels, |w| <= 128), so a float holds it
+    exactly: the matmul primitive's float(Σ q·w) and float(zero_point · Σ w) (their difference then rounds once, as
+    float(acc) does), and an output layer's accumulators for `greedy_head`."""
     return layer.in_features * _levels(layer) * 128 < 2**24
 
 
