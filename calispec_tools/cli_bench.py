@@ -373,6 +373,12 @@ def add_calibration_bench_parser(sub: Any) -> None:
         "--max-tokens", type=at.window_tokens, default=512, help="text documents are cut into windows this long"
     )
     p.add_argument("--no-text", action="store_true", help="skip the dense run over the corpus's text documents")
+    p.add_argument(
+        "--rounds", type=at.positive_int, default=4,
+        help="interleave the methods: each round runs SD on its share of the prompts, then teacher forcing on the "
+        "same share and over the whole text (the pair stays loaded in both the stack and this process: ~2x the "
+        "memory of one)",
+    )  # fmt: skip
     add_int8_outliers_arg(p)  # the stack's services and the teacher-forced runners alike
     from calispec_tools.cli import add_model_flavour_args
 

@@ -1,10 +1,12 @@
 """`calispec bench calibration`: teacher-forced calibration against calibrating by SD through the stack.
 
-One run, one machine, the same prompts: first greedy SD through a fresh local stack at a fixed γ
-(the old way: the target records every rejection), then, with the stack stopped, the teacher-forced
-pipeline in this process over the same prompts (`--generate --events sd`: the same events, see
-docs/calibration.md) and over the shipped corpus's text documents (`dense`). It prints events/s of
-each and the ratio to SD through the stack, with the machine's CPU flags, dtypes, threads and torch.
+One run, one machine, the same prompts, interleaved: the prompts are split into rounds, and each round runs greedy
+SD through a local stack at a fixed γ on its share (the old way: the target records every rejection), then, in this
+process beside the idle stack, the teacher-forced pipeline over the same share (`--generate --events sd`: the same
+events, see docs/calibration.md) and over the shipped corpus's whole text (`dense`, the same batches every round).
+A machine whose speed drifts between minutes then slows both sides of the ratio alike. It prints events/s of each,
+the ratio to SD through the stack over all rounds and per round, with the machine's CPU flags, dtypes, threads and
+torch.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,9 +26,14 @@ from calispec_tools.calibrate.corpus import Document, load_corpus
 from calispec_tools.cli_auth import own_stack_auth
 
 if TYPE_CHECKING:
+    from calispec.client import CalispecClient
+    from calispec_tools.calibrate.job import Calibrator
     from calispec_tools.stack import LocalStack
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "calibration" / "corpus"
+SD_LABEL = "SD through the stack (γ={gamma})"
+GENERATE_LABEL = "teacher-forced --generate (sd)"
+DENSE_LABEL = "teacher-forced text (dense)"
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,23 @@ class Method:
     @property
     def events_per_s(self) -> float:
         return self.events / self.seconds if self.seconds else 0.0
+
+
+def combined(label: str, parts: Sequence[Method]) -> Method:
+    """One method's rounds as one run: events, positions, seconds and pairs summed."""
+    pairs: Counter[tuple[int, int]] = Counter()
+    for part in parts:
+        pairs.update(part.pairs)
+    return Method(label, sum(p.events for p in parts), sum(p.positions for p in parts),
+                  sum(p.seconds for p in parts), pairs)  # fmt: skip
+
+
+def split_rounds(prompts: list[str], rounds: int) -> list[list[str]]:
+    """The prompts in `rounds` consecutive shares, as even as they go (never an empty share)."""
+    rounds = min(rounds, len(prompts))
+    size, extra = divmod(len(prompts), rounds)
+    bounds = [i * size + min(i, extra) for i in range(rounds + 1)]
+    return [prompts[a:b] for a, b in pairwise(bounds)]
 
 
 def benchmark_prompts(count: int, corpus: Path = CORPUS) -> list[str]:
@@ -55,24 +81,34 @@ def text_documents(corpus: Path = CORPUS) -> list[Document]:
     return [d for d in load_corpus(corpus) if not d.is_prompt]
 
 
-def sd_through_stack(stack: LocalStack, prompts: list[str], gamma: int, max_new_tokens: int) -> Method:
-    """Greedy SD, one request at a time, a fixed γ: every rejection is an event the target records
-    (in the stack's fresh memory: the run's pairs are read back from it, less the warm-up's)."""
-    from calispec.client import CalispecClient
+class StackSd:
+    """Greedy SD, one request at a time, a fixed γ: every rejection is an event the target records (in the
+    stack's fresh memory: the run's pairs are read back from it at the end, less the warm-up's)."""
 
-    events = tokens = 0
-    with CalispecClient(stack.coordinator_address, timeout=900, **own_stack_auth()) as client:
-        warm = client.generate(prompts[0], mode="sd", max_new_tokens=4, num_speculative_tokens=gamma)
-        before = recorded_pairs(stack, warm.stats.rejections)
+    def __init__(self, stack: LocalStack, client: CalispecClient, gamma: int, max_new_tokens: int, warm: str) -> None:
+        self.stack, self.client, self.gamma, self.max_new_tokens = stack, client, gamma, max_new_tokens
+        self.warm_events = self._generate(warm, max_new_tokens=4).stats.rejections
+        self.before = recorded_pairs(stack, self.warm_events)
+        self.events = 0
+
+    def _generate(self, prompt: str, max_new_tokens: int) -> Any:
+        return self.client.generate(prompt, mode="sd", max_new_tokens=max_new_tokens,
+                                    num_speculative_tokens=self.gamma)  # fmt: skip
+
+    def run(self, prompts: list[str]) -> Method:
+        events = tokens = 0
         start = time.perf_counter()
-        for i, prompt in enumerate(prompts, 1):
-            result = client.generate(prompt, mode="sd", max_new_tokens=max_new_tokens, num_speculative_tokens=gamma)
+        for prompt in prompts:
+            result = self._generate(prompt, self.max_new_tokens)
             events += result.stats.rejections
             tokens += len(result.token_ids)
-            print(f"  SD [{i}/{len(prompts)}] {result.stats.rejections} rejections", file=sys.stderr)
-        seconds = time.perf_counter() - start
-    pairs = recorded_pairs(stack, warm.stats.rejections + events) - before
-    return Method(f"SD through the stack (γ={gamma})", events, tokens, seconds, pairs)
+            print(f"  SD: {result.stats.rejections} rejections", file=sys.stderr)
+        self.events += events
+        return Method(SD_LABEL.format(gamma=self.gamma), events, tokens, time.perf_counter() - start)
+
+    def pairs(self) -> Counter[tuple[int, int]]:
+        """Every round's pairs, read back from the stack's memory."""
+        return recorded_pairs(self.stack, self.warm_events + self.events) - self.before
 
 
 def recorded_pairs(stack: LocalStack, at_least: int) -> Counter[tuple[int, int]]:
@@ -91,32 +127,38 @@ def agreement(reference: Counter[tuple[int, int]], other: Counter[tuple[int, int
     return f"{shared} of the SD run's {total} events ({share}); {sum(other.values()) - shared} others"
 
 
-def teacher_forced(
-    args: argparse.Namespace, draft_dtype: str, prompts: list[str], texts: list[Document]
-) -> list[Method]:
-    from calispec_core.limits import INT8_SPLIT
-    from calispec_tools.calibrate.job import CalibrateConfig, Calibrator, load_pair
+class TeacherForced:
+    """The teacher-forced pipeline in this process: the pair loaded once, as `calispec calibrate` loads it."""
 
-    draft_dir, target_dir = args.model_dirs
-    outliers = args.int8_outliers or INT8_SPLIT
-    draft, target = load_pair(draft_dir, target_dir, args.dtype, args.device, draft_dtype, outliers)
-    docs = [Document(p, True, "bench") for p in prompts]
-    sd = CalibrateConfig(mode="sd", generate=True, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
-                         batch_size=args.batch_size)  # fmt: skip
-    Calibrator(draft, target, CalibrateConfig(mode="sd", generate=True, max_new_tokens=2)).run(docs[:1])  # warm-up
-    methods = []
-    summary = Calibrator(draft, target, sd).run(docs)
-    methods.append(
-        Method("teacher-forced --generate (sd)", summary.events, summary.positions, summary.total_s, summary.pairs)
-    )
-    if texts:
+    def __init__(self, args: argparse.Namespace, draft_dtype: str, warm: str) -> None:
+        from calispec_core.limits import INT8_SPLIT
+        from calispec_tools.calibrate.job import CalibrateConfig, Calibrator, load_pair
+
+        draft_dir, target_dir = args.model_dirs
+        outliers = args.int8_outliers or INT8_SPLIT
+        draft, target = load_pair(draft_dir, target_dir, args.dtype, args.device, draft_dtype, outliers)
+        sd = CalibrateConfig(mode="sd", generate=True, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
+                             batch_size=args.batch_size)  # fmt: skip
         dense = CalibrateConfig(mode="dense", max_tokens=args.max_tokens, batch_size=args.batch_size)
-        summary = Calibrator(draft, target, dense).run(texts)
-        methods.append(Method("teacher-forced text (dense)", summary.events, summary.positions, summary.total_s))
-    return methods
+        self.sd, self.dense = Calibrator(draft, target, sd), Calibrator(draft, target, dense)
+        warm_up = CalibrateConfig(mode="sd", generate=True, max_new_tokens=2)
+        Calibrator(draft, target, warm_up).run([Document(warm, True, "bench")])
+
+    def generate(self, prompts: list[str]) -> Method:
+        return _measured(GENERATE_LABEL, self.sd, [Document(p, True, "bench") for p in prompts])
+
+    def text(self, texts: list[Document]) -> Method:
+        return _measured(DENSE_LABEL, self.dense, texts)
 
 
-def format_report(env: dict[str, Any], methods: list[Method]) -> str:
+def _measured(label: str, calibrator: Calibrator, docs: list[Document]) -> Method:
+    summary = calibrator.run(docs)
+    return Method(label, summary.events, summary.positions, summary.total_s, summary.pairs)
+
+
+def format_report(env: dict[str, Any], methods: list[Method], rounds: Sequence[Sequence[Method]] = ()) -> str:
+    """The methods over the whole run, each with its ratio to the first (SD through the stack); then, where the
+    run had several rounds, each round's events/s and ratios (the spread is the machine's drift)."""
     base = methods[0].events_per_s
     lines = ["environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
     lines.append(f"{'method':34s} {'events':>7s} {'positions':>9s} {'seconds':>8s} {'events/s':>9s} {'× SD':>7s}")
@@ -124,12 +166,25 @@ def format_report(env: dict[str, Any], methods: list[Method]) -> str:
         ratio = m.events_per_s / base if base else float("nan")
         lines.append(f"{m.label:34s} {m.events:7d} {m.positions:9d} {m.seconds:8.1f} {m.events_per_s:9.2f} "
                      f"{ratio:7.1f}")  # fmt: skip
+    if len(rounds) > 1:
+        lines += ["", "by round (events/s; × SD: of that round's SD):"]
+        for i, parts in enumerate(rounds, 1):
+            sd = parts[0].events_per_s
+            cells = [f"SD {sd:.2f}"] + [_round_cell(p, sd) for p in parts[1:]]
+            lines.append(f"  round {i}: " + ", ".join(cells))
     if len(methods) > 1 and methods[0].pairs and methods[1].pairs:
         lines += ["", f"same events: {methods[1].label} holds " + agreement(methods[0].pairs, methods[1].pairs)]
     return "\n".join(lines)
 
 
+def _round_cell(method: Method, sd_events_per_s: float) -> str:
+    name = method.label.removeprefix("teacher-forced ")
+    ratio = f" ({method.events_per_s / sd_events_per_s:.1f}×)" if sd_events_per_s else ""
+    return f"{name} {method.events_per_s:.2f}{ratio}"
+
+
 def run_calibration_bench(args: argparse.Namespace) -> int:
+    from calispec.client import CalispecClient
     from calispec_tools.bench.compare import cpu_flags, isa_caps
     from calispec_tools.cli import served_draft_dtype
     from calispec_tools.stack import LocalStack, StackConfig, service_threads, threads_label
@@ -138,6 +193,8 @@ def run_calibration_bench(args: argparse.Namespace) -> int:
     texts = [] if args.no_text else text_documents()
     draft, target = args.model_dirs
     draft_dtype = served_draft_dtype(args)
+    shares = split_rounds(prompts, args.rounds)
+    rounds: list[list[Method]] = []
     with tempfile.TemporaryDirectory(prefix="calispec-bench-calibration-") as tmp:
         config = StackConfig(
             draft_model=draft, target_model=target, memory_db=Path(tmp) / "memory.db", log_dir=Path(tmp) / "logs",
@@ -147,11 +204,18 @@ def run_calibration_bench(args: argparse.Namespace) -> int:
             int8_outliers=args.int8_outliers,
         )  # fmt: skip
         threads = service_threads(config)
-        print(f"SD through a local stack over {len(prompts)} prompts...", file=sys.stderr)
-        with LocalStack(config) as stack:
-            methods = [sd_through_stack(stack, prompts, args.gamma, args.max_new_tokens)]
-    print("teacher-forced in this process (the stack is stopped)...", file=sys.stderr)
-    methods += teacher_forced(args, draft_dtype, prompts, texts)
+        with LocalStack(config) as stack, CalispecClient(stack.coordinator_address, timeout=900,
+                                                         **own_stack_auth()) as client:  # fmt: skip
+            stack_sd = StackSd(stack, client, args.gamma, args.max_new_tokens, warm=prompts[0])
+            teacher = TeacherForced(args, draft_dtype, warm=prompts[0])  # loaded beside the idle stack
+            for i, share in enumerate(shares, 1):
+                print(f"round {i}/{len(shares)}: SD through the stack over {len(share)} prompts, then teacher-forced "
+                      "in this process", file=sys.stderr)  # fmt: skip
+                parts = [stack_sd.run(share), teacher.generate(share)]
+                rounds.append(parts + ([teacher.text(texts)] if texts else []))
+            sd_pairs = stack_sd.pairs()
+    methods = [combined(parts[0].label, parts) for parts in zip(*rounds, strict=True)]
+    methods[0] = Method(methods[0].label, methods[0].events, methods[0].positions, methods[0].seconds, sd_pairs)
     import torch
 
     env = {
@@ -159,8 +223,8 @@ def run_calibration_bench(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "draft_dtype": draft_dtype, "stack_threads": [threads_label(t) for t in threads],
         "process_threads": torch.get_num_threads(),
-        "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
+        "prompts": len(prompts), "rounds": len(shares), "max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
         "batch_size": args.batch_size, "int8_outliers": args.int8_outliers or "split (the services' default)",
     }  # fmt: skip
-    print(format_report(env, methods))
+    print(format_report(env, methods, rounds))
     return 0

@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from calispec_tools.bench.calibration import Method, benchmark_prompts, format_report, text_documents
+from calispec_tools.bench.calibration import (
+    Method,
+    benchmark_prompts,
+    combined,
+    format_report,
+    split_rounds,
+    text_documents,
+)
 
 
 def _corpus(tmp_path: Path) -> Path:
@@ -54,3 +61,31 @@ def test_the_bench_forwards_as_many_rows_as_make_calibration() -> None:
     recipe = (Path(__file__).resolve().parents[2] / "Makefile").read_text().split("\ncalibration:")[1].split("\n\n")[0]
     default = build_parser().parse_args(["bench", "calibration"]).batch_size
     assert f"--batch-size {default} " in recipe
+
+
+def test_rounds_share_the_prompts_evenly_in_order() -> None:
+    prompts = [f"p{i}" for i in range(7)]
+    assert split_rounds(prompts, 3) == [["p0", "p1", "p2"], ["p3", "p4"], ["p5", "p6"]]
+    assert split_rounds(prompts, 1) == [prompts]
+    assert split_rounds(prompts[:2], 4) == [["p0"], ["p1"]]  # never an empty round
+
+
+def test_a_methods_rounds_combine_into_one_run() -> None:
+    from collections import Counter
+
+    parts = [Method("m", 2, 10, 1.0, Counter({(1, 2): 2})), Method("m", 3, 20, 4.0, Counter({(1, 2): 1, (3, 4): 2}))]
+    total = combined("m", parts)
+    assert (total.events, total.positions, total.seconds) == (5, 30, 5.0)
+    assert total.pairs == Counter({(1, 2): 3, (3, 4): 2}) and total.events_per_s == 1.0
+
+
+def test_report_shows_each_rounds_ratio_to_that_rounds_sd() -> None:
+    rounds = [
+        [Method("SD", 2, 10, 2.0), Method("teacher-forced text (dense)", 50, 100, 1.0)],
+        [Method("SD", 1, 10, 2.0), Method("teacher-forced text (dense)", 50, 100, 2.0)],
+    ]
+    methods = [combined(parts[0].label, parts) for parts in zip(*rounds, strict=True)]
+    report = format_report({}, methods, rounds)
+    assert "  round 1: SD 1.00, text (dense) 50.00 (50.0×)" in report
+    assert "  round 2: SD 0.50, text (dense) 25.00 (50.0×)" in report
+    assert "by round" not in format_report({}, methods, rounds[:1])  # one round: the totals say it all
