@@ -386,6 +386,9 @@ class Controller:
             "coordinator": self.addresses.get("coordinator"),
             "addresses": dict(self.addresses),
             "targets": [self.addresses[n] for n in self.targets if n in self.addresses],
+            # False: the last push of that list failed (it may have landed: a timeout cancels nothing), so the
+            # coordinator may route to another set until a push succeeds; the next `scale` sends it again
+            "targets_confirmed": not self._push_pending,
             "memory_namespace": self.memory_namespace,
             "calibration": self.calibration.message if self.calibration else None,
             "default_lambda": self.default_lambda,  # None: the coordinator's own (the paper's, or its args')

@@ -146,12 +146,14 @@ def test_a_scale_down_whose_push_times_out_keeps_the_replica_serving(monkeypatch
         controller.scale(1)
     assert controller.targets == ["target-0", "target-1"]
     assert controller.status()["targets"] == ["127.0.0.1:0", "127.0.0.1:1"]
+    assert controller.status()["targets_confirmed"] is False  # an operator sees that the coordinator may differ
     assert stopped == []
     # the timed-out push may have landed after all: the next scale sends the list again, even with nothing to change
     pushed: list[list[str]] = []
     controller.actors["coordinator"] = SimpleNamespace(set_targets=SimpleNamespace(remote=pushed.append))
     controller.scale(2)
     assert pushed == [["127.0.0.1:0", "127.0.0.1:1"]]
+    assert controller.status()["targets_confirmed"] is True
     controller.scale(2)
     assert len(pushed) == 1  # acknowledged: nothing to send
 
