@@ -28,7 +28,7 @@ from calispec_tools.cli_auth import own_stack_auth
 if TYPE_CHECKING:
     from calispec.client import CalispecClient
     from calispec_tools.calibrate.job import Calibrator
-    from calispec_tools.stack import LocalStack
+    from calispec_tools.stack import LocalStack, StackConfig
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "calibration" / "corpus"
 SD_LABEL = "SD through the stack (γ={gamma})"
@@ -64,6 +64,46 @@ def split_rounds(prompts: list[str], rounds: int) -> list[list[str]]:
     size, extra = divmod(len(prompts), rounds)
     bounds = [i * size + min(i, extra) for i in range(rounds + 1)]
     return [prompts[a:b] for a, b in pairwise(bounds)]
+
+
+GIB = 2**30
+TEACHER_WORKING_SET = 4 * GIB  # teacher forcing beyond its weights: logits, activations, the kept heap (bf16: ~4 GB)
+FREE_FLOOR = 2 * GIB  # left to the page cache and the stack's caches: below it every forward slows (wave 47)
+
+
+def safetensors_parameters(model_dir: Path) -> int:
+    """The parameters stored in a model directory's safetensors files (read from their headers only)."""
+    import json
+    import math
+    import struct
+
+    total = 0
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with path.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        total += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    return total
+
+
+def teacher_forcing_bytes(draft: Path, target: Path, target_element_bytes: int) -> int:
+    """What the teacher-forced pair takes in this process: the target in its dtype, the draft in float32 (an int8
+    draft is loaded so before it is quantised), and teacher forcing's working set."""
+    return (safetensors_parameters(target) * target_element_bytes + safetensors_parameters(draft) * 4
+            + TEACHER_WORKING_SET)  # fmt: skip
+
+
+def interleaving(rounds: int, need: int, available: int | None) -> tuple[bool, str]:
+    """Whether the rounds can interleave (the pair loaded here beside the stack's, `need` bytes more, with
+    FREE_FLOOR to spare), and the report's words for it. Otherwise SD runs its rounds first and teacher forcing
+    follows with the stack stopped, as before wave 47: a host short of memory slows both sides unevenly."""
+    if rounds == 1:
+        return False, "1"
+    if available is not None and available >= need + FREE_FLOOR:
+        return True, f"{rounds} (interleaved)"
+    free = "unknown" if available is None else f"{available / GIB:.1f} GiB"
+    return False, (f"{rounds} of SD, then teacher forcing with the stack stopped (not interleaved: the pair here "
+                   f"needs ~{need / GIB:.1f} GiB beside the stack, {free} available)")  # fmt: skip
 
 
 def benchmark_prompts(count: int, corpus: Path = CORPUS) -> list[str]:
@@ -177,43 +217,73 @@ def format_report(env: dict[str, Any], methods: list[Method], rounds: Sequence[S
     return "\n".join(lines)
 
 
+def _round(i: int, shares: list[list[str]], stack_sd: StackSd, teacher: TeacherForced,
+           texts: list[Document]) -> list[Method]:  # fmt: skip
+    """One interleaved round: SD through the stack on its share, then teacher forcing on it and the whole text."""
+    print(f"round {i + 1}/{len(shares)}: SD through the stack over {len(shares[i])} prompts, then teacher-forced "
+          "in this process", file=sys.stderr)  # fmt: skip
+    parts = [stack_sd.run(shares[i]), teacher.generate(shares[i])]
+    return parts + ([teacher.text(texts)] if texts else [])
+
+
+def target_element_bytes(args: argparse.Namespace) -> int:
+    """Bytes a parameter of the target in the dtype it computes in here (`auto` resolved as the services do)."""
+    from calispec_core.modeling import resolve_device, resolve_dtype
+
+    return resolve_dtype(args.dtype, resolve_device(args.device)).itemsize
+
+
 def _round_cell(method: Method, sd_events_per_s: float) -> str:
     name = method.label.removeprefix("teacher-forced ")
     ratio = f" ({method.events_per_s / sd_events_per_s:.1f}×)" if sd_events_per_s else ""
     return f"{name} {method.events_per_s:.2f}{ratio}"
 
 
+def _stack_config(args: argparse.Namespace, tmp: Path, draft_dtype: str) -> StackConfig:
+    """A fresh local stack of the bench's pair on free ports, its memory and logs in `tmp`."""
+    from calispec_tools.stack import StackConfig
+
+    draft, target = args.model_dirs
+    return StackConfig(
+        draft_model=draft, target_model=target, memory_db=tmp / "memory.db", log_dir=tmp / "logs",
+        coordinator_port=0, target_port=0, draft_port=0, memory_port=0, dtype=args.dtype, device=args.device,
+        draft_dtype=draft_dtype, draft_threads=args.draft_threads,
+        target_threads=args.target_threads, compute_lock=not args.no_compute_lock,
+        int8_outliers=args.int8_outliers,
+    )  # fmt: skip
+
+
 def run_calibration_bench(args: argparse.Namespace) -> int:
     from calispec.client import CalispecClient
+    from calispec_core.host_memory import available_bytes
     from calispec_tools.bench.compare import cpu_flags, isa_caps
     from calispec_tools.cli import served_draft_dtype
-    from calispec_tools.stack import LocalStack, StackConfig, service_threads, threads_label
+    from calispec_tools.stack import LocalStack, service_threads, threads_label
 
     prompts = benchmark_prompts(args.prompts)
     texts = [] if args.no_text else text_documents()
     draft, target = args.model_dirs
     draft_dtype = served_draft_dtype(args)
     shares = split_rounds(prompts, args.rounds)
-    rounds: list[list[Method]] = []
     with tempfile.TemporaryDirectory(prefix="calispec-bench-calibration-") as tmp:
-        config = StackConfig(
-            draft_model=draft, target_model=target, memory_db=Path(tmp) / "memory.db", log_dir=Path(tmp) / "logs",
-            coordinator_port=0, target_port=0, draft_port=0, memory_port=0, dtype=args.dtype, device=args.device,
-            draft_dtype=draft_dtype, draft_threads=args.draft_threads,
-            target_threads=args.target_threads, compute_lock=not args.no_compute_lock,
-            int8_outliers=args.int8_outliers,
-        )  # fmt: skip
+        config = _stack_config(args, Path(tmp), draft_dtype)
         threads = service_threads(config)
         with LocalStack(config) as stack, CalispecClient(stack.coordinator_address, timeout=900,
                                                          **own_stack_auth()) as client:  # fmt: skip
             stack_sd = StackSd(stack, client, args.gamma, args.max_new_tokens, warm=prompts[0])
-            teacher = TeacherForced(args, draft_dtype, warm=prompts[0])  # loaded beside the idle stack
-            for i, share in enumerate(shares, 1):
-                print(f"round {i}/{len(shares)}: SD through the stack over {len(share)} prompts, then teacher-forced "
-                      "in this process", file=sys.stderr)  # fmt: skip
-                parts = [stack_sd.run(share), teacher.generate(share)]
-                rounds.append(parts + ([teacher.text(texts)] if texts else []))
+            need = teacher_forcing_bytes(draft, target, target_element_bytes(args))
+            interleave, rounds_note = interleaving(len(shares), need, available_bytes())
+            if interleave:
+                teacher = TeacherForced(args, draft_dtype, warm=prompts[0])  # loaded beside the idle stack
+                rounds = [_round(i, shares, stack_sd, teacher, texts) for i in range(len(shares))]
+            else:
+                sd_runs = [stack_sd.run(share) for share in shares]
             sd_pairs = stack_sd.pairs()
+    if not interleave:
+        print("teacher-forced in this process (the stack is stopped)...", file=sys.stderr)
+        teacher = TeacherForced(args, draft_dtype, warm=prompts[0])
+        text = [teacher.text(texts)] if texts else []
+        rounds = [[combined(sd_runs[0].label, sd_runs), teacher.generate(prompts), *text]]
     methods = [combined(parts[0].label, parts) for parts in zip(*rounds, strict=True)]
     methods[0] = Method(methods[0].label, methods[0].events, methods[0].positions, methods[0].seconds, sd_pairs)
     import torch
@@ -223,7 +293,7 @@ def run_calibration_bench(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "draft_dtype": draft_dtype, "stack_threads": [threads_label(t) for t in threads],
         "process_threads": torch.get_num_threads(),
-        "prompts": len(prompts), "rounds": len(shares), "max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
+        "prompts": len(prompts), "rounds": rounds_note, "max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
         "batch_size": args.batch_size, "int8_outliers": args.int8_outliers or "split (the services' default)",
     }  # fmt: skip
     print(format_report(env, methods, rounds))

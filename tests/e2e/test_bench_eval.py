@@ -172,15 +172,25 @@ def test_eval_calibration_study(tiny_pair: TinyPair, tmp_path: Path, capsys: pyt
 
 
 @pytest.mark.timeout(600)
-def test_bench_calibration_interleaves_its_rounds(tiny_pair: TinyPair, capsys: pytest.CaptureFixture[str]) -> None:
-    """SD through a fresh tiny stack and teacher forcing, two rounds: in float32 the teacher-forced `--generate`
-    events are the stack's own, every one of them, when the rounds' shares are added up (docs/calibration.md)."""
+@pytest.mark.parametrize("memory", ["plenty", "short"])
+def test_bench_calibration_rounds(
+    tiny_pair: TinyPair, memory: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SD through a fresh tiny stack and teacher forcing, two rounds: interleaved where the pair fits beside the
+    stack, one after the other otherwise. In float32 the teacher-forced `--generate` events are the stack's own,
+    every one of them, when the rounds' shares are added up (docs/calibration.md)."""
+    if memory == "short":
+        monkeypatch.setattr("calispec_core.host_memory.available_bytes", lambda: 0)
     argv = ["bench", "calibration", "--draft", str(tiny_pair.draft), "--target", str(tiny_pair.target),
             "--dtype", "float32", "--device", "cpu", "--prompts", "3", "--rounds", "2", "--gamma", "4",
             "--max-new-tokens", "16", "--no-text"]  # fmt: skip
     assert main(argv) == 0
     report = capsys.readouterr().out
-    assert "rounds=2" in report and "  round 2: SD " in report and "  round 3" not in report
+    if memory == "plenty":
+        assert "rounds=2 (interleaved)" in report and "  round 2: SD " in report and "  round 3" not in report
+    else:
+        assert "rounds=2 of SD, then teacher forcing with the stack stopped (not interleaved" in report
+        assert "by round" not in report
     rows = {line[:34].strip(): line[34:].split() for line in report.splitlines() if line.startswith(("SD", "teacher"))}
     sd_events = int(rows["SD through the stack (γ=4)"][0])
     assert sd_events > 0 and int(rows["teacher-forced --generate (sd)"][0]) == sd_events

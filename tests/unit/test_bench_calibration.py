@@ -6,11 +6,15 @@ import json
 from pathlib import Path
 
 from calispec_tools.bench.calibration import (
+    GIB,
     Method,
     benchmark_prompts,
     combined,
     format_report,
+    interleaving,
+    safetensors_parameters,
     split_rounds,
+    teacher_forcing_bytes,
     text_documents,
 )
 
@@ -89,3 +93,24 @@ def test_report_shows_each_rounds_ratio_to_that_rounds_sd() -> None:
     assert "  round 1: SD 1.00, text (dense) 50.00 (50.0×)" in report
     assert "  round 2: SD 0.50, text (dense) 25.00 (50.0×)" in report
     assert "by round" not in format_report({}, methods, rounds[:1])  # one round: the totals say it all
+
+
+def test_parameters_are_read_from_the_safetensors_headers(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16)}, str(tmp_path / "model.safetensors"))
+    save_file({"c": torch.zeros(2, 2)}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    assert safetensors_parameters(tmp_path) == 12 + 5 + 4
+    # the target in its dtype, the draft as float32 (an int8 draft is quantised after loading), the working set
+    assert teacher_forcing_bytes(tmp_path, tmp_path, 2) == 21 * 2 + 21 * 4 + 4 * GIB
+
+
+def test_rounds_interleave_only_where_the_pair_fits_beside_the_stack() -> None:
+    """A float32 pair twice (the stack's and the bench's) overran a 24 GiB VM and slowed SD 1.9x (wave 47)."""
+    need = 10 * GIB
+    assert interleaving(4, need, 13 * GIB) == (True, "4 (interleaved)")
+    interleave, note = interleaving(4, need, 11 * GIB)  # 2 GiB must stay free
+    assert not interleave and "not interleaved" in note and "~10.0 GiB" in note and "11.0 GiB available" in note
+    assert not interleaving(4, need, None)[0]  # unknown (not Linux): the old order, which always fits
+    assert interleaving(1, need, 100 * GIB) == (False, "1")
