@@ -22,6 +22,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from calispec_tools.bench.compare import FREE_FLOOR, GIB
 from calispec_tools.calibrate.corpus import Document, load_corpus
 from calispec_tools.cli_auth import own_stack_auth
 
@@ -66,9 +67,7 @@ def split_rounds(prompts: list[str], rounds: int) -> list[list[str]]:
     return [prompts[a:b] for a, b in pairwise(bounds)]
 
 
-GIB = 2**30
 TEACHER_WORKING_SET = 4 * GIB  # teacher forcing beyond its weights: logits, activations, the kept heap (bf16: ~4 GB)
-FREE_FLOOR = 2 * GIB  # left to the page cache and the stack's caches: below it every forward slows (wave 47)
 
 
 def safetensors_parameters(model_dir: Path) -> int:

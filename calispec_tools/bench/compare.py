@@ -377,6 +377,23 @@ def agreement(runs: list[Run]) -> dict[str, int]:
 # --- printing -------------------------------------------------------------------------------------
 
 
+GIB = 2**30
+FREE_FLOOR = 2 * GIB  # memory left after every model is loaded, below which forwards slow (wave 47: SD 1.9x)
+
+
+def memory_left(available: int | None) -> tuple[str, str | None]:
+    """The report's words for the memory left once every model is loaded, and a warning where it is short: the
+    page cache (the libraries' code, the stack's files) is evicted and every figure is inflated."""
+    if available is None:
+        return "unknown", None
+    left = f"{available / GIB:.1f} GiB"
+    if available >= FREE_FLOOR:
+        return left, None
+    return left + " (short)", (f"warning: only {left} of memory left with every model loaded: the figures may be "
+                               "inflated (--skip-hf leaves Hugging Face's pair out; a float32 target on packed "
+                               "weights holds them twice: --fp32-linear onednn)")  # fmt: skip
+
+
 def environment(args: argparse.Namespace, draft_dtype: str, threads: tuple[int | None, int | None]) -> dict[str, Any]:
     import torch
 
@@ -499,6 +516,7 @@ def compare_stack_config(args: argparse.Namespace, tmp: Path) -> StackConfig:
 
 def run_compare(args: argparse.Namespace) -> int:
     from calispec.client import CalispecClient
+    from calispec_core.host_memory import available_bytes
     from calispec_tools.stack import LocalStack, compute_lock_path, service_threads
 
     draft, target = args.model_dirs
@@ -530,6 +548,9 @@ def run_compare(args: argparse.Namespace) -> int:
             csd_defaults = stack.csd_defaults_message()
             print(f"{calibration}\n{csd_defaults}", file=sys.stderr)
             warm_up(client, hf, config.prompts[0], warm_up_tokens(args.device, config.max_new_tokens))
+            memory, memory_warning = memory_left(available_bytes())  # every model loaded, caches warm
+            if memory_warning:
+                print(memory_warning, file=sys.stderr)
             floors = model_service_floors(*(stack.services[f"{name}_service"].address for name in MODEL_SERVICES))
 
             def progress(run: Run) -> None:
@@ -554,10 +575,13 @@ def run_compare(args: argparse.Namespace) -> int:
         "meaning_guard": "on" if stack_config.meaning_guard else "off",
         "lockstep_phase": stack_config.lockstep_phase or f"{DEFAULT_LOCKSTEP_PHASE} (the coordinator's default)",
         "csd_defaults": csd_defaults.removeprefix("CSD defaults: "),  # the τ and λ csd ran at, and why
+        "memory_left": memory,  # after loading everything (memory_left)
     }
     summary = summarize(runs)
     rel = ratios(summary)
     print(format_report(env, summary, rel, load, floors))
+    if memory_warning:
+        print(memory_warning)
     same = agreement(runs)
     print(
         "greedy outputs identical to the stack's ar: "
