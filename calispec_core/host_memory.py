@@ -9,6 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 UNLIMITED = 1 << 60  # cgroup v1 reports "no limit" as a huge page-rounded number
+GIB = 2**30
+# Below this much available, the page cache (the libraries' code, the model files) is evicted and every forward slows:
+# a float32 stack beside a second float32 pair left 1.2 GiB of 23.6 and ran its sd 1.4-1.9x slower (wave 47).
+LOW_MEMORY = 2 * GIB
 
 
 def available_bytes(root: Path = Path("/")) -> int | None:

@@ -4,9 +4,10 @@ One run, one machine, the same prompts, interleaved: the prompts are split into 
 SD through a local stack at a fixed γ on its share (the old way: the target records every rejection), then, in this
 process beside the idle stack, the teacher-forced pipeline over the same share (`--generate --events sd`: the same
 events, see docs/calibration.md) and over the shipped corpus's whole text (`dense`, the same batches every round).
-A machine whose speed drifts between minutes then slows both sides of the ratio alike. It prints events/s of each,
-the ratio to SD through the stack over all rounds and per round, with the machine's CPU flags, dtypes, threads and
-torch.
+A machine whose speed drifts between minutes then slows both sides of the ratio alike. Where the pair does not fit
+twice in memory, SD's rounds run first and teacher forcing after them with the stack stopped (the order before wave
+47), and the report says so. It prints events/s of each, the ratio to SD through the stack over all rounds and per
+round, with the machine's CPU flags, dtypes, threads and torch.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from calispec_tools.bench.compare import FREE_FLOOR, GIB
+from calispec_core.host_memory import GIB, LOW_MEMORY
 from calispec_tools.calibrate.corpus import Document, load_corpus
 from calispec_tools.cli_auth import own_stack_auth
 
@@ -67,42 +68,50 @@ def split_rounds(prompts: list[str], rounds: int) -> list[list[str]]:
     return [prompts[a:b] for a, b in pairwise(bounds)]
 
 
-TEACHER_WORKING_SET = 4 * GIB  # teacher forcing beyond its weights: logits, activations, the kept heap (bf16: ~4 GB)
+# Teacher forcing beyond its weights and the draft's float32 load (whose memory its heap reuses): the batches'
+# activations and logits. A bf16 pair on the AMX VM took ~7.3 GiB in all, its estimate below 10.0 (wave 47).
+TEACHER_MARGIN = 1 * GIB
 
 
-def safetensors_parameters(model_dir: Path) -> int:
-    """The parameters stored in a model directory's safetensors files (read from their headers only)."""
+def safetensors_parameters(model_dir: Path) -> int | None:
+    """The parameters stored in a model directory's safetensors files (their headers only); None where it has none
+    (another format: its size is not known here)."""
     import json
     import math
     import struct
 
+    paths = sorted(Path(model_dir).glob("*.safetensors"))
     total = 0
-    for path in sorted(Path(model_dir).glob("*.safetensors")):
+    for path in paths:
         with path.open("rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(length))
         total += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
-    return total
+    return total if paths else None
 
 
-def teacher_forcing_bytes(draft: Path, target: Path, target_element_bytes: int) -> int:
-    """What the teacher-forced pair takes in this process: the target in its dtype, the draft in float32 (an int8
-    draft is loaded so before it is quantised), and teacher forcing's working set."""
-    return (safetensors_parameters(target) * target_element_bytes + safetensors_parameters(draft) * 4
-            + TEACHER_WORKING_SET)  # fmt: skip
+def teacher_forcing_bytes(draft: Path, target: Path, target_bytes: int, target_copies: int) -> int | None:
+    """What the teacher-forced pair takes in this process: the target in its dtype (`target_copies` 2 where its
+    Linear weights get a packed copy), the draft in float32 (an int8 draft is loaded so, then quantised), and
+    TEACHER_MARGIN; None where a size is unknown."""
+    target_params, draft_params = safetensors_parameters(target), safetensors_parameters(draft)
+    if target_params is None or draft_params is None:
+        return None
+    return target_params * target_bytes * target_copies + draft_params * 4 + TEACHER_MARGIN
 
 
-def interleaving(rounds: int, need: int, available: int | None) -> tuple[bool, str]:
+def interleaving(rounds: int, need: int | None, available: int | None) -> tuple[bool, str]:
     """Whether the rounds can interleave (the pair loaded here beside the stack's, `need` bytes more, with
-    FREE_FLOOR to spare), and the report's words for it. Otherwise SD runs its rounds first and teacher forcing
+    LOW_MEMORY to spare), and the report's words for it. Otherwise SD runs its rounds first and teacher forcing
     follows with the stack stopped, as before wave 47: a host short of memory slows both sides unevenly."""
     if rounds == 1:
         return False, "1"
-    if available is not None and available >= need + FREE_FLOOR:
-        return True, f"{rounds} (interleaved)"
+    if need is not None and available is not None and available >= need + LOW_MEMORY:
+        return True, f"{rounds} (interleaved: ~{need / GIB:.1f} GiB beside the stack, {available / GIB:.1f} available)"
+    wants = "an unknown size" if need is None else f"~{need / GIB:.1f} GiB"
     free = "unknown" if available is None else f"{available / GIB:.1f} GiB"
     return False, (f"{rounds} of SD, then teacher forcing with the stack stopped (not interleaved: the pair here "
-                   f"needs ~{need / GIB:.1f} GiB beside the stack, {free} available)")  # fmt: skip
+                   f"needs {wants} beside the stack, {free} available)")  # fmt: skip
 
 
 def benchmark_prompts(count: int, corpus: Path = CORPUS) -> list[str]:
@@ -124,11 +133,14 @@ class StackSd:
     """Greedy SD, one request at a time, a fixed γ: every rejection is an event the target records (in the
     stack's fresh memory: the run's pairs are read back from it at the end, less the warm-up's)."""
 
-    def __init__(self, stack: LocalStack, client: CalispecClient, gamma: int, max_new_tokens: int, warm: str) -> None:
+    def __init__(
+        self, stack: LocalStack, client: CalispecClient, gamma: int, max_new_tokens: int, warm: str, total: int
+    ) -> None:
         self.stack, self.client, self.gamma, self.max_new_tokens = stack, client, gamma, max_new_tokens
         self.warm_events = self._generate(warm, max_new_tokens=4).stats.rejections
         self.before = recorded_pairs(stack, self.warm_events)
-        self.events = 0
+        self.events = self.requests = 0
+        self.total = total  # prompts over every round, for the progress lines
 
     def _generate(self, prompt: str, max_new_tokens: int) -> Any:
         return self.client.generate(prompt, mode="sd", max_new_tokens=max_new_tokens,
@@ -141,7 +153,8 @@ class StackSd:
             result = self._generate(prompt, self.max_new_tokens)
             events += result.stats.rejections
             tokens += len(result.token_ids)
-            print(f"  SD: {result.stats.rejections} rejections", file=sys.stderr)
+            self.requests += 1
+            print(f"  SD [{self.requests}/{self.total}] {result.stats.rejections} rejections", file=sys.stderr)
         self.events += events
         return Method(SD_LABEL.format(gamma=self.gamma), events, tokens, time.perf_counter() - start)
 
@@ -216,8 +229,9 @@ def format_report(env: dict[str, Any], methods: list[Method], rounds: Sequence[S
     return "\n".join(lines)
 
 
-def _round(i: int, shares: list[list[str]], stack_sd: StackSd, teacher: TeacherForced,
-           texts: list[Document]) -> list[Method]:  # fmt: skip
+def _round(
+    i: int, shares: list[list[str]], stack_sd: StackSd, teacher: TeacherForced, texts: list[Document]
+) -> list[Method]:
     """One interleaved round: SD through the stack on its share, then teacher forcing on it and the whole text."""
     print(f"round {i + 1}/{len(shares)}: SD through the stack over {len(shares[i])} prompts, then teacher-forced "
           "in this process", file=sys.stderr)  # fmt: skip
@@ -225,11 +239,22 @@ def _round(i: int, shares: list[list[str]], stack_sd: StackSd, teacher: TeacherF
     return parts + ([teacher.text(texts)] if texts else [])
 
 
-def target_element_bytes(args: argparse.Namespace) -> int:
-    """Bytes a parameter of the target in the dtype it computes in here (`auto` resolved as the services do)."""
-    from calispec_core.modeling import resolve_device, resolve_dtype
+def teacher_memory(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """(bytes teacher forcing needs, bytes free) on the device it computes on: host memory on CPU, where a float32
+    target (and a bf16 one on CPUs with bf16 units) gets a packed copy of its Linear weights (`auto`, as the
+    services); the GPU's free memory on CUDA."""
+    import torch
 
-    return resolve_dtype(args.dtype, resolve_device(args.device)).itemsize
+    from calispec_core.host_memory import available_bytes
+    from calispec_core.modeling import cpu_has_fast_bf16, resolve_device, resolve_dtype
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    packed = device.type == "cpu" and (dtype == torch.float32 or (dtype == torch.bfloat16 and cpu_has_fast_bf16()))
+    draft, target = args.model_dirs
+    need = teacher_forcing_bytes(draft, target, dtype.itemsize, 2 if packed else 1)
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_bytes()
+    return need, free
 
 
 def _round_cell(method: Method, sd_events_per_s: float) -> str:
@@ -253,36 +278,18 @@ def _stack_config(args: argparse.Namespace, tmp: Path, draft_dtype: str) -> Stac
 
 
 def run_calibration_bench(args: argparse.Namespace) -> int:
-    from calispec.client import CalispecClient
-    from calispec_core.host_memory import available_bytes
     from calispec_tools.bench.compare import cpu_flags, isa_caps
     from calispec_tools.cli import served_draft_dtype
-    from calispec_tools.stack import LocalStack, service_threads, threads_label
+    from calispec_tools.stack import service_threads, threads_label
 
     prompts = benchmark_prompts(args.prompts)
     texts = [] if args.no_text else text_documents()
-    draft, target = args.model_dirs
     draft_dtype = served_draft_dtype(args)
     shares = split_rounds(prompts, args.rounds)
     with tempfile.TemporaryDirectory(prefix="calispec-bench-calibration-") as tmp:
         config = _stack_config(args, Path(tmp), draft_dtype)
         threads = service_threads(config)
-        with LocalStack(config) as stack, CalispecClient(stack.coordinator_address, timeout=900,
-                                                         **own_stack_auth()) as client:  # fmt: skip
-            stack_sd = StackSd(stack, client, args.gamma, args.max_new_tokens, warm=prompts[0])
-            need = teacher_forcing_bytes(draft, target, target_element_bytes(args))
-            interleave, rounds_note = interleaving(len(shares), need, available_bytes())
-            if interleave:
-                teacher = TeacherForced(args, draft_dtype, warm=prompts[0])  # loaded beside the idle stack
-                rounds = [_round(i, shares, stack_sd, teacher, texts) for i in range(len(shares))]
-            else:
-                sd_runs = [stack_sd.run(share) for share in shares]
-            sd_pairs = stack_sd.pairs()
-    if not interleave:
-        print("teacher-forced in this process (the stack is stopped)...", file=sys.stderr)
-        teacher = TeacherForced(args, draft_dtype, warm=prompts[0])
-        text = [teacher.text(texts)] if texts else []
-        rounds = [[combined(sd_runs[0].label, sd_runs), teacher.generate(prompts), *text]]
+        rounds, sd_pairs, rounds_note = _measured_rounds(args, config, draft_dtype, shares, texts)
     methods = [combined(parts[0].label, parts) for parts in zip(*rounds, strict=True)]
     methods[0] = Method(methods[0].label, methods[0].events, methods[0].positions, methods[0].seconds, sd_pairs)
     import torch
@@ -297,3 +304,28 @@ def run_calibration_bench(args: argparse.Namespace) -> int:
     }  # fmt: skip
     print(format_report(env, methods, rounds))
     return 0
+
+
+def _measured_rounds(
+    args: argparse.Namespace, config: StackConfig, draft_dtype: str, shares: list[list[str]], texts: list[Document]
+) -> tuple[list[list[Method]], Counter[tuple[int, int]], str]:
+    """Each round's methods (SD first), the SD run's pairs and the report's words for the rounds: interleaved where
+    the pair fits beside the stack, else SD's rounds first and teacher forcing after them, the stack stopped."""
+    from calispec.client import CalispecClient
+    from calispec_tools.stack import LocalStack
+
+    warm = shares[0][0]
+    with LocalStack(config) as stack, CalispecClient(stack.coordinator_address, timeout=900,
+                                                     **own_stack_auth()) as client:  # fmt: skip
+        stack_sd = StackSd(stack, client, args.gamma, args.max_new_tokens, warm, sum(map(len, shares)))
+        interleave, note = interleaving(len(shares), *teacher_memory(args))
+        if interleave:
+            teacher = TeacherForced(args, draft_dtype, warm)  # loaded beside the idle stack
+            return [_round(i, shares, stack_sd, teacher, texts) for i in range(len(shares))], stack_sd.pairs(), note
+        sd_runs = [stack_sd.run(share) for share in shares]
+        sd_pairs = stack_sd.pairs()
+    print("teacher-forced in this process (the stack is stopped)...", file=sys.stderr)
+    teacher = TeacherForced(args, draft_dtype, warm)
+    text = [teacher.text(texts)] if texts else []
+    prompts = [p for share in shares for p in share]
+    return [[combined(sd_runs[0].label, sd_runs), teacher.generate(prompts), *text]], sd_pairs, note

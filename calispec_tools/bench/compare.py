@@ -377,17 +377,15 @@ def agreement(runs: list[Run]) -> dict[str, int]:
 # --- printing -------------------------------------------------------------------------------------
 
 
-GIB = 2**30
-FREE_FLOOR = 2 * GIB  # memory left after every model is loaded, below which forwards slow (wave 47: SD 1.9x)
-
-
 def memory_left(available: int | None) -> tuple[str, str | None]:
     """The report's words for the memory left once every model is loaded, and a warning where it is short: the
     page cache (the libraries' code, the stack's files) is evicted and every figure is inflated."""
+    from calispec_core.host_memory import GIB, LOW_MEMORY
+
     if available is None:
         return "unknown", None
     left = f"{available / GIB:.1f} GiB"
-    if available >= FREE_FLOOR:
+    if available >= LOW_MEMORY:
         return left, None
     return left + " (short)", (f"warning: only {left} of memory left with every model loaded: the figures may be "
                                "inflated (--skip-hf leaves Hugging Face's pair out; a float32 target on packed "
@@ -575,7 +573,7 @@ def run_compare(args: argparse.Namespace) -> int:
         "meaning_guard": "on" if stack_config.meaning_guard else "off",
         "lockstep_phase": stack_config.lockstep_phase or f"{DEFAULT_LOCKSTEP_PHASE} (the coordinator's default)",
         "csd_defaults": csd_defaults.removeprefix("CSD defaults: "),  # the τ and λ csd ran at, and why
-        "memory_left": memory,  # after loading everything (memory_left)
+        "memory_left": memory,  # MemAvailable (or a cgroup's headroom) once every model is loaded and warm
     }
     summary = summarize(runs)
     rel = ratios(summary)

@@ -65,22 +65,25 @@ def test_against_an_address_the_environment_still_applies(stale_env: None) -> No
         cli_bench.coordinator_auth(args)
 
 
+class FakeStack:
+    """A LocalStack that starts nothing."""
+
+    coordinator_address = ADDRESS
+
+    def __init__(self, config: object) -> None:
+        pass
+
+    def __enter__(self) -> FakeStack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
 def test_bench_compare_takes_no_credentials_from_the_environment(
     stale_env: None, built: list[ClientAuth], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Stack:
-        coordinator_address = ADDRESS
-
-        def __init__(self, config: object) -> None:
-            pass
-
-        def __enter__(self) -> Stack:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
-    monkeypatch.setattr("calispec_tools.stack.LocalStack", Stack)
+    monkeypatch.setattr("calispec_tools.stack.LocalStack", FakeStack)
     draft, target = tmp_path / "d", tmp_path / "t"
     args = cli.build_parser().parse_args(["bench", "compare", "--draft", str(draft), "--target", str(target)])
     args.skip_hf, args.device, args.model_dirs, args.prompt_texts = True, "cpu", (draft, target), ["x"]
@@ -92,12 +95,15 @@ def test_bench_compare_takes_no_credentials_from_the_environment(
     assert built == [ClientAuth(), ClientAuth()]
 
 
-def test_bench_calibration_takes_no_credentials_from_the_environment(stale_env: None, built: list[ClientAuth]) -> None:
-    class Stack:
-        coordinator_address = ADDRESS
-
+def test_bench_calibration_takes_no_credentials_from_the_environment(
+    stale_env: None, built: list[ClientAuth], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("calispec_tools.stack.LocalStack", FakeStack)
+    draft, target = tmp_path / "d", tmp_path / "t"
+    args = cli.build_parser().parse_args(["bench", "calibration", "--draft", str(draft), "--target", str(target)])
+    args.model_dirs = (draft, target)
     with pytest.raises(Built):
-        bench_calibration.sd_through_stack(Stack(), ["x"], 6, 4)  # type: ignore[arg-type]
+        bench_calibration.run_calibration_bench(args)
     assert built == [ClientAuth()]
 
 
