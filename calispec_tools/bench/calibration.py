@@ -193,6 +193,7 @@ class TeacherForced:
                              batch_size=args.batch_size)  # fmt: skip
         dense = CalibrateConfig(mode="dense", max_tokens=args.max_tokens, batch_size=args.batch_size)
         self.sd, self.dense = Calibrator(draft, target, sd), Calibrator(draft, target, dense)
+        self.target_linear = target.fp32_linear or "-"  # packed where the memory left held the copy (`auto`)
         warm_up = CalibrateConfig(mode="sd", generate=True, max_new_tokens=2)
         Calibrator(draft, target, warm_up).run([Document(warm, True, "bench")])
 
@@ -289,9 +290,10 @@ def run_calibration_bench(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="calispec-bench-calibration-") as tmp:
         config = _stack_config(args, Path(tmp), draft_dtype)
         threads = service_threads(config)
-        rounds, sd_pairs, rounds_note = _measured_rounds(args, config, draft_dtype, shares, texts)
-    methods = [combined(parts[0].label, parts) for parts in zip(*rounds, strict=True)]
-    methods[0] = Method(methods[0].label, methods[0].events, methods[0].positions, methods[0].seconds, sd_pairs)
+        run = _measured_rounds(args, config, draft_dtype, shares, texts)
+    methods = [combined(parts[0].label, parts) for parts in zip(*run.rounds, strict=True)]
+    sd = methods[0]
+    methods[0] = Method(sd.label, sd.events, sd.positions, sd.seconds, run.sd_pairs)
     import torch
 
     env = {
@@ -299,18 +301,27 @@ def run_calibration_bench(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "draft_dtype": draft_dtype, "stack_threads": [threads_label(t) for t in threads],
         "process_threads": torch.get_num_threads(),
-        "prompts": len(prompts), "rounds": rounds_note, "max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
+        "prompts": len(prompts), "rounds": run.note, "max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
         "batch_size": args.batch_size, "int8_outliers": args.int8_outliers or "split (the services' default)",
+        "teacher_target_linear": run.target_linear,
     }  # fmt: skip
-    print(format_report(env, methods, rounds))
+    print(format_report(env, methods, run.rounds))
     return 0
+
+
+@dataclass(frozen=True)
+class Rounds:
+    rounds: list[list[Method]]  # each round's methods, SD first
+    sd_pairs: Counter[tuple[int, int]]  # the SD run's pairs, read back from the stack's memory
+    note: str  # the report's words for the rounds (interleaved, or why not)
+    target_linear: str  # the teacher-forced target's Linear path (packed, onednn, default; - on CUDA)
 
 
 def _measured_rounds(
     args: argparse.Namespace, config: StackConfig, draft_dtype: str, shares: list[list[str]], texts: list[Document]
-) -> tuple[list[list[Method]], Counter[tuple[int, int]], str]:
-    """Each round's methods (SD first), the SD run's pairs and the report's words for the rounds: interleaved where
-    the pair fits beside the stack, else SD's rounds first and teacher forcing after them, the stack stopped."""
+) -> Rounds:
+    """The rounds, interleaved where the pair fits beside the stack, else SD's rounds first and teacher forcing
+    after them, the stack stopped."""
     from calispec.client import CalispecClient
     from calispec_tools.stack import LocalStack
 
@@ -321,11 +332,13 @@ def _measured_rounds(
         interleave, note = interleaving(len(shares), *teacher_memory(args))
         if interleave:
             teacher = TeacherForced(args, draft_dtype, warm)  # loaded beside the idle stack
-            return [_round(i, shares, stack_sd, teacher, texts) for i in range(len(shares))], stack_sd.pairs(), note
+            rounds = [_round(i, shares, stack_sd, teacher, texts) for i in range(len(shares))]
+            return Rounds(rounds, stack_sd.pairs(), note, teacher.target_linear)
         sd_runs = [stack_sd.run(share) for share in shares]
         sd_pairs = stack_sd.pairs()
     print("teacher-forced in this process (the stack is stopped)...", file=sys.stderr)
     teacher = TeacherForced(args, draft_dtype, warm)
     text = [teacher.text(texts)] if texts else []
     prompts = [p for share in shares for p in share]
-    return [[combined(sd_runs[0].label, sd_runs), teacher.generate(prompts), *text]], sd_pairs, note
+    rounds = [[combined(sd_runs[0].label, sd_runs), teacher.generate(prompts), *text]]
+    return Rounds(rounds, sd_pairs, note, teacher.target_linear)

@@ -191,6 +191,7 @@ def test_bench_calibration_rounds(
     else:
         assert "rounds=2 of SD, then teacher forcing with the stack stopped (not interleaved" in report
         assert "by round" not in report
+    assert "teacher_target_linear=" in report  # which Linear path the teacher-forced target ran (packed: as served)
     rows = {line[:34].strip(): line[34:].split() for line in report.splitlines() if line.startswith(("SD", "teacher"))}
     sd_events = int(rows["SD through the stack (γ=4)"][0])
     assert sd_events > 0 and int(rows["teacher-forced --generate (sd)"][0]) == sd_events
