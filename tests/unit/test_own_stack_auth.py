@@ -80,13 +80,20 @@ class FakeStack:
         pass
 
 
+def own_stack_bench_args(command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """`calispec bench COMMAND`'s arguments for a pair in tmp_path, with a LocalStack that starts nothing."""
+    monkeypatch.setattr("calispec_tools.stack.LocalStack", FakeStack)
+    draft, target = tmp_path / "d", tmp_path / "t"
+    args = cli.build_parser().parse_args(["bench", command, "--draft", str(draft), "--target", str(target)])
+    args.model_dirs = (draft, target)
+    return args
+
+
 def test_bench_compare_takes_no_credentials_from_the_environment(
     stale_env: None, built: list[ClientAuth], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("calispec_tools.stack.LocalStack", FakeStack)
-    draft, target = tmp_path / "d", tmp_path / "t"
-    args = cli.build_parser().parse_args(["bench", "compare", "--draft", str(draft), "--target", str(target)])
-    args.skip_hf, args.device, args.model_dirs, args.prompt_texts = True, "cpu", (draft, target), ["x"]
+    args = own_stack_bench_args("compare", tmp_path, monkeypatch)
+    args.skip_hf, args.device, args.prompt_texts = True, "cpu", ["x"]
     with pytest.raises(Built):
         compare.run_compare(args)
     config = compare.CompareConfig(["x"], 4, None, [1], 1)
@@ -98,12 +105,8 @@ def test_bench_compare_takes_no_credentials_from_the_environment(
 def test_bench_calibration_takes_no_credentials_from_the_environment(
     stale_env: None, built: list[ClientAuth], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("calispec_tools.stack.LocalStack", FakeStack)
-    draft, target = tmp_path / "d", tmp_path / "t"
-    args = cli.build_parser().parse_args(["bench", "calibration", "--draft", str(draft), "--target", str(target)])
-    args.model_dirs = (draft, target)
     with pytest.raises(Built):
-        bench_calibration.run_calibration_bench(args)
+        bench_calibration.run_calibration_bench(own_stack_bench_args("calibration", tmp_path, monkeypatch))
     assert built == [ClientAuth()]
 
 

@@ -1,4 +1,5 @@
 """Run `calispec demo` with another built-in demo message (scratch, wave 47)."""
+
 import dataclasses
 import sys
 
