@@ -375,9 +375,10 @@ def add_calibration_bench_parser(sub: Any) -> None:
     p.add_argument("--no-text", action="store_true", help="skip the dense run over the corpus's text documents")
     p.add_argument(
         "--rounds", type=at.positive_int, default=4,
-        help="interleave the methods: each round runs SD on its share of the prompts, then teacher forcing on the "
-        "same share and over the whole text (the pair loaded in both the stack and this process; where it does not "
-        "fit twice, SD's rounds run first and teacher forcing after them, the stack stopped; 1: that order)",
+        help="interleave the methods (default 4 rounds): each round runs SD on its share of the prompts, then teacher "
+        "forcing on the same share and over the whole text (the pair loaded in both the stack and this process; "
+        "where it does not fit twice, SD's rounds run first and teacher forcing after them, the stack stopped; 1: "
+        "that order)",
     )  # fmt: skip
     add_int8_outliers_arg(p)  # the stack's services and the teacher-forced runners alike
     from calispec_tools.cli import add_model_flavour_args
