@@ -159,6 +159,11 @@ def _dtypes(bf16: bool) -> tuple[torch.dtype, ...]:
     return PACKABLE_DTYPES if bf16 else (torch.float32,)
 
 
+def packs(dtype: torch.dtype, bf16: bool) -> bool:
+    """Whether `set_fp32_linear_path` may give CPU Linear layers of `dtype` a packed copy (`auto`: where it fits)."""
+    return dtype in _dtypes(bf16) and onednn_linear_available()
+
+
 def _cpu_linear(module: nn.Module, dtypes: tuple[torch.dtype, ...], kinds: tuple[type, ...] = (nn.Linear,)) -> bool:
     return type(module) in kinds and module.weight.dtype in dtypes and module.weight.device.type == "cpu"
 

@@ -76,17 +76,16 @@ TEACHER_MARGIN = 1 * GIB
 def safetensors_parameters(model_dir: Path) -> int | None:
     """The parameters stored in a model directory's safetensors files (their headers only); None where it has none
     (another format: its size is not known here)."""
-    import json
     import math
-    import struct
+
+    from safetensors import safe_open
 
     paths = sorted(Path(model_dir).glob("*.safetensors"))
     total = 0
     for path in paths:
-        with path.open("rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-        total += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+        with safe_open(path, framework="pt") as f:  # the header only: no tensor is read
+            names = f.keys()  # safe_open cannot be iterated itself
+            total += sum(math.prod(f.get_slice(name).get_shape()) for name in names)
     return total if paths else None
 
 
@@ -248,10 +247,11 @@ def teacher_memory(args: argparse.Namespace) -> tuple[int | None, int | None]:
 
     from calispec_core.host_memory import available_bytes
     from calispec_core.modeling import cpu_has_fast_bf16, resolve_device, resolve_dtype
+    from calispec_core.onednn_linear import packs
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    packed = device.type == "cpu" and (dtype == torch.float32 or (dtype == torch.bfloat16 and cpu_has_fast_bf16()))
+    packed = device.type == "cpu" and packs(dtype, bf16=cpu_has_fast_bf16())  # as ModelRunner asks
     draft, target = args.model_dirs
     need = teacher_forcing_bytes(draft, target, dtype.itemsize, 2 if packed else 1)
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_bytes()
