@@ -20,6 +20,12 @@ the layer does (tested). Layers with a bias stay on fbgemm: its fused fma(acc, m
 projections; so do weights with a zero point (none here: torch's int8 weights are symmetric). `gemm_path()` checks
 each path against torch's own layer once per process and takes the first exact one.
 
+Inside `many_rows(row_scales=True)` step 1 is done per row instead (`_row_qparams`: the same function's arithmetic for
+every row at once, float64 where it computes in double; `_quantize_rows`: fbgemm's quantisation with each row's
+scale, tested against it): each row's outputs are then the bits of torch's layer called on that row alone, what
+serving computes in a one-token decode step, whatever other rows share the call. The matmul path then takes zero
+point 0 and subtracts each row's zero point × Σ w itself (every term an integer under 2^24: exact).
+
 `greedy_head` goes one step further for an output layer: the argmax of its logits straight from the integer
 accumulators (they are scaled by one positive factor), never writing the [rows, vocabulary] float logits.
 """
@@ -50,7 +56,7 @@ class _Weights:
     packed: object  # the layer's packed weights these were read from (new weights: read again)
     path: str  # the GEMM path `gemm` is laid out for
     gemm: torch.Tensor | None  # matmul: oneDNN's blocked int8 copy; int_mm: int8 [K, N]; None: stays on fbgemm
-    col_sums: torch.Tensor | None  # int32 [N]: int_mm's correction for the shift
+    col_sums: torch.Tensor | None  # int32 [N] Σ_k w_kj: int_mm's correction for the shift, row zero points' on matmul
     scale: torch.Tensor | None  # float32 [] or [N] (per output channel)
 
 
@@ -58,24 +64,31 @@ _weights: weakref.WeakKeyDictionary[torch.nn.Module, _Weights] = weakref.WeakKey
 
 
 _many_rows: contextvars.ContextVar[bool] = contextvars.ContextVar("int8_gemm_many_rows", default=False)
+_row_scales: contextvars.ContextVar[bool] = contextvars.ContextVar("int8_gemm_row_scales", default=False)
 
 
 @contextmanager
-def many_rows() -> Iterator[None]:
-    """Within this block (this context), `Int8Linear` layers take this module's path where it `applies`. Only
-    teacher-forced calibration asks: the int8 weights it caches (oneDNN's blocked copy, or transposed) are a second
-    copy of the model's (~0.5 GB for the 0.5B draft), which a serving process should not carry for its few long
-    prefills."""
-    token = _many_rows.set(True)
+def many_rows(row_scales: bool = False) -> Iterator[None]:
+    """Within this block (this context), `Int8Linear` layers take this module's path where it `applies`; with
+    `row_scales`, on every row's own activation scale (the module docstring). Only teacher-forced calibration asks:
+    the int8 weights it caches (oneDNN's blocked copy, or transposed) are a second copy of the model's (~0.5 GB for
+    the 0.5B draft), which a serving process should not carry for its few long prefills."""
+    tokens = _many_rows.set(True), _row_scales.set(row_scales)
     try:
         yield
     finally:
-        _many_rows.reset(token)
+        _row_scales.reset(tokens[1])
+        _many_rows.reset(tokens[0])
 
 
 def in_many_rows() -> bool:
     """Inside `many_rows()`."""
     return _many_rows.get()
+
+
+def row_scales() -> bool:
+    """Inside `many_rows(row_scales=True)`."""
+    return _many_rows.get() and _row_scales.get()
 
 
 def prepare(model: torch.nn.Module) -> int:
@@ -90,16 +103,16 @@ def prepare(model: torch.nn.Module) -> int:
 
 
 def applies(layer: torch.nn.Module, rows: torch.Tensor) -> bool:
-    """Whether `int8_linear` may replace this call: inside `many_rows()`, enough rows, no bias, fbgemm's engine
-    on CPU, exact here."""
+    """Whether `int8_linear` may replace this call: inside `many_rows()`, enough rows (any number with row scales,
+    which torch's layer has no form of), no bias, fbgemm's engine on CPU, exact here."""
     return (
         in_many_rows()
-        and rows.shape[0] >= MIN_ROWS
+        and (rows.shape[0] >= MIN_ROWS or row_scales())
         and rows.device.type == "cpu"
         and isinstance(layer, DynamicQuantizedLinear)
         and layer._packed_params.dtype == torch.qint8
         and torch.backends.quantized.engine == "fbgemm"
-        and (path := gemm_path()) is not None
+        and (path := gemm_path(row_scales())) is not None
         and _layer_weights(layer, path).gemm is not None
     )
 
@@ -120,22 +133,22 @@ def greedy_head(
     every logit is float(acc) × one positive multiplier (float(acc) exact: |acc| < 2^24). Ties as torch's argmax:
     the first index whose float logit equals the row's largest."""
     acc, multiplier = _accumulators(layer, rows, _resolved(path))  # [R, N] int32 or float32
-    return scaled_argmax(acc, float(multiplier))
+    return scaled_argmax(acc, multiplier.view(-1))  # one multiplier, or one a row
 
 
 def _resolved(path: str | None) -> str:
-    path = path or gemm_path()
+    path = path or gemm_path(row_scales())
     if path is None:
         raise RuntimeError("no exact integer GEMM path here: callers ask `applies` first")
     return path
 
 
-def scaled_argmax(acc: torch.Tensor, multiplier: float) -> torch.Tensor:  # [R, N] int32 or float32 -> [R] int64
-    """argmax(acc.float() * multiplier, -1) for a float32 multiplier > 0 and integer accumulators |acc| < 2^24 (as
-    int32, or as float32, exact below 2^24), from the integers: the product is monotonic, but it can round neighbours
-    onto one float (where the multiplier is under a float32 step of the logits; over half a step while |acc| < 2^24,
-    so at most 3 of them), so the answer is the first index whose accumulator reaches the smallest one that rounds
-    onto the top logit."""
+def scaled_argmax(acc: torch.Tensor, multiplier: float | torch.Tensor) -> torch.Tensor:  # [R, N] -> [R] int64
+    """argmax(acc.float() * multiplier, -1) for a float32 multiplier > 0 (one, or [R]: one a row) and integer
+    accumulators |acc| < 2^24 (as int32, or as float32, exact below 2^24), from the integers: the product is
+    monotonic, but it can round neighbours onto one float (where the multiplier is under a float32 step of the
+    logits; over half a step while |acc| < 2^24, so at most 3 of them), so the answer is the first index whose
+    accumulator reaches the smallest one that rounds onto the top logit."""
     top = acc.amax(dim=-1)  # [R]
     top_logit = top.float() * multiplier  # [R]
     threshold = top.clone()  # [R]
@@ -149,33 +162,115 @@ def scaled_argmax(acc: torch.Tensor, multiplier: float) -> torch.Tensor:  # [R, 
 
 def head_applies(layer: torch.nn.Module, rows: torch.Tensor) -> bool:
     """`greedy_head` is exact for this output layer: `applies`, one weight scale, accumulators < 2^24."""
-    path = gemm_path()
+    path = gemm_path(row_scales())
     return applies(layer, rows) and _layer_weights(layer, path).scale.dim() == 0 and _float_exact(layer)
 
 
 def _accumulators(layer: DynamicQuantizedLinear, rows: torch.Tensor, path: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(Σ_k (q_ik − zero_point) · w_kj [R, N] as int32 (int_mm) or its float32 (matmul), the float32 multiplier back
-    to the layer's output: activation scale × weight scale, [] or [N])."""
+    to the layer's output: activation scale × weight scale, [] or [N]; with row scales [R, 1] or [R, N])."""
     weights = _layer_weights(layer, path)
-    scale64, zero_point = torch._choose_qparams_per_tensor(rows, _levels(layer) == 128)
-    scale = torch.tensor(scale64, dtype=torch.float32)  # fbgemm quantises with the float32 scale
-    quantized = torch.quantize_per_tensor(rows, float(scale), zero_point, torch.quint8).int_repr()  # [R, K] u8
+    if row_scales():
+        scale, row_zero_points = _row_qparams(rows, _levels(layer))  # [R] float32, [R] int32
+        quantized = _quantize_rows(rows, scale, row_zero_points)  # [R, K] u8
+        zero_point: int | torch.Tensor = row_zero_points
+        scale = scale.unsqueeze(1)  # [R, 1]
+    else:
+        scale64, zero_point = torch._choose_qparams_per_tensor(rows, _levels(layer) == 128)
+        scale = torch.tensor(scale64, dtype=torch.float32)  # fbgemm quantises with the float32 scale
+        quantized = torch.quantize_per_tensor(rows, float(scale), zero_point, torch.quint8).int_repr()  # [R, K] u8
     return _gemm(weights.path, layer, weights, quantized, zero_point), scale * weights.scale
 
 
+SMALL_SCALE = torch.tensor(6.1e-5, dtype=torch.float32)  # quant_utils' SMALL_SCALE_THRESHOLD (a float)
+
+
+def _row_qparams(rows: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:  # [R, K] -> [R], [R]
+    """(float32 scale, int32 zero point) of `torch._choose_qparams_per_tensor(row, levels == 128)` for every row:
+    quant_utils::ChooseQuantizationParams step by step, in float32 where it holds a float and float64 where a
+    double (its scale, its zero-point arithmetic)."""
+    qmax = levels - 1  # 127 at x86's 7-bit range (255 // 2), else 255; qmin is 0
+    lo, hi = torch.aminmax(rows, dim=-1)  # [R] float32 each, one pass
+    lo, hi = lo.clamp_(max=0.0), hi.clamp_(min=0.0)  # the range always holds 0
+    scale = (hi.double() - lo.double()) / qmax  # [R] float64
+    unusable = (scale.float() == 0) | torch.isinf(1.0 / scale.float())  # [R] its reciprocal would be infinite
+    scale = torch.where(unusable, 0.1, scale)
+    small = scale < SMALL_SCALE.double()  # [R] raised to the threshold, the range widened to match
+    if bool(small.any()):
+        amplifier = SMALL_SCALE / scale.float()  # [R] float32, as the C++ `float amplifier`
+        span = SMALL_SCALE * qmax
+        widened_hi = torch.where(lo == 0, span, torch.where(hi == 0, hi, hi * amplifier))
+        widened_lo = torch.where(lo == 0, lo, torch.where(hi == 0, -span, lo * amplifier))
+        lo, hi = torch.where(small, widened_lo, lo), torch.where(small, widened_hi, hi)
+        scale = torch.where(small, SMALL_SCALE.double(), scale)
+    from_min = -lo.double() / scale  # [R] the zero point that maps lo to 0 ...
+    from_max = qmax - hi.double() / scale  # [R] ... and hi to qmax; the one with the smaller error wins
+    initial = torch.where(-from_min.abs() < qmax - (hi.double() / scale).abs(), from_min, from_max)
+    zero_point = initial.clamp(0, qmax).round()  # [R] nearbyint: half to even, as torch.round
+    return scale.float(), zero_point.to(torch.int32)
+
+
+def _quantize_rows(rows: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor) -> torch.Tensor:  # -> [R, K] u8
+    """Each row of [R, K] float32 quantised as fbgemm quantises it (`torch.quantize_per_tensor` on that row alone):
+    round(fma(x, 1 / scale, zero_point)), one rounding to float32 then to the nearest level, half to even, clipped.
+    torch has no fused multiply-add, so x × (1 / scale) + zero_point is taken in two float32 steps first (within two
+    float32 steps of the fused result), and only the blocks of `_NEAR_BLOCK` values holding one within `_NEAR` of
+    half-way between two levels, where that can round the other way, are redone exactly (`_fma_rounded`)."""
+    inverse = (1.0 / scale).unsqueeze(1)  # [R, 1] float32, fbgemm's 1.f / scale
+    zp = zero_point.unsqueeze(1).float()  # [R, 1]
+    levels = (rows * inverse).add_(zp)  # [R, K]
+    rounded = levels.round()  # [R, K]
+    r, k = rows.shape
+    block = _NEAR_BLOCK if k % _NEAR_BLOCK == 0 else k
+    off = levels.sub_(rounded).abs_().view(r, k // block, block).amax(dim=-1)  # [R, K / block] farthest from a level
+    near = (off > 0.5 - _NEAR).nonzero()  # [S, 2] (row, block) holding a value near half-way
+    if near.numel():
+        row, first = near[:, 0], near[:, 1:] * block  # [S], [S, 1]
+        cols = first + torch.arange(block)  # [S, block]
+        rows_of = row.unsqueeze(1).expand_as(cols)  # [S, block]
+        rounded[rows_of, cols] = _fma_rounded(rows[rows_of, cols], inverse[row], zp[row])
+    return rounded.clamp_(0, 255).to(torch.uint8)
+
+
+_NEAR = 2.0**-14  # well above the two float32 steps (at most 2^-15 each below 256) between the two ways
+_NEAR_BLOCK = 64  # values checked together (a whole row where the width is not a multiple)
+
+
+def _fma_rounded(x: torch.Tensor, inverse: torch.Tensor, zero_point: torch.Tensor) -> torch.Tensor:  # [S, B] each
+    """round(float32(x × inverse + zero_point)) with the sum rounded once, as a fused multiply-add does: the product
+    is exact in float64 (24 × 24 bits), the sum's rounding error exact by TwoSum, and where the float64 sum sits
+    exactly half-way between two float32s, that error says which side the exact value is on."""
+    product = x.double() * inverse.double()  # [S, B] exact
+    total = product + zero_point.double()
+    back = total - product
+    error = (product - (total - back)) + (zero_point.double() - back)  # total + error == product + zero_point
+    nearest = total.float()
+    up = torch.nextafter(nearest, torch.tensor(float("inf")))
+    down = torch.nextafter(nearest, torch.tensor(float("-inf")))
+    nearest = torch.where((total == (nearest.double() + up.double()) / 2) & (error > 0), up, nearest)
+    nearest = torch.where((total == (nearest.double() + down.double()) / 2) & (error < 0), down, nearest)
+    return nearest.round()
+
+
 def _gemm(
-    path: str, layer: DynamicQuantizedLinear, weights: _Weights, quantized: torch.Tensor, zero_point: int
+    path: str, layer: DynamicQuantizedLinear, weights: _Weights, quantized: torch.Tensor, zero_point: int | torch.Tensor
 ) -> torch.Tensor:
     """Σ_k (q_ik − zero_point) · w_kj: [R, K] u8 -> [R, N] int32 (int_mm) or float32 (matmul: float(acc), the
-    primitive's scales all 1)."""
+    primitive's scales all 1). `zero_point`: one, or int32 [R] (one a row)."""
+    one = isinstance(zero_point, int)
+    assert weights.col_sums is not None
     if path == "matmul":
-        return torch.ops.onednn.qlinear_pointwise(
-            quantized, 1.0, zero_point, weights.gemm, *_unit_scales(layer.out_features),
+        out = torch.ops.onednn.qlinear_pointwise(
+            quantized, 1.0, zero_point if one else 0, weights.gemm, *_unit_scales(layer.out_features),
             None, 1.0, 0, torch.float32, "none", [], "",
         )  # fmt: skip
+        # float(Σ q·w) − zero_point_i · Σ_k w_kj: every term an integer under 2^24 (`_float_exact`), so exact
+        return out if one else out.addr_(zero_point.float(), weights.col_sums.float(), alpha=-1)
     shifted = quantized.view(torch.int8).bitwise_xor_(-_SHIFT)  # [R, K] u8 − 128 as s8 (flips the top bit)
     acc = torch._int_mm(shifted, weights.gemm)  # [R, N] Σ (q − 128) · w
-    return acc.add_(weights.col_sums * (_SHIFT - zero_point))  # + (128 − zero_point) · Σ_k w_kj
+    if one:
+        return acc.add_(weights.col_sums * (_SHIFT - zero_point))  # + (128 − zero_point) · Σ_k w_kj
+    return acc.addr_(_SHIFT - zero_point, weights.col_sums)  # + (128 − zero_point_i) · Σ_k w_kj, row by row
 
 
 def _levels(layer: DynamicQuantizedLinear) -> int:
@@ -214,9 +309,10 @@ def _read_weights(layer: DynamicQuantizedLinear, packed: object, path: str) -> _
         return _Weights(packed, path, None, None, None)
     ints = weight.int_repr()  # [N, K]
     scale = torch.tensor(weight.q_scale()) if per_tensor else weight.q_per_channel_scales()
+    col_sums = ints.sum(dim=1, dtype=torch.int32)  # [N]
     if path == "matmul":
-        return _Weights(packed, path, torch.ops.onednn.qlinear_prepack(ints, None), None, scale.float())
-    return _Weights(packed, path, ints.t(), ints.sum(dim=1, dtype=torch.int32), scale.float())
+        return _Weights(packed, path, torch.ops.onednn.qlinear_prepack(ints, None), col_sums, scale.float())
+    return _Weights(packed, path, ints.t(), col_sums, scale.float())
 
 
 @functools.cache
@@ -226,38 +322,57 @@ def _unit_scales(n: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @functools.cache
-def gemm_path() -> str | None:
-    """The first of `GEMM_PATHS` whose recipe gives torch's own layer's bits on this machine and build, checked once
-    a process; None: neither (no oneDNN int8 here). Callers ask only with fbgemm as the engine."""
-    return next((path for path in GEMM_PATHS if exact_with(path)), None)
+def gemm_path(row_scales: bool = False) -> str | None:
+    """The first of `GEMM_PATHS` whose recipe gives torch's own layer's bits on this machine and build (with
+    `row_scales`: its bits on each row alone), checked once a process; None: neither (no oneDNN int8 here). Callers
+    ask only with fbgemm as the engine."""
+    return next((path for path in GEMM_PATHS if exact_with(path, row_scales)), None)
 
 
-def exact_here() -> bool:
+def exact_here(row_scales: bool = False) -> bool:
     """Some path of the recipe is exact here."""
-    return gemm_path() is not None
+    return gemm_path(row_scales) is not None
 
 
-def exact_with(path: str) -> bool:
-    """The recipe on `path` gives torch's layer's bits: odd widths, per tensor and per channel, an outlier row, a
-    half-way activation, the head's argmax, and a zero point with sums near and past 2^24 (where float(acc) rounds
-    and the matmul primitive's two floats would not: such layers take int_mm, `_float_exact`)."""
+def exact_with(path: str, row_scales: bool = False) -> bool:
+    """The recipe on `path` gives torch's layer's bits (with `row_scales`, its bits on each row alone): odd widths,
+    per tensor and per channel, an outlier row, a half-way activation, the head's argmax, and a zero point with sums
+    near and past 2^24 (where float(acc) rounds and the matmul primitive's two floats would not: such layers take
+    int_mm, `_float_exact`)."""
     generator = torch.Generator().manual_seed(0)
     try:
-        for k, n, per_channel in ((67, 33, False), (200, 131, False), (75, 41, True)):
-            layer = _random_layer(k, n, per_channel, generator)
-            rows = torch.randn(MIN_ROWS + 3, k, generator=generator) * 3  # [R, K]
-            rows[0] *= 40
-            halfway = torch.zeros_like(rows)  # [R, K] scale 0.125, zero point 9: 0.0625 quantises from 9.5, a tie
-            halfway[0, :3] = torch.tensor([-1.125, 14.75, 0.0625])
-            if not all(torch.equal(int8_linear(layer, x, path), layer(x)) for x in (halfway, rows)):
-                return False
-            logits = layer(rows)  # [R, N] torch's (fbgemm's)
-            if not per_channel and not torch.equal(greedy_head(layer, rows, path), logits.argmax(dim=-1)):
-                return False
-        wide = (_past_float_precision(generator, k) for k in (1023, 4100))  # the matmul path's widest, then int_mm's
-        return all(torch.equal(int8_linear(layer, rows, path), layer(rows)) for layer, rows in wide)
+        with many_rows(row_scales):
+            return all(_exact_on(layer, rows, path, row_scales) for layer, rows in _check_cases(generator))
     except (RuntimeError, AttributeError, NotImplementedError):  # no such op for CPU in this build
         return False
+
+
+def _check_cases(generator: torch.Generator) -> Iterator[tuple[DynamicQuantizedLinear, torch.Tensor]]:
+    """(layer, rows) for `exact_with`, in order."""
+    for k, n, per_channel in ((67, 33, False), (200, 131, False), (75, 41, True)):
+        layer = _random_layer(k, n, per_channel, generator)
+        rows = torch.randn(MIN_ROWS + 3, k, generator=generator) * 3  # [R, K]
+        rows[0] *= 40
+        halfway = torch.zeros_like(rows)  # [R, K] scale 0.125, zero point 9: 0.0625 quantises from 9.5, a tie
+        halfway[0, :3] = torch.tensor([-1.125, 14.75, 0.0625])
+        yield layer, halfway
+        yield layer, rows
+    for k in (1023, 4100):  # the matmul path's widest, then int_mm's
+        yield _past_float_precision(generator, k)
+
+
+def _exact_on(layer: DynamicQuantizedLinear, rows: torch.Tensor, path: str, row_scales: bool) -> bool:
+    """The recipe's outputs, and a per-tensor layer's argmax, are torch's."""
+    expected = _torchs(layer, rows, row_scales)  # [R, N] torch's (fbgemm's)
+    if not torch.equal(int8_linear(layer, rows, path), expected):
+        return False
+    per_tensor = layer._packed_params._weight_bias()[0].qscheme() == torch.per_tensor_affine
+    return not (per_tensor and _float_exact(layer)) or torch.equal(greedy_head(layer, rows, path), expected.argmax(-1))
+
+
+def _torchs(layer: DynamicQuantizedLinear, rows: torch.Tensor, row_scales: bool) -> torch.Tensor:  # [R, K] -> [R, N]
+    """torch's own layer over the rows: in one call, or (row scales) on each row alone."""
+    return torch.cat([layer(row[None]) for row in rows]) if row_scales else layer(rows)
 
 
 def _past_float_precision(generator: torch.Generator, k: int = 4100) -> tuple[DynamicQuantizedLinear, torch.Tensor]:

@@ -71,8 +71,9 @@ class Int8Linear(DynamicQuantizedLinear):
         return argmax_last(self._linear(rows))
 
     def _by_rows(self, rows: torch.Tensor, call: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """call(rows) (row by row results: [R, ...]), the outlier rows quantised apart inside `isolating_outliers()`."""
-        if not _isolating.get() or rows.shape[0] < 2:
+        """call(rows) (row by row results: [R, ...]), the outlier rows quantised apart inside `isolating_outliers()`
+        (unless every row gets a scale of its own here anyway: `int8_gemm.many_rows(row_scales=True)`)."""
+        if not _isolating.get() or rows.shape[0] < 2 or (int8_gemm.row_scales() and int8_gemm.applies(self, rows)):
             return call(rows)
         # max(|row|) from two reductions: no [R, E] temporary (abs() wrote one per call: 10 MB at 512 rows of 4,864)
         peaks = torch.maximum(rows.amax(dim=-1), rows.amin(dim=-1).neg())  # [R]

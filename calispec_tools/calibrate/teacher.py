@@ -85,7 +85,7 @@ process holding a model a page fault costs microseconds (docs/calibration.md, "T
 @on_compute_thread
 @torch.inference_mode()
 def greedy_predictions(
-    runner: ModelRunner, rows: Sequence[list[int]], capacity: int = 0, chunk: int = 512
+    runner: ModelRunner, rows: Sequence[list[int]], capacity: int = 0, chunk: int = 512, row_scales: bool = False
 ) -> list[list[int]]:
     """out[b][i] = the model's argmax after rows[b][: i + 1] (it predicts position i + 1).
 
@@ -94,7 +94,8 @@ def greedy_predictions(
     but itself and no padded token is computed beyond each sequence's tail. Sequences go through the
     model at most `FORWARD_TOKENS` tokens a forward (a longer sequence alone). The output head runs
     over the real positions only, `chunk` at a time, so the full [N, V] logits never exist at once.
-    Runs on the compute thread, like every forward."""
+    `row_scales`: an int8 model's calls quantise every row on its own scale, as serving's one-token steps do
+    (`int8_gemm.many_rows`). Runs on the compute thread, like every forward."""
     lengths = [len(r) for r in rows]
     width = max(capacity, *lengths)
     bins = pack_rows(lengths, width)
@@ -103,13 +104,14 @@ def greedy_predictions(
     for i in range(0, len(bins), per_forward):
         group = bins[i : i + per_forward]
         members = [r for b in group for r in b]
-        for r, predictions in zip(members, _packed_argmax(runner, rows, group, width, chunk), strict=True):
+        packed = _packed_argmax(runner, rows, group, width, chunk, row_scales)
+        for r, predictions in zip(members, packed, strict=True):
             out[r] = predictions
     return out
 
 
 def _packed_argmax(
-    runner: ModelRunner, rows: Sequence[list[int]], bins: list[list[int]], width: int, chunk: int
+    runner: ModelRunner, rows: Sequence[list[int]], bins: list[list[int]], width: int, chunk: int, row_scales: bool
 ) -> list[list[int]]:
     """One forward over `bins` (sequences of `width` tokens, each the rows it lists end to end); the argmax of
     every real position, per row, in the order the bins list them."""
@@ -132,7 +134,7 @@ def _packed_argmax(
     real = (segment >= 0).view(-1).nonzero().squeeze(1)  # [N] flat indices of real tokens, in bin order
     head = runner.model.get_output_embeddings()
     # every row starts at position 0 (int8_outliers.py); int8 calls over many rows on oneDNN, same bits (int8_gemm.py)
-    with isolating_outliers(runner.isolates_outliers), int8_gemm.many_rows():
+    with isolating_outliers(runner.isolates_outliers), int8_gemm.many_rows(row_scales):
         hidden = runner.model.base_model(
             input_ids=ids, attention_mask=mask[:, None], position_ids=positions, use_cache=False
         ).last_hidden_state  # [B, S, H]

@@ -7,10 +7,15 @@ import random
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 from torch.ao.quantization import per_channel_dynamic_qconfig
 
 from calispec_core import int8_gemm
+from calispec_core.argmax import argmax_last
+from calispec_core.batch_forward import forward_rows
+from calispec_core.compute import compute_thread
 from calispec_core.int8_outliers import Int8Linear, isolating_outliers
 from calispec_core.modeling import ModelRunner, ModelSpec, quantize_int8
 from calispec_tools.calibrate import teacher
@@ -45,7 +50,7 @@ def activations(rows: int, k: int, seed: int) -> torch.Tensor:
 def test_the_integer_gemm_gives_torchs_bits_on_odd_shapes(
     per_channel: bool, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(int8_gemm, "gemm_path", lambda: path)
+    monkeypatch.setattr(int8_gemm, "gemm_path", lambda row_scales=False: path)
     rng = random.Random(int(per_channel))
     for trial in range(6):
         k, n, rows = rng.randrange(17, 1200), rng.randrange(17, 700), rng.randrange(128, 400)
@@ -201,3 +206,130 @@ def test_scaled_argmax_matches_the_float_argmax_where_the_product_rounds_neighbo
     largest_integer = acc.argmax(dim=-1)  # [R]
     assert (expected != largest_integer).sum() >= 10  # the collisions this test is about happen (19 of 400)
     assert torch.equal(int8_gemm.scaled_argmax(acc, multiplier), expected)
+
+
+def one_row_at_a_time(layer: DynamicQuantizedLinear, x: torch.Tensor) -> torch.Tensor:  # [R, K] -> [R, N]
+    """torch's own layer on each row alone: what serving's one-token decode steps compute."""
+    return torch.cat([DynamicQuantizedLinear.forward(layer, row[None]) for row in x])
+
+
+EDGE_ROWS = {  # each branch of quant_utils::ChooseQuantizationParams
+    "zeros": torch.zeros(40),
+    "tiny positive": torch.rand(40) * 1e-6,  # scale under 6.1e-5, min 0: max widened
+    "tiny negative": -torch.rand(40) * 1e-7,  # max 0: min widened
+    "tiny both signs": (torch.rand(40) - 0.7) * 1e-6,  # both scaled by the amplifier
+    "all positive": torch.rand(40) + 2,
+    "all negative": -torch.rand(40) * 30 - 1,
+    "massive": torch.randn(40) * 500,
+}
+
+
+@pytest.mark.parametrize("levels", [128, 256])
+def test_row_qparams_are_torchs_choice_for_each_row(levels: int) -> None:
+    torch.manual_seed(0)
+    rows = torch.cat([torch.stack(list(EDGE_ROWS.values())), torch.randn(200, 40) * torch.rand(200, 1) * 20])
+    scale, zero_point = int8_gemm._row_qparams(rows, levels)
+    for i, row in enumerate(rows):
+        expected_scale, expected_zero_point = torch._choose_qparams_per_tensor(row, levels == 128)
+        assert (float(scale[i]), int(zero_point[i])) == (float(torch.tensor(expected_scale)), expected_zero_point), i
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.lists(st.floats(-1e4, 1e4, allow_nan=False, width=32), min_size=3, max_size=24), min_size=1, max_size=6)
+)
+def test_row_qparams_match_torch_on_any_rows(values: list[list[float]]) -> None:
+    width = min(len(v) for v in values)
+    rows = torch.tensor([v[:width] for v in values], dtype=torch.float32)
+    scale, zero_point = int8_gemm._row_qparams(rows, 128)
+    for i, row in enumerate(rows):
+        expected_scale, expected_zero_point = torch._choose_qparams_per_tensor(row, True)
+        assert (float(scale[i]), int(zero_point[i])) == (float(torch.tensor(expected_scale)), expected_zero_point)
+
+
+@torch.inference_mode()
+def test_rows_quantise_with_fbgemms_one_rounding_where_two_steps_would_not() -> None:
+    """fbgemm rounds fma(x, 1/scale, zero_point) once: x × (1/scale) = 9.4999962 then + 102 is a float32 tie that
+    rounds up to 111.5 (→ 112) in two steps, while the exact 111.4999962 rounds down (→ 111). Such elements are
+    about one in two million; these rows hold some, and every element must come out as fbgemm's."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(6000, 896, generator=generator) * 3  # [R, K]
+    scale, zero_point = int8_gemm._row_qparams(x, 128)
+    inverse, zp = (1.0 / scale).unsqueeze(1), zero_point.unsqueeze(1).float()
+    two_steps = (x * inverse).add_(zp).round_().clamp_(0, 255).to(torch.uint8)  # [R, K]
+    expected = torch.stack(
+        [
+            torch.quantize_per_tensor(row, float(s), int(z), torch.quint8).int_repr()
+            for row, s, z in zip(x, scale, zero_point, strict=True)
+        ]
+    )
+    assert (two_steps != expected).sum() >= 1  # the case this test is about happens
+    assert torch.equal(int8_gemm._quantize_rows(x, scale, zero_point), expected)
+
+
+@pytest.mark.parametrize("path", int8_gemm.GEMM_PATHS)
+@pytest.mark.parametrize("per_channel", [False, True])
+@torch.inference_mode()
+def test_row_scales_give_each_row_the_bits_of_a_call_of_its_own(
+    per_channel: bool, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside many_rows(row_scales=True) the rows are quantised apart: a first token's massive activation, or other
+    documents in the batch, no longer move a row's outputs. Any number of rows takes the recipe (torch's layer has
+    no per-row form)."""
+    monkeypatch.setattr(int8_gemm, "gemm_path", lambda row_scales=False: path)
+    rng = random.Random(10 + int(per_channel))
+    for trial in range(4):
+        k, n, rows = rng.randrange(17, 1100), rng.randrange(17, 600), rng.choice([3, 60, 300])
+        layer = int8_layer(k, n, per_channel=per_channel, seed=trial)
+        x = activations(rows, k, seed=trial)
+        x[0] *= 40  # a first token's massive activation
+        x[-1] = 0.0  # a row of zeros (scale 0.1)
+        expected = one_row_at_a_time(layer, x)
+        assert not torch.equal(layer(x), expected)  # one scale a call: other rows' outputs move
+        with int8_gemm.many_rows(row_scales=True):
+            assert int8_gemm.applies(layer, x)
+            assert torch.equal(int8_gemm.int8_linear(layer, x), expected), (k, n, rows)
+            assert torch.equal(layer(x), expected)  # Int8Linear takes it
+            with isolating_outliers():
+                assert torch.equal(layer(x), expected)  # no outlier split needed: every row has its own scale
+            if not per_channel and int8_gemm._float_exact(layer):
+                assert torch.equal(layer.greedy(x), expected.argmax(dim=-1))
+
+
+@torch.inference_mode()
+def test_row_scales_leave_layers_with_a_bias_to_fbgemm() -> None:
+    """fbgemm's fused bias add has no exact counterpart here (module docstring): the q/k/v projections keep one scale
+    a call, their outlier rows apart, with row scales as without."""
+    biased = int8_layer(64, 32, bias=True)
+    x = activations(200, 64, seed=4)
+    x[0] *= 40
+    with isolating_outliers():
+        expected = biased(x)
+        with int8_gemm.many_rows(row_scales=True):
+            assert not int8_gemm.applies(biased, x)
+            assert torch.equal(biased(x), expected)
+
+
+def test_row_scales_are_exact_on_this_machine() -> None:
+    assert int8_gemm.exact_here(row_scales=True)
+    with int8_gemm.many_rows(row_scales=True):  # the check sets its own mode, whichever context asks first
+        assert int8_gemm.exact_with(int8_gemm.GEMM_PATHS[0]) == int8_gemm.exact_with(int8_gemm.GEMM_PATHS[0], False)
+
+
+@torch.inference_mode()
+def one_token_steps(runner: ModelRunner, tokens: list[int]) -> list[int]:
+    """Serving's draft decoding a text one token a forward: the greedy prediction after each prefix."""
+    cache = runner.new_cache()
+    return [int(argmax_last(forward_rows(runner, [cache], [[t]], [1])[0][-1])) for t in tokens]
+
+
+def test_row_scales_make_teacher_forcing_predict_what_one_token_steps_do(tiny_pair: TinyPair) -> None:
+    """The int8 tiny draft over packed texts: with row scales every prediction is serving's one-token step's; with
+    one scale a call (each packed sequence's rows together) some differ."""
+    runner = ModelRunner(ModelSpec(tiny_pair.draft, dtype="int8", device="cpu"))
+    compute_thread().run(int8_gemm.prepare, runner.model)
+    rng = random.Random(7)
+    rows = [[rng.randrange(runner.vocab_size) for _ in range(rng.randrange(150, 300))] for _ in range(4)]
+    serving = [compute_thread().run(one_token_steps, runner, row) for row in rows]
+    assert teacher.greedy_predictions(runner, rows, 512, row_scales=True) == serving
+    assert teacher.greedy_predictions(runner, rows, 512) != serving
