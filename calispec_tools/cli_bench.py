@@ -381,6 +381,9 @@ def add_calibration_bench_parser(sub: Any) -> None:
         "that order)",
     )  # fmt: skip
     add_int8_outliers_arg(p)  # the stack's services and the teacher-forced runners alike
+    from calispec_tools.cli_calibrate import add_int8_scales_arg
+
+    add_int8_scales_arg(p)  # the teacher-forced draft's, as `calispec calibrate`
     from calispec_tools.cli import add_model_flavour_args
 
     add_model_flavour_args(p, serves_csd=False)  # it runs SD only, and counts the events it adds to an empty memory
@@ -389,6 +392,12 @@ def add_calibration_bench_parser(sub: Any) -> None:
 
 def cmd_calibration_bench(args: argparse.Namespace) -> int:
     from calispec_tools.bench.calibration import run_calibration_bench
+    from calispec_tools.cli_auth import USAGE_ERROR
+    from calispec_tools.cli_calibrate import int8_scales_problem
+
+    if problem := int8_scales_problem(args):
+        print(f"error: {problem}", file=sys.stderr)
+        return USAGE_ERROR
 
     args.model_dirs = bench_pair_dirs(args)
     return run_calibration_bench(args)

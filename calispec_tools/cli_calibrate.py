@@ -61,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="int8 models' first-token outlier rows: split (as the services compute them) or shared (torch's one "
         "scale a call; the shipped file of waves 26-40 was counted so)",
     )  # fmt: skip
+    add_int8_scales_arg(p)
     p.add_argument("--device", default="auto")
     p.add_argument("--namespace", default=None, help="default: the running stack's (or the pair's, with --export)")
     p.add_argument("--memory-addr", default=None, help="memory service HOST:PORT (default: the running stack's)")
@@ -81,6 +82,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_client_auth_args(p)  # --prompts: the coordinator's API key / TLS
     add_memory_tls_args(p)  # the memory service under mutual TLS (a verifier's certificate to write)
     p.set_defaults(func=cmd_calibrate)
+
+
+def add_int8_scales_arg(p: argparse.ArgumentParser) -> None:
+    """`--int8-scales`, for `calispec calibrate` and `calispec bench calibration`."""
+    p.add_argument(
+        "--int8-scales", default="call", choices=["call", "row"],
+        help="an int8 draft's activation scales in teacher-forced calls: call (one a call, outlier rows apart; the "
+        "shipped file was counted so) or row (each row its own, as the draft's one-token serving steps quantise: "
+        "closer to serving's predictions, a slower draft pass; needs --int8-outliers split)",
+    )  # fmt: skip
+
+
+def int8_scales_problem(args: argparse.Namespace) -> str | None:
+    """Why --int8-scales cannot be honoured with the other flags, or None."""
+    if args.int8_scales == "row" and (args.int8_outliers or INT8_SPLIT) != INT8_SPLIT:
+        return "--int8-scales row needs --int8-outliers split (the layers that quantise rows apart)"
+    return None
 
 
 def _fail(message: str, status: int = 1) -> int:
@@ -133,9 +151,11 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
 
     if args.export is not None and (problem := export_path_problem(args.export)):
         return _fail(problem, USAGE_ERROR)
+    if problem := int8_scales_problem(args):
+        return _fail(problem, USAGE_ERROR)
     config = CalibrateConfig(
         mode=args.events, generate=args.generate, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
-        max_tokens=args.max_tokens, batch_size=args.batch_size,
+        max_tokens=args.max_tokens, batch_size=args.batch_size, int8_scales=args.int8_scales,
     )  # fmt: skip
     try:
         config.validate()
@@ -204,7 +224,10 @@ def _load(args: argparse.Namespace, config: Any, draft: Path, target: Path) -> A
 
     print(f"loading the pair (draft {draft}, target {target})...", file=sys.stderr)
     pair = load_pair(draft, target, args.dtype, args.device, served_draft_dtype(args), args.int8_outliers)
-    return Calibrator(*pair, config)
+    try:
+        return Calibrator(*pair, config)
+    except ValueError as exc:  # row scales this machine cannot give (Calibrator says why)
+        raise SystemExit(f"error: cannot calibrate: {exc}") from None
 
 
 def _run_local(

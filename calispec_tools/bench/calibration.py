@@ -188,9 +188,11 @@ class TeacherForced:
         draft_dir, target_dir = args.model_dirs
         outliers = args.int8_outliers or INT8_SPLIT
         draft, target = load_pair(draft_dir, target_dir, args.dtype, args.device, draft_dtype, outliers)
+        scales = args.int8_scales
         sd = CalibrateConfig(mode="sd", generate=True, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
-                             batch_size=args.batch_size)  # fmt: skip
-        dense = CalibrateConfig(mode="dense", max_tokens=args.max_tokens, batch_size=args.batch_size)
+                             batch_size=args.batch_size, int8_scales=scales)  # fmt: skip
+        dense = CalibrateConfig(mode="dense", max_tokens=args.max_tokens, batch_size=args.batch_size,
+                                int8_scales=scales)  # fmt: skip
         self.sd, self.dense = Calibrator(draft, target, sd), Calibrator(draft, target, dense)
         self.target_linear = target.fp32_linear or "-"  # packed where the memory left held the copy (`auto`)
         warm_up = CalibrateConfig(mode="sd", generate=True, max_new_tokens=2)
@@ -303,6 +305,7 @@ def run_calibration_bench(args: argparse.Namespace) -> int:
         "process_threads": torch.get_num_threads(),
         "prompts": len(prompts), "rounds": run.note, "max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
         "batch_size": args.batch_size, "int8_outliers": args.int8_outliers or "split (the services' default)",
+        "int8_scales": args.int8_scales,
         "teacher_target_linear": run.target_linear,
     }  # fmt: skip
     print(format_report(env, methods, run.rounds))

@@ -214,11 +214,13 @@ def batch_events(
     mode: str,
     rule: SdRule | None = None,
     capacity: int = 0,
+    row_scales: bool = False,
 ) -> BatchResult:
     """Both forwards over one batch (the draft's only, for rows the target wrote), then every row's
-    events; rows packed into sequences of `capacity` tokens (see greedy_predictions)."""
+    events; rows packed into sequences of `capacity` tokens, an int8 draft's rows on scales of their own with
+    `row_scales` (see greedy_predictions)."""
     tokens = [r.tokens for r in rows]
-    draft = greedy_predictions(draft_runner, tokens, capacity)
+    draft = greedy_predictions(draft_runner, tokens, capacity, row_scales=row_scales)
     if all(r.target_written for r in rows):
         target = [own_predictions(r) for r in rows]
     else:
