@@ -18,7 +18,8 @@ Neither is faster than fbgemm over a few rows. `torch.quantize_per_tensor` round
 the layer does (tested). Layers with a bias stay on fbgemm: its fused fma(acc, multiplier, bias) matched torch's
 `add(alpha=)` and `addcmul` on most elements but not on all (why was not traced), and they are the narrow q/k/v
 projections; so do weights with a zero point (none here: torch's int8 weights are symmetric). `gemm_path()` checks
-each path against torch's own layer once per process and takes the first exact one.
+each path against torch's own layer once per process (for each mode, one scale a call or row scales) and takes the
+first exact one.
 
 Inside `many_rows(row_scales=True)` step 1 is done per row instead (`_row_qparams`: the same function's arithmetic for
 every row at once, float64 where it computes in double; `_quantize_rows`: fbgemm's quantisation with each row's
@@ -46,6 +47,11 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 MIN_ROWS = 128  # fewer rows: fbgemm is as fast (one-token decode steps never come here)
 _SHIFT = 128  # q − 128 fits int8 whatever q's 8-bit value: torch._int_mm takes s8 × s8
 GEMM_PATHS = ("matmul", "int_mm")  # in order of preference (module docstring)
+_SMALL_SCALE = torch.tensor(6.1e-5, dtype=torch.float32)  # quant_utils' _SMALL_SCALE_THRESHOLD (a float)
+# Row scales' quantisation: two float32 steps land within three roundings of 2^-17 (values under 256) of the fused
+# result, so only values this near half-way between two levels can round the other way; checked in blocks of this many
+_NEAR = 2.0**-14
+_NEAR_BLOCK = 64  # (a whole row where the width is not a multiple)
 
 
 @dataclass(frozen=True)
@@ -91,11 +97,11 @@ def row_scales() -> bool:
     return _many_rows.get() and _row_scales.get()
 
 
-def prepare(model: torch.nn.Module) -> int:
+def prepare(model: torch.nn.Module, row_scales: bool = False) -> int:
     """Read every dynamic int8 Linear's weights for the recipe now (a model load's work: ~1.5 s for the 0.5B
     draft), not inside the first forward that takes this path; returns how many layers can. Nothing when the
     recipe is not exact here."""
-    path = gemm_path() if torch.backends.quantized.engine == "fbgemm" else None
+    path = gemm_path(row_scales) if torch.backends.quantized.engine == "fbgemm" else None
     if path is None:
         return 0
     layers = [m for m in model.modules() if isinstance(m, DynamicQuantizedLinear)]
@@ -121,7 +127,7 @@ def int8_linear(
     layer: DynamicQuantizedLinear, rows: torch.Tensor, path: str | None = None
 ) -> torch.Tensor:  # [R, K] -> [R, N]
     """layer(rows) as fbgemm computes it, bit for bit, for a layer without a bias (see the module docstring), on
-    `path` (None: `gemm_path()`)."""
+    `path` (None: `gemm_path` for this context's mode); with row scales, each row as the layer on it alone."""
     acc, multiplier = _accumulators(layer, rows, _resolved(path))  # [R, N] int32 or float32
     return acc.float().mul_(multiplier)
 
@@ -182,9 +188,6 @@ def _accumulators(layer: DynamicQuantizedLinear, rows: torch.Tensor, path: str) 
     return _gemm(weights.path, layer, weights, quantized, zero_point), scale * weights.scale
 
 
-SMALL_SCALE = torch.tensor(6.1e-5, dtype=torch.float32)  # quant_utils' SMALL_SCALE_THRESHOLD (a float)
-
-
 def _row_qparams(rows: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:  # [R, K] -> [R], [R]
     """(float32 scale, int32 zero point) of `torch._choose_qparams_per_tensor(row, levels == 128)` for every row:
     quant_utils::ChooseQuantizationParams step by step, in float32 where it holds a float and float64 where a
@@ -195,14 +198,14 @@ def _row_qparams(rows: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.T
     scale = (hi.double() - lo.double()) / qmax  # [R] float64
     unusable = (scale.float() == 0) | torch.isinf(1.0 / scale.float())  # [R] its reciprocal would be infinite
     scale = torch.where(unusable, 0.1, scale)
-    small = scale < SMALL_SCALE.double()  # [R] raised to the threshold, the range widened to match
+    small = scale < _SMALL_SCALE.double()  # [R] raised to the threshold, the range widened to match
     if bool(small.any()):
-        amplifier = SMALL_SCALE / scale.float()  # [R] float32, as the C++ `float amplifier`
-        span = SMALL_SCALE * qmax
+        amplifier = _SMALL_SCALE / scale.float()  # [R] float32, as the C++ `float amplifier`
+        span = _SMALL_SCALE * qmax
         widened_hi = torch.where(lo == 0, span, torch.where(hi == 0, hi, hi * amplifier))
         widened_lo = torch.where(lo == 0, lo, torch.where(hi == 0, -span, lo * amplifier))
         lo, hi = torch.where(small, widened_lo, lo), torch.where(small, widened_hi, hi)
-        scale = torch.where(small, SMALL_SCALE.double(), scale)
+        scale = torch.where(small, _SMALL_SCALE.double(), scale)
     from_min = -lo.double() / scale  # [R] the zero point that maps lo to 0 ...
     from_max = qmax - hi.double() / scale  # [R] ... and hi to qmax; the one with the smaller error wins
     initial = torch.where(-from_min.abs() < qmax - (hi.double() / scale).abs(), from_min, from_max)
@@ -232,10 +235,6 @@ def _quantize_rows(rows: torch.Tensor, scale: torch.Tensor, zero_point: torch.Te
     return rounded.clamp_(0, 255).to(torch.uint8)
 
 
-_NEAR = 2.0**-14  # well above the two float32 steps (at most 2^-15 each below 256) between the two ways
-_NEAR_BLOCK = 64  # values checked together (a whole row where the width is not a multiple)
-
-
 def _fma_rounded(x: torch.Tensor, inverse: torch.Tensor, zero_point: torch.Tensor) -> torch.Tensor:  # [S, B] each
     """round(float32(x × inverse + zero_point)) with the sum rounded once, as a fused multiply-add does: the product
     is exact in float64 (24 × 24 bits), the sum's rounding error exact by TwoSum, and where the float64 sum sits
@@ -257,18 +256,19 @@ def _gemm(
 ) -> torch.Tensor:
     """Σ_k (q_ik − zero_point) · w_kj: [R, K] u8 -> [R, N] int32 (int_mm) or float32 (matmul: float(acc), the
     primitive's scales all 1). `zero_point`: one, or int32 [R] (one a row)."""
-    one = isinstance(zero_point, int)
     assert weights.col_sums is not None
     if path == "matmul":
         out = torch.ops.onednn.qlinear_pointwise(
-            quantized, 1.0, zero_point if one else 0, weights.gemm, *_unit_scales(layer.out_features),
-            None, 1.0, 0, torch.float32, "none", [], "",
+            quantized, 1.0, zero_point if isinstance(zero_point, int) else 0, weights.gemm,
+            *_unit_scales(layer.out_features), None, 1.0, 0, torch.float32, "none", [], "",
         )  # fmt: skip
+        if isinstance(zero_point, int):
+            return out
         # float(Σ q·w) − zero_point_i · Σ_k w_kj: every term an integer under 2^24 (`_float_exact`), so exact
-        return out if one else out.addr_(zero_point.float(), weights.col_sums.float(), alpha=-1)
+        return out.addr_(zero_point.float(), weights.col_sums.float(), alpha=-1)
     shifted = quantized.view(torch.int8).bitwise_xor_(-_SHIFT)  # [R, K] u8 − 128 as s8 (flips the top bit)
     acc = torch._int_mm(shifted, weights.gemm)  # [R, N] Σ (q − 128) · w
-    if one:
+    if isinstance(zero_point, int):
         return acc.add_(weights.col_sums * (_SHIFT - zero_point))  # + (128 − zero_point) · Σ_k w_kj
     return acc.addr_(_SHIFT - zero_point, weights.col_sums)  # + (128 − zero_point_i) · Σ_k w_kj, row by row
 
@@ -321,11 +321,15 @@ def _unit_scales(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.ones(n), torch.zeros(n, dtype=torch.int32)
 
 
-@functools.cache
 def gemm_path(row_scales: bool = False) -> str | None:
     """The first of `GEMM_PATHS` whose recipe gives torch's own layer's bits on this machine and build (with
-    `row_scales`: its bits on each row alone), checked once a process; None: neither (no oneDNN int8 here). Callers
-    ask only with fbgemm as the engine."""
+    `row_scales`: its bits on each row alone), checked once a process for each mode; None: neither (no oneDNN int8
+    here). Callers ask only with fbgemm as the engine."""
+    return _gemm_path(bool(row_scales))
+
+
+@functools.cache
+def _gemm_path(row_scales: bool) -> str | None:
     return next((path for path in GEMM_PATHS if exact_with(path, row_scales)), None)
 
 
@@ -357,6 +361,7 @@ def _check_cases(generator: torch.Generator) -> Iterator[tuple[DynamicQuantizedL
         halfway[0, :3] = torch.tensor([-1.125, 14.75, 0.0625])
         yield layer, halfway
         yield layer, rows
+        yield layer, _near_tie(k)
     for k in (1023, 4100):  # the matmul path's widest, then int_mm's
         yield _past_float_precision(generator, k)
 
@@ -368,6 +373,15 @@ def _exact_on(layer: DynamicQuantizedLinear, rows: torch.Tensor, path: str, row_
         return False
     per_tensor = layer._packed_params._weight_bias()[0].qscheme() == torch.per_tensor_affine
     return not (per_tensor and _float_exact(layer)) or torch.equal(greedy_head(layer, rows, path), expected.argmax(-1))
+
+
+def _near_tie(k: int) -> torch.Tensor:  # [MIN_ROWS, k]
+    """Rows whose range gives scale 0.0222162 and zero point 102, holding 0.2110542: × (1 / scale) is 9.4999962, and
+    + 102 in a second float32 step is the tie 111.5 (→ level 112), while the fused multiply-add fbgemm quantises with
+    rounds once, to 111.4999924 (→ 111)."""
+    rows = torch.zeros(MIN_ROWS, k)
+    rows[:, :3] = torch.tensor([-2.272507429122925, 0.5489555597305298, 0.2110542207956314])
+    return rows
 
 
 def _torchs(layer: DynamicQuantizedLinear, rows: torch.Tensor, row_scales: bool) -> torch.Tensor:  # [R, K] -> [R, N]

@@ -270,6 +270,10 @@ FP32_LINEAR_CHOICES = ("auto", "packed", "onednn", "default")
 # outlier rows apart from the others, "shared" keeps torch's one activation scale over every row of a call
 INT8_SPLIT, INT8_SHARED = "split", "shared"
 INT8_OUTLIER_CHOICES = (INT8_SPLIT, INT8_SHARED)
+# teacher-forced calibration's int8 draft: one activation scale a call (outlier rows apart; the shipped file's count)
+# or every row its own, as the draft's one-token serving steps quantise (calispec_core/int8_gemm.py, row scales)
+INT8_SCALE_CALL, INT8_SCALE_ROW = "call", "row"
+INT8_SCALE_CHOICES = (INT8_SCALE_CALL, INT8_SCALE_ROW)
 # how the coordinator's lockstep rounds choose their members' γ (coordinator/round_plan.py): "group" plans the round
 # for the whole group by the cost model (the default since wave 38), "median" is wave 6's cap at the drafting
 # members' lower median wish, "shared" gives every adaptive member that cap's length

@@ -19,7 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from calispec_core.limits import DTYPE_CHOICES, INT8_OUTLIER_CHOICES, INT8_SPLIT
+from calispec_core.limits import (
+    DTYPE_CHOICES,
+    INT8_OUTLIER_CHOICES,
+    INT8_SCALE_CALL,
+    INT8_SCALE_CHOICES,
+    INT8_SCALE_ROW,
+    INT8_SPLIT,
+)
 from calispec_tools import arg_types as at
 from calispec_tools.cli_auth import USAGE_ERROR
 
@@ -87,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def add_int8_scales_arg(p: argparse.ArgumentParser) -> None:
     """`--int8-scales`, for `calispec calibrate` and `calispec bench calibration`."""
     p.add_argument(
-        "--int8-scales", default="call", choices=["call", "row"],
+        "--int8-scales", default=INT8_SCALE_CALL, choices=INT8_SCALE_CHOICES,
         help="an int8 draft's activation scales in teacher-forced calls: call (one a call, outlier rows apart; the "
         "shipped file was counted so) or row (each row its own, as the draft's one-token serving steps quantise: "
         "closer to serving's predictions, a slower draft pass; needs --int8-outliers split)",
@@ -96,7 +103,7 @@ def add_int8_scales_arg(p: argparse.ArgumentParser) -> None:
 
 def int8_scales_problem(args: argparse.Namespace) -> str | None:
     """Why --int8-scales cannot be honoured with the other flags, or None."""
-    if args.int8_scales == "row" and (args.int8_outliers or INT8_SPLIT) != INT8_SPLIT:
+    if args.int8_scales == INT8_SCALE_ROW and (args.int8_outliers or INT8_SPLIT) != INT8_SPLIT:
         return "--int8-scales row needs --int8-outliers split (the layers that quantise rows apart)"
     return None
 

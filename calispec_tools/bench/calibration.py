@@ -195,7 +195,7 @@ class TeacherForced:
                                 int8_scales=scales)  # fmt: skip
         self.sd, self.dense = Calibrator(draft, target, sd), Calibrator(draft, target, dense)
         self.target_linear = target.fp32_linear or "-"  # packed where the memory left held the copy (`auto`)
-        warm_up = CalibrateConfig(mode="sd", generate=True, max_new_tokens=2)
+        warm_up = CalibrateConfig(mode="sd", generate=True, max_new_tokens=2, int8_scales=scales)
         Calibrator(draft, target, warm_up).run([Document(warm, True, "bench")])
 
     def generate(self, prompts: list[str]) -> Method:

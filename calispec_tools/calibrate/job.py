@@ -14,6 +14,7 @@ from typing import Any
 
 from calispec_core import int8_gemm
 from calispec_core.compute import compute_thread
+from calispec_core.limits import INT8_SCALE_CALL, INT8_SCALE_CHOICES, INT8_SCALE_ROW
 from calispec_core.modeling import INT8, ModelRunner, ModelSpec
 from calispec_tools.arg_types import MIN_WINDOW_TOKENS
 from calispec_tools.calibrate.corpus import Document, encode, windows
@@ -22,10 +23,6 @@ from calispec_tools.calibrate.heap import keep_freed_memory
 from calispec_tools.calibrate.teacher import EVENT_MODES, Pair, Row, SdRule, batch_events
 
 Sink = Callable[[Counter[Pair]], None]
-SCALE_PER_CALL, SCALE_PER_ROW = "call", "row"
-# call: one activation scale a call over a packed sequence's rows, outlier rows apart (what the shipped file counts);
-# row: every row its own, as the draft's one-token serving steps quantise (calispec_core/int8_gemm.py, row scales)
-INT8_SCALES = (SCALE_PER_CALL, SCALE_PER_ROW)
 Progress = Callable[["Summary"], None]  # after every batch: the summary so far (total_s = elapsed)
 
 
@@ -37,13 +34,13 @@ class CalibrateConfig:
     max_new_tokens: int = 128  # --generate: the continuation's budget (a request's max_new_tokens)
     max_tokens: int = 512  # documents are cut into windows of at most this many tokens; rows are packed this long
     batch_size: int = 8  # per batch: prompts continued together; text windows up to batch_size * max_tokens tokens
-    int8_scales: str = SCALE_PER_CALL  # an int8 draft's activation scales in its teacher-forced calls (INT8_SCALES)
+    int8_scales: str = INT8_SCALE_CALL  # an int8 draft's activation scales in its teacher-forced calls (limits.py)
 
     def validate(self) -> CalibrateConfig:
         if self.mode not in EVENT_MODES:
             raise ValueError(f"mode must be one of {EVENT_MODES}, got {self.mode!r}")
-        if self.int8_scales not in INT8_SCALES:
-            raise ValueError(f"int8_scales must be one of {INT8_SCALES}, got {self.int8_scales!r}")
+        if self.int8_scales not in INT8_SCALE_CHOICES:
+            raise ValueError(f"int8_scales must be one of {INT8_SCALE_CHOICES}, got {self.int8_scales!r}")
         if not (self.gamma >= 1 and self.max_new_tokens >= 1 and self.batch_size >= 1):
             raise ValueError("gamma, max_new_tokens, batch_size must be >= 1")
         if self.max_tokens < MIN_WINDOW_TOKENS:  # the flags' own minimum (calispec_tools/arg_types.py)
@@ -96,7 +93,7 @@ class Calibrator:
     def __init__(self, draft: ModelRunner, target: ModelRunner, config: CalibrateConfig) -> None:
         self.draft, self.target, self.config = draft, target, config.validate()
         self.rule = SdRule(config.gamma, frozenset(target.eos_token_ids))
-        self.row_scales = config.int8_scales == SCALE_PER_ROW
+        self.row_scales = config.int8_scales == INT8_SCALE_ROW
         if self.row_scales and draft.dtype_name == INT8:
             _check_row_scales(draft)
 
@@ -149,6 +146,7 @@ def _check_row_scales(draft: ModelRunner) -> None:
         raise ValueError("int8 scales per row need the draft's int8 layers of --int8-outliers split")
     if not compute_thread().run(int8_gemm.exact_here, True):  # torch work: on the compute thread
         raise ValueError("int8 scales per row need oneDNN's integer GEMM, which is missing or not exact here")
+    compute_thread().run(int8_gemm.prepare, draft.model, True)  # that path's weights, if not the ones load_pair read
 
 
 def _by_tokens(rows: list[Row], budget: int) -> Iterator[list[Row]]:

@@ -65,3 +65,13 @@ def test_calibrate_says_why_when_row_scales_cannot_be_given(tiny_pair: TinyPair)
     args = argparse.Namespace(draft_dtype="int8", dtype="float32", device="cpu", int8_outliers="shared")
     with pytest.raises(SystemExit, match="cannot calibrate: int8 scales per row need"):
         _load(args, CalibrateConfig(int8_scales="row"), tiny_pair.draft, tiny_pair.target)
+
+
+def test_row_scales_refuse_a_machine_without_the_exact_integer_gemm(
+    tiny_pair: TinyPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    draft = ModelRunner(ModelSpec(tiny_pair.draft, dtype="int8", device="cpu"))
+    monkeypatch.setattr(job.int8_gemm, "exact_here", lambda row_scales=False: not row_scales)
+    with pytest.raises(ValueError, match="integer GEMM, which is missing or not exact here"):
+        Calibrator(draft, draft, CalibrateConfig(int8_scales="row"))
+    Calibrator(draft, draft, CalibrateConfig(int8_scales="call"))  # one scale a call needs nothing of it

@@ -312,8 +312,28 @@ def test_row_scales_leave_layers_with_a_bias_to_fbgemm() -> None:
 
 def test_row_scales_are_exact_on_this_machine() -> None:
     assert int8_gemm.exact_here(row_scales=True)
-    with int8_gemm.many_rows(row_scales=True):  # the check sets its own mode, whichever context asks first
-        assert int8_gemm.exact_with(int8_gemm.GEMM_PATHS[0]) == int8_gemm.exact_with(int8_gemm.GEMM_PATHS[0], False)
+    path = int8_gemm.GEMM_PATHS[0]
+    with int8_gemm.many_rows(row_scales=True):  # each check sets its own mode, whatever the caller's context
+        assert int8_gemm.exact_with(path, row_scales=False)
+    with int8_gemm.many_rows():
+        assert int8_gemm.exact_with(path, row_scales=True)
+
+
+@pytest.mark.parametrize("row_scales", [False, True])
+@torch.inference_mode()
+def test_a_near_tie_takes_the_layers_fused_rounding(row_scales: bool) -> None:
+    """The near-tie the once-a-process check holds: two float32 steps would quantise 0.2110542 to level 112, the
+    layer (one fused rounding) to 111, and the recipe must give the layer's output in either mode."""
+    layer = int8_layer(8, 4)
+    layer.set_weight_bias(torch.quantize_per_tensor(torch.eye(4, 8), 1 / 127, 0, torch.qint8), None)
+    rows = int8_gemm._near_tie(8)  # [R, 8] identical rows: one scale a call is each row's own
+    scale, zero_point = int8_gemm._row_qparams(rows[:1], 128)
+    assert (float(scale[0]), int(zero_point[0])) == (float(torch.tensor(0.022216244006720114)), 102)
+    two_steps = float((rows[0, 2] * (1.0 / scale[0]) + zero_point[0].float()).round())
+    expected = one_row_at_a_time(layer, rows)  # [R, 4]
+    assert two_steps == 112 and torch.allclose(expected[:, 2], (111 - 102) * scale[0])  # the layer rounded once
+    with int8_gemm.many_rows(row_scales=row_scales):
+        assert torch.equal(int8_gemm.int8_linear(layer, rows), expected)
 
 
 @torch.inference_mode()
