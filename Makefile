@@ -49,7 +49,7 @@ proto: install
 CALIBRATION_DIR := calispec_tools/data/calibration
 calibration: install
 	$(BIN)/calispec calibrate --corpus $(CALIBRATION_DIR)/corpus --generate --max-new-tokens 96 --batch-size 32 --pair qwen-coder --dtype float32 \
-		--min-count 2 --export $(CALIBRATION_DIR)/qwen-coder.json
+		--int8-scales call --min-count 2 --export $(CALIBRATION_DIR)/qwen-coder.json
 	cd $(CALIBRATION_DIR) && sha256sum -c SHA256SUMS
 
 bench-verifier: install

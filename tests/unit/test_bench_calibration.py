@@ -63,8 +63,9 @@ def test_the_bench_forwards_as_many_rows_as_make_calibration() -> None:
     from calispec_tools.cli import build_parser
 
     recipe = (Path(__file__).resolve().parents[2] / "Makefile").read_text().split("\ncalibration:")[1].split("\n\n")[0]
-    default = build_parser().parse_args(["bench", "calibration"]).batch_size
-    assert f"--batch-size {default} " in recipe
+    default = build_parser().parse_args(["bench", "calibration"])
+    assert f"--batch-size {default.batch_size} " in recipe
+    assert f"--int8-scales {default.int8_scales} " in recipe  # the shipped file's scales (wave 48)
 
 
 def test_rounds_share_the_prompts_evenly_in_order() -> None:
