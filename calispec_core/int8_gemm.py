@@ -47,7 +47,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 MIN_ROWS = 128  # fewer rows: fbgemm is as fast (one-token decode steps never come here)
 _SHIFT = 128  # q − 128 fits int8 whatever q's 8-bit value: torch._int_mm takes s8 × s8
 GEMM_PATHS = ("matmul", "int_mm")  # in order of preference (module docstring)
-_SMALL_SCALE = torch.tensor(6.1e-5, dtype=torch.float32)  # quant_utils' _SMALL_SCALE_THRESHOLD (a float)
+_SMALL_SCALE = torch.tensor(6.1e-5, dtype=torch.float32)  # quant_utils' SMALL_SCALE_THRESHOLD (a float)
 # Row scales' quantisation: two float32 steps land within three roundings of 2^-17 (values under 256) of the fused
 # result, so only values this near half-way between two levels can round the other way; checked in blocks of this many
 _NEAR = 2.0**-14
