@@ -169,7 +169,12 @@ def scaled_argmax(acc: torch.Tensor, multiplier: float | torch.Tensor) -> torch.
 def head_applies(layer: torch.nn.Module, rows: torch.Tensor) -> bool:
     """`greedy_head` is exact for this output layer: `applies`, one weight scale, accumulators < 2^24."""
     path = gemm_path(row_scales())
-    return applies(layer, rows) and _layer_weights(layer, path).scale.dim() == 0 and _float_exact(layer)
+    return applies(layer, rows) and path is not None and _greedy_exact(layer, path)
+
+
+def _greedy_exact(layer: DynamicQuantizedLinear, path: str) -> bool:
+    """One weight scale and accumulators under 2^24: the logits' order is the accumulators' (`greedy_head`)."""
+    return _layer_weights(layer, path).scale.dim() == 0 and _float_exact(layer)
 
 
 def _accumulators(layer: DynamicQuantizedLinear, rows: torch.Tensor, path: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,9 +211,9 @@ def _row_qparams(rows: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.T
         widened_lo = torch.where(lo == 0, lo, torch.where(hi == 0, -span, lo * amplifier))
         lo, hi = torch.where(small, widened_lo, lo), torch.where(small, widened_hi, hi)
         scale = torch.where(small, _SMALL_SCALE.double(), scale)
-    from_min = -lo.double() / scale  # [R] the zero point that maps lo to 0 ...
-    from_max = qmax - hi.double() / scale  # [R] ... and hi to qmax; the one with the smaller error wins
-    initial = torch.where(-from_min.abs() < qmax - (hi.double() / scale).abs(), from_min, from_max)
+    lo_steps, hi_steps = lo.double() / scale, hi.double() / scale  # [R] the range in steps of the scale
+    # the zero point that maps lo to 0 or the one that maps hi to qmax, whichever has the smaller error
+    initial = torch.where(-lo_steps.abs() < qmax - hi_steps.abs(), -lo_steps, qmax - hi_steps)
     zero_point = initial.clamp(0, qmax).round()  # [R] nearbyint: half to even, as torch.round
     return scale.float(), zero_point.to(torch.int32)
 
@@ -371,8 +376,7 @@ def _exact_on(layer: DynamicQuantizedLinear, rows: torch.Tensor, path: str, row_
     expected = _torchs(layer, rows, row_scales)  # [R, N] torch's (fbgemm's)
     if not torch.equal(int8_linear(layer, rows, path), expected):
         return False
-    per_tensor = layer._packed_params._weight_bias()[0].qscheme() == torch.per_tensor_affine
-    return not (per_tensor and _float_exact(layer)) or torch.equal(greedy_head(layer, rows, path), expected.argmax(-1))
+    return not _greedy_exact(layer, path) or torch.equal(greedy_head(layer, rows, path), expected.argmax(-1))
 
 
 def _near_tie(k: int) -> torch.Tensor:  # [MIN_ROWS, k]
