@@ -257,7 +257,8 @@ def probability_or_auto(text: str) -> float | None:
 
 # model dtypes a service accepts (calispec_core.modeling checks the same list; kept here, free of
 # torch and of the serving extras, so light command-line parsers can offer it)
-DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16", "int8"]
+INT8 = "int8"  # dynamic quantisation of every Linear layer (CPU only)
+DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16", INT8]
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]  # every service's --log-level
 # how float32 Linear layers multiply on CPU (calispec_core/onednn_linear.py): "onednn" runs them on
 # oneDNN, whose cost stays flat in rows where MKL's SGEMM grows ~linearly on some CPUs; "packed" also

@@ -26,7 +26,7 @@ from calispec_core.int8_fusion import fuse_gate_up_mlps
 from calispec_core.int8_outliers import isolating_outliers, use_int8_outlier_split
 from calispec_core.kv_cache import SessionLayer, crop_to, new_session_cache
 from calispec_core.lean_decoder import LeanDecoder
-from calispec_core.limits import FP32_LINEAR_CHOICES, INT8_OUTLIER_CHOICES, INT8_SPLIT
+from calispec_core.limits import FP32_LINEAR_CHOICES, INT8, INT8_OUTLIER_CHOICES, INT8_SPLIT
 from calispec_core.onednn_linear import set_fp32_linear_path
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.sessions import MAX_SESSION_ID_CHARS, valid_session_id
@@ -41,7 +41,6 @@ PREFILL_CHUNK = 128
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # int8: dynamic quantisation of every Linear layer (weights int8, activations quantised per call,
 # float32 elsewhere); CPU only. A serving dtype like the others: SD stays exact w.r.t. the model served.
-INT8 = "int8"
 DTYPE_CHOICES = ["auto", *DTYPES, INT8]
 
 

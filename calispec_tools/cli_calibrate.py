@@ -21,6 +21,7 @@ from typing import Any
 
 from calispec_core.limits import (
     DTYPE_CHOICES,
+    INT8,
     INT8_OUTLIER_CHOICES,
     INT8_SCALE_CALL,
     INT8_SCALE_CHOICES,
@@ -97,14 +98,20 @@ def add_int8_scales_arg(p: argparse.ArgumentParser) -> None:
         "--int8-scales", default=INT8_SCALE_CALL, choices=INT8_SCALE_CHOICES,
         help="an int8 draft's activation scales in teacher-forced calls: call (one a call, outlier rows apart; the "
         "shipped file was counted so) or row (each row its own, as the draft's one-token serving steps quantise: "
-        "closer to serving's predictions, a slower draft pass; needs --int8-outliers split)",
+        "closer to serving's predictions, a slower draft pass; needs an int8 draft and --int8-outliers split)",
     )  # fmt: skip
 
 
 def int8_scales_problem(args: argparse.Namespace) -> str | None:
     """Why --int8-scales cannot be honoured with the other flags, or None."""
-    if args.int8_scales == INT8_SCALE_ROW and (args.int8_outliers or INT8_SPLIT) != INT8_SPLIT:
+    if args.int8_scales != INT8_SCALE_ROW:
+        return None
+    if (args.int8_outliers or INT8_SPLIT) != INT8_SPLIT:
         return "--int8-scales row needs --int8-outliers split (the layers that quantise rows apart)"
+    from calispec_tools.cli import served_draft_dtype
+
+    if (draft_dtype := served_draft_dtype(args)) != INT8:
+        return f"--int8-scales row is for an int8 draft; this one runs in {draft_dtype}, which has no activation scales"
     return None
 
 
@@ -178,14 +185,17 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
         return _to_export(args, docs, config, draft, target)
     address, namespace, token = _memory_target(args)
     if args.ray:
-        from calispec_tools.calibrate.ray_job import RayJob, run_on_ray
+        from calispec_tools.calibrate.ray_job import RayJob, WorkerFailed, run_on_ray
         from calispec_tools.cli import served_draft_dtype
 
         draft_dtype = served_draft_dtype(args)
         job = RayJob(
             str(draft), str(target), args.dtype, args.device, address, namespace, token, draft_dtype, args.int8_outliers
         )
-        summary, parts = run_on_ray(args.ray, docs, config, job, args.workers, args.worker_cpus)
+        try:
+            summary, parts = run_on_ray(args.ray, docs, config, job, args.workers, args.worker_cpus)
+        except WorkerFailed as exc:  # a worker's missing model dir, or row scales its node cannot give
+            return _fail(f"cannot calibrate on Ray: a worker failed: {exc} (what the workers sent stays recorded)")
         extra = {"workers": [{"documents": p.documents, "events": p.events, "total_s": p.total_s} for p in parts]}
     else:
         summary, extra = _run_local(args, docs, config, draft, target, address, namespace, token), {}

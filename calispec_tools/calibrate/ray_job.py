@@ -34,6 +34,11 @@ class RayJob:
     int8_outliers: str = INT8_SPLIT  # int8 models' first-token outlier rows (calispec_core/int8_outliers.py)
 
 
+class WorkerFailed(RuntimeError):
+    """A worker could not load the pair or calibrate its share; the message is the reason in one line (the
+    traceback stays in the worker's log on its node)."""
+
+
 @ray.remote
 class CalibrationWorker:
     def __init__(self, job: RayJob, config: CalibrateConfig, rank: int) -> None:
@@ -79,6 +84,8 @@ def run_on_ray(
     ]
     try:
         parts: list[Summary] = ray.get([a.run.remote(s) for a, s in zip(actors, shares, strict=True)])
+    except ray.exceptions.RayError as exc:
+        raise WorkerFailed(failure_reason(exc)) from exc
     finally:
         for actor in actors:
             ray.kill(actor)
@@ -87,3 +94,14 @@ def run_on_ray(
         total.add(part)
     total.total_s = time.perf_counter() - start  # wall time of the job: events/s of the whole cluster
     return total, parts
+
+
+def failure_reason(exc: ray.exceptions.RayError) -> str:
+    """`Type: message` of what a worker raised, else the last line of Ray's report (an error in an actor's
+    __init__ reaches the driver only as text: "The actor died because of an error raised in its creation
+    task", the worker's traceback, then the exception's own line)."""
+    cause = getattr(exc, "cause", None)  # RayTaskError: the worker's exception, when it could be pickled
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {cause}"
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__

@@ -3,8 +3,9 @@
 `python tests/e2e/calibrate_ray_scenario.py DRAFT TARGET WORKDIR`: starts a local Ray cluster and a
 memory service (loopback only), runs `calispec calibrate --corpus ... --ray ADDRESS --workers 2`
 through the CLI, then checks that both workers wrote through RecordEvents and that the table equals
-the same calibration run in this one process. Prints one `RESULT {json}` line; exits non-zero on a
-failed check.
+the same calibration run in this one process; then that a worker's failure (a draft path missing on the
+workers' node) ends the command with one line naming it, not Ray's traceback. Prints one `RESULT {json}`
+line; exits non-zero on a failed check.
 """
 
 from __future__ import annotations
@@ -70,7 +71,14 @@ def main(draft: str, target: str, work: Path) -> dict:
             "a Ray job must record what one process records",
             {"ray only": ray_pairs - local.pairs, "local only": local.pairs - ray_pairs},
         )
-        return {"events": summary["events"], "pairs": len(table), "workers": summary["workers"], "ray_s": ray_s}
+        missing = str(work / "no-such-draft")  # checked by the workers only: their nodes' paths
+        at = cli.index(draft)
+        failed = subprocess.run([*cli[:at], missing, *cli[at + 1 :]], capture_output=True, text=True, timeout=400)
+        assert failed.returncode == 1, (failed.returncode, failed.stderr[-3000:])
+        assert "cannot calibrate on Ray: a worker failed:" in failed.stderr and missing in failed.stderr, failed.stderr
+        assert "Traceback" not in failed.stderr, failed.stderr[-3000:]
+        return {"events": summary["events"], "pairs": len(table), "workers": summary["workers"], "ray_s": ray_s,
+                "worker_failure": failed.stderr.strip().splitlines()[-1]}  # fmt: skip
     finally:
         ray.shutdown()
         store.hub.close()

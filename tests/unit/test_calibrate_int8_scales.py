@@ -35,6 +35,15 @@ def test_row_scales_with_shared_outliers_is_a_usage_error_before_anything_loads(
     assert "--int8-scales row needs --int8-outliers split" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [["calibrate", "--corpus", "corpus.jsonl"], ["bench", "calibration"]])
+def test_row_scales_for_a_float_draft_is_a_usage_error_not_a_silent_no_op(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = build_parser().parse_args([*command, "--int8-scales", "row", "--draft-dtype", "bfloat16"])
+    assert args.func(args) == USAGE_ERROR
+    assert "--int8-scales row is for an int8 draft; this one runs in bfloat16" in capsys.readouterr().err
+
+
 def test_a_calibrator_with_row_scales_asks_every_batch_for_them(
     tiny_pair: TinyPair, monkeypatch: pytest.MonkeyPatch
 ) -> None:
