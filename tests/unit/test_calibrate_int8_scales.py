@@ -26,22 +26,22 @@ def test_the_flag_defaults_to_the_shipped_files_scales_in_calibrate_and_its_benc
         CalibrateConfig(int8_scales="token").validate()
 
 
-@pytest.mark.parametrize("command", [["calibrate", "--corpus", "corpus.jsonl"], ["bench", "calibration"]])
-def test_row_scales_with_shared_outliers_is_a_usage_error_before_anything_loads(
-    command: list[str], capsys: pytest.CaptureFixture[str]
-) -> None:
-    args = build_parser().parse_args([*command, "--int8-scales", "row", "--int8-outliers", "shared"])
-    assert args.func(args) == USAGE_ERROR
-    assert "--int8-scales row needs --int8-outliers split" in capsys.readouterr().err
+COMMANDS = [["calibrate", "--corpus", "corpus.jsonl"], ["bench", "calibration"]]
+ROW_SCALE_MISUSES = [  # (flags beside --int8-scales row, the refusal), each before anything loads
+    (["--int8-outliers", "shared"], "--int8-scales row needs --int8-outliers split"),
+    # a float draft has no activation scales: the flag did nothing, silently, before wave 49
+    (["--draft-dtype", "bfloat16"], "--int8-scales row is for an int8 draft; this one runs in bfloat16"),
+]
 
 
-@pytest.mark.parametrize("command", [["calibrate", "--corpus", "corpus.jsonl"], ["bench", "calibration"]])
-def test_row_scales_for_a_float_draft_is_a_usage_error_not_a_silent_no_op(
-    command: list[str], capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize(("flags", "refusal"), ROW_SCALE_MISUSES)
+def test_row_scales_without_what_they_need_is_a_usage_error_before_anything_loads(
+    command: list[str], flags: list[str], refusal: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = build_parser().parse_args([*command, "--int8-scales", "row", "--draft-dtype", "bfloat16"])
+    args = build_parser().parse_args([*command, "--int8-scales", "row", *flags])
     assert args.func(args) == USAGE_ERROR
-    assert "--int8-scales row is for an int8 draft; this one runs in bfloat16" in capsys.readouterr().err
+    assert refusal in capsys.readouterr().err
 
 
 def test_a_calibrator_with_row_scales_asks_every_batch_for_them(
