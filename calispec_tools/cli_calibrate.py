@@ -111,7 +111,8 @@ def int8_scales_problem(args: argparse.Namespace) -> str | None:
     from calispec_tools.cli import served_draft_dtype
 
     if (draft_dtype := served_draft_dtype(args)) != INT8:
-        return f"--int8-scales row is for an int8 draft; this one runs in {draft_dtype}, which has no activation scales"
+        served = "--dtype auto off CPU" if draft_dtype == "auto" else draft_dtype  # int8 runs on CPU only
+        return f"--int8-scales row is for an int8 draft; this one runs in {served}, which has no activation scales"
     return None
 
 
@@ -163,6 +164,9 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
     from calispec_tools.calibrate.corpus import load_corpus
     from calispec_tools.calibrate.job import CalibrateConfig
 
+    if args.ray and args.export is not None:
+        return _fail("--export writes the counts from this process, --ray's workers through the memory service: "
+                     "give one", USAGE_ERROR)  # fmt: skip
     if args.export is not None and (problem := export_path_problem(args.export)):
         return _fail(problem, USAGE_ERROR)
     if problem := int8_scales_problem(args):
@@ -194,8 +198,11 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
         )
         try:
             summary, parts = run_on_ray(args.ray, docs, config, job, args.workers, args.worker_cpus)
-        except WorkerFailed as exc:  # a worker's missing model dir, or row scales its node cannot give
-            return _fail(f"cannot calibrate on Ray: a worker failed: {exc} (what the workers sent stays recorded)")
+        except WorkerFailed as exc:  # a worker's missing model dir, row scales its node cannot give, a lost node
+            return _fail(
+                f"cannot calibrate on Ray: a worker failed: {exc} (events sent before it stay in namespace "
+                f"{namespace}: a rerun into it counts them again)"
+            )
         extra = {"workers": [{"documents": p.documents, "events": p.events, "total_s": p.total_s} for p in parts]}
     else:
         summary, extra = _run_local(args, docs, config, draft, target, address, namespace, token), {}

@@ -94,7 +94,7 @@ class Calibrator:
         self.draft, self.target, self.config = draft, target, config.validate()
         self.rule = SdRule(config.gamma, frozenset(target.eos_token_ids))
         self.row_scales = config.int8_scales == INT8_SCALE_ROW
-        if self.row_scales and draft.dtype_name == INT8:
+        if self.row_scales:
             _check_row_scales(draft)
 
     def run(
@@ -141,7 +141,10 @@ class Calibrator:
 
 def _check_row_scales(draft: ModelRunner) -> None:
     """Row scales need the draft's int8 layers that quantise apart (`--int8-outliers split`) and the exact integer
-    GEMM of calispec_core/int8_gemm.py on this machine; without either its calls would keep one scale each."""
+    GEMM of calispec_core/int8_gemm.py on this machine; without either its calls would keep one scale each. A float
+    draft has no activation scales: asking for them there is a mistake, said rather than ignored."""
+    if draft.dtype_name != INT8:
+        raise ValueError(f"int8 scales per row are for an int8 draft; this one runs in {draft.dtype_name}")
     if not draft.isolates_outliers:
         raise ValueError("int8 scales per row need the draft's int8 layers of --int8-outliers split")
     if not compute_thread().run(int8_gemm.exact_here, True):  # torch work: on the compute thread

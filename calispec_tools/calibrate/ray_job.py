@@ -34,6 +34,9 @@ class RayJob:
     int8_outliers: str = INT8_SPLIT  # int8 models' first-token outlier rows (calispec_core/int8_outliers.py)
 
 
+REASON_CHARS = 400  # a worker's reason is one line of the driver's error, whatever the exception's message held
+
+
 class WorkerFailed(RuntimeError):
     """A worker could not load the pair or calibrate its share; the message is the reason in one line (the
     traceback stays in the worker's log on its node)."""
@@ -50,15 +53,20 @@ class CalibrationWorker:
         self.calibrator = Calibrator(*pair, config)
 
     def run(self, docs: list[Document]) -> Summary:
+        import grpc
+
         from calispec_tools.calibrate.sink import MemoryWriter
 
         job = self.job
         vocab = self.calibrator.target.vocab_size
-        writer = MemoryWriter(job.memory, job.namespace, job.token, vocab, writer_id=f"calibrate-ray-{self.rank}")
         try:
-            return self.calibrator.run(docs, writer.send)
-        finally:
-            writer.close()  # durable on return: the driver's total is in the table
+            writer = MemoryWriter(job.memory, job.namespace, job.token, vocab, writer_id=f"calibrate-ray-{self.rank}")
+            try:
+                return self.calibrator.run(docs, writer.send)
+            finally:
+                writer.close()  # durable on return: the driver's total is in the table
+        except grpc.RpcError as exc:  # it cannot be pickled (its call state holds a lock): its reason travels as text
+            raise RuntimeError(f"memory service {job.memory}: {exc.code().name}: {exc.details()}") from None
 
 
 def shard(docs: Sequence[Document], workers: int) -> list[list[Document]]:
@@ -97,11 +105,19 @@ def run_on_ray(
 
 
 def failure_reason(exc: ray.exceptions.RayError) -> str:
-    """`Type: message` of what a worker raised, else the last line of Ray's report (an error in an actor's
-    __init__ reaches the driver only as text: "The actor died because of an error raised in its creation
-    task", the worker's traceback, then the exception's own line)."""
-    cause = getattr(exc, "cause", None)  # RayTaskError: the worker's exception, when it could be pickled
-    if isinstance(cause, BaseException):
-        return f"{type(cause).__name__}: {cause}"
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__
+    """What a worker raised, in one line: `Type: message` where Ray kept the exception, else from Ray's report. An
+    error in an actor's __init__ reaches the driver only as text ("The actor died because of an error raised in its
+    creation task", the worker's traceback, then the exception's own line: that last line); an actor Ray killed (out
+    of memory, a lost node) as its first line and the raylet's reason, the last."""
+    cause = getattr(exc, "cause", None)  # RayTaskError: the worker's exception, or a RayError that describes it
+    if isinstance(cause, BaseException) and not isinstance(cause, ray.exceptions.RayError):
+        text = f"{type(cause).__name__}: {cause}"
+    else:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip() and not line.startswith("\t")]
+        if not lines:
+            text = type(exc).__name__
+        elif len(lines) == 1 or getattr(exc, "actor_init_failed", False):
+            text = lines[-1]
+        else:
+            text = f"{lines[0]} {lines[-1]}"
+    return " ".join(text.split())[:REASON_CHARS]

@@ -60,12 +60,14 @@ def test_a_calibrator_with_row_scales_asks_every_batch_for_them(
         asked.clear()
 
 
-def test_row_scales_refuse_a_draft_whose_layers_keep_one_scale(tiny_pair: TinyPair) -> None:
+def test_row_scales_refuse_a_float_draft_and_one_whose_layers_keep_one_scale(tiny_pair: TinyPair) -> None:
     shared = ModelRunner(ModelSpec(tiny_pair.draft, dtype="int8", device="cpu", int8_outliers="shared"))
     target = ModelRunner(ModelSpec(tiny_pair.target, dtype="float32", device="cpu"))
     with pytest.raises(ValueError, match="--int8-outliers split"):
         Calibrator(shared, target, CalibrateConfig(int8_scales="row"))
-    Calibrator(target, target, CalibrateConfig(int8_scales="row"))  # a float32 draft: nothing to quantise
+    with pytest.raises(ValueError, match="for an int8 draft; this one runs in float32"):
+        Calibrator(target, target, CalibrateConfig(int8_scales="row"))  # a float32 draft: nothing to quantise
+    Calibrator(target, target, CalibrateConfig(int8_scales="call"))
 
 
 def test_calibrate_says_why_when_row_scales_cannot_be_given(tiny_pair: TinyPair) -> None:

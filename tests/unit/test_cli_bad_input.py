@@ -206,6 +206,18 @@ def test_calibrate_export_is_checked_before_the_calibration_runs(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "corpus.jsonl"]  # the probe left nothing
 
 
+def test_calibrate_refuses_ray_with_export_instead_of_ignoring_ray(
+    tmp_path: Path, monkeypatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--export ran the calibration in this process and --ray was dropped without a word (wave 49)."""
+    monkeypatch.setattr(cli_calibrate, "_load", lambda *args: pytest.fail("the calibration ran"))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "def add(a, b):\\n    return a + b\\n"}\n')
+    args = ["calibrate", "--corpus", str(corpus), "--ray", "127.0.0.1:6379", "--export", str(tmp_path / "out.json")]
+    assert cli.main(args) == 2
+    one_error_line(capsys, "--export writes the counts from this process, --ray's workers through the memory service")
+
+
 def test_the_export_probe_keeps_a_file_it_did_not_make(tmp_path: Path) -> None:
     """The probe removed `<export>.tmp` even when it was there before (its comment said it is kept)."""
     existing = tmp_path / "out.json.tmp"
