@@ -1,7 +1,8 @@
 #!/bin/bash
-# usage: [DTYPE=float32] [IMPORT=FILE] eval_served.sh LABEL MODES -- calispec up on a fresh memory (seeded with the
-# shipped file, or IMPORT instead), calispec eval over the eval tasks, memory stats, calispec down; output in
-# ${OUT:-/tmp}/ev-LABEL (wave 41 ran it from /tmp/w41 with the repo at /work/main)
+# usage: [DTYPE=float32] [IMPORT=FILE] [UP_FLAGS="--default-lambda 4"] eval_served.sh LABEL MODES -- calispec up on a
+# fresh memory (seeded with the shipped file, or IMPORT instead; UP_FLAGS: more flags of calispec up, split on spaces, since wave 49),
+# calispec eval over the eval tasks, memory stats, calispec down; output in ${OUT:-/tmp}/ev-LABEL (wave 41 ran it from
+# /tmp/w41 with the repo at /work/main)
 set -u
 cd "$(dirname "$0")/../../.."
 L=$1; MODES=$2; W=${OUT:-/tmp}/ev-$L
@@ -9,7 +10,7 @@ rm -rf $W; mkdir -p $W
 T=$HOME/.cache/calispec/models/qwen-coder/target
 date > $W/times.txt
 .venv/bin/calispec up --memory-db $W/memory.db --open --port 52050 --target-port 52051 --draft-port 52052 \
-  --memory-port 52053 --no-http --log-dir $W/logs ${DTYPE:+--dtype $DTYPE} ${IMPORT:+--no-calibration} > $W/up.txt 2>&1 &
+  --memory-port 52053 --no-http --log-dir $W/logs ${DTYPE:+--dtype $DTYPE} ${IMPORT:+--no-calibration} ${UP_FLAGS:-} > $W/up.txt 2>&1 &
 until grep -q '^ready:' $W/up.txt; do
   if ! kill -0 $! 2>/dev/null; then echo "up failed"; cat $W/up.txt; exit 1; fi
   sleep 2
