@@ -111,7 +111,7 @@ def int8_scales_problem(args: argparse.Namespace) -> str | None:
     from calispec_tools.cli import served_draft_dtype
 
     if (draft_dtype := served_draft_dtype(args)) != INT8:
-        served = "--dtype auto off CPU" if draft_dtype == "auto" else draft_dtype  # int8 runs on CPU only
+        served = "auto (a float dtype)" if draft_dtype == "auto" else draft_dtype  # int8 runs on CPU only
         return f"--int8-scales row is for an int8 draft; this one runs in {served}, which has no activation scales"
     return None
 

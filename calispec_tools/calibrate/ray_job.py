@@ -105,19 +105,23 @@ def run_on_ray(
 
 
 def failure_reason(exc: ray.exceptions.RayError) -> str:
-    """What a worker raised, in one line: `Type: message` where Ray kept the exception, else from Ray's report. An
-    error in an actor's __init__ reaches the driver only as text ("The actor died because of an error raised in its
-    creation task", the worker's traceback, then the exception's own line: that last line); an actor Ray killed (out
-    of memory, a lost node) as its first line and the raylet's reason, the last."""
+    """What a worker raised, in one line: `Type: message` where Ray kept the exception; else, where Ray's report holds
+    a traceback (an exception it could not pickle; an error in an actor's __init__, which reaches the driver only as
+    text), the exception's own lines after its last frame; else (an actor Ray killed: out of memory, a lost node) the
+    report's first line and the raylet's reason, its last."""
     cause = getattr(exc, "cause", None)  # RayTaskError: the worker's exception, or a RayError that describes it
     if isinstance(cause, BaseException) and not isinstance(cause, ray.exceptions.RayError):
         text = f"{type(cause).__name__}: {cause}"
+    elif (report := str(exc)).find("\n  File ") >= 0:
+        text = _exception_lines(report)
     else:
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip() and not line.startswith("\t")]
-        if not lines:
-            text = type(exc).__name__
-        elif len(lines) == 1 or getattr(exc, "actor_init_failed", False):
-            text = lines[-1]
-        else:
-            text = f"{lines[0]} {lines[-1]}"
+        lines = [line.strip() for line in report.splitlines() if line.strip() and not line.startswith("\t")]
+        text = (f"{lines[0]} {lines[-1]}" if len(lines) > 1 else lines[0]) if lines else type(exc).__name__
     return " ".join(text.split())[:REASON_CHARS]
+
+
+def _exception_lines(report: str) -> str:
+    """The lines after a traceback's last frame that are not its source (indented by spaces): the exception's."""
+    lines = report.splitlines()
+    last_frame = max(i for i, line in enumerate(lines) if line.startswith("  File "))
+    return " ".join(line for line in lines[last_frame + 1 :] if line.strip() and not line.startswith(" "))

@@ -4,8 +4,8 @@
 memory service (loopback only), runs `calispec calibrate --corpus ... --ray ADDRESS --workers 2`
 through the CLI, then checks that both workers wrote through RecordEvents and that the table equals
 the same calibration run in this one process; then that a worker's failure (a draft path missing on the
-workers' node) ends the command with one line naming it, not Ray's traceback. Prints one `RESULT {json}`
-line; exits non-zero on a failed check.
+workers' node, a writer token the memory service refuses) ends the command with one line naming it, not
+Ray's traceback. Prints one `RESULT {json}` line; exits non-zero on a failed check.
 """
 
 from __future__ import annotations
@@ -30,6 +30,19 @@ NAMESPACE = "tiny-ray"
 DOCS = [{"text": "def add(a, b):\n    return a + b\n\nThe robot counted the stars again."}] + [
     {"prompt": p} for p in ("def fibonacci(n):", "Question: what is 7 times 6?", "The robot", "A rectangle with")
 ]
+
+
+def worker_failure(cli: list[str], old: str, new: str) -> str:
+    """The one `error:` line of the CLI run with argument `old` replaced by `new`, which makes a worker fail."""
+    at = cli.index(old)
+    failed = subprocess.run([*cli[:at], new, *cli[at + 1 :]], capture_output=True, text=True, timeout=400)
+    assert failed.returncode == 1, (failed.returncode, failed.stderr[-3000:])
+    errors = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "cannot calibrate on Ray: a worker failed:" in errors[0], failed.stderr[-3000:]
+    assert NAMESPACE in errors[0], errors  # where the events sent before it stay
+    # Ray's own report (its traceback, the worker's proctitle `ray::CalibrationWorker...`) stays out of it
+    assert "Traceback" not in failed.stderr and "ray::" not in failed.stderr, failed.stderr[-3000:]
+    return errors[0]
 
 
 def main(draft: str, target: str, work: Path) -> dict:
@@ -72,16 +85,14 @@ def main(draft: str, target: str, work: Path) -> dict:
             {"ray only": ray_pairs - local.pairs, "local only": local.pairs - ray_pairs},
         )
         missing = str(work / "no-such-draft")  # checked by the workers only: their nodes' paths
-        at = cli.index(draft)
-        failed = subprocess.run([*cli[:at], missing, *cli[at + 1 :]], capture_output=True, text=True, timeout=400)
-        assert failed.returncode == 1, (failed.returncode, failed.stderr[-3000:])
-        errors = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
-        assert len(errors) == 1 and "cannot calibrate on Ray: a worker failed:" in errors[0], failed.stderr[-3000:]
-        assert missing in errors[0] and NAMESPACE in errors[0], errors  # what failed, and where events may be
-        # Ray's own report (its traceback, the worker's proctitle `ray::CalibrationWorker...`) stays out of it
-        assert "Traceback" not in failed.stderr and "ray::" not in failed.stderr, failed.stderr[-3000:]
+        no_draft = worker_failure(cli, draft, missing)
+        assert missing in no_draft, no_draft
+        wrong = work / "wrong-token"  # the memory service refuses the workers' writes
+        wrong.write_text("not-the-writer-token-0123456789abcdef")
+        refused = worker_failure(cli, str(token), str(wrong))
+        assert f"RuntimeError: memory service 127.0.0.1:{port}: " in refused, refused  # a gRPC error, sent as text
         return {"events": summary["events"], "pairs": len(table), "workers": summary["workers"], "ray_s": ray_s,
-                "worker_failure": failed.stderr.strip().splitlines()[-1]}  # fmt: skip
+                "worker_failures": [no_draft, refused]}  # fmt: skip
     finally:
         ray.shutdown()
         store.hub.close()

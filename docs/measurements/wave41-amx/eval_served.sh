@@ -1,8 +1,8 @@
 #!/bin/bash
 # usage: [DTYPE=float32] [IMPORT=FILE] [UP_FLAGS="--default-lambda 4"] eval_served.sh LABEL MODES -- calispec up on a
-# fresh memory (seeded with the shipped file, or IMPORT instead; UP_FLAGS: more flags of calispec up, split on spaces, since wave 49),
-# calispec eval over the eval tasks, memory stats, calispec down; output in ${OUT:-/tmp}/ev-LABEL (wave 41 ran it from
-# /tmp/w41 with the repo at /work/main)
+# fresh memory (seeded with the shipped file, or IMPORT instead; UP_FLAGS: more flags of calispec up, split on
+# spaces, since wave 49), calispec eval over the eval tasks, memory stats, calispec down; output in
+# ${OUT:-/tmp}/ev-LABEL (wave 41 ran it from /tmp/w41 with the repo at /work/main)
 set -u
 cd "$(dirname "$0")/../../.."
 L=$1; MODES=$2; W=${OUT:-/tmp}/ev-$L
