@@ -113,7 +113,7 @@ def failure_reason(exc: ray.exceptions.RayError) -> str:
     if isinstance(cause, BaseException) and not isinstance(cause, ray.exceptions.RayError):
         text = f"{type(cause).__name__}: {cause}"
     elif (report := str(exc)).find("\n  File ") >= 0:
-        text = _exception_lines(report)
+        text = _exception_lines(report) or report.strip().splitlines()[-1]
     else:
         lines = [line.strip() for line in report.splitlines() if line.strip() and not line.startswith("\t")]
         text = (f"{lines[0]} {lines[-1]}" if len(lines) > 1 else lines[0]) if lines else type(exc).__name__
