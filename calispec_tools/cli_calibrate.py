@@ -6,7 +6,8 @@ calispec calibrate --corpus DIR --ray ADDRESS --workers N               # the sa
 calispec calibrate --prompts FILE                                       # standard SD through the stack (slow)
 
 The memory service, namespace, model pair and writer token default to the running stack's
-(`calispec up`); see docs/calibration.md for what each event mode reproduces.
+(`calispec up`); see docs/calibration.md for what each event mode reproduces. A flag the run would
+not read (`--batch-size` with `--prompts`, `--gamma` without `--events sd`, ...) is a usage error.
 """
 
 from __future__ import annotations
@@ -89,7 +90,52 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     add_client_auth_args(p)  # --prompts: the coordinator's API key / TLS
     add_memory_tls_args(p)  # the memory service under mutual TLS (a verifier's certificate to write)
-    p.set_defaults(func=cmd_calibrate)
+    p.set_defaults(func=cmd_calibrate, calibrate_defaults={dest: p.get_default(dest) for dest in READ_WITH})
+
+
+# What reads each flag that not every run reads: given away from its default where nothing reads it, the
+# run would ignore it without a word (`--prompts --batch-size 32` ran SD through the stack as if not given).
+CORPUS_ONLY = (
+    "generate", "events", "max_tokens", "batch_size", "pair", "draft", "target", "dtype", "draft_dtype",
+    "int8_outliers", "int8_scales", "device", "export", "ray", "json",
+)  # fmt: skip
+READ_WITH = {
+    **dict.fromkeys(CORPUS_ONLY, "--corpus"),
+    "gamma": "--events sd or --prompts",
+    "max_new_tokens": "--generate or --prompts",
+    "min_count": "--export",
+    "writer_token_file": "--corpus without --export",
+    "memory_addr": "--prompts or --corpus without --export",
+    "workers": "--ray",
+    "worker_cpus": "--ray",
+    **dict.fromkeys(("address", "timeout", "token", "tls_ca", "tls_server_name"), "--prompts"),
+}
+
+
+def _read_here(args: argparse.Namespace) -> dict[str, bool]:
+    """Which of READ_WITH's conditions this run meets."""
+    corpus, export = args.corpus is not None, args.export is not None
+    return {
+        "--corpus": corpus,
+        "--prompts": not corpus,
+        "--events sd or --prompts": not corpus or args.events == "sd",
+        "--generate or --prompts": not corpus or args.generate,
+        "--export": corpus and export,
+        "--corpus without --export": corpus and not export,
+        "--prompts or --corpus without --export": not export,
+        "--ray": corpus and args.ray is not None,
+    }
+
+
+def unread_flags_problem(args: argparse.Namespace) -> str | None:
+    """The flags given (away from their defaults) that this run would not read, as one usage error, or None."""
+    defaults, read_here = args.calibrate_defaults, _read_here(args)
+    unread = [
+        f"--{dest.replace('_', '-')} (read with {condition} only)"
+        for dest, condition in READ_WITH.items()
+        if not read_here[condition] and getattr(args, dest) != defaults[dest]
+    ]
+    return f"this run would ignore {', '.join(unread)}" if unread else None
 
 
 def add_int8_scales_arg(p: argparse.ArgumentParser) -> None:
@@ -127,6 +173,8 @@ def _memory_failure(address: str, exc: Any) -> str:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    if problem := unread_flags_problem(args):
+        return _fail(problem, USAGE_ERROR)
     return calibrate_corpus(args) if args.corpus else calibrate_by_sd(args)
 
 

@@ -4,6 +4,7 @@ errors, paths that cannot be written and a memory service that does not answer a
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -216,6 +217,57 @@ def test_calibrate_refuses_ray_with_export_instead_of_ignoring_ray(
     args = ["calibrate", "--corpus", str(corpus), "--ray", "127.0.0.1:6379", "--export", str(tmp_path / "out.json")]
     assert cli.main(args) == 2
     one_error_line(capsys, "--export writes the counts from this process, --ray's workers through the memory service")
+
+
+IGNORED = [  # (flags, the flags named as ignored): each was dropped without a word before wave 50
+    (["--prompts", "p.txt", "--batch-size", "32", "--int8-scales", "row"], ["--batch-size", "--int8-scales"]),
+    (["--prompts", "p.txt", "--draft", "d", "--target", "t", "--json"], ["--draft", "--target", "--json"]),
+    (["--corpus", "c.jsonl", "--timeout", "5", "--token", "k"], ["--timeout", "--token"]),
+    (["--corpus", "c.jsonl", "--gamma", "4"], ["--gamma (read with --events sd or --prompts only)"]),
+    (["--corpus", "c.jsonl", "--max-new-tokens", "9"], ["--max-new-tokens (read with --generate or --prompts"]),
+    (["--corpus", "c.jsonl", "--min-count", "2"], ["--min-count (read with --export only)"]),
+    (["--corpus", "c.jsonl", "--workers", "4", "--worker-cpus", "2"], ["--workers", "--worker-cpus"]),
+    (["--corpus", "c.jsonl", "--export", "x.json", "--writer-token-file", "t"], ["--writer-token-file"]),
+]
+
+
+@pytest.mark.parametrize(("flags", "named"), IGNORED, ids=[" ".join(f[2:]) for f, _ in IGNORED])
+def test_calibrate_refuses_flags_its_run_would_ignore(
+    flags: list[str], named: list[str], monkeypatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--prompts --batch-size 32` ran SD through the stack as if the flag were not there (wave 50)."""
+    monkeypatch.setattr(cli_calibrate, "calibrate_corpus", lambda args: pytest.fail("the calibration ran"))
+    monkeypatch.setattr(cli_calibrate, "calibrate_by_sd", lambda args: pytest.fail("the calibration ran"))
+    assert cli.main(["calibrate", *flags]) == 2
+    one_error_line(capsys, "this run would ignore", *named)
+
+
+def make_calibration_flags() -> list[str]:
+    """The Makefile's `calibration` command's flags."""
+    makefile = (Path(__file__).parents[2] / "Makefile").read_text().replace("\\\n", " ")
+    [line] = [line for line in makefile.splitlines() if "calispec calibrate " in line]
+    return shlex.split(line.split("calispec calibrate ", 1)[1])
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--prompts", "p.txt", "--gamma", "4", "--max-new-tokens", "30", "--timeout", "9", "--memory-addr", "h:1"],
+        make_calibration_flags(),
+        ["--corpus", "c", "--generate", "--events", "sd", "--gamma", "4", "--ray", "h:1", "--workers", "3"],
+    ],
+    ids=["prompts", "export", "ray"],
+)
+def test_calibrate_flags_its_run_reads_pass(flags: list[str]) -> None:
+    args = cli.build_parser().parse_args(["calibrate", *flags])
+    assert cli_calibrate.unread_flags_problem(args) is None
+
+
+def test_every_flag_the_check_names_is_one_of_calibrates() -> None:
+    """A flag renamed or removed would make the check raise (getattr) instead of refusing."""
+    args = cli.build_parser().parse_args(["calibrate", "--corpus", "c"])
+    assert set(cli_calibrate.READ_WITH) <= set(vars(args))
+    assert set(cli_calibrate.READ_WITH.values()) <= set(cli_calibrate._read_here(args))
 
 
 def test_the_export_probe_keeps_a_file_it_did_not_make(tmp_path: Path) -> None:
