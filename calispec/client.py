@@ -24,6 +24,7 @@ makes one if absent).
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -41,6 +42,9 @@ from calispec.types import (
     is_valid_request_id,
 )
 from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc
+
+# A timeout this long or longer is no deadline (the coordinator reads a remaining time this long as none too).
+NO_DEADLINE_S = 1e9
 
 
 class CalispecRpcError(Exception):
@@ -163,6 +167,8 @@ def _requests(
         fields_["messages"] = chat_messages(messages)
     elif isinstance(prompt, str):
         fields_["prompt"] = prompt
+    elif isinstance(prompt, (bytes, bytearray, memoryview)):  # its bytes went out as token ids
+        raise TypeError("prompt must be a str or a sequence of token ids, not bytes: decode it first")
     else:
         fields_["prompt_token_ids"] = coordinator_pb2.PromptTokens(ids=list(prompt))
     return coordinator_pb2.GenerateRequest(**fields_), coordinator_pb2.GenerateStreamRequest(**fields_)
@@ -218,8 +224,15 @@ def _chunk(msg: coordinator_pb2.GenerateStreamResponse) -> StreamChunk:
 
 
 def _timeout(timeout: float | None, default: float | None) -> float | None:
-    """The call's deadline in seconds: 0 is one that has passed already, not "none" (None is)."""
-    return timeout if timeout is not None else default
+    """The call's deadline in seconds: 0 is one that has passed already, not "none" (None is, and so is anything
+    from NO_DEADLINE_S up, infinity included: grpcio's clock overflows past ~7.4e9 s and failed such a call at once
+    as DEADLINE_EXCEEDED). NaN is a ValueError."""
+    value = timeout if timeout is not None else default
+    if value is None:
+        return None
+    if math.isnan(value):
+        raise ValueError("timeout must be a number of seconds or None, got nan")
+    return None if value >= NO_DEADLINE_S else value
 
 
 def _with_request_id(metadata: tuple[tuple[str, str], ...], request_id: str | None) -> tuple[tuple[str, str], ...]:

@@ -182,6 +182,14 @@ def test_a_request_without_a_deadline_gets_the_server_default(services: Services
         assert sdk.generate("hi", max_new_tokens=4, mode="sd").token_ids == list(response.token_ids)
 
 
+@pytest.mark.parametrize("timeout", [1e10, float("inf")])
+def test_a_timeout_past_grpcs_clock_is_no_deadline(client: CalispecClient, timeout: float) -> None:
+    """grpcio's deadline overflows past ~7.4e9 s: the SDK's call failed at once with DEADLINE_EXCEEDED (wave 50)."""
+    result = client.generate("hi", max_new_tokens=4, mode="sd", timeout=timeout)
+    chunks = list(client.generate_stream("hi", max_new_tokens=4, mode="sd", timeout=timeout))
+    assert len(result.token_ids) == 4 and [t for c in chunks for t in c.token_ids] == result.token_ids
+
+
 def test_adaptive_gamma_runs_target_only_where_costs_say_drafting_loses(services: Services, tiny_pair) -> None:
     """Verification linear in tokens (float32 on a CPU without bf16 units, exaggerated): no round drafts,
     and greedy output is the target's own."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from calispec.client import _timeout, _with_request_id, build_params
+from calispec.client import NO_DEADLINE_S, _requests, _timeout, _with_request_id, build_params
 
 
 def test_one_stop_string_is_one_stop_string_not_its_letters() -> None:
@@ -16,6 +16,28 @@ def test_one_stop_string_is_one_stop_string_not_its_letters() -> None:
 def test_a_zero_timeout_is_a_deadline_not_none() -> None:
     """`timeout or default` made 0 mean the server's 60 s, while 1e-9 expired at once."""
     assert _timeout(0, 30.0) == 0 and _timeout(None, 30.0) == 30.0 and _timeout(2.5, None) == 2.5
+
+
+@pytest.mark.parametrize("timeout", [NO_DEADLINE_S, 1e10, float("inf")])
+def test_a_timeout_past_grpcs_clock_is_no_deadline(timeout: float) -> None:
+    """grpcio's deadline overflowed past ~7.4e9 s: the call failed at once with DEADLINE_EXCEEDED (wave 50)."""
+    assert _timeout(timeout, None) is None and _timeout(None, timeout) is None
+    assert _timeout(NO_DEADLINE_S / 2, None) == NO_DEADLINE_S / 2
+
+
+def test_a_nan_timeout_is_refused() -> None:
+    with pytest.raises(ValueError, match="nan"):
+        _timeout(float("nan"), None)
+    with pytest.raises(ValueError, match="nan"):
+        _timeout(None, float("nan"))  # the client's default
+
+
+@pytest.mark.parametrize("prompt", [b"abc", bytearray(b"abc"), memoryview(b"abc")])
+def test_a_bytes_prompt_is_refused_not_sent_as_token_ids(prompt: bytes) -> None:
+    """`generate(b"abc")` sent token ids [97, 98, 99] (wave 50)."""
+    with pytest.raises(TypeError, match="not bytes"):
+        _requests(prompt, None, {})
+    assert list(_requests([97, 98], None, {})[0].prompt_token_ids.ids) == [97, 98]
 
 
 def test_a_request_id_grpc_cannot_send_is_refused_on_the_callers_side() -> None:
