@@ -26,6 +26,7 @@ from calispec_core.errors import InvalidArgument
 FORMAT = "calispec-correction-memory"
 FORMAT_VERSION = 1
 MAX_TOKEN_ID = 2**32 - 1
+MAX_VOCAB_SIZE = 2**32 - 1  # RecordEvents carries it as a uint32
 MAX_COUNT = 2**40  # the memory service's per-event cap
 
 Pair = tuple[int, int, int]
@@ -95,8 +96,8 @@ def load_export(path: Path, namespace: str) -> Export:
     if not isinstance(rows, list) or document.get("sha256") != _checksum(rows):
         raise MemoryFileError(f"{path} is corrupted: its pairs do not match its sha256")
     vocab_size = document.get("vocab_size", 0)
-    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or not 0 <= vocab_size <= MAX_TOKEN_ID + 1:
-        raise MemoryFileError(f"{path}: vocab_size must be an integer in [0, 2**32], got {vocab_size!r}")
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or not 0 <= vocab_size <= MAX_VOCAB_SIZE:
+        raise MemoryFileError(f"{path}: vocab_size must be an integer in [0, 2**32 - 1], got {vocab_size!r}")
     pairs = [_pair(i, row) for i, row in enumerate(rows)]
     outside = next((p for p in pairs if vocab_size and max(p[0], p[1]) >= vocab_size), None)
     if outside is not None:

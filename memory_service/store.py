@@ -70,6 +70,7 @@ log = logging.getLogger(__name__)
 
 NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9._:/+-]{1,128}")
 MAX_TOKEN_ID = 2**32 - 1  # ids travel as uint32 on the wire
+MAX_VOCAB_SIZE = 2**32 - 1  # and so does a declared vocabulary's size
 MAX_EVENT_COUNT = 2**40  # one event this large is already a client bug, not a real tally
 MAX_EVENTS_PER_RECORD = 100_000
 MAX_PAIRS_LIMIT = 1_000_000  # keeps a GetPairs reply well under the 64 MiB message cap
@@ -398,7 +399,7 @@ class CorrectionStore:
 
         Raises FailedPrecondition if `declared` contradicts the stored vocabulary.
         """
-        require(_is_int(declared) and 0 <= declared <= MAX_TOKEN_ID + 1, f"vocab_size out of range: {declared!r}")
+        require(_is_int(declared) and 0 <= declared <= MAX_VOCAB_SIZE, f"vocab_size out of range: {declared!r}")
         stored = self._vocab.get(namespace)
         if stored is not None and declared and declared != stored:
             raise FailedPrecondition(

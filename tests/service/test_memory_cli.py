@@ -68,6 +68,8 @@ BAD_FILES = [
     # these crashed with a traceback (found by probing)
     pytest.param(lambda doc: "[" * 100_000, "nested too deeply", id="deep-nesting"),
     pytest.param(lambda doc: '{"pairs": [[1, 2, ' + "9" * 5000 + "]]}", "not JSON we can read", id="huge-integer"),
+    # a vocabulary the uint32 field cannot carry: a ValueError traceback building the request (wave 50)
+    pytest.param(lambda doc: {**doc, "vocab_size": 2**32}, "vocab_size must be an integer in", id="vocab-2**32"),
 ]
 
 

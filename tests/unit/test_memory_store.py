@@ -187,6 +187,14 @@ def test_namespace_total_overflow_is_refused_and_changes_nothing(db_path: Path) 
     store.close()
 
 
+def test_a_vocabulary_the_wire_cannot_carry_is_refused(store: CorrectionStore) -> None:
+    """RecordEvents carries vocab_size as a uint32: 2**32 was in range here (and in the export reader, where it
+    crashed `memory import`; wave 50)."""
+    with pytest.raises(InvalidArgument, match="vocab_size out of range"):
+        store.vocab_limit("ns", 2**32)
+    assert store.vocab_limit("ns", 2**32 - 1) == 2**32 - 1
+
+
 def test_failure_after_partial_write_rolls_back_the_whole_batch(store: CorrectionStore, db_path: Path) -> None:
     record(store, "ns", [(1, 2, 3)])
     # Make the version bump (the batch's last statement) fail after the pair upserts ran.
