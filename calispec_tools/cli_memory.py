@@ -192,11 +192,17 @@ def _fail(message: str) -> int:
 
 
 def _decoder(tokenizer_dir: Path | None):  # -> Callable[[int], str]
+    """Token id -> text for the top pairs; ValueError naming a --tokenizer it cannot load (it was a traceback)."""
     if tokenizer_dir is None:
         return lambda token_id: f"#{token_id}"
+    if not tokenizer_dir.is_dir():  # a bare name would be read as a Hugging Face Hub repo id
+        raise ValueError(f"--tokenizer {tokenizer_dir}: not a directory (a model directory holding a tokenizer)")
     from calispec_core.modeling import load_tokenizer
 
-    tokenizer = load_tokenizer(tokenizer_dir)
+    try:
+        tokenizer = load_tokenizer(tokenizer_dir)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--tokenizer {tokenizer_dir}: no tokenizer loads from it ({type(exc).__name__})") from exc
     return lambda token_id: repr(tokenizer.decode([token_id]))
 
 
@@ -219,6 +225,10 @@ def cmd_namespaces(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    try:  # before the call: a tokenizer that does not load is the command's input, not the service's answer
+        decode = _decoder(None if args.json else args.tokenizer)
+    except ValueError as exc:
+        return usage_error(exc)
     address, namespace = resolved(args)
     channel, stub = _stub(address, memory_tls(args))
     with channel:
@@ -231,7 +241,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
         print(json.dumps(MessageToDict(s, preserving_proto_field_name=True)))
         return 0
-    decode = _decoder(args.tokenizer)
     print(f"namespace {namespace}  version {s.version}")
     print(f"table: {s.distinct_pairs} pairs, {s.table_events} events (recorded ever: {s.total_events})")
     print(f"caps: {s.max_pairs} pairs, {s.max_pairs_per_draft} per draft token; half-life {s.half_life_s or 'off'}")

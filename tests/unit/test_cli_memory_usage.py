@@ -55,6 +55,22 @@ def test_the_service_keeps_its_own_check_on_the_same_bound(tmp_path: Path) -> No
                 store.table_stats("n", top_k)
 
 
+@pytest.mark.parametrize("case", ["missing", "not a model dir", "a file"])
+def test_a_tokenizer_that_does_not_load_is_a_usage_error(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--tokenizer /nonexistent` printed transformers' traceback after the call (wave 50)."""
+    (tmp_path / "a-file").write_text("x\n")
+    path, problem = {
+        "missing": (tmp_path / "nope", "not a directory"),
+        "not a model dir": (tmp_path, "no tokenizer loads from it"),
+        "a file": (tmp_path / "a-file", "not a directory"),
+    }[case]
+    assert cli.main(stats("--tokenizer", str(path))) == 2  # before the call: the address is a closed port
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: --tokenizer {path}: {problem}"), line
+
+
 # -- the writer token ------------------------------------------------------------------------------------
 
 
