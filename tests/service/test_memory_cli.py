@@ -54,6 +54,20 @@ def test_export_import_round_trip_and_stats(memory: tuple[str, CorrectionStore],
     assert "top 20% of pairs cover" in printed and "#1" in printed and "3 pairs" in printed
 
 
+def test_stats_decodes_the_top_pairs_with_a_tokenizer(memory: tuple[str, CorrectionStore], tiny_pair, capsys) -> None:
+    from calispec_core.modeling import load_tokenizer
+
+    address, store = memory
+    store.record("pair-a", [(5, 6, 4)], durable=True)
+    assert (
+        run("memory", "stats", "--namespace", "pair-a", "--memory-addr", address, "--tokenizer", str(tiny_pair.target))
+        == 0
+    )
+    tokenizer = load_tokenizer(tiny_pair.target)
+    row = f"{tokenizer.decode([5])!r:>20} -> {tokenizer.decode([6])!r:<20} 4"
+    assert row in capsys.readouterr().out.splitlines()[-1]
+
+
 def _corrupt(doc: dict) -> dict:
     doc["pairs"][0][2] += 1
     return doc
