@@ -45,9 +45,9 @@ from calispec_core.limits import (
 T = TypeVar("T")
 
 __all__ = [
-    "StopStrings", "chat_text", "csv_of", "gamma", "lambda_", "logprobs", "max_new_tokens", "max_new_tokens_or_default",
-    "non_negative_float", "non_negative_int", "port", "positive_float", "positive_int", "prompt", "rate",
-    "request_tau", "seed", "stop_string", "tau", "temperature", "top_k", "top_p", "window_tokens",
+    "StopStrings", "address", "chat_text", "csv_of", "gamma", "lambda_", "logprobs", "max_new_tokens",
+    "max_new_tokens_or_default", "non_negative_float", "non_negative_int", "port", "positive_float", "positive_int",
+    "prompt", "rate", "request_tau", "seed", "stop_string", "tau", "temperature", "top_k", "top_p", "window_tokens",
 ]  # fmt: skip
 
 # a calibration window predicts each of its tokens from those before it: one token compares nothing
@@ -112,6 +112,14 @@ def top_k(text: str) -> int:
 def seed(text: str) -> int:
     """A request's seed, in [0, 2**63)."""
     return flag_checked(int(text), lambda s: check_sampling(seed=s))
+
+
+def address(text: str) -> str:
+    """A service's address for a gRPC channel (HOST:PORT, or a target gRPC names such as unix:PATH): not empty, no
+    whitespace (`--address ""` made gRPC log its channel-stack failure and the call end as UNKNOWN)."""
+    if not text or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT, got {text!r}")
+    return text
 
 
 def prompt(text: str) -> str:

@@ -560,13 +560,13 @@ def build_parser() -> argparse.ArgumentParser:
     down.set_defaults(func=cmd_down)
 
     gen = sub.add_parser("generate", help="send one request to a running coordinator")
-    gen.add_argument("--address", default=DEFAULT_ADDRESS, help="coordinator HOST:PORT")
+    gen.add_argument("--address", type=at.address, default=DEFAULT_ADDRESS, help="coordinator HOST:PORT")
     cli_auth.add_client_auth_args(gen)
     add_request_args(gen, prompt_required=True)
     gen.set_defaults(func=cmd_generate)
 
     chat = sub.add_parser("chat", help="chat with a running coordinator (interactive, or one message with -m)")
-    chat.add_argument("--address", default=DEFAULT_ADDRESS, help="coordinator HOST:PORT")
+    chat.add_argument("--address", type=at.address, default=DEFAULT_ADDRESS, help="coordinator HOST:PORT")
     chat.add_argument("-m", "--message", type=at.chat_text, help="send this one user message, print the reply, exit")
     chat.add_argument("--system", type=at.chat_text, help="a system message opening the conversation")
     add_request_args(chat, prompt_required=False, with_prompt=False)

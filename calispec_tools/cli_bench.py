@@ -76,7 +76,7 @@ def add_meaning_guard_arg(parser: argparse.ArgumentParser, when: str = "") -> No
 def add_target_args(parser: argparse.ArgumentParser, required: bool = True) -> argparse._MutuallyExclusiveGroup:
     """The coordinator to drive; returns the exclusive group naming it (required unless told otherwise)."""
     where = parser.add_mutually_exclusive_group(required=required)
-    where.add_argument("--address", help="coordinator HOST:PORT of a running stack")
+    where.add_argument("--address", type=at.address, help="coordinator HOST:PORT of a running stack")
     where.add_argument("--local", action="store_true", help="start a local stack on free ports for this run")
     parser.add_argument("--draft", help="--local, eval --ratio-analysis: draft model dir (default: the tiny pair)")
     parser.add_argument("--target", help="--local, eval --ratio-analysis: target model dir (default: the tiny pair)")

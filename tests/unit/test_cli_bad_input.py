@@ -92,6 +92,26 @@ def test_a_numeric_flag_out_of_range_is_an_argparse_error(
     assert f"argument {flag}" in capsys.readouterr().err
 
 
+ADDRESSED = [["generate", "--prompt", "x"], ["chat"], ["bench"], ["eval"], ["calibrate", "--prompts", "p.txt"]]
+
+
+@pytest.mark.parametrize("command", ADDRESSED, ids=[c[0] for c in ADDRESSED])
+@pytest.mark.parametrize("address", ["", " ", "127.0.0.1 :50050"])
+def test_an_address_no_channel_can_be_made_for_is_an_argparse_error(
+    command: list[str], address: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`generate --address ""` let gRPC log its channel-stack failure and ended as UNKNOWN (wave 50)."""
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args([*command, "--address", address])
+    assert exited.value.code == 2
+    assert f"argument --address: must be HOST:PORT, got {address!r}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:50050", "localhost:1", "[::1]:50050", "unix:/tmp/calispec.sock"])
+def test_an_address_a_channel_takes_is_taken(address: str) -> None:
+    assert cli.build_parser().parse_args(["generate", "--prompt", "x", "--address", address]).address == address
+
+
 def test_calibrate_max_tokens_takes_what_the_calibration_takes() -> None:
     """The flag's minimum is the config's: what argparse lets through, the calibration runs."""
     from calispec_tools.calibrate.job import CalibrateConfig
