@@ -1,6 +1,7 @@
 """`calispec chat`: talk to a running coordinator; the conversation is rendered server-side with the
 target model's chat template. One-shot with `-m TEXT`, else an interactive loop that keeps the
-conversation and prints each reply as it streams (`/exit` or Ctrl-D ends it, Ctrl-C stops a reply).
+conversation and prints each reply as it streams (`/exit` or Ctrl-D ends it, Ctrl-C stops a reply; its exit
+status is 1 if a turn failed).
 """
 
 from __future__ import annotations
@@ -46,15 +47,17 @@ def repl(
     read: Callable[[str], str] = input,
     out: TextIO = sys.stdout,
 ) -> int:
-    """Read a user turn, stream the reply, keep both; a failed or interrupted turn is dropped."""
+    """Read a user turn, stream the reply, keep both; a failed or interrupted turn is dropped. Exits 1 if a turn
+    failed (turns piped in from a script: it exited 0 whatever happened), else 0."""
+    failed = False
     while True:
         try:
             line = read("you> ").strip()
         except (EOFError, KeyboardInterrupt):
             out.write("\n")
-            return 0
+            return int(failed)
         if line in EXIT_COMMANDS:
-            return 0
+            return int(failed)
         if not line:
             continue
         conversation.append({"role": "user", "content": line})
@@ -62,6 +65,7 @@ def repl(
             reply = stream_reply(client, conversation, params, timeout, out)
         except (CalispecRpcError, KeyboardInterrupt) as exc:
             conversation.pop()
+            failed = failed or isinstance(exc, CalispecRpcError)  # an interrupted turn is the user's choice
             out.write(f"\n[{'interrupted' if isinstance(exc, KeyboardInterrupt) else f'error: {exc}'}]\n")
             continue
         conversation.append({"role": "assistant", "content": reply})

@@ -52,9 +52,10 @@ def test_repl_keeps_the_conversation_and_streams_replies() -> None:
 
 
 def test_repl_drops_a_failed_turn_and_goes_on() -> None:
+    """... and exits 1 at the end (turns piped in from a script: it exited 0 whatever failed; wave 50)."""
     client, out = FakeClient(fail=(1,)), io.StringIO()
     conversation: list[dict[str, str]] = []
-    assert repl(client, conversation, {}, 10, read=feed("bad", "good"), out=out) == 0  # type: ignore[arg-type]
+    assert repl(client, conversation, {}, 10, read=feed("bad", "good"), out=out) == 1  # type: ignore[arg-type]
     assert client.sent[1] == [{"role": "user", "content": "good"}]
     assert "error: INVALID_ARGUMENT: too long" in out.getvalue()
     assert conversation == [{"role": "user", "content": "good"}, {"role": "assistant", "content": "reply2"}]
