@@ -17,6 +17,7 @@ MAX_NEW_TOKENS = 8192
 MAX_PROMPT_CHARS = 1_000_000
 MAX_LOGPROBS = 20  # most likely tokens a request may ask for at each position (vLLM's default max_logprobs)
 MAX_STOP_STRINGS = 16
+HTTP_MAX_CHOICES = 16  # an OpenAI request's choices (`n` times its prompts)
 MAX_STOP_STRING_CHARS = 256
 MAX_LAMBDA = 2**31 - 1  # the coordinator API's int32 field
 MAX_TEMPERATURE = 100.0

@@ -20,9 +20,11 @@ with interrupt_exits_quietly():
     from calispec_core.generation import Defaults, Mode
     from calispec_core.limits import (
         DEFAULT_LOCKSTEP_PHASE,
+        HTTP_MAX_CHOICES,
         LOCKSTEP_PHASES,
         burst,
         gamma,
+        int_at_least,
         lambda_,
         max_new_tokens,
         non_negative_float,
@@ -44,7 +46,7 @@ with interrupt_exits_quietly():
         startup_step,
         tls_from_args,
     )
-    from coordinator.config import HTTP_HEADER_TIMEOUT_S, HTTP_MAX_BODY_BYTES, CoordinatorConfig
+    from coordinator.config import HTTP_HEADER_TIMEOUT_S, HTTP_MAX_BODY_BYTES, HTTP_MAX_GENERATIONS, CoordinatorConfig
     from coordinator.metrics import CoordinatorMetrics
     from coordinator.server import build_orchestrator, check_access, create_server
 
@@ -164,6 +166,12 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         default=HTTP_HEADER_TIMEOUT_S,
         help="seconds a connection gets to send a request's headers (TLS handshake included); then it is closed",
     )
+    http.add_argument(
+        "--http-max-generations",
+        type=int_at_least(HTTP_MAX_CHOICES),
+        default=HTTP_MAX_GENERATIONS,
+        help="choices generating at once over HTTP; more wait in line for a slot (at least a request's most choices)",
+    )
     args = parser.parse_args(argv)
     defaults = Defaults(
         max_new_tokens=args.default_max_new_tokens,
@@ -195,6 +203,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         http_max_body_bytes=args.http_max_body_bytes,
         http_allowed_origins=args.http_allowed_origins,
         http_header_timeout_s=args.http_header_timeout,
+        http_max_generations=args.http_max_generations,
         max_gamma=args.max_gamma,
         draft_min_confidence=args.draft_min_confidence,
         draft_min_path_confidence=args.draft_min_path_confidence,

@@ -10,6 +10,7 @@ from calispec_core.credentials import TlsConfig
 from calispec_core.generation import Defaults
 from calispec_core.limits import (
     DEFAULT_LOCKSTEP_PHASE,
+    HTTP_MAX_CHOICES,
     MAX_PROMPT_CHARS,
     MAX_SPECULATIVE_TOKENS,
     LockstepPhase,
@@ -27,6 +28,9 @@ GRPC_MAX_REQUEST_BYTES = 4 * MAX_PROMPT_CHARS + 2**20
 # How long an HTTP connection may take to send a request's headers (its TLS handshake included), from its accept
 # or its previous response's end; it is closed then. Before, one that never finished them stayed open for ever.
 HTTP_HEADER_TIMEOUT_S = 10.0
+# HTTP choices generating at once (openai_generations.GenerationSlots); more wait in line for a slot. At least a
+# request's most choices (HTTP_MAX_CHOICES), or such a request could never start.
+HTTP_MAX_GENERATIONS = 64
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class CoordinatorConfig:
     http_max_body_bytes: int = HTTP_MAX_BODY_BYTES  # larger HTTP request bodies are refused (413) before parsing
     http_allowed_origins: tuple[str, ...] = ()  # browser origins the HTTP API admits (CORS); empty: none
     http_header_timeout_s: float = HTTP_HEADER_TIMEOUT_S  # an HTTP connection's deadline for a request's headers
+    http_max_generations: int = HTTP_MAX_GENERATIONS  # HTTP choices generating at once; more wait in line
     max_gamma: int = 10  # adaptive γ's upper bound (requests may fix γ up to MAX_SPECULATIVE_TOKENS)
     draft_min_confidence: float = 0.4  # adaptive γ: the draft's early stop (HF's assistant_confidence_threshold)
     draft_min_path_confidence: float | None = None  # adaptive γ: stop on a proposal's path probability (None: costs)
@@ -79,6 +84,11 @@ class CoordinatorConfig:
             raise ValueError(f"http_max_body_bytes must be >= 1, got {self.http_max_body_bytes}")
         if not self.http_header_timeout_s > 0:
             raise ValueError(f"http_header_timeout_s must be > 0, got {self.http_header_timeout_s}")
+        if self.http_max_generations < HTTP_MAX_CHOICES:
+            raise ValueError(
+                f"http_max_generations must be >= {HTTP_MAX_CHOICES} (a request's most choices), "
+                f"got {self.http_max_generations}"
+            )
         require_lockstep_phase(self.lockstep_phase)
 
     @property

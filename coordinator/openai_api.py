@@ -47,11 +47,20 @@ from calispec_core.request_context import REQUEST_ID_METADATA, bound_request_id,
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
 from coordinator.chat import ChatTurn, InvalidParam, render_chat
-from coordinator.config import HTTP_HEADER_TIMEOUT_S, HTTP_MAX_BODY_BYTES, CoordinatorConfig
+from coordinator.config import HTTP_HEADER_TIMEOUT_S, HTTP_MAX_BODY_BYTES, HTTP_MAX_GENERATIONS, CoordinatorConfig
 from coordinator.engine import Chunk, Orchestrator
 from coordinator.http_transport import guarded_protocol, serve
 from coordinator.metrics import CoordinatorMetrics, RequestTimer
-from coordinator.openai_generations import HttpGeneration, Outcome, first_chunks, gathered, merged, usage_of
+from coordinator.openai_generations import (
+    GenerationSlots,
+    HttpGeneration,
+    Outcome,
+    admitted,
+    first_chunks,
+    gathered,
+    merged,
+    usage_of,
+)
 from coordinator.openai_logprobs import (
     Echoed,
     TokenTexts,
@@ -143,6 +152,7 @@ class ApiSettings:
     gate: DrainGate | None = None  # the gRPC server's drain gate: HTTP requests count in its drain
     max_body_bytes: int = HTTP_MAX_BODY_BYTES  # larger request bodies: 413, unread
     allowed_origins: tuple[str, ...] = ()  # browser origins CORS admits ("*": any); empty: no CORS headers
+    max_generations: int = HTTP_MAX_GENERATIONS  # choices generating at once; more wait in line (GenerationSlots)
 
 
 def error_response(
@@ -229,6 +239,7 @@ class OpenAIApi:
         self.metrics = settings.metrics or CoordinatorMetrics(new_registry())
         self.gate = settings.gate or DrainGate(())
         self.started = int(time.time())  # the served model's `created`: the same on every call
+        self.slots = GenerationSlots(settings.max_generations)
         # log-probabilities' token texts, decoded as the choices' texts are
         self.token_texts = TokenTexts(lambda ids: orchestrator.tokenizer.decode(ids, skip_special_tokens=True))
         # an echoed prompt's, decoded as its echoed text is (special tokens kept), so that its offsets follow that text
@@ -304,7 +315,7 @@ class OpenAIApi:
             fits = self.context_check(req)
             return self.orchestrator.generate(prompt(), params, deadline, gone.is_set, fits, timer.follow)
 
-        return HttpGeneration(tracked(self.metrics, begin), gone)
+        return HttpGeneration(tracked(self.metrics, begin), gone, self.slots.rounds)
 
     def context_check(self, req: CalispecParams) -> Callable[[int], None]:
         """The refusal (400, as vLLM's) of a prompt of so many tokens that it, or it plus the token limit the
@@ -361,6 +372,7 @@ class OpenAIApi:
         rid, model = new_id("cmpl"), self.settings.model_name
         if not req.stream:
             with held:
+                held.callback(await admitted(self.slots, generations, request))
                 done = await gathered(generations, request)
 
             def response() -> CompletionResponse:  # on a worker thread: log-probabilities can be many objects
@@ -391,13 +403,14 @@ class OpenAIApi:
             return CompletionResponse(id=rid, model=model, choices=[], usage=usage)
 
         usage = usage_event if req.include_usage_chunk else None
-        return await stream(generations, req.n, held, [], event, usage)
+        return await stream(generations, req.n, held, [], event, usage, self.slots, request)
 
     async def chat_completion(self, req: ChatCompletionRequest, held: ExitStack, request: Request):
         generations = self.generations([cache(partial(self.chat_prompt, req))], req)  # rendered once
         rid, model = new_id("chatcmpl"), self.settings.model_name
         if not req.stream:
             with held:
+                held.callback(await admitted(self.slots, generations, request))
                 done = await gathered(generations, request)
 
             def response() -> ChatCompletionResponse:  # on a worker thread: log-probabilities can be many objects
@@ -434,7 +447,7 @@ class OpenAIApi:
             for i in range(len(generations))
         ]
         usage = usage_event if req.include_usage_chunk else None
-        return await stream(generations, req.n, held, opening, event, usage)
+        return await stream(generations, req.n, held, opening, event, usage, self.slots, request)
 
 
 class ModelNotFound(NotFound):
@@ -448,15 +461,20 @@ async def stream(
     opening: list[BaseModel],
     event: Callable[[int, Chunk], BaseModel],
     usage_event: Callable[[Usage], BaseModel] | None,
+    slots: GenerationSlots | None = None,
+    request: Request | None = None,
 ) -> StreamingResponse | JSONResponse:
     """Server-sent events, each choice's as its rounds end. Every choice's first round runs before the response
     starts, so that a bad request still gets its HTTP error status; a failure later arrives as an `error` event
     (and ends the other choices). The usage event, when asked for, follows the last choice's end: each prompt's
-    tokens once (choice k continues prompt k // n), every choice's new tokens."""
+    tokens once (choice k continues prompt k // n), every choice's new tokens. With `slots`, the choices first
+    wait for theirs; with `request`, a client that leaves before the first events ends them."""
     for generation in generations:
         held.callback(generation.abandon)  # however the response ends (a no-op once the generation finished)
     try:
-        firsts = await first_chunks(generations)
+        if slots is not None:
+            held.callback(await admitted(slots, generations, request))
+        firsts = await first_chunks(generations, request)
     except CalispecError as exc:
         held.close()
         return domain_error_response(exc)
@@ -722,7 +740,19 @@ def serve_http(
 ) -> HttpServer:
     """The HTTP API of a coordinator process, next to its gRPC server: same keys, same quotas, same TLS
     certificate (server-side; HTTP clients authenticate with API keys), same metrics, same drain."""
-    settings = ApiSettings(
+    app = create_app(orchestrator, api_settings(config, keys, quotas, metrics, gate))
+    return start_http_server(app, config.host, config.http_port or 0, config.tls, config.http_header_timeout_s)
+
+
+def api_settings(
+    config: CoordinatorConfig,
+    keys: ApiKeys | None,
+    quotas: QuotaBook | None,
+    metrics: CoordinatorMetrics | None = None,
+    gate: DrainGate | None = None,
+) -> ApiSettings:
+    """The HTTP API's settings from the coordinator's config (and what it shares with the gRPC server)."""
+    return ApiSettings(
         config.model_name,
         config.defaults,
         config.rpc_timeout_s,
@@ -732,9 +762,8 @@ def serve_http(
         gate,
         config.http_max_body_bytes,
         config.http_allowed_origins,
+        config.http_max_generations,
     )
-    app = create_app(orchestrator, settings)
-    return start_http_server(app, config.host, config.http_port or 0, config.tls, config.http_header_timeout_s)
 
 
 def start_http_server(

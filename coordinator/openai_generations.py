@@ -1,10 +1,11 @@
 """The generations behind one OpenAI request, driven from the event loop (no gRPC, no HTTP framing here).
 
 A request asks for one choice or several (`n`, a batch of prompts): each choice is a generation of its own,
-run by the Orchestrator on Starlette's thread pool (a stream's one round at a time, a unary request's whole), so
-the choices of one request verify in one batch as concurrent requests do. A client that leaves ends every one of
-them; a choice that fails ends the others, and the request answers with that failure (as one generation's failure
-answers it alone).
+run by the Orchestrator one round at a time on a worker thread, so the choices of one request verify in one batch
+as concurrent requests do. A client that leaves ends every one of them; a choice that fails ends the others, and
+the request answers with that failure (as one generation's failure answers it alone). A request first takes a
+slot per choice (`GenerationSlots`): at most that many generations run at once, each sure of a thread for its
+rounds; the others wait in line, before their first round.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import math
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -20,9 +23,8 @@ from typing import TypeVar
 
 import anyio
 from fastapi import Request
-from starlette.concurrency import run_in_threadpool
 
-from calispec_core.errors import Cancelled
+from calispec_core.errors import Cancelled, require
 from calispec_core.generation import TokenLogprob
 from coordinator.engine import Chunk
 from coordinator.openai_protocol import Usage
@@ -52,16 +54,78 @@ def usage_of(outcomes: Sequence[Outcome], n: int) -> Usage:
     return Usage.of(prompt_tokens, sum(len(o.token_ids) for o in outcomes))
 
 
+class GenerationSlots:
+    """At most `capacity` HTTP generations at once, each sure of a thread for its rounds (`rounds`).
+
+    A generation between two rounds holds no thread, yet it is a member of the lockstep group, whose round start
+    waits for it (up to `lockstep_wait_s`). Rounds ran on Starlette's shared pool of 40 threads: past 40 generations
+    the pool's threads all waited at the gate for members that had no thread, and every round took the whole wait
+    (probed: 41 generations ran 8x slower than 40; three requests of 16 choices timed out). Now a request takes a
+    slot per choice before its first round, waiting in line (no thread held, no lockstep membership), and gives
+    them back when it ends; the rounds run on threads of their own, without a bound: the slots bound the live
+    generations, and a round still in flight of a choice abandoned after its slot went back must not take a thread
+    from a member the group waits for. Used on the event loop only."""
+
+    def __init__(self, capacity: int) -> None:
+        require(capacity >= 1, f"generation slots must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.rounds = anyio.CapacityLimiter(math.inf)  # not Starlette's pool (40 threads, shared with the responses)
+        self._free = capacity
+        self._line: deque[tuple[int, asyncio.Future[None]]] = deque()  # (slots, granted), first come first served
+
+    @property
+    def free(self) -> int:
+        return self._free
+
+    def waiting(self) -> int:
+        return len(self._line)
+
+    async def take(self, n: int) -> Callable[[], None]:
+        """Wait for `n` slots, all at once (two requests can never each hold part of theirs and wait for the rest);
+        returns what gives them back."""
+        require(1 <= n <= self.capacity, f"a request takes 1 to {self.capacity} generation slots, got {n}")
+        if not self._line and self._free >= n:
+            self._free -= n
+            return partial(self._give_back, n)
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (n, granted)
+        self._line.append(entry)
+        try:
+            await granted
+        except BaseException:  # cancelled in line (the client left, a shutdown)
+            if granted.done() and not granted.cancelled():
+                self._give_back(n)  # granted just before the cancellation arrived
+            else:
+                self._line.remove(entry)
+                self._serve()  # it may have held up smaller requests behind it
+            raise
+        return partial(self._give_back, n)
+
+    def _give_back(self, n: int) -> None:
+        self._free += n
+        self._serve()
+
+    def _serve(self) -> None:
+        while self._line and self._line[0][0] <= self._free:
+            n, granted = self._line.popleft()
+            self._free -= n
+            granted.set_result(None)
+
+
 class HttpGeneration:
-    """A generation an HTTP request drives from the thread pool, one `next` at a time, and can end early.
+    """A generation an HTTP request drives from worker threads, one `next` at a time, and can end early.
 
     A client that leaves (a stream closed mid-way, a request given up on) ends it: the round in flight
     finishes, then the generator is closed, so its sessions are closed and its place in lockstep given
     back at once. Before, an abandoned generator stayed suspended until garbage collection: its sessions
-    open until their idle TTL, and the lockstep group waiting for it at every round start."""
+    open until their idle TTL, and the lockstep group waiting for it at every round start. `rounds`: the
+    threads its rounds run on (`GenerationSlots.rounds`; None: the event loop's default pool)."""
 
-    def __init__(self, chunks: Generator[Chunk, None, None], gone: threading.Event) -> None:
+    def __init__(
+        self, chunks: Generator[Chunk, None, None], gone: threading.Event, rounds: anyio.CapacityLimiter | None = None
+    ) -> None:
         self._chunks = chunks
+        self._rounds = rounds
         self._lock = threading.Lock()  # held by the thread running a round
         self._gone = gone  # the orchestrator's `cancelled`: checked at every round start
         self._done = False  # nothing more to run: its last chunk is out, or it failed or was cancelled
@@ -86,6 +150,14 @@ class HttpGeneration:
 
     def next_or_none(self) -> Chunk | None:
         return next(self, None)
+
+    async def first_round(self) -> Chunk:
+        """Its first chunk, computed on a thread of its `rounds`."""
+        return await anyio.to_thread.run_sync(self.__next__, limiter=self._rounds)
+
+    async def next_round(self) -> Chunk | None:
+        """Its next chunk, computed on a thread of its `rounds`; None once it has ended."""
+        return await anyio.to_thread.run_sync(self.next_or_none, limiter=self._rounds)
 
     def abandon(self) -> None:
         """The client is gone: stop at the next round start and close the generator once no round runs
@@ -162,46 +234,84 @@ async def each_choice(generations: Sequence[HttpGeneration], work: Callable[[Htt
     return [r for r in results if r is not None]
 
 
-async def gathered(generations: Sequence[HttpGeneration], request: Request) -> list[Outcome]:
-    """Every choice whole, run at once; all ended early if the client disconnects meanwhile (the answer then
-    goes nowhere) or when one fails (`each_choice`)."""
+async def until_disconnect(
+    request: Request | None,
+    generations: Sequence[HttpGeneration],
+    work: Awaitable[T],
+    on_disconnect: Callable[[], None],
+) -> T:
+    """`work`, with `on_disconnect` called if the client disconnects meanwhile (None: no client to watch); `work`'s
+    failure raised as itself (not wrapped in the watcher's ExceptionGroup). This request itself cancelled (a
+    shutdown): its choices are abandoned, their threads stop at their next round."""
+    if request is None:
+        return await work
 
-    async def abandon_on_disconnect() -> None:
+    async def watch() -> None:
         while (await request.receive())["type"] != "http.disconnect":  # the body is read: only this is left
             pass
-        abandon_all(generations)
+        on_disconnect()
 
     failure: Exception | None = None
     try:
         async with anyio.create_task_group() as watcher:
-            watcher.start_soon(abandon_on_disconnect)
+            watcher.start_soon(watch)
             try:
-                outcomes = await each_choice(generations, whole)
-            except Exception as exc:  # raised below, as itself: not wrapped in the watcher's ExceptionGroup
+                result = await work
+            except Exception as exc:
                 failure = exc
             watcher.cancel_scope.cancel()
-    except BaseException:  # this request itself cancelled (a shutdown): its choices' threads stop at their next round
+    except BaseException:
         abandon_all(generations)
         raise
     if failure is not None:
         raise failure
-    return outcomes
+    return result
+
+
+async def admitted(slots: GenerationSlots, generations: Sequence[HttpGeneration], request: Request | None):
+    """A slot for every choice (what gives them back), waiting in line; a client that leaves meanwhile ends the
+    wait and abandons its choices: Cancelled."""
+    line = anyio.CancelScope()
+
+    def left() -> None:
+        abandon_all(generations)
+        line.cancel()
+
+    async def wait() -> Callable[[], None] | None:
+        with line:
+            return await slots.take(len(generations))
+        return None  # the scope was cancelled: the client left
+
+    release = await until_disconnect(request, generations, wait(), left)
+    if release is None:
+        raise Cancelled("request cancelled: the client went away while it waited for a generation slot")
+    return release
+
+
+async def gathered(generations: Sequence[HttpGeneration], request: Request | None) -> list[Outcome]:
+    """Every choice whole, run at once; all ended early if the client disconnects meanwhile (the answer then
+    goes nowhere) or when one fails (`each_choice`)."""
+    return await until_disconnect(
+        request, generations, each_choice(generations, whole), partial(abandon_all, generations)
+    )
 
 
 async def whole(generation: HttpGeneration) -> Outcome:
-    """A choice's every chunk, a round at a time on the thread pool: between its rounds it holds no worker thread,
-    so that many choices of unary requests never leave streams and other requests without one (they held a
-    thread for their whole generation: three requests of 16 choices took more than the pool's 40)."""
+    """A choice's every chunk, a round at a time on a worker thread: between its rounds it holds no thread, so
+    that many choices of unary requests never leave streams and other requests without one (they held a thread
+    for their whole generation: three requests of 16 choices took more than the pool's 40)."""
     chunks = []
-    while (chunk := await run_in_threadpool(generation.next_or_none)) is not None:
+    while (chunk := await generation.next_round()) is not None:
         chunks.append(chunk)
     return gather(chunks)
 
 
-async def first_chunks(generations: Sequence[HttpGeneration]) -> list[Chunk]:
+async def first_chunks(generations: Sequence[HttpGeneration], request: Request | None = None) -> list[Chunk]:
     """Every choice's first chunk (its first round), at once, so that a bad request still gets its HTTP status
-    before a stream starts (`each_choice`)."""
-    return await each_choice(generations, partial(run_in_threadpool, next))
+    before a stream starts (`each_choice`); all abandoned if the client disconnects meanwhile (it ran every
+    choice's first round, prefill included, for a client long gone)."""
+    work = each_choice(generations, HttpGeneration.first_round)
+    return await until_disconnect(request, generations, work, partial(abandon_all, generations))
 
 
 async def rest_of(first: Chunk, rest: HttpGeneration) -> AsyncIterator[Chunk]:
@@ -209,7 +319,7 @@ async def rest_of(first: Chunk, rest: HttpGeneration) -> AsyncIterator[Chunk]:
     `[DONE]`): there the request is counted OK and logged under its id, and its sessions are closed. Stopping
     at the last chunk left the generation suspended until garbage collection ended it, counted CANCELLED."""
     yield first
-    while (chunk := await run_in_threadpool(rest.next_or_none)) is not None:
+    while (chunk := await rest.next_round()) is not None:
         yield chunk
 
 

@@ -28,6 +28,7 @@ from pydantic_core import PydanticCustomError
 from calispec.types import MODE_NAMES, FinishReason
 from calispec_core.errors import InvalidArgument, InvalidField
 from calispec_core.limits import (
+    HTTP_MAX_CHOICES,
     MAX_PROMPT_CHARS,
     SEED_BOUND,
     check_csd_thresholds,
@@ -43,9 +44,9 @@ from calispec_core.sampling import MIN_TOP_P
 
 ModeName = Literal[MODE_NAMES]  # type: ignore[valid-type]
 # Choices a request may ask for (`n`, times the prompts of a batched completion). Each running choice holds a row of
-# the model services' batches (8 by default) and, while a round of it runs, one of the HTTP server's worker threads
-# (Starlette's pool: 40).
-MAX_CHOICES = 16
+# the model services' batches (8 by default), a generation slot (openai_generations.GenerationSlots) and, while a
+# round of it runs, a worker thread.
+MAX_CHOICES = HTTP_MAX_CHOICES
 MAX_PROMPT_TOKEN_IDS = MAX_PROMPT_CHARS  # a request's token-id prompts, in all (a text prompt's limit, in ids)
 TokenIds = list[StrictInt]
 NO_TOOLS = "this server has no tool calling"

@@ -135,6 +135,26 @@ def test_a_client_that_disconnects_from_a_unary_request_ends_its_generation() ->
     wait_until(endless.closed.is_set)
 
 
+def test_a_client_that_disconnects_before_a_streams_first_event_ends_its_generation() -> None:
+    """The first rounds (every choice's, prefills included) ran to their end for a client long gone: probed, 30
+    such streams kept the server busy for ~2.5 minutes after their client had exited (wave 50)."""
+    endless = EndlessGeneration()
+    generation = HttpGeneration(endless.chunks(block=True), endless.gone)
+    held, released = _held()
+
+    class LeftRequest:
+        async def receive(self) -> dict:  # the client leaves while the first round runs
+            assert await asyncio.to_thread(endless.in_round.wait, 20)
+            return {"type": "http.disconnect"}
+
+    async def serve():
+        return await stream([generation], 1, held, [], lambda i, c: Event(text=c.text), None, None, LeftRequest())  # type: ignore[arg-type]
+
+    response = asyncio.run(serve())
+    assert response.status_code == 499 and released == ["slot"]  # CANCELLED, as a unary request's
+    wait_until(endless.closed.is_set)
+
+
 def test_a_generation_that_finished_is_not_abandoned() -> None:
     chunks = (c for c in [Chunk([1], "a", "r"), Chunk([2], "b", "r", FinishReason.STOP)])
     gone = threading.Event()
