@@ -10,6 +10,9 @@
   for instance, then broke h11's state and was logged twice with a traceback. Here the refusal is a 400 (h11's
   status hint: 431 for oversized headers, 501 for an unknown transfer coding) in OpenAI's error shape, one
   debug line, the connection closed, and the app's answer, if any, dropped (it sees a disconnect).
+- **A bound on request headers however they arrive.** h11 bounds only a request it is still waiting for the end
+  of (`max_incomplete_event_size`, 16 KiB): headers of 100 KB that arrived in one read were taken whole. Here a
+  request whose head is over the bound is refused (431) once parsed, too.
 - **No request with two framings.** One with both `Content-Length` and `Transfer-Encoding` (h11 frames it by
   the chunks) is refused the same way, before the app sees it, so that a proxy in front that frames it by
   `Content-Length` cannot smuggle a second request in its body (RFC 9112 §6.3: reject, then close).
@@ -34,6 +37,7 @@ log = logging.getLogger(__name__)
 
 REASON_CHARS = 200  # h11's reasons quote the client's bytes: at most this much goes to the client and the log
 STATUS_CODES = {431: "resource_exhausted", 501: "unimplemented"}  # OpenAI `code` by status; others: invalid_argument
+DEFAULT_MAX_HEADER_BYTES = 16 * 1024  # h11's default bound on an incomplete event, and ours on a request's head
 
 
 class GuardedConnection(h11.Connection):
@@ -43,10 +47,8 @@ class GuardedConnection(h11.Connection):
     def __init__(
         self, refuse: Callable[[int, str], None], on_request: Callable[[], None], max_header_bytes: int | None
     ) -> None:
-        if max_header_bytes is None:
-            super().__init__(h11.SERVER)
-        else:
-            super().__init__(h11.SERVER, max_header_bytes)
+        self.max_header_bytes = max_header_bytes or DEFAULT_MAX_HEADER_BYTES
+        super().__init__(h11.SERVER, self.max_header_bytes)
         self._refuse = refuse
         self._on_request = on_request
         self._refused = False
@@ -67,6 +69,8 @@ class GuardedConnection(h11.Connection):
             self.request_method = event.method
             if has_two_framings(event):
                 return self._refusal(400, "a request may not have both Content-Length and Transfer-Encoding")
+            if (size := head_bytes(event)) > self.max_header_bytes:
+                return self._refusal(431, f"request headers of {size} bytes; at most {self.max_header_bytes}")
             self._on_request()
         return event
 
@@ -79,6 +83,12 @@ class GuardedConnection(h11.Connection):
 def has_two_framings(request: h11.Request) -> bool:
     names = {name for name, _ in request.headers}  # h11 lower-cases them
     return b"content-length" in names and b"transfer-encoding" in names
+
+
+def head_bytes(request: h11.Request) -> int:
+    """About the size of a request's head as sent: its request line and header lines (h11 strips whitespace)."""
+    line = len(request.method) + len(request.target) + len(request.http_version) + 8  # "M T HTTP/v\r\n"
+    return line + sum(len(name) + len(value) + 4 for name, value in request.headers)  # "n: v\r\n"
 
 
 def refusal_bytes(conn: GuardedConnection, status: int, reason: str) -> bytes:

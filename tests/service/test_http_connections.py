@@ -229,8 +229,11 @@ def test_a_malformed_body_after_the_answer_closes_the_connection_quietly(tmp_pat
         (b"\x16\x03\x01 not http\r\n\r\n", 400, "illegal request line"),
         (request_head("GET", "/v1/models", "Transfer-Encoding: gzip, chunked"), 501, "Transfer-Encoding"),
         (b"GET /v1/models HTTP/1.1\r\nHost: calispec\r\nX-Padding: " + b"a" * 20_000, 431, "Receive buffer too long"),
+        # complete, in one write: h11 took it whole and the request was answered (wave 50, found by probing)
+        (request_head("GET", "/v1/models", "X-Padding: " + "a" * 20_000), 431, "request headers of 20"),
+        (request_head("GET", "/v1/models", *[f"X-Pad-{i}: {'a' * 100}" for i in range(170)]), 431, "at most 16384"),
     ],
-    ids=["request-line", "transfer-coding", "headers-too-large"],
+    ids=["request-line", "transfer-coding", "headers-too-large", "complete-headers-too-large", "many-headers"],
 )
 def test_a_malformed_request_is_refused_in_openais_shape_without_a_warning(
     data: bytes, status: int, reason: str
