@@ -39,6 +39,7 @@ from calispec_core.limits import (
     check_stop_strings,
     check_stop_token_ids,
     require_unicode,
+    validate_prompt,
 )
 from calispec_core.sampling import MIN_TOP_P
 
@@ -282,7 +283,11 @@ class CompletionRequest(CalispecParams):
     @classmethod
     def _prompt_forms(cls, value: Any, info: ValidationInfo) -> Any:
         """OpenAI's four forms, each checked whole (a mixture gets a message of its own), and the request's size
-        before any item is validated: at most MAX_CHOICES choices, MAX_PROMPT_TOKEN_IDS ids in all."""
+        before any item is validated: at most MAX_CHOICES choices, MAX_PROMPT_TOKEN_IDS ids in all. A text is checked
+        here as /tokenize checks it (empty, too long, not valid Unicode), so its 400 names `prompt` (it had none)."""
+        if isinstance(value, str):
+            with domain_checked():
+                validate_prompt(value)
         if not isinstance(value, list):
             return value
         if not value:
@@ -296,6 +301,12 @@ class CompletionRequest(CalispecParams):
                 f"{len(prompts)} prompts x n = {n} make {len(prompts) * n} choices; at most {MAX_CHOICES} a request"
             )
         if all(isinstance(p, str) for p in prompts):
+            for i, text in enumerate(prompts):
+                with domain_checked():
+                    try:
+                        validate_prompt(text)
+                    except InvalidArgument as exc:
+                        raise InvalidArgument(f"prompt {i}: {exc}") from None
             return value
         if not all(isinstance(p, list) for p in prompts):
             raise invalid("a text, a list of texts, a list of token ids or a list of such lists; not a mixture")
