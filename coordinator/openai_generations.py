@@ -268,7 +268,9 @@ async def until_disconnect(
     return result
 
 
-async def admitted(slots: GenerationSlots, generations: Sequence[HttpGeneration], request: Request | None):
+async def admitted(
+    slots: GenerationSlots, generations: Sequence[HttpGeneration], request: Request | None
+) -> Callable[[], None]:
     """A slot for every choice (what gives them back), waiting in line; a client that leaves meanwhile ends the
     wait and abandons its choices: Cancelled."""
     line = anyio.CancelScope()
