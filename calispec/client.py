@@ -43,7 +43,8 @@ from calispec.types import (
 )
 from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc
 
-# A timeout this long or longer is no deadline (the coordinator reads a remaining time this long as none too).
+# A timeout this long or longer is sent as none (the server's default applies; it reads such a remaining time as
+# none too).
 NO_DEADLINE_S = 1e9
 
 
@@ -224,9 +225,9 @@ def _chunk(msg: coordinator_pb2.GenerateStreamResponse) -> StreamChunk:
 
 
 def _timeout(timeout: float | None, default: float | None) -> float | None:
-    """The call's deadline in seconds: 0 is one that has passed already, not "none" (None is, and so is anything
-    from NO_DEADLINE_S up, infinity included: grpcio's clock overflows past ~7.4e9 s and failed such a call at once
-    as DEADLINE_EXCEEDED). NaN is a ValueError."""
+    """The call's deadline in seconds: 0 is one that has passed already; None sends none, so the server's
+    `--rpc-timeout` applies, and so does anything from NO_DEADLINE_S up, infinity included (grpcio's clock
+    overflows past ~7.4e9 s and failed such a call at once as DEADLINE_EXCEEDED). NaN is a ValueError."""
     value = timeout if timeout is not None else default
     if value is None:
         return None

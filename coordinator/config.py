@@ -28,6 +28,9 @@ GRPC_MAX_REQUEST_BYTES = 4 * MAX_PROMPT_CHARS + 2**20
 # How long an HTTP connection may take to send a request's headers (its TLS handshake included), from its accept
 # or its previous response's end; it is closed then. Before, one that never finished them stayed open for ever.
 HTTP_HEADER_TIMEOUT_S = 10.0
+# Past a request's deadline, before its call is cancelled (gRPC) or its stream let go (HTTP); a round ends it first,
+# normally.
+CANCEL_GRACE_S = 2.0
 # HTTP choices generating at once (openai_generations.GenerationSlots); more wait in line for a slot. At least a
 # request's most choices (HTTP_MAX_CHOICES), or such a request could never start.
 HTTP_MAX_GENERATIONS = 64

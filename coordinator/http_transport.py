@@ -86,9 +86,10 @@ def has_two_framings(request: h11.Request) -> bool:
 
 
 def head_bytes(request: h11.Request) -> int:
-    """About the size of a request's head as sent: its request line and header lines (h11 strips whitespace)."""
-    line = len(request.method) + len(request.target) + len(request.http_version) + 8  # "M T HTTP/v\r\n"
-    return line + sum(len(name) + len(value) + 4 for name, value in request.headers)  # "n: v\r\n"
+    """The size of a request's head as sent with single spaces (h11 strips optional whitespace): its request line,
+    header lines and the blank line that ends them, as h11 counts an incomplete one."""
+    line = len(request.method) + len(request.target) + len(request.http_version) + 9  # "M T HTTP/v\r\n"
+    return line + sum(len(name) + len(value) + 4 for name, value in request.headers) + 2  # "n: v\r\n", "\r\n"
 
 
 def refusal_bytes(conn: GuardedConnection, status: int, reason: str) -> bytes:

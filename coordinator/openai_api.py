@@ -14,6 +14,7 @@ is `coordinator.http_transport`'s.
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import threading
 import time
@@ -47,7 +48,13 @@ from calispec_core.request_context import REQUEST_ID_METADATA, bound_request_id,
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
 from coordinator.chat import ChatTurn, InvalidParam, render_chat
-from coordinator.config import HTTP_HEADER_TIMEOUT_S, HTTP_MAX_BODY_BYTES, HTTP_MAX_GENERATIONS, CoordinatorConfig
+from coordinator.config import (
+    CANCEL_GRACE_S,
+    HTTP_HEADER_TIMEOUT_S,
+    HTTP_MAX_BODY_BYTES,
+    HTTP_MAX_GENERATIONS,
+    CoordinatorConfig,
+)
 from coordinator.engine import Chunk, Orchestrator
 from coordinator.http_transport import guarded_protocol, serve
 from coordinator.metrics import CoordinatorMetrics, RequestTimer
@@ -372,7 +379,7 @@ class OpenAIApi:
         rid, model = new_id("cmpl"), self.settings.model_name
         if not req.stream:
             with held:
-                held.callback(await admitted(self.slots, generations, request))
+                held.callback(await admitted(self.slots, generations, request, self.settings.request_timeout_s))
                 done = await gathered(generations, request)
 
             def response() -> CompletionResponse:  # on a worker thread: log-probabilities can be many objects
@@ -403,14 +410,16 @@ class OpenAIApi:
             return CompletionResponse(id=rid, model=model, choices=[], usage=usage)
 
         usage = usage_event if req.include_usage_chunk else None
-        return await stream(generations, req.n, held, [], event, usage, self.slots, request)
+        return await stream(
+            generations, req.n, held, [], event, usage, self.slots, request, self.settings.request_timeout_s
+        )
 
     async def chat_completion(self, req: ChatCompletionRequest, held: ExitStack, request: Request):
         generations = self.generations([cache(partial(self.chat_prompt, req))], req)  # rendered once
         rid, model = new_id("chatcmpl"), self.settings.model_name
         if not req.stream:
             with held:
-                held.callback(await admitted(self.slots, generations, request))
+                held.callback(await admitted(self.slots, generations, request, self.settings.request_timeout_s))
                 done = await gathered(generations, request)
 
             def response() -> ChatCompletionResponse:  # on a worker thread: log-probabilities can be many objects
@@ -447,7 +456,9 @@ class OpenAIApi:
             for i in range(len(generations))
         ]
         usage = usage_event if req.include_usage_chunk else None
-        return await stream(generations, req.n, held, opening, event, usage, self.slots, request)
+        return await stream(
+            generations, req.n, held, opening, event, usage, self.slots, request, self.settings.request_timeout_s
+        )
 
 
 class ModelNotFound(NotFound):
@@ -463,17 +474,20 @@ async def stream(
     usage_event: Callable[[Usage], BaseModel] | None,
     slots: GenerationSlots | None = None,
     request: Request | None = None,
+    timeout_s: float | None = None,
 ) -> StreamingResponse | JSONResponse:
     """Server-sent events, each choice's as its rounds end. Every choice's first round runs before the response
     starts, so that a bad request still gets its HTTP error status; a failure later arrives as an `error` event
     (and ends the other choices). The usage event, when asked for, follows the last choice's end: each prompt's
     tokens once (choice k continues prompt k // n), every choice's new tokens. With `slots`, the choices first
-    wait for theirs; with `request`, a client that leaves before the first events ends them."""
+    wait for theirs (at most `timeout_s`, the request's timeout); with `request`, a client that leaves before the
+    first events ends them. `timeout_s` (+ CANCEL_GRACE_S) also bounds the stream: a client that stops reading
+    without leaving held its generation slots, quota slots and drain count for as long as its connection lived."""
     for generation in generations:
         held.callback(generation.abandon)  # however the response ends (a no-op once the generation finished)
     try:
         if slots is not None:
-            held.callback(await admitted(slots, generations, request))
+            held.callback(await admitted(slots, generations, request, timeout_s or math.inf))
         firsts = await first_chunks(generations, request)
     except CalispecError as exc:
         held.close()
@@ -507,23 +521,43 @@ async def stream(
             yield sse(ErrorResponse(error=ErrorBody(message=str(exc), type=kind, code=exc.code.lower())))
         yield sse("[DONE]")
 
-    return OwnedStream(events(), held.close, media_type="text/event-stream", headers=SSE_HEADERS)
+    let_go_s = None if timeout_s is None else timeout_s + CANCEL_GRACE_S
+    return OwnedStream(events(), held.close, let_go_s, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 class OwnedStream(StreamingResponse):
-    """A stream that gives back what it holds (its drain and quota slots) however the response ends: also
-    when the client leaves before the first byte, where the body's generator never starts and its own
-    `with` never runs (closing twice is harmless)."""
+    """A stream that gives back what it holds (its drain, quota and generation slots, its generations) however the
+    response ends: also when the client leaves before the first byte, where the body's generator never starts and
+    its own `with` never runs (closing twice is harmless), and `let_go_s` after it starts even if a send still
+    waits for a client that stopped reading (the connection stays until the client reads or leaves: closing it
+    from here would end the ASGI call without its response, an error in uvicorn's log)."""
 
-    def __init__(self, content: AsyncIterator[str], release: Callable[[], object], **kwargs: Any) -> None:
+    def __init__(
+        self, content: AsyncIterator[str], release: Callable[[], object], let_go_s: float | None, **kwargs: Any
+    ) -> None:
         super().__init__(content, **kwargs)
         self._release = release
+        self._let_go_s = let_go_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        failure: Exception | None = None
         try:
-            await super().__call__(scope, receive, send)
+            async with anyio.create_task_group() as group:
+                if self._let_go_s is not None:
+                    group.start_soon(self._let_go_after, self._let_go_s)
+                try:
+                    await super().__call__(scope, receive, send)
+                except Exception as exc:  # raised below as itself (a ClientDisconnect), not in an ExceptionGroup
+                    failure = exc
+                group.cancel_scope.cancel()
         finally:
             self._release()
+        if failure is not None:
+            raise failure
+
+    async def _let_go_after(self, seconds: float) -> None:
+        await anyio.sleep(seconds)  # a deadline, not a synchronisation: the generations' own ended before it
+        self._release()
 
 
 class RequestIdMiddleware:
@@ -613,6 +647,7 @@ def instrument(app: FastAPI, metrics: CoordinatorMetrics) -> None:
 def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
     api = OpenAIApi(orchestrator, settings)
     app = FastAPI(title="Calispec (OpenAI-compatible)", docs_url=None, redoc_url=None)
+    app.state.api = api  # its generation slots, for a look from outside (tests)
     app.add_middleware(RequestGuard, api=api)  # inside RequestIdMiddleware: its refusals carry the request id
     app.add_middleware(RequestIdMiddleware)
     if settings.allowed_origins:  # outermost: a browser's preflight carries no API key, and refusals need the headers

@@ -11,6 +11,7 @@ rounds; the others wait in line, before their first round.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import math
@@ -24,7 +25,7 @@ from typing import TypeVar
 import anyio
 from fastapi import Request
 
-from calispec_core.errors import Cancelled, require
+from calispec_core.errors import Cancelled, DeadlineExceeded, require
 from calispec_core.generation import TokenLogprob
 from coordinator.engine import Chunk
 from coordinator.openai_protocol import Usage
@@ -92,11 +93,12 @@ class GenerationSlots:
         self._line.append(entry)
         try:
             await granted
-        except BaseException:  # cancelled in line (the client left, a shutdown)
+        except BaseException:  # cancelled in line (the client left, its wait ran out, a shutdown)
             if granted.done() and not granted.cancelled():
                 self._give_back(n)  # granted just before the cancellation arrived
             else:
-                self._line.remove(entry)
+                with contextlib.suppress(ValueError):  # `_serve` may have dropped it already
+                    self._line.remove(entry)
                 self._serve()  # it may have held up smaller requests behind it
             raise
         return partial(self._give_back, n)
@@ -106,8 +108,14 @@ class GenerationSlots:
         self._serve()
 
     def _serve(self) -> None:
-        while self._line and self._line[0][0] <= self._free:
-            n, granted = self._line.popleft()
+        while self._line:
+            n, granted = self._line[0]
+            if granted.done():  # cancelled in line, its task not yet resumed: it finds itself gone
+                self._line.popleft()
+                continue
+            if n > self._free:
+                return
+            self._line.popleft()
             self._free -= n
             granted.set_result(None)
 
@@ -269,25 +277,34 @@ async def until_disconnect(
 
 
 async def admitted(
-    slots: GenerationSlots, generations: Sequence[HttpGeneration], request: Request | None
+    slots: GenerationSlots, generations: Sequence[HttpGeneration], request: Request | None, timeout_s: float
 ) -> Callable[[], None]:
-    """A slot for every choice (what gives them back), waiting in line; a client that leaves meanwhile ends the
-    wait and abandons its choices: Cancelled."""
-    line = anyio.CancelScope()
+    """A slot for every choice (what gives them back), waiting in line at most `timeout_s` (the request's timeout:
+    DeadlineExceeded); a client that leaves meanwhile ends the wait: Cancelled. Either way its choices are
+    abandoned (they never started)."""
+    line = anyio.CancelScope(deadline=anyio.current_time() + timeout_s)
+    gone = False
 
     def left() -> None:
-        abandon_all(generations)
+        nonlocal gone
+        gone = True
         line.cancel()
 
     async def wait() -> Callable[[], None] | None:
         with line:
             return await slots.take(len(generations))
-        return None  # the scope was cancelled: the client left
+        return None  # the scope was cancelled: the client left, or the wait ran out
 
     release = await until_disconnect(request, generations, wait(), left)
-    if release is None:
+    if release is not None:
+        return release
+    abandon_all(generations)
+    if gone:
         raise Cancelled("request cancelled: the client went away while it waited for a generation slot")
-    return release
+    raise DeadlineExceeded(
+        f"no generation slot came free within {timeout_s:g} s: {slots.capacity} choices generate at once over HTTP "
+        "(--http-max-generations), and the requests ahead in line held them"
+    )
 
 
 async def gathered(generations: Sequence[HttpGeneration], request: Request | None) -> list[Outcome]:

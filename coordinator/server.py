@@ -26,7 +26,7 @@ from coordinator.backends import ModelFacts
 from coordinator.chat import ChatTurn, render_chat
 from coordinator.circuit import CircuitBreaker
 from coordinator.clients import GrpcDraftBackend, GrpcTargetBackend
-from coordinator.config import GRPC_MAX_REQUEST_BYTES, CoordinatorConfig
+from coordinator.config import CANCEL_GRACE_S, GRPC_MAX_REQUEST_BYTES, CoordinatorConfig
 from coordinator.cost_model import CostModel
 from coordinator.discovery import DnsReplicaWatcher, replica_addresses
 from coordinator.engine import Chunk, Orchestrator, SpeculationConfig
@@ -38,9 +38,6 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name
 # gRPC servers report a call without a deadline as ~9.2e18 s remaining; anything this long is "none"
 NO_CLIENT_DEADLINE_S = 1e9
-
-
-CANCEL_GRACE_S = 2.0  # past a request's deadline, before its call is cancelled (a round ends it first, normally)
 
 
 def request_timeout(client_remaining: float | None, default_s: float) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Iterator
@@ -1003,3 +1004,32 @@ def test_stop_token_ids_end_a_choice_with_the_token_kept(base_url: str, grpc_cli
     for bad in ([-1], ["a"], list(range(17))):
         param = _error(_post(base_url, "/completions", {**body, "stop_token_ids": bad}))["param"]
         assert param in ("stop_token_ids", "stop_token_ids[0]")  # a non-integer item is named as itself
+
+
+def test_choices_past_the_slots_wait_in_line_and_every_slot_comes_back(chat_coordinator: Coordinator) -> None:
+    """Two requests of 16 choices with 16 slots, at once: one waits in line for the other (a stream and a unary
+    request); then a stream whose client leaves after the headers. Afterwards every slot is free, nobody waits."""
+    app = create_app(chat_coordinator.orchestrator, ApiSettings(MODEL, Defaults(), 60, max_generations=16))
+    server = start_http_server(app, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.port}/v1"
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 3, "n": 16, "mode": "sd"}
+
+    async def both() -> tuple[int, list[str], int]:
+        async with httpx.AsyncClient(timeout=60) as client:
+
+            async def streamed() -> tuple[int, list[str]]:
+                async with client.stream("POST", f"{url}/completions", json={**body, "stream": True}) as response:
+                    return response.status_code, [line async for line in response.aiter_lines() if line]
+
+            (status, events), unary = await asyncio.gather(streamed(), client.post(f"{url}/completions", json=body))
+            return status, events, unary.status_code
+
+    try:
+        status, events, unary_status = asyncio.run(both())
+        assert (status, events[-1], unary_status) == (200, "data: [DONE]", 200)
+        with httpx.stream("POST", f"{url}/completions", json={**body, "stream": True}, timeout=60) as response:
+            assert response.status_code == 200  # the client reads no further and leaves
+        slots = app.state.api.slots
+        wait_until(lambda: slots.free == 16 and slots.waiting() == 0)
+    finally:
+        server.stop()

@@ -29,7 +29,7 @@ def gated_chunks(gate: threading.Barrier) -> Generator[Chunk, None, None]:
 async def three_requests_of_16(slots: GenerationSlots, rounds, gate: threading.Barrier) -> list[int]:
     async def one_request() -> int:
         generations = [HttpGeneration(gated_chunks(gate), threading.Event(), rounds) for _ in range(16)]
-        release = await admitted(slots, generations, None)
+        release = await admitted(slots, generations, None, 60)
         try:
             return len(await gathered(generations, None))
         finally:
@@ -110,6 +110,46 @@ def test_a_request_granted_as_it_is_cancelled_gives_its_slots_back() -> None:
     asyncio.run(main())
 
 
+def test_a_request_cancelled_in_line_as_another_gives_back_loses_no_slot() -> None:
+    """Cancelling the waiter cancels its future at once, but its entry stayed in line until its task resumed: a
+    release in between granted the cancelled entry (InvalidStateError in the releasing request, ValueError in the
+    leaving one) and the slots were gone for good (found by review, wave 50)."""
+
+    async def main() -> tuple[int, int]:
+        slots = GenerationSlots(16)
+        held = await slots.take(16)
+        waiting = asyncio.create_task(slots.take(4))
+        behind = asyncio.create_task(slots.take(2))
+        await asyncio.sleep(0)
+        waiting.cancel()  # the client left...
+        held()  # ...and another request ended, in the same pass of the loop
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        (await behind)()  # the one behind it was served
+        return slots.free, slots.waiting()
+
+    assert asyncio.run(main()) == (16, 0)
+
+
+def test_a_wait_in_line_past_the_requests_timeout_is_deadline_exceeded() -> None:
+    from calispec_core.errors import DeadlineExceeded
+
+    async def main() -> list[HttpGeneration]:
+        slots = GenerationSlots(16)
+        held = await slots.take(16)
+        generations = [HttpGeneration(gated_chunks(threading.Barrier(1)), threading.Event()) for _ in range(2)]
+        with pytest.raises(DeadlineExceeded, match=r"no generation slot came free within 0\.05 s"):
+            await admitted(slots, generations, None, 0.05)
+        assert slots.waiting() == 0
+        held()
+        assert slots.free == 16
+        return generations
+
+    for generation in asyncio.run(main()):
+        with pytest.raises(Cancelled):  # abandoned: it never starts
+            next(generation)
+
+
 @pytest.mark.parametrize("n", [0, 17])
 def test_a_request_takes_one_to_capacity_slots(n: int) -> None:
     with pytest.raises(Exception, match="generation slots"):
@@ -127,7 +167,7 @@ def test_a_client_that_leaves_while_in_line_is_cancelled_and_its_choices_abandon
                 return {"type": "http.disconnect"}
 
         with pytest.raises(Cancelled, match="while it waited for a generation slot"):
-            await admitted(slots, generations, Leaves())  # type: ignore[arg-type]
+            await admitted(slots, generations, Leaves(), 60)  # type: ignore[arg-type]
         assert slots.waiting() == 0 and slots.free == 0
         return generations
 

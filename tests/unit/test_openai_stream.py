@@ -155,6 +155,35 @@ def test_a_client_that_disconnects_before_a_streams_first_event_ends_its_generat
     wait_until(endless.closed.is_set)
 
 
+def test_a_stream_whose_client_stops_reading_lets_go_of_what_it_holds_at_its_deadline() -> None:
+    """A client that stopped reading without leaving blocked the stream in `send`: it held its slots and its
+    generation for as long as its connection lived (found by review, wave 50; gRPC cancels such a call)."""
+    endless = EndlessGeneration()
+    generation = HttpGeneration(endless.chunks(), endless.gone)
+    held, released = _held()
+    stalled = asyncio.Event()
+
+    async def never_reads(message: dict) -> None:
+        if message.get("body"):
+            stalled.set()
+            await asyncio.Event().wait()  # the socket's buffer is full: this send never returns
+
+    async def receive() -> dict:
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    async def main() -> None:
+        response = await stream([generation], 1, held, [], lambda i, c: Event(text=c.text), None, timeout_s=0.0)
+        serving = asyncio.create_task(response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, never_reads))
+        await stalled.wait()
+        await asyncio.to_thread(wait_until, lambda: released == ["slot"])  # let go with the send still waiting
+        assert not serving.done()
+        serving.cancel()
+
+    asyncio.run(main())
+    wait_until(endless.closed.is_set)  # its generation ended too
+
+
 def test_a_generation_that_finished_is_not_abandoned() -> None:
     chunks = (c for c in [Chunk([1], "a", "r"), Chunk([2], "b", "r", FinishReason.STOP)])
     gone = threading.Event()
