@@ -125,6 +125,19 @@ class HttpMetrics:
             registry=registry,
         )
 
+        self.slots_free = Gauge(
+            f"{PREFIX}http_generation_slots_free",
+            "HTTP generation slots free (--http-max-generations: choices generating at once over HTTP)",
+            registry=registry,
+        )
+        self.choices_waiting = Gauge(
+            f"{PREFIX}http_choices_waiting", "HTTP choices waiting in line for a generation slot", registry=registry
+        )
+
+    def slots_changed(self, free: int, waiting: int) -> None:
+        self.slots_free.set(free)
+        self.choices_waiting.set(waiting)
+
     def observe(self, info: Info) -> None:
         method = info.method if info.method in HTTP_METHODS else OTHER_METHOD
         self.requests.labels(info.modified_handler, method, info.modified_status).inc()

@@ -246,7 +246,7 @@ class OpenAIApi:
         self.metrics = settings.metrics or CoordinatorMetrics(new_registry())
         self.gate = settings.gate or DrainGate(())
         self.started = int(time.time())  # the served model's `created`: the same on every call
-        self.slots = GenerationSlots(settings.max_generations)
+        self.slots = GenerationSlots(settings.max_generations, self.metrics.http.slots_changed)
         # log-probabilities' token texts, decoded as the choices' texts are
         self.token_texts = TokenTexts(lambda ids: orchestrator.tokenizer.decode(ids, skip_special_tokens=True))
         # an echoed prompt's, decoded as its echoed text is (special tokens kept), so that its offsets follow that text

@@ -67,19 +67,28 @@ class GenerationSlots:
     generations, and a round still in flight of a choice abandoned after its slot went back must not take a thread
     from a member the group waits for. Used on the event loop only."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, on_change: Callable[[int, int], None] | None = None) -> None:
         require(capacity >= 1, f"generation slots must be >= 1, got {capacity}")
         self.capacity = capacity
-        self.rounds = anyio.CapacityLimiter(math.inf)  # not Starlette's pool (40 threads, shared with the responses)
+        # not Starlette's pool (40 threads, shared with the responses); threads: about the live generations, plus
+        # the rounds still in flight of choices abandoned after their slots went back
+        self.rounds = anyio.CapacityLimiter(math.inf)
         self._free = capacity
         self._line: deque[tuple[int, asyncio.Future[None]]] = deque()  # (slots, granted), first come first served
+        self._on_change = on_change  # (free slots, choices waiting): the metrics' gauges
+        self._changed()
 
     @property
     def free(self) -> int:
         return self._free
 
     def waiting(self) -> int:
+        """Requests in line (a cancelled one until its task resumes)."""
         return len(self._line)
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(self._free, sum(n for n, granted in self._line if not granted.done()))
 
     async def take(self, n: int) -> Callable[[], None]:
         """Wait for `n` slots, all at once (two requests can never each hold part of theirs and wait for the rest);
@@ -87,10 +96,12 @@ class GenerationSlots:
         require(1 <= n <= self.capacity, f"a request takes 1 to {self.capacity} generation slots, got {n}")
         if not self._line and self._free >= n:
             self._free -= n
+            self._changed()
             return partial(self._give_back, n)
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (n, granted)
         self._line.append(entry)
+        self._changed()
         try:
             await granted
         except BaseException:  # cancelled in line (the client left, its wait ran out, a shutdown)
@@ -114,10 +125,11 @@ class GenerationSlots:
                 self._line.popleft()
                 continue
             if n > self._free:
-                return
+                break
             self._line.popleft()
             self._free -= n
             granted.set_result(None)
+        self._changed()
 
 
 class HttpGeneration:

@@ -1029,7 +1029,8 @@ def test_choices_past_the_slots_wait_in_line_and_every_slot_comes_back(chat_coor
         assert (status, events[-1], unary_status) == (200, "data: [DONE]", 200)
         with httpx.stream("POST", f"{url}/completions", json={**body, "stream": True}, timeout=60) as response:
             assert response.status_code == 200  # the client reads no further and leaves
-        slots = app.state.api.slots
+        slots, gauge = app.state.api.slots, app.state.api.metrics.registry.get_sample_value
         wait_until(lambda: slots.free == 16 and slots.waiting() == 0)
+        assert (gauge("calispec_http_generation_slots_free"), gauge("calispec_http_choices_waiting")) == (16, 0)
     finally:
         server.stop()

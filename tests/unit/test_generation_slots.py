@@ -150,6 +150,21 @@ def test_a_wait_in_line_past_the_requests_timeout_is_deadline_exceeded() -> None
             next(generation)
 
 
+def test_the_gauges_follow_the_free_slots_and_the_choices_in_line() -> None:
+    seen: list[tuple[int, int]] = []
+
+    async def main() -> None:
+        slots = GenerationSlots(16, lambda free, waiting: seen.append((free, waiting)))
+        first = await slots.take(10)
+        big = asyncio.create_task(slots.take(16))
+        await asyncio.sleep(0)
+        first()
+        (await big)()
+
+    asyncio.run(main())
+    assert seen == [(16, 0), (6, 0), (6, 16), (0, 0), (16, 0)]
+
+
 @pytest.mark.parametrize("n", [0, 17])
 def test_a_request_takes_one_to_capacity_slots(n: int) -> None:
     with pytest.raises(Exception, match="generation slots"):
