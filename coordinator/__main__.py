@@ -6,13 +6,17 @@ Target replicas are either fixed (`--target-addr`, repeatable) or discovered by 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from calispec_core.interrupts import interrupt_exits_quietly
+
+if TYPE_CHECKING:
+    from coordinator.openai_api import HttpServer
 
 # Ctrl-C while torch and the serving stack import (seconds), before main() runs: exit 130, no traceback
 with interrupt_exits_quietly():
     import argparse
     import signal
-    from collections.abc import Callable
     from pathlib import Path
 
     from calispec_core.access import ApiKeys, Quota, QuotaBook
@@ -244,18 +248,19 @@ def main(argv: list[str] | None = None) -> None:
     config, log_level = parse_config(argv)
     configure_logging(log_level)
     with interrupt_exits_quietly():  # start-up waits up to --connect-timeout for the model services
-        server, banner, on_stop = start(config)
+        server, banner, http = start(config)
         serve_until_signalled(
             server,
             banner,
-            on_stop=on_stop,
+            on_stop=http.stop if http else None,
             drain_timeout_s=config.drain_timeout_s,
             stop_when_stdin_closes=config.stop_when_stdin_closes,
+            before_stop=http.begin_stop if http else None,  # its grace beside the gRPC server's, not after it
         )
 
 
-def start(config: CoordinatorConfig) -> tuple[ManagedServer, str, Callable[[], None] | None]:
-    """Connect, bind, start the HTTP API if asked: (server, banner, what stops the HTTP API); exit 2 on failure."""
+def start(config: CoordinatorConfig) -> tuple[ManagedServer, str, HttpServer | None]:
+    """Connect, bind, start the HTTP API if asked: (server, banner, the HTTP API's server); exit 2 on failure."""
     with startup_step("coordinator", "cannot start"):
         keys = ApiKeys(config.api_keys_file) if config.api_keys_file else None
         if keys is not None:
@@ -274,7 +279,7 @@ def start(config: CoordinatorConfig) -> tuple[ManagedServer, str, Callable[[], N
         scheme = "https" if config.tls.enabled else "http"
         banner += f" (OpenAI-compatible API at {scheme}://{config.host}:{http.port}/v1)"
     metrics_banner("coordinator", server)
-    return server, banner, http.stop if http else None
+    return server, banner, http
 
 
 if __name__ == "__main__":

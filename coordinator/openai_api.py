@@ -247,6 +247,7 @@ class OpenAIApi:
         self.gate = settings.gate or DrainGate(())
         self.started = int(time.time())  # the served model's `created`: the same on every call
         self.slots = GenerationSlots(settings.max_generations, self.metrics.http.slots_changed)
+        self.stopping = threading.Event()  # the server is shutting down: streams end at their next chunk
         # log-probabilities' token texts, decoded as the choices' texts are
         self.token_texts = TokenTexts(lambda ids: orchestrator.tokenizer.decode(ids, skip_special_tokens=True))
         # an echoed prompt's, decoded as its echoed text is (special tokens kept), so that its offsets follow that text
@@ -410,9 +411,7 @@ class OpenAIApi:
             return CompletionResponse(id=rid, model=model, choices=[], usage=usage)
 
         usage = usage_event if req.include_usage_chunk else None
-        return await stream(
-            generations, req.n, held, [], event, usage, self.slots, request, self.settings.request_timeout_s
-        )
+        return await self.streamed(generations, req.n, held, [], event, usage, request)
 
     async def chat_completion(self, req: ChatCompletionRequest, held: ExitStack, request: Request):
         generations = self.generations([cache(partial(self.chat_prompt, req))], req)  # rendered once
@@ -456,8 +455,22 @@ class OpenAIApi:
             for i in range(len(generations))
         ]
         usage = usage_event if req.include_usage_chunk else None
+        return await self.streamed(generations, req.n, held, opening, event, usage, request)
+
+    async def streamed(
+        self,
+        generations: Sequence[HttpGeneration],
+        n: int,
+        held: ExitStack,
+        opening: list[BaseModel],
+        event: Callable[[int, Chunk], BaseModel],
+        usage_event: Callable[[Usage], BaseModel] | None,
+        request: Request,
+    ) -> StreamingResponse | JSONResponse:
+        """`stream`, with this API's slots, timeout and shutdown."""
+        timeout_s = self.settings.request_timeout_s
         return await stream(
-            generations, req.n, held, opening, event, usage, self.slots, request, self.settings.request_timeout_s
+            generations, n, held, opening, event, usage_event, self.slots, request, timeout_s, self.stopping
         )
 
 
@@ -475,6 +488,7 @@ async def stream(
     slots: GenerationSlots | None = None,
     request: Request | None = None,
     timeout_s: float | None = None,
+    stopping: threading.Event | None = None,
 ) -> StreamingResponse | JSONResponse:
     """Server-sent events, each choice's as its rounds end. Every choice's first round runs before the response
     starts, so that a bad request still gets its HTTP error status; a failure later arrives as an `error` event
@@ -482,7 +496,9 @@ async def stream(
     tokens once (choice k continues prompt k // n), every choice's new tokens. With `slots`, the choices first
     wait for theirs (at most `timeout_s`, the request's timeout); with `request`, a client that leaves before the
     first events ends them. `timeout_s` (+ CANCEL_GRACE_S) also bounds the stream: a client that stops reading
-    without leaving held its generation slots, quota slots and drain count for as long as its connection lived."""
+    without leaving held its generation slots, quota slots and drain count for as long as its connection lived.
+    Once `stopping` is set (the server shuts down after its drain), the stream ends at its next chunk with an
+    UNAVAILABLE error event: it was cut mid-body when the server's grace ran out."""
     for generation in generations:
         held.callback(generation.abandon)  # however the response ends (a no-op once the generation finished)
     try:
@@ -507,6 +523,8 @@ async def stream(
         prompt_tokens = completion_tokens = 0
         try:
             async for index, chunk in merged(firsts, generations):
+                if stopping is not None and stopping.is_set():
+                    raise Unavailable("the server is shutting down: this stream ends here; retry elsewhere")
                 completion_tokens += len(chunk.token_ids)
                 if chunk.prompt_logprobs:  # an echoed prompt's entries, maybe thousands: built off the event loop
                     yield await run_in_threadpool(event_text, index, chunk)
@@ -759,9 +777,18 @@ class HttpServer:
     server: uvicorn.Server
     thread: threading.Thread
     port: int
+    stopping: threading.Event | None = None  # the API's: its streams end at their next chunk with an error event
+
+    def begin_stop(self) -> None:
+        """Stop taking connections and let the streams end (uvicorn's grace: 5 s, then what runs is cancelled).
+        The coordinator calls it before its gRPC server's grace, so that both graces run at once: one after the
+        other made it exit 10 s past its drain, not 5 (found by probing, wave 50)."""
+        if self.stopping is not None:
+            self.stopping.set()
+        self.server.should_exit = True
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        self.server.should_exit = True
+        self.begin_stop()
         self.thread.join(timeout_s)
 
 
@@ -776,7 +803,9 @@ def serve_http(
     """The HTTP API of a coordinator process, next to its gRPC server: same keys, same quotas, same TLS
     certificate (server-side; HTTP clients authenticate with API keys), same metrics, same drain."""
     app = create_app(orchestrator, api_settings(config, keys, quotas, metrics, gate))
-    return start_http_server(app, config.host, config.http_port or 0, config.tls, config.http_header_timeout_s)
+    http = start_http_server(app, config.host, config.http_port or 0, config.tls, config.http_header_timeout_s)
+    http.stopping = app.state.api.stopping
+    return http
 
 
 def api_settings(

@@ -344,3 +344,25 @@ def test_a_heads_size_is_counted_as_sent(padding: int) -> None:
     connection = h11.Connection(h11.SERVER, 10**6)
     connection.receive_data(raw)
     assert head_bytes(connection.next_event()) == len(raw)
+
+
+def test_the_coordinator_runs_the_http_apis_grace_beside_the_grpc_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The HTTP API stopped only after the gRPC server's grace: the coordinator exited 10 s past its drain, not 5
+    (found by probing, wave 50)."""
+    from types import SimpleNamespace
+
+    seen: dict[str, Any] = {}
+    http = SimpleNamespace(begin_stop=lambda: None, stop=lambda: None)
+    monkeypatch.setattr(coordinator_cli, "start", lambda config: ("server", "banner", http))
+    monkeypatch.setattr(coordinator_cli, "serve_until_signalled", lambda *args, **kwargs: seen.update(kwargs))
+    coordinator_cli.main(["--draft-addr", "d:1", "--target-addr", "t:1", "--tokenizer", "t"])
+    assert seen["before_stop"] is http.begin_stop and seen["on_stop"] is http.stop
+
+
+def test_beginning_to_stop_the_coordinators_http_api_tells_its_streams_and_ends_its_server(tmp_path: Path) -> None:
+    config = CoordinatorConfig("d:1", ("t:1",), tmp_path / MODEL, http_port=0)
+    server = serve_http(cast(Orchestrator, ScriptedOrchestrator()), config, None, None)
+    assert server.stopping is not None and not server.stopping.is_set()
+    server.begin_stop()
+    server.thread.join(timeout=30)
+    assert server.stopping.is_set() and not server.thread.is_alive()

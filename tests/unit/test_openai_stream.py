@@ -184,6 +184,38 @@ def test_a_stream_whose_client_stops_reading_lets_go_of_what_it_holds_at_its_dea
     wait_until(endless.closed.is_set)  # its generation ended too
 
 
+def test_a_stream_running_when_the_server_stops_ends_with_an_error_event() -> None:
+    """uvicorn's grace ran out and cut such streams mid-body: no error event, no [DONE] (found by probing, wave 50)."""
+    endless = EndlessGeneration()
+    generation = HttpGeneration(endless.chunks(), endless.gone)
+    held, released = _held()
+    stopping = threading.Event()
+    body: list[bytes] = []
+
+    async def client(message: dict) -> None:
+        body.append(message.get("body", b""))
+        if len(body) == 3:  # the response start, then the first event: the server begins to stop
+            stopping.set()
+
+    async def receive() -> dict:
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    async def main() -> None:
+        response = await stream([generation], 1, held, [], _text_event, None, stopping=stopping)
+        await response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, client)
+
+    asyncio.run(main())
+    text = b"".join(body).decode()
+    assert '"code":"unavailable"' in text and "shutting down" in text and text.rstrip().endswith("data: [DONE]")
+    assert released == ["slot"]
+    wait_until(endless.closed.is_set)
+
+
+def _text_event(index: int, chunk: Chunk) -> Event:
+    return Event(text=chunk.text)
+
+
 def test_a_generation_that_finished_is_not_abandoned() -> None:
     chunks = (c for c in [Chunk([1], "a", "r"), Chunk([2], "b", "r", FinishReason.STOP)])
     gone = threading.Event()
