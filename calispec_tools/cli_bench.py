@@ -89,8 +89,9 @@ def add_target_args(parser: argparse.ArgumentParser, required: bool = True) -> a
     parser.add_argument("--tokenizer", help="tokenizer dir to label token ids (with --address)")
     parser.add_argument(
         "--memory-namespace",
-        default="default",
-        help="with --address: the pair namespace (calispec_tools/namespaces.py)",
+        default=None,
+        help="with --address: the pair namespace (default: the running stack's, if it is that memory service, else "
+        "the service's only one; calispec_tools/namespaces.py)",
     )
     add_prefix_cache_arg(parser, "--local: ")
     add_meaning_guard_arg(parser, "--local: ")
@@ -145,7 +146,22 @@ def endpoints(args: argparse.Namespace) -> Iterator[Endpoints]:
     if not args.meaning_guard:  # a flag that would do nothing: the running stack's target decides
         raise SystemExit(usage_error("--no-meaning-guard applies to a --local stack (a running one: its target's)"))
     tokenizer = Path(args.tokenizer) if args.tokenizer else None
-    yield Endpoints(args.address, args.memory_address, args.memory_namespace, tokenizer)
+    namespace = args.memory_namespace
+    if args.memory_address:  # as the memory commands resolve it: "default" read a namespace no stack writes to
+        import grpc
+
+        from calispec_tools.cli_memory import resolve_namespace
+
+        try:
+            namespace = resolve_namespace(args.memory_address, namespace)
+        except grpc.RpcError as exc:
+            raise SystemExit(memory_failure(args.memory_address, exc)) from None
+    yield Endpoints(args.address, args.memory_address, namespace, tokenizer)
+
+
+def memory_failure(address: str, exc: Any) -> str:
+    """One line for a memory service that did not answer (`exc`: a grpc.RpcError)."""
+    return f"error: memory service {address}: {exc.code().name}: {exc.details()}"
 
 
 def coordinator_auth(args: argparse.Namespace) -> dict[str, Any]:
@@ -166,8 +182,12 @@ def bench_auth(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def out_dir(args: argparse.Namespace, command: str) -> Path:
+    """The output directory, made now: one it cannot make is a usage error (it was a traceback)."""
     path = Path(args.out) if args.out else Path(f"calispec-{command}-{time.strftime('%Y%m%d-%H%M%S')}")
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SystemExit(usage_error(f"cannot make the output directory {path}: {exc.strerror or exc}")) from None
     return path
 
 
@@ -229,7 +249,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from calispec_tools.bench.prompts import load_prompts
     from calispec_tools.bench.runner import Level, LoadConfig
 
-    prompts = load_prompts(args.prompts)
+    try:
+        prompts = load_prompts(args.prompts)
+    except (OSError, ValueError) as exc:  # a file missing, empty, not JSON lines of prompts: one line, not a traceback
+        return usage_error(f"--prompts: {exc}")
     if args.rate:
         levels = [Level(rate=r) for r in args.rate]
     else:
@@ -245,7 +268,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return usage_error(exc)
     out = out_dir(args, "bench")
-    address, results = run_bench(args, prompts, config, levels, auth)
+    from calispec.client import CalispecRpcError
+
+    try:
+        address, results = run_bench(args, prompts, config, levels, auth)
+    except CalispecRpcError as exc:  # the OpenAI server's model list, before any request: not reached, key refused
+        print(f"error: {args.openai_url or args.address}: {exc}", file=sys.stderr)
+        return 1
     print(report.format_table(results))
     full_config = {
         "load": config.to_dict(), "levels": [lv.__dict__ for lv in levels], "address": address,
@@ -606,7 +635,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return usage_error(exc)
     kinds = [k.strip() for k in args.tasks.split(",") if k.strip()]
-    tasks = load_tasks(kinds, TASK_SETS[args.task_set], limit=args.limit)
+    try:
+        tasks = load_tasks(kinds, TASK_SETS[args.task_set], limit=args.limit)
+    except ValueError as exc:  # an unknown kind: one line, not a traceback
+        return usage_error(f"--tasks: {exc}")
     variant_list = variants(args.modes, args.sweep_tau, args.sweep_lambda)
     config = EvalConfig(args.max_new_tokens, args.gamma, args.prompt_format, args.timeout, args.sandbox_timeout)
     out = out_dir(args, "eval")
@@ -614,15 +646,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return _eval_study(args, tasks, variant_list, config, out)
     progress = _progress(len(tasks) * len(variant_list))
 
+    import grpc
+
     with endpoints(args) as ep:
-        before = memory_events(ep.memory, ep.namespace) if ep.memory else 0
-        rows = run_eval(ep.coordinator, tasks, variant_list, config, progress, client_options=auth)
-        print(file=sys.stderr)
-        analysis = None
-        if ep.memory:
-            expected = before + sum(r["stats"]["rejections"] for r in rows if r["stats"])
-            wait_for_events(ep.memory, ep.namespace, expected)
-            analysis = analyse(fetch_pairs(ep.memory, ep.namespace), _decoder(ep.tokenizer))
+        try:  # a memory service that does not answer: one line, not a traceback
+            before = memory_events(ep.memory, ep.namespace) if ep.memory else 0
+            rows = run_eval(ep.coordinator, tasks, variant_list, config, progress, client_options=auth)
+            print(file=sys.stderr)
+            analysis = None
+            if ep.memory:
+                expected = before + sum(r["stats"]["rejections"] for r in rows if r["stats"])
+                wait_for_events(ep.memory, ep.namespace, expected)
+                analysis = analyse(fetch_pairs(ep.memory, ep.namespace), _decoder(ep.tokenizer))
+        except grpc.RpcError as exc:
+            print(memory_failure(ep.memory or "", exc), file=sys.stderr)
+            return 1
     ratios = _ratio_analysis(args, tasks, config) if args.ratio_analysis else None
     if ratios is not None or analysis is not None:
         analysis = {**(analysis or {}), "probability_ratio": ratios or PROBABILITY_RATIO_NOTE}

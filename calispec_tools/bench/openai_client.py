@@ -28,8 +28,13 @@ def extra_body(params: dict[str, Any]) -> dict[str, Any]:
     return {"return_token_ids": True, **{k: v for k, v in named.items() if v is not None}}
 
 
-def rpc_error(exc: openai.APIStatusError) -> CalispecRpcError:
-    """The server's error (code = the gRPC status name) as the SDK's exception."""
+def rpc_error(exc: openai.APIError) -> CalispecRpcError:
+    """The server's error (code = the gRPC status name) as the SDK's exception; a server that did not answer (no
+    connection, a timeout) as UNAVAILABLE / DEADLINE_EXCEEDED, as the SDK reports them."""
+    if isinstance(exc, openai.APITimeoutError):
+        return CalispecRpcError("DEADLINE_EXCEEDED", str(exc.message))
+    if not isinstance(exc, openai.APIStatusError):  # APIConnectionError, or a response the client could not read
+        return CalispecRpcError("UNAVAILABLE", f"{exc.message} ({exc.request.url})")
     body = exc.body.get("error", {}) if isinstance(exc.body, dict) and "error" in exc.body else exc.body
     code = body.get("code") if isinstance(body, dict) else None
     return CalispecRpcError((code or f"HTTP_{exc.status_code}").upper(), str(exc.message))
@@ -44,7 +49,11 @@ class OpenAIStreamClient:
 
     async def __aenter__(self) -> OpenAIStreamClient:
         if self.model is None:  # the one model the server lists
-            self.model = (await self._client.models.list()).data[0].id
+            try:
+                self.model = (await self._client.models.list()).data[0].id
+            except openai.APIError as exc:  # no server there, a refused key: the SDK's error, not a traceback
+                await self._client.close()
+                raise rpc_error(exc) from None
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -64,5 +73,5 @@ class OpenAIStreamClient:
                 for choice in event.choices:
                     token_ids = list(getattr(choice, "token_ids", None) or [])
                     yield StreamChunk(choice.text, token_ids, event.id, choice.finish_reason)
-        except openai.APIStatusError as exc:
+        except openai.APIError as exc:
             raise rpc_error(exc) from None

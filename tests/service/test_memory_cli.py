@@ -276,3 +276,20 @@ def test_memory_seed_that_never_connects_says_why(tmp_path: Path, capsys) -> Non
     assert run(*args) == 1
     err = capsys.readouterr().err
     assert "UNAVAILABLE" in err and "nothing was loaded" in err
+
+
+def test_eval_reads_the_memory_services_only_namespace_by_default(memory: tuple[str, CorrectionStore]) -> None:
+    """It read "default", which no stack writes to, and reported no rejections at all (found by probing, wave 50)."""
+    from calispec_tools import cli
+    from calispec_tools.cli_bench import endpoints
+
+    address, store = memory
+    store.record("pair/x+y/abc", [(1, 2, 3)], durable=True)
+    args = cli.build_parser().parse_args(["eval", "--address", "127.0.0.1:1", "--memory-address", address])
+    with endpoints(args) as ep:
+        assert ep.namespace == "pair/x+y/abc"
+    given = cli.build_parser().parse_args(
+        [*["eval", "--address", "a:1", "--memory-address", address], "--memory-namespace", "n"]
+    )
+    with endpoints(given) as ep:
+        assert ep.namespace == "n"

@@ -385,3 +385,63 @@ def test_calibrate_names_a_missing_dir_of_the_running_stacks_pair(
     StackState(os.getpid(), "c", "m", "ns", str(tmp_path / "d"), "/nonexistent/t", "w", 0).write()
     assert cli.main(["calibrate", "--corpus", str(corpus), "--export", str(tmp_path / "y.json")]) == 2
     one_error_line(capsys, "model directory not found: /nonexistent/t")
+
+
+# -- bench and eval: their input files, output directory and servers (wave 50: each was a traceback) -------------
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "neither a built-in prompt set"),
+        ("", "no prompts"),
+        ("not json\n", "not JSON"),
+        ('{"p": 1}\n', "expected"),
+    ],
+    ids=["missing", "empty", "not-json", "no-prompt"],
+)
+def test_bench_names_a_prompts_file_it_cannot_use(
+    tmp_path: Path, content: str | None, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    if content is not None:
+        prompts.write_text(content)
+    argv = ["bench", "--address", "127.0.0.1:1", "--prompts", str(prompts), "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == 2
+    one_error_line(capsys, "--prompts: ", expected)
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize("command", [["bench", "--address", "127.0.0.1:1"], ["eval", "--address", "127.0.0.1:1"]])
+def test_an_output_directory_that_cannot_be_made_is_a_usage_error(
+    command: list[str], a_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main([*command, "--out", str(a_file / "sub")])
+    assert exited.value.code == 2
+    one_error_line(capsys, f"cannot make the output directory {a_file / 'sub'}: Not a directory")
+
+
+def test_eval_names_an_unknown_task_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["eval", "--address", "127.0.0.1:1", "--tasks", "bogus", "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == 2
+    one_error_line(capsys, "--tasks: no task file", "bogus.jsonl")
+
+
+def test_bench_names_an_openai_server_it_cannot_reach(
+    refusing_address: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"http://{refusing_address}/v1"
+    argv = ["bench", "--openai-url", url, "--num-requests", "1", "--out", str(tmp_path / "out"), "--no-plots"]
+    assert cli.main(argv) == 1
+    one_error_line(capsys, f"error: {url}: UNAVAILABLE")
+
+
+def test_eval_names_a_memory_service_it_cannot_reach(
+    refusing_address: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["eval", "--address", "127.0.0.1:1", "--memory-address", refusing_address, "--out", str(tmp_path / "o")]
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    message = exited.value.code  # SystemExit with a message: printed on stderr, exit status 1
+    assert isinstance(message, str) and message.startswith(f"error: memory service {refusing_address}: UNAVAILABLE")
