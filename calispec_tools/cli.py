@@ -33,7 +33,7 @@ import platformdirs
 
 from calispec.client import CalispecClient, CalispecRpcError, GenerationResult, build_params
 from calispec.types import Mode
-from calispec_core.interrupts import wait_for_stop
+from calispec_core.interrupts import SIGNAL_POLL_S
 from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, LOG_LEVELS
 from calispec_tools import arg_types as at
 from calispec_tools import cli_auth, cli_bench, cli_chat, cli_memory, cli_ray
@@ -425,11 +425,30 @@ def serve_stack(args: argparse.Namespace) -> int:
                 claim.describe(stack.served())
                 up_state(stack, config).write()
                 print_ready(stack, config, key, tls_dir)
-                wait_for_stop(stop)
+                lost = watch_services(stop, stack.services)
             finally:
                 clear_state(os.getpid())
         print("stopping...", file=sys.stderr)
-    return 0
+    return 1 if lost else 0
+
+
+def watch_services(stop: threading.Event, services: dict[str, Any]) -> str | None:
+    """Serve until `stop` (Ctrl-C, SIGTERM, `calispec down`); a service that exits meanwhile is named on stderr
+    with its status and log, once, and the stack serves on without it as it can (a draft lost: target-only;
+    the memory service: no rescues counted), unless it was the coordinator: then the stack has no API left, and
+    this returns its name so the stack stops. It said nothing, and the service stayed a zombie (found by probing)."""
+    reported: set[str] = set()
+    while not stop.wait(SIGNAL_POLL_S):
+        for name, service in services.items():
+            if name in reported or (status := service.process.poll()) is None:
+                continue
+            reported.add(name)
+            fatal = name == "coordinator"
+            then = "stopping the stack" if fatal else "the stack serves on without it"
+            print(f"error: {name} exited (status {status}; its log: {service.log_path}); {then}", file=sys.stderr)
+            if fatal:
+                return name
+    return None
 
 
 def up_state(stack: LocalStack, config: StackConfig) -> StackState:
