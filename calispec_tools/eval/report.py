@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ def summarize_variant(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
         "tasks": len(rows),
         "errors": sum(r["error"] is not None for r in rows),
+        "error_codes": dict(Counter(r["error"] for r in rows if r["error"] is not None)),  # gRPC status names
         "accuracy": _ratio(sum(r["correct"] for r in rows), len(rows)),
         "accuracy_by_kind": {
             k: _ratio(sum(r["correct"] for r in rows if r["kind"] == k), sum(r["kind"] == k for r in rows))
@@ -76,6 +78,10 @@ def format_table(summary: dict[str, dict[str, Any]]) -> str:
             _cell(s["speedup_vs_ar"], ".2f") + "×",
         ]  # fmt: skip
         lines.append("  ".join(cells))
+    for label, s in summary.items():  # a failed request counts as a wrong answer: say so, and why it failed
+        if s.get("errors"):
+            codes = ", ".join(f"{code} ×{n}" for code, n in s["error_codes"].items())
+            lines.append(f"{label}: {s['errors']} of {s['tasks']} requests failed ({codes}); counted as wrong answers")
     return "\n".join(lines)
 
 

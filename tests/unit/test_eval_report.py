@@ -80,3 +80,22 @@ def test_json_and_png(tmp_path) -> None:
 
     png = report.plot_rejections(tmp_path / "rejections.png", analysis)
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_failed_requests_are_named_under_the_table_not_only_counted_as_wrong() -> None:
+    """Every request refused (a bad key, no coordinator): the table read "accuracy 0.0%" and nothing said why (wave
+    50, found by probing)."""
+    failed = {
+        "task": "t",
+        "kind": "math",
+        "variant": "csd",
+        "correct": False,
+        "error": "UNAUTHENTICATED",
+        "stats": None,
+    }
+    rows = [row("ar", "math", True, 10, 1000), failed, {**failed, "task": "u"}]
+    s = report.summarize(rows)
+    assert s["csd"]["error_codes"] == {"UNAUTHENTICATED": 2} and s["ar"]["error_codes"] == {}
+    lines = report.format_table(s).splitlines()
+    assert lines[-1] == "csd: 2 of 2 requests failed (UNAUTHENTICATED ×2); counted as wrong answers"
+    assert len(lines) == 4  # the header, ar, csd, and one line for csd's failures (none for ar, which had none)
