@@ -96,7 +96,7 @@ def resolve_pair(args: argparse.Namespace) -> tuple[Path, Path]:
     if args.draft and args.target:
         return Path(args.draft), Path(args.target)
     if args.draft or args.target:
-        raise SystemExit("give both --draft and --target, or neither (then --pair decides)")
+        raise SystemExit(cli_auth.usage_error("give both --draft and --target, or neither (then --pair decides)"))
     if args.pair == "tiny":
         target, draft = ensure_tiny_pair()
         return draft, target

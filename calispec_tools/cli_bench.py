@@ -106,7 +106,7 @@ def model_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
     from calispec_tools.cli import ensure_tiny_pair
 
     if bool(args.draft) != bool(args.target):
-        raise SystemExit("give both --draft and --target, or neither (the tiny pair)")
+        raise SystemExit(usage_error("give both --draft and --target, or neither (the tiny pair)"))
     if args.draft:
         return Path(args.draft), Path(args.target)
     target, draft = ensure_tiny_pair()

@@ -30,7 +30,7 @@ from calispec_core.limits import (
     INT8_SPLIT,
 )
 from calispec_tools import arg_types as at
-from calispec_tools.cli_auth import USAGE_ERROR
+from calispec_tools.cli_auth import USAGE_ERROR, usage_error
 
 DEFAULT_COORDINATOR = "127.0.0.1:50050"
 
@@ -187,7 +187,7 @@ def model_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
     from calispec_tools.stack_state import running_stack
 
     if bool(args.draft) != bool(args.target):
-        raise SystemExit("error: give both --draft and --target, or neither")
+        raise SystemExit(usage_error("give both --draft and --target, or neither"))
     if args.draft:
         return Path(args.draft), Path(args.target)
     stack = running_stack()

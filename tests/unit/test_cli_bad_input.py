@@ -445,3 +445,16 @@ def test_eval_names_a_memory_service_it_cannot_reach(
         cli.main(argv)
     message = exited.value.code  # SystemExit with a message: printed on stderr, exit status 1
     assert isinstance(message, str) and message.startswith(f"error: memory service {refusing_address}: UNAVAILABLE")
+
+
+HALF_PAIRS = [["up", "--draft", "d"], ["demo", "--target", "t"], ["bench", "--local", "--draft", "d"]]
+
+
+@pytest.mark.parametrize("argv", [*HALF_PAIRS, ["calibrate", "--draft", "d"]], ids=["up", "demo", "bench", "calibrate"])
+def test_half_a_pair_is_a_usage_error(argv: list[str], a_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It exited 1 with no `error:` (up, demo, bench) or 1 with one (calibrate); a usage error is 2 (wave 50)."""
+    corpus = ["--corpus", str(a_file)] if argv[0] == "calibrate" else []  # a text document: the pair is what fails
+    with pytest.raises(SystemExit) as exited:
+        cli.main([*argv, *corpus])
+    assert exited.value.code == 2
+    one_error_line(capsys, "give both --draft and --target, or neither")
