@@ -16,6 +16,7 @@ calispec certs dev DIR / keys add  # TLS certificates and API keys (docs/securit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -432,23 +433,34 @@ def serve_stack(args: argparse.Namespace) -> int:
     return 1 if lost else 0
 
 
+NEEDED_SERVICES = ("coordinator", "target_service")  # `up` runs one target: without it every request fails
+
+
 def watch_services(stop: threading.Event, services: dict[str, Any]) -> str | None:
     """Serve until `stop` (Ctrl-C, SIGTERM, `calispec down`); a service that exits meanwhile is named on stderr
-    with its status and log, once, and the stack serves on without it as it can (a draft lost: target-only;
-    the memory service: no rescues counted), unless it was the coordinator: then the stack has no API left, and
-    this returns its name so the stack stops. It said nothing, and the service stayed a zombie (found by probing)."""
+    with how it ended and its log, once, and the stack serves on without it as it can (a draft lost: target-only;
+    the memory service: no rescues counted), unless the stack cannot serve without it (NEEDED_SERVICES): then this
+    returns its name and the stack stops. It said nothing, and the service stayed a zombie (found by probing)."""
     reported: set[str] = set()
     while not stop.wait(SIGNAL_POLL_S):
         for name, service in services.items():
-            if name in reported or (status := service.process.poll()) is None:
-                continue
+            if name in reported or (status := service.process.poll()) is None or stop.is_set():
+                continue  # (a stop signalled to every process at once is no failure)
             reported.add(name)
-            fatal = name == "coordinator"
+            fatal = name in NEEDED_SERVICES
             then = "stopping the stack" if fatal else "the stack serves on without it"
-            print(f"error: {name} exited (status {status}; its log: {service.log_path}); {then}", file=sys.stderr)
+            print(f"error: {name} {ended(status)} (its log: {service.log_path}); {then}", file=sys.stderr)
             if fatal:
                 return name
     return None
+
+
+def ended(status: int) -> str:
+    """How a child process ended, from Popen's return code (negative: the signal that killed it)."""
+    if status < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-status).name}"
+    return f"exited with status {status}"
 
 
 def up_state(stack: LocalStack, config: StackConfig) -> StackState:

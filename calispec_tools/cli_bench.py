@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 import time
@@ -137,8 +138,9 @@ def local_stack(args: argparse.Namespace, namespace: str | None = None) -> Itera
 
 
 @contextmanager
-def endpoints(args: argparse.Namespace) -> Iterator[Endpoints]:
-    """The coordinator to drive; with --local, a fresh stack (fresh memory DB) that stops afterwards."""
+def endpoints(args: argparse.Namespace, reads_memory: bool = False) -> Iterator[Endpoints]:
+    """The coordinator to drive; with --local, a fresh stack (fresh memory DB) that stops afterwards.
+    `reads_memory` (eval): the memory service's namespace is resolved as the memory commands resolve theirs."""
     if args.local:
         with local_stack(args) as ep:
             yield ep
@@ -147,13 +149,13 @@ def endpoints(args: argparse.Namespace) -> Iterator[Endpoints]:
         raise SystemExit(usage_error("--no-meaning-guard applies to a --local stack (a running one: its target's)"))
     tokenizer = Path(args.tokenizer) if args.tokenizer else None
     namespace = args.memory_namespace
-    if args.memory_address:  # as the memory commands resolve it: "default" read a namespace no stack writes to
+    if reads_memory and args.memory_address:  # as the memory commands resolve it: "default" was read, not written
         import grpc
 
         from calispec_tools.cli_memory import resolve_namespace
 
         try:
-            namespace = resolve_namespace(args.memory_address, namespace)
+            namespace = resolve_namespace(args.memory_address, namespace, flag="--memory-namespace")
         except grpc.RpcError as exc:
             raise SystemExit(memory_failure(args.memory_address, exc)) from None
     yield Endpoints(args.address, args.memory_address, namespace, tokenizer)
@@ -182,12 +184,17 @@ def bench_auth(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def out_dir(args: argparse.Namespace, command: str) -> Path:
-    """The output directory, made now: one it cannot make is a usage error (it was a traceback)."""
+    """The output directory, checked now and made when the results are written (a run that fails or is refused
+    leaves no empty one behind): one that could not be made is a usage error now, not a traceback after the run."""
     path = Path(args.out) if args.out else Path(f"calispec-{command}-{time.strftime('%Y%m%d-%H%M%S')}")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SystemExit(usage_error(f"cannot make the output directory {path}: {exc.strerror or exc}")) from None
+    existing = path.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    problem = None if existing.is_dir() else "Not a directory"
+    if problem is None and not os.access(existing, os.W_OK | os.X_OK):
+        problem = "Permission denied"
+    if problem is not None:
+        raise SystemExit(usage_error(f"cannot make the output directory {path}: {problem}"))
     return path
 
 
@@ -273,7 +280,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         address, results = run_bench(args, prompts, config, levels, auth)
     except CalispecRpcError as exc:  # the OpenAI server's model list, before any request: not reached, key refused
-        print(f"error: {args.openai_url or args.address}: {exc}", file=sys.stderr)
+        print(f"error: {args.openai_url or args.address or 'the local stack'}: {exc}", file=sys.stderr)
         return 1
     print(report.format_table(results))
     full_config = {
@@ -648,7 +655,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     import grpc
 
-    with endpoints(args) as ep:
+    with endpoints(args, reads_memory=True) as ep:
         try:  # a memory service that does not answer: one line, not a traceback
             before = memory_events(ep.memory, ep.namespace) if ep.memory else 0
             rows = run_eval(ep.coordinator, tasks, variant_list, config, progress, client_options=auth)

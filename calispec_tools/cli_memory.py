@@ -141,8 +141,8 @@ def list_namespaces(address: str, tls: TlsConfig | None = None) -> list[memory_p
         return list(stub.ListNamespaces(memory_pb2.ListNamespacesRequest(), timeout=30).namespaces)
 
 
-def resolve_namespace(address: str, given: str | None, tls: TlsConfig | None = None) -> str:
-    """--namespace, else the running stack's (if it is this memory service), else the service's only one."""
+def resolve_namespace(address: str, given: str | None, tls: TlsConfig | None = None, flag: str = "--namespace") -> str:
+    """`flag`'s value, else the running stack's (if it is this memory service), else the service's only one."""
     if given:
         return given
     stack = running_stack()
@@ -152,7 +152,7 @@ def resolve_namespace(address: str, given: str | None, tls: TlsConfig | None = N
     if len(names) == 1:
         return names[0]
     listing = "".join(f"\n  {n}" for n in names) or " (none yet)"
-    raise SystemExit(f"error: give --namespace; the memory service at {address} holds{listing}")
+    raise SystemExit(f"error: give {flag}; the memory service at {address} holds{listing}")
 
 
 def resolved(args: argparse.Namespace) -> tuple[str, str]:

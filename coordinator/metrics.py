@@ -125,18 +125,27 @@ class HttpMetrics:
             registry=registry,
         )
 
-        self.slots_free = Gauge(
-            f"{PREFIX}http_generation_slots_free",
-            "HTTP generation slots free (--http-max-generations: choices generating at once over HTTP)",
-            registry=registry,
-        )
-        self.choices_waiting = Gauge(
-            f"{PREFIX}http_choices_waiting", "HTTP choices waiting in line for a generation slot", registry=registry
-        )
+        self._registry = registry
+        self._slot_gauges: tuple[Gauge, Gauge] | None = None  # made by the HTTP API's first report: a coordinator
+        # without one exports none (a gauge of 0 free slots would read as a full server)
 
     def slots_changed(self, free: int, waiting: int) -> None:
-        self.slots_free.set(free)
-        self.choices_waiting.set(waiting)
+        if self._slot_gauges is None:
+            self._slot_gauges = (
+                Gauge(
+                    f"{PREFIX}http_generation_slots_free",
+                    "HTTP generation slots free (--http-max-generations: choices generating at once over HTTP)",
+                    registry=self._registry,
+                ),
+                Gauge(
+                    f"{PREFIX}http_choices_waiting",
+                    "HTTP choices waiting in line for a generation slot",
+                    registry=self._registry,
+                ),
+            )
+        free_gauge, waiting_gauge = self._slot_gauges
+        free_gauge.set(free)
+        waiting_gauge.set(waiting)
 
     def observe(self, info: Info) -> None:
         method = info.method if info.method in HTTP_METHODS else OTHER_METHOD

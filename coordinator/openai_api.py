@@ -14,7 +14,6 @@ is `coordinator.http_transport`'s.
 from __future__ import annotations
 
 import logging
-import math
 import socket
 import threading
 import time
@@ -248,6 +247,7 @@ class OpenAIApi:
         self.started = int(time.time())  # the served model's `created`: the same on every call
         self.slots = GenerationSlots(settings.max_generations, self.metrics.http.slots_changed)
         self.stopping = threading.Event()  # the server is shutting down: streams end at their next chunk
+        self.bounds = StreamBounds(self.slots, settings.request_timeout_s, self.stopping)
         # log-probabilities' token texts, decoded as the choices' texts are
         self.token_texts = TokenTexts(lambda ids: orchestrator.tokenizer.decode(ids, skip_special_tokens=True))
         # an echoed prompt's, decoded as its echoed text is (special tokens kept), so that its offsets follow that text
@@ -411,7 +411,7 @@ class OpenAIApi:
             return CompletionResponse(id=rid, model=model, choices=[], usage=usage)
 
         usage = usage_event if req.include_usage_chunk else None
-        return await self.streamed(generations, req.n, held, [], event, usage, request)
+        return await stream(generations, req.n, held, [], event, usage, request, self.bounds)
 
     async def chat_completion(self, req: ChatCompletionRequest, held: ExitStack, request: Request):
         generations = self.generations([cache(partial(self.chat_prompt, req))], req)  # rendered once
@@ -455,23 +455,17 @@ class OpenAIApi:
             for i in range(len(generations))
         ]
         usage = usage_event if req.include_usage_chunk else None
-        return await self.streamed(generations, req.n, held, opening, event, usage, request)
+        return await stream(generations, req.n, held, opening, event, usage, request, self.bounds)
 
-    async def streamed(
-        self,
-        generations: Sequence[HttpGeneration],
-        n: int,
-        held: ExitStack,
-        opening: list[BaseModel],
-        event: Callable[[int, Chunk], BaseModel],
-        usage_event: Callable[[Usage], BaseModel] | None,
-        request: Request,
-    ) -> StreamingResponse | JSONResponse:
-        """`stream`, with this API's slots, timeout and shutdown."""
-        timeout_s = self.settings.request_timeout_s
-        return await stream(
-            generations, n, held, opening, event, usage_event, self.slots, request, timeout_s, self.stopping
-        )
+
+@dataclass(frozen=True)
+class StreamBounds:
+    """What bounds a stream besides its request: the API's generation slots, its requests' timeout (the line's
+    wait, and the stream's own plus CANCEL_GRACE_S) and its shutdown (set: streams end at their next chunk)."""
+
+    slots: GenerationSlots
+    timeout_s: float
+    stopping: threading.Event
 
 
 class ModelNotFound(NotFound):
@@ -485,25 +479,23 @@ async def stream(
     opening: list[BaseModel],
     event: Callable[[int, Chunk], BaseModel],
     usage_event: Callable[[Usage], BaseModel] | None,
-    slots: GenerationSlots | None = None,
     request: Request | None = None,
-    timeout_s: float | None = None,
-    stopping: threading.Event | None = None,
+    bounds: StreamBounds | None = None,
 ) -> StreamingResponse | JSONResponse:
     """Server-sent events, each choice's as its rounds end. Every choice's first round runs before the response
     starts, so that a bad request still gets its HTTP error status; a failure later arrives as an `error` event
     (and ends the other choices). The usage event, when asked for, follows the last choice's end: each prompt's
-    tokens once (choice k continues prompt k // n), every choice's new tokens. With `slots`, the choices first
-    wait for theirs (at most `timeout_s`, the request's timeout); with `request`, a client that leaves before the
-    first events ends them. `timeout_s` (+ CANCEL_GRACE_S) also bounds the stream: a client that stops reading
-    without leaving held its generation slots, quota slots and drain count for as long as its connection lived.
-    Once `stopping` is set (the server shuts down after its drain), the stream ends at its next chunk with an
-    UNAVAILABLE error event: it was cut mid-body when the server's grace ran out."""
+    tokens once (choice k continues prompt k // n), every choice's new tokens. With `request`, a client that leaves
+    before the first events ends them. With `bounds`, the choices first wait for their slots (at most the timeout);
+    the timeout (+ CANCEL_GRACE_S) also bounds the stream: a client that stops reading without leaving held its
+    generation slots, quota slots and drain count for as long as its connection lived; once `stopping` is set (the
+    server shuts down after its drain), the stream ends at its next chunk with an UNAVAILABLE error event: it was cut
+    mid-body when the server's grace ran out."""
     for generation in generations:
         held.callback(generation.abandon)  # however the response ends (a no-op once the generation finished)
     try:
-        if slots is not None:
-            held.callback(await admitted(slots, generations, request, timeout_s or math.inf))
+        if bounds is not None:
+            held.callback(await admitted(bounds.slots, generations, request, bounds.timeout_s))
         firsts = await first_chunks(generations, request)
     except CalispecError as exc:
         held.close()
@@ -523,8 +515,6 @@ async def stream(
         prompt_tokens = completion_tokens = 0
         try:
             async for index, chunk in merged(firsts, generations):
-                if stopping is not None and stopping.is_set():
-                    raise Unavailable("the server is shutting down: this stream ends here; retry elsewhere")
                 completion_tokens += len(chunk.token_ids)
                 if chunk.prompt_logprobs:  # an echoed prompt's entries, maybe thousands: built off the event loop
                     yield await run_in_threadpool(event_text, index, chunk)
@@ -532,6 +522,8 @@ async def stream(
                     yield event_text(index, chunk)
                 if chunk.finish_reason is not None and chunk.stats is not None and index % n == 0:
                     prompt_tokens += chunk.stats.prompt_tokens
+                if bounds is not None and bounds.stopping.is_set() and chunk.finish_reason is None:  # none lost
+                    raise Unavailable("the server is shutting down: this stream ends here; retry elsewhere")
             if usage_event is not None:
                 yield sse(usage_event(Usage.of(prompt_tokens, completion_tokens)))
         except CalispecError as exc:
@@ -539,7 +531,7 @@ async def stream(
             yield sse(ErrorResponse(error=ErrorBody(message=str(exc), type=kind, code=exc.code.lower())))
         yield sse("[DONE]")
 
-    let_go_s = None if timeout_s is None else timeout_s + CANCEL_GRACE_S
+    let_go_s = None if bounds is None else bounds.timeout_s + CANCEL_GRACE_S
     return OwnedStream(events(), held.close, let_go_s, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
@@ -665,7 +657,7 @@ def instrument(app: FastAPI, metrics: CoordinatorMetrics) -> None:
 def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
     api = OpenAIApi(orchestrator, settings)
     app = FastAPI(title="Calispec (OpenAI-compatible)", docs_url=None, redoc_url=None)
-    app.state.api = api  # its generation slots, for a look from outside (tests)
+    app.state.api = api  # its shutdown event (serve_http) and generation slots
     app.add_middleware(RequestGuard, api=api)  # inside RequestIdMiddleware: its refusals carry the request id
     app.add_middleware(RequestIdMiddleware)
     if settings.allowed_origins:  # outermost: a browser's preflight carries no API key, and refusals need the headers

@@ -286,10 +286,17 @@ def test_eval_reads_the_memory_services_only_namespace_by_default(memory: tuple[
     address, store = memory
     store.record("pair/x+y/abc", [(1, 2, 3)], durable=True)
     args = cli.build_parser().parse_args(["eval", "--address", "127.0.0.1:1", "--memory-address", address])
-    with endpoints(args) as ep:
+    with endpoints(args, reads_memory=True) as ep:
         assert ep.namespace == "pair/x+y/abc"
+    store.record("pair/other", [(1, 2, 3)], durable=True)
+    refused = pytest.raises(SystemExit, match="give --memory-namespace; the memory service at")  # eval's flag
+    with refused, endpoints(args, reads_memory=True):
+        pass
+    bench = cli.build_parser().parse_args(["bench", "--address", "a:1", "--memory-address", "127.0.0.1:1"])
+    with endpoints(bench) as ep:  # bench reads no memory: it asks nothing of the (closed) address
+        assert ep.namespace is None
     given = cli.build_parser().parse_args(
         [*["eval", "--address", "a:1", "--memory-address", address], "--memory-namespace", "n"]
     )
-    with endpoints(given) as ep:
+    with endpoints(given, reads_memory=True) as ep:
         assert ep.namespace == "n"

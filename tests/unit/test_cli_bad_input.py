@@ -451,10 +451,14 @@ HALF_PAIRS = [["up", "--draft", "d"], ["demo", "--target", "t"], ["bench", "--lo
 
 
 @pytest.mark.parametrize("argv", [*HALF_PAIRS, ["calibrate", "--draft", "d"]], ids=["up", "demo", "bench", "calibrate"])
-def test_half_a_pair_is_a_usage_error(argv: list[str], a_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_half_a_pair_is_a_usage_error(
+    argv: list[str], a_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """It exited 1 with no `error:` (up, demo, bench) or 1 with one (calibrate); a usage error is 2 (wave 50)."""
+    monkeypatch.chdir(tmp_path)  # bench's default output directory is relative: none may appear, here or anywhere
     corpus = ["--corpus", str(a_file)] if argv[0] == "calibrate" else []  # a text document: the pair is what fails
     with pytest.raises(SystemExit) as exited:
         cli.main([*argv, *corpus])
     assert exited.value.code == 2
     one_error_line(capsys, "give both --draft and --target, or neither")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # no empty output directory left behind

@@ -20,8 +20,8 @@ from calispec_core.metrics import new_registry
 from calispec_core.request_context import bound_request_id
 from coordinator.engine import Chunk
 from coordinator.metrics import CoordinatorMetrics, RequestTimer
-from coordinator.openai_api import stream
-from coordinator.openai_generations import HttpGeneration, gathered
+from coordinator.openai_api import StreamBounds, stream
+from coordinator.openai_generations import GenerationSlots, HttpGeneration, gathered
 from coordinator.request_log import tracked
 from tests.helpers import wait_until
 
@@ -148,7 +148,7 @@ def test_a_client_that_disconnects_before_a_streams_first_event_ends_its_generat
             return {"type": "http.disconnect"}
 
     async def serve():
-        return await stream([generation], 1, held, [], lambda i, c: Event(text=c.text), None, None, LeftRequest())  # type: ignore[arg-type]
+        return await stream([generation], 1, held, [], _text_event, None, request=LeftRequest())  # type: ignore[arg-type]
 
     response = asyncio.run(serve())
     assert response.status_code == 499 and released == ["slot"]  # CANCELLED, as a unary request's
@@ -173,7 +173,8 @@ def test_a_stream_whose_client_stops_reading_lets_go_of_what_it_holds_at_its_dea
         return {"type": "http.disconnect"}
 
     async def main() -> None:
-        response = await stream([generation], 1, held, [], lambda i, c: Event(text=c.text), None, timeout_s=0.0)
+        bounds = StreamBounds(GenerationSlots(16), 0.0, threading.Event())  # let go at once: 0 s + the grace
+        response = await stream([generation], 1, held, [], _text_event, None, bounds=bounds)
         serving = asyncio.create_task(response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, never_reads))
         await stalled.wait()
         await asyncio.to_thread(wait_until, lambda: released == ["slot"])  # let go with the send still waiting
@@ -202,7 +203,8 @@ def test_a_stream_running_when_the_server_stops_ends_with_an_error_event() -> No
         return {"type": "http.disconnect"}
 
     async def main() -> None:
-        response = await stream([generation], 1, held, [], _text_event, None, stopping=stopping)
+        bounds = StreamBounds(GenerationSlots(16), 60.0, stopping)
+        response = await stream([generation], 1, held, [], _text_event, None, bounds=bounds)
         await response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, client)
 
     asyncio.run(main())

@@ -29,16 +29,20 @@ def service(process: Exits, name: str) -> SimpleNamespace:
     return SimpleNamespace(process=process, log_path=Path(f"/logs/{name}.log"))
 
 
-def test_a_lost_draft_is_named_once_and_the_coordinators_exit_stops_the_stack(capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.parametrize("needed", ["coordinator", "target_service"])
+def test_a_lost_draft_is_named_once_and_a_needed_services_exit_stops_the_stack(
+    needed: str, capsys: pytest.CaptureFixture
+) -> None:
     services = {
-        "coordinator": service(Exits(2, status=1), "coordinator"),
-        "draft_service": service(Exits(0), "draft_service"),
+        "coordinator": service(Exits(None), "coordinator"),
+        "draft_service": service(Exits(0, status=-9), "draft_service"),
         "target_service": service(Exits(None), "target_service"),
     }
-    assert watch_services(threading.Event(), services) == "coordinator"
+    services[needed] = service(Exits(2, status=1), needed)
+    assert watch_services(threading.Event(), services) == needed
     assert capsys.readouterr().err.splitlines() == [
-        "error: draft_service exited (status 137; its log: /logs/draft_service.log); the stack serves on without it",
-        "error: coordinator exited (status 1; its log: /logs/coordinator.log); stopping the stack",
+        "error: draft_service was killed by SIGKILL (its log: /logs/draft_service.log); the stack serves on without it",
+        f"error: {needed} exited with status 1 (its log: /logs/{needed}.log); stopping the stack",
     ]
 
 
