@@ -153,17 +153,13 @@ def endpoints(args: argparse.Namespace, reads_memory: bool = False) -> Iterator[
         import grpc
 
         from calispec_tools.cli_memory import resolve_namespace
+        from calispec_tools.memory_reads import memory_failure
 
         try:
             namespace = resolve_namespace(args.memory_address, namespace, flag="--memory-namespace")
         except grpc.RpcError as exc:
-            raise SystemExit(memory_failure(args.memory_address, exc)) from None
+            raise SystemExit(f"error: {memory_failure(args.memory_address, exc)}") from None
     yield Endpoints(args.address, args.memory_address, namespace, tokenizer)
-
-
-def memory_failure(address: str, exc: Any) -> str:
-    """One line for a memory service that did not answer (`exc`: a grpc.RpcError)."""
-    return f"error: memory service {address}: {exc.code().name}: {exc.details()}"
 
 
 def coordinator_auth(args: argparse.Namespace) -> dict[str, Any]:
@@ -633,7 +629,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from calispec_tools.eval.rejections import PROBABILITY_RATIO_NOTE, analyse
     from calispec_tools.eval.runner import EvalConfig, run_eval, variants
     from calispec_tools.eval.tasks import TASK_SETS, load_tasks
-    from calispec_tools.memory_reads import fetch_pairs, memory_events, wait_for_events
+    from calispec_tools.memory_reads import fetch_pairs, memory_events, memory_failure, wait_for_events
 
     if problem := eval_args_problem(args):
         return usage_error(problem)
@@ -666,7 +662,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 wait_for_events(ep.memory, ep.namespace, expected)
                 analysis = analyse(fetch_pairs(ep.memory, ep.namespace), _decoder(ep.tokenizer))
         except grpc.RpcError as exc:
-            print(memory_failure(ep.memory or "", exc), file=sys.stderr)
+            print(f"error: {memory_failure(ep.memory or '', exc)}", file=sys.stderr)
             return 1
     ratios = _ratio_analysis(args, tasks, config) if args.ratio_analysis else None
     if ratios is not None or analysis is not None:

@@ -31,6 +31,7 @@ from calispec_core.limits import (
 )
 from calispec_tools import arg_types as at
 from calispec_tools.cli_auth import USAGE_ERROR, usage_error
+from calispec_tools.memory_reads import memory_failure
 
 DEFAULT_COORDINATOR = "127.0.0.1:50050"
 
@@ -167,11 +168,6 @@ def _fail(message: str, status: int = 1) -> int:
     return status
 
 
-def _memory_failure(address: str, exc: Any) -> str:
-    """One line for a memory service that did not answer (a grpc.RpcError), naming its address."""
-    return f"memory service {address}: {exc.code().name}: {exc.details()}"
-
-
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if problem := unread_flags_problem(args):
         return _fail(problem, USAGE_ERROR)
@@ -286,7 +282,7 @@ def _memory_target(args: argparse.Namespace) -> tuple[str, str, str]:
     try:
         namespace = resolve_namespace(address, args.namespace, tls)
     except grpc.RpcError as exc:
-        raise SystemExit(f"error: {_memory_failure(address, exc)}") from None
+        raise SystemExit(f"error: {memory_failure(address, exc)}") from None
     return address, namespace, token
 
 
@@ -411,7 +407,7 @@ def calibrate_by_sd(args: argparse.Namespace) -> int:
         namespace = resolve_namespace(address, args.namespace, tls)
         before = memory_events(address, namespace, tls=tls)
     except grpc.RpcError as exc:
-        return _fail(_memory_failure(address, exc))
+        return _fail(memory_failure(address, exc))
     rejections = 0
     start = time.perf_counter()
     with CalispecClient(args.address, **auth) as client:
@@ -429,7 +425,7 @@ def calibrate_by_sd(args: argparse.Namespace) -> int:
     try:
         seeded = wait_for_events(address, namespace, before + rejections, timeout_s=30, tls=tls) - before
     except grpc.RpcError as exc:
-        return _fail(f"{_memory_failure(address, exc)} (after {len(prompts)} prompts)")
+        return _fail(f"{memory_failure(address, exc)} (after {len(prompts)} prompts)")
     elapsed = time.perf_counter() - start
     print(
         f"calibration: {len(prompts)} prompts, {rejections} rejection events, {seeded} recorded in {namespace} "

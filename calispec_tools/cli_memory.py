@@ -30,6 +30,7 @@ from calispec_core.limits import MAX_STATS_TOP_PAIRS, int_in_range
 from calispec_tools import cli_calibrate
 from calispec_tools.cli_auth import usage_error
 from calispec_tools.memory_file import MemoryFileError, dump_export, load_export
+from calispec_tools.memory_reads import memory_failure
 from calispec_tools.shipped_calibration import (
     chosen_lambdas,
     file_namespace,
@@ -161,7 +162,7 @@ def resolved(args: argparse.Namespace) -> tuple[str, str]:
     try:
         return address, resolve_namespace(address, args.namespace, memory_tls(args))
     except grpc.RpcError as exc:
-        raise SystemExit(f"error: memory service {address}: {exc.code().name}: {exc.details()}") from None
+        raise SystemExit(f"error: {memory_failure(address, exc)}") from None
 
 
 def writer_token_file(given: Path | None) -> Path:
@@ -211,7 +212,7 @@ def cmd_namespaces(args: argparse.Namespace) -> int:
     try:
         names = list_namespaces(address, memory_tls(args))
     except grpc.RpcError as exc:
-        return _fail(f"memory service {address}: {exc.code().name}: {exc.details()}")
+        return _fail(memory_failure(address, exc))
     stack = running_stack()
     mine = stack.namespace if stack is not None and stack.memory == address else None
     print(f"{'':2}{'namespace':<70} {'pairs':>8} {'events':>10} {'recorded':>10} {'version':>8}")
@@ -316,7 +317,7 @@ def cmd_seed(args: argparse.Namespace) -> int:
     try:
         result = seed_namespace(address, namespace, path, token, tls, wait_s=args.wait_s)
     except grpc.RpcError as exc:
-        return _fail(f"memory service {address}: {exc.code().name}: {exc.details()} (nothing was loaded)")
+        return _fail(f"{memory_failure(address, exc)} (nothing was loaded)")
     print(result.message)
     for dtype, lam in chosen_lambdas(args.pair, meaning_guard=True):
         print(f"λ chosen for it: {lam} where the target serves {dtype} with the meaning guard (--default-lambda)")

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from calispec.v1 import memory_pb2, memory_pb2_grpc
 from calispec_core.credentials import MEMORY, TlsConfig
 from calispec_core.grpc_server import make_channel
+
+
+def memory_failure(address: str, exc: Any) -> str:
+    """One line for a memory service call that failed (`exc`: a grpc.RpcError), naming the service's address."""
+    return f"memory service {address}: {exc.code().name}: {exc.details()}"
 
 
 def memory_events(memory_address: str, namespace: str, timeout_s: float = 30.0, tls: TlsConfig | None = None) -> int:

@@ -17,6 +17,7 @@ import ray
 from calispec_core.limits import INT8_SPLIT
 from calispec_tools.calibrate.corpus import Document
 from calispec_tools.calibrate.job import CalibrateConfig, Summary
+from calispec_tools.memory_reads import memory_failure
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class CalibrationWorker:
             finally:
                 writer.close()  # durable on return: the driver's total is in the table
         except grpc.RpcError as exc:  # it cannot be pickled (its call state holds a lock): its reason travels as text
-            raise RuntimeError(f"memory service {job.memory}: {exc.code().name}: {exc.details()}") from None
+            raise RuntimeError(memory_failure(job.memory, exc)) from None
 
 
 def shard(docs: Sequence[Document], workers: int) -> list[list[Document]]:
