@@ -380,8 +380,7 @@ class OpenAIApi:
         rid, model = new_id("cmpl"), self.settings.model_name
         if not req.stream:
             with held:
-                held.callback(await admitted(self.slots, generations, request, self.settings.request_timeout_s))
-                done = await gathered(generations, request)
+                done = await self.whole_choices(generations, held, request)
 
             def response() -> CompletionResponse:  # on a worker thread: log-probabilities can be many objects
                 choices = [self.completion_choice(req, index, outcome) for index, outcome in enumerate(done)]
@@ -413,13 +412,19 @@ class OpenAIApi:
         usage = usage_event if req.include_usage_chunk else None
         return await stream(generations, req.n, held, [], event, usage, request, self.bounds)
 
+    async def whole_choices(
+        self, generations: Sequence[HttpGeneration], held: ExitStack, request: Request
+    ) -> list[Outcome]:
+        """A unary request's choices, whole, once they have their slots (waiting as a stream's do: `self.bounds`)."""
+        held.callback(await admitted(self.bounds.slots, generations, request, self.bounds.timeout_s))
+        return await gathered(generations, request)
+
     async def chat_completion(self, req: ChatCompletionRequest, held: ExitStack, request: Request):
         generations = self.generations([cache(partial(self.chat_prompt, req))], req)  # rendered once
         rid, model = new_id("chatcmpl"), self.settings.model_name
         if not req.stream:
             with held:
-                held.callback(await admitted(self.slots, generations, request, self.settings.request_timeout_s))
-                done = await gathered(generations, request)
+                done = await self.whole_choices(generations, held, request)
 
             def response() -> ChatCompletionResponse:  # on a worker thread: log-probabilities can be many objects
                 choices = [

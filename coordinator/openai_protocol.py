@@ -302,11 +302,10 @@ class CompletionRequest(CalispecParams):
             )
         if all(isinstance(p, str) for p in prompts):
             for i, text in enumerate(prompts):
-                with domain_checked():
-                    try:
-                        validate_prompt(text)
-                    except InvalidArgument as exc:
-                        raise InvalidArgument(f"prompt {i}: {exc}") from None
+                try:
+                    validate_prompt(text)
+                except InvalidArgument as exc:
+                    raise invalid(f"prompt {i}: {exc}") from None
             return value
         if not all(isinstance(p, list) for p in prompts):
             raise invalid("a text, a list of texts, a list of token ids or a list of such lists; not a mixture")
