@@ -168,7 +168,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         "--http-header-timeout",
         type=positive_float,
         default=HTTP_HEADER_TIMEOUT_S,
-        help="seconds a connection gets to send a request's headers (TLS handshake included); then it is closed",
+        help="seconds a connection gets to send a request's headers (TLS handshake included; then it is closed), and"
+        " then its body (plus a second per 16 KiB received; then 408)",
     )
     http.add_argument(
         "--http-max-generations",

@@ -61,7 +61,7 @@ class CoordinatorConfig:
     served_model_name: str | None = None  # the `model` HTTP requests name; None: the tokenizer directory's name
     http_max_body_bytes: int = HTTP_MAX_BODY_BYTES  # larger HTTP request bodies are refused (413) before parsing
     http_allowed_origins: tuple[str, ...] = ()  # browser origins the HTTP API admits (CORS); empty: none
-    http_header_timeout_s: float = HTTP_HEADER_TIMEOUT_S  # an HTTP connection's deadline for a request's headers
+    http_header_timeout_s: float = HTTP_HEADER_TIMEOUT_S  # an HTTP request's deadline for its headers, then body
     http_max_generations: int = HTTP_MAX_GENERATIONS  # HTTP choices generating at once; more wait in line
     max_gamma: int = 10  # adaptive γ's upper bound (requests may fix γ up to MAX_SPECULATIVE_TOKENS)
     draft_min_confidence: float = 0.4  # adaptive γ: the draft's early stop (HF's assistant_confidence_threshold)

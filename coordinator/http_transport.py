@@ -10,6 +10,10 @@
   for instance, then broke h11's state and was logged twice with a traceback. Here the refusal is a 400 (h11's
   status hint: 431 for oversized headers, 501 for an unknown transfer coding) in OpenAI's error shape, one
   debug line, the connection closed, and the app's answer, if any, dropped (it sees a disconnect).
+- **A deadline for a request's body.** Nothing bounded it: a caller with a key could send a body a byte at a
+  time and hold its connection for as long as it kept sending. As Apache's mod_reqtimeout (`body=20,MinRate=500`)
+  does, the body must be in within `header_timeout_s` of its headers, plus a second for every `MIN_BODY_RATE`
+  bytes received: a client at that rate or faster never meets it; one that stalls or trickles is answered 408.
 - **A bound on request headers however they arrive.** h11 bounds only a request it is still waiting for the end
   of (`max_incomplete_event_size`, 16 KiB): headers of 100 KB that arrived in one read were taken whole. Here a
   request whose head is over the bound is refused (431) once parsed, too.
@@ -25,7 +29,7 @@ import logging
 import socket
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import h11
 import uvicorn
@@ -36,21 +40,24 @@ from coordinator.openai_protocol import ErrorBody, ErrorResponse
 log = logging.getLogger(__name__)
 
 REASON_CHARS = 200  # h11's reasons quote the client's bytes: at most this much goes to the client and the log
-STATUS_CODES = {431: "resource_exhausted", 501: "unimplemented"}  # OpenAI `code` by status; others: invalid_argument
+# OpenAI `code` by status; others: invalid_argument
+STATUS_CODES = {408: "deadline_exceeded", 431: "resource_exhausted", 501: "unimplemented"}
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024  # h11's default bound on an incomplete event, and ours on a request's head
+MIN_BODY_RATE = 16 * 1024  # bytes/s: each such many bytes of a request's body give it a second more (128 kbit/s)
 
 
 class GuardedConnection(h11.Connection):
     """h11's server side that hands its refusals to `refuse(status, reason)` instead of raising them into
-    uvicorn, refuses requests with two framings, and tells `on_request` when a request's headers are in."""
+    uvicorn, refuses requests with two framings, and tells `reading` how much of a request it has read: its
+    headers, then each piece of its body, then its end."""
 
     def __init__(
-        self, refuse: Callable[[int, str], None], on_request: Callable[[], None], max_header_bytes: int | None
+        self, refuse: Callable[[int, str], None], reading: RequestReading, max_header_bytes: int | None
     ) -> None:
         self.max_header_bytes = max_header_bytes or DEFAULT_MAX_HEADER_BYTES
         super().__init__(h11.SERVER, self.max_header_bytes)
         self._refuse = refuse
-        self._on_request = on_request
+        self._reading = reading
         self._refused = False
         self.request_method: bytes | None = None  # of the request being read; None before its request line
 
@@ -65,19 +72,29 @@ class GuardedConnection(h11.Connection):
             event = super().next_event()
         except h11.RemoteProtocolError as exc:
             return self._refusal(exc.error_status_hint, str(exc))
-        if isinstance(event, h11.Request):
+        if isinstance(event, h11.Data):
+            self._reading.body_bytes_in(len(event.data))
+        elif isinstance(event, h11.EndOfMessage):
+            self._reading.request_read()
+        elif isinstance(event, h11.Request):
             self.request_method = event.method
             if has_two_framings(event):
                 return self._refusal(400, "a request may not have both Content-Length and Transfer-Encoding")
             if (size := head_bytes(event)) > self.max_header_bytes:
                 return self._refusal(431, f"request headers of {size} bytes; at most {self.max_header_bytes}")
-            self._on_request()
+            self._reading.headers_in()
         return event
 
     def _refusal(self, status: int, reason: str) -> Any:
         self._refused = True
-        self._refuse(status, reason[:REASON_CHARS])
+        self._refuse(status, f"malformed HTTP request: {reason[:REASON_CHARS]}")
         return h11.NEED_DATA  # uvicorn stops reading events
+
+
+class RequestReading(Protocol):
+    def headers_in(self) -> None: ...
+    def body_bytes_in(self, count: int) -> None: ...
+    def request_read(self) -> None: ...
 
 
 def has_two_framings(request: h11.Request) -> bool:
@@ -92,11 +109,11 @@ def head_bytes(request: h11.Request) -> int:
     return line + sum(len(name) + len(value) + 4 for name, value in request.headers) + 2  # "n: v\r\n", "\r\n"
 
 
-def refusal_bytes(conn: GuardedConnection, status: int, reason: str) -> bytes:
+def refusal_bytes(conn: GuardedConnection, status: int, message: str) -> bytes:
     """A whole response refusing the request, in OpenAI's error shape (its length only, to a HEAD request),
     that closes the connection."""
     code = STATUS_CODES.get(status, "invalid_argument")
-    error = ErrorBody(message=f"malformed HTTP request: {reason}", type="invalid_request_error", code=code)
+    error = ErrorBody(message=message, type="invalid_request_error", code=code)
     body = ErrorResponse(error=error).model_dump_json().encode()
     headers = [
         (b"content-type", b"application/json"),
@@ -109,54 +126,77 @@ def refusal_bytes(conn: GuardedConnection, status: int, reason: str) -> bytes:
 
 
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline for request headers and quiet refusals (the module's docstring)."""
+    """uvicorn's h11 protocol with deadlines for a request's headers and body, and quiet refusals (the module's
+    docstring). One timer at a time: the headers' from the accept or the previous response's end, then the body's
+    from the headers to the request's end."""
 
     def __init__(self, *args: Any, header_timeout_s: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.header_timeout_s = header_timeout_s
         self.header_deadline = self.loop.time() + header_timeout_s  # made at the accept, before any TLS handshake
-        self.header_timer: asyncio.TimerHandle | None = None
+        self.body_deadline = 0.0  # the request's being read: moved on by each piece of its body
+        self.read_timer: asyncio.TimerHandle | None = None
         max_header_bytes = self.config.h11_max_incomplete_event_size  # None: h11's default, as uvicorn takes it
-        self.conn = GuardedConnection(self.refuse, self.disarm_header_timer, max_header_bytes)
+        self.conn = GuardedConnection(self.refuse, self, max_header_bytes)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self.arm_header_timer(self.header_deadline)
+        self.arm_read_timer(self.header_deadline, self.headers_overdue)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.disarm_header_timer()
+        self.disarm_read_timer()
         super().connection_lost(exc)
 
     def on_response_complete(self) -> None:
         if not self.transport.is_closing():  # armed first: a pipelined request parsed by super() disarms it
-            self.arm_header_timer(self.loop.time() + self.header_timeout_s)
+            self.arm_read_timer(self.loop.time() + self.header_timeout_s, self.headers_overdue)
         super().on_response_complete()
 
-    def arm_header_timer(self, deadline: float) -> None:
-        self.disarm_header_timer()
-        self.header_timer = self.loop.call_at(deadline, self.headers_overdue)
+    def headers_in(self) -> None:
+        self.body_deadline = self.loop.time() + self.header_timeout_s
+        self.arm_read_timer(self.body_deadline, self.body_overdue)
 
-    def disarm_header_timer(self) -> None:
-        if self.header_timer is not None:
-            self.header_timer.cancel()
-            self.header_timer = None
+    def body_bytes_in(self, count: int) -> None:
+        self.body_deadline += count / MIN_BODY_RATE  # the timer, when it fires, waits on to here
+
+    def request_read(self) -> None:
+        self.disarm_read_timer()
+
+    def arm_read_timer(self, deadline: float, overdue: Callable[[], None]) -> None:
+        self.disarm_read_timer()
+        self.read_timer = self.loop.call_at(deadline, overdue)
+
+    def disarm_read_timer(self) -> None:
+        if self.read_timer is not None:
+            self.read_timer.cancel()
+            self.read_timer = None
 
     def headers_overdue(self) -> None:
-        self.header_timer = None
+        self.read_timer = None
         if not self.transport.is_closing():
             log.debug("%s: no request headers within %s s; connection closed", self.peer(), self.header_timeout_s)
             self.transport.close()
 
-    def refuse(self, status: int, reason: str) -> None:
-        """Answer a request h11 cannot frame (unless a response is already under way) and close the connection.
+    def body_overdue(self) -> None:
+        self.read_timer = None
+        if self.transport.is_closing():
+            return
+        if self.loop.time() < self.body_deadline:
+            self.arm_read_timer(self.body_deadline, self.body_overdue)
+            return
+        allowed = f"{self.header_timeout_s:g} s and a second per {MIN_BODY_RATE} bytes received"
+        self.refuse(408, f"the request's body did not arrive in time ({allowed})")
+
+    def refuse(self, status: int, message: str) -> None:
+        """Answer a request that cannot be read (unless a response is already under way) and close the connection.
         The app, if it runs this request, sees a disconnect: its own answer would break the framing."""
-        log.debug("%s: refused a malformed HTTP request (%d): %s", self.peer(), status, reason)
+        log.debug("%s: refused an HTTP request (%d): %s", self.peer(), status, message)
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True
             cycle.message_event.set()
         if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            self.transport.write(refusal_bytes(self.conn, status, reason))
+            self.transport.write(refusal_bytes(self.conn, status, message))
         self.transport.close()
 
     def peer(self) -> str:

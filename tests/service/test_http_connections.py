@@ -1,7 +1,8 @@
 """The HTTP API's connections, probed with raw sockets as an attacker meets them (coordinator.http_transport):
 a request with two framings is refused and its connection closed (no smuggled second request), a malformed
 request is one quiet refusal (no warning, no traceback), and a connection that does not send a request's
-headers in time, its TLS handshake included, is closed, while a request in flight is not.
+headers in time, its TLS handshake included, is closed, one whose body stalls or trickles is answered 408, while
+a request in flight is not.
 
 No model is loaded: stand-in orchestrators. Waits are bounded reads that must see the server close the
 connection: the servers here give headers half a second, so a closed connection means its deadline passed."""
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import select
 import socket
 import ssl
 from collections.abc import Iterator
@@ -280,6 +282,48 @@ def test_a_body_left_unread_after_a_refusal_has_the_deadline_too(tmp_path: Path)
         sock.sendall(b" ")
         assert read_until_closed(sock) == b""
     assert statuses(answer) == [401]
+
+
+def body_head(key: str | None, length: int) -> bytes:
+    """A completion request's head with `key`, announcing a body of `length` bytes."""
+    auth = f"Authorization: Bearer {key}"
+    return request_head("POST", "/v1/completions", auth, "Content-Type: application/json", f"Content-Length: {length}")
+
+
+def test_a_body_that_stalls_is_answered_408_and_its_connection_closed(tmp_path: Path) -> None:
+    """Nothing bounded a request's body once its headers were in: the connection stayed open."""
+    with served(tmp_path) as server, captured_logs() as records, connect(server.port) as sock:
+        sock.sendall(body_head(server.key, 100) + b'{"model": ')
+        reply = read_until_closed(sock)
+    assert_refused(reply, 408, "did not arrive in time")
+    assert only_response(reply)[2]["error"]["code"] == "deadline_exceeded"
+    assert warnings_and_worse(records) == []
+
+
+def test_a_body_trickled_a_byte_at_a_time_meets_the_deadline_too(tmp_path: Path) -> None:
+    """Each byte moves the deadline on by 1/MIN_BODY_RATE s, not to a fresh timeout: a client sending a byte
+    every 0.1 s (paced by waits for the server's answer) is answered 408 within the read's bound."""
+    with served(tmp_path) as server, connect(server.port) as sock:
+        sock.sendall(body_head(server.key, 4000))
+        answered: list[socket.socket] = []
+        for _ in range(int(CLOSE_WAIT_S / 0.1)):
+            sock.sendall(b" ")
+            answered, _, _ = select.select([sock], [], [], 0.1)
+            if answered:
+                break
+        assert answered, "the server kept taking the body a byte at a time"
+        reply = read_until_closed(sock)
+    assert_refused(reply, 408, "did not arrive in time")
+
+
+def test_a_body_that_arrives_in_pieces_within_the_deadline_is_served(tmp_path: Path) -> None:
+    body = b'{"model": "gpt-9", "prompt": "hi"}'  # read whole and parsed: the model is unknown
+    with served(tmp_path) as server, connect(server.port) as sock:
+        sock.sendall(body_head(server.key, len(body)))
+        for piece in (body[:5], body[5:20], body[20:]):
+            sock.sendall(piece)
+        reply = read_response(sock)
+    assert statuses(reply) == [404]
 
 
 def test_a_tls_connection_that_never_shakes_hands_is_closed_at_the_deadline(certs: DevCerts) -> None:
