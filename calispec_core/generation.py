@@ -70,11 +70,12 @@ class GenerationParams:
     prompt_logprobs: int | None = None  # the same for each prompt token from the second (vLLM's `prompt_logprobs`)
     stop_token_ids: tuple[int, ...] = ()  # vLLM's: a new token among them ends the request (kept, finish STOP)
 
-    def validate(self) -> GenerationParams:
+    def validate(self, vocab_size: int | None = None) -> GenerationParams:
+        """Raise InvalidArgument for a parameter out of range (top_k beyond `vocab_size`, the models', too)."""
         check_lengths(self.max_new_tokens, self.num_speculative_tokens)
         check_logprobs(self.logprobs)
         check_logprobs(self.prompt_logprobs, "prompt_logprobs")
-        self.sampling.validate()
+        self.sampling.validate(vocab_size)
         check_csd_thresholds(self.tau, self.lambda_)
         check_stop_strings(self.stop)
         check_stop_token_ids(self.stop_token_ids)

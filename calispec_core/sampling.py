@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from calispec_core.errors import require
+from calispec_core.errors import require_field
 from calispec_core.limits import check_sampling
 
 # A positive temperature below MIN_TEMPERATURE means greedy: softmax(z / T) is one-hot there for any
@@ -54,7 +54,8 @@ class SamplingConfig:
     def validate(self, vocab_size: int | None = None) -> SamplingConfig:
         check_sampling(self.temperature, self.top_p, self.top_k, self.seed)
         if vocab_size is not None:
-            require(self.top_k <= vocab_size, f"top_k must be <= vocab size {vocab_size}, got {self.top_k}")
+            reason = f"must be <= the vocabulary size {vocab_size}, got {self.top_k}"
+            require_field(self.top_k <= vocab_size, "top_k", reason)
         return self
 
 

@@ -216,8 +216,10 @@ class Orchestrator:
         draft_timeout_s: float = DRAFT_TIMEOUT_S,
         costs: CostModel | None = None,  # None: not measured (fallback curves, corrected online)
         speculation: SpeculationConfig = SpeculationConfig(),
+        vocab_size: int | None = None,  # the models' (smaller) output width: top_k beyond it is refused here
     ) -> None:
         require(len(targets) > 0, "at least one target replica is required")
+        self.vocab_size = vocab_size
         self.tokenizer = tokenizer
         self.draft = draft
         self.replicas = targets if isinstance(targets, ReplicaSet) else ReplicaSet(targets)
@@ -270,7 +272,7 @@ class Orchestrator:
         deadline: Deadline,
         check_prompt: Callable[[int], None] | None,
     ) -> _Request:
-        params.validate()
+        params.validate(self.vocab_size)  # a model service would refuse it as "target: ...", with no field
         prompt_ids = self.prompt_ids(prompt)
         if check_prompt is not None:
             check_prompt(len(prompt_ids))

@@ -39,7 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from calispec.types import Mode
 from calispec_core.access import ApiKeys, QuotaBook, parse_bearer
 from calispec_core.credentials import TlsConfig
-from calispec_core.errors import CalispecError, NotFound, Unauthenticated, Unavailable
+from calispec_core.errors import CalispecError, InvalidField, NotFound, Unauthenticated, Unavailable
 from calispec_core.generation import Defaults, GenerationParams, TokenLogprob
 from calispec_core.metrics import new_registry
 from calispec_core.observability import DrainGate
@@ -178,7 +178,10 @@ def domain_error_response(exc: CalispecError) -> JSONResponse:
     if status == 500:
         log.error("request failed: %s", exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None  # RFC 9110 §11.6.1: the scheme to use
-    return error_response(status, str(exc), kind, getattr(exc, "param", None), exc.code.lower(), headers)
+    message, param = str(exc), getattr(exc, "param", None)
+    if isinstance(exc, InvalidField) and exc.field in CalispecParams.model_fields:  # the request's own field
+        message, param = f"{exc.field}: {exc.reason}", exc.field  # as its schema's refusals read
+    return error_response(status, message, kind, param, exc.code.lower(), headers)
 
 
 def http_error_response(request: Request, exc: HTTPException, max_body_bytes: int) -> JSONResponse:

@@ -219,6 +219,7 @@ def build_orchestrator(config: CoordinatorConfig) -> Orchestrator:
         config.draft_timeout_s,
         costs=costs,
         speculation=policy,
+        vocab_size=min(draft_facts.vocab_size, *(f.vocab_size for f in target_facts)),
     )
 
 

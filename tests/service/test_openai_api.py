@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from calispec.client import CalispecClient
+from calispec.client import CalispecClient, CalispecRpcError
 from calispec_core.access import ApiKeys, Quota, QuotaBook, key_line, new_api_key
 from calispec_core.errors import Unavailable
 from calispec_core.generation import Defaults
@@ -957,6 +957,33 @@ def test_each_fields_range_error_is_a_400_naming_it(
     body = json.dumps({"model": MODEL, **prompt, **fields})  # NaN and Infinity, as Python's JSON writes them
     error = _error(_post_raw(base_url, path, body))
     assert (error["param"], error["message"]) == (param, message)
+
+
+@pytest.mark.parametrize("path", ["/completions", "/chat/completions"])
+def test_top_k_beyond_the_models_vocabulary_is_a_400_naming_it(
+    base_url: str, chat_coordinator: Coordinator, path: str
+) -> None:
+    """The target refused it: "target: top_k must be <= vocab size ...", with no param (wave 50's probe). The
+    coordinator now knows the models' vocabulary (build_orchestrator) and refuses it as the request's field."""
+    vocab = chat_coordinator.orchestrator.vocab_size
+    assert vocab is not None and vocab > 1
+    prompt = {"prompt": "hi"} if path == "/completions" else {"messages": MESSAGES}
+    body = {"model": MODEL, **prompt, "max_tokens": 2, "temperature": 1.0, "seed": 1}
+    error = _error(_post_raw(base_url, path, json.dumps({**body, "top_k": vocab + 1})))
+    assert (error["param"], error["message"]) == (
+        "top_k",
+        f"top_k: must be <= the vocabulary size {vocab}, got {vocab + 1}",
+    )
+    assert _post_raw(base_url, path, json.dumps({**body, "top_k": vocab})).status_code == 200
+
+
+def test_top_k_beyond_the_models_vocabulary_is_invalid_argument_over_grpc(
+    grpc_client: CalispecClient, chat_coordinator: Coordinator
+) -> None:
+    vocab = chat_coordinator.orchestrator.vocab_size
+    with pytest.raises(CalispecRpcError) as info:
+        grpc_client.generate("hi", max_new_tokens=2, temperature=1.0, top_k=(vocab or 0) + 1)
+    assert info.value.code == "INVALID_ARGUMENT" and info.value.details.startswith("top_k must be <= the vocabulary")
 
 
 def test_grpc_streams_the_prompt_report_on_the_first_chunk_only(grpc_client: CalispecClient) -> None:
