@@ -682,8 +682,17 @@ def _lock_database(path: Path) -> DatabaseLock | None:
     """The database's lock, held (None for ':memory:'); DatabaseInUse naming the live holder."""
     try:
         return DatabaseLock.take(path)
+    except (FileExistsError, NotADirectoryError) as exc:  # making its directory: a file stands in the way
+        raise FailedPrecondition(
+            f"cannot open the memory database {path}: {_file_in_the_way(path)} is a file, not a directory"
+        ) from exc
     except OSError as exc:
         raise FailedPrecondition(f"cannot open the memory database {path}: cannot make its lock file: {exc}") from exc
+
+
+def _file_in_the_way(path: Path) -> Path:
+    """The nearest of `path`'s parents that exists and is not a directory (the parent itself when none does)."""
+    return next((p for p in reversed(path.parents) if p.exists() and not p.is_dir()), path.parent)
 
 
 def _open_database(path: Path, now: float) -> sqlite_utils.Database:

@@ -86,10 +86,12 @@ def unwritable_path(tmp_path: Path) -> Path:
         (corrupt_database, "file is not a database"),
         (damaged_pages, "malformed"),
         (lambda tmp: tmp, "unable to open database file"),  # a directory
-        (lambda tmp: corrupt_database(tmp) / "memory.db", "File exists"),
+        # the cause was "cannot make its lock file: [Errno 17] File exists" (wave 50's probe)
+        (lambda tmp: corrupt_database(tmp) / "memory.db", "corrupt.db is a file, not a directory"),
+        (lambda tmp: corrupt_database(tmp) / "sub" / "memory.db", "corrupt.db is a file, not a directory"),
         (unwritable_path, ""),
     ],
-    ids=["corrupt", "damaged-pages", "directory", "parent-is-a-file", "read-only"],
+    ids=["corrupt", "damaged-pages", "directory", "parent-is-a-file", "grandparent-is-a-file", "read-only"],
 )
 def test_memory_service_with_a_bad_database(tmp_path: Path, make_path, cause: str) -> None:
     db = make_path(tmp_path)
