@@ -92,12 +92,17 @@ def ensure_pulled_pair(name: str, cache: Path | None = None) -> tuple[Path, Path
     return done.draft, done.target
 
 
+def check_pair_flags(args: argparse.Namespace) -> None:
+    """Half a pair (--draft without --target, or the reverse) is a usage error (SystemExit 2)."""
+    if bool(args.draft) != bool(args.target):
+        raise SystemExit(cli_auth.usage_error("give both --draft and --target, or neither (then --pair decides)"))
+
+
 def resolve_pair(args: argparse.Namespace) -> tuple[Path, Path]:
     """(draft, target) directories: explicit --draft/--target, else the --pair (tiny or a known pair)."""
+    check_pair_flags(args)
     if args.draft and args.target:
         return Path(args.draft), Path(args.target)
-    if args.draft or args.target:
-        raise SystemExit(cli_auth.usage_error("give both --draft and --target, or neither (then --pair decides)"))
     if args.pair == "tiny":
         target, draft = ensure_tiny_pair()
         return draft, target
@@ -404,6 +409,7 @@ def claim_up_or_refuse() -> StackLock:
 def serve_stack(args: argparse.Namespace) -> int:
     """`calispec up`: start the stack, then serve until Ctrl-C, SIGTERM or `calispec down`."""
     stop = threading.Event()
+    check_pair_flags(args)  # before the claim: a usage error, whether or not another `up` runs
     # until the stack is up, Ctrl-C and SIGTERM interrupt its start-up (stack_command); from then on they
     # stop the running stack
     with claim_up_or_refuse() as claim, tempfile.TemporaryDirectory(prefix="calispec-up-") as secrets_dir:

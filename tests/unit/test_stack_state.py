@@ -188,6 +188,18 @@ def test_a_second_up_is_refused_naming_the_running_one(
     )
 
 
+def test_half_a_pair_is_a_usage_error_even_while_another_up_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """The pair's flags were checked after the claim: while another `up` ran, the user was told to stop it."""
+    from calispec_tools import cli
+
+    with claim_up() as running:
+        running.describe({"coordinator": "127.0.0.1:50050"})
+        with pytest.raises(SystemExit) as exited:
+            cli.main(["up", "--draft", "d"])
+    assert exited.value.code == 2
+    assert "give both --draft and --target" in capsys.readouterr().err
+
+
 def test_down_stops_an_up_that_is_still_starting(no_running_stack: Path) -> None:
     """A second `up` is told to `calispec down` the first one, which answered "no stack is running" until the
     first had loaded its models and written its state file."""
