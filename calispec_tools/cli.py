@@ -307,7 +307,8 @@ def run_request(
     """One request: `args.prompt`, or the chat `messages` when given."""
     try:
         build_params(**request_kwargs(args))  # a parameter the request cannot carry (e.g. --seed beyond 64 bits)
-        client = CalispecClient(address, **(auth or cli_auth.client_auth(args)))
+        auth = auth or cli_auth.client_auth(args)
+        client = CalispecClient(address, **auth)
     except ValueError as exc:  # parameters or credentials the SDK cannot use; checked before the call, so
         return cli_auth.usage_error(exc)  # a ValueError from the call itself stays a bug's traceback
     with client:
@@ -317,7 +318,7 @@ def run_request(
             else:
                 result = client.generate(args.prompt, timeout=args.timeout, **request_kwargs(args))
         except CalispecRpcError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(cli_auth.rpc_error_line(exc, cli_auth.uses_tls(auth)), file=sys.stderr)
             return 1
     print_result(result, args.json)
     return 0

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from calispec._channel import ClientAuth, read_ca_bundle
+from calispec._channel import TLS_CA_ENV, ClientAuth, read_ca_bundle
+from calispec.client import CalispecRpcError
 from calispec_core.access import key_line, new_api_key
 
 USAGE_ERROR = 2  # exit status of input the command cannot use (argparse's for a bad flag)
@@ -50,6 +51,24 @@ def own_stack_auth() -> dict[str, Any]:
     and calibration): it runs open on loopback, so no credentials, not even the environment's ("" overrides
     CALISPEC_TOKEN / CALISPEC_TLS_CA, meant for the stack `calispec up --tls` runs)."""
     return {"token": "", "tls_ca": ""}
+
+
+def uses_tls(auth: dict[str, Any]) -> bool:
+    """Whether a client of these keyword arguments (client_auth) talks TLS (a CA given, or in the environment)."""
+    return ClientAuth.resolve(**auth).tls_ca is not None
+
+
+def rpc_error_line(exc: CalispecRpcError, tls: bool) -> str:
+    """The one line of a failed call, with a hint where it looks like plaintext against TLS or the reverse
+    (gRPC says only "Socket closed", or names an SSL record error)."""
+    line = f"error: {exc}"
+    if exc.code != "UNAVAILABLE":
+        return line
+    if not tls and "Socket closed" in exc.details:
+        return f"{line} (if the coordinator serves TLS, give --tls-ca or set {TLS_CA_ENV})"
+    if tls and "WRONG_VERSION_NUMBER" in exc.details:
+        return f"{line} (the coordinator may not serve TLS: give no --tls-ca, or --tls-ca '' over {TLS_CA_ENV})"
+    return line
 
 
 def usage_error(problem: Exception | str) -> int:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from calispec.client import CalispecClient, CalispecRpcError, build_params
-from calispec_tools.cli_auth import usage_error
+from calispec_tools.cli_auth import rpc_error_line, usage_error, uses_tls
 
 Conversation = list[dict[str, str]]
 EXIT_COMMANDS = ("/exit", "/quit")
@@ -30,11 +30,13 @@ def stream_reply(
     return "".join(parts)
 
 
-def one_shot(client: CalispecClient, conversation: Conversation, params: dict[str, Any], timeout: float) -> int:
+def one_shot(
+    client: CalispecClient, conversation: Conversation, params: dict[str, Any], timeout: float, tls: bool = False
+) -> int:
     try:
         stream_reply(client, conversation, params, timeout, sys.stdout)
     except CalispecRpcError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(rpc_error_line(exc, tls), file=sys.stderr)
         return 1
     return 0
 
@@ -46,6 +48,7 @@ def repl(
     timeout: float,
     read: Callable[[str], str] = input,
     out: TextIO = sys.stdout,
+    tls: bool = False,  # the client's: a failed turn's line hints at a TLS mismatch (cli_auth.rpc_error_line)
 ) -> int:
     """Read a user turn, stream the reply, keep both; a failed or interrupted turn is dropped. Exits 1 if a turn
     failed (turns piped in from a script: it exited 0 whatever happened), else 0."""
@@ -66,7 +69,7 @@ def repl(
         except (CalispecRpcError, KeyboardInterrupt) as exc:
             conversation.pop()
             failed = failed or isinstance(exc, CalispecRpcError)  # an interrupted turn is the user's choice
-            out.write(f"\n[{'interrupted' if isinstance(exc, KeyboardInterrupt) else f'error: {exc}'}]\n")
+            out.write(f"\n[{'interrupted' if isinstance(exc, KeyboardInterrupt) else rpc_error_line(exc, tls)}]\n")
             continue
         conversation.append({"role": "assistant", "content": reply})
 
@@ -86,6 +89,7 @@ def run_chat(
     except ValueError as exc:  # credentials or parameters the SDK cannot use
         return usage_error(exc)
     with client:
+        tls = uses_tls(auth)
         if message is not None:
-            return one_shot(client, [*conversation, {"role": "user", "content": message}], params, timeout)
-        return repl(client, conversation, params, timeout)
+            return one_shot(client, [*conversation, {"role": "user", "content": message}], params, timeout, tls)
+        return repl(client, conversation, params, timeout, tls=tls)
