@@ -82,6 +82,9 @@ def caller_identity(context: grpc.ServicerContext, keys: ApiKeys | None = None) 
 # -- API keys -------------------------------------------------------------------------------------
 
 
+KEYS_FILE_MISSING_GRACE_S = 5.0  # a keys file gone this long revokes every key (ApiKeys)
+
+
 def new_api_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
@@ -92,9 +95,10 @@ def hash_key(key: str) -> str:
 
 
 def key_line(name: str, key: str) -> str:
-    """A line of the keys file: `NAME SHA256HEX` (the key itself is never stored)."""
-    if not name or any(c.isspace() for c in name):
-        raise ValueError(f"key name must be one word, got {name!r}")
+    """A line of the keys file: `NAME SHA256HEX` (the key itself is never stored). The name must read back as
+    written: one word, without `#` (the file's comments: `a#b` broke the whole file, `#a` was a comment)."""
+    if not name or any(c.isspace() for c in name) or "#" in name:
+        raise ValueError(f"key name must be one word without '#', got {name!r}")
     return f"{name} {hash_key(key)}\n"
 
 
@@ -114,15 +118,25 @@ def parse_key_file(text: str, source: str = "keys file") -> dict[str, str]:
 
 class ApiKeys:
     """The API keys of a file, reloaded when the file changes (checked at most every `check_every_s`)
-    or on `reload()` (SIGHUP). A file that fails to parse keeps the previous keys. Thread-safe."""
+    or on `reload()` (SIGHUP). A file that fails to parse keeps the previous keys. A file that is gone keeps
+    them `missing_grace_s` (an editor's delete-and-write), then every key is refused until it is back: deleting
+    it revoked nothing, for good (found by probing). Thread-safe."""
 
-    def __init__(self, path: Path, check_every_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        path: Path,
+        check_every_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        missing_grace_s: float = KEYS_FILE_MISSING_GRACE_S,
+    ) -> None:
         self.path = Path(path)
         self._check_every_s = check_every_s
+        self._missing_grace_s = missing_grace_s
         self._clock = clock
         self._lock = threading.Lock()
         self._hashes: dict[str, str] = {}
         self._stamp: tuple[int, int, int] | None = None
+        self._missing_since: float | None = None
         self._checked = clock()
         self.reload(strict=True)  # a bad file at startup is an error, not an empty key set
 
@@ -153,10 +167,24 @@ class ApiKeys:
         self._checked = now
         try:
             stat = self.path.stat()
+        except FileNotFoundError:
+            self._file_missing(now)
+            return
         except OSError:
-            return  # a file being replaced: keep the keys we have
+            return  # unreadable for now: keep the keys we have (a bad edit does too)
+        self._missing_since = None
         if (stat.st_mtime_ns, stat.st_size, stat.st_ino) != self._stamp:
             self.reload()
+
+    def _file_missing(self, now: float) -> None:
+        """Keep the keys through a short gap (a file being replaced), then refuse every key."""
+        if self._missing_since is None:
+            self._missing_since = now
+        if now - self._missing_since < self._missing_grace_s or self._stamp is None:
+            return
+        with self._lock:
+            self._hashes, self._stamp = {}, None  # a file that comes back is loaded anew
+        log.error("the API keys file %s is gone: every key is refused until it is back", self.path)
 
 
 # -- quotas ----------------------------------------------------------------------------------------

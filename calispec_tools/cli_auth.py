@@ -16,7 +16,8 @@ from typing import Any
 
 from calispec._channel import TLS_CA_ENV, ClientAuth, read_ca_bundle
 from calispec.client import CalispecRpcError
-from calispec_core.access import key_line, new_api_key
+from calispec_core.access import key_line, new_api_key, parse_key_file
+from calispec_core.errors import FailedPrecondition
 
 USAGE_ERROR = 2  # exit status of input the command cannot use (argparse's for a bad flag)
 
@@ -79,14 +80,21 @@ def usage_error(problem: Exception | str) -> int:
 
 
 def add_api_key(file: Path, name: str) -> str:
-    """Append a new key's hash line to `file` (created 0600); returns the key (shown once, never stored)."""
+    """Append a new key's hash line to `file` (created 0600); returns the key (shown once, never stored).
+    ValueError for a name the file cannot carry, or a file that does not parse (a coordinator keeps its
+    previous keys until the file is mended: the new key would not work)."""
     key = new_api_key()
     line = key_line(name, key)
     file.parent.mkdir(parents=True, exist_ok=True)
     if not file.exists():
         file.touch(mode=0o600)
+    text = file.read_text(encoding="utf-8")
+    try:
+        parse_key_file(text, str(file))
+    except FailedPrecondition as exc:
+        raise ValueError(f"{exc}: mend the file first (a coordinator reading it keeps its previous keys)") from None
     with file.open("a", encoding="utf-8") as f:
-        f.write(line)
+        f.write(line if not text or text.endswith("\n") else "\n" + line)  # a last line without its newline
     return key
 
 
@@ -112,7 +120,7 @@ def _unwritable(exc: OSError, given: str) -> int:
 def cmd_keys_add(args: argparse.Namespace) -> int:
     try:
         key = add_api_key(Path(args.file), args.name)
-    except ValueError as exc:  # a name of more than one word: exit 2, as for the path below
+    except ValueError as exc:  # a name of more than one word, a file that does not parse: exit 2
         return usage_error(exc)
     except OSError as exc:  # a directory, a missing or read-only place
         return _unwritable(exc, args.file)

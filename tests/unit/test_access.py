@@ -72,6 +72,33 @@ def test_api_keys_are_hashed_at_rest_and_reloaded_when_the_file_changes(tmp_path
         ApiKeys(path)  # but a broken file at startup is an error
 
 
+def test_a_keys_file_that_is_gone_revokes_every_key_after_a_grace(tmp_path: Path) -> None:
+    """Deleting the file kept every key valid for good ("a file being replaced"), while a restart refused it."""
+    path = tmp_path / "keys"
+    path.write_text(key_line("alice", "csk_alice-secret"))
+    now = [0.0]
+    keys = ApiKeys(path, check_every_s=0, clock=lambda: now[0], missing_grace_s=5)
+    path.unlink()
+    assert keys.identify("csk_alice-secret") == "alice"  # an editor's delete-and-write: kept through the gap
+    now[0] = 4.9
+    assert keys.identify("csk_alice-secret") == "alice"
+    now[0] = 5.0
+    assert keys.identify("csk_alice-secret") is None
+    path.write_text(key_line("alice", "csk_alice-secret"))  # back: loaded anew
+    now[0] = 6.0
+    assert keys.identify("csk_alice-secret") == "alice"
+    path.unlink()  # a new gap has its own grace
+    now[0] = 7.0
+    assert keys.identify("csk_alice-secret") == "alice"
+
+
+@pytest.mark.parametrize("name", ["carol#ops", "#ops", "a b", ""])
+def test_a_key_name_the_file_cannot_read_back_is_refused(name: str) -> None:
+    """`carol#ops` was written, and broke the file (the parser cuts comments at `#`); `#ops` became a comment."""
+    with pytest.raises(ValueError, match="one word without '#'"):
+        key_line(name, "csk_k")
+
+
 @pytest.mark.parametrize(
     "value", ["Bearer csk_k", "bearer csk_k", "BEARER csk_k", "bEaReR csk_k", "Bearer\tcsk_k", " Bearer \t csk_k \t"]
 )
@@ -155,6 +182,29 @@ def test_keys_add_prints_the_key_once_and_stores_its_hash(tmp_path: Path, capsys
     assert key.startswith("csk_") and key not in path.read_text()
     assert ApiKeys(path).identify(key) == "ci-bot"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_keys_add_after_a_last_line_without_its_newline_starts_a_line_of_its_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was glued onto the last line: `bob <hash>dave <hash>`, a file no coordinator loads (both keys lost)."""
+    path = tmp_path / "keys"
+    path.write_text(key_line("bob", "csk_bob-secret").rstrip("\n"))
+    assert calispec_main(["keys", "add", "dave", "--file", str(path)]) == 0
+    key = capsys.readouterr().out.strip()
+    keys = ApiKeys(path)
+    assert keys.identify(key) == "dave" and keys.identify("csk_bob-secret") == "bob"
+
+
+def test_keys_add_to_a_file_that_does_not_parse_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The new key would never work: a coordinator keeps its previous keys while the file does not parse."""
+    path = tmp_path / "keys"
+    path.write_text("bob not-a-hash\n")
+    assert calispec_main(["keys", "add", "dave", "--file", str(path)]) == 2
+    assert "keys:1: expected `NAME SHA256HEX`: mend the file first" in capsys.readouterr().err
+    assert path.read_text() == "bob not-a-hash\n"
 
 
 def test_ray_ships_each_service_its_own_pems(tmp_path: Path) -> None:

@@ -191,7 +191,7 @@ def test_keys_add_with_a_name_of_two_words_is_a_usage_error_too(
 ) -> None:
     """Exit 1, where the same command's unwritable --file is 2 (and the keys file is not touched)."""
     assert cli.main(["keys", "add", "ci bot", "--file", str(tmp_path / "keys")]) == 2
-    one_error_line(capsys, "key name must be one word")
+    one_error_line(capsys, "key name must be one word without")
     assert not (tmp_path / "keys").exists()
 
 
