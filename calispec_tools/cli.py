@@ -334,9 +334,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def up_security(args: argparse.Namespace, secrets_dir: Path) -> tuple[Path | None, Path | None, str | None]:
-    """(certs dir, keys file, dev key) of `calispec up`: certs with --tls, a fresh key unless --open."""
+    """(certs dir, keys file, dev key) of `calispec up`: certs with --tls (or --tls-dir: it ran plaintext, without
+    a word), a fresh key unless --open."""
     tls_dir = None
-    if args.tls:
+    if args.tls or args.tls_dir:
         from calispec_tools.certs import make_dev_certs
         from calispec_tools.stack import user_path
 
@@ -580,9 +581,16 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--memory-port", type=at.port, default=50053)
     up.add_argument("--http-port", type=at.port, default=8000, help="the OpenAI-compatible HTTP API (/v1/...)")
     up.add_argument("--no-http", action="store_true", help="serve the gRPC API only")
-    up.add_argument("--tls", action="store_true", help="mutual TLS between all services, TLS for clients")
-    up.add_argument("--tls-dir", help="certificates (`calispec certs dev`; default: user data dir/tls, made once)")
-    up.add_argument("--open", action="store_true", help="no API key: anyone on this machine may generate")
+    up.add_argument(
+        "--tls",
+        action="store_true",
+        help="mutual TLS between all services, TLS for clients; without it the API key guards the coordinator"
+        " only, and the model and memory services answer any process on this machine",
+    )
+    up.add_argument(
+        "--tls-dir", help="certificates (`calispec certs dev`; implies --tls; default: user data dir/tls, made once)"
+    )
+    up.add_argument("--open", action="store_true", help="no API key: anyone who reaches the coordinator may generate")
     up.add_argument("--default-tau", type=at.tau, help="CSD τ for requests that set none (default: the paper's 0.01)")
     up.add_argument(
         "--default-lambda", type=at.lambda_,

@@ -145,6 +145,14 @@ def test_an_unusable_tls_dir_is_still_one_line(
     assert err.startswith(f"error: cannot use {a_file}") and "Not a directory" in err and err.count("\n") == 1
 
 
+def test_a_tls_dir_alone_means_tls(tmp_path: Path) -> None:
+    """`up --tls-dir DIR` without `--tls` ran every service in plaintext, without a word (found by probing)."""
+    args = cli.build_parser().parse_args(["up", "--tls-dir", str(tmp_path / "tls"), "--open"])
+    tls_dir, keys_file, key = cli.up_security(args, tmp_path / "secrets")
+    assert tls_dir == tmp_path / "tls" and (tls_dir / "ca.pem").exists()
+    assert (keys_file, key) == (None, None)
+
+
 def test_an_unusable_log_dir_names_it_without_starting_anything(tmp_path: Path) -> None:
     a_file = tmp_path / "a-file"
     a_file.write_text("not a directory\n")
