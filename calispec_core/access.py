@@ -69,6 +69,22 @@ def bearer_token(context: grpc.ServicerContext) -> str | None:
     return None
 
 
+def anonymous_caller(host: str) -> str:
+    """The quota name of a caller without a key: its address, the same for its gRPC and HTTP requests."""
+    return f"anonymous@{host}"
+
+
+def peer_host(peer: str) -> str:
+    """The host of a gRPC peer (`ipv4:127.0.0.1:5000` -> `127.0.0.1`, `ipv6:[::1]:5000` -> `::1`), as the HTTP
+    API's client address reads: the gRPC bucket was `anonymous@ipv4:127.0.0.1`, the HTTP one `anonymous@127.0.0.1`,
+    so an open coordinator's caller had its quota twice (found by probing). Other peers (`unix:...`) as they are."""
+    kind, _, address = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return peer
+    host = address.rpartition(":")[0]
+    return host.removeprefix("[").removesuffix("]")
+
+
 def caller_identity(context: grpc.ServicerContext, keys: ApiKeys | None = None) -> str | None:
     """The caller's name: its certificate's CN under mutual TLS, else its API key's name, else None."""
     common_name = peer_common_name(context)
@@ -350,5 +366,5 @@ class QuotaInterceptor(_GuardInterceptor):
         self._keys = keys
 
     def _admit(self, method: str, context: grpc.ServicerContext) -> AbstractContextManager[None]:
-        caller = caller_identity(context, self._keys) or f"anonymous@{context.peer().rpartition(':')[0]}"
+        caller = caller_identity(context, self._keys) or anonymous_caller(peer_host(context.peer()))
         return self._book.admit(caller)

@@ -37,7 +37,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from calispec.types import Mode
-from calispec_core.access import ApiKeys, QuotaBook, parse_bearer
+from calispec_core.access import ApiKeys, QuotaBook, anonymous_caller, parse_bearer
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError, InvalidField, NotFound, Unauthenticated, Unavailable
 from calispec_core.generation import Defaults, GenerationParams, TokenLogprob
@@ -284,7 +284,7 @@ class OpenAIApi:
         """The caller's API key's name (401 without a known one), or its address when the server is open."""
         keys = self.settings.keys
         if keys is None:
-            return f"anonymous@{client[0] if client else 'unknown'}"
+            return anonymous_caller(client[0] if client else "unknown")
         name = keys.identify(parse_bearer(headers.get("authorization")))
         if name is None:
             raise Unauthenticated("missing or unknown API key (send Authorization: Bearer <key>)")

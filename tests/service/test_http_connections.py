@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 import coordinator.__main__ as coordinator_cli
+from calispec_core.access import Quota, QuotaBook, QuotaInterceptor, peer_host
 from calispec_core.credentials import TlsConfig
 from calispec_core.generation import Defaults
 from calispec_tools.certs import DevCerts, make_dev_certs
@@ -410,3 +411,48 @@ def test_beginning_to_stop_the_coordinators_http_api_tells_its_streams_and_ends_
     server.begin_stop()
     server.thread.join(timeout=30)
     assert server.stopping.is_set() and not server.thread.is_alive()
+
+
+class AnonymousGrpcCall:
+    """A servicer context as far as QuotaInterceptor reads one: a caller without key or certificate."""
+
+    def __init__(self, peer: str) -> None:
+        self._peer = peer
+
+    def peer(self) -> str:
+        return self._peer
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ()
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {}
+
+
+def test_an_open_coordinators_caller_has_one_quota_across_grpc_and_http() -> None:
+    """The gRPC bucket was `anonymous@ipv4:127.0.0.1`, the HTTP one `anonymous@127.0.0.1`: a caller without a
+    key had twice its concurrency (found by probing)."""
+    book = QuotaBook(Quota(max_concurrent=1))
+    settings = ApiSettings(MODEL, Defaults(), 60, None, book)
+    app = create_app(cast(Orchestrator, ScriptedOrchestrator()), settings)
+    server = start_http_server(app, "127.0.0.1", 0, None, header_timeout_s=HEADER_TIMEOUT_S)
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    try:
+        url = f"http://127.0.0.1:{server.port}/v1/completions"
+        with QuotaInterceptor(book)._admit(
+            "/calispec.v1.Coordinator/Generate", AnonymousGrpcCall("ipv4:127.0.0.1:50123")
+        ):  # type: ignore[arg-type]
+            refused = httpx.post(url, json=body, timeout=CLOSE_WAIT_S)
+        served_after = httpx.post(url, json=body, timeout=CLOSE_WAIT_S)
+    finally:
+        server.stop()
+    assert refused.status_code == 429 and "in flight" in refused.json()["error"]["message"]
+    assert served_after.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("peer", "host"),
+    [("ipv4:10.0.0.7:52114", "10.0.0.7"), ("ipv6:[::1]:52114", "::1"), ("unix:/run/c.sock", "unix:/run/c.sock")],
+)
+def test_a_grpc_peer_names_its_host_as_an_http_client_address_does(peer: str, host: str) -> None:
+    assert peer_host(peer) == host
