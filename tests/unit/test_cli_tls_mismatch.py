@@ -5,6 +5,9 @@ The servers are bare gRPC servers on loopback (no service: the handshake is what
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -71,6 +74,17 @@ def test_tls_to_a_plaintext_coordinator_hints_that_it_may_not_serve_tls(
     argv = ["generate", "--prompt", "hi", "--address", plaintext_server, "--tls-ca", str(certs.ca), "--timeout", "30"]
     assert cli.main(argv) == 1
     assert TLS_HINT in last_error_line(capsys)
+
+
+def test_grpcs_own_handshake_log_line_stays_off_the_commands_stderr(plaintext_server: str, certs: DevCerts) -> None:
+    """gRPC's C core printed "I1206 ... Handshake failed ..." above the command's one line (found by probing)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GRPC_VERBOSITY", "CALISPEC_TLS_CA")}
+    argv = ["generate", "--prompt", "hi", "--address", plaintext_server, "--tls-ca", str(certs.ca), "--timeout", "30"]
+    result = subprocess.run(
+        [sys.executable, "-m", "calispec_tools.cli", *argv], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: UNAVAILABLE"), result.stderr
 
 
 def test_a_failed_chat_turn_hints_too() -> None:
