@@ -11,7 +11,9 @@ so that it does not show up in `ps`.
 
 from __future__ import annotations
 
+import datetime
 import hmac
+import importlib.util
 import ipaddress
 import re
 import secrets
@@ -172,10 +174,14 @@ class TlsConfig:
         assert self.cert is not None and self.key is not None and self.ca is not None
         return _read_pem(self.cert), _read_pem(self.key), _read_pem(self.ca)
 
-    def read_checked(self) -> tuple[bytes, bytes, bytes]:
-        """`read`, with the files checked first: gRPC reports any fault in them as a failed bind."""
+    def read_checked(self, usage: str = "serverAuth") -> tuple[bytes, bytes, bytes]:
+        """`read`, with the files checked first for a certificate used for `usage` ("serverAuth": served;
+        "clientAuth": presented on calls): gRPC reports any fault in them as a failed bind, or (a certificate out
+        of date or not for this use) as a handshake its peer refuses, logged by the peer only. Checked where
+        `cryptography` (the serve extra) is installed: the light client install only reads them."""
         cert, key, ca = self.read()
-        check_pem(cert, key, ca, self)
+        if importlib.util.find_spec("cryptography") is not None:
+            check_pem(cert, key, ca, self, usage)
         return cert, key, ca
 
 
@@ -200,9 +206,10 @@ def _read_pem(path: Path) -> bytes:
 # light client install, which imports this module, lacks the package.
 
 
-def check_pem(cert: bytes, key: bytes, ca: bytes, tls: TlsConfig) -> None:
+def check_pem(cert: bytes, key: bytes, ca: bytes, tls: TlsConfig, usage: str = "serverAuth") -> None:
     """FailedPrecondition naming the file unless `cert` starts with a certificate whose public key is that of
-    the private key `key` (unencrypted), and `ca` holds certificates."""
+    the private key `key` (unencrypted), valid now and for `usage` (an extended key usage: "serverAuth" or
+    "clientAuth"), and `ca` holds certificates."""
     from cryptography.hazmat.primitives import serialization
 
     leaf = _certificates(cert, f"TLS certificate {tls.cert}")[0]
@@ -210,6 +217,35 @@ def check_pem(cert: bytes, key: bytes, ca: bytes, tls: TlsConfig) -> None:
     spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     if _private_key(key, tls.key).public_key().public_bytes(*spki) != leaf.public_key().public_bytes(*spki):
         raise FailedPrecondition(f"TLS key {tls.key} is not the key of the certificate in {tls.cert}")
+    _check_validity(leaf, tls.cert)
+    _check_usage(leaf, tls.cert, usage)
+
+
+def _check_validity(leaf: x509.Certificate, path: Path | None) -> None:
+    now = datetime.datetime.now(datetime.UTC)
+    if now > leaf.not_valid_after_utc:
+        raise FailedPrecondition(f"TLS certificate {path} expired on {leaf.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+    if now < leaf.not_valid_before_utc:
+        raise FailedPrecondition(
+            f"TLS certificate {path} is not valid before {leaf.not_valid_before_utc:%Y-%m-%d %H:%M} UTC"
+        )
+
+
+def _check_usage(leaf: x509.Certificate, path: Path | None, usage: str) -> None:
+    """A certificate that lists extended key usages must list `usage` (one without the extension is for any)."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    oid = {"serverAuth": ExtendedKeyUsageOID.SERVER_AUTH, "clientAuth": ExtendedKeyUsageOID.CLIENT_AUTH}[usage]
+    try:
+        usages = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return
+    if oid not in usages:
+        role = "serves it" if usage == "serverAuth" else "presents it on its calls to other services"
+        raise FailedPrecondition(
+            f"TLS certificate {path} lacks the {usage} extended key usage: this process {role} (docs/security.md)"
+        )
 
 
 def _certificates(pem: bytes, what: str) -> list[x509.Certificate]:

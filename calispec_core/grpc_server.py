@@ -279,8 +279,9 @@ def _channel_options(server_name: str | None) -> list[tuple[str, Any]]:
 
 
 def channel_credentials(tls: TlsConfig) -> grpc.ChannelCredentials:
-    """Trust the CA; present this process's certificate (mutual TLS)."""
-    cert, key, ca = tls.read()
+    """Trust the CA; present this process's certificate (mutual TLS), checked for that use first: its peer alone
+    would log why the handshake failed (the caller saw "no service at ..." after its connect timeout)."""
+    cert, key, ca = tls.read_checked("clientAuth")
     return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
 

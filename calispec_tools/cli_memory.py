@@ -15,7 +15,6 @@ service's only one; with several and no stack, the error lists them.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -112,18 +111,10 @@ def memory_tls(args: argparse.Namespace) -> TlsConfig | None:
         raise SystemExit(usage_error("give all three of --memory-tls-cert, --memory-tls-key and --memory-tls-ca"))
     tls = TlsConfig(*files)
     try:
-        _check_tls_files(tls)
+        tls.read_checked("clientAuth")  # as the services check theirs, where the serve extra is installed
     except CalispecError as exc:
         raise SystemExit(usage_error(exc)) from None
     return tls
-
-
-def _check_tls_files(tls: TlsConfig) -> None:
-    """Read the files; check them as the services do where `cryptography` (the serve extra) is installed."""
-    if importlib.util.find_spec("cryptography") is None:  # the client install: read only
-        tls.read()
-    else:
-        tls.read_checked()
 
 
 def _stub(address: str, tls: TlsConfig | None) -> tuple[grpc.Channel, memory_pb2_grpc.MemoryServiceStub]:
