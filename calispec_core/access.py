@@ -28,7 +28,13 @@ from typing import Any
 
 import grpc
 
-from calispec_core.errors import FailedPrecondition, PermissionDenied, ResourceExhausted, Unauthenticated
+from calispec_core.errors import (
+    FailedPrecondition,
+    InvalidField,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+)
 
 log = logging.getLogger(__name__)
 
@@ -263,21 +269,27 @@ class QuotaBook:
             usage = self._usage.setdefault(caller, _Usage(self._burst, now))
             usage.tokens = min(self._burst, usage.tokens + (now - usage.updated) * self._rate_per_s)
             usage.updated = now
-            # a request of more choices than the quota ever admits at once: say so, rather than "retry later"
+            # a request of more choices than the quota ever admits at once: the request's fault, not "retry later"
+            # (a 429 had clients retry it for good); only an HTTP request of n choices counts as more than one
             if q.max_concurrent and requests > q.max_concurrent:
-                raise ResourceExhausted(
-                    f"{caller!r} may have {q.max_concurrent} requests in flight; this one counts as {requests} "
-                    "(one per choice): ask for fewer choices"
+                raise InvalidField(
+                    "n",
+                    f"counts as {requests} requests (one per choice); {caller!r} may have {q.max_concurrent} "
+                    "in flight: ask for fewer choices",
                 )
             if q.requests_per_minute and requests > self._burst:
-                raise ResourceExhausted(
-                    f"{caller!r} may send {self._burst:g} requests at once; this one counts as {requests} "
-                    "(one per choice): ask for fewer choices"
+                raise InvalidField(
+                    "n",
+                    f"counts as {requests} requests (one per choice); {caller!r} may send {self._burst:g} at "
+                    "once: ask for fewer choices",
                 )
             if q.max_concurrent and usage.in_flight + requests > q.max_concurrent:
                 raise ResourceExhausted(f"{caller!r} already has {usage.in_flight} requests in flight (the limit)")
             if q.requests_per_minute and usage.tokens < requests:
-                raise ResourceExhausted(f"{caller!r} is over its quota of {q.requests_per_minute:g} requests/minute")
+                refill_s = (requests - usage.tokens) / self._rate_per_s
+                raise ResourceExhausted(
+                    f"{caller!r} is over its quota of {q.requests_per_minute:g} requests/minute", retry_after_s=refill_s
+                )
             if q.requests_per_minute:
                 usage.tokens -= requests
             usage.in_flight += requests

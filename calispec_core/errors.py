@@ -49,6 +49,10 @@ class FailedPrecondition(CalispecError):
 class ResourceExhausted(CalispecError):
     code = "RESOURCE_EXHAUSTED"
 
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s  # when a retry can succeed (a rate limit's refill); None: not known
+
 
 class Unavailable(CalispecError):
     code = "UNAVAILABLE"

@@ -8,6 +8,7 @@ and every client connects through `make_channel`, each given the process's `TlsC
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 
 # Draft distributions for sampling are [gamma, V] float32: 151,936 x 8 x 4 B is ~4.9 MB.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+RETRY_PUSHBACK_METADATA = "grpc-retry-pushback-ms"  # trailing: when a refused call may be retried (gRPC A6)
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -114,6 +116,8 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         code, message = _status_for(exc)
         if code == grpc.StatusCode.INTERNAL:
             log.exception("unhandled error in handler")
+        if (retry_after_s := getattr(exc, "retry_after_s", None)) is not None:  # gRPC's retry policies read it
+            context.set_trailing_metadata(((RETRY_PUSHBACK_METADATA, str(math.ceil(retry_after_s * 1000))),))
         context.abort(code, message)
 
     def _wrap_unary(self, fn: Callable) -> Callable:

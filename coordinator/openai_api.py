@@ -14,6 +14,7 @@ is `coordinator.http_transport`'s.
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import threading
 import time
@@ -178,6 +179,8 @@ def domain_error_response(exc: CalispecError) -> JSONResponse:
     if status == 500:
         log.error("request failed: %s", exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None  # RFC 9110 §11.6.1: the scheme to use
+    if (retry_after_s := getattr(exc, "retry_after_s", None)) is not None:  # RFC 9110 §10.2.3: whole seconds
+        headers = {"Retry-After": str(math.ceil(retry_after_s))}
     message, param = str(exc), getattr(exc, "param", None)
     if isinstance(exc, InvalidField) and exc.field in CalispecParams.model_fields:  # the request's own field
         message, param = f"{exc.field}: {exc.reason}", exc.field  # as its schema's refusals read

@@ -156,9 +156,11 @@ def test_a_request_of_n_choices_takes_n_quota_slots(chat_coordinator: Coordinato
     server, url = serve(chat_coordinator, quotas=QuotaBook(Quota(max_concurrent=2)))
     try:
         client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
-        with pytest.raises(openai.RateLimitError) as limited:
+        with pytest.raises(openai.BadRequestError) as never:  # a 429: clients retried what no wait admits
             client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0, n=3)
-        assert "counts as 3 (one per choice)" in limited.value.response.json()["error"]["message"]
+        error = never.value.response.json()["error"]
+        assert error["param"] == "n" and error["message"].startswith("n: counts as 3 requests (one per choice)")
+        assert "retry-after" not in never.value.response.headers
         done = client.completions.create(model=MODEL, prompt=[PROMPT, "x ="], max_tokens=2, temperature=0)
         assert len(done.choices) == 2  # two slots, given back: the next one fits again
         assert len(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, n=2).choices) == 2
@@ -354,6 +356,7 @@ def test_api_keys_and_quotas_are_the_coordinators(chat_coordinator: Coordinator,
         with pytest.raises(openai.RateLimitError) as limited:
             alice.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0)
         assert limited.value.response.json()["error"]["type"] == "rate_limit_error"
+        assert 55 <= int(limited.value.response.headers["retry-after"]) <= 60  # the bucket's refill (none came)
     finally:
         server.stop()  # type: ignore[attr-defined]
 

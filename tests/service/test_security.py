@@ -140,6 +140,15 @@ def test_a_key_over_its_quota_gets_resource_exhausted(stack: Stack) -> None:
         _generate(stack, KEYS["quota"])
     assert info.value.code == "RESOURCE_EXHAUSTED"
     assert _generate(stack, KEYS["alice"])  # another key's budget is untouched
+    # when to retry, as gRPC's retry policies read it (none came: found by probing); 0.001/min: ~60,000 s
+    credentials = grpc.ssl_channel_credentials(root_certificates=stack.certs.ca.read_bytes())
+    request = coordinator_pb2.GenerateRequest(prompt="hello", params=coordinator_pb2.GenerationParams(max_new_tokens=2))
+    with grpc.secure_channel(stack.address, credentials) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Generate(request, metadata=[("authorization", f"Bearer {KEYS['quota']}")], timeout=30)
+    pushback = dict(refused.value.trailing_metadata() or ())  # type: ignore[attr-defined]
+    assert 50_000_000 < int(pushback["grpc-retry-pushback-ms"]) <= 60_000_000
 
 
 def test_a_key_added_to_the_file_is_accepted_without_a_restart(stack: Stack) -> None:

@@ -15,7 +15,7 @@ import coordinator.__main__ as coordinator_cli
 import draft_service.__main__ as draft_cli
 from calispec_core.access import ApiKeys, Quota, QuotaBook, bearer_token, key_line, parse_bearer
 from calispec_core.credentials import TlsConfig
-from calispec_core.errors import FailedPrecondition, ResourceExhausted
+from calispec_core.errors import FailedPrecondition, InvalidField, ResourceExhausted
 from calispec_tools.certs import make_dev_certs
 from calispec_tools.cli import main as calispec_main
 from calispec_tools.deploy.ray_config import RayDeployConfig
@@ -154,12 +154,30 @@ def test_a_request_of_several_choices_counts_as_that_many_requests() -> None:
         pass  # 4 - 3 = 1 left of the burst: two choices do not fit, and take nothing
     with book.admit("alice"):  # the slots came back and the one request left is still there
         pass
-    never = re.escape("counts as 4 (one per choice): ask for fewer choices")  # more than max_concurrent
-    with pytest.raises(ResourceExhausted, match=never), book.admit("bob", 4):
+    # never admitted, whatever the caller waits: the request's fault (a 429 had clients retry it for good)
+    never = re.escape("n counts as 4 requests (one per choice); 'bob' may have 3 in flight: ask for fewer choices")
+    with pytest.raises(InvalidField, match=never), book.admit("bob", 4):
         pass
-    beyond_burst = "may send 4 requests at once; this one counts as 5"
-    with pytest.raises(ResourceExhausted, match=beyond_burst), QuotaBook(Quota(4, burst=4)).admit("carol", 5):
+    beyond_burst = "counts as 5 requests (one per choice); 'carol' may send 4 at once"
+    with pytest.raises(InvalidField, match=re.escape(beyond_burst)), QuotaBook(Quota(4, burst=4)).admit("carol", 5):
         pass
+
+
+def test_a_rate_limited_caller_is_told_when_its_bucket_refills() -> None:
+    """No Retry-After nor retry pushback came with a refusal (found by probing)."""
+    now = [0.0]
+    book = QuotaBook(Quota(requests_per_minute=6, burst=2), clock=lambda: now[0])  # one request each 10 s
+    for _ in range(2):
+        with book.admit("alice"):
+            pass
+    now[0] = 4.0
+    with pytest.raises(ResourceExhausted) as refused, book.admit("alice"):
+        pass
+    assert refused.value.retry_after_s == pytest.approx(6.0)
+    one_at_a_time = QuotaBook(Quota(max_concurrent=1))
+    with one_at_a_time.admit("bob"), pytest.raises(ResourceExhausted) as busy, one_at_a_time.admit("bob"):
+        pass
+    assert busy.value.retry_after_s is None  # a slot comes back when one of the caller's own requests ends
 
 
 def test_dev_certificates_name_each_role_for_both_directions(tmp_path: Path) -> None:
