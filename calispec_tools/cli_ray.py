@@ -6,14 +6,17 @@ Wired into `calispec` by `register(subparsers)`; also runs alone: `python -m cal
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calispec_tools.arg_types import non_negative_float
-from calispec_tools.deploy.ray_config import DEFAULT_NAMESPACE
+from calispec_tools.cli_auth import usage_error
+from calispec_tools.deploy.ray_config import DEFAULT_NAMESPACE, ConfigError, DeploymentError
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -32,14 +35,14 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     up = commands.add_parser("up", help="place memory, draft, target replicas and coordinator as Ray actors")
     up.add_argument("--config", type=Path, required=True, help="deployment config (YAML or TOML)")
     _common(up)
-    up.set_defaults(func=_up)
+    up.set_defaults(func=reported(_up))
     scale = commands.add_parser("scale", help="change the number of target replicas while serving")
     scale.add_argument("spec", help="target=N")
     _common(scale)
-    scale.set_defaults(func=_scale)
+    scale.set_defaults(func=reported(_scale))
     status = commands.add_parser("status", help="addresses of the services")
     _common(status)
-    status.set_defaults(func=_status)
+    status.set_defaults(func=reported(_status))
     down = commands.add_parser("down", help="drain the coordinator, then stop everything")
     down.add_argument(
         "--drain-timeout-s", type=non_negative_float, default=None,
@@ -47,7 +50,7 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
         "meanwhile); default: the deployment's drain_timeout_s",
     )  # fmt: skip
     _common(down)
-    down.set_defaults(func=_down)
+    down.set_defaults(func=reported(_down))
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +77,46 @@ def _print(data: Any) -> None:
     print(json.dumps(data, indent=2, sort_keys=True), flush=True)
 
 
+def reported(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """`command` with an operator's mistakes as one line (each was a traceback, exit 1): a config it cannot use
+    (exit 2), no deployment or one already running, and a Ray task's failure by its innermost cause, a service's
+    bad flags with argparse's message (exit 1). Anything else is a bug: its traceback stays."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except ConfigError as exc:
+            return usage_error(exc)
+        except DeploymentError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        except Exception as exc:
+            if (line := ray_task_failure(exc)) is None:
+                raise
+            print(line, file=sys.stderr)
+            return 1
+
+    return run
+
+
+def ray_task_failure(exc: BaseException) -> str | None:
+    """The line for a Ray task that failed (its innermost cause, through the controller's own calls), or None
+    for an exception that is not one."""
+    if "ray" not in sys.modules:
+        return None
+    from ray.exceptions import RayTaskError
+
+    if not isinstance(exc, RayTaskError):
+        return None
+    cause: BaseException = exc
+    while isinstance(cause, RayTaskError) and cause.cause is not None and cause.cause is not cause:
+        cause = cause.cause
+    if isinstance(cause, DeploymentError | ConfigError):
+        return f"error: {cause}"
+    return f"error: a Ray task failed: {type(cause).__name__}: {cause} (its traceback is in the actor's log)"
+
+
 def _up(args: argparse.Namespace) -> int:
     deploy_ray = _deploy_ray()
     config = deploy_ray.RayDeployConfig.load(args.config)
@@ -87,7 +130,7 @@ def _up(args: argparse.Namespace) -> int:
 def _scale(args: argparse.Namespace) -> int:
     match = SCALE_SPEC.match(args.spec)  # bad input fails before anything connects
     if match is None:
-        raise SystemExit(f"scale takes target=N, got {args.spec!r}")
+        return usage_error(f"scale takes target=N, got {args.spec!r}")
     deploy_ray = _deploy_ray()
     deploy_ray.connect(args.address, _namespace(args))
     _print(deploy_ray.scale(int(match.group(1)), _namespace(args)))

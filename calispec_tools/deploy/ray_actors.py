@@ -20,6 +20,8 @@ timeout), then stops the targets, the draft and the memory service.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import secrets
@@ -35,7 +37,7 @@ import ray
 from ray.exceptions import GetTimeoutError
 
 from calispec_core.credentials import TlsConfig
-from calispec_tools.deploy.ray_config import DEFAULT_NAMESPACE, RayDeployConfig, ServiceSpec
+from calispec_tools.deploy.ray_config import DEFAULT_NAMESPACE, DeploymentError, RayDeployConfig, ServiceSpec
 from calispec_tools.shipped_calibration import SeedResult, chosen_lambdas, is_shipped, seed_namespace, served_lambda
 
 log = logging.getLogger(__name__)
@@ -220,11 +222,15 @@ def write_pems(directory: Path, tls: dict[str, str]) -> dict[str, Path]:
 
 
 def _parsed(parse: Any, argv: list[str]) -> Any:
-    """Run a service's argparse parser; its usage errors (SystemExit) become a readable exception."""
+    """Run a service's argparse parser; its usage errors (SystemExit) become a readable exception that carries
+    argparse's message (it went to the actor's log only: `calispec ray up` said "see the actor's log")."""
+    said = io.StringIO()
     try:
-        return parse(argv)
+        with contextlib.redirect_stderr(said):
+            return parse(argv)
     except SystemExit as exc:
-        raise ValueError(f"bad service flags {argv!r} (see the actor's log for argparse's message)") from exc
+        message = said.getvalue().strip().splitlines()[-1:] or ["(no message)"]
+        raise DeploymentError(f"bad service flags {argv!r}: {message[0]}") from exc
 
 
 ServiceActor = ray.remote(ServiceHost)
@@ -426,7 +432,7 @@ def up(config: RayDeployConfig) -> dict[str, Any]:
     except ValueError:
         pass
     else:
-        raise RuntimeError(f"a deployment already runs in namespace {config.namespace!r}; `calispec ray down` first")
+        raise DeploymentError(f"a deployment already runs in namespace {config.namespace!r}; `calispec ray down` first")
     controller = ControllerActor.options(
         name=CONTROLLER, namespace=config.namespace, lifetime="detached", num_cpus=0
     ).remote(config, config.tls_bundle())
@@ -441,7 +447,9 @@ def controller(namespace: str = DEFAULT_NAMESPACE) -> Any:
     try:
         return ray.get_actor(CONTROLLER, namespace=namespace)
     except ValueError:
-        raise RuntimeError(f"no Calispec deployment in Ray namespace {namespace!r}") from None
+        raise DeploymentError(
+            f"no Calispec deployment in Ray namespace {namespace!r} (`calispec ray up` first)"
+        ) from None
 
 
 def scale(replicas: int, namespace: str = DEFAULT_NAMESPACE) -> dict[str, Any]:

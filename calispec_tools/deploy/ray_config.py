@@ -15,6 +15,14 @@ AUTO_NAMESPACE = "auto"  # memory_namespace: the pair's, derived from the models
 SHIPPED, NO_CALIBRATION = "shipped", "none"
 
 
+class ConfigError(ValueError):
+    """A deployment config that cannot be used: the file and what is wrong (`calispec ray up`'s one line)."""
+
+
+class DeploymentError(RuntimeError):
+    """What `calispec ray` reports as one line: no deployment, one already running, a service's bad flags."""
+
+
 # -- configuration ------------------------------------------------------------------------------
 
 
@@ -145,13 +153,20 @@ class RayDeployConfig:
 
     @classmethod
     def load(cls, path: Path) -> RayDeployConfig:
-        """YAML (.yaml/.yml) or TOML (.toml)."""
-        text = path.read_text(encoding="utf-8")
-        if path.suffix == ".toml":
-            return cls.from_dict(tomllib.loads(text))
+        """YAML (.yaml/.yml) or TOML (.toml); ConfigError naming the file and what is wrong with it."""
         import yaml  # a Ray dependency
 
-        return cls.from_dict(yaml.safe_load(text) or {})
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read the config {path}: {exc.strerror or exc}") from None
+        try:
+            data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text) or {}
+            if not isinstance(data, dict):
+                raise ValueError(f"expected a mapping of settings, got a {type(data).__name__}")
+            return cls.from_dict(data)
+        except (ValueError, TypeError, AttributeError, yaml.YAMLError) as exc:  # a section of the wrong shape too
+            raise ConfigError(f"config {path}: {' '.join(str(exc).split())}") from None
 
 
 def _spec(name: str, section: dict[str, Any]) -> tuple[ServiceSpec, int]:

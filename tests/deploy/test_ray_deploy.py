@@ -21,7 +21,10 @@ import target_service.__main__ as target_cli
 from calispec.client import CalispecClient, CalispecRpcError
 from calispec_core.generation import FinishReason, GenerationStats
 from calispec_core.grpc_server import make_channel
-from calispec_tools.deploy.ray_config import RayDeployConfig, ServiceSpec
+from calispec_tools import cli_ray
+from calispec_tools.cli import main as calispec_main
+from calispec_tools.deploy import ray_actors
+from calispec_tools.deploy.ray_config import DeploymentError, RayDeployConfig, ServiceSpec
 from calispec_tools.namespaces import pair_namespace
 from calispec_tools.shipped_calibration import SeedResult, chosen_lambda, shipped_file
 from coordinator.engine import Chunk
@@ -372,3 +375,86 @@ def test_the_ray_controller_seeds_over_mutual_tls_with_the_verifiers_credentials
         assert memory_events(address, controller.memory_namespace, tls=certs.tls("coordinator")) == 4
     finally:
         host.stop()
+
+
+# -- `calispec ray`: an operator's mistakes are one line (each was a traceback; found by probing) ----------
+
+BAD_CONFIGS = {
+    "unknown-key": ("models: {draft: /a, target: /b}\nbogus: 1\n", "unknown config keys: ['bogus']"),
+    "half-a-pair": ("models: {draft: /a}\n", "models.draft"),
+    "no-replicas": ("target: {replicas: 0}\nmodels: {draft: a, target: b}\n", "replicas must be >= 1"),
+    "yaml-syntax": ("models: [\n", "config "),
+    "a-list": ("- models\n", "expected a mapping of settings, got a list"),
+    "section-shape": ("models: {draft: /a, target: /b}\ntarget: 3\n", "config "),
+}
+
+
+@pytest.mark.parametrize("text, expected", BAD_CONFIGS.values(), ids=BAD_CONFIGS.keys())
+def test_ray_up_with_a_config_it_cannot_use_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str
+) -> None:
+    """Refused before Ray is joined: the address is a closed port nothing would answer on."""
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    assert calispec_main(["ray", "up", "--config", str(config), "--address", "127.0.0.1:1"]) == 2
+    line = one_line(capsys)
+    assert line.startswith(f"error: config {config}") and expected in line
+
+
+def test_ray_up_with_a_missing_config_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert calispec_main(["ray", "up", "--config", str(tmp_path / "no.yaml"), "--address", "127.0.0.1:1"]) == 2
+    assert one_line(capsys) == f"error: cannot read the config {tmp_path / 'no.yaml'}: No such file or directory"
+
+
+def test_ray_scale_with_a_bad_spec_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert calispec_main(["ray", "scale", "target=x", "--address", "127.0.0.1:1"]) == 2  # it exited 1
+    assert one_line(capsys) == "error: scale takes target=N, got 'target=x'"
+
+
+def test_a_services_bad_flags_carry_argparses_message() -> None:
+    """It said "see the actor's log for argparse's message"."""
+    with pytest.raises(
+        DeploymentError, match=r"bad service flags .*: python -m draft_service: error: unrecognized arguments: --bogus"
+    ):
+        ray_actors._parsed(draft_cli.parse_config, ["--model", "/m", "--bogus"])
+
+
+def test_a_ray_task_that_failed_is_named_by_its_innermost_cause(capsys: pytest.CaptureFixture[str]) -> None:
+    """The controller's call to a service actor failed: two RayTaskErrors around the service's DeploymentError."""
+    from ray.exceptions import RayTaskError
+
+    bad_flags = DeploymentError("bad service flags ['--bogus']: draft: error: unrecognized arguments: --bogus")
+    inner = RayTaskError("ServiceHost.start", "Traceback ...", bad_flags)
+    outer = RayTaskError("Controller.up", "Traceback ...", inner)
+
+    def fails(_args: object) -> int:
+        raise outer
+
+    assert cli_ray.reported(fails)(SimpleNamespace()) == 1
+    assert one_line(capsys) == f"error: {bad_flags}"
+    assert cli_ray.ray_task_failure(RayTaskError("f", "tb", KeyError("k"))) == (
+        "error: a Ray task failed: KeyError: 'k' (its traceback is in the actor's log)"
+    )
+
+
+def test_no_deployment_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    def status(_args: object) -> int:
+        raise DeploymentError("no Calispec deployment in Ray namespace 'calispec': `calispec ray up` one")
+
+    assert cli_ray.reported(status)(SimpleNamespace()) == 1
+    assert one_line(capsys).startswith("error: no Calispec deployment in Ray namespace 'calispec'")
+
+
+def test_a_bug_keeps_its_traceback() -> None:
+    def buggy(_args: object) -> int:
+        raise KeyError("a bug")
+
+    with pytest.raises(KeyError):
+        cli_ray.reported(buggy)(SimpleNamespace())
+
+
+def one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
