@@ -15,8 +15,10 @@ service's only one; with several and no stack, the error lists them.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -281,16 +283,35 @@ def cmd_import(args: argparse.Namespace) -> int:
         return _fail(f"{len(pairs)} pairs exceed one atomic import ({MAX_IMPORT_PAIRS}); nothing was imported")
     events = [memory_pb2.PairCount(draft_token_id=d, target_token_id=t, count=c) for d, t, c in pairs]
     request = memory_pb2.RecordEventsRequest(
-        namespace=namespace, events=events, wait_durable=True, vocab_size=export.vocab_size
+        namespace=namespace,
+        events=events,
+        wait_durable=True,
+        vocab_size=export.vocab_size,
+        write_id=import_write_id(pairs, export.vocab_size),
     )
     channel, stub = _stub(address, tls)
     with channel:
         try:
             reply = stub.RecordEvents(request, timeout=120, metadata=writer_metadata(token, "calispec-import"))
         except grpc.RpcError as exc:
-            return _fail(f"{exc.code().name}: {exc.details()} (nothing was imported)")
+            return _fail(f"{exc.code().name}: {exc.details()} ({import_outcome(exc.code())})")
     print(f"imported {len(pairs)} pairs ({reply.recorded} events) into {namespace}, now version {reply.version}")
     return 0
+
+
+def import_write_id(pairs: Sequence[tuple[int, int, int]], vocab_size: int) -> str:
+    """The file's write id: its digest, so that the same file imported into a namespace again (a retry after a
+    reply that was lost) counts once (the service remembers the last 65,536 ids). A retry counted it twice."""
+    digest = hashlib.blake2b(repr((vocab_size, sorted(pairs))).encode(), digest_size=16).hexdigest()
+    return f"import-{digest}"
+
+
+def import_outcome(code: grpc.StatusCode) -> str:
+    """What the user can know of an import that failed with `code`: a call that ended without its reply (the
+    write accepted but not committed in time, a deadline, a broken connection) may still have counted."""
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+        return "it may have been imported: run the same command again, which counts the file once"
+    return "nothing was imported"
 
 
 def cmd_seed(args: argparse.Namespace) -> int:

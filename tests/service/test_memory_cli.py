@@ -54,6 +54,22 @@ def test_export_import_round_trip_and_stats(memory: tuple[str, CorrectionStore],
     assert "top 20% of pairs cover" in printed and "#1" in printed and "3 pairs" in printed
 
 
+def test_the_same_file_imported_again_counts_once(memory: tuple[str, CorrectionStore], tmp_path: Path, capsys) -> None:
+    """The obvious reaction to an import that ended without its reply (UNAVAILABLE: "accepted but not committed
+    in time") is to run it again: that counted the file twice, where it had said "nothing was imported"."""
+    address, store = memory
+    store.record("pair-a", [(1, 2, 30), (3, 4, 5)], durable=True)
+    token, out = tmp_path / "token", tmp_path / "a.json"
+    token.write_text(TOKEN)
+    args = ("--namespace", "pair-a", "--memory-addr", address, "--writer-token-file", str(token))
+    assert run("memory", "export", "--namespace", "pair-a", "--out", str(out), "--memory-addr", address) == 0
+    for _ in range(2):
+        assert run("memory", "import", *args, "--file", str(out)) == 0
+    assert store.snapshot("pair-a")[0] == [(1, 2, 60), (3, 4, 10)]  # the export's counts, added once
+    assert run("memory", "import", *args[:2], "--memory-addr", "127.0.0.1:1", "--file", str(out), *args[4:]) == 1
+    assert "it may have been imported: run the same command again" in capsys.readouterr().err
+
+
 def test_stats_decodes_the_top_pairs_with_a_tokenizer(memory: tuple[str, CorrectionStore], tiny_pair, capsys) -> None:
     from calispec_core.modeling import load_tokenizer
 
