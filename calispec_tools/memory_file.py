@@ -28,6 +28,7 @@ FORMAT_VERSION = 1
 MAX_TOKEN_ID = 2**32 - 1
 MAX_VOCAB_SIZE = 2**32 - 1  # RecordEvents carries it as a uint32
 MAX_COUNT = 2**40  # the memory service's per-event cap
+MAX_EXPORT_BYTES = 64 * 2**20  # a table's 1,000,000 pairs (the service's bound) at ~40 bytes each, and room
 
 Pair = tuple[int, int, int]
 
@@ -71,12 +72,24 @@ def dump_export(
         raise MemoryFileError(f"cannot write {path}: {exc.strerror}") from exc
 
 
+def read_bounded(path: Path, limit: int) -> bytes:
+    """The file's bytes, or MemoryFileError past `limit` (read up to it: /dev/zero, a FIFO, say nothing of their
+    size; `memory import --file /dev/zero` grew to 20 GB until the kernel killed it)."""
+    with path.open("rb") as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise MemoryFileError(f"{path} is larger than an export can be ({limit:,} bytes)")
+    return data
+
+
 def load_export(path: Path, namespace: str) -> Export:
     """The pairs (and vocabulary) of a valid export of `namespace`, or MemoryFileError."""
     try:
-        document: Any = json.loads(path.read_text(encoding="utf-8"))
+        data = read_bounded(path, MAX_EXPORT_BYTES)
     except OSError as exc:
         raise MemoryFileError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        document: Any = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as exc:
         # ValueError: an integer past Python's digit limit; RecursionError: nesting past the parser's depth
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from calispec_tools import cli_memory
+from calispec_tools import cli_memory, memory_file
 from memory_service.config import MemoryConfig
 from memory_service.server import create_server
 from memory_service.store import CorrectionStore
@@ -125,6 +125,21 @@ def test_bad_import_fails_cleanly_and_changes_nothing(
     assert message in err and "nothing was imported" in err
     store.flush()
     assert store.snapshot("pair-a") == before
+
+
+def test_an_import_reads_no_more_than_an_export_can_be(
+    memory: tuple[str, CorrectionStore], tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It read the whole file: `--file /dev/zero` grew to 20 GB until the kernel killed it (found by probing).
+    Here the bound is made small, and the file a little over it (a device would not end at all)."""
+    address, _ = memory
+    monkeypatch.setattr(memory_file, "MAX_EXPORT_BYTES", 1000)
+    big, token = tmp_path / "big.json", tmp_path / "token"
+    big.write_text(" " * 1001)
+    token.write_text(TOKEN)
+    args = ("--namespace", "pair-a", "--memory-addr", address, "--writer-token-file", str(token))
+    assert run("memory", "import", *args, "--file", str(big)) == 1
+    assert f"{big} is larger than an export can be (1,000 bytes) (nothing was imported)" in capsys.readouterr().err
 
 
 def test_an_export_to_a_path_it_cannot_write_fails_cleanly(
