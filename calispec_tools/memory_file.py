@@ -128,6 +128,9 @@ def _pair(i: int, row: object) -> Pair:
         and 1 <= row[2] <= MAX_COUNT
     )
     if not ok:
+        if isinstance(row, list) and len(row) == 3 and isinstance(row[2], int) and row[2] > MAX_COUNT:
+            # a table's count may pass 2**40 (writes add up); one import writes at most that much a pair
+            raise MemoryFileError(f"pairs[{i}]: a count of {row[2]} is more than an import writes a pair (2**40)")
         raise MemoryFileError(f"pairs[{i}] must be [draft id, target id, count >= 1], got {row!r}")
     assert isinstance(row, list)
     return row[0], row[1], row[2]

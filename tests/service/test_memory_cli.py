@@ -84,6 +84,15 @@ def test_stats_decodes_the_top_pairs_with_a_tokenizer(memory: tuple[str, Correct
     assert row in capsys.readouterr().out.splitlines()[-1]
 
 
+def _count_past_2_40(doc: dict) -> dict:
+    pairs = [[1, 2, 2**40 + 1]]
+    return {
+        **doc,
+        "pairs": pairs,
+        "sha256": hashlib.sha256(json.dumps(pairs, separators=(",", ":")).encode()).hexdigest(),
+    }
+
+
 def _corrupt(doc: dict) -> dict:
     doc["pairs"][0][2] += 1
     return doc
@@ -100,6 +109,8 @@ BAD_FILES = [
     pytest.param(lambda doc: '{"pairs": [[1, 2, ' + "9" * 5000 + "]]}", "not JSON we can read", id="huge-integer"),
     # a vocabulary the uint32 field cannot carry: a ValueError traceback building the request (wave 50)
     pytest.param(lambda doc: {**doc, "vocab_size": 2**32}, "vocab_size must be an integer in", id="vocab-2**32"),
+    # a table's count past 2**40 (writes add up), exported: "must be [draft id, target id, count >= 1]" (wave 51)
+    pytest.param(_count_past_2_40, "a count of 1099511627777 is more than an import writes a pair", id="count"),
 ]
 
 
