@@ -116,8 +116,12 @@ def adaptive_gamma(params: GenerationParams) -> bool:
     """Whether a request's γ adapts: it sets none, and its output does not hang on γ's choices. A seeded
     sampling request's does (its random draws depend on how the rounds fall): it gets the fixed
     `SpeculationConfig.seeded_gamma`. A greedy one draws nothing, its seed unused: adaptive like any greedy."""
-    sampling = params.sampling
-    return params.num_speculative_tokens is None and (sampling.seed is None or sampling.greedy)
+    return params.num_speculative_tokens is None and not seeded_sampling(params)
+
+
+def seeded_sampling(params: GenerationParams) -> bool:
+    """A sampling request with a seed: its output must be the same however its rounds meet others'."""
+    return params.sampling.seed is not None and not params.sampling.greedy
 
 
 @dataclass
@@ -460,7 +464,7 @@ class Orchestrator:
         under the group phase, its first draft's acceptance."""
         policy = request.policy
         if policy is None or not request.use_draft:
-            return Wish.fixed(gamma)
+            return Wish.fixed(gamma, reproducible=seeded_sampling(request.params))
         # a raised member without a draft session would prefill it inside the group's round (`_prefill`)
         hold = probing or self.draft_circuit.is_open or request.draft_session is None
         limit = gamma if hold else max(min(self.speculation.max_gamma, room), 0)

@@ -14,7 +14,10 @@ for every running request; this is the same shape across services. A round has t
   target defers short prefills to the first forward) and it drafts from the next round start.
   Waiting for the round to end instead left its row empty for the whole round (measured at
   concurrency 8 with the prefill before it: ~2 s a newcomer, docs/performance.md "Prefills that
-  ride"). A request new while the group verifies waits for the members to come back.
+  ride"). A request new while the group verifies waits for the members to come back. A seeded
+  sampling request (`Wish.reproducible`) never joins a drafting round: a round of γ 0 where it
+  would have drafted changes which random draws make its tokens, so its output depended on when
+  others ran (wave 51, found by probing); it waits, as a newcomer, for the next round start.
 - `before_verify`: the Verify calls leave together once every member has its proposal (a
   request that drafts nothing this round arrives at once), so the target verifies them as one
   batch and no target forward overlaps a draft forward of the same group.
@@ -92,16 +95,20 @@ class Lockstep:
 
     def start_round(self, member: Hashable, timeout_s: float, wish: Wish) -> RoundStart:
         """Wait until every member is ready to start a round; a request that is not a member while the group
-        drafts (new, or left behind) joins that round at once with γ 0 (module doc). `wish`: what this member
+        drafts (new, or left behind) joins that round at once with γ 0, unless its wish is reproducible: that one
+        waits for the next round start (module doc). `wish`: what this member
         would draft alone, and its bounds; returns its γ under the round's rule (`plan`, over everyone starting the
         round) and how many members draft it. With lockstep off a request drafts its own wish."""
         if self.max_wait_s == 0:
             return RoundStart(wish.gamma, 0)
         with self._state:
             if self._drafting and member not in self._group:
-                self._group.add(member)
-                self._joined.add(member)
-                return RoundStart(0, max(self._drafters, 1))
+                if not wish.reproducible:
+                    self._group.add(member)
+                    self._joined.add(member)
+                    return RoundStart(0, max(self._drafters, 1))
+                if not self._await_round_start(timeout_s):  # the round in progress outlasted a newcomer's wait
+                    return RoundStart(wish.gamma, 1)  # out of step: its own γ, alone
             # a newcomer's wait is bounded by the round in progress, a member's by max_wait_s (module doc)
             newcomer = member not in self._verifying  # not back from the round in progress
             self._group.add(member)
@@ -135,6 +142,15 @@ class Lockstep:
                 self._open()
             elif self._drafting and not self._group:  # the round lost its last member: back to a round
                 self._open()  # start, or the gate stayed shut and every later request ran out of step
+
+    def _await_round_start(self, timeout_s: float) -> bool:
+        """(Holding the lock) wait, as a newcomer, for the drafting round to go to its verify (the next gate a round
+        start); False if it did not within the wait. A reproducible request's rounds must not hang on when it came:
+        a round it joined with γ 0 would shift every later round (seeded `sd` output changed under load)."""
+        end = self._end(timeout_s, self._newcomer_wait_s())
+        while self._drafting and (left := end - time.monotonic()) > 0:
+            self._state.wait(left)
+        return not self._drafting
 
     def _newcomer_wait_s(self) -> float:
         """(Holding the lock) how long a request new to the round in progress may wait for its members."""

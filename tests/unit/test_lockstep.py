@@ -12,6 +12,7 @@ import pytest
 
 import coordinator.__main__ as coordinator_cli
 from calispec_core.errors import InvalidArgument
+from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
 from coordinator.circuit import CircuitBreaker
 from coordinator.config import CoordinatorConfig
@@ -88,6 +89,32 @@ def test_a_newcomer_joins_the_drafting_rounds_verify_at_once() -> None:
     assert b.is_alive()  # the verify waits for "a"'s proposal
     assert lockstep.before_verify("a", timeout_s=60) == 2  # one batch of both
     assert _ends(b)
+
+
+def test_a_reproducible_newcomer_waits_for_the_next_round_start_with_its_own_gamma() -> None:
+    """A seeded sampling request joined a drafting round with γ 0 when it came while others drafted: its draws
+    then followed another sequence of rounds, and its output changed under load (found by probing)."""
+    lockstep = Lockstep(max_wait_s=60)
+    lockstep.start_round("a", timeout_s=60, wish=Wish(4))  # "a" is drafting
+    starts: dict[str, RoundStart] = {}
+    b = threading.Thread(
+        target=lambda: starts.update(b=lockstep.start_round("b", 60, Wish.fixed(3, reproducible=True)))
+    )
+    b.start()
+    b.join(timeout=0.2)
+    assert b.is_alive() and lockstep.members() == 1  # not in "a"'s round
+    assert lockstep.before_verify("a", timeout_s=60) == 1  # "a" verifies alone
+    a = threading.Thread(target=lambda: starts.update(a=lockstep.start_round("a", 60, Wish(4))))
+    a.start()
+    assert _ends(a) and _ends(b)
+    assert starts == {"a": RoundStart(4, 2), "b": RoundStart(3, 2)}  # the next round, together, b at its own γ
+
+
+def test_a_reproducible_newcomer_goes_alone_with_its_own_gamma_if_the_round_outlasts_its_wait() -> None:
+    lockstep = Lockstep(max_wait_s=0.01)
+    lockstep.start_round("a", timeout_s=60, wish=Wish(4))  # "a" drafts on, past the newcomer's wait
+    assert lockstep.start_round("b", timeout_s=60, wish=Wish.fixed(3, reproducible=True)) == RoundStart(3, 1)
+    assert lockstep.before_verify("b", timeout_s=60) == 1  # out of step: verifies at once
 
 
 def test_a_newcomer_at_the_verify_gate_waits_for_the_drafting_members_and_leaves_nobody_behind() -> None:
@@ -517,7 +544,10 @@ def test_what_a_request_brings_to_the_round_start() -> None:
 
     def request(probing: bool = False, session: str | None = "d", policy: bool = True) -> SimpleNamespace:
         return SimpleNamespace(
-            policy=SimpleNamespace(probing=probing) if policy else None, use_draft=True, draft_session=session
+            policy=SimpleNamespace(probing=probing) if policy else None,
+            use_draft=True,
+            draft_session=session,
+            params=params(),
         )
 
     wish = orchestrator._wish
@@ -527,6 +557,8 @@ def test_what_a_request_brings_to_the_round_start() -> None:
     assert wish(request(probing=True), 2, room=9, probing=False) == Wish(2, True, 4, 2)  # a probe reaches no further
     assert wish(request(session=None), 0, room=9, probing=False) == Wish(0, True, 0, 0)
     assert wish(request(policy=False), 3, room=9, probing=False) == Wish.fixed(3)
+    seeded = SimpleNamespace(policy=None, use_draft=True, params=params(sampling=SamplingConfig(1.0, seed=7)))
+    assert wish(seeded, 3, room=9, probing=False) == Wish.fixed(3, reproducible=True)  # never joins a round at γ 0
     orchestrator.draft_circuit.failed()  # open: only a probe calls the draft
     assert wish(request(), 0, room=9, probing=False) == Wish(0, True, 0, 0)
     # the draft circuit's probe drafts its wish whatever the plan: left out, it would hold the draft off (wave 37)
