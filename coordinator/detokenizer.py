@@ -25,16 +25,29 @@ class IncrementalDetokenizer:
         self.prefix = self.read = 0
         self.text = ""  # text already handed out
 
-    def add(self, token_ids: list[int]) -> tuple[str, bool]:
-        """Append tokens; returns (new text, whether a stop string ended the output)."""
+    def add(self, token_ids: list[int]) -> tuple[str, bool, int]:
+        """Append tokens; returns (new text, whether a stop string ended the output, how many of `token_ids` the
+        output keeps: all, or those up to the one that completed a stop string, as rounds of one token would
+        have stopped: a round's tokens past it were counted in `usage`, so it changed with the mode and γ)."""
+        start = len(self.token_ids)
         self.token_ids.extend(token_ids)
         full = self._decode_new()
-        cut = self._stop_index(full)
-        if cut is not None:
-            return self._advance(full[:cut]), True
+        if (cut := self._stop_index(full)) is not None:
+            return self._stopped(start, len(token_ids)) or (self._advance(full[:cut]), True, len(token_ids))
         # a trailing replacement char is usually half of a multi-byte character: wait for the rest
         safe = full.rstrip(REPLACEMENT_CHAR)
-        return self._advance(safe[: len(safe) - self._stop_prefix_len(safe)]), False
+        return self._advance(safe[: len(safe) - self._stop_prefix_len(safe)]), False, len(token_ids)
+
+    def _stopped(self, start: int, added: int) -> tuple[str, bool, int] | None:
+        """The output up to the first of the tokens added at `start` whose text holds a stop string (the earliest
+        one to complete, as one token at a time finds it), cut before that string; later ones are dropped. None
+        where no whole decode holds it (the window's text did): then every token is kept."""
+        for kept in range(1, added + 1):
+            text = self.tokenizer.decode(self.token_ids[: start + kept], skip_special_tokens=True)
+            if (cut := self._stop_index(text)) is not None:
+                del self.token_ids[start + kept :]
+                return self._advance(text[:cut]), True, kept
+        return None
 
     def finish(self) -> str:
         """Flush whatever was held back (one whole decode: the final text is exactly the tokens')."""

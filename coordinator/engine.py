@@ -362,10 +362,11 @@ class Orchestrator:
                 raise Cancelled("request cancelled by the client")
             new_tokens, logprobs = self._round(request)
             finish = self._clip(request, new_tokens)
-            logprobs = logprobs[: len(new_tokens)] if logprobs is not None else None
-            text, stopped = detok.add(new_tokens)
+            text, stopped, kept = detok.add(new_tokens)
             if stopped:
                 finish = FinishReason.STOP
+                del new_tokens[kept:]  # past the stop string: not the output's, whatever the round emitted
+            logprobs = logprobs[: len(new_tokens)] if logprobs is not None else None
             request.generated += new_tokens
             request.stats.emitted += len(new_tokens)
             prompt_ids, prompt_logprobs = self._prompt_report(request) if first else (None, None)

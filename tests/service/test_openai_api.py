@@ -341,6 +341,24 @@ def test_a_unary_completion_returns_its_token_ids(oai: openai.OpenAI, base_url: 
     assert unary["choices"][0]["token_ids"] == streamed and len(streamed) == 5
 
 
+def test_a_stop_string_ends_the_tokens_and_usage_where_ar_ends_them(base_url: str) -> None:
+    """A round's tokens past the one that completed a stop string were kept in `token_ids` and counted in
+    `usage`: greedy `sd` reported up to γ more tokens than `ar` for the same text (found by probing)."""
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 30, "temperature": 0, "return_token_ids": True}
+    whole = httpx.post(f"{base_url}/completions", json={**body, "mode": "ar"}, timeout=60).json()["choices"][0]
+    text = whole["text"]
+    stops = {text[i : i + 2] for i in range(1, min(len(text) - 2, 16), 3) if text[i : i + 2].strip()}
+    assert stops, text
+    for stop in sorted(stops):
+        replies = [
+            httpx.post(f"{base_url}/completions", json={**body, **mode, "stop": [stop]}, timeout=60).json()
+            for mode in ({"mode": "ar"}, {"mode": "sd", "gamma": 8})
+        ]
+        ar, sd = ([r["choices"][0]["token_ids"], r["choices"][0]["text"], r["usage"]] for r in replies)
+        assert sd == ar, stop
+        assert ar[2]["completion_tokens"] == len(ar[0]) < len(whole["token_ids"])
+
+
 def test_api_keys_and_quotas_are_the_coordinators(chat_coordinator: Coordinator, tmp_path) -> None:
     key = new_api_key()
     (tmp_path / "keys").write_text(key_line("alice", key) + "\n")

@@ -11,7 +11,7 @@ def feed(stop: tuple[str, ...], pieces: list[str]) -> tuple[list[str], bool]:
     detok = IncrementalDetokenizer(CharTokenizer(), stop)
     deltas = []
     for piece in pieces:
-        delta, stopped = detok.add([ord(c) for c in piece])
+        delta, stopped, _ = detok.add([ord(c) for c in piece])
         deltas.append(delta)
         if stopped:
             return deltas, True
@@ -42,6 +42,43 @@ def test_held_back_prefix_is_released_when_it_is_not_a_stop() -> None:
 def test_earliest_of_several_stops_wins() -> None:
     deltas, stopped = feed(("zz", "b"), ["azzb"])
     assert deltas == ["a"] and stopped
+
+
+def test_the_tokens_past_the_one_that_completed_a_stop_string_are_dropped() -> None:
+    """A round's tokens after the stop were kept (token_ids, usage): `sd` counted up to γ more than `ar`."""
+    detok = IncrementalDetokenizer(CharTokenizer(), ("cd",))
+    assert detok.add([ord(c) for c in "abcdef"]) == ("ab", True, 4)
+    assert detok.token_ids == [ord(c) for c in "abcd"]
+
+
+def test_overlapping_stops_end_where_one_token_at_a_time_ends() -> None:
+    """ "abc" and "b": one token at a time stops at "ab" (the text "a"); a round of three found "abc" first."""
+    detok = IncrementalDetokenizer(CharTokenizer(), ("abc", "b"))
+    assert detok.add([ord(c) for c in "abc"]) == ("a", True, 2)
+
+
+def test_any_rounds_stop_where_one_token_at_a_time_stops() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    def run(stop: tuple[str, ...], chunks: list[str]) -> tuple[str, list[int]]:
+        detok = IncrementalDetokenizer(CharTokenizer(), stop)
+        text = ""
+        for chunk in chunks:
+            delta, stopped, _ = detok.add([ord(c) for c in chunk])
+            text += delta
+            if stopped:
+                return text, detok.token_ids
+        return text + detok.finish(), detok.token_ids
+
+    letters = st.text("abc", min_size=1, max_size=6)
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(letters, min_size=1, max_size=3), st.lists(letters, min_size=1, max_size=8))
+    def check(stop: list[str], chunks: list[str]) -> None:
+        assert run(tuple(stop), chunks) == run(tuple(stop), list("".join(chunks)))
+
+    check()
 
 
 class CountingTokenizer(CharTokenizer):
