@@ -283,7 +283,7 @@ class Orchestrator:
         room = self.context_length - len(prompt_ids)
         if room < 1:
             raise InvalidArgument(
-                f"prompt of {len(prompt_ids)} tokens leaves no room in the context ({self.max_context})"
+                f"prompt of {len(prompt_ids)} tokens leaves no room in the context ({self.context_length} tokens)"
             )
         request = _Request(uuid.uuid4().hex, prompt_ids, params, min(params.max_new_tokens, room), deadline)
         request.stats.prompt_tokens = len(prompt_ids)

@@ -311,6 +311,12 @@ def test_a_prompt_of_token_ids_is_used_as_it_is_and_checked() -> None:
     assert len(target.prefills) == 2  # refused before any session opened
     with pytest.raises(InvalidArgument, match="leaves no room in the context"):  # for its length, ids unscanned
         run(orchestrator, [10**9] * orchestrator.context_length * 2, params())  # type: ignore[arg-type]
+    # the usable context, as max_model_len says: it named the models' (one more), which 1023 < 1024 read as room
+    full = orchestrator.context_length
+    with pytest.raises(
+        InvalidArgument, match=f"prompt of {full} tokens leaves no room in the context \\({full} tokens\\)"
+    ):
+        run(orchestrator, [ord("c")] * full, params())
 
 
 def test_a_target_without_prompt_logprobs_fails_the_request_before_its_first_round() -> None:
