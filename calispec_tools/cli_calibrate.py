@@ -308,16 +308,24 @@ def _run_local(
     namespace: str,
     token: str,
 ) -> Any:
+    import grpc
+
     from calispec_tools.calibrate.sink import MemoryWriter
     from calispec_tools.cli_memory import memory_tls
 
-    calibrator = _load(args, config, draft, target)
-    writer = MemoryWriter(address, namespace, token, calibrator.target.vocab_size, tls=memory_tls(args))
+    writer = MemoryWriter(address, namespace, token, tls=memory_tls(args))
     try:
-        summary = calibrator.run(docs, writer.send, _print_progress)
-    finally:
-        writer.close()  # the last batch durably: the memory holds everything on return
-    return summary
+        try:
+            writer.check()  # before the models load: reachable, the token, its namespaces
+            calibrator = _load(args, config, draft, target)
+            writer.vocab_size = calibrator.target.vocab_size
+            writer.check()  # before the corpus runs (hours on a real pair): the namespace's vocabulary
+            return calibrator.run(docs, writer.send, _print_progress)
+        finally:
+            writer.close()  # the last batch durably: the memory holds everything on return
+    except grpc.RpcError as exc:  # a traceback, and only after the whole run (found by probing)
+        sent = f" (events sent before it stay in namespace {namespace})" if writer.recorded else ""
+        raise SystemExit(f"error: cannot calibrate: {memory_failure(address, exc)}{sent}") from None
 
 
 def _to_export(args: argparse.Namespace, docs: Any, config: Any, draft: Path, target: Path) -> int:

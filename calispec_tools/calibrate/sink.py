@@ -44,6 +44,13 @@ class MemoryWriter:
         self.recorded = 0
         self.version = 0
 
+    def check(self, timeout_s: float = 30.0) -> None:
+        """One write of no events, before any work: the service checks the token, the namespaces it may write and
+        (with `vocab_size` set) the namespace's vocabulary as for every write, and a fresh namespace takes this
+        vocabulary. grpc.RpcError where it refuses or does not answer (a refusal came after the whole run)."""
+        request = memory_pb2.RecordEventsRequest(namespace=self.namespace, vocab_size=self.vocab_size)
+        self._stub.RecordEvents(request, timeout=timeout_s, metadata=self._metadata)
+
     def send(self, events: Counter[Pair]) -> None:
         if not events:
             return

@@ -46,6 +46,44 @@ def test_corpus_events_reach_the_memory_and_match_an_export(memory, tiny_pair: T
     assert sorted(load_export(out, "tiny").pairs) == sorted(store.snapshot("tiny")[0])  # the same run, the same counts
 
 
+def calibrate_into(address: str, tiny_pair: TinyPair, tmp_path: Path, token: str, namespace: str) -> list[str]:
+    corpus, token_file = tmp_path / "corpus.jsonl", tmp_path / "token"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    token_file.write_text(token)
+    pair = ("--draft", str(tiny_pair.draft), "--target", str(tiny_pair.target), "--dtype", "float32")
+    memory_args = ("--memory-addr", address, "--namespace", namespace, "--writer-token-file", str(token_file))
+    return ["calibrate", "--corpus", str(corpus), *pair, *memory_args]
+
+
+def test_a_token_the_memory_refuses_is_one_line_before_the_models_load(
+    memory,  # noqa: F811
+    tiny_pair: TinyPair,
+    tmp_path: Path,
+    capsys,
+) -> None:
+    """A traceback, after the whole run (hours on a real pair; found by probing)."""
+    address, _ = memory
+    with pytest.raises(SystemExit) as exited:
+        run(*calibrate_into(address, tiny_pair, tmp_path, "not-the-token-0123456789", "tiny"))
+    assert str(exited.value.code).startswith(f"error: cannot calibrate: memory service {address}: UNAUTHENTICATED")
+    assert "loading the pair" not in capsys.readouterr().err
+
+
+def test_a_namespace_of_another_vocabulary_is_one_line_before_the_corpus_runs(
+    memory,  # noqa: F811
+    tiny_pair: TinyPair,
+    tmp_path: Path,
+    capsys,
+) -> None:
+    address, store = memory
+    store.record("vx", [(5, 5, 1)], vocab_size=10, durable=True)
+    with pytest.raises(SystemExit) as exited:
+        run(*calibrate_into(address, tiny_pair, tmp_path, TOKEN, "vx"))
+    assert "FAILED_PRECONDITION: namespace 'vx' holds token ids of a vocabulary of 10" in str(exited.value.code)
+    assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("calibrate: ")]
+    assert store.stats("vx")[0] == 1  # nothing written
+
+
 class _GoneStream(io.TextIOBase):
     """A stderr whose reader has gone (`calispec calibrate ... 2>&1 | head`)."""
 
