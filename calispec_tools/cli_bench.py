@@ -86,10 +86,13 @@ def add_target_args(parser: argparse.ArgumentParser, required: bool = True) -> a
         "--draft-dtype", default=None, choices=DTYPE_CHOICES, help="--local: the draft's (default int8 on CPU, as up)"
     )
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--memory-address", help="memory service HOST:PORT (with --address; --local knows it)")
+    parser.add_argument(
+        "--memory-address", type=at.address, help="memory service HOST:PORT (with --address; --local knows it)"
+    )
     parser.add_argument("--tokenizer", help="tokenizer dir to label token ids (with --address)")
     parser.add_argument(
         "--memory-namespace",
+        type=at.memory_namespace,
         default=None,
         help="with --address: the pair namespace (default: the running stack's, if it is that memory service, else "
         "the service's only one; calispec_tools/namespaces.py)",

@@ -73,8 +73,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     add_int8_scales_arg(p)
     p.add_argument("--device", default="auto")
-    p.add_argument("--namespace", default=None, help="default: the running stack's (or the pair's, with --export)")
-    p.add_argument("--memory-addr", default=None, help="memory service HOST:PORT (default: the running stack's)")
+    p.add_argument(
+        "--namespace",
+        type=at.memory_namespace,
+        default=None,
+        help="default: the running stack's (or the pair's, with --export)",
+    )
+    p.add_argument(
+        "--memory-addr", type=at.address, default=None, help="memory service HOST:PORT (default: the running stack's)"
+    )
     p.add_argument("--writer-token-file", type=Path, default=None, help="default: the running stack's")
     p.add_argument("--export", type=Path, default=None, help="write an export file instead of the memory service")
     p.add_argument(

@@ -28,6 +28,7 @@ from calispec_core.credentials import MEMORY, TlsConfig, read_writer_token, writ
 from calispec_core.errors import CalispecError
 from calispec_core.grpc_server import make_channel
 from calispec_core.limits import MAX_STATS_TOP_PAIRS, int_in_range
+from calispec_tools import arg_types as at
 from calispec_tools import cli_calibrate
 from calispec_tools.cli_auth import usage_error
 from calispec_tools.memory_file import MemoryFileError, dump_export, load_export
@@ -52,7 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     memory = subparsers.add_parser("memory", help="inspect and move correction-memory tables")
     sub = memory.add_subparsers(dest="memory_command", required=True)
     names = sub.add_parser("namespaces", help="every namespace with its size (* = the running stack's)")
-    names.add_argument("--memory-addr", default=None, help="memory service HOST:PORT (default: the running stack's)")
+    names.add_argument(
+        "--memory-addr", type=at.address, default=None, help="memory service HOST:PORT (default: the running stack's)"
+    )
     add_memory_tls_args(names)
     names.set_defaults(func=cmd_namespaces)
     stats = sub.add_parser("stats", help="top pairs, top-20%% share, count distribution, size")
@@ -79,8 +82,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "seed", help="load a pair's shipped calibration into a namespace that never recorded an event (once)"
     )
     seed.add_argument("--pair", default="qwen-coder", choices=shipped_pairs(), help="whose shipped calibration")
-    seed.add_argument("--namespace", default=None, help="default: the namespace the file was made for")
-    seed.add_argument("--memory-addr", default=None, help="memory service HOST:PORT (default: the running stack's)")
+    seed.add_argument(
+        "--namespace", type=at.memory_namespace, default=None, help="default: the namespace the file was made for"
+    )
+    seed.add_argument(
+        "--memory-addr", type=at.address, default=None, help="memory service HOST:PORT (default: the running stack's)"
+    )
     seed.add_argument("--writer-token-file", type=Path, help="the verifiers' writer token (default: the stack's)")
     seed.add_argument(
         "--wait-s", type=int_in_range(1, MAX_SEED_WAIT_S), default=30, help="how long to wait for the service to listen"
@@ -90,8 +97,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--namespace", default=None, help="default: the running stack's, else the only one")
-    parser.add_argument("--memory-addr", default=None, help="memory service HOST:PORT (default: the running stack's)")
+    parser.add_argument(
+        "--namespace", type=at.memory_namespace, default=None, help="default: the running stack's, else the only one"
+    )
+    parser.add_argument(
+        "--memory-addr", type=at.address, default=None, help="memory service HOST:PORT (default: the running stack's)"
+    )
     add_memory_tls_args(parser)
 
 

@@ -107,9 +107,45 @@ def test_an_address_no_channel_can_be_made_for_is_an_argparse_error(
     assert f"argument --address: must be HOST:PORT, got {address!r}" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1:50050", "localhost:1", "[::1]:50050", "unix:/tmp/calispec.sock"])
+@pytest.mark.parametrize(
+    "address", ["127.0.0.1:50050", "localhost:1", "[::1]:50050", "[::1]", "localhost", "unix:/tmp/calispec.sock"]
+)
 def test_an_address_a_channel_takes_is_taken(address: str) -> None:
     assert cli.build_parser().parse_args(["generate", "--prompt", "x", "--address", address]).address == address
+
+
+PORTED = [
+    ["generate", "--prompt", "x", "--address"],
+    ["memory", "stats", "--memory-addr"],
+    ["memory", "namespaces", "--memory-addr"],
+    ["calibrate", "--corpus", "c.txt", "--memory-addr"],
+    ["eval", "--address", "127.0.0.1:1", "--memory-address"],
+]
+
+
+@pytest.mark.parametrize("argv", PORTED, ids=[" ".join(a[:2]) for a in PORTED])
+@pytest.mark.parametrize("port", ["99999", "0", "x", ""])
+def test_a_port_out_of_range_is_an_argparse_error(
+    argv: list[str], port: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`:99999` reached port 34463 (gRPC wrapped it; found by probing), on every flag naming a service."""
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args([*argv, f"127.0.0.1:{port}"])
+    assert exited.value.code == 2
+    assert "must be HOST:PORT with a port in 1-65535" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["memory", "stats"], ["memory", "export", "--out", "o.json"], ["calibrate", "--corpus", "c.txt"]],
+    ids=["stats", "export", "calibrate"],
+)
+def test_an_empty_namespace_is_an_argparse_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """It fell back to the running stack's namespace without a word."""
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args([*argv, "--namespace", ""])
+    assert exited.value.code == 2
+    assert "argument --namespace: must not be empty" in capsys.readouterr().err
 
 
 def test_calibrate_max_tokens_takes_what_the_calibration_takes() -> None:
