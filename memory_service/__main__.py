@@ -17,7 +17,7 @@ with interrupt_exits_quietly():
 
     from calispec_core.credentials import read_writer_file
     from calispec_core.errors import CalispecError
-    from calispec_core.limits import burst, non_negative_float, positive_float, positive_int
+    from calispec_core.limits import burst, int_at_least, non_negative_float, positive_float, positive_int
     from calispec_core.limits import port as tcp_port
     from calispec_core.request_context import configure_logging
     from calispec_core.service_cli import (
@@ -44,7 +44,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
     parser.add_argument("--host", default=defaults.host)
     parser.add_argument("--port", type=tcp_port, default=defaults.port, help="0 picks a free port")
     parser.add_argument("--db", type=Path, default=defaults.db_path, help="SQLite file of the counts")
-    parser.add_argument("--max-workers", type=positive_int, default=defaults.max_workers)
+    parser.add_argument(
+        "--max-workers",
+        type=int_at_least(2, "(a Watch stream holds a worker: calls need another)"),
+        default=defaults.max_workers,
+    )
     parser.add_argument(
         "--max-watch-streams",
         type=positive_int,

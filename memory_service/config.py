@@ -57,8 +57,8 @@ class MemoryConfig:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if not 1 <= self.max_pairs_default <= MAX_PAIRS_LIMIT:
             raise ValueError(f"max_pairs_default must be in [1, {MAX_PAIRS_LIMIT}], got {self.max_pairs_default}")
-        if self.max_workers < 1:
-            raise ValueError(f"max_workers must be >= 1, got {self.max_workers}")
+        if self.max_workers < 2:  # one: the first Watch stream took every worker (found by probing)
+            raise ValueError(f"max_workers must be >= 2 (a Watch stream holds a worker), got {self.max_workers}")
         if self.max_watch_streams is not None and not 1 <= self.max_watch_streams < self.max_workers:
             raise ValueError(f"max_watch_streams must be in [1, max_workers), got {self.max_watch_streams}")
         if not 0 < self.flush_interval_s <= 60:

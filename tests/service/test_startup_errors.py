@@ -213,6 +213,7 @@ MODEL_FLAGS_BROKEN = [  # (flag, value): each broke a model service (a crash aft
         ("memory", "--writer-rate-limit", "nan"),
         ("memory", "--writer-rate-limit", "inf"),
         ("memory", "--max-workers", "0"),
+        ("memory", "--max-workers", "1"),  # the first Watch stream (anyone's) took every worker
         ("memory", "--max-watch-streams", "0"),
         ("memory", "--max-pairs-default", "0"),
         ("memory", "--max-pairs", "0"),
