@@ -130,7 +130,6 @@ DELETE FROM pair_counts WHERE rowid IN (
   ORDER BY "count" ASC, last_version ASC, draft_token_id DESC, target_token_id DESC LIMIT ?)
 RETURNING draft_token_id, target_token_id
 """
-_HIGHEST_ID = "SELECT MAX(draft_token_id), MAX(target_token_id) FROM pair_counts WHERE namespace = ?"
 _VOCAB_SET = "INSERT INTO namespace_vocab (namespace, vocab_size) VALUES (?, ?) ON CONFLICT (namespace) DO NOTHING"
 _LIST_NAMESPACES = """
 SELECT v.namespace, COUNT(p.draft_token_id), COALESCE(SUM(p."count"), 0), v.total_events, v.version
@@ -419,25 +418,10 @@ class CorrectionStore:
             self.vocab_limit(namespace, vocab_size)  # again: another caller may have declared meanwhile
             if namespace in self._vocab:
                 return
-            if (highest := self._highest_id(namespace)) >= vocab_size:  # written before, with no vocabulary
-                raise FailedPrecondition(
-                    f"namespace {namespace!r} holds token id {highest}, outside a vocabulary of {vocab_size}: "
-                    "another model pair's events?"
-                )
             with self._transaction(write=True) as db:
                 db.execute(_VOCAB_SET, (namespace, vocab_size))
             self._vocab[namespace] = vocab_size
         log.info("namespace %r: vocabulary of %d tokens declared", namespace, vocab_size)
-
-    def _highest_id(self, namespace: str) -> int:
-        """The highest token id `namespace` holds, committed or buffered (-1: none). A vocabulary declared after
-        writes that declared none must hold them: its export could not be imported again (found by probing)."""
-        with self._cond:
-            buffered = [b.events.get(namespace, ()) for b in (self._open, self._taken) if b is not None]
-            pending = max((max(key) for events in buffered for key in events), default=-1)
-        with self._transaction(write=False) as db:
-            row = db.execute(_HIGHEST_ID, (namespace,)).fetchone()
-        return max([pending, *(i for i in row if i is not None)])
 
     # -- reads ----------------------------------------------------------------------------------
 

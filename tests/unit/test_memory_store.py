@@ -309,20 +309,6 @@ def test_a_namespace_vocabulary_survives_restarts_and_bounds_imports(db_path: Pa
         assert store.stats("ns") == (0, 0, 0) and store.table_stats("ns").vocab_size == 10
 
 
-@pytest.mark.parametrize("flushed", [True, False], ids=["committed", "buffered"])
-def test_a_vocabulary_too_small_for_the_ids_held_is_refused(store: CorrectionStore, flushed: bool) -> None:
-    """A write without a vocabulary stored id 500; one declaring 10 was taken, and the namespace's export then
-    named a vocabulary of 10 beside id 500: no import could read it back (found by probing)."""
-    store.record("ns", [(500, 5, 1)])
-    if flushed:
-        store.flush()
-    with pytest.raises(FailedPrecondition, match="holds token id 500, outside a vocabulary of 10"):
-        store.record("ns", [(5, 5, 1)], vocab_size=10)
-    assert store.vocab_limit("ns") is None
-    assert store.record("ns", [(5, 5, 1)], vocab_size=501)[0] == 1  # one that holds them is declared
-    assert store.vocab_limit("ns") == 501
-
-
 def test_a_conditional_write_sees_events_still_buffered_and_declares_nothing(store: CorrectionStore) -> None:
     """The emptiness a seeder relies on includes the open batch: a write acknowledged but not yet committed
     makes the namespace written; a refused seed neither counts nor fixes the namespace's vocabulary."""
