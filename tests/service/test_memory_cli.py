@@ -54,6 +54,23 @@ def test_export_import_round_trip_and_stats(memory: tuple[str, CorrectionStore],
     assert "top 20% of pairs cover" in printed and "#1" in printed and "3 pairs" in printed
 
 
+def test_an_export_leaves_out_ids_outside_its_vocabulary(
+    memory: tuple[str, CorrectionStore], tmp_path: Path, capsys
+) -> None:
+    """A namespace written before its vocabulary was declared kept id 500 beside a vocabulary of 10: the export
+    carried both, and no import could read it back (found by probing). Verifiers skip such ids too."""
+    address, store = memory
+    store.record("vx", [(500, 5, 1)], durable=True)  # no vocabulary yet
+    store.record("vx", [(5, 5, 3)], vocab_size=10, durable=True)
+    token, out = tmp_path / "token", tmp_path / "vx.json"
+    token.write_text(TOKEN)
+    assert run("memory", "export", "--namespace", "vx", "--out", str(out), "--memory-addr", address) == 0
+    assert "left out 1 pairs with token ids outside the vocabulary of 10" in capsys.readouterr().err
+    args = ("--namespace", "vx", "--memory-addr", address, "--writer-token-file", str(token), "--file", str(out))
+    assert run("memory", "import", *args) == 0
+    assert sorted(store.snapshot("vx")[0]) == [(5, 5, 6), (500, 5, 1)]
+
+
 def test_the_same_file_imported_again_counts_once(memory: tuple[str, CorrectionStore], tmp_path: Path, capsys) -> None:
     """The obvious reaction to an import that ended without its reply (UNAVAILABLE: "accepted but not committed
     in time") is to run it again: that counted the file twice, where it had said "nothing was imported"."""
