@@ -12,7 +12,7 @@ from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
 from calispec_core.errors import require
-from calispec_core.limits import DEFAULT_RIDE_PREFILL_TOKENS, check_speculative_tokens
+from calispec_core.limits import DEFAULT_RIDE_PREFILL_TOKENS, INT8, check_speculative_tokens
 from calispec_core.modeling import ModelRunner, Session, prefill_session, settle_riders, store_riders, wait_for
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.sampling import DRAFT_STREAM, SamplingConfig, make_generator, warp_probs
@@ -230,24 +230,39 @@ class Proposer:
         return proposals
 
     def _draft_steps(self, jobs: Sequence[_Job]) -> list[Proposal]:
-        """One forward per step for every session still drafting."""
+        """One forward per step for every session still drafting (a seeded sampling row of an int8 draft: one of
+        its own, `_drafts_alone`)."""
         active = list(jobs)
         riding = any(job.state.session.riding_prefix is not None for job in jobs)  # their prompts: the first step
         while active:
-            sessions = [job.state.session for job in active]
-            start = now_ns()
-            logits = forward_rows(
-                self.runner, [s.cache for s in sessions], [s.pending() for s in sessions], [1] * len(active)
-            )  # logits[b]: [1, C]
-            wait_for(self.runner.device)  # on CUDA: the forward's own time, which the cost model learns from
-            forward_ns = now_ns() - start
-            for job, row in zip(active, logits, strict=True):
-                job.forward_ns += forward_ns  # every row waited for the whole batched forward
-                job.prefill_ns += forward_ns if riding else 0  # ... and for the prompts riding in it
-                job.step(row[None], self._pick)  # [1, 1, C]
+            alone = [job for job in active if self._drafts_alone(job)]
+            together = [job for job in active if not self._drafts_alone(job)]
+            for group in [*([job] for job in alone), *([together] if together else [])]:
+                self._step(group, riding)
             active = [job for job in active if not job.done]
             riding = False
         return [job.proposal() for job in jobs]
+
+    def _step(self, jobs: list[_Job], riding: bool) -> None:
+        """One batched forward of `jobs`' sessions, and each one's next token."""
+        sessions = [job.state.session for job in jobs]
+        start = now_ns()
+        logits = forward_rows(
+            self.runner, [s.cache for s in sessions], [s.pending() for s in sessions], [1] * len(jobs)
+        )  # logits[b]: [1, C]
+        wait_for(self.runner.device)  # on CUDA: the forward's own time, which the cost model learns from
+        forward_ns = now_ns() - start
+        for job, row in zip(jobs, logits, strict=True):
+            job.forward_ns += forward_ns  # every row waited for the whole batched forward
+            job.prefill_ns += forward_ns if riding else 0  # ... and for the prompts riding in it
+            job.step(row[None], self._pick)  # [1, 1, C]
+
+    def _drafts_alone(self, job: _Job) -> bool:
+        """A seeded sampling row of an int8 draft: its layers quantise a step's activations on one scale per call,
+        so its q, and the tokens drawn from it, hung on the rows beside it (a seeded `sd` request's output changed
+        under load; float32 and bf16 rows come out the same in any batch). Alone, it costs its own forwards."""
+        sampling = job.state.sampling
+        return self.runner.dtype_name == INT8 and sampling.seed is not None and not sampling.greedy
 
     def _pick(
         self, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator

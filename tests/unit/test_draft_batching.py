@@ -106,3 +106,44 @@ def test_a_rollback_past_the_context_is_refused_and_changes_nothing(draft_runner
     assert session.tokens == before
     assert proposer.rollback("r0", len(before), [7]) == len(before) + 1  # within the context: fine
     proposer.stop()
+
+
+@pytest.fixture(scope="module")
+def int8_draft(tiny_pair: TinyPair) -> ModelRunner:
+    return ModelRunner(ModelSpec(tiny_pair.draft, dtype="int8", device="cpu"))
+
+
+@torch.inference_mode()
+def test_a_seeded_sampling_row_of_an_int8_draft_drafts_the_same_beside_other_rows(int8_draft: ModelRunner) -> None:
+    """An int8 layer quantises a call's activations on one scale: the seeded row's q, and the tokens drawn from it,
+    hung on the rows batched with it, so a seeded `sd` request's output changed under load (found by probing)."""
+    seeded = SamplingConfig(temperature=1.0, seed=7)
+    alone = Proposer(int8_draft, max_sessions=8)
+    alone.prefill("s", PROMPTS[0], seeded, Stopwatch())
+    expected = alone.propose("s", 5, None, [], Stopwatch())
+    beside = proposer_with_sessions(int8_draft, "g")  # greedy sessions, batched together
+    beside.prefill("s", PROMPTS[0], seeded, Stopwatch())
+    jobs = [job(beside, "s", 5), *(job(beside, f"g{i}", 5) for i in range(len(PROMPTS)))]
+    got = beside._draft_batch(jobs)[0]
+    assert got.token_ids == expected.token_ids and got.token_probs == expected.token_probs
+    assert got.sparse is not None and expected.sparse is not None
+    assert (got.sparse.probs == expected.sparse.probs).all()
+    alone.stop()
+    beside.stop()
+
+
+@torch.inference_mode()
+def test_greedy_rows_of_an_int8_draft_still_draft_together(int8_draft: ModelRunner, monkeypatch) -> None:
+    import draft_service.proposer as proposer_module
+
+    real, widths = proposer_module.forward_rows, []
+
+    def counting(runner, caches, pending, lengths):
+        widths.append(len(caches))
+        return real(runner, caches, pending, lengths)
+
+    monkeypatch.setattr(proposer_module, "forward_rows", counting)
+    together = proposer_with_sessions(int8_draft, "h")
+    together._draft_batch([job(together, f"h{i}", 2) for i in range(len(PROMPTS))])
+    assert widths == [3, 3]  # one forward a step for the greedy rows
+    together.stop()
