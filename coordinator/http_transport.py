@@ -14,6 +14,7 @@
   time and hold its connection for as long as it kept sending. As Apache's mod_reqtimeout (`body=20,MinRate=500`)
   does, the body must be in within `header_timeout_s` of its headers, plus a second for every `MIN_BODY_RATE`
   bytes received: a client at that rate or faster never meets it; one that stalls or trickles is answered 408.
+  While uvicorn's flow control has paused reading (the app has not taken 64 KiB of body yet), the wait starts anew.
 - **A bound on request headers however they arrive.** h11 bounds only a request it is still waiting for the end
   of (`max_incomplete_event_size`, 16 KiB): headers of 100 KB that arrived in one read were taken whole. Here a
   request whose head is over the bound is refused (431) once parsed, too.
@@ -181,6 +182,8 @@ class GuardedH11Protocol(H11Protocol):
         self.read_timer = None
         if self.transport.is_closing():
             return
+        if self.flow.read_paused:  # uvicorn stopped reading until the app takes what it holds: the app is late, not
+            self.body_deadline = self.loop.time() + self.header_timeout_s  # the client (a fresh wait from here)
         if self.loop.time() < self.body_deadline:
             self.arm_read_timer(self.body_deadline, self.body_overdue)
             return

@@ -9,12 +9,14 @@ connection: the servers here give headers half a second, so a closed connection 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 import select
 import socket
 import ssl
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -315,6 +317,43 @@ def test_a_body_trickled_a_byte_at_a_time_meets_the_deadline_too(tmp_path: Path)
         assert answered, "the server kept taking the body a byte at a time"
         reply = read_until_closed(sock)
     assert_refused(reply, 408, "did not arrive in time")
+
+
+def test_a_body_the_app_is_slow_to_read_is_not_the_clients_fault() -> None:
+    """Past 64 KiB uvicorn stops reading a body until the app takes it: the client cannot send, so the body's
+    deadline waits on while reading is paused (an app that reads late must not turn its clients' requests into 408)."""
+    release = threading.Event()
+
+    async def late_reader(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, CLOSE_WAIT_S * 2)
+        size, more = 0, True
+        while more:
+            message = await receive()
+            size, more = size + len(message.get("body", b"")), message.get("more_body", False)
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(str(size)))]}
+        )
+        await send({"type": "http.response.body", "body": str(size).encode()})
+
+    body = b"x" * 300_000
+    server = start_http_server(late_reader, "127.0.0.1", 0, None, header_timeout_s=HEADER_TIMEOUT_S)  # type: ignore[arg-type]
+    replies: list[bytes] = []
+    try:
+        with connect(server.port) as sock:
+            sender = threading.Thread(
+                target=sock.sendall, args=(request_head("POST", "/", f"Content-Length: {len(body)}") + body,)
+            )
+            sender.start()
+            sender.join(timeout=HEADER_TIMEOUT_S * 4)  # the body's deadline passes while the app reads nothing
+            release.set()
+            sender.join(timeout=CLOSE_WAIT_S)
+            replies.append(sock.recv(65536))
+    finally:
+        release.set()
+        server.stop()
+    assert statuses(replies[0]) == [200] and replies[0].endswith(b"300000")
 
 
 def test_a_body_that_arrives_in_pieces_within_the_deadline_is_served(tmp_path: Path) -> None:
