@@ -29,7 +29,7 @@ from calispec_core.lean_decoder import LeanDecoder
 from calispec_core.limits import FP32_LINEAR_CHOICES, INT8, INT8_OUTLIER_CHOICES, INT8_SPLIT
 from calispec_core.onednn_linear import set_fp32_linear_path
 from calispec_core.prefix_cache import PrefixCache
-from calispec_core.sessions import MAX_SESSION_ID_CHARS, valid_session_id
+from calispec_core.sessions import check_session_id
 from calispec_core.vocab_pruning import pruned_columns
 
 log = logging.getLogger(__name__)
@@ -328,7 +328,7 @@ def prefill_session(
     host lock behind the other sessions' rounds (at concurrency 8, 1.1 s for a 175 ms target prefill, 0.7 s
     for a 66 ms draft one: docs/performance.md "Prefills that ride"), and the 30 tokens cost less in a batch
     (+78 ms in an 8 × 4 verify)."""
-    require(valid_session_id(session_id), f"session_id must be 1 to {MAX_SESSION_ID_CHARS} characters")
+    check_session_id(session_id)
     require(len(token_ids) > 0, "prompt token_ids must not be empty")
     require(
         len(token_ids) < runner.max_context,

@@ -46,6 +46,15 @@ def valid_session_id(session_id: str) -> bool:
     return 0 < len(session_id) <= MAX_SESSION_ID_CHARS
 
 
+def check_session_id(session_id: str) -> None:
+    """InvalidArgument for an id no Prefill accepts: looked up, it was quoted whole in NotFound's message, which
+    travels in a header: an id of 16 KB failed as RESOURCE_EXHAUSTED "metadata size exceeds hard limit"."""
+    require(
+        valid_session_id(session_id),
+        f"session_id must be 1-{MAX_SESSION_ID_CHARS} characters, got {len(session_id)}",
+    )
+
+
 @dataclass(frozen=True)
 class SessionStats:
     open_sessions: int
@@ -155,6 +164,7 @@ class SessionRegistry(Generic[S]):
 
     def get(self, session_id: str) -> S:
         """The session's state; counts as a use (resets its idle time)."""
+        check_session_id(session_id)
         with self._lock:
             entry = self._sessions.get(session_id)
             if entry is not None:
@@ -166,12 +176,15 @@ class SessionRegistry(Generic[S]):
     def remove(self, session_id: str) -> S | None:
         """Close the session; returns its state (None for one still prefilling: dropped when that ends). An
         unknown id is NotFound, and remembered: its Prefill may still be on its way (module docstring)."""
+        check_session_id(session_id)
         with self._lock:
             entry = self._sessions.pop(session_id, None)
             if entry is not None:
                 self._ended.note(session_id, self._clock())
                 return entry.state
             if session_id in self._opening:
+                if session_id in self._closed_opening:  # a second Close, its prefill still computing: OK twice
+                    raise NotFound(f"unknown session {session_id!r} (closed while its prefill computed)")
                 self._closed_opening.add(session_id)
                 return None
             if session_id not in self._ended and valid_session_id(session_id):  # else no Prefill can be coming

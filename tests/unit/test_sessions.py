@@ -125,6 +125,8 @@ def test_a_close_while_the_prefill_computes_drops_the_session_when_it_ends() -> 
     reg, _ = registry(max_sessions=1)
     with pytest.raises(Cancelled, match="closed while its prefill"), reg.opening("s") as open_session:
         assert reg.remove("s") is None  # accepted: nothing to hand back yet
+        with pytest.raises(NotFound, match="closed while its prefill computed"):
+            reg.remove("s")  # a second Close: it answered OK again (found by probing)
         open_session("kv")
     assert "s" not in reg and len(reg) == 0
     with pytest.raises(NotFound):
@@ -204,8 +206,11 @@ def test_an_early_close_is_remembered_for_one_ttl_among_the_latest_ones(monkeypa
 
     monkeypatch.setattr(sessions, "RECENT_IDS_KEPT", 2)
     reg, clock = registry(max_sessions=4, ttl=10.0)
-    for sid in ("a", "b", "c", "", "x" * 300):  # ids no Prefill accepts are not kept
+    for sid in ("a", "b", "c"):
         with pytest.raises(NotFound):
+            reg.remove(sid)
+    for sid in ("", "x" * 300):  # ids no Prefill accepts: refused, not kept
+        with pytest.raises(InvalidArgument):
             reg.remove(sid)
     reg.add("a", "a")  # pushed out by the later two
     with pytest.raises(Cancelled), reg.opening("b"):
@@ -229,3 +234,13 @@ def test_a_second_close_does_not_cancel_a_later_prefill_of_the_id() -> None:
         reg.remove("s")
     reg.add("s", "third")
     assert reg.get("s") == "third"
+
+
+@pytest.mark.parametrize("session_id", ["", "A" * 129, "A" * 20_000])
+def test_an_id_no_prefill_accepts_is_invalid_argument_not_looked_up(session_id: str) -> None:
+    """NotFound quoted the id whole, in a header: an id of 16 KB failed as RESOURCE_EXHAUSTED "metadata size
+    exceeds hard limit" (found by probing)."""
+    reg, _ = registry()
+    for call in (reg.get, reg.remove):
+        with pytest.raises(InvalidArgument, match=f"session_id must be 1-128 characters, got {len(session_id)}$"):
+            call(session_id)
