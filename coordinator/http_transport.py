@@ -47,6 +47,14 @@ DEFAULT_MAX_HEADER_BYTES = 16 * 1024  # h11's default bound on an incomplete eve
 MIN_BODY_RATE = 16 * 1024  # bytes/s: each such many bytes of a request's body give it a second more (128 kbit/s)
 
 
+class RequestReading(Protocol):
+    """What a connection is told of the request it reads (GuardedH11Protocol's deadlines follow it)."""
+
+    def headers_in(self) -> None: ...
+    def body_bytes_in(self, count: int) -> None: ...
+    def request_read(self) -> None: ...
+
+
 class GuardedConnection(h11.Connection):
     """h11's server side that hands its refusals to `refuse(status, reason)` instead of raising them into
     uvicorn, refuses requests with two framings, and tells `reading` how much of a request it has read: its
@@ -92,12 +100,6 @@ class GuardedConnection(h11.Connection):
         return h11.NEED_DATA  # uvicorn stops reading events
 
 
-class RequestReading(Protocol):
-    def headers_in(self) -> None: ...
-    def body_bytes_in(self, count: int) -> None: ...
-    def request_read(self) -> None: ...
-
-
 def has_two_framings(request: h11.Request) -> bool:
     names = {name for name, _ in request.headers}  # h11 lower-cases them
     return b"content-length" in names and b"transfer-encoding" in names
@@ -137,6 +139,7 @@ class GuardedH11Protocol(H11Protocol):
         self.header_deadline = self.loop.time() + header_timeout_s  # made at the accept, before any TLS handshake
         self.body_deadline = 0.0  # the request's being read: moved on by each piece of its body
         self.read_timer: asyncio.TimerHandle | None = None
+        self.timing_body = False  # the timer armed is the body's (else the headers', or none)
         max_header_bytes = self.config.h11_max_incomplete_event_size  # None: h11's default, as uvicorn takes it
         self.conn = GuardedConnection(self.refuse, self, max_header_bytes)
 
@@ -161,13 +164,18 @@ class GuardedH11Protocol(H11Protocol):
         self.body_deadline += count / MIN_BODY_RATE  # the timer, when it fires, waits on to here
 
     def request_read(self) -> None:
-        self.disarm_read_timer()
+        """The body's end: its timer goes, but not the next request's header timer, armed where the app answered
+        before the body was read (a 401): that left the connection with no timer at all (found by review)."""
+        if self.timing_body:
+            self.disarm_read_timer()
 
     def arm_read_timer(self, deadline: float, overdue: Callable[[], None]) -> None:
         self.disarm_read_timer()
         self.read_timer = self.loop.call_at(deadline, overdue)
+        self.timing_body = overdue == self.body_overdue
 
     def disarm_read_timer(self) -> None:
+        self.timing_body = False
         if self.read_timer is not None:
             self.read_timer.cancel()
             self.read_timer = None
@@ -179,7 +187,7 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
 
     def body_overdue(self) -> None:
-        self.read_timer = None
+        self.read_timer, self.timing_body = None, False
         if self.transport.is_closing():
             return
         if self.flow.read_paused:  # uvicorn stopped reading until the app takes what it holds: the app is late, not

@@ -293,6 +293,18 @@ def body_head(key: str | None, length: int) -> bytes:
     return request_head("POST", "/v1/completions", auth, "Content-Type: application/json", f"Content-Length: {length}")
 
 
+def test_a_body_that_ends_after_an_early_answer_leaves_the_header_deadline_on(tmp_path: Path) -> None:
+    """A 401 before the body was read arms the next request's header timer; the body's end disarmed it (the
+    body's deadline's first version), and the connection stayed open for good (found by review)."""
+    head = request_head("POST", "/v1/completions", "Content-Type: application/json", "Content-Length: 10")
+    with served(tmp_path) as server, connect(server.port) as sock:
+        sock.sendall(head)
+        answer = read_response(sock)
+        sock.sendall(b"0123456789")  # the whole body, after the answer
+        assert read_until_closed(sock) == b""
+    assert statuses(answer) == [401]
+
+
 def test_a_body_that_stalls_is_answered_408_and_its_connection_closed(tmp_path: Path) -> None:
     """Nothing bounded a request's body once its headers were in: the connection stayed open."""
     with served(tmp_path) as server, captured_logs() as records, connect(server.port) as sock:
