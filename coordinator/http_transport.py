@@ -44,6 +44,7 @@ REASON_CHARS = 200  # h11's reasons quote the client's bytes: at most this much 
 # OpenAI `code` by status; others: invalid_argument
 STATUS_CODES = {408: "deadline_exceeded", 431: "resource_exhausted", 501: "unimplemented"}
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024  # h11's default bound on an incomplete event, and ours on a request's head
+LINGER_S = 2.0  # how long a refused connection reads and drops what its client still sends, after the answer
 MIN_BODY_RATE = 16 * 1024  # bytes/s: each such many bytes of a request's body give it a second more (128 kbit/s)
 
 
@@ -140,6 +141,8 @@ class GuardedH11Protocol(H11Protocol):
         self.body_deadline = 0.0  # the request's being read: moved on by each piece of its body
         self.read_timer: asyncio.TimerHandle | None = None
         self.timing_body = False  # the timer armed is the body's (else the headers', or none)
+        self.lingering = False  # refused: reading and dropping what the client still sends (close_lingering)
+        self.linger_timer: asyncio.TimerHandle | None = None
         max_header_bytes = self.config.h11_max_incomplete_event_size  # None: h11's default, as uvicorn takes it
         self.conn = GuardedConnection(self.refuse, self, max_header_bytes)
 
@@ -149,6 +152,8 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.disarm_read_timer()
+        if self.linger_timer is not None:
+            self.linger_timer.cancel()
         super().connection_lost(exc)
 
     def on_response_complete(self) -> None:
@@ -208,7 +213,23 @@ class GuardedH11Protocol(H11Protocol):
             cycle.message_event.set()
         if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             self.transport.write(refusal_bytes(self.conn, status, message))
-        self.transport.close()
+        self.close_lingering()
+
+    def close_lingering(self) -> None:
+        """End the connection after a refusal: the answer and a FIN now, then what the client still sends is read and
+        dropped for LINGER_S (RFC 9112 §9.6): closed with its bytes unread, the kernel reset the connection, and the
+        client could lose the answer before reading it (a body refused 408 while its client still sent it)."""
+        self.disarm_read_timer()
+        if not self.transport.can_write_eof():  # TLS cannot half-close
+            self.transport.close()
+            return
+        self.lingering = True
+        self.transport.write_eof()
+        self.linger_timer = self.loop.call_later(LINGER_S, self.transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.lingering:
+            super().data_received(data)
 
     def peer(self) -> str:
         return f"{self.client[0]}:{self.client[1]}" if self.client else "unknown peer"
