@@ -86,16 +86,18 @@ def reported(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse
     def run(args: argparse.Namespace) -> int:
         try:
             return command(args)
-        except ConfigError as exc:
-            return usage_error(exc)
-        except DeploymentError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
         except Exception as exc:
-            if (line := ray_task_failure(exc)) is None:
-                raise
-            print(line, file=sys.stderr)
-            return 1
+            # first: what ray.get raises for an actor's DeploymentError is a subclass of it too, whose str() is
+            # Ray's whole remote traceback (found by review)
+            if (line := ray_task_failure(exc)) is not None:
+                print(line, file=sys.stderr)
+                return 1
+            if isinstance(exc, ConfigError):
+                return usage_error(exc)
+            if isinstance(exc, DeploymentError):
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+            raise
 
     return run
 

@@ -160,6 +160,8 @@ class RayDeployConfig:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read the config {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config {path} is not UTF-8 text: {exc}") from None
         try:
             data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text) or {}
             if not isinstance(data, dict):

@@ -386,6 +386,7 @@ BAD_CONFIGS = {
     "yaml-syntax": ("models: [\n", "config "),
     "a-list": ("- models\n", "expected a mapping of settings, got a list"),
     "section-shape": ("models: {draft: /a, target: /b}\ntarget: 3\n", "config "),
+    "not-utf-8": ("\udcff\udcfemodels: {}\n", "is not UTF-8 text"),
 }
 
 
@@ -395,7 +396,7 @@ def test_ray_up_with_a_config_it_cannot_use_is_one_line(
 ) -> None:
     """Refused before Ray is joined: the address is a closed port nothing would answer on."""
     config = tmp_path / "c.yaml"
-    config.write_text(text)
+    config.write_bytes(text.encode("utf-8", "surrogateescape"))
     assert calispec_main(["ray", "up", "--config", str(config), "--address", "127.0.0.1:1"]) == 2
     line = one_line(capsys)
     assert line.startswith(f"error: config {config}") and expected in line
@@ -424,8 +425,15 @@ def test_a_ray_task_that_failed_is_named_by_its_innermost_cause(capsys: pytest.C
     from ray.exceptions import RayTaskError
 
     bad_flags = DeploymentError("bad service flags ['--bogus']: draft: error: unrecognized arguments: --bogus")
-    inner = RayTaskError("ServiceHost.start", "Traceback ...", bad_flags)
-    outer = RayTaskError("Controller.up", "Traceback ...", inner)
+    direct = RayTaskError("ServiceHost.start", "Traceback ...", bad_flags).as_instanceof_cause()  # ray.get's
+    assert isinstance(direct, DeploymentError)  # so `except DeploymentError` took it, and printed Ray's traceback
+
+    def fails_directly(_args: object) -> int:
+        raise direct
+
+    assert cli_ray.reported(fails_directly)(SimpleNamespace()) == 1
+    assert one_line(capsys) == f"error: {bad_flags}"
+    outer = RayTaskError("Controller.up", "Traceback ...", direct)  # through the controller's own call
 
     def fails(_args: object) -> int:
         raise outer
