@@ -465,7 +465,8 @@ class Orchestrator:
         under the group phase, its first draft's acceptance."""
         policy = request.policy
         if policy is None or not request.use_draft:
-            return Wish.fixed(gamma, reproducible=seeded_sampling(request.params))
+            # a round of γ 0 is the same whenever it runs: only a drafting one waits for its round start (review)
+            return Wish.fixed(gamma, reproducible=gamma > 0 and seeded_sampling(request.params))
         # a raised member without a draft session would prefill it inside the group's round (`_prefill`)
         hold = probing or self.draft_circuit.is_open or request.draft_session is None
         limit = gamma if hold else max(min(self.speculation.max_gamma, room), 0)

@@ -72,6 +72,7 @@ class Lockstep:
         self._group: set[Hashable] = set()  # members of the round in progress (or gathering)
         self._arrived: set[Hashable] = set()  # members at the current gate
         self._joined: set[Hashable] = set()  # requests that joined the drafting round at its verify (γ 0)
+        self._awaiting: set[Hashable] = set()  # reproducible newcomers waiting for the drafting round to verify
         self._drafting = False  # gate: False = round start, True = before verify
         self._generation = 0  # counts opened gates: a waiter is free once it moves on
         self._wishes: dict[Hashable, Wish] = {}  # what each member brings to this round start
@@ -101,14 +102,16 @@ class Lockstep:
         round) and how many members draft it. With lockstep off a request drafts its own wish."""
         if self.max_wait_s == 0:
             return RoundStart(wish.gamma, 0)
+        deadline = time.monotonic() + max(timeout_s, 0.0)
         with self._state:
-            if self._drafting and member not in self._group:
+            while self._drafting and member not in self._group:
                 if not wish.reproducible:
                     self._group.add(member)
                     self._joined.add(member)
                     return RoundStart(0, max(self._drafters, 1))
-                if not self._await_round_start(timeout_s):  # the round in progress outlasted a newcomer's wait
+                if not self._await_round_start(member, deadline):  # the round outlasted a newcomer's wait
                     return RoundStart(wish.gamma, 1)  # out of step: its own γ, alone
+            timeout_s = deadline - time.monotonic()  # what is left of it after any wait above
             # a newcomer's wait is bounded by the round in progress, a member's by max_wait_s (module doc)
             newcomer = member not in self._verifying  # not back from the round in progress
             self._group.add(member)
@@ -143,13 +146,19 @@ class Lockstep:
             elif self._drafting and not self._group:  # the round lost its last member: back to a round
                 self._open()  # start, or the gate stayed shut and every later request ran out of step
 
-    def _await_round_start(self, timeout_s: float) -> bool:
-        """(Holding the lock) wait, as a newcomer, for the drafting round to go to its verify (the next gate a round
-        start); False if it did not within the wait. A reproducible request's rounds must not hang on when it came:
-        a round it joined with γ 0 would shift every later round (seeded `sd` output changed under load)."""
-        end = self._end(timeout_s, self._newcomer_wait_s())
-        while self._drafting and (left := end - time.monotonic()) > 0:
-            self._state.wait(left)
+    def _await_round_start(self, member: Hashable, deadline: float) -> bool:
+        """(Holding the lock) wait, as a newcomer, for the drafting round to go to its verify, which makes `member`
+        one of the group the next round start waits for (`_open`: woken, it could find that gate opened without
+        it; found by review); False if that did not happen within the wait. A reproducible request's rounds must
+        not hang on when it came: a round it joined with γ 0 shifted every later one (seeded `sd` output changed
+        under load)."""
+        end = self._end(deadline - time.monotonic(), self._newcomer_wait_s())
+        self._awaiting.add(member)
+        try:
+            while self._drafting and (left := end - time.monotonic()) > 0:
+                self._state.wait(left)
+        finally:
+            self._awaiting.discard(member)
         return not self._drafting
 
     def _newcomer_wait_s(self) -> float:
@@ -203,6 +212,7 @@ class Lockstep:
         else:  # the group verifies
             self._verifying = set(self._group)
             self._joined.clear()
+            self._group |= self._awaiting  # newcomers of the next round start: the members back from verify wait
         self._generation += 1
         self._drafting = not self._drafting
         self._arrived.clear()

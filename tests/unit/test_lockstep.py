@@ -110,6 +110,25 @@ def test_a_reproducible_newcomer_waits_for_the_next_round_start_with_its_own_gam
     assert starts == {"a": RoundStart(4, 2), "b": RoundStart(3, 2)}  # the next round, together, b at its own γ
 
 
+def test_a_reproducible_newcomer_is_waited_for_by_members_back_from_verify_first() -> None:
+    """Woken by the verify gate, it could find the members back first: they opened the round start without it, and
+    it waited a whole newcomer wait to go alone (found by review). It is a member from that gate on."""
+    lockstep = Lockstep(max_wait_s=60)
+    lockstep.start_round("a", timeout_s=60, wish=Wish(4))  # "a" is drafting
+    starts: dict[str, RoundStart] = {}
+    seeded = Wish.fixed(3, reproducible=True)
+    b = threading.Thread(target=lambda: starts.update(b=lockstep.start_round("b", 60, seeded)))
+    with lockstep._state:  # "a" holds the lock from its verify to its next round start: "b" wakes after both
+        b.start()
+        while "b" not in lockstep._awaiting:
+            lockstep._state.wait(0.01)  # lets "b" in, to wait for the verify
+        assert lockstep.before_verify("a", timeout_s=60) == 1
+        assert lockstep.members() == 2  # "b" is one now: the round start waits for it
+        starts["a"] = lockstep.start_round("a", 60, Wish(4))  # (its wait lets "b" in)
+    assert _ends(b)
+    assert starts == {"a": RoundStart(4, 2), "b": RoundStart(3, 2)}
+
+
 def test_a_reproducible_newcomer_goes_alone_with_its_own_gamma_if_the_round_outlasts_its_wait() -> None:
     lockstep = Lockstep(max_wait_s=0.01)
     lockstep.start_round("a", timeout_s=60, wish=Wish(4))  # "a" drafts on, past the newcomer's wait
@@ -559,6 +578,7 @@ def test_what_a_request_brings_to_the_round_start() -> None:
     assert wish(request(policy=False), 3, room=9, probing=False) == Wish.fixed(3)
     seeded = SimpleNamespace(policy=None, use_draft=True, params=params(sampling=SamplingConfig(1.0, seed=7)))
     assert wish(seeded, 3, room=9, probing=False) == Wish.fixed(3, reproducible=True)  # never joins a round at γ 0
+    assert wish(seeded, 0, room=9, probing=False) == Wish.fixed(0)  # a γ 0 round is the same whenever it runs
     orchestrator.draft_circuit.failed()  # open: only a probe calls the draft
     assert wish(request(), 0, room=9, probing=False) == Wish(0, True, 0, 0)
     # the draft circuit's probe drafts its wish whatever the plan: left out, it would hold the draft off (wave 37)
