@@ -20,6 +20,7 @@ import re
 import secrets
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -87,7 +88,7 @@ def peer_host(peer: str) -> str:
     kind, _, address = peer.partition(":")
     if kind not in ("ipv4", "ipv6"):
         return peer
-    host = address.rpartition(":")[0]
+    host = urllib.parse.unquote(address).rpartition(":")[0]  # gRPC sends IPv6's brackets as %5B...%5D
     return host.removeprefix("[").removesuffix("]")
 
 
