@@ -310,7 +310,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         try:
             reply = stub.RecordEvents(request, timeout=120, metadata=writer_metadata(token, "calispec-import"))
         except grpc.RpcError as exc:
-            return _fail(f"{exc.code().name}: {exc.details()} ({import_outcome(exc.code())})")
+            return _fail(f"{exc.code().name}: {exc.details()} ({import_outcome(exc.code(), exc.details() or '')})")
     print(f"imported {len(pairs)} pairs ({reply.recorded} events) into {namespace}, now version {reply.version}")
     return 0
 
@@ -322,10 +322,12 @@ def import_write_id(pairs: Sequence[tuple[int, int, int]], vocab_size: int) -> s
     return f"import-{digest}"
 
 
-def import_outcome(code: grpc.StatusCode) -> str:
+def import_outcome(code: grpc.StatusCode, details: str) -> str:
     """What the user can know of an import that failed with `code`: a call that ended without its reply (the
-    write accepted but not committed in time, a deadline, a broken connection) may still have counted."""
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+    write accepted but not committed in time, a deadline, a broken connection) may still have counted; one that
+    never connected did not."""
+    ended_unanswered = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+    if code in ended_unanswered and "failed to connect" not in details.lower():
         return "it may have been imported: run the same command again, which counts the file once"
     return "nothing was imported"
 
