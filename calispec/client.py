@@ -24,6 +24,7 @@ makes one if absent).
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -368,6 +369,10 @@ class AsyncCalispecClient:
             return _result(await call)
         except grpc.RpcError as exc:
             raise CalispecRpcError.from_rpc(exc) from None
+        except asyncio.CancelledError:
+            if _own_task_cancelled():
+                raise
+            raise CalispecRpcError("CANCELLED", "the client was closed while the call ran") from None
 
     async def _stream(
         self, request: coordinator_pb2.GenerateStreamRequest, timeout: float | None, request_id: str | None
@@ -379,6 +384,10 @@ class AsyncCalispecClient:
                 yield _chunk(msg)
         except grpc.RpcError as exc:
             raise CalispecRpcError.from_rpc(exc) from None
+        except asyncio.CancelledError:
+            if _own_task_cancelled():
+                raise
+            raise CalispecRpcError("CANCELLED", "the client was closed while the call ran") from None
         finally:
             call.cancel()
 
@@ -390,3 +399,11 @@ class AsyncCalispecClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _own_task_cancelled() -> bool:
+    """Whether a call's CancelledError is this task's own cancellation, not the client closed under the call
+    (grpc.aio cancels its calls): that one is a CANCELLED CalispecRpcError, as the sync client raises, not a
+    CancelledError that asyncio code takes for its own task's (found by probing)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
