@@ -68,6 +68,7 @@ class ConstantRunner:
         self.vocab_size = vocab_size or len(logits)
         self.logit_columns = LogitColumns(self.vocab_size, None if kept is None else torch.tensor(kept))
         self.device = torch.device("cpu")
+        self.dtype_name = "float32"  # no activation scales: its rows draft together
         self.max_context = 64
 
     def new_cache(self) -> CountingCache:
