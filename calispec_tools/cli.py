@@ -334,8 +334,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def up_security(args: argparse.Namespace, secrets_dir: Path) -> tuple[Path | None, Path | None, str | None]:
-    """(certs dir, keys file, dev key) of `calispec up`: certs with --tls (or --tls-dir: it ran plaintext, without
-    a word), a fresh key unless --open."""
+    """(certs dir, keys file, dev key) of `calispec up`: certs with --tls or --tls-dir (which alone ran plaintext
+    without a word until wave 51), a fresh key unless --open."""
     tls_dir = None
     if args.tls or args.tls_dir:
         from calispec_tools.certs import make_dev_certs
@@ -588,7 +588,9 @@ def build_parser() -> argparse.ArgumentParser:
         " only, and the model and memory services answer any process on this machine",
     )
     up.add_argument(
-        "--tls-dir", help="certificates (`calispec certs dev`; implies --tls; default: user data dir/tls, made once)"
+        "--tls-dir",
+        help="the certificates' directory (`calispec certs dev`; implies --tls; --tls alone: user data dir/tls, made"
+        " once)",
     )
     up.add_argument("--open", action="store_true", help="no API key: anyone who reaches the coordinator may generate")
     up.add_argument("--default-tau", type=at.tau, help="CSD τ for requests that set none (default: the paper's 0.01)")
