@@ -152,8 +152,9 @@ class Proposer:
         sampling.validate(self.runner.vocab_size)
         with self.sessions.opening(session_id) as open_session:
             with watch.phase("forward"):
+                cache = None if self._isolated(sampling) else self.prefix_cache  # its KV: its own calls' only
                 session = prefill_session(
-                    self.runner, session_id, token_ids, self.prefix_cache, ride_tokens=self.ride_prefill_tokens
+                    self.runner, session_id, token_ids, cache, ride_tokens=self.ride_prefill_tokens
                 )
             generator = make_generator(sampling.seed, DRAFT_STREAM, self.runner.device)
             open_session(DraftSession(session, sampling, generator))
@@ -215,7 +216,8 @@ class Proposer:
     def _draft_batch(self, jobs: Sequence[_Job]) -> list[Proposal]:
         """Runs on the scheduler thread. A failed batch changes nothing (the scheduler reruns its rows alone)."""
         sessions = [job.state.session for job in jobs]
-        settle_riders(sessions, self.prefix_cache)  # before the checkpoints: a rerun keeps the attached prefix
+        shared = [job.state.session for job in jobs if not self._isolated(job.state.sampling)]
+        settle_riders(shared, self.prefix_cache)  # before the checkpoints: a rerun keeps the attached prefix
         starts = [session.checkpoint() for session in sessions]
         draws = [job.state.generator.get_state() for job in jobs]  # a seeded rerun must draw the same
         try:
@@ -230,21 +232,23 @@ class Proposer:
         return proposals
 
     def _draft_steps(self, jobs: Sequence[_Job]) -> list[Proposal]:
-        """One forward per step for every session still drafting (a seeded sampling row of an int8 draft: one of
-        its own, `_drafts_alone`)."""
+        """One step at a time for every session still drafting: one batched forward, plus one of its own for each
+        isolated row (`_isolated`)."""
         active = list(jobs)
         riding = any(job.state.session.riding_prefix is not None for job in jobs)  # their prompts: the first step
         while active:
-            alone = [job for job in active if self._drafts_alone(job)]
-            together = [job for job in active if not self._drafts_alone(job)]
-            for group in [*([job] for job in alone), *([together] if together else [])]:
-                self._step(group, riding)
+            alone = [[job] for job in active if self._isolated(job.state.sampling)]
+            together = [job for job in active if not self._isolated(job.state.sampling)]
+            step_ns = sum(self._forward(group) for group in [*alone, *([together] if together else [])])
+            for job in active:
+                job.forward_ns += step_ns  # every row waited for the whole step, its forwards one after another
+                job.prefill_ns += step_ns if riding else 0  # ... and for the prompts riding in it
             active = [job for job in active if not job.done]
             riding = False
         return [job.proposal() for job in jobs]
 
-    def _step(self, jobs: list[_Job], riding: bool) -> None:
-        """One batched forward of `jobs`' sessions, and each one's next token."""
+    def _forward(self, jobs: list[_Job]) -> int:
+        """One batched forward of `jobs`' sessions and each one's next token; returns the forward's ns."""
         sessions = [job.state.session for job in jobs]
         start = now_ns()
         logits = forward_rows(
@@ -253,15 +257,14 @@ class Proposer:
         wait_for(self.runner.device)  # on CUDA: the forward's own time, which the cost model learns from
         forward_ns = now_ns() - start
         for job, row in zip(jobs, logits, strict=True):
-            job.forward_ns += forward_ns  # every row waited for the whole batched forward
-            job.prefill_ns += forward_ns if riding else 0  # ... and for the prompts riding in it
             job.step(row[None], self._pick)  # [1, 1, C]
+        return forward_ns
 
-    def _drafts_alone(self, job: _Job) -> bool:
-        """A seeded sampling row of an int8 draft: its layers quantise a step's activations on one scale per call,
-        so its q, and the tokens drawn from it, hung on the rows beside it (a seeded `sd` request's output changed
-        under load; float32 and bf16 rows come out the same in any batch). Alone, it costs its own forwards."""
-        sampling = job.state.sampling
+    def _isolated(self, sampling: SamplingConfig) -> bool:
+        """A seeded sampling session of an int8 draft: its layers quantise a call's activations on one scale, so its
+        q, and the tokens drawn from it, hung on the rows batched with it and on the calls that computed a cached
+        prompt prefix (a seeded `sd` request's output changed under load; float32 and bf16 rows come out the same in
+        any batch). It drafts in forwards of its own and takes no cached prefix, at the cost of those forwards."""
         return self.runner.dtype_name == INT8 and sampling.seed is not None and not sampling.greedy
 
     def _pick(

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from calispec_core.modeling import ModelRunner, ModelSpec
+from calispec_core.prefix_cache import PrefixCache
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Stopwatch
 from draft_service.proposer import Proposer, _Job
@@ -130,6 +131,25 @@ def test_a_seeded_sampling_row_of_an_int8_draft_drafts_the_same_beside_other_row
     assert (got.sparse.probs == expected.sparse.probs).all()
     alone.stop()
     beside.stop()
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("ride", [128, 0], ids=["riding-prompt", "prefilled-prompt"])
+def test_a_seeded_sampling_row_of_an_int8_draft_takes_no_cached_prefix(int8_draft: ModelRunner, ride: int) -> None:
+    """A cached prefix holds the KV of the calls that computed it (their activation scale): a seeded row that took
+    one drafted differently after other prompts had run (found by review)."""
+    seeded, prompt = SamplingConfig(temperature=1.0, seed=7), [5, 17, 42, 8, 99] * 12
+    cold = Proposer(int8_draft, max_sessions=8, ride_prefill_tokens=ride)
+    cold.prefill("s", prompt, seeded, Stopwatch())
+    expected = cold.propose("s", 5, None, [], Stopwatch()).token_ids
+    warm = Proposer(int8_draft, max_sessions=8, prefix_cache=PrefixCache(min_reused=1), ride_prefill_tokens=ride)
+    for i, other in enumerate([prompt[:41], [3, 4]]):  # a prefix of the prompt stored, computed beside another row
+        warm.prefill(f"g{i}", other, SamplingConfig(), Stopwatch())
+    warm._draft_batch([job(warm, f"g{i}", 1) for i in range(2)])
+    warm.prefill("s", prompt, seeded, Stopwatch())
+    assert warm.propose("s", 5, None, [], Stopwatch()).token_ids == expected
+    cold.stop()
+    warm.stop()
 
 
 @torch.inference_mode()
