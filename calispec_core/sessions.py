@@ -123,7 +123,9 @@ class SessionRegistry(Generic[S]):
     def opening(self, session_id: str) -> Iterator[Callable[[S], None]]:
         """Claim `session_id` and a slot for the block (the prefill); call what it yields with the
         session's state to open it. A block that raises, or ends without opening, frees both; so does a
-        `remove` while the block runs (opening then raises Cancelled)."""
+        `remove` while the block runs (opening then raises Cancelled). An id no Prefill accepts is refused first: its
+        claim was noted among the ended ids (up to 4096 of any size, for a TTL; found by review)."""
+        check_session_id(session_id)
         self.reap()
         with self._lock:
             if self._closed_early.pop(session_id):  # one Close cancels one Prefill
@@ -183,7 +185,7 @@ class SessionRegistry(Generic[S]):
                 self._ended.note(session_id, self._clock())
                 return entry.state
             if session_id in self._opening:
-                if session_id in self._closed_opening:  # a second Close, its prefill still computing: OK twice
+                if session_id in self._closed_opening:  # a second Close while its prefill computes (it was OK twice)
                     raise NotFound(f"unknown session {session_id!r} (closed while its prefill computed)")
                 self._closed_opening.add(session_id)
                 return None

@@ -224,6 +224,7 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
             return
         self.lingering = True
+        self.flow.resume_reading()  # paused for a body the app had not taken: the client's bytes must drain
         self.transport.write_eof()
         self.linger_timer = self.loop.call_later(LINGER_S, self.transport.close)
 

@@ -315,6 +315,28 @@ def test_a_body_that_ends_after_an_early_answer_leaves_the_header_deadline_on(tm
     assert statuses(answer) == [401]
 
 
+def test_a_refused_connection_drains_a_body_whose_reading_was_paused(tmp_path: Path) -> None:
+    """Past 64 KiB of a body the app had not taken (a 401 before the body), uvicorn paused reading; a malformed chunk
+    then refused the connection, and its linger read nothing: the client's bytes stayed unread, and it was reset
+    (found by review). Its sending now completes and it sees the connection end."""
+    head = request_head("POST", "/v1/completions", "Transfer-Encoding: chunked")
+    data = head + b"%x\r\n%s\r\n" % (70_000, b"x" * 70_000) + BAD_CHUNK + b"y" * 4_000_000
+    failures: list[BaseException] = []
+
+    def send(sock: socket.socket) -> None:
+        try:
+            sock.sendall(data)
+        except OSError as exc:
+            failures.append(exc)
+
+    with served(tmp_path) as server, connect(server.port) as sock:
+        sender = threading.Thread(target=send, args=(sock,))
+        sender.start()
+        answer = read_until_closed(sock)
+        sender.join(timeout=CLOSE_WAIT_S)
+    assert len(statuses(answer)) == 1 and failures == []  # the 401, or the 400 if the chunk came first
+
+
 def test_a_body_that_stalls_is_answered_408_and_its_connection_closed(tmp_path: Path) -> None:
     """Nothing bounded a request's body once its headers were in: the connection stayed open."""
     with served(tmp_path) as server, captured_logs() as records, connect(server.port) as sock:

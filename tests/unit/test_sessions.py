@@ -241,6 +241,7 @@ def test_an_id_no_prefill_accepts_is_invalid_argument_not_looked_up(session_id: 
     """NotFound quoted the id whole, in a header: an id of 16 KB failed as RESOURCE_EXHAUSTED "metadata size
     exceeds hard limit" (found by probing)."""
     reg, _ = registry()
-    for call in (reg.get, reg.remove):
+    for call in (reg.get, reg.remove, lambda sid: reg.add(sid, "kv")):
         with pytest.raises(InvalidArgument, match=f"session_id must be 1-128 characters, got {len(session_id)}$"):
             call(session_id)
+    assert session_id not in reg._ended  # a refused claim was noted among the ended ids (found by review)
