@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from calispec_tools.arg_types import non_negative_float
 from calispec_tools.cli_auth import usage_error
-from calispec_tools.deploy.ray_config import DEFAULT_NAMESPACE, ConfigError, DeploymentError
+from calispec_tools.deploy.ray_config import DEFAULT_NAMESPACE, ConfigError, DeploymentError, RayDeployConfig
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -120,10 +120,10 @@ def ray_task_failure(exc: BaseException) -> str | None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    deploy_ray = _deploy_ray()
-    config = deploy_ray.RayDeployConfig.load(args.config)
+    config = RayDeployConfig.load(args.config)  # before Ray is imported: a bad config is a usage error without it
     if args.namespace:
-        config = deploy_ray.RayDeployConfig(**{**config.__dict__, "namespace": args.namespace})
+        config = RayDeployConfig(**{**config.__dict__, "namespace": args.namespace})
+    deploy_ray = _deploy_ray()
     deploy_ray.connect(args.address, config.namespace)
     _print(deploy_ray.up(config))
     return 0

@@ -20,8 +20,6 @@ timeout), then stops the targets, the draft and the memory service.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import os
 import secrets
@@ -37,7 +35,13 @@ import ray
 from ray.exceptions import GetTimeoutError
 
 from calispec_core.credentials import TlsConfig
-from calispec_tools.deploy.ray_config import DEFAULT_NAMESPACE, DeploymentError, RayDeployConfig, ServiceSpec
+from calispec_tools.deploy.ray_config import (
+    DEFAULT_NAMESPACE,
+    DeploymentError,
+    RayDeployConfig,
+    ServiceSpec,
+    parsed_service_flags,
+)
 from calispec_tools.shipped_calibration import SeedResult, chosen_lambdas, is_shipped, seed_namespace, served_lambda
 
 log = logging.getLogger(__name__)
@@ -105,7 +109,7 @@ class ServiceHost:
         import memory_service.__main__ as cli
         from memory_service.server import create_server
 
-        config, _ = _parsed(cli.parse_args, argv)
+        config, _ = parsed_service_flags(cli.parse_args, argv)
         server, port, store = create_server(config)
         server.start()
         store.announce(replace(config, port=port).address)  # named to a second memory service refused its database
@@ -117,7 +121,7 @@ class ServiceHost:
         import draft_service.__main__ as cli
         from draft_service.server import create_server
 
-        config, _ = _parsed(cli.parse_config, argv)
+        config, _ = parsed_service_flags(cli.parse_config, argv)
         server, port = create_server(config)
         server.start()
         self._stop = [lambda: server.stop(STOP_GRACE_S).wait()]
@@ -127,7 +131,7 @@ class ServiceHost:
         import target_service.__main__ as cli
         from target_service.server import create_server
 
-        config, _ = _parsed(cli.parse_config, argv)
+        config, _ = parsed_service_flags(cli.parse_config, argv)
         server, port, runtime = create_server(config)
         self._engine, self._table = runtime.engine, runtime.engine.table
         self._serves = {"dtype": runtime.engine.runner.dtype_name, "meaning_guard": config.meaning_guard}
@@ -152,7 +156,7 @@ class ServiceHost:
         from coordinator.replicas import checked_connector
         from coordinator.server import build_orchestrator, create_server
 
-        config, _ = _parsed(cli.parse_config, argv)
+        config, _ = parsed_service_flags(cli.parse_config, argv)
         orchestrator = build_orchestrator(config)
         self._replicas = orchestrator.replicas
         reference = self._replicas.backends()[0].info(config.rpc_timeout_s)
@@ -219,18 +223,6 @@ def write_pems(directory: Path, tls: dict[str, str]) -> dict[str, Path]:
         path.touch(mode=0o600)
         path.write_text(tls[part], encoding="utf-8")
     return paths
-
-
-def _parsed(parse: Any, argv: list[str]) -> Any:
-    """Run a service's argparse parser; its usage errors (SystemExit) become a readable exception that carries
-    argparse's message (it went to the actor's log only: `calispec ray up` said "see the actor's log")."""
-    said = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(said):
-            return parse(argv)
-    except SystemExit as exc:
-        message = said.getvalue().strip().splitlines()[-1:] or ["(no message)"]
-        raise DeploymentError(f"bad service flags {argv!r}: {message[0]}") from exc
 
 
 ServiceActor = ray.remote(ServiceHost)

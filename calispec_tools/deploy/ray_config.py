@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,3 +182,15 @@ def _spec(name: str, section: dict[str, Any]) -> tuple[ServiceSpec, int]:
     section["args"] = tuple(str(a) for a in section.get("args", ()))
     section["resources"] = {str(k): float(v) for k, v in section.get("resources", {}).items()}
     return ServiceSpec(**section), replicas
+
+
+def parsed_service_flags(parse: Any, argv: list[str]) -> Any:
+    """Run a service's argparse parser; its usage errors (SystemExit) become a readable exception that carries
+    argparse's message (it went to the actor's log only: `calispec ray up` said "see the actor's log")."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            return parse(argv)
+    except SystemExit as exc:
+        message = said.getvalue().strip().splitlines()[-1:] or ["(no message)"]
+        raise DeploymentError(f"bad service flags {argv!r}: {message[0]}") from exc

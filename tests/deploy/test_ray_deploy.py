@@ -23,8 +23,7 @@ from calispec_core.generation import FinishReason, GenerationStats
 from calispec_core.grpc_server import make_channel
 from calispec_tools import cli_ray
 from calispec_tools.cli import main as calispec_main
-from calispec_tools.deploy import ray_actors
-from calispec_tools.deploy.ray_config import DeploymentError, RayDeployConfig, ServiceSpec
+from calispec_tools.deploy.ray_config import DeploymentError, RayDeployConfig, ServiceSpec, parsed_service_flags
 from calispec_tools.namespaces import pair_namespace
 from calispec_tools.shipped_calibration import SeedResult, chosen_lambda, shipped_file
 from coordinator.engine import Chunk
@@ -417,12 +416,14 @@ def test_a_services_bad_flags_carry_argparses_message() -> None:
     with pytest.raises(
         DeploymentError, match=r"bad service flags .*: python -m draft_service: error: unrecognized arguments: --bogus"
     ):
-        ray_actors._parsed(draft_cli.parse_config, ["--model", "/m", "--bogus"])
+        parsed_service_flags(draft_cli.parse_config, ["--model", "/m", "--bogus"])
 
 
+@pytest.mark.slow  # needs the `ray` extra (Ray's exception classes only: no cluster)
 def test_a_ray_task_that_failed_is_named_by_its_innermost_cause(capsys: pytest.CaptureFixture[str]) -> None:
     """The controller's call to a service actor failed: two RayTaskErrors around the service's DeploymentError."""
-    from ray.exceptions import RayTaskError
+    exceptions = pytest.importorskip("ray.exceptions", reason="`make test-slow` installs the ray extra")
+    RayTaskError = exceptions.RayTaskError
 
     bad_flags = DeploymentError("bad service flags ['--bogus']: draft: error: unrecognized arguments: --bogus")
     direct = RayTaskError("ServiceHost.start", "Traceback ...", bad_flags).as_instanceof_cause()  # ray.get's
