@@ -189,7 +189,7 @@ class SessionRegistry(Generic[S]):
                     raise NotFound(f"unknown session {session_id!r} (closed while its prefill computed)")
                 self._closed_opening.add(session_id)
                 return None
-            if session_id not in self._ended and valid_session_id(session_id):  # else no Prefill can be coming
+            if session_id not in self._ended:  # an id no Prefill accepts was refused above
                 self._closed_early.note(session_id, self._clock())
         raise NotFound(f"unknown session {session_id!r}")
 

@@ -57,7 +57,7 @@ class RequestReading(Protocol):
 
 
 class GuardedConnection(h11.Connection):
-    """h11's server side that hands its refusals to `refuse(status, reason)` instead of raising them into
+    """h11's server side that hands its refusals to `refuse(status, message)` instead of raising them into
     uvicorn, refuses requests with two framings, and tells `reading` how much of a request it has read: its
     headers, then each piece of its body, then its end."""
 

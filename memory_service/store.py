@@ -691,7 +691,8 @@ def _lock_database(path: Path) -> DatabaseLock | None:
 
 
 def _file_in_the_way(path: Path) -> Path:
-    """The nearest of `path`'s parents that exists and is not a directory (the parent itself when none does)."""
+    """The one of `path`'s parents that exists and is not a directory (none below it can exist; the parent itself
+    when there is none)."""
     return next((p for p in reversed(path.parents) if p.exists() and not p.is_dir()), path.parent)
 
 
