@@ -33,6 +33,7 @@ from calispec_tools import cli_calibrate
 from calispec_tools.cli_auth import usage_error
 from calispec_tools.memory_file import MemoryFileError, dump_export, load_export
 from calispec_tools.memory_reads import memory_failure
+from calispec_tools.memory_writes import record_when_admitted
 from calispec_tools.shipped_calibration import (
     chosen_lambdas,
     file_namespace,
@@ -308,7 +309,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     channel, stub = _stub(address, tls)
     with channel:
         try:
-            reply = stub.RecordEvents(request, timeout=120, metadata=writer_metadata(token, "calispec-import"))
+            reply = record_when_admitted(stub, request, 120, writer_metadata(token, "calispec-import"))
         except grpc.RpcError as exc:
             return _fail(f"{exc.code().name}: {exc.details()} ({import_outcome(exc.code(), exc.details() or '')})")
     print(f"imported {len(pairs)} pairs ({reply.recorded} events) into {namespace}, now version {reply.version}")

@@ -27,6 +27,7 @@ from calispec.v1 import memory_pb2, memory_pb2_grpc
 from calispec_core.credentials import MEMORY, TlsConfig, writer_metadata
 from calispec_core.grpc_server import make_channel
 from calispec_tools.memory_file import MemoryFileError, load_export
+from calispec_tools.memory_writes import record_when_admitted
 
 CALIBRATION_DIR = Path(__file__).resolve().parent / "data" / "calibration"
 CORPUS_DIR = CALIBRATION_DIR / "corpus"
@@ -145,7 +146,7 @@ def seed_namespace(
             namespace=namespace, events=events, wait_durable=True, vocab_size=export.vocab_size, only_if_empty=True
         )
         try:
-            reply = stub.RecordEvents(request, timeout=60, metadata=writer_metadata(token, "calispec-calibration"))
+            reply = record_when_admitted(stub, request, 60, writer_metadata(token, "calispec-calibration"))
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 raise

@@ -126,7 +126,8 @@ class WriterGate:
             if cost > bucket.tokens:
                 raise ResourceExhausted(
                     f"writer {identity!r} is over its rate limit of {self.events_per_s:g} events/s "
-                    f"(burst {self.burst:g}); retry later"
+                    f"(burst {self.burst:g}); retry later",
+                    retry_after_s=(cost - bucket.tokens) / self.events_per_s,  # when the bucket holds `cost`
                 )
             bucket.tokens -= cost
 

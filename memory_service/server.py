@@ -99,11 +99,12 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
     ) -> memory_pb2.RecordEventsResponse:
         # Order matters: strangers learn nothing (auth first); bad requests do not use up a
         # writer's budget (validation before the rate limit); nothing is buffered before both.
-        events = [(e.draft_token_id, e.target_token_id, e.count) for e in request.events]
         try:
             writer = _writer_identity(self._gate, context, request.namespace)
             validate_namespace(request.namespace)
             validate_write_id(request.write_id)
+            self._store.check_backlog(request.namespace, request.write_id, writer, len(request.events))
+            events = [(e.draft_token_id, e.target_token_id, e.count) for e in request.events]
             vocab = self._store.vocab_limit(request.namespace, request.vocab_size)
             cost = validate_events(events, vocab)
             digest = events_digest(events) if request.write_id else ""  # once: a verifier's write sorts 10k pairs
@@ -116,7 +117,7 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         except CalispecError as exc:
             # the entries sent, not the counts they claim: a refused write's counts are unchecked (a stranger's
             # write of 2^40 per entry inflated this counter by as much)
-            self._metrics.dropped.labels(exc.code).inc(len(events))
+            self._metrics.dropped.labels(exc.code).inc(len(request.events))
             raise
         self._metrics.received.inc(recorded)
         log.debug("recorded %d events in %s (version %d)", recorded, request.namespace, version)
@@ -135,6 +136,7 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
                 only_if_empty=request.only_if_empty,
                 write_id=request.write_id,
                 digest=digest,
+                writer=writer,
             )
         except AcceptedNotDurable:
             raise  # buffered: it will be committed, so it did use the budget

@@ -82,6 +82,9 @@ class WriteLog:
             )
         return earlier
 
+    def knows(self, namespace: str, write_id: str) -> bool:
+        return (namespace, write_id) in self._writes
+
     def add(self, namespace: str, write_id: str, write: AcceptedWrite) -> None:
         self._writes[namespace, write_id] = write
         self._writes.move_to_end((namespace, write_id))

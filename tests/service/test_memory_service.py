@@ -15,7 +15,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from calispec.v1 import memory_pb2, memory_pb2_grpc
 from calispec_core.credentials import read_writer_scopes, read_writer_tokens, writer_metadata
-from calispec_core.grpc_server import make_channel, wait_for_ready
+from calispec_core.grpc_server import RETRY_PUSHBACK_METADATA, make_channel, wait_for_ready
+from memory_service import store as store_module
 from memory_service.config import MemoryConfig
 from memory_service.server import SERVICE_NAME, create_server
 from memory_service.store import MAX_TOTAL_EVENTS, CorrectionStore
@@ -251,6 +252,59 @@ def test_a_writer_over_its_rate_limit_gets_resource_exhausted(stub: memory_pb2_g
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     stats = stub.GetStats(memory_pb2.GetStatsRequest(namespace="ns"))
     assert stats.total_events == 199_000
+
+
+def test_a_write_over_the_writers_share_of_the_next_commit_is_refused_with_a_pushback_and_costs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "MAX_PENDING_PER_WRITER", 10)
+    config = MemoryConfig(
+        port=0,
+        db_path=tmp_path / "m.db",
+        flush_interval_s=60,  # nothing commits during the test
+        writer_token=TOKEN,
+        writer_events_per_s=0.001,
+        writer_burst_events=11,
+    )
+    with serving(config) as (channel, _store):
+        raw = memory_pb2_grpc.MemoryServiceStub(channel)
+        raw.RecordEvents(
+            memory_pb2.RecordEventsRequest(namespace="ns", events=events(*[(d, 1, 1) for d in range(8)])),
+            metadata=WRITER,
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            raw.RecordEvents(
+                memory_pb2.RecordEventsRequest(namespace="ns", events=events(*[(d, 2, 1) for d in range(3)])),
+                metadata=WRITER,
+            )
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "waiting for the next commit" in info.value.details()
+        assert (RETRY_PUSHBACK_METADATA, "60000") in tuple(info.value.trailing_metadata())
+        # refunded: 3 of the burst's 11 are left for this write only if the refused one gave its 3 back
+        raw.RecordEvents(
+            memory_pb2.RecordEventsRequest(namespace="ns", events=events((7, 3, 1), (8, 3, 1))), metadata=WRITER
+        )
+
+
+def test_a_retry_of_an_accepted_write_is_answered_however_full_the_writers_share(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "MAX_PENDING_PER_WRITER", 10)
+    config = MemoryConfig(
+        port=0, db_path=tmp_path / "m.db", flush_interval_s=60, writer_token=TOKEN, writer_events_per_s=0
+    )
+    with serving(config) as (channel, store):
+        raw = memory_pb2_grpc.MemoryServiceStub(channel)
+        first = memory_pb2.RecordEventsRequest(namespace="ns", events=events((9, 3, 1)), write_id="w-1")
+        version = raw.RecordEvents(first, metadata=WRITER).version
+        full = memory_pb2.RecordEventsRequest(namespace="ns", events=events(*[(d, 5, 1) for d in range(9)]))
+        raw.RecordEvents(full, metadata=WRITER)
+        with pytest.raises(grpc.RpcError) as info:  # the share is full (1 + 9)...
+            raw.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((9, 4, 1))), metadata=WRITER)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert raw.RecordEvents(first, metadata=WRITER).version == version  # ...yet the retry is answered
+        store.flush()
+        assert store.stats("ns")[0] == 10  # and counted once
 
 
 def test_a_new_writer_id_header_per_call_does_not_buy_a_new_rate_limit(channel: grpc.Channel) -> None:

@@ -115,6 +115,19 @@ def test_writer_gate_token_and_rate_limit() -> None:
     gate.admit("token-of-replica-a-0123", 10, "ns")
 
 
+def test_a_rate_refusal_says_when_the_bucket_holds_the_write() -> None:
+    """It said "retry later" only: a client could not tell a refusal worth retrying (an import, a seed) from one
+    that never succeeds; the service now sends when (grpc-retry-pushback-ms)."""
+    clock = Clock(0.0)
+    gate = WriterGate({"a": "token-of-replica-a-0123"}, events_per_s=10, burst_events=20, clock=clock)
+    gate.admit("token-of-replica-a-0123", 16, "ns")
+    with pytest.raises(ResourceExhausted) as info:
+        gate.admit("token-of-replica-a-0123", 10, "ns")  # 4 left: 6 more take 0.6 s
+    assert info.value.retry_after_s == pytest.approx(0.6)
+    clock.now += 0.6
+    gate.admit("token-of-replica-a-0123", 10, "ns")
+
+
 def test_writer_identity_comes_from_what_the_caller_proved() -> None:
     gate = WriterGate("one-shared-token-0123456789", events_per_s=10)
     assert gate.identify("one-shared-token-0123456789") == "writer"

@@ -18,6 +18,7 @@ import pytest
 import sqlite_utils
 
 from calispec_core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from memory_service import store as store_module
 from memory_service import write_ids
 from memory_service.store import MAX_EVENTS_PER_RECORD, MAX_TOTAL_EVENTS, CorrectionStore
 
@@ -394,3 +395,20 @@ def test_only_the_newest_ids_are_kept(db_path: Path, monkeypatch: pytest.MonkeyP
         store.record("ns", [(1, 2, 1)], durable=True, write_id="w4")  # remembered: not counted
         store.record("ns", [(1, 2, 1)], durable=True, write_id="w0")  # forgotten: counted again
         assert snapshot_counts(store) == {(1, 2): 6}
+
+
+def test_a_writer_waits_for_the_commit_before_queueing_more_than_its_share(
+    store: CorrectionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Probed: one writer's five 100k-pair writes in 10 s (half its rate) queued ~35 s of flushing (a commit costs
+    per pair), and another writer's 1-event durable write gave up after 30 s. A writer now has at most
+    MAX_PENDING_PER_WRITER entries waiting for a commit; its next write is refused whole, the others' are not."""
+    monkeypatch.setattr(store_module, "MAX_PENDING_PER_WRITER", 10)
+    store.record("ns", [(d, 1, 1) for d in range(8)], writer="bulk")
+    with pytest.raises(ResourceExhausted, match="'bulk' has 8 entries waiting"):
+        store.record("ns", [(d, 2, 1) for d in range(3)], writer="bulk")
+    store.record("ns", [(1, 3, 5)], writer="verifier")  # another writer's share
+    store.record("ns", [(20, 2, 1), (21, 2, 1)], writer="bulk")  # 10 in all: its whole share
+    store.flush()
+    assert store.stats("ns")[0] == 8 + 5 + 2  # the refused write counted nothing
+    store.record("ns", [(d, 4, 1) for d in range(11)], writer="bulk")  # nothing waiting: any legal write
