@@ -31,6 +31,7 @@ from calispec_core.limits import (
 )
 from calispec_tools import arg_types as at
 from calispec_tools.cli_auth import USAGE_ERROR, usage_error
+from calispec_tools.deploy.ray_config import DeploymentError, check_reachable
 from calispec_tools.memory_reads import memory_failure
 
 DEFAULT_COORDINATOR = "127.0.0.1:50050"
@@ -240,6 +241,10 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
         return _to_export(args, docs, config, draft, target)
     address, namespace, token = _memory_target(args)
     if args.ray:
+        try:
+            check_reachable(args.ray)  # before Ray is imported, and before its retries
+        except DeploymentError as exc:
+            return _fail(f"cannot calibrate on Ray: {exc}")
         from calispec_tools.calibrate.ray_job import RayJob, WorkerFailed, run_on_ray
         from calispec_tools.cli import served_draft_dtype
 

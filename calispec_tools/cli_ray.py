@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from calispec_tools.arg_types import non_negative_float
 from calispec_tools.cli_auth import usage_error
-from calispec_tools.deploy.ray_config import DEFAULT_NAMESPACE, ConfigError, DeploymentError, RayDeployConfig
+from calispec_tools.deploy.ray_config import (
+    DEFAULT_NAMESPACE,
+    ConfigError,
+    DeploymentError,
+    RayDeployConfig,
+    check_reachable,
+)
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -60,6 +66,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def _namespace(args: argparse.Namespace) -> str:
     return args.namespace or DEFAULT_NAMESPACE
+
+
+def _connected(address: str | None, namespace: str) -> ModuleType:
+    """The deployment module, its driver joined to the cluster at `address` (checked first: see check_reachable)."""
+    check_reachable(address)
+    deploy_ray = _deploy_ray()
+    deploy_ray.connect(address, namespace)
+    return deploy_ray
 
 
 def _deploy_ray() -> ModuleType:
@@ -123,8 +137,7 @@ def _up(args: argparse.Namespace) -> int:
     config = RayDeployConfig.load(args.config)  # before Ray is imported: a bad config is a usage error without it
     if args.namespace:
         config = RayDeployConfig(**{**config.__dict__, "namespace": args.namespace})
-    deploy_ray = _deploy_ray()
-    deploy_ray.connect(args.address, config.namespace)
+    deploy_ray = _connected(args.address, config.namespace)
     _print(deploy_ray.up(config))
     return 0
 
@@ -133,22 +146,19 @@ def _scale(args: argparse.Namespace) -> int:
     match = SCALE_SPEC.match(args.spec)  # bad input fails before anything connects
     if match is None:
         return usage_error(f"scale takes target=N, got {args.spec!r}")
-    deploy_ray = _deploy_ray()
-    deploy_ray.connect(args.address, _namespace(args))
+    deploy_ray = _connected(args.address, _namespace(args))
     _print(deploy_ray.scale(int(match.group(1)), _namespace(args)))
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    deploy_ray = _deploy_ray()
-    deploy_ray.connect(args.address, _namespace(args))
+    deploy_ray = _connected(args.address, _namespace(args))
     _print(deploy_ray.status(_namespace(args)))
     return 0
 
 
 def _down(args: argparse.Namespace) -> int:
-    deploy_ray = _deploy_ray()
-    deploy_ray.connect(args.address, _namespace(args))
+    deploy_ray = _connected(args.address, _namespace(args))
     bound = "the deployment's drain_timeout_s" if args.drain_timeout_s is None else f"{args.drain_timeout_s:g} s"
     # The drain can take minutes of silence: say what is being waited for, before waiting
     print(f"draining the coordinator (its running requests finish, at most {bound}), then stopping the services...",

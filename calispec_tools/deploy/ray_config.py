@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import socket
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,25 @@ class ConfigError(ValueError):
 
 class DeploymentError(RuntimeError):
     """What `calispec ray` reports as one line: no deployment, one already running, a service's bad flags."""
+
+
+REACH_TIMEOUT_S = 5.0  # a cluster's head answers a TCP connect at once; Ray's own retries took over 90 s
+
+
+def check_reachable(address: str | None, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """DeploymentError at once where nothing answers at an explicit `host:port` (or `ray://host:port`) address:
+    `ray.init` retried such an address for over 90 s before its error (found by probing). Other forms (None,
+    "auto", "local") are Ray's to resolve."""
+    host, sep, port = (address or "").removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__  # a timeout has no strerror
+        raise DeploymentError(
+            f"no Ray cluster answers at {address} ({why}): is it running, is the port right?"
+        ) from None
 
 
 # -- configuration ------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,7 +12,7 @@ import pytest
 
 import calispec_tools.deploy
 from calispec_tools import cli_ray
-from calispec_tools.deploy.ray_config import RayDeployConfig
+from calispec_tools.deploy.ray_config import RayDeployConfig, check_reachable
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,3 +85,30 @@ def test_ray_down_hands_its_drain_timeout_to_the_deployment(
     with pytest.raises(SystemExit):
         cli_ray.main(["down", "--drain-timeout-s", "-1"])
     assert "--drain-timeout-s" in capsys.readouterr().err
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed when this returns: nothing listens there
+
+
+@pytest.mark.parametrize("form", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}", "[::1]:{port}"])
+def test_ray_commands_name_an_address_nothing_answers_at_once(
+    form: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ray.init` retried an unreachable address for over 90 s before its error (found by probing)."""
+    monkeypatch.setattr(cli_ray, "_deploy_ray", lambda: pytest.fail("imported Ray for an address nothing answers"))
+    address = form.format(port=closed_port())
+    assert cli_ray.main(["status", "--address", address]) == 1
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"error: no Ray cluster answers at {address} (") and "\n" not in line
+
+
+def test_a_reachable_or_unparsed_address_is_left_to_ray() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        check_reachable(f"127.0.0.1:{listener.getsockname()[1]}")
+    for address in (None, "auto", "local", "ray://head"):
+        check_reachable(address)
