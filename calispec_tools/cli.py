@@ -22,11 +22,11 @@ import json
 import logging
 import os
 import select
+import shutil
 import signal
 import sys
-import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +45,9 @@ from calispec_tools.stack_state import (
     StackState,
     claim_up,
     clear_state,
+    private_temp_dir,
     process_start_time,
+    remove_orphaned_secrets,
     stop_stack,
 )
 
@@ -408,14 +410,26 @@ def claim_up_or_refuse() -> StackLock:
         raise StackStartError(str(busy), line) from None
 
 
+@contextlib.contextmanager
+def secrets_of_up() -> Iterator[Path]:
+    """`up`'s private directory (its API key, certificates), removed when it ends; those of `up`s killed before
+    they could remove their own go first."""
+    remove_orphaned_secrets()
+    path = private_temp_dir("up")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def serve_stack(args: argparse.Namespace) -> int:
     """`calispec up`: start the stack, then serve until Ctrl-C, SIGTERM or `calispec down`."""
     stop = threading.Event()
     check_pair_flags(args)  # before the claim: a usage error, whether or not another `up` runs
     # until the stack is up, Ctrl-C and SIGTERM interrupt its start-up (stack_command); from then on they
     # stop the running stack
-    with claim_up_or_refuse() as claim, tempfile.TemporaryDirectory(prefix="calispec-up-") as secrets_dir:
-        tls_dir, keys_file, key = up_security(args, Path(secrets_dir))
+    with claim_up_or_refuse() as claim, secrets_of_up() as secrets_dir:
+        tls_dir, keys_file, key = up_security(args, secrets_dir)
         config = stack_config(args, (args.port, args.target_port, args.draft_port, args.memory_port))
         http_port = None if args.no_http else args.http_port
         config = dataclasses.replace(

@@ -19,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -35,7 +34,7 @@ from calispec_core.limits import LockstepPhase
 from calispec_tools.certs import DevCerts
 from calispec_tools.namespaces import pair_namespace
 from calispec_tools.shipped_calibration import SeedResult, seed_namespace, served_lambda
-from calispec_tools.stack_state import StackBusy, StackLock
+from calispec_tools.stack_state import StackBusy, StackLock, private_temp_dir, remove_orphaned_secrets
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +295,8 @@ class LocalStack:
         try:
             # A fresh random writer token per run, in a private directory: only the target (the
             # verifier) and the memory service get it, so clients of the stack cannot write counts.
-            self._secrets_dir = Path(tempfile.mkdtemp(prefix="calispec-secrets-"))
+            remove_orphaned_secrets()
+            self._secrets_dir = private_temp_dir("secrets")
             self.writer_token_file = self._secrets_dir / "writer-token"
             write_new_token(self.writer_token_file)
             memory = self._spawn("memory_service", self.memory_args(c.memory_port))

@@ -10,13 +10,20 @@ process is gone (a crashed `calispec up` leaves a stale file behind); the proces
 One `calispec up` runs per user: it holds `stack.lock` beside the file for as long as it runs, and a
 second one is refused (`StackLock`; a local stack holds the same kind of lock on its log directory).
 `calispec down` also stops an `up` that holds the lock but is still starting (no state file yet).
+
+Secrets (a stack's writer token, `up`'s API keys and certificates) live in private temporary directories named by
+their process's pid (`private_temp_dir`): a process killed by SIGKILL cannot remove its own, so each stack that
+starts removes those of processes that are gone (`remove_orphaned_secrets`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -119,6 +126,29 @@ def _alive(pid: int, started: int = 0) -> bool:
 
 
 LOCK_NAME = "stack.lock"
+_PRIVATE_DIR = re.compile(r"calispec-(?:up|secrets)-(\d+)-")  # private_temp_dir's names
+
+
+def private_temp_dir(kind: str) -> Path:
+    """A new 0700 directory for this process's secrets (`kind`: "up" or "secrets"), named by its pid."""
+    return Path(tempfile.mkdtemp(prefix=f"calispec-{kind}-{os.getpid()}-"))
+
+
+def remove_orphaned_secrets(root: Path | None = None) -> list[Path]:
+    """Remove this user's private_temp_dir directories whose process is gone; returns them. A SIGKILLed `calispec
+    up` left its writer token and API keys in /tmp for good (found by probing). A pid given to another process
+    since keeps its directory until a later start: never a live process's."""
+    removed = []
+    for path in Path(root or tempfile.gettempdir()).glob("calispec-*-*-*"):
+        match = _PRIVATE_DIR.match(path.name)
+        try:
+            ours = match is not None and path.lstat().st_uid == os.getuid() and path.is_dir() and not path.is_symlink()
+        except OSError:
+            continue
+        if ours and not _alive(int(match.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from calispec_tools.deploy.ray_config import (
     parsed_service_flags,
 )
 from calispec_tools.shipped_calibration import SeedResult, chosen_lambdas, is_shipped, seed_namespace, served_lambda
+from calispec_tools.stack_state import private_temp_dir
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class ServiceHost:
         self.kind = ""
         self.address = ""
         self._stop: list[Any] = []  # callables, run in order by stop()
-        self._secrets = Path(tempfile.mkdtemp(prefix="calispec-secrets-"))
+        self._secrets = private_temp_dir("secrets")  # a later stack on this node removes it if the actor is killed
         self._replicas: Any = None  # the coordinator's ReplicaSet
         self._connect: Any = None
         self._engine: Any = None  # the target's engine (open sessions for draining)

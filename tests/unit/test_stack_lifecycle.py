@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -160,3 +163,26 @@ def test_an_unusable_log_dir_names_it_without_starting_anything(tmp_path: Path) 
     with pytest.raises(StackStartError) as failed:
         stack.start()
     assert failed.value.line == f"cannot use {a_file / 'logs'}: Not a directory" and stack.services == {}
+
+
+def test_a_starting_stack_removes_the_secrets_a_killed_one_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGKILLed `calispec up` (or bench's, demo's stack) left its writer token in /tmp for good."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    killed = subprocess.Popen([sys.executable, "-c", "pass"])
+    killed.wait()
+    left = tmp_path / f"calispec-secrets-{killed.pid}-xyz"
+    left.mkdir()
+    (left / "writer-token").write_text("token\n")
+    stack = LocalStack(StackConfig(Path("d"), Path("t"), tmp_path / "m.db", tmp_path / "logs"))
+
+    def no_service(name: str, args: list[str]) -> None:
+        assert stack._secrets_dir is not None and stack._secrets_dir.parent == tmp_path
+        raise RuntimeError("no services in this test")
+
+    monkeypatch.setattr(stack, "_spawn", no_service)
+    with pytest.raises(RuntimeError, match="no services"):
+        stack.start()
+    assert not left.exists()
+    assert not list(tmp_path.glob("calispec-secrets-*"))  # its own went with its stop

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,9 @@ from calispec_tools.stack_state import (
     StackLock,
     StackState,
     claim_up,
+    private_temp_dir,
     process_start_time,
+    remove_orphaned_secrets,
     running_stack,
     starting_stack,
     stop_stack,
@@ -231,3 +234,24 @@ def test_a_released_lock_names_no_one() -> None:
     with claim_up():
         assert starting_stack() == Holder(os.getpid(), process_start_time(os.getpid()))
     assert starting_stack() is None and stop_stack(timeout_s=5) is None
+
+
+def test_secrets_of_processes_that_are_gone_are_removed_by_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGKILLed `calispec up` left its writer token and API keys in /tmp for good (found by probing)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    killed = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    killed.kill()
+    killed.wait()  # its pid is free now: the directory's process is gone
+    gone = tmp_path / f"calispec-up-{killed.pid}-abc"
+    (gone / "tls").mkdir(parents=True)
+    (gone / "api-keys").write_text("key\n")
+    mine = private_temp_dir("secrets")
+    assert mine.parent == tmp_path and mine.name.startswith(f"calispec-secrets-{os.getpid()}-")
+    assert oct(mine.stat().st_mode & 0o777) == "0o700"
+    others = [tmp_path / f"calispec-secrets-{killed.pid}", tmp_path / "calispec-eval-123-x"]  # not its names
+    for path in others:
+        path.mkdir()
+    assert remove_orphaned_secrets() == [gone]
+    assert not gone.exists() and mine.exists() and all(p.exists() for p in others)
