@@ -69,11 +69,10 @@ def parse_bearer(value: str | None) -> str | None:
 
 
 def bearer_token(context: grpc.ServicerContext) -> str | None:
-    """The Bearer token of the call's `authorization` metadata (the HTTP API reads its header the same way)."""
-    for key, value in context.invocation_metadata() or ():
-        if key == AUTHORIZATION_METADATA and isinstance(value, str) and (token := parse_bearer(value)) is not None:
-            return token
-    return None
+    """The Bearer token of the call's first `authorization` metadata, as the HTTP API reads the first header: a
+    `Basic x` then a `Bearer <key>` was the key over gRPC and refused over HTTP (found by probing)."""
+    value = next((v for k, v in context.invocation_metadata() or () if k == AUTHORIZATION_METADATA), None)
+    return parse_bearer(value) if isinstance(value, str) else None
 
 
 def anonymous_caller(host: str) -> str:

@@ -128,6 +128,14 @@ def test_grpc_metadata_is_read_the_same_way() -> None:
     assert bearer_token(_Metadata(("x-other", "Bearer csk_x"), ("authorization", "Basic x"))) is None  # type: ignore[arg-type]
 
 
+def test_only_the_first_authorization_metadata_counts_as_the_http_api_reads_the_first_header() -> None:
+    """`Basic x` then `Bearer <key>` was the key over gRPC and refused over HTTP (found by probing)."""
+    two = _Metadata(("authorization", "Basic x"), ("authorization", "Bearer csk_k"))
+    assert bearer_token(two) is None  # type: ignore[arg-type]
+    first = _Metadata(("authorization", "Bearer csk_k"), ("authorization", "Basic x"))
+    assert bearer_token(first) == "csk_k"  # type: ignore[arg-type]
+
+
 def test_quota_limits_rate_and_concurrency_per_caller() -> None:
     now = [0.0]
     book = QuotaBook(Quota(requests_per_minute=2, burst=2, max_concurrent=1), clock=lambda: now[0])
