@@ -202,6 +202,8 @@ def _check_report(what: str, sent: int, expected: int) -> None:
 def _close_quietly(backend: DraftBackend | TargetBackend, session_id: str) -> None:
     try:
         backend.close(session_id, CLOSE_TIMEOUT_S)
+    except SessionLost:  # closed already: the service reaped it as idle (a long target-only stretch) or restarted
+        log.debug("session %s was closed already", session_id)
     except Exception as exc:  # best effort: the service's idle TTL ends it otherwise
         log.warning("closing session %s failed: %s", session_id, exc)
 

@@ -6,11 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from calispec_core.errors import Cancelled, DeadlineExceeded, FailedPrecondition, InvalidArgument
+from calispec_core.errors import Cancelled, DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 from calispec_core.generation import Defaults, FinishReason, GenerationParams, Mode
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
 from coordinator import engine as engine_module
+from coordinator.backends import SessionLost
 from coordinator.engine import Orchestrator, adaptive_gamma
 from coordinator.server import stats_to_pb
 from tests.unit.fakes import EOS, CharTokenizer, FakeDraft, FakeTarget
@@ -352,3 +353,21 @@ def test_a_stop_token_id_ends_the_request_kept_in_its_output(mode: Mode) -> None
         assert chunks[-1].finish_reason == FinishReason.STOP and chunks[-1].stats.emitted == 4
     with pytest.raises(InvalidArgument, match="at most 16 stop token ids"):
         run(orchestrator, "c", params(stop_token_ids=tuple(range(17))))
+
+
+class _ClosingBackend:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def close(self, session_id: str, timeout: float) -> None:
+        raise self.error
+
+
+def test_closing_a_session_the_service_already_reaped_is_no_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """A draft session reaped as idle during a long target-only stretch logged a WARNING at the request's end, for a
+    request that went right; a close that really failed still warns."""
+    with caplog.at_level("DEBUG", logger=engine_module.log.name):
+        engine_module._close_quietly(_ClosingBackend(SessionLost("no such session")), "s-1")  # type: ignore[arg-type]
+        assert [r.levelname for r in caplog.records] == ["DEBUG"]
+        engine_module._close_quietly(_ClosingBackend(Unavailable("down")), "s-2")  # type: ignore[arg-type]
+    assert [r.levelname for r in caplog.records] == ["DEBUG", "WARNING"]
