@@ -241,7 +241,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         try:
             s = stub.GetStats(memory_pb2.GetStatsRequest(namespace=namespace, top_k=args.top), timeout=30)
         except grpc.RpcError as exc:
-            return _fail(f"{exc.code().name}: {exc.details()}")
+            return _fail(memory_failure(address, exc))
     if args.json:
         from google.protobuf.json_format import MessageToDict
 
@@ -272,7 +272,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             )
             vocab_size = stub.GetStats(memory_pb2.GetStatsRequest(namespace=namespace), timeout=60).vocab_size
         except grpc.RpcError as exc:
-            return _fail(f"{exc.code().name}: {exc.details()}")
+            return _fail(memory_failure(address, exc))
     every = [(p.draft_token_id, p.target_token_id, p.count) for p in reply.pairs]
     # a namespace written before its vocabulary was declared may hold ids outside it (verifiers skip them): an
     # export carrying them named a vocabulary beside ids it does not have, and no import could read it back
@@ -311,7 +311,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         try:
             reply = record_when_admitted(stub, request, 120, writer_metadata(token, "calispec-import"))
         except grpc.RpcError as exc:
-            return _fail(f"{exc.code().name}: {exc.details()} ({import_outcome(exc.code(), exc.details() or '')})")
+            return _fail(f"{memory_failure(address, exc)} ({import_outcome(exc.code(), exc.details() or '')})")
     print(f"imported {len(pairs)} pairs ({reply.recorded} events) into {namespace}, now version {reply.version}")
     return 0
 

@@ -85,7 +85,12 @@ def test_the_same_file_imported_again_counts_once(memory: tuple[str, CorrectionS
         assert run("memory", "import", *args, "--file", str(out)) == 0
     assert store.snapshot("pair-a")[0] == [(1, 2, 60), (3, 4, 10)]  # the export's counts, added once
     assert run("memory", "import", *args[:2], "--memory-addr", "127.0.0.1:1", "--file", str(out), *args[4:]) == 1
-    assert "(nothing was imported)" in capsys.readouterr().err  # it never connected
+    err = capsys.readouterr().err
+    assert "(nothing was imported)" in err  # it never connected
+    assert "error: memory service 127.0.0.1:1: UNAVAILABLE: " in err  # which service (it said the code alone)
+    for command in (("stats",), ("export", "--out", str(tmp_path / "b.json"))):
+        assert run("memory", *command, "--namespace", "pair-a", "--memory-addr", "127.0.0.1:1") == 1
+        assert "error: memory service 127.0.0.1:1: UNAVAILABLE: " in capsys.readouterr().err
     accepted = "the write was accepted but not committed in time; it may still be committed"
     assert cli_memory.import_outcome(grpc.StatusCode.UNAVAILABLE, accepted).startswith("it may have been imported")
     assert cli_memory.import_outcome(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded").startswith("it may")
