@@ -680,10 +680,16 @@ class Orchestrator:
                 )
             except Unavailable as exc:
                 # a replica that answers it lost the session (restarted, or reaped it as idle) is up: reopen
-                # the session without marking the replica failed, once; a second loss counts as a failure
-                reopen_only = isinstance(exc, SessionLost) and not session_lost
+                # the session there without marking the replica failed, once
+                if isinstance(exc, SessionLost) and session_lost:
+                    # lost again right after its reopening: a session TTL shorter than a round (or a restart loop);
+                    # it was counted as the replica's failure, and with one replica, said that none was serving
+                    raise Unavailable(
+                        f"target {request.target.address} closed this request's session again right after reopening "
+                        f"it ({exc}): is its session TTL shorter than a round?"
+                    ) from exc
                 session_lost = session_lost or isinstance(exc, SessionLost)
-                if not reopen_only:
+                if not isinstance(exc, SessionLost):
                     self._target_failed(request, request.target, exc, "session")
                     # a failover: the replica holding the request failed it (a failed placement is none)
                     request.stats.target_failovers += 1

@@ -307,3 +307,25 @@ def test_prompt_logprobs_come_from_the_first_session_and_a_failover_does_not_ask
     assert all(c.prompt_token_ids is None and c.prompt_logprobs is None for c in rest)
     assert (a.prompt_logprobs_asked, b.prompt_logprobs_asked) == ([2], [None])
     assert rest[-1].stats.target_failovers == 1
+
+
+def test_a_session_lost_again_right_after_its_reopening_fails_the_request_not_the_replica() -> None:
+    """A target reaping sessions faster than a round (a 0.4 s TTL under load, found by probing): the second loss was
+    counted as the replica's failure, backed it off, and with one replica said "no target replica is serving"."""
+    only = target("a:1")
+    verify = only.verify
+
+    def reaping(session_id: str, *args: object, **kwargs: object) -> object:
+        only.sessions.pop(session_id, None)  # reaped just before every verify
+        return verify(session_id, *args, **kwargs)
+
+    only.verify = reaping  # type: ignore[method-assign]
+    orchestrator, _ = make([only])
+    failures: list[str] = []
+    orchestrator.on_target_failure = failures.append
+    with pytest.raises(Unavailable, match="closed this request's session again right after reopening"):
+        list(orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60)))
+    assert failures == []  # the replica answered every call
+    only.verify = verify  # type: ignore[method-assign]
+    again = list(orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60)))
+    assert "".join(c.text for c in again) == EXPECTED and again[-1].stats.target_failovers == 0
