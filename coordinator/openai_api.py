@@ -329,7 +329,7 @@ class OpenAIApi:
             fits = self.context_check(req)
             return self.orchestrator.generate(prompt(), params, deadline, gone.is_set, fits, timer.follow)
 
-        return HttpGeneration(tracked(self.metrics, begin), gone, self.slots.rounds)
+        return HttpGeneration(tracked(self.metrics, begin), gone, self.slots.rounds, self.orchestrator.lockstep.leave)
 
     def context_check(self, req: CalispecParams) -> Callable[[int], None]:
         """The refusal (400, as vLLM's) of a prompt of so many tokens that it, or it plus the token limit the

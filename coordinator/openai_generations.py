@@ -142,10 +142,15 @@ class HttpGeneration:
     threads its rounds run on (`GenerationSlots.rounds`; None: the event loop's default pool)."""
 
     def __init__(
-        self, chunks: Generator[Chunk, None, None], gone: threading.Event, rounds: anyio.CapacityLimiter | None = None
+        self,
+        chunks: Generator[Chunk, None, None],
+        gone: threading.Event,
+        rounds: anyio.CapacityLimiter | None = None,
+        leave_lockstep: Callable[[str], None] | None = None,
     ) -> None:
         self._chunks = chunks
         self._rounds = rounds
+        self._leave_lockstep = leave_lockstep  # the orchestrator's Lockstep.leave, for `step_aside`
         self._lock = threading.Lock()  # held by the thread running a round
         self._gone = gone  # the orchestrator's `cancelled`: checked at every round start
         self._done = False  # nothing more to run: its last chunk is out, or it failed or was cancelled
@@ -178,6 +183,14 @@ class HttpGeneration:
     async def next_round(self) -> Chunk | None:
         """Its next chunk, computed on a thread of its `rounds`; None once it has ended."""
         return await anyio.to_thread.run_sync(self.next_or_none, limiter=self._rounds)
+
+    def step_aside(self, chunk: Chunk) -> None:
+        """After its first round (`chunk`), while this choice waits for its siblings' first rounds before the stream
+        starts: out of the lockstep group until its next round, which rejoins it. It stayed a member that came to no
+        round start, and a request new to the group (a sibling whose prefill took longer, anyone's) waited for it:
+        a streamed n=2 after 20 s idle took 40 s, every other request with it (found by probing)."""
+        if self._leave_lockstep is not None and chunk.finish_reason is None:
+            self._leave_lockstep(chunk.request_id)
 
     def abandon(self) -> None:
         """The client is gone: stop at the next round start and close the generator once no round runs
@@ -341,7 +354,14 @@ async def first_chunks(generations: Sequence[HttpGeneration], request: Request |
     """Every choice's first chunk (its first round), at once, so that a bad request still gets its HTTP status
     before a stream starts (`each_choice`); all abandoned if the client disconnects meanwhile (it ran every
     choice's first round, prefill included, for a client long gone)."""
-    work = each_choice(generations, HttpGeneration.first_round)
+
+    async def first_aside(generation: HttpGeneration) -> Chunk:
+        chunk = await generation.first_round()
+        if len(generations) > 1:  # it waits for the others' first rounds
+            generation.step_aside(chunk)
+        return chunk
+
+    work = each_choice(generations, first_aside)
     return await until_disconnect(request, generations, work, partial(abandon_all, generations))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ import coordinator.__main__ as coordinator_cli
 from calispec_core.errors import InvalidArgument
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
+from coordinator import lockstep as lockstep_module
 from coordinator.circuit import CircuitBreaker
 from coordinator.config import CoordinatorConfig
 from coordinator.cost_model import CostCurve, CostModel
@@ -583,3 +585,41 @@ def test_what_a_request_brings_to_the_round_start() -> None:
     assert wish(request(), 0, room=9, probing=False) == Wish(0, True, 0, 0)
     # the draft circuit's probe drafts its wish whatever the plan: left out, it would hold the draft off (wave 37)
     assert wish(request(), 2, room=9, probing=True) == Wish(2, True, 2, 2, 2)
+
+
+class _Clock:
+    """The lockstep's clock, real time plus what the test skips (idle time that never passes in the test)."""
+
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.skipped
+
+
+def test_idle_time_and_one_long_round_are_no_typical_round_for_a_newcomers_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A newcomer waits max_wait_s plus twice a round: the last round was measured start to next start across idle
+    time, so after 20 s idle a request waited 40 s for a member that was not coming, and that wait lengthened the
+    next newcomer's (found by probing: a streamed n=2 stalled every request up to its 60 s timeout)."""
+    clock = _Clock()
+    monkeypatch.setattr(lockstep_module, "time", clock)
+    lockstep = Lockstep(max_wait_s=0.5)
+    wish = Wish(gamma=2, limit=6)
+
+    def rounds(count: int, skipped_each: float = 0.0) -> None:
+        for _ in range(count):
+            lockstep.start_round("a", 10, wish)
+            lockstep.before_verify("a", 10)
+            clock.skipped += skipped_each
+
+    rounds(3)
+    lockstep.leave("a")
+    clock.skipped += 20.0  # idle: nobody in the group
+    lockstep.start_round("a", 10, wish)  # the first round after it: a newcomer arriving now waits...
+    assert lockstep._newcomer_wait_s() < 1.0
+    lockstep.before_verify("a", 10)
+    clock.skipped += 30.0  # one round held up (a member late, a slow client)
+    lockstep.start_round("a", 10, wish)
+    assert lockstep._newcomer_wait_s() < 1.0  # the median of the last rounds

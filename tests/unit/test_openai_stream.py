@@ -18,12 +18,15 @@ from calispec_core.errors import Cancelled, InvalidArgument
 from calispec_core.generation import FinishReason, GenerationStats
 from calispec_core.metrics import new_registry
 from calispec_core.request_context import bound_request_id
-from coordinator.engine import Chunk
+from calispec_core.timing import Deadline
+from coordinator.engine import Chunk, Orchestrator, SpeculationConfig
 from coordinator.metrics import CoordinatorMetrics, RequestTimer
 from coordinator.openai_api import StreamBounds, stream
-from coordinator.openai_generations import GenerationSlots, HttpGeneration, gathered
+from coordinator.openai_generations import GenerationSlots, HttpGeneration, first_chunks, gathered, merged
 from coordinator.request_log import tracked
 from tests.helpers import wait_until
+from tests.unit.fakes import EOS, CharTokenizer, FakeDraft, FakeTarget
+from tests.unit.test_orchestrator import alphabet_target, params, sloppy_draft
 
 
 class Event(BaseModel):
@@ -388,3 +391,50 @@ def test_a_unary_request_holds_a_worker_thread_per_round_not_per_generation() ->
         return await gathered(choices, StillThere())  # type: ignore[arg-type]
 
     assert [outcome.text for outcome in asyncio.run(on_one_thread())] == ["aa", "b"]
+
+
+def test_a_choice_waiting_for_its_siblings_first_rounds_holds_no_round_start() -> None:
+    """A streamed n=2: the choice whose first round ended first stayed a lockstep member while it waited for its
+    sibling's first round, and the sibling (its prefill slower), a newcomer at the round start, waited for it up to
+    max_wait_s plus twice a round; after idle time up to the 60 s timeout, every other request with it (found by
+    probing). Here the lockstep would wait a minute: the choices' first rounds must not."""
+    draft, target = FakeDraft(sloppy_draft), FakeTarget(alphabet_target)
+    orchestrator = Orchestrator(
+        CharTokenizer(), draft, [target], (EOS,), 4096, speculation=SpeculationConfig(lockstep_wait_s=60)
+    )
+    first_verified, prefills, lock = threading.Event(), [], threading.Lock()
+    real_prefill, real_verify = target.prefill, target.verify
+
+    def prefill(*args: object, **kwargs: object) -> object:
+        with lock:
+            prefills.append(args[0])
+            second = len(prefills) == 2
+        if second:  # the sibling's prefill ends after the first choice's first round
+            assert first_verified.wait(30)
+        return real_prefill(*args, **kwargs)
+
+    def verify(*args: object, **kwargs: object) -> object:
+        verdict = real_verify(*args, **kwargs)
+        first_verified.set()
+        return verdict
+
+    target.prefill, target.verify = prefill, verify  # type: ignore[method-assign]
+    generations = [
+        HttpGeneration(
+            orchestrator.generate("c", params(num_speculative_tokens=3, max_new_tokens=6), Deadline(60)),
+            threading.Event(),
+            leave_lockstep=orchestrator.lockstep.leave,
+        )
+        for _ in range(2)
+    ]
+
+    async def run() -> list[str]:
+        with anyio.fail_after(20):
+            firsts = await first_chunks(generations)
+            assert orchestrator.lockstep.members() == 0  # both out of the group until their next rounds
+            texts = ["", ""]
+            async for index, chunk in merged(firsts, generations):
+                texts[index] += chunk.text
+            return texts
+
+    assert anyio.run(run) == ["defghi", "defghi"]
