@@ -192,6 +192,19 @@ def csv_of(kind: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
     return parse
 
 
+def csv_choices(choices: Sequence[str], what: str) -> Callable[[str], list[str]]:
+    """A non-empty comma-separated list of `choices` (modes, task kinds): `--tasks ,` ran nothing and exited 1, a
+    kind outside them was read as a path (`--tasks ../prompts/code`: a KeyError traceback)."""
+
+    def parse(text: str) -> list[str]:
+        values = [p.strip() for p in text.split(",") if p.strip()]
+        if not values or any(v not in choices for v in values):
+            raise argparse.ArgumentTypeError(f"{what} must be among {', '.join(choices)}; got {text!r}")
+        return values
+
+    return parse
+
+
 class OwnFlagsSubcommands(argparse._SubParsersAction):
     """Subcommands that take none of their parent's flags. argparse lets a subcommand's default overwrite the
     value a user gave the same flag before the subcommand's name (`bench --no-meaning-guard compare` ran with

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,12 +43,24 @@ class Endpoints:
     writer_token_file: Path | None = None  # --local: the stack's verifier credential (calibration writes)
 
 
-def _modes(text: str) -> list[str]:
-    modes = [m.strip() for m in text.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in MODE_NAMES]
-    if unknown or not modes:
-        raise argparse.ArgumentTypeError(f"modes must be among {', '.join(MODE_NAMES)}; got {text!r}")
-    return modes
+_modes = at.csv_choices(MODE_NAMES, "modes")
+
+
+def interruptible(name: str) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
+    """A command that may start a local stack, run as `up` and `demo` run (cli.stack_command): Ctrl-C and SIGTERM end
+    it in one line (130, 143) with its stack stopped and its temporary files removed (a KeyboardInterrupt
+    traceback; SIGTERM left the stack's directory and writer token behind), a stack that cannot start is one line."""
+
+    def wrap(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        @functools.wraps(command)
+        def run(args: argparse.Namespace) -> int:
+            from calispec_tools.cli import stack_command
+
+            return stack_command(name, lambda: command(args))
+
+        return run
+
+    return wrap
 
 
 def add_prefix_cache_arg(parser: argparse.ArgumentParser, when: str = "") -> None:
@@ -246,11 +259,10 @@ def add_bench_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_bench)
 
 
+@interruptible("calispec bench")
 def cmd_bench(args: argparse.Namespace) -> int:
     if not (args.address or args.local or args.openai_url):
-        raise SystemExit(
-            "calispec bench: give --address HOST:PORT, --local or --openai-url (or use `calispec bench compare`)"
-        )
+        return usage_error("give --address HOST:PORT, --local or --openai-url (or use `calispec bench compare`)")
     from calispec_tools.bench import report
     from calispec_tools.bench.prompts import load_prompts
     from calispec_tools.bench.runner import Level, LoadConfig
@@ -352,6 +364,7 @@ def add_compare_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_compare)
 
 
+@interruptible("calispec bench compare")
 def cmd_compare(args: argparse.Namespace) -> int:
     from calispec_tools.bench.compare import run_compare
     from calispec_tools.bench.pair import PROMPTS
@@ -359,7 +372,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     unknown = set(args.kinds) - set(PROMPTS)
     if unknown or not args.kinds:
-        raise SystemExit(f"--kinds: choose from {', '.join(PROMPTS)} (got {', '.join(sorted(unknown)) or 'none'})")
+        return usage_error(f"--kinds: choose from {', '.join(PROMPTS)} (got {', '.join(sorted(unknown)) or 'none'})")
     texts = [t for kind, ts in PROMPTS.items() if kind in args.kinds for t in ts]
     texts = [texts[i % len(texts)] for i in range(max(args.prompts, 1))]
     args.model_dirs = bench_pair_dirs(args)
@@ -371,6 +384,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def bench_pair_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
     """(draft, target): --draft/--target, else --pair (`tiny` is built offline; others must be pulled)."""
+    if bool(args.draft) != bool(args.target):  # half a pair ran --pair's, silently
+        raise SystemExit(usage_error("give both --draft and --target, or neither (--pair)"))
     if args.draft and args.target:
         return Path(args.draft), Path(args.target)
     if args.pair == "tiny":
@@ -425,6 +440,7 @@ def add_calibration_bench_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_calibration_bench)
 
 
+@interruptible("calispec bench calibration")
 def cmd_calibration_bench(args: argparse.Namespace) -> int:
     from calispec_tools.bench.calibration import run_calibration_bench
     from calispec_tools.cli_auth import USAGE_ERROR
@@ -443,12 +459,17 @@ def cmd_calibration_bench(args: argparse.Namespace) -> int:
 
 def add_eval_parser(sub: Any) -> None:
     from calispec_tools.eval.runner import PAPER_MODES
-    from calispec_tools.eval.tasks import PROMPT_FORMATS, TASK_SETS
+    from calispec_tools.eval.tasks import PROMPT_FORMATS, TASK_KINDS, TASK_SETS
 
     p = sub.add_parser("eval", help="accuracy and speed per decoding mode; rejection analysis")
     add_target_args(p)
     p.add_argument("--modes", type=_modes, default=list(PAPER_MODES), help="default: ar,sd,csd,ocm_only,scg_only")
-    p.add_argument("--tasks", default="code,math", help="task kinds: code, math")
+    p.add_argument(
+        "--tasks",
+        type=at.csv_choices(TASK_KINDS, "task kinds"),
+        default=list(TASK_KINDS),
+        help="task kinds: code, math",
+    )
     p.add_argument(
         "--task-set", default="eval", choices=sorted(TASK_SETS),
         help="eval: the reported tasks; dev: held-out tuning tasks (choose λ, τ there, then run eval)",
@@ -479,7 +500,9 @@ def add_eval_parser(sub: Any) -> None:
         help="with --local: every mode on a fresh stack per calibration (--calibrations): none, the shipped "
         "calibration, task-like text; teacher-forced in this process",
     )  # fmt: skip
-    p.add_argument("--calibrations", default="none,shipped,task", help="the study's calibrations, comma-separated")
+    p.add_argument(
+        "--calibrations", default=None, help="the study's calibrations, comma-separated (default none,shipped,task)"
+    )
     p.add_argument(
         "--calibration-limit", type=at.positive_int, default=None,
         help="task calibration: prompts per task kind (default: --limit, else every prompt of the set)",
@@ -512,6 +535,20 @@ def eval_args_problem(args: argparse.Namespace) -> str | None:
         return "--ratio-analysis does not run in --calibration-study: run them as two evals"
     if args.ratio_analysis and not args.local and not (args.draft and args.target):
         return "--ratio-analysis loads the pair in this process: give --draft and --target (or --local)"
+    if bool(args.draft) != bool(args.target):
+        return "give both --draft and --target, or neither (the tiny pair)"
+    if args.draft and not (args.local or args.ratio_analysis):  # the running stack serves its own pair
+        return "--draft and --target name the pair of a --local stack or of --ratio-analysis"
+    if args.calibrations is not None and not args.calibration_study:
+        return "--calibrations applies to --calibration-study"
+    if args.calibration_study:
+        from calispec_tools.eval.calibration import STUDY_VARIANTS
+
+        try:
+            given = ",".join(STUDY_VARIANTS) if args.calibrations is None else args.calibrations
+            args.calibrations = at.csv_choices(STUDY_VARIANTS, "--calibrations")(given)
+        except argparse.ArgumentTypeError as exc:
+            return str(exc)
     return None
 
 
@@ -585,7 +622,7 @@ def _calibration_study(
             yield StudyEndpoints(ep.coordinator, ep.memory, ep.namespace, token)
 
     kinds = list(dict.fromkeys(t.kind for t in tasks))
-    calibrations = [c.strip() for c in args.calibrations.split(",") if c.strip()]
+    calibrations = args.calibrations  # checked by eval_args_problem
     calibrate = _study_calibrate(args, config, kinds)
     return run_study(fresh_stack, calibrate, tasks, variant_list, config, progress, calibrations)
 
@@ -607,7 +644,7 @@ def _eval_study(args: argparse.Namespace, tasks: list[Any], variant_list: list[A
     from calispec_tools.eval import report
     from calispec_tools.eval.calibration import study_plan
 
-    calibrations = [c.strip() for c in args.calibrations.split(",") if c.strip()]
+    calibrations = args.calibrations  # checked by eval_args_problem
     progress = _progress(len(tasks) * sum(map(len, study_plan(calibrations, variant_list).values())))
     study = _calibration_study(args, tasks, variant_list, config, progress)
     print(file=sys.stderr)
@@ -615,7 +652,7 @@ def _eval_study(args: argparse.Namespace, tasks: list[Any], variant_list: list[A
     print(report.format_study(study["summary"]))
     print("\n" + report.format_concentration(study["calibration"]))
     doc = {
-        "config": {**config.to_dict(), "local": True, "tasks": args.tasks, "task_set": args.task_set,
+        "config": {**config.to_dict(), "local": True, "tasks": ",".join(args.tasks), "task_set": args.task_set,
                    "limit": args.limit,
                    "variants": [v.label for v in variant_list], "calibrations": calibrations, "argv": sys.argv[1:]},
         "calibration_study": study, "rows": study["rows"],
@@ -627,6 +664,7 @@ def _eval_study(args: argparse.Namespace, tasks: list[Any], variant_list: list[A
     return 0 if any(r["error"] is None for r in study["rows"]) else 1
 
 
+@interruptible("calispec eval")
 def cmd_eval(args: argparse.Namespace) -> int:
     from calispec_tools.eval import report
     from calispec_tools.eval.rejections import PROBABILITY_RATIO_NOTE, analyse
@@ -640,9 +678,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         auth = coordinator_auth(args)
     except ValueError as exc:
         return usage_error(exc)
-    kinds = [k.strip() for k in args.tasks.split(",") if k.strip()]
     try:
-        tasks = load_tasks(kinds, TASK_SETS[args.task_set], limit=args.limit)
+        tasks = load_tasks(args.tasks, TASK_SETS[args.task_set], limit=args.limit)
     except ValueError as exc:  # an unknown kind: one line, not a traceback
         return usage_error(f"--tasks: {exc}")
     variant_list = variants(args.modes, args.sweep_tau, args.sweep_lambda)
@@ -677,7 +714,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if ratios is not None:
         print("\n" + report.format_ratios(ratios))
     doc = {
-        "config": {**config.to_dict(), "address": ep.coordinator, "local": args.local, "tasks": args.tasks,
+        "config": {**config.to_dict(), "address": ep.coordinator, "local": args.local, "tasks": ",".join(args.tasks),
                    "task_set": args.task_set,
                    "limit": args.limit, "variants": [v.label for v in variant_list], "argv": sys.argv[1:],
                    "order": "per task, every variant in turn (the memory learns online across the run)"},

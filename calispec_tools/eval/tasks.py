@@ -32,6 +32,9 @@ class Task:
     canonical_solution: str = ""  # code: a body that passes (the data's own check)
 
 
+TASK_KINDS = ("code", "math")  # a data file each, DATA_DIR/<kind>.jsonl
+
+
 def load_tasks(kinds: list[str], data_dir: Path = DATA_DIR, limit: int | None = None) -> list[Task]:
     """Tasks of the given kinds; `limit` keeps the first N of each kind (quick runs)."""
     tasks: list[Task] = []

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from calispec_tools import cli, cli_bench, cli_calibrate
+from calispec_tools.stack import ServiceStartError
 from calispec_tools.stack_state import StackState
 
 
@@ -458,10 +459,46 @@ def test_an_output_directory_that_cannot_be_made_is_a_usage_error(
     one_error_line(capsys, f"cannot make the output directory {a_file / 'sub'}: Not a directory")
 
 
-def test_eval_names_an_unknown_task_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["eval", "--address", "127.0.0.1:1", "--tasks", "bogus", "--out", str(tmp_path / "out")]
+@pytest.mark.parametrize("tasks", ["bogus", "", ",", "../prompts/code"])
+def test_eval_names_an_unknown_task_kind(tasks: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--tasks ,` ran nothing and exited 1; `../prompts/code` was read as a path (a KeyError traceback)."""
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args([*EVAL, "--tasks", tasks])
+    assert exited.value.code == 2
+    assert "argument --tasks: task kinds must be among code, math" in capsys.readouterr().err
+
+
+LOCAL_EVAL = ["eval", "--local"]
+EVAL_CONFLICTS = [
+    ([*EVAL, "--calibrations", "none"], "--calibrations applies to --calibration-study"),  # was ignored
+    ([*LOCAL_EVAL, "--calibration-study", "--calibrations", "foo"], "--calibrations must be among none, shipped, task"),
+    ([*LOCAL_EVAL, "--calibration-study", "--calibrations", ""], "--calibrations must be among"),  # no row, exit 1
+    ([*EVAL, "--draft", "d", "--target", "t"], "name the pair of a --local stack or of --ratio-analysis"),  # ignored
+    ([*LOCAL_EVAL, "--draft", "d"], "give both --draft and --target"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), EVAL_CONFLICTS)
+def test_eval_flags_that_would_do_nothing_or_fail_late_are_refused_first(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--calibrations foo` started a stack, then a ValueError traceback; others were silently ignored."""
+    assert cli.main([*argv, "--out", str(tmp_path / "out")]) == 2
+    one_error_line(capsys, message)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["bench"], ["bench", "compare", "--kinds", ","], ["bench", "compare", "--kinds", "poetry"]],
+    ids=["no-target", "kinds-empty", "kinds-unknown"],
+)
+def test_more_bench_usage_errors_exit_2(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
     assert cli.main(argv) == 2
-    one_error_line(capsys, "--tasks: no task file", "bogus.jsonl")
+    one_error_line(capsys)
 
 
 def test_bench_names_an_openai_server_it_cannot_reach(
@@ -484,9 +521,16 @@ def test_eval_names_a_memory_service_it_cannot_reach(
 
 
 HALF_PAIRS = [["up", "--draft", "d"], ["demo", "--target", "t"], ["bench", "--local", "--draft", "d"]]
+HALF_PAIRS_TOO = [
+    ["calibrate", "--draft", "d"],
+    ["bench", "compare", "--draft", "d"],
+    ["bench", "calibration", "--target", "t"],
+]
 
 
-@pytest.mark.parametrize("argv", [*HALF_PAIRS, ["calibrate", "--draft", "d"]], ids=["up", "demo", "bench", "calibrate"])
+@pytest.mark.parametrize(
+    "argv", [*HALF_PAIRS, *HALF_PAIRS_TOO], ids=["up", "demo", "bench", "calibrate", "compare", "calibration-bench"]
+)
 def test_half_a_pair_is_a_usage_error(
     argv: list[str], a_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -498,3 +542,50 @@ def test_half_a_pair_is_a_usage_error(
     assert exited.value.code == 2
     one_error_line(capsys, "give both --draft and --target, or neither")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # no empty output directory left behind
+
+
+INTERRUPTIBLE = [
+    (["bench", "--local"], "run_bench", "calispec bench"),
+    (["bench", "compare", "--pair", "tiny"], "bench_pair_dirs", "calispec bench compare"),
+    (["bench", "calibration", "--pair", "tiny"], "bench_pair_dirs", "calispec bench calibration"),
+    (["eval", "--local"], "local_stack", "calispec eval"),
+]
+
+
+@pytest.mark.parametrize(("argv", "step", "name"), INTERRUPTIBLE, ids=[" ".join(a[:2]) for a, _, _ in INTERRUPTIBLE])
+@pytest.mark.parametrize(
+    ("raised", "code", "said"),
+    [
+        (KeyboardInterrupt, 130, "interrupted (every service it started is stopped)"),
+        (
+            ServiceStartError("the draft could not start", "draft_service exited (exit 1; log: x.log)"),
+            2,
+            "x.log",
+        ),
+    ],
+    ids=["ctrl-c", "start-failed"],
+)
+def test_bench_and_eval_end_in_one_line_when_interrupted_or_their_stack_cannot_start(
+    argv: list[str],
+    step: str,
+    name: str,
+    raised: BaseException | type[BaseException],
+    code: int,
+    said: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Both were tracebacks (Ctrl-C: exit 1 after 40 lines; a service that could not start: exit 1), found by
+    probing; `up` and `demo` said one line."""
+
+    def fails(*args: object, **kwargs: object) -> None:
+        raise raised
+
+    monkeypatch.setattr(cli_bench, step, fails)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([*argv, "--out", str(tmp_path / "out")] if argv[1] in ("--local",) else argv) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err
+    if code == 130:
+        assert err[0].startswith(f"{name}: ")
