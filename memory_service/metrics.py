@@ -39,6 +39,16 @@ class StoreCollector(Collector):
             "Rejection events committed to SQLite by this process",
             value=self.store.committed_events,
         )
+        yield CounterMetricFamily(
+            f"{PREFIX}memory_commit_failures",
+            "Flushes to SQLite that failed (a full disk, ...); writes are refused until one succeeds",
+            value=self.store.commit_failures,
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}memory_commit_failing",
+            "1 while the last flush failed (writes refused with UNAVAILABLE), else 0",
+            value=int(self.store.failing is not None),
+        )
         versions = GaugeMetricFamily(
             f"{PREFIX}memory_table_version", "Committed version of a namespace's table", labels=["namespace"]
         )

@@ -7,8 +7,9 @@ Writes are *group-committed*. `record()` validates a request, adds it to an in-m
 batch and returns at once; a flusher thread commits the open batch every `flush_interval_s`
 in ONE SQLite transaction (WAL, synchronous=FULL: one fsync per flush, not per request).
 Crash bound: a `kill -9` loses at most the events acknowledged since the last commit, i.e.
-within the last flush interval plus the duration of the flush in progress. A request may ask
-for `durable=True` to wait for its commit (calibration and imports do). A clean shutdown
+within the last flush interval plus the duration of the flush in progress. While flushes fail (a full disk), writes
+are refused (UNAVAILABLE) rather than acknowledged: they were, and a crash then lost every one of them.
+A request may ask for `durable=True` to wait for its commit (calibration and imports do). A clean shutdown
 (`close()`) commits everything. Because each request lands in exactly one flush, a request
 is all-or-nothing; additions under one lock make concurrent totals exact.
 
@@ -295,6 +296,8 @@ class CorrectionStore:
         self._closed = False
         self.committed_events = 0  # events this process committed (for metrics; not persisted)
         self._last_flush_s = 0.0  # how long the last commit took: when a writer over its share may retry
+        self.commit_failures = 0  # flushes that failed (for metrics; not persisted)
+        self._failing: str | None = None  # why the last flush failed; None once one succeeds
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
         if flush_interval_s > 0:
@@ -396,13 +399,20 @@ class CorrectionStore:
             if batch is None:
                 return False
             started = time.monotonic()
-            with self._transaction(write=True) as db:
-                deltas = [self._write_namespace(db, batch, ns, v) for ns, v in batch.versions.items()]
-                if batch.decay_steps:
-                    db.execute(_META_SET, ("last_decay", repr(batch.decay_until)))
-                write_ids.save(db, batch.writes)
+            try:
+                with self._transaction(write=True) as db:
+                    deltas = [self._write_namespace(db, batch, ns, v) for ns, v in batch.versions.items()]
+                    if batch.decay_steps:
+                        db.execute(_META_SET, ("last_decay", repr(batch.decay_until)))
+                    write_ids.save(db, batch.writes)
+            except Exception as exc:
+                with self._cond:
+                    self.commit_failures += 1
+                    self._failing = f"{type(exc).__name__}: {exc}"
+                raise
             self._taken = None
             with self._cond:
+                self._failing = None
                 self._committed.update(batch.versions)
                 self._committed_seq = batch.seq
                 self.committed_events += sum(batch.totals.values())
@@ -577,20 +587,36 @@ class CorrectionStore:
                 retry_after_s=(self.flush_interval_s + self._last_flush_s) if self.flush_interval_s else None,
             )
 
-    def _check_open(self) -> None:
+    def _check_open(self) -> None:  # self._cond held
         if self._closed:
             raise Unavailable("correction store is closed")
+        if self._failing is not None:  # acknowledged writes piled up uncommitted (a full disk), lost to a crash
+            raise Unavailable(
+                f"the correction memory cannot commit ({self._failing}); writes are refused until a commit succeeds"
+            )
+
+    @property
+    def failing(self) -> str | None:
+        """Why commits fail now (writes are refused meanwhile); None while they succeed."""
+        return self._failing
 
     def _flush_loop(self) -> None:
         # Flushes *start* every interval (not interval after the last one ended), which is what
         # bounds the age of an acknowledged, uncommitted event.
         next_at = time.monotonic() + self.flush_interval_s
+        failures = 0
         while not self._stop.wait(max(0.0, next_at - time.monotonic())):
             next_at += self.flush_interval_s
             try:
                 self.flush()
             except Exception:
-                log.exception("flush failed; retrying with the next interval")
+                failures += 1
+                if failures == 1:  # a traceback every interval filled the log (a full disk: 376 in 2 minutes)
+                    log.exception("flush failed; writes are refused, and the flush retried every interval")
+            else:
+                if failures:
+                    log.warning("flushes succeed again after %d failures; writes are accepted", failures)
+                failures = 0
             next_at = max(next_at, time.monotonic())  # a slow flush does not cause a burst of catch-ups
 
     def _take(self) -> _Batch | None:

@@ -16,10 +16,13 @@ from pathlib import Path
 
 import pytest
 import sqlite_utils
+from prometheus_client import generate_latest
 
 from calispec_core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from calispec_core.metrics import new_registry
 from memory_service import store as store_module
 from memory_service import write_ids
+from memory_service.metrics import MemoryMetrics
 from memory_service.store import MAX_EVENTS_PER_RECORD, MAX_TOTAL_EVENTS, CorrectionStore
 
 
@@ -412,3 +415,32 @@ def test_a_writer_waits_for_the_commit_before_queueing_more_than_its_share(
     store.flush()
     assert store.stats("ns")[0] == 8 + 5 + 2  # the refused write counted nothing
     store.record("ns", [(d, 4, 1) for d in range(11)], writer="bulk")  # nothing waiting: any legal write
+
+
+def test_while_commits_fail_writes_are_refused_not_acknowledged(
+    store: CorrectionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a full disk every flush failed while writes were still acknowledged, with versions later given to other
+    writes: 20,000 acknowledged events were lost to a restart (found by probing). Writes are refused until a commit
+    succeeds; what was acknowledged before is committed then, with the versions it was given."""
+    version = store.record("ns", [(1, 2, 3)])[1]
+    write_namespace = store._write_namespace
+
+    def disk_full(*args: object) -> object:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(store, "_write_namespace", disk_full)
+    with pytest.raises(sqlite3.OperationalError):
+        store.flush()
+    with pytest.raises(Unavailable, match=r"cannot commit \(OperationalError: database or disk is full\)"):
+        store.record("ns", [(4, 5, 1)])
+    assert store.failing is not None and store.commit_failures == 1
+    registry = new_registry()
+    MemoryMetrics(registry, store)
+    exported = generate_latest(registry).decode()
+    assert "calispec_memory_commit_failing 1.0" in exported and "calispec_memory_commit_failures_total 1.0" in exported
+    monkeypatch.setattr(store, "_write_namespace", write_namespace)
+    assert store.flush() and store.failing is None
+    assert "calispec_memory_commit_failing 0.0" in generate_latest(registry).decode()
+    assert store.snapshot("ns") == ([(1, 2, 3)], version)
+    store.record("ns", [(4, 5, 1)], durable=True)
