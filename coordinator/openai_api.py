@@ -98,6 +98,7 @@ from coordinator.openai_protocol import (
     Usage,
     context_overflow,
     new_id,
+    now,
     openai_finish_reason,
     validation_error,
 )
@@ -383,14 +384,16 @@ class OpenAIApi:
 
     async def completion(self, req: CompletionRequest, held: ExitStack, request: Request):
         generations = self.generations([lambda prompt=prompt: prompt for prompt in req.prompts()], req)
-        rid, model = new_id("cmpl"), self.settings.model_name
+        rid, model, created = new_id("cmpl"), self.settings.model_name, now()  # one `created` for every chunk
         if not req.stream:
             with held:
                 done = await self.whole_choices(generations, held, request)
 
             def response() -> CompletionResponse:  # on a worker thread: log-probabilities can be many objects
                 choices = [self.completion_choice(req, index, outcome) for index, outcome in enumerate(done)]
-                return CompletionResponse(id=rid, model=model, choices=choices, usage=usage_of(done, req.n))
+                return CompletionResponse(
+                    id=rid, created=created, model=model, choices=choices, usage=usage_of(done, req.n)
+                )
 
             return await run_in_threadpool(response)
 
@@ -410,10 +413,10 @@ class OpenAIApi:
                 token_ids=ids,
                 logprobs=echo.logprobs,
             )
-            return CompletionResponse(id=rid, model=model, choices=[choice])
+            return CompletionResponse(id=rid, created=created, model=model, choices=[choice])
 
         def usage_event(usage: Usage) -> CompletionResponse:
-            return CompletionResponse(id=rid, model=model, choices=[], usage=usage)
+            return CompletionResponse(id=rid, created=created, model=model, choices=[], usage=usage)
 
         usage = usage_event if req.include_usage_chunk else None
         return await stream(generations, req.n, held, [], event, usage, request, self.bounds)
@@ -427,7 +430,7 @@ class OpenAIApi:
 
     async def chat_completion(self, req: ChatCompletionRequest, held: ExitStack, request: Request):
         generations = self.generations([cache(partial(self.chat_prompt, req))], req)  # rendered once
-        rid, model = new_id("chatcmpl"), self.settings.model_name
+        rid, model, created = new_id("chatcmpl"), self.settings.model_name, now()  # one `created` for every chunk
         if not req.stream:
             with held:
                 done = await self.whole_choices(generations, held, request)
@@ -442,7 +445,9 @@ class OpenAIApi:
                     )
                     for index, outcome in enumerate(done)
                 ]
-                return ChatCompletionResponse(id=rid, model=model, choices=choices, usage=usage_of(done, req.n))
+                return ChatCompletionResponse(
+                    id=rid, created=created, model=model, choices=choices, usage=usage_of(done, req.n)
+                )
 
             return await run_in_threadpool(response)
 
@@ -454,14 +459,17 @@ class OpenAIApi:
                 finish_reason=openai_finish_reason(chunk.finish_reason),
                 logprobs=self.chat_logprobs(chunk.token_ids, chunk.logprobs),
             )
-            return ChatCompletionChunk(id=rid, model=model, choices=[choice])
+            return ChatCompletionChunk(id=rid, created=created, model=model, choices=[choice])
 
         def usage_event(usage: Usage) -> ChatCompletionChunk:
-            return ChatCompletionChunk(id=rid, model=model, choices=[], usage=usage)
+            return ChatCompletionChunk(id=rid, created=created, model=model, choices=[], usage=usage)
 
         opening = [  # each choice's first event names its role, as vLLM's
             ChatCompletionChunk(
-                id=rid, model=model, choices=[ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))]
+                id=rid,
+                created=created,
+                model=model,
+                choices=[ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))],
             )
             for i in range(len(generations))
         ]
