@@ -15,6 +15,7 @@ domain's `max_new_tokens`) in its `param`, before the request is admitted. Every
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -95,6 +96,22 @@ class StreamOptions(OpenAIModel):
     include_usage: bool = False
 
 
+# Fields of OpenAI's and vLLM's requests that change the output and are not implemented: each one's no-op value (None:
+# none but leaving it out). A client sending the no-op is served; any other value is a 400 naming the field.
+NOT_IMPLEMENTED: dict[str, Any] = {
+    "min_tokens": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "use_beam_search": False,
+    "guided_json": None,
+    "guided_regex": None,
+    "guided_choice": None,
+    "guided_grammar": None,
+    "structured_outputs": None,
+}
+CHAT_NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {"echo": (False,), "modalities": (["text"],), "audio": ()}
+
+
 class CalispecParams(OpenAIModel):
     """Sampling and speculative-decoding parameters shared by both endpoints."""
 
@@ -122,6 +139,17 @@ class CalispecParams(OpenAIModel):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     best_of: Literal[1] | None = None
+    # vLLM's sampling extensions that change the output, not implemented: refused unless at their no-op values
+    # (they were ignored, as unknown fields are: a request asking for a JSON shape got free text, with a 200)
+    min_tokens: Any = None
+    min_p: Any = None
+    repetition_penalty: Any = None
+    use_beam_search: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
 
     @field_validator("max_tokens")
     @classmethod
@@ -213,6 +241,15 @@ class CalispecParams(OpenAIModel):
     def _no_penalty(cls, value: float) -> float:
         if value != 0:
             raise invalid("penalties are not supported: send 0 or leave it out")
+        return value
+
+    @field_validator(*NOT_IMPLEMENTED, mode="before")
+    @classmethod
+    def _not_implemented(cls, value: Any, info: ValidationInfo) -> Any:
+        noop = NOT_IMPLEMENTED[info.field_name or ""]
+        if value is not None and (value != noop or isinstance(value, bool) != isinstance(noop, bool)):
+            shown = "leave it out" if noop is None else f"send {json.dumps(noop)} or leave it out"
+            raise invalid(f"{info.field_name} is not supported: {shown}")
         return value
 
     @field_validator("stop_token_ids")
@@ -399,6 +436,10 @@ class ChatCompletionRequest(CalispecParams):
     function_call: Literal["none", "auto"] | None = None  # OpenAI's deprecated tool_choice
     functions: list[Any] | None = None  # OpenAI's deprecated tools
     response_format: dict[str, Any] | None = None  # {"type": "text"} only
+    # vLLM's chat echo and OpenAI's audio output: not implemented, refused unless at their no-op values
+    echo: Any = None
+    modalities: Any = None
+    audio: Any = None
 
     @field_validator("max_completion_tokens")
     @classmethod
@@ -434,6 +475,19 @@ class ChatCompletionRequest(CalispecParams):
             raise invalid(
                 f'tool calling is not supported: with {info.field_name}, send {choice} "none" '
                 f"(the reply is then plain text), or leave {info.field_name} out"
+            )
+        return value
+
+    @field_validator(*CHAT_NOT_IMPLEMENTED, mode="before")
+    @classmethod
+    def _chat_not_implemented(cls, value: Any, info: ValidationInfo) -> Any:
+        noops = CHAT_NOT_IMPLEMENTED[info.field_name or ""]
+        if value is not None and not any(value == noop and type(value) is type(noop) for noop in noops):
+            shown = " or ".join(json.dumps(noop) for noop in noops)
+            raise invalid(
+                f"{info.field_name} is not supported: send {shown} or leave it out"
+                if noops
+                else (f"{info.field_name} is not supported: leave it out")
             )
         return value
 

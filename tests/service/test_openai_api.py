@@ -571,6 +571,31 @@ def test_tool_calls_json_mode_and_stray_stream_options_are_refused(
     assert error["param"] == param and fragment in error["message"]
 
 
+NOT_SERVED = [
+    ("/completions", {"min_tokens": 5}, "min_tokens", "send 0 or leave it out"),
+    ("/completions", {"repetition_penalty": 1.2}, "repetition_penalty", "send 1.0 or leave it out"),
+    ("/completions", {"guided_json": {"type": "object"}}, "guided_json", "leave it out"),
+    ("/completions", {"use_beam_search": True}, "use_beam_search", "send false"),
+    ("/chat/completions", {"echo": True}, "echo", "send false or leave it out"),
+    ("/chat/completions", {"modalities": ["text", "audio"], "audio": {"voice": "x"}}, "modalities", '["text"]'),
+    ("/chat/completions", {"guided_regex": "a+"}, "guided_regex", "leave it out"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "fragment"), NOT_SERVED, ids=[b[2] for b in NOT_SERVED])
+def test_fields_that_would_change_the_output_and_are_not_served_are_refused(
+    base_url: str, path: str, body: dict, param: str, fragment: str
+) -> None:
+    """vLLM's guided decoding, min_tokens, repetition_penalty, chat echo and audio output were ignored as unknown
+    fields: a 200 with unconstrained text (found by probing). Their no-op values are still served."""
+    prompt = {"messages": MESSAGES} if path == "/chat/completions" else {"prompt": PROMPT}
+    error = _error(_post(base_url, path, {**prompt, "max_tokens": 2, **body}))
+    assert error["param"] == param and fragment in error["message"]
+    noops = {"min_tokens": 0, "repetition_penalty": 1, "echo": False, "modalities": ["text"], "use_beam_search": False}
+    if param in noops:
+        assert _post(base_url, path, {**prompt, "max_tokens": 2, param: noops[param]}).status_code == 200
+
+
 def test_no_op_tool_and_format_values_are_accepted(base_url: str) -> None:
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     for extra in (
