@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -209,6 +210,8 @@ def unparsable_body_message(cause: BaseException) -> str:
         return "the body is not valid JSON: it is not UTF-8 text"
     if isinstance(cause, RecursionError):
         return "the body is not valid JSON: it is nested too deeply"
+    if isinstance(cause, ValueError) and "int_max_str_digits" in str(cause):  # Python's bound, not JSON's
+        return f"the body holds an integer of more than {sys.get_int_max_str_digits()} digits, which no field takes"
     return f"the body is not valid JSON: {type(cause).__name__}: {cause}"
 
 

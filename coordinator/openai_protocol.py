@@ -331,7 +331,8 @@ class CompletionRequest(CalispecParams):
             raise invalid("send at least one prompt")
         if len(value) > MAX_PROMPT_TOKEN_IDS:  # before any item is looked at (one list of ids, or far too many prompts)
             raise invalid(f"at most {MAX_PROMPT_TOKEN_IDS} token ids in all")
-        prompts = [value] if all(is_token_id(p) for p in value) else value
+        # numbers alone are one prompt of ids, each checked below (`[-1]` was "a mixture")
+        prompts = [value] if all(isinstance(p, int | float) for p in value) else value
         n = info.data.get("n", 1)
         if len(prompts) * n > MAX_CHOICES:
             raise invalid(
@@ -349,8 +350,10 @@ class CompletionRequest(CalispecParams):
         if sum(map(len, prompts)) > MAX_PROMPT_TOKEN_IDS:
             raise invalid(f"at most {MAX_PROMPT_TOKEN_IDS} token ids in all")
         for i, ids in enumerate(prompts):
-            if not ids or not all(is_token_id(t) for t in ids):
-                raise invalid(f"prompt {i} must be a non-empty list of token ids (integers >= 0)")
+            bad = next((t for t in ids if not is_token_id(t)), None) if ids else None
+            if not ids or bad is not None:
+                got = f", got {json.dumps(bad)}" if ids else ""
+                raise invalid(f"prompt {i} must be a non-empty list of token ids (integers >= 0){got}")
         return value
 
     def prompts(self) -> list[str | list[int]]:

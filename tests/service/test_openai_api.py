@@ -327,6 +327,8 @@ def _post_raw(base_url: str, path: str, body_json: str) -> httpx.Response:
         ("/completions", '{"model": "%s", "prompt": "hi", "presence_penalty": 0.5}', "penalties are not supported"),
         ("/completions", '{"model": "%s", "prompt": "hi", "logit_bias": {"1": 2}}', "logit_bias is not supported"),
         ("/completions", '{"model": "%s", "prompt": "hi",', "not valid JSON"),
+        # valid JSON, past Python's int_max_str_digits: it said "not valid JSON" and to call sys.set_int_max_str_digits
+        ("/completions", '{"model": "%s", "prompt": "hi", "seed": 1' + "0" * 5000 + "}", "an integer of more than"),
     ],
 )
 def test_caller_errors_found_by_probing_are_400s(base_url: str, path: str, body: str, message: str) -> None:

@@ -142,6 +142,9 @@ def test_null_is_unset() -> None:
     [
         ([[1, 2], "p"], "not a mixture"),
         ([[1], [2, "3"]], "prompt 1 must be a non-empty list of token ids"),
+        ([-1], "prompt 0 must be a non-empty list of token ids (integers >= 0), got -1"),  # said "not a mixture"
+        ([True, False], "prompt 0 must be a non-empty list of token ids (integers >= 0), got true"),
+        ([1.0, 2.0], "prompt 0 must be a non-empty list of token ids (integers >= 0), got 1.0"),
         ([], "at least one prompt"),
         (["p"] * 17, "17 prompts x n = 1 make 17 choices; at most 16 a request"),
         ([[1]] * 17, "17 prompts x n = 1 make 17 choices; at most 16 a request"),
