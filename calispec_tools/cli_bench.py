@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import os
 import sys
 import tempfile
 import time
@@ -202,12 +201,32 @@ def out_dir(args: argparse.Namespace, command: str) -> Path:
     existing = path.absolute()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    problem = None if existing.is_dir() else "Not a directory"
-    if problem is None and not os.access(existing, os.W_OK | os.X_OK):
-        problem = "Permission denied"
+    problem = _writes_here(existing) if existing.is_dir() else "Not a directory"
     if problem is not None:
         raise SystemExit(usage_error(f"cannot make the output directory {path}: {problem}"))
     return path
+
+
+def out_file(text: str, flag: str) -> Path:
+    """A results file (`flag`), checked before the run: its directory must take a file (it failed with a traceback
+    after the whole run, its results lost)."""
+    path = Path(text)
+    problem = "it is a directory" if path.is_dir() else None
+    if problem is None:
+        problem = _writes_here(path.parent) if path.parent.is_dir() else f"no directory {path.parent}"
+    if problem is not None:
+        raise SystemExit(usage_error(f"{flag}: cannot write {path}: {problem}"))
+    return path
+
+
+def _writes_here(directory: Path) -> str | None:
+    """Why no file can be made in `directory`, or None: tried, since os.access says yes to root on a read-only mount
+    or in /proc."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return None
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
 
 
 # --- bench ---------------------------------------------------------------------------------------
@@ -375,6 +394,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return usage_error(f"--kinds: choose from {', '.join(PROMPTS)} (got {', '.join(sorted(unknown)) or 'none'})")
     texts = [t for kind, ts in PROMPTS.items() if kind in args.kinds for t in ts]
     texts = [texts[i % len(texts)] for i in range(max(args.prompts, 1))]
+    if args.json:
+        out_file(args.json, "--json")
     args.model_dirs = bench_pair_dirs(args)
     if not (args.draft and args.target) and args.pair != "tiny":
         texts = [chat_prompt(PAIRS[args.pair], t) for t in texts]

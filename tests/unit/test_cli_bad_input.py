@@ -459,6 +459,24 @@ def test_an_output_directory_that_cannot_be_made_is_a_usage_error(
     one_error_line(capsys, f"cannot make the output directory {a_file / 'sub'}: Not a directory")
 
 
+@pytest.mark.parametrize("where", ["missing-dir", "a-directory", "proc"])
+def test_result_paths_that_cannot_be_written_are_refused_before_the_run(
+    where: str, a_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bench compare --json` into a missing directory ran the whole comparison, then a traceback lost its results;
+    `bench --out /proc/x` passed os.access as root and failed after the run (found by probing)."""
+    if where == "proc":
+        argv = ["bench", "--address", "127.0.0.1:1", "--out", "/proc/calispec-results"]
+        expected = "cannot make the output directory /proc/calispec-results"
+    else:
+        path = tmp_path / "none" / "x.json" if where == "missing-dir" else tmp_path
+        argv, expected = ["bench", "compare", "--pair", "tiny", "--json", str(path)], f"--json: cannot write {path}"
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    one_error_line(capsys, expected)
+
+
 @pytest.mark.parametrize("tasks", ["bogus", "", ",", "../prompts/code"])
 def test_eval_names_an_unknown_task_kind(tasks: str, capsys: pytest.CaptureFixture[str]) -> None:
     """`--tasks ,` ran nothing and exited 1; `../prompts/code` was read as a path (a KeyError traceback)."""
