@@ -109,12 +109,16 @@ def build_model(spec: TinySpec, tokenizer: PreTrainedTokenizerFast) -> LlamaForC
     return model.eval()
 
 
+def _complete(model_dir: Path) -> bool:
+    return (model_dir / "config.json").is_file() and (model_dir / "model.safetensors").is_file()
+
+
 def build_tiny_pair(out_dir: Path) -> tuple[Path, Path]:
     """Write `out_dir/target` and `out_dir/draft` (HF format, shared tokenizer); reuse if present."""
     target_dir, draft_dir = out_dir / "target", out_dir / "draft"
     marker = out_dir / "tiny-pair.json"
-    if marker.exists():
-        return target_dir, draft_dir
+    if marker.exists() and all(_complete(path) for path in (target_dir, draft_dir)):
+        return target_dir, draft_dir  # (a pair missing a file since is built again: it was reported as built)
     hf_logging.disable_progress_bar()
     threads = torch.get_num_threads()
     torch.set_num_threads(min(threads, 2))  # tiny matmuls: more threads only add overhead

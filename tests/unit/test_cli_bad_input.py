@@ -607,3 +607,38 @@ def test_bench_and_eval_end_in_one_line_when_interrupted_or_their_stack_cannot_s
     assert len(err) == 1 and said in err[0], err
     if code == 130:
         assert err[0].startswith(f"{name}: ")
+
+
+def test_models_tiny_refuses_a_path_it_cannot_write_before_building(
+    a_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file, a read-only mount or /proc as --out was a traceback after 10-17 s of building (found by probing)."""
+    assert cli.main(["models", "tiny", "--out", str(a_file / "tiny")]) == 2
+    one_error_line(capsys, f"cannot write the tiny pair to {a_file / 'tiny'}")
+
+
+def test_a_tiny_pair_missing_a_file_is_built_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its marker alone made it 'built': `models tiny` printed the paths of a pair without its weights."""
+    from calispec_tools.models import tiny
+
+    built: list[str] = []
+
+    class Saved:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def save_pretrained(self, path: Path) -> None:
+            built.append(self.name)
+            Path(path).mkdir(parents=True, exist_ok=True)
+            for name in ("config.json", "model.safetensors"):
+                (Path(path) / name).write_text("{}")
+
+    monkeypatch.setattr(tiny, "build_tokenizer", lambda: Saved("tokenizer"))
+    monkeypatch.setattr(tiny, "build_model", lambda spec, tokenizer: Saved(f"model {spec.seed}"))
+    tiny.build_tiny_pair(tmp_path)
+    assert len(built) == 4
+    tiny.build_tiny_pair(tmp_path)
+    assert len(built) == 4  # complete: reused
+    (tmp_path / "draft" / "model.safetensors").unlink()
+    tiny.build_tiny_pair(tmp_path)
+    assert len(built) == 8
