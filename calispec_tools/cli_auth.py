@@ -10,6 +10,7 @@ CALISPEC_TOKEN and CALISPEC_TLS_CA environment variables, read by the SDK).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,8 @@ def add_api_key(file: Path, name: str) -> str:
 def cmd_certs_dev(args: argparse.Namespace) -> int:
     from calispec_tools.certs import ROLES, make_dev_certs
 
+    if (Path(args.dir) / "ca.pem").exists() and not args.force:  # it replaced the CA every service trusts, silently
+        return usage_error(f"{args.dir} holds a CA already (ca.pem): --force replaces it and every certificate there")
     try:
         certs = make_dev_certs(Path(args.dir), namespace=args.namespace)
     except OSError as exc:
@@ -110,6 +113,21 @@ def cmd_certs_dev(args: argparse.Namespace) -> int:
         print(f"{role:12s} --tls-cert {certs.cert(role)} --tls-key {certs.key(role)} --tls-ca {certs.ca}")
     print("clients of the coordinator need only the CA: --tls-ca (or CALISPEC_TLS_CA)", file=sys.stderr)
     return 0
+
+
+K8S_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a DNS-1123 label: each SAN holds it
+
+
+def _k8s_namespace(text: str) -> str:
+    if not K8S_NAMESPACE.fullmatch(text):  # "" or "Bad_NS!" made SANs such as draft..svc
+        raise argparse.ArgumentTypeError(f"a Kubernetes namespace (lower-case letters, digits, '-'), got {text!r}")
+    return text
+
+
+def _directory(text: str) -> str:
+    if not text.strip():  # "" wrote the 12 PEM files into the current directory
+        raise argparse.ArgumentTypeError("a directory, got an empty path")
+    return text
 
 
 def _unwritable(exc: OSError, given: str) -> int:
@@ -133,8 +151,14 @@ def register(sub: Any) -> None:
     certs = sub.add_parser("certs", help="TLS certificates")
     certs_sub = certs.add_subparsers(dest="certs_command", required=True)
     dev = certs_sub.add_parser("dev", help="a local CA and per-service certificates (development, tests)")
-    dev.add_argument("dir", help="output directory")
-    dev.add_argument("--namespace", default="calispec", help="Kubernetes namespace for the SANs (default calispec)")
+    dev.add_argument("dir", type=_directory, help="output directory")
+    dev.add_argument(
+        "--namespace",
+        type=_k8s_namespace,
+        default="calispec",
+        help="Kubernetes namespace for the SANs (default calispec)",
+    )
+    dev.add_argument("--force", action="store_true", help="replace a CA and certificates already in DIR")
     dev.set_defaults(func=cmd_certs_dev)
 
     keys = sub.add_parser("keys", help="API keys of the coordinator")

@@ -642,3 +642,23 @@ def test_a_tiny_pair_missing_a_file_is_built_again(tmp_path: Path, monkeypatch: 
     (tmp_path / "draft" / "model.safetensors").unlink()
     tiny.build_tiny_pair(tmp_path)
     assert len(built) == 8
+
+
+def test_certs_dev_keeps_a_ca_it_would_replace_and_refuses_bad_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run again on its directory it replaced the CA every service trusts, without a word; `""` wrote into the current
+    directory and `--namespace 'Bad_NS!'` made SANs such as draft..svc (found by probing)."""
+    certs = tmp_path / "certs"
+    assert cli.main(["certs", "dev", str(certs)]) == 0
+    ca = (certs / "ca.pem").read_bytes()
+    capsys.readouterr()
+    assert cli.main(["certs", "dev", str(certs)]) == 2
+    one_error_line(capsys, "holds a CA already (ca.pem): --force replaces it")
+    assert (certs / "ca.pem").read_bytes() == ca
+    assert cli.main(["certs", "dev", str(certs), "--force"]) == 0 and (certs / "ca.pem").read_bytes() != ca
+    for argv in (["certs", "dev", ""], ["certs", "dev", str(tmp_path / "b"), "--namespace", "Bad_NS!"]):
+        with pytest.raises(SystemExit) as exited:
+            cli.build_parser().parse_args(argv)
+        assert exited.value.code == 2
+    assert not (tmp_path / "b").exists()
