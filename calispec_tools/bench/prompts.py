@@ -9,6 +9,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from calispec_core.errors import InvalidArgument
+from calispec_core.limits import MAX_NEW_TOKENS, validate_prompt
+
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "data" / "prompts"
 
 
@@ -34,9 +37,13 @@ def load_jsonl(path: Path, source: str | None = None) -> list[Prompt]:
             raise ValueError(f"{path}:{number}: not JSON: {exc}") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
             raise ValueError(f'{path}:{number}: expected {{"prompt": "<non-empty text>", ...}}')
+        try:  # what the coordinator refuses, refused before the run: each request failed alone (found by probing)
+            validate_prompt(obj["prompt"])
+        except InvalidArgument as exc:
+            raise ValueError(f"{path}:{number}: {exc}") from None
         limit = obj.get("max_new_tokens")
-        if limit is not None and (not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"{path}:{number}: max_new_tokens must be a positive integer")
+        if limit is not None and (type(limit) is not int or not 1 <= limit <= MAX_NEW_TOKENS):  # not a bool
+            raise ValueError(f"{path}:{number}: max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS}]")
         prompts.append(Prompt(obj["prompt"], limit, source or path.stem))
     if not prompts:
         raise ValueError(f"{path}: no prompts")

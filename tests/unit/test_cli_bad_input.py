@@ -434,8 +434,12 @@ def test_calibrate_names_a_missing_dir_of_the_running_stacks_pair(
         ("", "no prompts"),
         ("not json\n", "not JSON"),
         ('{"p": 1}\n', "expected"),
+        # what the coordinator refuses: every request of the run failed alone (found by probing)
+        ('{"prompt": "\\ud800abc"}\n', "not valid Unicode"),
+        ('{"prompt": "x", "max_new_tokens": 100000000}\n', "max_new_tokens must be an integer in [1, 8192]"),
+        ('{"prompt": "x", "max_new_tokens": true}\n', "max_new_tokens must be an integer"),
     ],
-    ids=["missing", "empty", "not-json", "no-prompt"],
+    ids=["missing", "empty", "not-json", "no-prompt", "surrogate", "huge-limit", "bool-limit"],
 )
 def test_bench_names_a_prompts_file_it_cannot_use(
     tmp_path: Path, content: str | None, expected: str, capsys: pytest.CaptureFixture[str]
