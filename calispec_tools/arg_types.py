@@ -130,6 +130,14 @@ def address(text: str) -> str:
     return text
 
 
+def http_url(text: str) -> str:
+    """An http(s) base URL with a host (`--openai-url notaurl` failed after the start, its message garbled)."""
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme not in ("http", "https") or not rest.split("/", 1)[0]:
+        raise argparse.ArgumentTypeError(f"must be an http:// or https:// URL with a host, got {text!r}")
+    return text.rstrip("/")
+
+
 def memory_namespace(text: str) -> str:
     """A correction-memory namespace: not empty (`--namespace ''` fell back to the default without a word; leave
     the flag out for that). Its characters are the memory service's to check."""

@@ -239,7 +239,9 @@ def add_bench_parser(sub: Any) -> None:
         "`bench compare`: the stack against HF assisted generation",
     )
     where = add_target_args(p, required=False)  # the load test checks it; `compare` starts its own stack
-    where.add_argument("--openai-url", help="drive the OpenAI-compatible HTTP API at this base URL (http://H:P/v1)")
+    where.add_argument(
+        "--openai-url", type=at.http_url, help="drive the OpenAI-compatible HTTP API at this base URL (http://H:P/v1)"
+    )
     p.add_argument("--openai-model", help="with --openai-url: the model name (default: the one the server lists)")
     commands = p.add_subparsers(dest="bench_command", action=at.OwnFlagsSubcommands)
     add_compare_parser(commands)

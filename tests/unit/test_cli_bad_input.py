@@ -78,6 +78,8 @@ OUT_OF_RANGE = [
     ([*CALIBRATE, "--gamma", "0"], "--gamma"),
     (["up", "--draft-vocab", "-1"], "--draft-vocab"),
     (["up", "--memory-port", "70000"], "--memory-port"),
+    (["bench", "--openai-url", "notaurl"], "--openai-url"),  # exit 1 after the start, "(notaurl/notaurl/models)"
+    (["bench", "--openai-url", "ftp://h/v1"], "--openai-url"),
 ]
 
 
