@@ -53,6 +53,20 @@ MAX_HEALTH_WATCHES = 8
 HEALTH_PORT_MAX_REQUEST_BYTES = 4096  # a HealthCheckRequest names one service; the port is plaintext and open
 
 
+def retry_pushback_s(exc: grpc.RpcError) -> float | None:
+    """Seconds a RESOURCE_EXHAUSTED refusal asked the caller to wait before a retry (`RETRY_PUSHBACK_METADATA`); None:
+    no such refusal, or one that did not ask (it never succeeds: a write too large, a full namespace)."""
+    if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    for key, value in exc.trailing_metadata() or ():
+        if key == RETRY_PUSHBACK_METADATA:
+            try:
+                return max(int(value), 0) / 1000
+            except ValueError:
+                return None
+    return None
+
+
 def server_options(max_receive_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
     """SERVER_OPTIONS with the largest request a server reads: gRPC refuses a larger one unread
     (RESOURCE_EXHAUSTED), where a handler would only refuse it after reading and parsing it."""

@@ -12,20 +12,7 @@ import time
 import grpc
 
 from calispec.v1 import memory_pb2, memory_pb2_grpc
-from calispec_core.grpc_server import RETRY_PUSHBACK_METADATA
-
-
-def retry_pushback_s(exc: grpc.RpcError) -> float | None:
-    """Seconds the service asked the caller to wait before a retry; None: it did not ask (do not retry)."""
-    if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return None
-    for key, value in exc.trailing_metadata() or ():
-        if key == RETRY_PUSHBACK_METADATA:
-            try:
-                return max(int(value), 0) / 1000
-            except ValueError:
-                return None
-    return None
+from calispec_core.grpc_server import retry_pushback_s
 
 
 def record_when_admitted(

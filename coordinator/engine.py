@@ -666,7 +666,7 @@ class Orchestrator:
 
     def _verify(self, request: _Request, proposal: Proposal | None, cohort: int) -> Verdict:
         """The target's verdict; a replica that is gone is replaced and the same proposal verified there."""
-        session_lost = False
+        lost_on: set[str] = set()  # replicas that lost the session once and were given it again
         while True:
             assert request.target is not None
             start = now_ns()
@@ -679,23 +679,30 @@ class Orchestrator:
                     logprobs=request.params.logprobs,
                 )
             except Unavailable as exc:
+                address = request.target.address
                 # a replica that answers it lost the session (restarted, or reaped it as idle) is up: reopen
                 # the session there without marking the replica failed, once
-                if isinstance(exc, SessionLost) and session_lost:
-                    # lost again right after its reopening: a session TTL shorter than a round (or a restart loop);
-                    # it was counted as the replica's failure, and with one replica, said that none was serving
+                if isinstance(exc, SessionLost) and address not in lost_on:
+                    lost_on.add(address)
+                elif isinstance(exc, SessionLost) and not self._another_replica(request):
+                    # lost again right after its reopening (a session TTL shorter than a round, a restart loop), and
+                    # no replica to move to: it said that none was serving, the live one marked failed
                     raise Unavailable(
-                        f"target {request.target.address} closed this request's session again right after reopening "
-                        f"it ({exc}): is its session TTL shorter than a round?"
+                        f"target {address} closed this request's session again right after reopening it ({exc}): "
+                        "is its session TTL shorter than a round?"
                     ) from exc
-                session_lost = session_lost or isinstance(exc, SessionLost)
-                if not isinstance(exc, SessionLost):
+                else:
                     self._target_failed(request, request.target, exc, "session")
                     # a failover: the replica holding the request failed it (a failed placement is none)
                     request.stats.target_failovers += 1
                 self._open_target(request)
                 request.opening_ns += now_ns() - start  # the failed call and the new session: an outage's wait
                 cohort = 1  # alone, out of step with the others
+
+    def _another_replica(self, request: _Request) -> bool:
+        """Whether a replica other than the request's, and not failed for it, is there to move it to."""
+        current = request.target.address if request.target is not None else None
+        return any(a != current and a not in request.failed_targets for a in self.replicas.addresses())
 
     @staticmethod
     def _sync_draft_later(request: _Request, proposal: Proposal | None, verdict: Verdict) -> None:

@@ -42,10 +42,10 @@ client declaring another size is refused (FAILED_PRECONDITION). A namespace nobo
 accepts any uint32 id, as before.
 
 Fair commits: a flush costs per distinct pair (tens of µs each), far more than the writers' rate limit counts, so a
-writer may have at most MAX_PENDING_PER_WRITER entries waiting for the next flush; a write over that is refused
-(RESOURCE_EXHAUSTED, retry after a flush) and changes nothing. So another writer's durable write waits for at most two
-such budgets of every busy writer, never for a backlog one fast writer built (probed: five 100k-pair writes in 10 s
-pushed another writer's 1-event durable write past DURABLE_WAIT_S).
+writer whose entries waiting for the next flush reach MAX_PENDING_PER_WRITER (its share) is refused (RESOURCE_EXHAUSTED,
+retry after the flush; nothing changes) until that flush takes them: a batch holds less than a share plus one write of
+each writer. So another writer's durable write waits for at most two batches, never for a backlog one fast writer
+built (probed: five 100k-pair writes in 10 s pushed another writer's 1-event durable write past DURABLE_WAIT_S).
 
 Idempotent writes: a request may carry a `write_id`; a retry with the same id (the first reply was
 lost) counts nothing and gets the first reply again (`memory_service/write_ids.py`).
@@ -579,10 +579,12 @@ class CorrectionStore:
 
     def _check_backlog(self, writer: str, entries: int) -> None:  # self._cond held
         pending = self._open.pending[writer]
-        if pending and pending + entries > MAX_PENDING_PER_WRITER:
+        # full once at the share, not before: a largest legal write (an import) beside a few verifier entries of the
+        # same identity was refused at every try
+        if entries and pending >= MAX_PENDING_PER_WRITER:
             raise ResourceExhausted(
-                f"writer {writer!r} has {pending} entries waiting for the next commit; {entries} more would exceed "
-                f"{MAX_PENDING_PER_WRITER} (a commit costs per pair): nothing was written, retry after the commit",
+                f"writer {writer!r} has {pending} entries waiting for the next commit, its share of it "
+                f"({MAX_PENDING_PER_WRITER}; a commit costs per pair): nothing was written, retry after the commit",
                 # the open batch is taken within an interval and committed in about as long as the last commit took
                 retry_after_s=(self.flush_interval_s + self._last_flush_s) if self.flush_interval_s else None,
             )

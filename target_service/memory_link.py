@@ -34,7 +34,7 @@ from grpc_health.v1 import health, health_pb2
 from calispec.v1 import memory_pb2, memory_pb2_grpc
 from calispec_core.credentials import MEMORY, TlsConfig, read_writer_token, writer_metadata
 from calispec_core.errors import CalispecError, FailedPrecondition
-from calispec_core.grpc_server import make_channel
+from calispec_core.grpc_server import make_channel, retry_pushback_s
 from calispec_core.request_context import MAX_REQUEST_ID_CHARS, REQUEST_ID_METADATA, current_request_id
 from target_service.pair_table import FlushBatch, PairTable
 
@@ -221,7 +221,8 @@ class MemoryLink:
         return True
 
     def _send_one(self) -> bool | None:
-        """Send one write of the unflushed events (a write whose reply was lost first); None: nothing to send."""
+        """Send one write of the unflushed events (a write whose reply was lost first); None: nothing to send, or the
+        service asked for them later (a pushback)."""
         if self._unsettled is None:
             batch = self.table.take_unflushed(MAX_FLUSH_PAIRS, self._flush_events)
             if batch is None:
@@ -242,6 +243,12 @@ class MemoryLink:
                 self.table.mark_failed(batch.batch_id)
             else:
                 self._unsettled = (batch, write_id, maybe_counted or exc.code() not in _REFUSED)
+            if refused and retry_pushback_s(exc) is not None:
+                # "later" (this writer's share of the next commit is full, or its rate): the service is up and
+                # the write's size is fine; the events go with the next flush. Taken as a failure it halved the
+                # writes and reported the memory service down (found by review).
+                log.debug("RecordEvents deferred: %s", exc.details())
+                return None
             too_big = refused and exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             if too_big:  # over the writer's burst (or its rate): smaller writes, down to one event
                 self._flush_events = max(1, min(self._flush_events, int(batch.counts.sum())) // 2)

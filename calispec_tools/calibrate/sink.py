@@ -11,8 +11,7 @@ import grpc
 
 from calispec.v1 import memory_pb2, memory_pb2_grpc
 from calispec_core.credentials import MEMORY, TlsConfig, writer_metadata
-from calispec_core.grpc_server import make_channel
-from calispec_tools.memory_writes import retry_pushback_s
+from calispec_core.grpc_server import make_channel, retry_pushback_s
 
 Pair = tuple[int, int]
 MAX_PAIRS_PER_CALL = 50_000  # under the service's 100,000 events per request

@@ -14,10 +14,11 @@ from grpc_health.v1 import health_pb2
 from calispec.v1 import memory_pb2, memory_pb2_grpc
 from calispec_core.credentials import writer_metadata
 from calispec_core.grpc_server import make_channel
+from memory_service import store as store_module
 from memory_service.config import MemoryConfig
 from memory_service.server import create_server
 from memory_service.store import CorrectionStore
-from target_service.memory_link import MEMORY_HEALTH_SERVICE, MemoryLink
+from target_service.memory_link import MAX_FLUSH_EVENTS, MEMORY_HEALTH_SERVICE, MemoryLink
 from target_service.pair_table import PairTable
 from tests.helpers import wait_until
 
@@ -308,3 +309,51 @@ def test_a_write_with_an_id_is_digested_once(memory: Memory, monkeypatch: pytest
     assert retry.recorded == 2 and digests == [2, 2]
     memory.store.flush()
     assert memory.store.stats("ns")[0] == 2
+
+
+class CodesSeen:
+    """The link's stub, noting each RecordEvents' status code."""
+
+    def __init__(self, stub: memory_pb2_grpc.MemoryServiceStub) -> None:
+        self._stub = stub
+        self.codes: list[grpc.StatusCode] = []
+
+    def RecordEvents(self, request: memory_pb2.RecordEventsRequest, **kwargs: object) -> object:
+        try:
+            reply = self._stub.RecordEvents(request, **kwargs)
+        except grpc.RpcError as exc:
+            self.codes.append(exc.code())
+            raise
+        self.codes.append(grpc.StatusCode.OK)
+        return reply
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stub, name)
+
+
+def test_a_write_deferred_by_the_writers_share_is_no_failure_and_keeps_its_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The link took the memory's "later" (its identity's share of the next commit full, e.g. an import by the same
+    token) as a failed write: it halved its writes and reported the memory service down (found by review)."""
+    monkeypatch.setattr(store_module, "MAX_PENDING_PER_WRITER", 3)
+    config = MemoryConfig(port=0, db_path=tmp_path / "m.db", flush_interval_s=60, writer_token=TOKEN)
+    server, port, store = create_server(config)
+    server.start()
+    table = PairTable(vocab_size=100)
+    link, health = make_link(port, table)
+    seen = link._stub = CodesSeen(link._stub)  # type: ignore[assignment]
+    try:
+        table.add_local(torch.tensor([1, 2, 3]), torch.tensor([4, 4, 4]))
+        wait_until(lambda: grpc.StatusCode.OK in seen.codes)  # sent: the share is full until the next commit
+        table.add_local(torch.tensor([5]), torch.tensor([6]))
+        wait_until(lambda: grpc.StatusCode.RESOURCE_EXHAUSTED in seen.codes)  # deferred
+        assert link.status().flush_failures == 0 and link._flush_events == MAX_FLUSH_EVENTS
+        assert health.status[MEMORY_HEALTH_SERVICE] == health_pb2.HealthCheckResponse.SERVING
+        # commits (here by hand): the deferred event goes with a later flush of the link
+        wait_until(lambda: store.flush() is not None and store.stats("ns")[0] == 4)
+        assert link.status().flush_failures == 0
+    finally:
+        link.stop()
+        server.stop(None).wait()
+        store.close()

@@ -264,26 +264,20 @@ def test_a_write_over_the_writers_share_of_the_next_commit_is_refused_with_a_pus
         flush_interval_s=60,  # nothing commits during the test
         writer_token=TOKEN,
         writer_events_per_s=0.001,
-        writer_burst_events=11,
+        writer_burst_events=13,
     )
-    with serving(config) as (channel, _store):
+    with serving(config) as (channel, store):
         raw = memory_pb2_grpc.MemoryServiceStub(channel)
-        raw.RecordEvents(
-            memory_pb2.RecordEventsRequest(namespace="ns", events=events(*[(d, 1, 1) for d in range(8)])),
-            metadata=WRITER,
-        )
+        share = memory_pb2.RecordEventsRequest(namespace="ns", events=events(*[(d, 1, 1) for d in range(10)]))
+        raw.RecordEvents(share, metadata=WRITER)  # its whole share: 3 of the burst's 13 left
+        more = memory_pb2.RecordEventsRequest(namespace="ns", events=events(*[(d, 2, 1) for d in range(3)]))
         with pytest.raises(grpc.RpcError) as info:
-            raw.RecordEvents(
-                memory_pb2.RecordEventsRequest(namespace="ns", events=events(*[(d, 2, 1) for d in range(3)])),
-                metadata=WRITER,
-            )
+            raw.RecordEvents(more, metadata=WRITER)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "waiting for the next commit" in info.value.details()
         assert (RETRY_PUSHBACK_METADATA, "60000") in tuple(info.value.trailing_metadata())
-        # refunded: 3 of the burst's 11 are left for this write only if the refused one gave its 3 back
-        raw.RecordEvents(
-            memory_pb2.RecordEventsRequest(namespace="ns", events=events((7, 3, 1), (8, 3, 1))), metadata=WRITER
-        )
+        store.flush()
+        raw.RecordEvents(more, metadata=WRITER)  # within the burst only if the refused try gave its 3 back
 
 
 def test_a_retry_of_an_accepted_write_is_answered_however_full_the_writers_share(

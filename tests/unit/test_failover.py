@@ -329,3 +329,33 @@ def test_a_session_lost_again_right_after_its_reopening_fails_the_request_not_th
     only.verify = verify  # type: ignore[method-assign]
     again = list(orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60)))
     assert "".join(c.text for c in again) == EXPECTED and again[-1].stats.target_failovers == 0
+
+
+def reaping_target(address: str) -> FakeTarget:
+    """A replica that reaps every session just before its verify (a session TTL shorter than a round)."""
+    replica = target(address)
+    verify = replica.verify
+
+    def reaped(session_id: str, *args: object, **kwargs: object) -> object:
+        replica.sessions.pop(session_id, None)
+        return verify(session_id, *args, **kwargs)
+
+    replica.verify = reaped  # type: ignore[method-assign]
+    return replica
+
+
+def test_a_session_lost_again_moves_the_request_where_another_replica_serves() -> None:
+    """With a replica to move to, a second loss on one is still that replica's failure (found by review: the request
+    failed UNAVAILABLE although a healthy replica was there)."""
+    orchestrator, _ = make([reaping_target("a:1"), target("b:1")])
+    for _ in range(3):  # placed on either replica first
+        chunks = list(orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60)))
+        assert "".join(c.text for c in chunks) == EXPECTED
+
+
+def test_replicas_that_all_lose_the_session_again_end_the_request() -> None:
+    """Each lost it once, was given it again and lost it again: the request ends (it must not pass the session
+    between them until its deadline)."""
+    orchestrator, _ = make([reaping_target("a:1"), reaping_target("b:1")])
+    with pytest.raises(Unavailable, match="closed this request's session again right after reopening"):
+        list(orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60)))
