@@ -368,10 +368,10 @@ def _terminate(*_: object) -> None:
 
 
 def stack_command(command: str, run: Callable[[], int]) -> int:
-    """`up` and `demo`: what ends the stack's start is one line, not a traceback (LocalStack has stopped
-    whatever it had started by then): exit 2 for what the user must fix (a port taken, a path of theirs
-    that cannot be used, a service that cannot start), 1 for a service not ready in time, 130 for Ctrl-C
-    and 143 for SIGTERM."""
+    """`up`, `demo`, `bench`, `eval` (commands that may start a stack): what ends them early is one line, not a
+    traceback (LocalStack has stopped whatever it had started by then): exit 2 for what the user must fix (a port
+    taken, a path of theirs that cannot be used, a service that cannot start), 1 for a service not ready in time, 130
+    for Ctrl-C and 143 for SIGTERM."""
     # SIGTERM interrupts the start-up as Ctrl-C does (a pull, a model load; LocalStack stops what had
     # started): its default action would end this process alone, and the services, each in a session of
     # its own, would go on serving. `up` hands both signals to its running stack once that is up.
@@ -379,7 +379,7 @@ def stack_command(command: str, run: Callable[[], int]) -> int:
     try:
         return run()
     except KeyboardInterrupt as exc:
-        print(f"{command}: interrupted (every service it started is stopped)", file=sys.stderr)
+        print(f"{command}: interrupted (any service it started is stopped)", file=sys.stderr)
         return SIGTERM_EXIT if isinstance(exc, Terminated) else SIGINT_EXIT
     except TimeoutError as exc:  # a service not ready in time (a slow machine, not the user's input): names its log
         print(f"error: {exc}", file=sys.stderr)

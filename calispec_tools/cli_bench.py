@@ -565,14 +565,19 @@ def eval_args_problem(args: argparse.Namespace) -> str | None:
     if args.calibrations is not None and not args.calibration_study:
         return "--calibrations applies to --calibration-study"
     if args.calibration_study:
-        from calispec_tools.eval.calibration import STUDY_VARIANTS
-
         try:
-            given = ",".join(STUDY_VARIANTS) if args.calibrations is None else args.calibrations
-            args.calibrations = at.csv_choices(STUDY_VARIANTS, "--calibrations")(given)
+            study_calibrations(args)
         except argparse.ArgumentTypeError as exc:
             return str(exc)
     return None
+
+
+def study_calibrations(args: argparse.Namespace) -> list[str]:
+    """--calibrations as a list (default: every calibration of the study); ArgumentTypeError for one it has not."""
+    from calispec_tools.eval.calibration import STUDY_VARIANTS
+
+    given = ",".join(STUDY_VARIANTS) if args.calibrations is None else args.calibrations
+    return at.csv_choices(STUDY_VARIANTS, "--calibrations")(given)
 
 
 def _ratio_analysis(args: argparse.Namespace, tasks: list[Any], config: Any) -> dict[str, Any]:
@@ -645,7 +650,7 @@ def _calibration_study(
             yield StudyEndpoints(ep.coordinator, ep.memory, ep.namespace, token)
 
     kinds = list(dict.fromkeys(t.kind for t in tasks))
-    calibrations = args.calibrations  # checked by eval_args_problem
+    calibrations = study_calibrations(args)  # checked by eval_args_problem
     calibrate = _study_calibrate(args, config, kinds)
     return run_study(fresh_stack, calibrate, tasks, variant_list, config, progress, calibrations)
 
@@ -667,7 +672,7 @@ def _eval_study(args: argparse.Namespace, tasks: list[Any], variant_list: list[A
     from calispec_tools.eval import report
     from calispec_tools.eval.calibration import study_plan
 
-    calibrations = args.calibrations  # checked by eval_args_problem
+    calibrations = study_calibrations(args)  # checked by eval_args_problem
     progress = _progress(len(tasks) * sum(map(len, study_plan(calibrations, variant_list).values())))
     study = _calibration_study(args, tasks, variant_list, config, progress)
     print(file=sys.stderr)

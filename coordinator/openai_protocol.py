@@ -486,12 +486,8 @@ class ChatCompletionRequest(CalispecParams):
     def _chat_not_implemented(cls, value: Any, info: ValidationInfo) -> Any:
         noops = CHAT_NOT_IMPLEMENTED[info.field_name or ""]
         if value is not None and not any(value == noop and type(value) is type(noop) for noop in noops):
-            shown = " or ".join(json.dumps(noop) for noop in noops)
-            raise invalid(
-                f"{info.field_name} is not supported: send {shown} or leave it out"
-                if noops
-                else (f"{info.field_name} is not supported: leave it out")
-            )
+            send = "".join(f"send {json.dumps(noop)} or " for noop in noops)
+            raise invalid(f"{info.field_name} is not supported: {send}leave it out")
         return value
 
     @field_validator("response_format")

@@ -177,7 +177,7 @@ def test_ctrl_c_while_the_stack_starts_stops_what_started_and_exits_130(
     except KeyboardInterrupt:  # caught here: escaping, it would end the whole pytest session
         pytest.fail(f"Ctrl-C escaped `calispec {command}` as a traceback")
     assert code == 130
-    assert capsys.readouterr().err.endswith(f"calispec {command}: interrupted (every service it started is stopped)\n")
+    assert capsys.readouterr().err.endswith(f"calispec {command}: interrupted (any service it started is stopped)\n")
     assert [s.name for s in started] == ["memory_service"]
     assert started[0].process.poll() is not None  # stopped, not left serving in its own session
 

@@ -580,7 +580,7 @@ INTERRUPTIBLE = [
 @pytest.mark.parametrize(
     ("raised", "code", "said"),
     [
-        (KeyboardInterrupt, 130, "interrupted (every service it started is stopped)"),
+        (KeyboardInterrupt, 130, "interrupted (any service it started is stopped)"),
         (
             ServiceStartError("the draft could not start", "draft_service exited (exit 1; log: x.log)"),
             2,

@@ -95,7 +95,7 @@ def test_sigterm_interrupts_the_start_of_every_stack_command(
             pytest.fail(f"the interrupt escaped `calispec {command}` as a traceback")
         assert code == 143 and received == []
         err = capsys.readouterr().err
-        assert err.endswith(f"calispec {command}: interrupted (every service it started is stopped)\n")
+        assert err.endswith(f"calispec {command}: interrupted (any service it started is stopped)\n")
         assert signal.getsignal(signal.SIGTERM) is record
     finally:
         for sig, handler in handlers.items():
@@ -111,7 +111,7 @@ def _raises(exc: BaseException) -> Callable[[], int]:
 
 def test_ctrl_c_during_the_start_still_exits_130(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.stack_command("calispec up", _raises(KeyboardInterrupt())) == 130
-    assert capsys.readouterr().err == "calispec up: interrupted (every service it started is stopped)\n"
+    assert capsys.readouterr().err == "calispec up: interrupted (any service it started is stopped)\n"
 
 
 def test_a_service_not_ready_in_time_is_no_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
