@@ -435,6 +435,7 @@ class Orchestrator:
             request, lambda member, timeout: self.lockstep.before_verify(member, timeout, replica)
         )
         verdict = self._verify(request, proposal, cohort)
+        self.lockstep.verified(request.request_id)  # the round's work is done: what a newcomer waits for
         drafted = proposal.token_ids[: verdict.accepted_count] if proposal else []
         new_tokens = [*drafted, verdict.next_token]
         if request.params.logprobs is not None:

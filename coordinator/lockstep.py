@@ -24,13 +24,13 @@ for every running request; this is the same shape across services. A round has t
 
 A member that keeps the others waiting longer than `max_wait_s` (a draft prefill, an outage
 waiting for its timeout, a slow client) is left behind: the group goes on without it, and it
-rejoins as a newcomer. A newcomer waits longer, `max_wait_s` plus twice a typical round (the median of the
-last ROUNDS_KEPT whole rounds, start to next start, never across a time the group was empty), at
+rejoins as a newcomer. A newcomer waits longer, `max_wait_s` plus twice a typical round's work (the median, over
+the last ROUNDS_KEPT rounds, of the time from a round's start to its first member's verdict, `verified`), at
 the round start or at the verify gate of the round it joined: the members it waits for are busy
 with the round in progress, not late (bounded by `max_wait_s`, a newcomer that arrived while the
-group verified for longer than that left the whole group behind). The last round alone, idle time
-included, let a request after 20 s of idle wait 40 s for a member that was not coming, and that round
-then lengthened the next newcomer's wait (found by probing). `max_wait_s` = 0 turns lockstep off.
+group verified for longer than that left the whole group behind). The last round start to start, idle time and
+a member's client pacing it included, let a request after 20 s of idle wait 40 s for a member that was not coming,
+and that round then lengthened the next newcomer's wait (found by probing). `max_wait_s` = 0 turns lockstep off.
 
 The round start also decides every member's γ at once (`round_plan.py`: a rule given each arrived
 member's `Wish`, wave 6's median cap unless told otherwise): the group's drafting lasts as long as
@@ -58,7 +58,7 @@ Planner = Callable[[Sequence[Wish]], list[int]]  # each member's γ, in the orde
 
 log = logging.getLogger(__name__)
 
-ROUNDS_KEPT = 5  # whole rounds whose median is a typical round (one held up by a late member is an outlier)
+ROUNDS_KEPT = 5  # rounds whose median is a typical round's work (one slowed by a prefill is an outlier)
 
 
 class RoundStart(NamedTuple):
@@ -86,9 +86,10 @@ class Lockstep:
         self._drafters = 0  # members planned to draft at the last round start
         self._verifying: set[Hashable] = set()  # members of the round now verifying (its gate opened)
         self._shards: dict[Hashable, Hashable] = {}  # each member's target replica at its last verify gate
-        self._round_started = 0.0  # monotonic time the last round started (0: the group has been empty since)
-        self._rounds_s: deque[float] = deque(maxlen=ROUNDS_KEPT)  # the last whole rounds (start to next start)
-        self._round_s = 0.0  # a typical round: their median
+        self._round_started = 0.0  # monotonic time the last round started
+        self._round_measured = True  # its work is recorded already (its first verdict came)
+        self._rounds_s: deque[float] = deque(maxlen=ROUNDS_KEPT)  # the last rounds' work (start to first verdict)
+        self._round_s = 0.0  # a typical round's work: their median
         self._plan_failures = 0  # round plans that raised (a bug in the rule), for the log
 
     def waiting(self) -> int:
@@ -141,6 +142,18 @@ class Lockstep:
             self._arrive(member, self._end(timeout_s, self._newcomer_wait_s() if member in self._joined else None))
             return max(sum(1 for m in self._verifying if self._shards.get(m) == shard), 1)
 
+    def verified(self, member: Hashable) -> None:
+        """`member` has its verdict: the round's first one ends the round's work (what a newcomer waits for). What
+        follows, a member's trip back to the next round start, is its client's pace or idle time, not the round's."""
+        if self.max_wait_s == 0:
+            return
+        with self._state:
+            if self._round_measured or member not in self._verifying:  # measured, or it verified out of step
+                return
+            self._round_measured = True
+            self._rounds_s.append(time.monotonic() - self._round_started)
+            self._round_s = statistics.median(self._rounds_s)
+
     def leave(self, member: Hashable) -> None:
         with self._state:
             self._group.discard(member)
@@ -148,8 +161,6 @@ class Lockstep:
             self._wishes.pop(member, None)
             self._shards.pop(member, None)
             self._joined.discard(member)
-            if not self._group:
-                self._round_started = 0.0  # what passes until the next round start is idle time, not a round
             if self._arrived and self._arrived >= self._group:  # the gate waited only for this one
                 self._open()
             elif self._drafting and not self._group:  # the round lost its last member: back to a round
@@ -215,11 +226,7 @@ class Lockstep:
             self._planned = dict(zip(members, planned, strict=True))
             self._drafters = sum(1 for gamma in planned if gamma > 0)
             self._wishes.clear()
-            now = time.monotonic()
-            if self._round_started:
-                self._rounds_s.append(now - self._round_started)
-                self._round_s = statistics.median(self._rounds_s)
-            self._round_started = now
+            self._round_started, self._round_measured = time.monotonic(), False
             self._verifying = set()
         else:  # the group verifies
             self._verifying = set(self._group)

@@ -597,29 +597,36 @@ class _Clock:
         return time.monotonic() + self.skipped
 
 
-def test_idle_time_and_one_long_round_are_no_typical_round_for_a_newcomers_wait(
+def test_a_newcomer_waits_for_a_typical_rounds_work_not_for_idle_time_or_a_slow_client(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A newcomer waits max_wait_s plus twice a round: the last round was measured start to next start across idle
+    """A newcomer waits max_wait_s plus twice a round: the last round was measured start to next start, across idle
     time, so after 20 s idle a request waited 40 s for a member that was not coming, and that wait lengthened the
-    next newcomer's (found by probing: a streamed n=2 stalled every request up to its 60 s timeout)."""
+    next newcomer's (found by probing: a streamed n=2 stalled every request up to its 60 s timeout); a member whose
+    client reads slowly paced the rounds, and so the newcomers' waits (found by probing the fix). A round's work is
+    now its start to its first verdict, and a typical round the median of the last ones."""
     clock = _Clock()
     monkeypatch.setattr(lockstep_module, "time", clock)
     lockstep = Lockstep(max_wait_s=0.5)
     wish = Wish(gamma=2, limit=6)
 
-    def rounds(count: int, skipped_each: float = 0.0) -> None:
-        for _ in range(count):
-            lockstep.start_round("a", 10, wish)
-            lockstep.before_verify("a", 10)
-            clock.skipped += skipped_each
+    def round_of(work_s: float, then_s: float) -> None:
+        lockstep.start_round("a", 10, wish)
+        lockstep.before_verify("a", 10)
+        clock.skipped += work_s
+        lockstep.verified("a")
+        clock.skipped += then_s  # back to the next round start: its client's pace, or idle time
 
-    rounds(3)
-    lockstep.leave("a")
-    clock.skipped += 20.0  # idle: nobody in the group
-    lockstep.start_round("a", 10, wish)  # the first round after it: a newcomer arriving now waits...
-    assert lockstep._newcomer_wait_s() < 1.0
+    for _ in range(3):
+        round_of(0.1, 0.0)
+    round_of(0.1, 20.0)  # then idle (or a client that reads every 20 s)
+    lockstep.start_round("a", 10, wish)  # the next round: a newcomer arriving now waits...
+    assert lockstep._newcomer_wait_s() == pytest.approx(0.5 + 2 * 0.1, abs=0.05)
     lockstep.before_verify("a", 10)
-    clock.skipped += 30.0  # one round held up (a member late, a slow client)
-    lockstep.start_round("a", 10, wish)
-    assert lockstep._newcomer_wait_s() < 1.0  # the median of the last rounds
+    clock.skipped += 30.0  # one round's long work (a long prefill rode in it)
+    lockstep.verified("a")
+    lockstep.verified("a")  # its first verdict only
+    assert lockstep._newcomer_wait_s() == pytest.approx(0.5 + 2 * 0.1, abs=0.05)  # the median of the last ones
+    for _ in range(3):
+        round_of(3.0, 0.0)  # rounds that do take longer (a larger batch) are waited for
+    assert lockstep._newcomer_wait_s() == pytest.approx(0.5 + 2 * 3.0, abs=0.05)
