@@ -2,9 +2,11 @@
 
 Every committed write batch of a namespace has a version; the store publishes the pairs it
 changed (absolute counts, 0 = removed) as a `Delta` to the `WatchHub`, which keeps the last
-`history` deltas per namespace in memory, and at most `history_pairs` pairs in all its deltas together (the oldest
-deltas go first, the newest of each namespace stays): bounded by count alone, a service fed writes of 20,000 new
-pairs grew by 4.7 MB a write with no watcher at all, towards gigabytes a namespace (found by probing).
+`history` deltas per namespace in memory, and at most `history_pairs` pairs in all its deltas together, the
+oldest of any namespace dropped first: bounded by count alone, a service fed writes of 20,000 new pairs grew by 4.7 MB
+a write with no watcher at all (found by probing), and keeping each namespace's newest delta grew it by one delta per
+namespace ever written (found by probing the fix). The hub knows each namespace's latest version even when its delta
+is gone, so a watcher behind it resumes from a snapshot.
 A watcher gets a full snapshot, then the deltas
 after it; a watcher that reconnects with the version it holds resumes from the hub's history
 when it still covers that version, and gets a fresh snapshot otherwise (history overflowed,
@@ -52,34 +54,42 @@ class WatchHub:
         self._history = history
         self._history_pairs = history_pairs
         self._cond = threading.Condition()
-        self._deltas: dict[str, deque[tuple[int, Delta]]] = {}  # (publication number, delta), oldest first
-        self._published = 0
+        self._deltas: dict[str, deque[Delta]] = {}  # per namespace, oldest first
+        self._order: deque[tuple[str, int]] = deque()  # (namespace, version) of every delta kept, oldest first
+        self._latest: dict[str, int] = {}  # each namespace's latest published version, its delta kept or not
         self._pairs = 0  # in every delta kept
+        self._kept = 0  # deltas kept
         self._closed = False
 
     def publish(self, deltas: Iterable[Delta]) -> None:
         with self._cond:
             for delta in deltas:
                 kept = self._deltas.setdefault(delta.namespace, deque())
-                self._published += 1
-                kept.append((self._published, delta))
+                kept.append(delta)
+                self._order.append((delta.namespace, delta.version))
+                self._latest[delta.namespace] = delta.version
                 self._pairs += len(delta.changes)
+                self._kept += 1
                 while len(kept) > self._history:
-                    self._drop_oldest(kept)
-            self._trim()
+                    self._drop_oldest(delta.namespace)
+            while self._pairs > self._history_pairs and self._order:
+                namespace, version = self._order.popleft()
+                if self._is_kept(namespace, version):  # else dropped already (by its namespace's count)
+                    self._drop_oldest(namespace)
+            if len(self._order) > 2 * self._kept + 64:  # most entries are of deltas their namespace's count dropped
+                self._order = deque(entry for entry in self._order if self._is_kept(*entry))
             self._cond.notify_all()
 
-    def _trim(self) -> None:
-        """(Holding the lock) drop the oldest deltas of all namespaces until the pairs fit; each namespace keeps its
-        newest (what `since` waits for: a watcher resumes from a gap with a snapshot)."""
-        while self._pairs > self._history_pairs:
-            longer = [kept for kept in self._deltas.values() if len(kept) > 1]
-            if not longer:
-                return
-            self._drop_oldest(min(longer, key=lambda kept: kept[0][0]))
+    def _is_kept(self, namespace: str, version: int) -> bool:
+        kept = self._deltas.get(namespace)
+        return bool(kept) and kept[0].version <= version
 
-    def _drop_oldest(self, kept: deque[tuple[int, Delta]]) -> None:
-        self._pairs -= len(kept.popleft()[1].changes)
+    def _drop_oldest(self, namespace: str) -> None:
+        kept = self._deltas[namespace]
+        self._pairs -= len(kept.popleft().changes)
+        self._kept -= 1
+        if not kept:
+            del self._deltas[namespace]  # a namespace written once is not held for good
 
     def close(self) -> None:
         """Wake every watcher; their streams end (server shutdown)."""
@@ -99,20 +109,17 @@ class WatchHub:
             return True
         with self._cond:
             kept = self._deltas.get(namespace)
-            return bool(kept) and kept[0][1].version <= version + 1 and kept[-1][1].version >= committed
+            return bool(kept) and kept[0].version <= version + 1 and kept[-1].version >= committed
 
     def since(self, namespace: str, version: int, timeout_s: float) -> list[Delta] | None:
         """Deltas newer than `version`, waiting up to timeout_s for one; None if history has a gap."""
         with self._cond:
-            self._cond.wait_for(lambda: self._closed or self._latest(namespace) > version, timeout_s)
-            newer = [d for _, d in self._deltas.get(namespace, ()) if d.version > version]
-        if newer and newer[0].version != version + 1:
-            return None
+            self._cond.wait_for(lambda: self._closed or self._latest.get(namespace, -1) > version, timeout_s)
+            newer = [d for d in self._deltas.get(namespace, ()) if d.version > version]
+            behind = self._latest.get(namespace, -1) > version
+        if behind and (not newer or newer[0].version != version + 1):
+            return None  # its next delta is gone: a snapshot
         return newer
-
-    def _latest(self, namespace: str) -> int:
-        kept = self._deltas.get(namespace)
-        return kept[-1][1].version if kept else -1
 
 
 def snapshot_updates(pairs: list[Pair], version: int) -> Iterator[Update]:

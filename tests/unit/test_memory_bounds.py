@@ -111,10 +111,11 @@ def test_watch_resumes_from_history_or_falls_back_to_a_snapshot() -> None:
     assert len(snapshots) == 2
 
 
-def test_the_watch_history_holds_at_most_its_pairs_and_each_namespaces_newest_delta() -> None:
+def test_the_watch_history_holds_at_most_its_pairs_whatever_the_namespaces() -> None:
     """Bounded by count alone (1,024 deltas a namespace), a service fed writes of 20,000 new pairs grew 4.7 MB a write
-    with no watcher at all (found by probing). The oldest deltas of any namespace go first; a resume they covered
-    gets a snapshot; each namespace's newest stays, which the watchers of its version wait for."""
+    with no watcher at all (found by probing); keeping each namespace's newest delta grew it by a delta per namespace
+    (probing the fix: 4 M pairs held for a bound of 1 M). The oldest deltas of any namespace go first; a watcher
+    behind a delta that is gone gets a snapshot (None), one at the latest version a heartbeat."""
     hub = WatchHub(history_pairs=10)
     pairs = tuple((d, 1, 1) for d in range(4))
     hub.publish([Delta("a", 1, pairs), Delta("b", 1, pairs)])
@@ -122,9 +123,19 @@ def test_the_watch_history_holds_at_most_its_pairs_and_each_namespaces_newest_de
     assert not hub.covers("a", 0, 2) and hub.covers("a", 1, 2) and hub.covers("b", 0, 1)
     hub.publish([Delta("b", 2, pairs[:1])])  # 9
     assert hub.covers("b", 0, 2)
-    hub.publish([Delta("c", 1, tuple((d, 2, 1) for d in range(30)))])  # alone over the budget: stays, as newest
-    assert hub.since("c", 0, 0) is not None and [d.version for d in hub.since("a", 1, 0) or []] == [2]
-    assert not hub.covers("b", 0, 2) and hub.covers("b", 1, 2)  # the others kept only their newest
+    hub.publish([Delta("c", 1, tuple((d, 2, 1) for d in range(30)))])  # over the budget alone: everything goes
+    assert hub.since("c", 0, 0) is None and hub.since("a", 1, 0) is None  # behind: snapshots
+    assert hub.since("a", 2, 0) == [] and not hub.covers("b", 1, 2)  # at the latest: a heartbeat
+    for i in range(200):
+        hub.publish([Delta(f"ns-{i}", 1, pairs)])
+    assert hub._pairs <= 10 and len(hub._deltas) <= 2  # namespaces written once are not held
+
+
+def test_the_watch_historys_bookkeeping_stays_bounded_by_what_it_keeps() -> None:
+    hub = WatchHub(history=2)
+    for version in range(1, 1001):
+        hub.publish([Delta("a", version, ((1, 1, version),))])
+    assert [d.version for d in hub.since("a", 998, 0) or []] == [999, 1000] and len(hub._order) <= 2 * 2 + 64
 
 
 def test_writer_gate_token_and_rate_limit() -> None:
