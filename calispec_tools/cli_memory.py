@@ -328,7 +328,9 @@ def import_outcome(code: grpc.StatusCode, details: str) -> str:
     write accepted but not committed in time, a deadline, a broken connection) may still have counted; one that
     never connected did not."""
     ended_unanswered = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
-    if code in ended_unanswered and "failed to connect" not in details.lower():
+    # refused before anything was taken: never connected, or the memory cannot commit (its database: a full disk)
+    refused = ("failed to connect", "cannot commit", "the correction memory's database")
+    if code in ended_unanswered and not any(why in details.lower() for why in refused):
         return "it may have been imported: run the same command again, which counts the file once"
     return "nothing was imported"
 

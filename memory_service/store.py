@@ -408,7 +408,7 @@ class CorrectionStore:
             except Exception as exc:
                 with self._cond:
                     self.commit_failures += 1
-                    self._failing = f"{type(exc).__name__}: {exc}"
+                    self._failing = str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}"
                 raise
             self._taken = None
             with self._cond:
@@ -714,13 +714,17 @@ class CorrectionStore:
             if self._db is None:
                 raise Unavailable("correction store is closed")
             db = self._db
-            db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
-                yield db
-                db.commit()
-            except BaseException:
-                db.rollback()
-                raise
+                db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                try:
+                    yield db
+                    db.commit()
+                except BaseException:
+                    db.rollback()
+                    raise
+            except sqlite3.OperationalError as exc:  # the file's state, not a bug: a full disk, a lock held elsewhere
+                # (a write declaring a namespace's vocabulary on a full disk was INTERNAL, its charge kept)
+                raise Unavailable(f"the correction memory's database: {exc}") from exc
 
 
 def _histogram(counts: list[int]) -> list[CountBucket]:

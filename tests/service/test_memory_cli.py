@@ -94,6 +94,8 @@ def test_the_same_file_imported_again_counts_once(memory: tuple[str, CorrectionS
     accepted = "the write was accepted but not committed in time; it may still be committed"
     assert cli_memory.import_outcome(grpc.StatusCode.UNAVAILABLE, accepted).startswith("it may have been imported")
     assert cli_memory.import_outcome(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded").startswith("it may")
+    refused = "the correction memory cannot commit (the correction memory's database: database or disk is full)"
+    assert cli_memory.import_outcome(grpc.StatusCode.UNAVAILABLE, refused) == "nothing was imported"  # said "may have"
 
 
 def test_stats_decodes_the_top_pairs_with_a_tokenizer(memory: tuple[str, CorrectionStore], tiny_pair, capsys) -> None:

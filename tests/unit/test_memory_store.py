@@ -431,9 +431,11 @@ def test_while_commits_fail_writes_are_refused_not_acknowledged(
         raise sqlite3.OperationalError("database or disk is full")
 
     monkeypatch.setattr(store, "_write_namespace", disk_full)
-    with pytest.raises(sqlite3.OperationalError):
+    with pytest.raises(Unavailable, match="the correction memory's database: database or disk is full"):
         store.flush()
-    with pytest.raises(Unavailable, match=r"cannot commit \(OperationalError: database or disk is full\)"):
+    with pytest.raises(
+        Unavailable, match=r"cannot commit \(the correction memory's database: database or disk is full"
+    ):
         store.record("ns", [(4, 5, 1)])
     assert store.failing is not None and store.commit_failures == 1
     registry = new_registry()
@@ -445,3 +447,22 @@ def test_while_commits_fail_writes_are_refused_not_acknowledged(
     assert "calispec_memory_commit_failing 0.0" in generate_latest(registry).decode()
     assert store.snapshot("ns") == ([(1, 2, 3)], version)
     store.record("ns", [(4, 5, 1)], durable=True)
+
+
+def test_a_database_that_cannot_write_is_unavailable_not_a_bug(
+    store: CorrectionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a full disk, a write declaring a new namespace's vocabulary (a verifier's first, `calibrate`'s check) was
+    INTERNAL with a traceback, and the writer's rate charge kept (found by probing)."""
+    assert store._db is not None
+    execute = store._db.execute
+
+    def full(sql: str, *args: object) -> object:
+        if "namespace_vocab" in sql:
+            raise sqlite3.OperationalError("database or disk is full")
+        return execute(sql, *args)
+
+    monkeypatch.setattr(store._db, "execute", full)
+    with pytest.raises(Unavailable, match="database or disk is full"):
+        store.record("fresh", [(1, 2, 3)], vocab_size=100)
+    assert store.stats("fresh")[0] == 0
