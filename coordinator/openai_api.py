@@ -333,7 +333,11 @@ class OpenAIApi:
             fits = self.context_check(req)
             return self.orchestrator.generate(prompt(), params, deadline, gone.is_set, fits, timer.follow)
 
-        return HttpGeneration(tracked(self.metrics, begin), gone, self.slots.rounds, self.orchestrator.lockstep.leave)
+        return HttpGeneration(tracked(self.metrics, begin), gone, self.slots.rounds, self.step_out_of_lockstep)
+
+    def step_out_of_lockstep(self, request_id: str) -> None:
+        """A choice waiting for its siblings' first rounds leaves the lockstep group (HttpGeneration.step_aside)."""
+        self.orchestrator.lockstep.leave(request_id)
 
     def context_check(self, req: CalispecParams) -> Callable[[int], None]:
         """The refusal (400, as vLLM's) of a prompt of so many tokens that it, or it plus the token limit the
