@@ -58,7 +58,8 @@ def retry_pushback_s(exc: grpc.RpcError) -> float | None:
     no such refusal, or one that did not ask (it never succeeds: a write too large, a full namespace)."""
     if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
         return None
-    for key, value in exc.trailing_metadata() or ():
+    trailing = getattr(exc, "trailing_metadata", None)  # grpc.RpcError itself declares none; calls' errors have it
+    for key, value in (trailing() if trailing is not None else None) or ():
         if key == RETRY_PUSHBACK_METADATA:
             try:
                 return max(int(value), 0) / 1000

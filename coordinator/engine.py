@@ -692,6 +692,9 @@ class Orchestrator:
                         f"target {address} closed this request's session again right after reopening it ({exc}): "
                         "is its session TTL shorter than a round?"
                     ) from exc
+                elif isinstance(exc, SessionLost):  # lost again: move it, the replica (up) kept for the others
+                    request.failed_targets.add(address)
+                    request.stats.target_failovers += 1
                 else:
                     self._target_failed(request, request.target, exc, "session")
                     # a failover: the replica holding the request failed it (a failed placement is none)

@@ -86,6 +86,12 @@ MAX_PAIRS_LIMIT = 1_000_000  # keeps a GetPairs reply well under the 64 MiB mess
 MAX_TOTAL_EVENTS = 2**63 - 1
 SCHEMA_VERSION = 2  # PRAGMA user_version; bump with a migration when the tables change
 BUSY_TIMEOUT_S = 5.0  # only another process (an inspector, a backup) can hold the write lock
+# SQLite's primary result codes of a database that cannot be written now (a full disk, another process's lock, the
+# file's device or permissions): UNAVAILABLE, retried by clients; any other error is a bug
+_UNAVAILABLE_ERRORS = frozenset(
+    (sqlite3.SQLITE_FULL, sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY,
+     sqlite3.SQLITE_CANTOPEN)
+)  # fmt: skip
 DURABLE_WAIT_S = 30.0  # a durable record gives up (UNAVAILABLE) if no flush commits in this time
 TOP_SHARE_FRACTION = 0.2  # the paper: the top 20% of pairs cover ~69% of rejections
 
@@ -722,8 +728,10 @@ class CorrectionStore:
                 except BaseException:
                     db.rollback()
                     raise
-            except sqlite3.OperationalError as exc:  # the file's state, not a bug: a full disk, a lock held elsewhere
-                # (a write declaring a namespace's vocabulary on a full disk was INTERNAL, its charge kept)
+            except sqlite3.OperationalError as exc:
+                if (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF not in _UNAVAILABLE_ERRORS:
+                    raise  # SQL this code got wrong is a bug (INTERNAL)
+                # the file's state, not a bug (a write declaring a namespace's vocabulary on a full disk was INTERNAL)
                 raise Unavailable(f"the correction memory's database: {exc}") from exc
 
 

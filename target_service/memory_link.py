@@ -158,8 +158,8 @@ class MemoryLink:
         for thread in self._threads:
             if thread.is_alive():
                 thread.join()
-        if not self.flush():
-            left = self.table.stats().local_events
+        self.flush()
+        if left := self.table.stats().local_events:  # a flush that failed, or was asked to wait (a pushback)
             log.warning("stopping with %d rejection event(s) the memory service never recorded", left)
         self._channel.close()
 
@@ -237,18 +237,21 @@ class MemoryLink:
             metadata = [*self._metadata, *self._take_noted()]
             response = self._stub.RecordEvents(request, timeout=self.rpc_timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
+            if retry_pushback_s(exc) is not None:
+                # "later" (this writer's share of the next commit is full, or its rate): the service is up and
+                # the write's size is fine; the events go with the next flush (a resend stays the same write). Taken
+                # as a failure it halved the writes and reported the memory service down (found by review).
+                if not maybe_counted:
+                    self._unsettled = None
+                    self.table.mark_failed(batch.batch_id)
+                log.debug("RecordEvents deferred: %s", exc.details())
+                return None
             refused = exc.code() in _REFUSED and not maybe_counted
             if refused:
                 self._unsettled = None
                 self.table.mark_failed(batch.batch_id)
             else:
                 self._unsettled = (batch, write_id, maybe_counted or exc.code() not in _REFUSED)
-            if refused and retry_pushback_s(exc) is not None:
-                # "later" (this writer's share of the next commit is full, or its rate): the service is up and
-                # the write's size is fine; the events go with the next flush. Taken as a failure it halved the
-                # writes and reported the memory service down (found by review).
-                log.debug("RecordEvents deferred: %s", exc.details())
-                return None
             too_big = refused and exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             if too_big:  # over the writer's burst (or its rate): smaller writes, down to one event
                 self._flush_events = max(1, min(self._flush_events, int(batch.counts.sum())) // 2)

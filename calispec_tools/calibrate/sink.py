@@ -89,8 +89,9 @@ class MemoryWriter:
                 break
             except grpc.RpcError as exc:
                 pushback = retry_pushback_s(exc)
-                if (exc.code() not in _RETRIED and pushback is None) or time.monotonic() > deadline:
+                wait_s = RETRY_S if pushback is None else pushback
+                if (exc.code() not in _RETRIED and pushback is None) or time.monotonic() + wait_s >= deadline:
                     raise
-                time.sleep(RETRY_S if pushback is None else pushback)
+                time.sleep(wait_s)
         self.recorded += reply.recorded
         self.version = reply.version

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2
 
 from calispec.v1 import memory_pb2, memory_pb2_grpc
 from calispec_core.credentials import writer_metadata
-from calispec_core.grpc_server import make_channel
+from calispec_core.grpc_server import RETRY_PUSHBACK_METADATA, make_channel
 from memory_service import store as store_module
 from memory_service.config import MemoryConfig
 from memory_service.server import create_server
@@ -357,3 +357,36 @@ def test_a_write_deferred_by_the_writers_share_is_no_failure_and_keeps_its_size(
         link.stop()
         server.stop(None).wait()
         store.close()
+
+
+class RefusedLater(Refused):
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((RETRY_PUSHBACK_METADATA, "1"),)
+
+
+class LoseFirstReplyThenPushBack(LoseFirstReply):
+    """The first reply is lost after the service took the write; the resend is asked to wait (a pushback)."""
+
+    def RecordEvents(
+        self, request: memory_pb2.RecordEventsRequest, **kwargs: object
+    ) -> memory_pb2.RecordEventsResponse:
+        if len(self.requests) == 1:
+            self.requests.append(request)
+            raise RefusedLater()
+        return super().RecordEvents(request, **kwargs)
+
+
+def test_a_resend_asked_to_wait_stays_the_same_write_and_is_no_failure(memory: Memory) -> None:
+    """A pushback on the resend of a write whose reply was lost was taken as a failure (found by review); it is a
+    "later": the same write (id) goes with the next flush, and the link stays up."""
+    table, link, stub = unstarted_link(memory, LoseFirstReplyThenPushBack)
+    try:
+        table.add_local(torch.tensor([1, 1, 2]), torch.tensor([3, 3, 4]))
+        assert not link.flush()  # taken, reply lost
+        assert link.flush()  # the resend asked to wait: no failure
+        assert link.flush()  # the same write again: answered
+        assert len({r.write_id for r in stub.requests}) == 1 and len(stub.requests) == 3
+        memory.store.flush()
+        assert memory.store.stats("ns")[0] == 3
+    finally:
+        link.stop()

@@ -418,6 +418,12 @@ def test_a_writer_waits_for_the_commit_before_queueing_more_than_its_share(
     store.record("ns", [(d, 4, 1) for d in range(11)], writer="bulk")  # nothing waiting: any legal write
 
 
+def full_disk_error() -> sqlite3.OperationalError:
+    exc = sqlite3.OperationalError("database or disk is full")
+    exc.sqlite_errorcode = sqlite3.SQLITE_FULL  # as SQLite sets it
+    return exc
+
+
 def test_while_commits_fail_writes_are_refused_not_acknowledged(
     store: CorrectionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -428,7 +434,7 @@ def test_while_commits_fail_writes_are_refused_not_acknowledged(
     write_namespace = store._write_namespace
 
     def disk_full(*args: object) -> object:
-        raise sqlite3.OperationalError("database or disk is full")
+        raise full_disk_error()
 
     monkeypatch.setattr(store, "_write_namespace", disk_full)
     with pytest.raises(Unavailable, match="the correction memory's database: database or disk is full"):
@@ -459,10 +465,15 @@ def test_a_database_that_cannot_write_is_unavailable_not_a_bug(
 
     def full(sql: str, *args: object) -> object:
         if "namespace_vocab" in sql:
-            raise sqlite3.OperationalError("database or disk is full")
+            raise full_disk_error()
         return execute(sql, *args)
 
     monkeypatch.setattr(store._db, "execute", full)
     with pytest.raises(Unavailable, match="database or disk is full"):
         store.record("fresh", [(1, 2, 3)], vocab_size=100)
     assert store.stats("fresh")[0] == 0
+
+
+def test_sql_this_code_got_wrong_stays_a_bug(store: CorrectionStore) -> None:
+    with pytest.raises(sqlite3.OperationalError), store._transaction(write=False) as db:
+        db.execute("SELECT no_such_column FROM pair_counts")
