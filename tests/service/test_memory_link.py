@@ -241,12 +241,14 @@ class Refused(LostReply):
 class LoseFirstReplyThenRefuse(LoseFirstReply):
     """The first reply is lost after the service took the write; the second try is refused over the rate."""
 
+    refusal: type[grpc.RpcError] = Refused
+
     def RecordEvents(
         self, request: memory_pb2.RecordEventsRequest, **kwargs: object
     ) -> memory_pb2.RecordEventsResponse:
         if len(self.requests) == 1:
             self.requests.append(request)
-            raise Refused()
+            raise self.refusal()
         return super().RecordEvents(request, **kwargs)
 
 
@@ -364,16 +366,10 @@ class RefusedLater(Refused):
         return ((RETRY_PUSHBACK_METADATA, "1"),)
 
 
-class LoseFirstReplyThenPushBack(LoseFirstReply):
+class LoseFirstReplyThenPushBack(LoseFirstReplyThenRefuse):
     """The first reply is lost after the service took the write; the resend is asked to wait (a pushback)."""
 
-    def RecordEvents(
-        self, request: memory_pb2.RecordEventsRequest, **kwargs: object
-    ) -> memory_pb2.RecordEventsResponse:
-        if len(self.requests) == 1:
-            self.requests.append(request)
-            raise RefusedLater()
-        return super().RecordEvents(request, **kwargs)
+    refusal = RefusedLater
 
 
 def test_a_resend_asked_to_wait_stays_the_same_write_and_is_no_failure(memory: Memory) -> None:
