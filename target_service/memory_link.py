@@ -159,7 +159,8 @@ class MemoryLink:
             if thread.is_alive():
                 thread.join()
         self.flush()
-        if left := self.table.stats().local_events:  # a flush that failed, or was asked to wait (a pushback)
+        # not local_events: those acknowledged but not yet watched back count there, and were recorded
+        if left := self.table.unsent_events():  # a flush that failed, or was asked to wait (a pushback)
             log.warning("stopping with %d rejection event(s) the memory service never recorded", left)
         self._channel.close()
 

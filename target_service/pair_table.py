@@ -222,6 +222,12 @@ class PairTable:
             del self._batches[batch_id]
             self._open = self._open.plus(batch.events)
 
+    def unsent_events(self) -> int:
+        """Events the memory service has not acknowledged: the open batch's and those of batches taken but unacked."""
+        with self._lock:
+            unacked = (b.events for b in self._batches.values() if b.acked_version is None)
+            return int(self._open.counts.sum()) + sum(int(e.counts.sum()) for e in unacked)
+
     def in_flight(self) -> bool:
         """True while a taken batch awaits its acknowledgement."""
         with self._lock:

@@ -376,3 +376,29 @@ def test_a_refused_resend_of_a_write_that_may_have_counted_stays_the_same_write(
         assert memory.store.stats("ns")[0] == 3
     finally:
         link.stop()
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_stop_warns_of_events_never_recorded_only(
+    deferred: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Events the memory acknowledged but the watcher has not brought back yet are recorded: no warning for them (a
+    first fix warned of every local event); a pushback on the last flush leaves events unsent, and those are named."""
+    monkeypatch.setattr(store_module, "MAX_PENDING_PER_WRITER", 3)
+    config = MemoryConfig(port=0, db_path=tmp_path / "m.db", flush_interval_s=60, writer_token=TOKEN)
+    server, port, store = create_server(config)
+    server.start()
+    table = PairTable(vocab_size=100)
+    link, _ = make_link(port, table)
+    try:
+        table.add_local(torch.tensor([1, 2, 3]), torch.tensor([4, 4, 4]))
+        wait_until(lambda: table.unsent_events() == 0)  # acknowledged, not committed: still local
+        if deferred:  # the share is full until a commit that never comes in this test
+            table.add_local(torch.tensor([5]), torch.tensor([6]))
+        with caplog.at_level("WARNING", logger="target_service.memory_link"):
+            link.stop()
+        assert table.stats().local_events > 0
+        assert any("never recorded" in r.getMessage() for r in caplog.records) is deferred
+    finally:
+        server.stop(None).wait()
+        store.close()
