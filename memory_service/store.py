@@ -80,7 +80,7 @@ MAX_TOKEN_ID = 2**32 - 1  # ids travel as uint32 on the wire
 MAX_VOCAB_SIZE = 2**32 - 1  # and so does a declared vocabulary's size
 MAX_EVENT_COUNT = 2**40  # one event this large is already a client bug, not a real tally
 MAX_EVENTS_PER_RECORD = 100_000
-MAX_PENDING_PER_WRITER = MAX_EVENTS_PER_RECORD  # entries one writer may have in the open batch (any one legal write)
+MAX_PENDING_PER_WRITER = MAX_EVENTS_PER_RECORD  # a writer's share: once its entries waiting reach it, it is refused
 MAX_PAIRS_LIMIT = 1_000_000  # keeps a GetPairs reply well under the 64 MiB message cap
 # SQLite integers are signed 64-bit; a namespace's total is capped there so no count can overflow.
 MAX_TOTAL_EVENTS = 2**63 - 1
@@ -333,8 +333,8 @@ class CorrectionStore:
         write_id: a write accepted before with this id (and these events) is not counted again: the first
         reply is returned (after its commit, if durable); other events under a known id: InvalidArgument.
         digest: `write_ids.events_digest(events)` where the caller has it already (sorting a large write costs ms).
-        writer: whose write (the service's writer identity): ResourceExhausted where it would hold more than
-        MAX_PENDING_PER_WRITER entries in the open batch (see the module doc).
+        writer: whose write (the service's writer identity): ResourceExhausted where its entries in the open batch
+        have reached MAX_PENDING_PER_WRITER already (see the module doc).
         """
         validate_namespace(namespace)
         write_id = write_ids.validate_write_id(write_id)
