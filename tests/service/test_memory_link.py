@@ -317,15 +317,26 @@ class CodesSeen:
         return getattr(self._stub, name)
 
 
-def test_a_write_deferred_by_the_writers_share_is_no_failure_and_keeps_its_size(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The link took the memory's "later" (its identity's share of the next commit full, e.g. an import by the same
-    token) as a failed write: it halved its writes and reported the memory service down (found by review)."""
+@pytest.fixture
+def share_of_three(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[int, CorrectionStore]]:
+    """A memory service whose writers' share of a commit is 3 entries, and that commits only when told (by hand)."""
     monkeypatch.setattr(store_module, "MAX_PENDING_PER_WRITER", 3)
     config = MemoryConfig(port=0, db_path=tmp_path / "m.db", flush_interval_s=60, writer_token=TOKEN)
     server, port, store = create_server(config)
     server.start()
+    try:
+        yield port, store
+    finally:
+        server.stop(None).wait()
+        store.close()
+
+
+def test_a_write_deferred_by_the_writers_share_is_no_failure_and_keeps_its_size(
+    share_of_three: tuple[int, CorrectionStore],
+) -> None:
+    """The link took the memory's "later" (its identity's share of the next commit full, e.g. an import by the same
+    token) as a failed write: it halved its writes and reported the memory service down (found by review)."""
+    port, store = share_of_three
     table = PairTable(vocab_size=100)
     link, health = make_link(port, table)
     seen = link._stub = CodesSeen(link._stub)  # type: ignore[assignment]
@@ -341,8 +352,6 @@ def test_a_write_deferred_by_the_writers_share_is_no_failure_and_keeps_its_size(
         assert link.status().flush_failures == 0
     finally:
         link.stop()
-        server.stop(None).wait()
-        store.close()
 
 
 class RefusedLater(Refused):
@@ -380,25 +389,18 @@ def test_a_refused_resend_of_a_write_that_may_have_counted_stays_the_same_write(
 
 @pytest.mark.parametrize("deferred", [False, True])
 def test_stop_warns_of_events_never_recorded_only(
-    deferred: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    deferred: bool, share_of_three: tuple[int, CorrectionStore], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Events the memory acknowledged but the watcher has not brought back yet are recorded: no warning for them (a
     first fix warned of every local event); a pushback on the last flush leaves events unsent, and those are named."""
-    monkeypatch.setattr(store_module, "MAX_PENDING_PER_WRITER", 3)
-    config = MemoryConfig(port=0, db_path=tmp_path / "m.db", flush_interval_s=60, writer_token=TOKEN)
-    server, port, store = create_server(config)
-    server.start()
+    port, _ = share_of_three
     table = PairTable(vocab_size=100)
     link, _ = make_link(port, table)
-    try:
-        table.add_local(torch.tensor([1, 2, 3]), torch.tensor([4, 4, 4]))
-        wait_until(lambda: table.unsent_events() == 0)  # acknowledged, not committed: still local
-        if deferred:  # the share is full until a commit that never comes in this test
-            table.add_local(torch.tensor([5]), torch.tensor([6]))
-        with caplog.at_level("WARNING", logger="target_service.memory_link"):
-            link.stop()
-        assert table.stats().local_events > 0
-        assert any("never recorded" in r.getMessage() for r in caplog.records) is deferred
-    finally:
-        server.stop(None).wait()
-        store.close()
+    table.add_local(torch.tensor([1, 2, 3]), torch.tensor([4, 4, 4]))
+    wait_until(lambda: table.unsent_events() == 0)  # acknowledged, not committed: still local
+    if deferred:  # the share is full until a commit that never comes in this test
+        table.add_local(torch.tensor([5]), torch.tensor([6]))
+    with caplog.at_level("WARNING", logger="target_service.memory_link"):
+        link.stop()
+    assert table.stats().local_events > 0
+    assert any("never recorded" in r.getMessage() for r in caplog.records) is deferred
