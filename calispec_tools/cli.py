@@ -25,7 +25,6 @@ import select
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -564,10 +563,11 @@ def cmd_models_tiny(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else tiny_pair_dir()
     try:  # before the build (10-20 s): a path that cannot take it was a traceback after it
         out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
     except OSError as exc:
         return cli_auth.usage_error(f"cannot write the tiny pair to {out}: {exc.strerror or exc}")
+    problem = cli_auth.cannot_write_in(out)
+    if problem is not None:
+        return cli_auth.usage_error(f"cannot write the tiny pair to {out}: {problem}")
     target, draft = build_tiny_pair(out)
     print(f"draft:  {draft}\ntarget: {target}")
     return 0

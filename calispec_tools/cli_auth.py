@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,16 @@ def usage_error(problem: Exception | str) -> int:
     cannot carry, a path it cannot write, a key name of two words)."""
     print(f"error: {problem}", file=sys.stderr)
     return USAGE_ERROR
+
+
+def cannot_write_in(directory: Path) -> str | None:
+    """Why no file can be made in `directory`, or None: tried, since os.access says yes to root on a read-only mount
+    or in /proc."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return None
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
 
 
 def add_api_key(file: Path, name: str) -> str:

@@ -27,7 +27,13 @@ from calispec_core.limits import (
     LOCKSTEP_PHASES,
 )
 from calispec_tools import arg_types as at
-from calispec_tools.cli_auth import add_client_auth_args, checked_client_auth, own_stack_auth, usage_error
+from calispec_tools.cli_auth import (
+    add_client_auth_args,
+    cannot_write_in,
+    checked_client_auth,
+    own_stack_auth,
+    usage_error,
+)
 
 MODE_NAMES = [m.name.lower() for m in Mode]
 LEVELS = at.csv_of(at.positive_int, "positive ints")  # --concurrency sweeps: 0 clients would measure nothing
@@ -201,7 +207,7 @@ def out_dir(args: argparse.Namespace, command: str) -> Path:
     existing = path.absolute()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    problem = _writes_here(existing) if existing.is_dir() else "Not a directory"
+    problem = cannot_write_in(existing) if existing.is_dir() else "Not a directory"
     if problem is not None:
         raise SystemExit(usage_error(f"cannot make the output directory {path}: {problem}"))
     return path
@@ -213,20 +219,10 @@ def out_file(text: str, flag: str) -> Path:
     path = Path(text)
     problem = "it is a directory" if path.is_dir() else None
     if problem is None:
-        problem = _writes_here(path.parent) if path.parent.is_dir() else f"no directory {path.parent}"
+        problem = cannot_write_in(path.parent) if path.parent.is_dir() else f"no directory {path.parent}"
     if problem is not None:
         raise SystemExit(usage_error(f"{flag}: cannot write {path}: {problem}"))
     return path
-
-
-def _writes_here(directory: Path) -> str | None:
-    """Why no file can be made in `directory`, or None: tried, since os.access says yes to root on a read-only mount
-    or in /proc."""
-    try:
-        with tempfile.TemporaryFile(dir=directory):
-            return None
-    except OSError as exc:
-        return exc.strerror or type(exc).__name__
 
 
 # --- bench ---------------------------------------------------------------------------------------
