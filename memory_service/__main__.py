@@ -55,6 +55,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
         default=None,
         help="Watch streams open at once (default: max workers - 8, or half of them below 16 workers)",
     )
+    parser.add_argument(
+        "--watch-max-age",
+        type=positive_float,
+        default=defaults.watch_max_age_s,
+        help="seconds a Watch stream lasts at least (each ends by twice this; the verifier resumes at once): "
+        "how long a client that stopped reading can hold a stream",
+    )
     parser.add_argument("--max-pairs-default", type=positive_int, default=defaults.max_pairs_default)
     parser.add_argument(
         "--flush-interval",
@@ -100,6 +107,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
             max_pairs_default=args.max_pairs_default,
             max_workers=args.max_workers,
             max_watch_streams=args.max_watch_streams,
+            watch_max_age_s=args.watch_max_age,
             flush_interval_s=args.flush_interval,
             limits=TableLimits(args.max_pairs, args.max_pairs_per_draft, args.half_life),
             writer_tokens=writers[0],

@@ -44,6 +44,10 @@ class MemoryConfig:
     writer_events_per_s: float = 100_000.0  # per writer; 0 disables the limit
     writer_burst_events: float | None = None  # None: 10 s worth of the rate
     watch_heartbeat_s: float = 1.0
+    # A Watch stream ends (OK) after this long, each one after a time drawn in [1, 2) x this so that verifiers'
+    # reconnects spread out (as Kubernetes ends its watches); the verifier resumes from its version at once. A
+    # client that stopped reading without closing its connection (SIGSTOP, a node gone) frees its slot by then.
+    watch_max_age_s: float = 600.0
     tls: TlsConfig = field(default_factory=TlsConfig)
     allowed_writers: tuple[str, ...] = (TARGET,)  # certificate roles that may RecordEvents (under TLS)
     health_port: int | None = None
@@ -71,6 +75,8 @@ class MemoryConfig:
             raise ValueError(f"the writer burst must be >= 1 event, got {burst:g}")
         if self.watch_heartbeat_s <= 0:
             raise ValueError(f"watch_heartbeat_s must be > 0, got {self.watch_heartbeat_s}")
+        if not self.watch_max_age_s > 0:
+            raise ValueError(f"watch_max_age_s must be > 0, got {self.watch_max_age_s}")
 
     def watch_stream_limit(self) -> int:
         if self.max_watch_streams is not None:

@@ -7,7 +7,9 @@ reach clients through the shared error interceptor of `calispec_core.grpc_server
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
@@ -32,7 +34,7 @@ from memory_service.store import (
     validate_events,
     validate_namespace,
 )
-from memory_service.watch import Update, UpdateKind, WatchHub, watch
+from memory_service.watch import StreamReaper, Update, UpdateKind, WatchHub, watch
 from memory_service.write_ids import events_digest, validate_write_id
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,7 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         # a Watch needs no token, so without a cap of their own one reader that never reads could hold every
         # slot (probed: 56 of 56), and a verifier that reconnects would find none
         self._reader_watch_slots = threading.BoundedSemaphore(max(limit // 2, 1))
+        self._reaper = StreamReaper()
 
     def RecordEvents(
         self, request: memory_pb2.RecordEventsRequest, context: grpc.ServicerContext
@@ -205,6 +208,8 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         # vocabulary let any reader lock every verifier out of it (FAILED_PRECONDITION for good)
         self._store.vocab_limit(namespace, request.vocab_size)
         resume = request.resume_version if request.HasField("resume_version") else None
+        max_age = self._config.watch_max_age_s
+        ends_at = time.monotonic() + max_age * random.uniform(1.0, 2.0)
         updates = watch(
             namespace,
             resume,
@@ -213,9 +218,15 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
             committed_version=lambda: self._store.committed_version(namespace),
             is_active=context.is_active,
             heartbeat_s=self._config.watch_heartbeat_s,
+            ends_at=ends_at,
         )
-        for update in updates:
-            yield _update_to_pb(update)
+        # a stream whose send still waits a quarter of its age past its end has a client that stopped reading
+        ended = self._reaper.schedule(ends_at + max_age / 4, context.cancel)
+        try:
+            for update in updates:
+                yield _update_to_pb(update)
+        finally:
+            ended()
 
 
 def _writers_only(config: MemoryConfig) -> list[grpc.ServerInterceptor]:

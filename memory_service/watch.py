@@ -15,7 +15,10 @@ the service restarted, or the service's version went backwards after a crash).
 
 from __future__ import annotations
 
+import itertools
+import math
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -122,6 +125,50 @@ class WatchHub:
         return newer
 
 
+class StreamReaper:
+    """Cancels the streams still open past their time. A stream ends itself at its `ends_at` (`watch`), but
+    gRPC's Python server waits for each message's send to complete, and a client that stopped reading while its
+    connection stays open (found by probing) leaves that send waiting, so the stream never looks at its clock
+    again and holds its Watch slot for good. One thread, started on demand, gone while nothing is due."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[int, tuple[float, Callable[[], None]]] = {}  # ticket -> (when, cancel)
+        self._tickets = itertools.count()
+        self._running = False
+
+    def schedule(self, at: float, cancel: Callable[[], None]) -> Callable[[], None]:
+        """Call `cancel` at monotonic time `at`, unless the returned function is called first (the stream ended)."""
+        with self._cond:
+            ticket = next(self._tickets)
+            self._due[ticket] = (at, cancel)
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, daemon=True, name="watch-reaper").start()
+            self._cond.notify()
+
+        def ended() -> None:
+            with self._cond:
+                self._due.pop(ticket, None)
+
+        return ended
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._due:
+                    self._running = False
+                    return
+                now = time.monotonic()
+                late = [t for t, (at, _) in self._due.items() if at <= now]
+                cancels = [self._due.pop(t)[1] for t in late]
+                if not cancels:
+                    self._cond.wait(min(at for at, _ in self._due.values()) - now)
+                    continue
+            for cancel in cancels:
+                cancel()
+
+
 def snapshot_updates(pairs: list[Pair], version: int) -> Iterator[Update]:
     """A snapshot as one or more chunks (an empty table is one empty chunk)."""
     chunks = [pairs[i : i + SNAPSHOT_CHUNK_PAIRS] for i in range(0, len(pairs), SNAPSHOT_CHUNK_PAIRS)] or [[]]
@@ -137,17 +184,21 @@ def watch(
     committed_version: Callable[[], int],
     is_active: Callable[[], bool],
     heartbeat_s: float = 1.0,
+    ends_at: float = math.inf,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[Update]:
-    """The update stream of one watcher: snapshot (unless resuming exactly), then deltas, forever.
+    """The update stream of one watcher: snapshot (unless resuming exactly), then deltas, until `ends_at`.
 
-    Ends when the hub closes or `is_active()` turns false (the client went away).
+    Ends when the hub closes, `is_active()` turns false (the client went away) or `clock()` reaches `ends_at`:
+    a client that stopped reading but not its connection (a frozen process, a node gone without a FIN) kept
+    its Watch slot for good, its heartbeats buffered (found by probing); the watcher resumes from its version.
     """
     version = resume_version
     if version is None or not hub.covers(namespace, version, committed_version()):
         pairs, version = read_snapshot()
         yield from snapshot_updates(pairs, version)
-    while is_active() and not hub.closed:
-        deltas = hub.since(namespace, version, heartbeat_s)
+    while is_active() and not hub.closed and clock() < ends_at:
+        deltas = hub.since(namespace, version, min(heartbeat_s, max(ends_at - clock(), 0.0)))
         if deltas is None:  # fell behind the history: start over from a snapshot
             pairs, version = read_snapshot()
             yield from snapshot_updates(pairs, version)

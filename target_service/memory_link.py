@@ -275,7 +275,9 @@ class MemoryLink:
         while not self._stop.is_set():
             try:
                 self._watch_once()
-                failures = 0  # the server ended the stream cleanly (shutdown): reconnect at once
+                # the server ended the stream cleanly (its streams' age limit, or a shutdown): reconnect at once,
+                # still connected until that fails (each recycled stream logged a WARNING and flipped the health)
+                failures = 0
             except grpc.RpcError as exc:
                 if self._stop.is_set():
                     return
@@ -286,8 +288,9 @@ class MemoryLink:
                 failures += 1
                 self._mirror = None  # possibly half-applied: start over from a snapshot
                 log.error("memory table rejected: %s", exc)
-            self._watch_ok = False
-            self._update_connected()
+            if failures:
+                self._watch_ok = False
+                self._update_connected()
             self._reconnects += 1
             self._stop.wait(min(MAX_BACKOFF_S, self.sync_interval_s * 2 ** min(failures, 8)) if failures else 0.05)
 

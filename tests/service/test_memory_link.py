@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,9 +40,11 @@ class Memory:
         self.store.close()
 
 
-def start_memory(db: Path, port: int = 0, burst: float | None = None, rate: float | None = None) -> Memory:
+def start_memory(
+    db: Path, port: int = 0, burst: float | None = None, rate: float | None = None, watch_max_age_s: float = 600.0
+) -> Memory:
     config = MemoryConfig(port=port, db_path=db, flush_interval_s=FLUSH_S, writer_token=TOKEN, watch_heartbeat_s=0.2,
-                          writer_burst_events=burst)  # fmt: skip
+                          writer_burst_events=burst, watch_max_age_s=watch_max_age_s)  # fmt: skip
     if rate is not None:
         config = replace(config, writer_events_per_s=rate)
     server, bound, store = create_server(config)
@@ -99,6 +102,29 @@ def test_pair_becomes_rescuable_within_one_refresh(memory: Memory) -> None:
         assert table.version == committed
     finally:
         link.stop()
+
+
+def test_a_watch_stream_the_service_ends_is_resumed_without_a_disconnection(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The memory service ends Watch streams at their age limit: each end logged "memory service disconnected" (a
+    WARNING) and flipped the verifier's health until the next heartbeat. A clean end now resumes quietly."""
+    memory = start_memory(tmp_path / "memory.db", watch_max_age_s=0.05)
+    table = PairTable(vocab_size=100)
+    link, health = make_link(memory.port, table)
+    try:
+        wait_until(lambda: link.connected)
+        caplog.set_level(logging.INFO, logger="target_service.memory_link")
+        caplog.clear()
+        wait_until(lambda: link.status().reconnects >= 3)  # three streams ended by the service, resumed
+        record_elsewhere(memory.port, (5, 7, 2))
+        memory.store.flush()
+        wait_until(lambda: count(table, 5, 7) == 2)  # the resumed stream still delivers
+        assert link.connected and health.status[MEMORY_HEALTH_SERVICE] == health_pb2.HealthCheckResponse.SERVING
+        assert [r.getMessage() for r in caplog.records if r.name == "target_service.memory_link"] == []
+    finally:
+        link.stop()
+        memory.stop()
 
 
 def test_local_events_are_shipped_with_the_token_and_not_double_counted(memory: Memory) -> None:

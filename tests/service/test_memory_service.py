@@ -500,6 +500,70 @@ def test_watch_streams_beyond_the_limit_are_refused_and_leave_the_writes_their_w
         wait_until(reopened)  # the slot comes back once the cancelled stream has ended
 
 
+def test_a_watch_client_that_stopped_reading_frees_its_slot_at_the_streams_age_limit(tmp_path: Path) -> None:
+    """A client frozen with its connection open (SIGSTOP, a node gone without a FIN) held its Watch slot for good:
+    its heartbeats went into buffers (found by probing; server keepalive did not end it). Streams now end (OK)
+    after their age limit, so the slot comes back without the client doing anything."""
+    config = MemoryConfig(port=0, db_path=tmp_path / "memory.db", writer_token=TOKEN, max_workers=3,
+                          max_watch_streams=1, watch_heartbeat_s=0.05, watch_max_age_s=0.2)  # fmt: skip
+    with serving(config) as (channel, _):
+        reader = memory_pb2_grpc.MemoryServiceStub(channel)
+        frozen = reader.Watch(memory_pb2.WatchRequest(namespace="ns"), timeout=60)
+        next(frozen)  # and never again
+
+        def reopened() -> bool:
+            try:
+                stream = reader.Watch(memory_pb2.WatchRequest(namespace="ns"), timeout=30)
+                next(stream)
+            except grpc.RpcError:
+                return False
+            stream.cancel()
+            return True
+
+        wait_until(reopened)
+        frozen.cancel()
+
+
+def test_a_watch_client_that_stopped_reading_while_deltas_filled_its_window_frees_its_slot(tmp_path: Path) -> None:
+    """Deltas fill a stream's flow-control window when its client stopped reading, and then the server's send
+    waits for good, so the stream never looks at its clock: a reaper cancels it a quarter of its age later."""
+    config = MemoryConfig(port=0, db_path=tmp_path / "memory.db", writer_token=TOKEN, max_workers=3,
+                          max_watch_streams=1, flush_interval_s=0.05, watch_max_age_s=3.0)  # fmt: skip
+    server, port, store = create_server(config)
+    server.start()
+    # a window that stays at HTTP/2's 64 KiB (a client that reads grows it to megabytes)
+    frozen_channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.http2.bdp_probe", 0)])
+    try:
+        reader = memory_pb2_grpc.MemoryServiceStub(frozen_channel)
+        frozen = reader.Watch(memory_pb2.WatchRequest(namespace="ns"), timeout=120)
+        next(frozen)  # and never again
+        with make_channel(f"127.0.0.1:{port}") as channel:
+            for count in range(1, 5):  # 4 deltas of 20,000 pairs: about 200 KB each
+                request = memory_pb2.RecordEventsRequest(
+                    namespace="ns", events=events(*((d, 1, count) for d in range(20_000)))
+                )
+                WriterStub(channel).RecordEvents(request)
+            assert store.committed_version("ns") >= 4
+
+            def reopened() -> bool:
+                try:
+                    stream = memory_pb2_grpc.MemoryServiceStub(channel).Watch(
+                        memory_pb2.WatchRequest(namespace="ns"), timeout=30
+                    )
+                    next(stream)
+                except grpc.RpcError:
+                    return False
+                stream.cancel()
+                return True
+
+            wait_until(reopened, timeout_s=60)
+        frozen.cancel()
+    finally:
+        frozen_channel.close()
+        server.stop(None).wait()
+        store.close()
+
+
 def test_readers_without_a_token_cannot_take_every_watch_slot(tmp_path: Path) -> None:
     """A Watch needs no token: one client that opened streams and never read them held every slot (probed: 56
     of 56), and a verifier reconnecting its memory link was refused. Readers now have half the slots."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from calispec_core.errors import InvalidArgument, PermissionDenied, ResourceExhausted, Unauthenticated
 from memory_service import store as store_module
 from memory_service.auth import WriterGate
+from memory_service.config import MemoryConfig
 from memory_service.store import CorrectionStore, TableLimits
 from memory_service.watch import Delta, UpdateKind, WatchHub, watch
 
@@ -109,6 +111,26 @@ def test_watch_resumes_from_history_or_falls_back_to_a_snapshot() -> None:
     assert take(7, 1)[0] == (UpdateKind.SNAPSHOT, 3)  # watcher is ahead: the service lost writes
     assert take(3, 1) == [(UpdateKind.HEARTBEAT, 3)]
     assert len(snapshots) == 2
+
+
+def test_a_watch_stream_ends_at_its_age_limit_whoever_reads_it() -> None:
+    """A client that stopped reading without closing its connection (SIGSTOP, a node gone) kept its Watch slot for
+    good, its heartbeats buffered (found by probing): the stream now ends at `ends_at`, and a resume continues it."""
+    hub = WatchHub()
+    hub.publish([Delta("ns", 1, ((1, 1, 1),))])
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 1.0  # each look at the clock, a second later
+        return now[0]
+
+    updates = watch("ns", None, hub, lambda: ([(1, 1, 1)], 1), lambda: 1, lambda: True, 0.001, ends_at=10.0,
+                    clock=clock)  # fmt: skip
+    kinds = [u.kind for u in itertools.islice(updates, 100)]
+    assert kinds[0] == UpdateKind.SNAPSHOT and 1 < len(kinds) < 10  # heartbeats, then the end
+    assert set(kinds[1:]) == {UpdateKind.HEARTBEAT}
+    with pytest.raises(ValueError, match="watch_max_age_s"):
+        MemoryConfig(watch_max_age_s=0)
 
 
 def test_the_watch_history_holds_at_most_its_pairs_whatever_the_namespaces() -> None:
