@@ -93,7 +93,9 @@ class MemoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Watch(self, request, context):
-        """The namespace's whole table as a snapshot, then a delta per committed write, forever.
+        """The namespace's whole table as a snapshot, then a delta per committed write, until the service
+        ends the stream (OK) after its age limit (--watch-max-age: 10-20 min by default): reconnect
+        with resume_version. A stream whose client stopped reading is cancelled a quarter of that later.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
