@@ -58,7 +58,7 @@ class ComputeThread:
         lock = self.host_lock
         if lock is None:
             return fn(*args, **kwargs)
-        with lock.held():
+        with lock.held():  # unless the other service hangs holding it (host_lock.MAX_WAIT_S)
             return fn(*args, **kwargs)
 
 

@@ -5,15 +5,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 
+from calispec_core import host_lock
 from calispec_core.compute import ComputeThread
 from calispec_core.host_lock import HostComputeLock
 from calispec_tools.stack import LocalStack, StackConfig, compute_lock_path, service_threads, split_cores
 from tests.conftest import TinyPair
+from tests.helpers import wait_until
 
 HOLDER = """
 import sys
@@ -53,6 +57,39 @@ def test_a_holder_that_dies_never_blocks_the_other_service(tmp_path: Path) -> No
     assert lock.acquire()
     lock.release()
     lock.close()
+
+
+def test_a_holder_that_hangs_is_waited_for_once_then_jobs_run_without_the_lock_until_it_is_free(
+    tmp_path: Path,
+) -> None:
+    """A draft frozen mid-forward (SIGSTOP) held the lock, and every target forward waited for it, `ar` requests
+    too, until their 504 (found by probing). Now a job waits a bounded time once, and later jobs do not wait while
+    the holder keeps it; once it lets go, jobs take turns again."""
+    compute = ComputeThread("test-compute")
+    lock = compute.host_lock = HostComputeLock(tmp_path / "compute.lock")
+    child = _holder(lock.path)  # a frozen holder: it never lets go by itself
+    pool = ThreadPoolExecutor(1)
+    try:
+        with patch.object(host_lock, "MAX_WAIT_S", 0.05):
+            assert pool.submit(compute.run, lambda: "computed").result(timeout=60) == "computed"
+        with patch.object(host_lock, "MAX_WAIT_S", 1e9):  # while it is stuck, no job waits again
+            assert pool.submit(compute.run, lambda: "again").result(timeout=60) == "again"
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()  # the holder lets go
+        child.wait(timeout=60)
+        pool.shutdown()
+    other = HostComputeLock(lock.path)
+
+    def held_by_the_job() -> bool:
+        free = other.acquire(blocking=False)
+        if free:
+            other.release()
+        return not free
+
+    wait_until(lambda: compute.run(held_by_the_job))  # the two services take turns again
+    other.close()
+    compute.use_host_lock(None)
 
 
 def test_every_job_on_the_compute_thread_holds_the_lock_and_nested_calls_keep_it(tmp_path: Path) -> None:
