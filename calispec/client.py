@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -109,7 +110,7 @@ def build_params(
     top_p: float = 0.0,
     top_k: int = 0,
     seed: int | None = None,
-    stop: str | Sequence[str] = (),
+    stop: str | Sequence[str] | None = (),
     num_speculative_tokens: int | None = None,
     mode: str | Mode | None = None,
     tau: float | None = None,
@@ -124,18 +125,13 @@ def build_params(
     under the target and the k most likely tokens at its position (0 to 20); `prompt_logprobs=k`: the same for
     each prompt token from the second (under the tokens before it). `stop_token_ids`: a new token among them ends
     the request (kept in the output; finish reason "stop"), as vLLM's."""
-    msg = coordinator_pb2.GenerationParams(
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        stop=[stop] if isinstance(stop, str) else list(stop),  # one string is one stop string, not its letters
-        ignore_eos=ignore_eos,
-        stop_token_ids=list(stop_token_ids),
-    )
-    if mode is not None:
-        msg.mode = int(Mode.parse(mode) if isinstance(mode, str) else mode)
+    msg = coordinator_pb2.GenerationParams()
     for name, value in (
+        ("max_new_tokens", max_new_tokens),
+        ("temperature", temperature),
+        ("top_p", top_p),
+        ("top_k", top_k),
+        ("ignore_eos", ignore_eos),
         ("seed", seed),
         ("num_speculative_tokens", num_speculative_tokens),
         ("tau", tau),
@@ -144,17 +140,40 @@ def build_params(
         ("prompt_logprobs", prompt_logprobs),
     ):
         if value is not None:
-            setattr(msg, name, value)
+            with _naming(name):
+                setattr(msg, name, value)
+    with _naming("stop"):
+        msg.stop.extend([] if stop is None else [stop] if isinstance(stop, str) else stop)  # one string: not letters
+    with _naming("stop_token_ids"):
+        msg.stop_token_ids.extend(stop_token_ids)
+    if mode is not None:
+        msg.mode = int(Mode.parse(mode) if isinstance(mode, str) else mode)
     return msg
+
+
+@contextmanager
+def _naming(argument: str) -> Iterator[None]:
+    """protobuf refuses a value the field cannot hold as "Value out of range: -1" or "bad argument type for built-in
+    operation": the caller learns which argument (a ValueError or TypeError still)."""
+    try:
+        yield
+    except TypeError as exc:
+        raise TypeError(f"{argument}: {exc}") from exc
+    except ValueError as exc:  # UnicodeEncodeError too (lone surrogates: text read with surrogateescape)
+        raise ValueError(f"{argument}: {exc}") from exc
 
 
 Messages = Sequence[Mapping[str, str]]  # [{"role": "user", "content": "..."}, ...]
 
 
 def chat_messages(messages: Messages) -> coordinator_pb2.ChatMessages:
-    return coordinator_pb2.ChatMessages(
-        messages=[coordinator_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in messages]
-    )
+    out = coordinator_pb2.ChatMessages()
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping) or "role" not in message or "content" not in message:
+            raise ValueError(f"messages[{i}] must be a mapping with a 'role' and a 'content', got {message!r:.80}")
+        with _naming(f"messages[{i}]"):
+            out.messages.add(role=message["role"], content=message["content"])
+    return out
 
 
 def _requests(
@@ -172,7 +191,8 @@ def _requests(
     elif isinstance(prompt, (bytes, bytearray, memoryview)):  # its bytes went out as token ids
         raise TypeError("prompt must be a str or a sequence of token ids, not bytes: decode it first")
     else:
-        fields_["prompt_token_ids"] = coordinator_pb2.PromptTokens(ids=list(prompt))
+        with _naming("prompt"):
+            fields_["prompt_token_ids"] = coordinator_pb2.PromptTokens(ids=list(prompt))
     return coordinator_pb2.GenerateRequest(**fields_), coordinator_pb2.GenerateStreamRequest(**fields_)
 
 

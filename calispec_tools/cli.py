@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -680,9 +681,27 @@ def main(argv: list[str] | None = None) -> int:
         if not _stdout_reader_gone():
             raise  # another pipe or socket: a real failure
         # stdout's reader went away (`| head`): the rest of the output has nowhere to go
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or Python's exit flush raises again
+        _drop_stdout()
         return SIGPIPE_STATUS
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        _drop_stdout()  # `> /dev/full`, a full disk or quota (stdout's or a results file's): one line, no traceback
+        where = f" {exc.filename}" if exc.filename else " the output"
+        print(f"error: cannot write{where}: {exc.strerror}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # Ctrl-C in `generate`, `chat -m`, `models pull`: the shell's 130, not a traceback
+        print("interrupted", file=sys.stderr)
+        return SIGINT_EXIT
     return status
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _drop_stdout() -> None:
+    """What stdout still buffers has nowhere to go: point it at /dev/null, or Python's exit flush raises again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _stdout_reader_gone() -> bool:

@@ -67,7 +67,8 @@ def rpc_error_line(exc: CalispecRpcError, tls: bool) -> str:
     line = f"error: {exc}"
     if exc.code != "UNAVAILABLE":
         return line
-    if not tls and "Socket closed" in exc.details:
+    # a connection that never came up: "Socket closed" mid-reply is a coordinator gone, no TLS mismatch
+    if not tls and "Socket closed" in exc.details and "failed to connect" in exc.details:
         return f"{line} (if the coordinator serves TLS, give --tls-ca or set {TLS_CA_ENV})"
     if tls and "WRONG_VERSION_NUMBER" in exc.details:
         return f"{line} (the coordinator may not serve TLS: give no --tls-ca, or --tls-ca '' over {TLS_CA_ENV})"

@@ -63,6 +63,10 @@ def repl(
             return int(failed)
         if not line:
             continue
+        if not _is_utf8(line):  # a byte stdin could not decode: protobuf refused it in a traceback that ended the chat
+            failed = True
+            out.write("[error: that line is not valid UTF-8; the conversation goes on without it]\n")
+            continue
         conversation.append({"role": "user", "content": line})
         try:
             reply = stream_reply(client, conversation, params, timeout, out)
@@ -72,6 +76,15 @@ def repl(
             out.write(f"\n[{'interrupted' if isinstance(exc, KeyboardInterrupt) else rpc_error_line(exc, tls)}]\n")
             continue
         conversation.append({"role": "assistant", "content": reply})
+
+
+def _is_utf8(text: str) -> bool:
+    """Python reads undecodable stdin bytes as lone surrogates (surrogateescape), which UTF-8 cannot carry."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def run_chat(

@@ -6,7 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from calispec_tools.cli import SIGPIPE_STATUS
+import pytest
+
+from calispec_tools import cli
+from calispec_tools.cli import SIGINT_EXIT, SIGPIPE_STATUS
 
 
 def test_a_closed_stdout_ends_the_command_without_a_traceback(tmp_path: Path) -> None:
@@ -20,3 +23,26 @@ def test_a_closed_stdout_ends_the_command_without_a_traceback(tmp_path: Path) ->
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=60) == SIGPIPE_STATUS
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
+
+
+def test_a_full_stdout_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """`calispec generate ... > /dev/full` (or a full disk) ended in an OSError traceback (found by probing)."""
+    command = [sys.executable, "-m", "calispec_tools.cli", "models", "list", "--cache-dir", str(tmp_path)]
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(command, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr == "error: cannot write the output: No space left on device\n", result.stderr
+
+
+def test_ctrl_c_in_a_command_without_a_stack_is_one_line_and_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C during `calispec generate` or `chat -m` printed grpc's 20-line KeyboardInterrupt traceback and died
+    by SIGINT (found by probing); commands that may start a stack already said it in one line."""
+
+    def interrupted(*_args: object, **_kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.CalispecClient, "generate", interrupted)
+    assert cli.main(["generate", "--prompt", "hi", "--address", "127.0.0.1:9"]) == SIGINT_EXIT
+    assert capsys.readouterr().err == "interrupted\n"

@@ -6,7 +6,7 @@ import io
 from collections.abc import Iterator
 from types import SimpleNamespace
 
-from calispec.client import CalispecRpcError, StreamChunk
+from calispec.client import CalispecRpcError, StreamChunk, chat_messages
 from calispec_tools import cli
 from calispec_tools.cli_chat import repl
 
@@ -19,6 +19,7 @@ class FakeClient:
         self.fail = fail
 
     def chat_stream(self, messages: list[dict[str, str]], **_: object) -> Iterator[StreamChunk]:
+        chat_messages(messages)  # what the SDK sends: text it cannot carry raises here, as there
         self.sent.append([dict(m) for m in messages])
         n = len(self.sent)
         if n in self.fail:
@@ -59,6 +60,16 @@ def test_repl_drops_a_failed_turn_and_goes_on() -> None:
     assert client.sent[1] == [{"role": "user", "content": "good"}]
     assert "error: INVALID_ARGUMENT: too long" in out.getvalue()
     assert conversation == [{"role": "user", "content": "good"}, {"role": "assistant", "content": "reply2"}]
+
+
+def test_repl_refuses_a_line_that_is_not_utf8_and_keeps_the_conversation() -> None:
+    """stdin's undecodable bytes arrive as lone surrogates: the turn ended the chat in a traceback (found by
+    probing: `printf 'hello\\xff\\n' | calispec chat`, or typing Latin-1 in a terminal)."""
+    client, out = FakeClient(), io.StringIO()
+    conversation: list[dict[str, str]] = []
+    assert repl(client, conversation, {}, 10, read=feed("caf\udce9", "good"), out=out) == 1  # type: ignore[arg-type]
+    assert "not valid UTF-8" in out.getvalue()
+    assert conversation == [{"role": "user", "content": "good"}, {"role": "assistant", "content": "reply1"}]
 
 
 def demo_args(pair: str, prompt: str | None = None) -> SimpleNamespace:

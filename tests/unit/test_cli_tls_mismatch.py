@@ -111,3 +111,6 @@ def test_other_failures_get_no_hint() -> None:
     refused = CalispecRpcError("UNAVAILABLE", "failed to connect to all addresses; last error: Connection refused")
     assert rpc_error_line(refused, tls=False) == f"error: {refused}"
     assert rpc_error_line(CalispecRpcError("INVALID_ARGUMENT", "Socket closed"), tls=False).endswith("Socket closed")
+    # a coordinator gone mid-reply (killed): the connection had come up, so no TLS hint (found by probing)
+    gone = CalispecRpcError("UNAVAILABLE", "Stream removed (Socket closed)")
+    assert rpc_error_line(gone, tls=False) == f"error: {gone}"

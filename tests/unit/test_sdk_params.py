@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from calispec.client import NO_DEADLINE_S, _requests, _timeout, _with_request_id, build_params
+from calispec.types import Mode
 
 
 def test_one_stop_string_is_one_stop_string_not_its_letters() -> None:
@@ -47,3 +48,45 @@ def test_a_request_id_grpc_cannot_send_is_refused_on_the_callers_side() -> None:
     for bad in ("bad\nid", "with space", "x" * 257):
         with pytest.raises(ValueError, match="request_id"):
             _with_request_id((), bad)
+
+
+@pytest.mark.parametrize(
+    ("argument", "value", "error"),
+    [
+        ("seed", -1, ValueError),
+        ("max_new_tokens", 2**31, ValueError),
+        ("logprobs", -1, ValueError),
+        ("stop_token_ids", [-1], ValueError),
+        ("stop", [1], TypeError),
+        ("temperature", "hot", TypeError),
+    ],
+)
+def test_an_argument_the_request_cannot_carry_is_named(argument: str, value: object, error: type[Exception]) -> None:
+    """protobuf's own words named nothing: "Value out of range: -1", "bad argument type for built-in operation"
+    (found by probing the SDK)."""
+    with pytest.raises(error, match=f"^{argument}: "):
+        build_params(**{argument: value})
+
+
+def test_no_stop_is_none_as_well_and_the_fields_arrive_as_given() -> None:
+    params = build_params(stop=None, seed=7, ignore_eos=True, top_k=5, mode="sd", stop_token_ids=[3])
+    assert list(params.stop) == [] and (params.seed, params.ignore_eos, params.top_k) == (7, True, 5)
+    assert params.mode == Mode.SD and list(params.stop_token_ids) == [3]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "messages", "match"),
+    [
+        ([-1], None, "^prompt: "),
+        (None, [{"role": "user"}], r"^messages\[0\] must be a mapping with a 'role' and a 'content'"),
+        (None, ["hi"], r"^messages\[0\] must be"),
+        (None, [{"role": "user", "content": "ok"}, {"role": "user", "content": "caf\udce9"}], r"^messages\[1\]: "),
+    ],
+)
+def test_a_prompt_or_message_the_request_cannot_carry_is_named(
+    prompt: list[int] | None, messages: list[dict[str, str]] | None, match: str
+) -> None:
+    """A message without its content was a bare KeyError: 'content'; text with lone surrogates (stdin read with
+    surrogateescape) protobuf's UnicodeEncodeError."""
+    with pytest.raises(ValueError, match=match):
+        _requests(prompt, messages, {})
