@@ -433,7 +433,7 @@ class OpenAIApi:
     ) -> list[Outcome]:
         """A unary request's choices, whole, once they have their slots (waiting as a stream's do: `self.bounds`)."""
         held.callback(await admitted(self.bounds.slots, generations, request, self.bounds.timeout_s))
-        return await gathered(generations, request)
+        return await gathered(generations, request, self.bounds.stopping)
 
     async def chat_completion(self, req: ChatCompletionRequest, held: ExitStack, request: Request):
         generations = self.generations([cache(partial(self.chat_prompt, req))], req)  # rendered once

@@ -25,7 +25,7 @@ from typing import TypeVar
 import anyio
 from fastapi import Request
 
-from calispec_core.errors import Cancelled, DeadlineExceeded, require
+from calispec_core.errors import Cancelled, DeadlineExceeded, Unavailable, require
 from calispec_core.generation import TokenLogprob
 from coordinator.engine import Chunk
 from coordinator.openai_protocol import Usage
@@ -332,21 +332,27 @@ async def admitted(
     )
 
 
-async def gathered(generations: Sequence[HttpGeneration], request: Request | None) -> list[Outcome]:
+async def gathered(
+    generations: Sequence[HttpGeneration], request: Request | None, stopping: threading.Event | None = None
+) -> list[Outcome]:
     """Every choice whole, run at once; all ended early if the client disconnects meanwhile (the answer then
-    goes nowhere) or when one fails (`each_choice`)."""
-    return await until_disconnect(
-        request, generations, each_choice(generations, whole), partial(abandon_all, generations)
-    )
+    goes nowhere), when one fails (`each_choice`) or once `stopping` is set (`whole`)."""
+    work = each_choice(generations, partial(whole, stopping=stopping))
+    return await until_disconnect(request, generations, work, partial(abandon_all, generations))
 
 
-async def whole(generation: HttpGeneration) -> Outcome:
+async def whole(generation: HttpGeneration, stopping: threading.Event | None = None) -> Outcome:
     """A choice's every chunk, a round at a time on a worker thread: between its rounds it holds no thread, so
     that many choices of unary requests never leave streams and other requests without one (they held a thread
-    for their whole generation: three requests of 16 choices took more than the pool's 40)."""
+    for their whole generation: three requests of 16 choices took more than the pool's 40). Once `stopping` is set
+    (the server shuts down after its drain) it ends at its next round with UNAVAILABLE: the server's grace then
+    cancelled it, a plain-text 500 and a traceback a request (found by probing)."""
     chunks = []
     while (chunk := await generation.next_round()) is not None:
         chunks.append(chunk)
+        if stopping is not None and stopping.is_set() and chunk.finish_reason is None:
+            emitted = sum(len(c.token_ids) for c in chunks)
+            raise Unavailable(f"the server is shutting down: this request stopped early ({emitted} tokens); retry it")
     return gather(chunks)
 
 

@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
-from calispec_core.errors import Cancelled, InvalidArgument
+from calispec_core.errors import Cancelled, InvalidArgument, Unavailable
 from calispec_core.generation import FinishReason, GenerationStats
 from calispec_core.metrics import new_registry
 from calispec_core.request_context import bound_request_id
@@ -136,6 +136,18 @@ def test_a_client_that_disconnects_from_a_unary_request_ends_its_generation() ->
     with pytest.raises(Cancelled):  # itself, not wrapped in an ExceptionGroup by the watcher's task group
         asyncio.run(gathered([generation], LeftRequest()))  # type: ignore[arg-type]
     wait_until(endless.closed.is_set)
+
+
+def test_a_unary_request_still_running_when_the_server_stops_ends_unavailable_at_its_next_round() -> None:
+    """After the drain, the server's grace cancelled what still ran: a non-streaming request got a plain-text 500
+    and the log a traceback (found by probing), where streams ended with an UNAVAILABLE event."""
+    endless = EndlessGeneration()
+    generation = HttpGeneration(endless.chunks(), endless.gone)
+    stopping = threading.Event()
+    stopping.set()
+    with pytest.raises(Unavailable, match=r"shutting down: this request stopped early \(1 tokens\)"):
+        asyncio.run(gathered([generation], None, stopping))
+    wait_until(endless.closed.is_set)  # its sessions closed
 
 
 def test_a_client_that_disconnects_before_a_streams_first_event_ends_its_generation() -> None:
