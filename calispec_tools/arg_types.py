@@ -138,6 +138,14 @@ def http_url(text: str) -> str:
     return text.rstrip("/")
 
 
+def path_text(text: str) -> str:
+    """A path flag whose absence means a default: not empty (`--tls-dir ''`, i.e. an unset shell variable, ran
+    plaintext without a word; `--memory-db ''` and `--log-dir ''` fell back to the defaults; found by probing)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty (leave the flag out for its default)")
+    return text
+
+
 def memory_namespace(text: str) -> str:
     """A correction-memory namespace: not empty (`--namespace ''` fell back to the default without a word; leave
     the flag out for that). Its characters are the memory service's to check."""

@@ -175,8 +175,8 @@ def add_stack_args(parser: argparse.ArgumentParser) -> None:
         help=f"model pair when --draft/--target are not given (default {DEFAULT_PAIR}, pulled on first use; "
         "tiny: the offline toy pair)",
     )
-    parser.add_argument("--memory-db", help="correction-memory SQLite file (default: user data dir)")
-    parser.add_argument("--log-dir", help="service logs (default: user data dir/logs)")
+    parser.add_argument("--memory-db", type=at.path_text, help="correction-memory SQLite file (default: user data dir)")
+    parser.add_argument("--log-dir", type=at.path_text, help="service logs (default: user data dir/logs)")
     parser.add_argument(
         "--log-level", default="INFO", choices=LOG_LEVELS,
         help="every service's log level (DEBUG: the coordinator logs one line per round, docs/observability.md)",
@@ -612,6 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument(
         "--tls-dir",
+        type=at.path_text,
         help="the certificates' directory (`calispec certs dev`; implies --tls; --tls alone: user data dir/tls, made"
         " once)",
     )
@@ -652,14 +653,14 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="prepare model pairs")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     tiny = models_sub.add_parser("tiny", help="build the tiny offline pair (tests, demo)")
-    tiny.add_argument("--out", help=f"directory (default: {tiny_pair_dir()})")
+    tiny.add_argument("--out", type=at.path_text, help=f"directory (default: {tiny_pair_dir()})")
     tiny.set_defaults(func=cmd_models_tiny)
     pull = models_sub.add_parser("pull", help="download, verify and convert a known pair (resumable)")
     pull.add_argument("pair", choices=sorted(PAIRS))
-    pull.add_argument("--cache-dir", help=f"cache root (default: {cache_dir()})")
+    pull.add_argument("--cache-dir", type=at.path_text, help=f"cache root (default: {cache_dir()})")
     pull.set_defaults(func=cmd_models_pull)
     listing = models_sub.add_parser("list", help="known pairs, what is cached, sizes and hashes")
-    listing.add_argument("--cache-dir", help=f"cache root (default: {cache_dir()})")
+    listing.add_argument("--cache-dir", type=at.path_text, help=f"cache root (default: {cache_dir()})")
     listing.set_defaults(func=cmd_models_list)
     cli_memory.register(sub)  # calibrate, memory stats / export / import
     cli_bench.register(sub)  # bench, eval

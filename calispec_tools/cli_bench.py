@@ -117,7 +117,7 @@ def add_target_args(parser: argparse.ArgumentParser, required: bool = True) -> a
     )
     add_prefix_cache_arg(parser, "--local: ")
     add_meaning_guard_arg(parser, "--local: ")
-    parser.add_argument("--out", help="output directory (default: ./calispec-<command>-<time>)")
+    parser.add_argument("--out", type=at.path_text, help="output directory (default: ./calispec-<command>-<time>)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib needed)")
     add_client_auth_args(parser)
     return where

@@ -151,6 +151,27 @@ def test_an_empty_namespace_is_an_argparse_error(argv: list[str], capsys: pytest
     assert "argument --namespace: must not be empty" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["up", "--tls-dir", ""],
+        ["up", "--memory-db", " "],
+        ["up", "--log-dir", ""],
+        ["demo", "--memory-db", ""],
+        ["models", "tiny", "--out", ""],
+        ["models", "list", "--cache-dir", ""],
+        ["bench", "--out", ""],
+    ],
+)
+def test_an_empty_path_is_an_argparse_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`--tls-dir ''` (an unset shell variable) ran the stack plaintext without a word; `--memory-db ''` and
+    `--log-dir ''` fell back to the defaults (found by probing)."""
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args(argv)
+    assert exited.value.code == 2
+    assert "must not be empty (leave the flag out for its default)" in capsys.readouterr().err
+
+
 def test_calibrate_max_tokens_takes_what_the_calibration_takes() -> None:
     """The flag's minimum is the config's: what argparse lets through, the calibration runs."""
     from calispec_tools.calibrate.job import CalibrateConfig
