@@ -452,8 +452,17 @@ def serve_stack(args: argparse.Namespace) -> int:
                 lost = watch_services(stop, stack.services)
             finally:
                 clear_state(os.getpid())
-        print("stopping...", file=sys.stderr)
+                arm_second_signal()
     return 1 if lost else 0
+
+
+def arm_second_signal() -> None:
+    """Before the stack drains (up to the services' drain timeouts): say so, and let a second Ctrl-C or SIGTERM
+    interrupt the drain (LocalStack.stop then kills the rest; 130 or 143). The handlers that only set `up`'s stop
+    event stayed in, so a second signal did nothing, and "stopping..." came after the drain (found by probing)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _terminate)
+    print("stopping... (Ctrl-C again to kill the services at once)", file=sys.stderr, flush=True)
 
 
 NEEDED_SERVICES = ("coordinator", "target_service")  # `up` runs one target: without it every request fails

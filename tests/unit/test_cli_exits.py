@@ -1,7 +1,9 @@
-"""A CLI whose stdout reader goes away (`calispec ... | head`) ends quietly with a shell's SIGPIPE status."""
+"""How the CLI ends when it cannot go on: a stdout whose reader went away (`| head`: a shell's SIGPIPE status) or
+that is full, Ctrl-C, a second signal while `up` stops."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -46,3 +48,22 @@ def test_ctrl_c_in_a_command_without_a_stack_is_one_line_and_130(
     monkeypatch.setattr(cli.CalispecClient, "generate", interrupted)
     assert cli.main(["generate", "--prompt", "hi", "--address", "127.0.0.1:9"]) == SIGINT_EXIT
     assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_a_second_signal_while_up_stops_interrupts_the_drain(capsys: pytest.CaptureFixture[str]) -> None:
+    """`up`'s handlers only set its stop event and stayed in while the stack drained (up to 20 s a service): a
+    second Ctrl-C or SIGTERM did nothing, and "stopping..." came after the drain (found by probing). Now the stop
+    is announced first and a second signal interrupts LocalStack.stop, which kills the rest."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, lambda *_: None)  # as `up` has them while it serves
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        cli.arm_second_signal()
+        assert "stopping... (Ctrl-C again" in capsys.readouterr().err
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+        with pytest.raises(cli.Terminated):
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
