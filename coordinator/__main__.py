@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from calispec_core.interrupts import interrupt_exits_quietly
 
 if TYPE_CHECKING:
+    from coordinator.engine import Orchestrator
     from coordinator.openai_api import HttpServer
 
 # Ctrl-C while torch and the serving stack import (seconds), before main() runs: exit 130, no traceback
@@ -249,19 +250,26 @@ def main(argv: list[str] | None = None) -> None:
     config, log_level = parse_config(argv)
     configure_logging(log_level)
     with interrupt_exits_quietly():  # start-up waits up to --connect-timeout for the model services
-        server, banner, http = start(config)
+        server, banner, http, orchestrator = start(config)
+
+        def on_stop() -> None:
+            if http is not None:
+                http.stop()
+            orchestrator.close_running_sessions()  # the requests the drain timed out on: nobody else closes them
+
         serve_until_signalled(
             server,
             banner,
-            on_stop=http.stop if http else None,
+            on_stop=on_stop,
             drain_timeout_s=config.drain_timeout_s,
             stop_when_stdin_closes=config.stop_when_stdin_closes,
             before_stop=http.begin_stop if http else None,  # its grace beside the gRPC server's, not after it
         )
 
 
-def start(config: CoordinatorConfig) -> tuple[ManagedServer, str, HttpServer | None]:
-    """Connect, bind, start the HTTP API if asked: (server, banner, the HTTP API's server); exit 2 on failure."""
+def start(config: CoordinatorConfig) -> tuple[ManagedServer, str, HttpServer | None, Orchestrator]:
+    """Connect, bind, start the HTTP API if asked: (server, banner, the HTTP API's server, the orchestrator); exit 2
+    on failure."""
     with startup_step("coordinator", "cannot start"):
         keys = ApiKeys(config.api_keys_file) if config.api_keys_file else None
         if keys is not None:
@@ -280,7 +288,7 @@ def start(config: CoordinatorConfig) -> tuple[ManagedServer, str, HttpServer | N
         scheme = "https" if config.tls.enabled else "http"
         banner += f" (OpenAI-compatible API at {scheme}://{config.host}:{http.port}/v1)"
     metrics_banner("coordinator", server)
-    return server, banner, http
+    return server, banner, http, orchestrator
 
 
 if __name__ == "__main__":

@@ -239,6 +239,8 @@ class Orchestrator:
         self.on_round: Callable[[Mode, Proposal | None, Verdict], None] | None = None  # e.g. metrics
         # a replica failed a request: "session" (it held the request: a failover) or "placement" (a new session)
         self.on_target_failure: Callable[[TargetFailure], None] | None = None
+        self._running: dict[int, _Request] = {}  # id() -> request, from its start to its sessions' close
+        self._running_lock = threading.Lock()
 
     @property
     def context_length(self) -> int:
@@ -262,6 +264,8 @@ class Orchestrator:
         request = self._new_request(prompt, params, deadline, check_prompt)
         if on_start is not None:
             on_start(request.request_id, request.stats)
+        with self._running_lock:
+            self._running[id(request)] = request
         try:
             self._prefill(request)
             try:
@@ -269,6 +273,17 @@ class Orchestrator:
             finally:
                 self.lockstep.leave(request.request_id)
         finally:
+            with self._running_lock:
+                self._running.pop(id(request), None)
+            self._close(request)
+
+    def close_running_sessions(self) -> None:
+        """At the coordinator's stop, the sessions of the requests still running (those its drain timed out on):
+        they ended with the process, and each model service's own drain then waited its whole timeout (20 s) for
+        sessions nobody would close (found by probing)."""
+        with self._running_lock:
+            running = list(self._running.values())
+        for request in running:
             self._close(request)
 
     def _new_request(

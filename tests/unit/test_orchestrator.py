@@ -137,6 +137,20 @@ def test_a_consumer_that_stops_early_still_closes_sessions() -> None:
     assert draft.sessions == {} and target.sessions == {}
 
 
+def test_the_coordinators_stop_closes_the_sessions_of_requests_still_running() -> None:
+    """A request the drain timed out on ended with the coordinator's process, its sessions open: each model
+    service's own drain then waited its whole timeout for them (found by probing: `calispec down` 52 s, not 27)."""
+    orchestrator, draft, target = make()
+    stream = orchestrator.generate("a", params(max_new_tokens=100, num_speculative_tokens=1), Deadline(60))
+    next(stream)  # mid-request, as the process stops
+    assert draft.sessions and target.sessions
+    orchestrator.close_running_sessions()
+    assert draft.sessions == {} and target.sessions == {}
+    stream.close()  # its own close after: a no-op (already closed)
+    orchestrator.close_running_sessions()  # and none left to close
+    assert orchestrator._running == {}
+
+
 def test_prompt_that_fills_the_context_is_invalid() -> None:
     draft, target = FakeDraft(sloppy_draft), FakeTarget(alphabet_target)
     orchestrator = Orchestrator(CharTokenizer(), draft, [target], (EOS,), max_context=8)
