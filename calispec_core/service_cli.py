@@ -218,7 +218,18 @@ def configure_logging(level: str) -> None:
 def metrics_banner(name: str, server: ManagedServer) -> None:
     """The line `calispec up` reads to print the metrics URL (before the readiness line)."""
     if server.metrics_url is not None:
-        print(f"{name} metrics on {server.metrics_url}", flush=True)
+        announce(f"{name} metrics on {server.metrics_url}")
+
+
+def announce(line: str) -> None:
+    """A line for the launcher that reads stdout; a launcher gone (killed during the model load) is no reason to die
+    with a BrokenPipeError traceback (found by probing): the line goes nowhere, and the service stops when its
+    standard input ends (`calispec up`'s services) or serves on."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or every later print fails too
+        log.warning("stdout is closed (its reader is gone): %r went nowhere", line)
 
 
 def stop_on_signals(stdin_closes: bool = False) -> threading.Event:
@@ -267,7 +278,7 @@ def serve_until_signalled(
     stops it, and `stop_when_stdin_closes` is not used)."""
     stop = stop if stop is not None else stop_on_signals(stop_when_stdin_closes)
     server.start()
-    print(banner, flush=True)
+    announce(banner)
     wait_for_stop(stop)
     server.drain(drain_timeout_s)
     if before_stop is not None:

@@ -79,3 +79,30 @@ def test_sigterm_taken_by_another_thread_interrupts_up_waiting_for_a_service() -
     never_handled = "SIGTERM during the wait for a readiness line was never handled"
     code, out, err = _sigterm_once_waiting(STARTUP_CHILD, never_handled)
     assert (code, out) == (0, "interrupted\n"), err
+
+
+ANNOUNCER = """
+import sys
+from calispec_core.service_cli import announce
+
+sys.stdin.readline()  # until the launcher has gone away (its end of our stdout closed)
+announce("draft metrics on http://127.0.0.1:1/metrics")
+announce("draft listening on 127.0.0.1:2")
+print("served on", file=sys.stderr)
+"""
+
+
+def test_a_service_whose_launcher_went_away_does_not_die_at_its_readiness_line() -> None:
+    """`calispec up` killed while the draft loaded its model: the draft's metrics line raised BrokenPipeError, a
+    traceback and exit 1 (found by probing). The lines go nowhere; the service goes on (and stops at its stdin's
+    end when asked to)."""
+    child = subprocess.Popen([sys.executable, "-c", ANNOUNCER], cwd=REPO_ROOT, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert child.stdin is not None and child.stdout is not None and child.stderr is not None
+    child.stdout.close()
+    child.stdin.write("go\n")
+    child.stdin.close()
+    stderr = child.stderr.read()
+    assert child.wait(timeout=60) == 0, stderr
+    assert "Traceback" not in stderr and stderr.rstrip().endswith("served on")
+    assert "stdout is closed" in stderr
