@@ -101,6 +101,22 @@ def check_pair_flags(args: argparse.Namespace) -> None:
         raise SystemExit(cli_auth.usage_error("give both --draft and --target, or neither (then --pair decides)"))
 
 
+UP_PORT_FLAGS = ("port", "target_port", "draft_port", "memory_port", "http_port")
+
+
+def check_distinct_ports(args: argparse.Namespace) -> None:
+    """Two of `up`'s services on one port is a usage error now (SystemExit 2), not after three have loaded."""
+    seen: dict[int, str] = {}
+    for name in UP_PORT_FLAGS:
+        port = getattr(args, name)
+        if port == 0 or (name == "http_port" and args.no_http):  # 0: a free port each
+            continue
+        flag = "--" + name.replace("_", "-")
+        if port in seen:
+            raise SystemExit(cli_auth.usage_error(f"{seen[port]} and {flag} are both {port}: give each its own port"))
+        seen[port] = flag
+
+
 def resolve_pair(args: argparse.Namespace) -> tuple[Path, Path]:
     """(draft, target) directories: explicit --draft/--target, else the --pair (tiny or a known pair)."""
     check_pair_flags(args)
@@ -427,6 +443,7 @@ def serve_stack(args: argparse.Namespace) -> int:
     """`calispec up`: start the stack, then serve until Ctrl-C, SIGTERM or `calispec down`."""
     stop = threading.Event()
     check_pair_flags(args)  # before the claim: a usage error, whether or not another `up` runs
+    check_distinct_ports(args)
     # until the stack is up, Ctrl-C and SIGTERM interrupt its start-up (stack_command); from then on they
     # stop the running stack
     with claim_up_or_refuse() as claim, secrets_of_up() as secrets_dir:

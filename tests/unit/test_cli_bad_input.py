@@ -172,6 +172,22 @@ def test_an_empty_path_is_an_argparse_error(argv: list[str], capsys: pytest.Capt
     assert "must not be empty (leave the flag out for its default)" in capsys.readouterr().err
 
 
+def test_two_services_of_up_on_one_port_is_a_usage_error_before_anything_loads(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`up --port X --target-port X` was refused only after three services had loaded (found by probing)."""
+    args = cli.build_parser().parse_args(["up", "--port", "21000", "--target-port", "21000"])
+    with pytest.raises(SystemExit) as exited:
+        cli.check_distinct_ports(args)
+    assert exited.value.code == 2
+    assert "--port and --target-port are both 21000" in capsys.readouterr().err
+    free = cli.build_parser().parse_args(["up", "--port", "0", "--target-port", "0", "--http-port", "50050"])
+    cli.check_distinct_ports(free)  # 0 is a free port each; the HTTP port collides only when served:
+    with pytest.raises(SystemExit):
+        cli.check_distinct_ports(cli.build_parser().parse_args(["up", "--http-port", "50050"]))
+    cli.check_distinct_ports(cli.build_parser().parse_args(["up", "--http-port", "50050", "--no-http"]))
+
+
 def test_calibrate_max_tokens_takes_what_the_calibration_takes() -> None:
     """The flag's minimum is the config's: what argparse lets through, the calibration runs."""
     from calispec_tools.calibrate.job import CalibrateConfig
