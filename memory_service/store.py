@@ -71,6 +71,7 @@ from calispec_core.errors import FailedPrecondition, InvalidArgument, ResourceEx
 from calispec_core.limits import MAX_STATS_TOP_PAIRS
 from memory_service import write_ids
 from memory_service.db_lock import DatabaseLock
+from memory_service.stored_state import Bounds, check_stored_state
 from memory_service.watch import Delta, WatchHub
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,30 @@ GROUP BY v.namespace ORDER BY v.namespace
 """
 _META_GET = "SELECT value FROM store_meta WHERE key = ?"
 _META_SET = "INSERT INTO store_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+# What the store reads back, with the range it relies on, checked on open (stored_state.py): a table made without
+# STRICT (by hand, by another program) may hold text or a float anywhere, and reads and flushes failed on it long
+# after start-up (found by probing).
+_TEXT: Bounds = None
+_NON_NEGATIVE: Bounds = (0, MAX_TOTAL_EVENTS)
+_STORED_COLUMNS: dict[str, dict[str, Bounds]] = {
+    "pair_counts": {
+        "namespace": _TEXT,
+        "draft_token_id": (0, MAX_TOKEN_ID),
+        "target_token_id": (0, MAX_TOKEN_ID),
+        "count": (1, MAX_TOTAL_EVENTS),  # a pair counted 0 times is deleted
+        "last_version": _NON_NEGATIVE,
+    },
+    "namespace_versions": {"namespace": _TEXT, "version": _NON_NEGATIVE, "total_events": _NON_NEGATIVE},
+    "namespace_vocab": {"namespace": _TEXT, "vocab_size": (1, MAX_VOCAB_SIZE)},
+    "store_meta": {"key": _TEXT},
+    "accepted_writes": {
+        "namespace": _TEXT,
+        "write_id": _TEXT,
+        "digest": _TEXT,
+        "recorded": _NON_NEGATIVE,
+        "version": _NON_NEGATIVE,
+    },
+}
 
 
 def _is_int(value: object) -> bool:
@@ -794,8 +819,9 @@ def _connect(path: Path, now: float) -> sqlite_utils.Database:
         if problem != "ok":
             raise sqlite3.DatabaseError(f"corrupt ({problem}); restore a backup or import an export")
         db.execute("PRAGMA synchronous=FULL")  # fsync each commit: a committed flush survives power loss
-        with db.atomic():
+        with db.atomic():  # a database refused gets no tables nor migration from this open
             _create_schema(db, now)
+            check_stored_state(db, _STORED_COLUMNS)
     except BaseException:
         conn.close()
         raise
