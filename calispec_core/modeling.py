@@ -307,6 +307,13 @@ class Session:
             del self.riding_prefix[length - 1 :]
 
 
+def check_prompt_fits(count: int, max_context: int) -> None:
+    """InvalidArgument for a prompt of `count` tokens the context cannot hold. The servicers call it on the repeated
+    field's length (O(1)) before converting it: a 64 MiB field became tens of millions of Python ints (~440 MB,
+    seconds of CPU) only to be refused (found by probing)."""
+    require(count < max_context, f"prompt of {count} tokens does not fit the context ({max_context})")
+
+
 def prefill_session(
     runner: ModelRunner,
     session_id: str,
@@ -330,10 +337,7 @@ def prefill_session(
     (+78 ms in an 8 × 4 verify)."""
     check_session_id(session_id)
     require(len(token_ids) > 0, "prompt token_ids must not be empty")
-    require(
-        len(token_ids) < runner.max_context,
-        f"prompt of {len(token_ids)} tokens does not fit the context ({runner.max_context})",
-    )
+    check_prompt_fits(len(token_ids), runner.max_context)
     runner.check_token_ids(token_ids, "prompt")
     session = Session(session_id, list(token_ids), runner.new_cache())
     prefix = token_ids[:-1]

@@ -8,6 +8,7 @@ About γ × K × 8 bytes a round instead of γ × V × 4 (K = 256 vs a 150k voca
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,9 +41,9 @@ class SparseQ:
     def row_index(self) -> np.ndarray:  # [N] the row of every entry
         return np.repeat(np.arange(len(self.row_sizes)), self.row_sizes)
 
-    def validate(self, rows: int, vocab_size: int) -> SparseQ:
-        """A real distribution per draft token over tokens < vocab_size, each token listed once;
-        a faulty q would silently break lossless sampling."""
+    def validate(self, rows: int, vocab_size: int, draft: Sequence[int] | None = None) -> SparseQ:
+        """A real distribution per draft token over tokens < vocab_size, each token listed once, and (given the
+        `draft` tokens) giving each drafted token q > 0; a faulty q would silently break lossless sampling."""
         require(
             len(self.row_sizes) == rows,
             f"draft_sparse_probs must have one row per draft token ({rows}), got {len(self.row_sizes)}",
@@ -65,7 +66,21 @@ class SparseQ:
             raise InvalidArgument(f"each draft_sparse_probs row must sum to 1 (off by {worst:.3g})")
         keys = index * vocab_size + self.token_ids
         require(len(np.unique(keys)) == n, "a draft_sparse_probs row lists a token more than once")
+        if draft is not None:
+            self._check_drafted(index, np.asarray(draft, dtype=np.int64))
         return self
+
+    def _check_drafted(self, index: np.ndarray, draft: np.ndarray) -> None:
+        """The draft sampled token i from row i, so q_i(x̃_i) > 0; a q without it is not the q it sampled from
+        (the verifier would reject the token every time, silently)."""
+        drafted = np.zeros(len(draft), dtype=bool)  # [rows]
+        drafted[index[(self.token_ids == draft[index]) & (self.probs > 0)]] = True
+        if not drafted.all():
+            i = int(np.flatnonzero(~drafted)[0])
+            raise InvalidArgument(
+                f"draft token {i} (id {int(draft[i])}) has probability 0 in its draft_sparse_probs row: "
+                "q must be the distribution the draft sampled it from"
+            )
 
     def densify(self, vocab_size: int, device: torch.device | str) -> torch.Tensor:
         """[rows, vocab_size] float32 on `device` (the entries travel, the zeros are made there)."""

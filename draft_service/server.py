@@ -7,7 +7,7 @@ from calispec_core.access import PeerAllowlistInterceptor
 from calispec_core.forward_costs import DRAFT_TOKEN_COUNTS, measure_forward_costs
 from calispec_core.grpc_server import create_grpc_server
 from calispec_core.metrics import new_registry
-from calispec_core.modeling import ModelRunner
+from calispec_core.modeling import ModelRunner, check_prompt_fits
 from calispec_core.observability import ManagedServer, Observe
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.protocol import (
@@ -32,6 +32,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
 
     def Prefill(self, request, context):
         watch = Stopwatch()
+        check_prompt_fits(len(request.token_ids), self.proposer.runner.max_context)
         sampling = sampling_from_pb(request.sampling)
         self.proposer.prefill(request.session_id, list(request.token_ids), sampling, watch)
         return draft_pb2.DraftPrefillResponse(timing=timing_to_pb(watch))

@@ -19,7 +19,7 @@ import torch
 from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
-from calispec_core.errors import CalispecError, InvalidArgument, require
+from calispec_core.errors import CalispecError, FailedPrecondition, InvalidArgument, require
 from calispec_core.generation import Mode, TokenLogprob
 from calispec_core.limits import (
     DEFAULT_RIDE_PREFILL_TOKENS,
@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 DEFAULT_TAU = 0.01
 DEFAULT_LAMBDA = 6
 DRAFT_PROBS_TOLERANCE = 1e-3  # |sum(q) - 1| allowed per row: float32 softmax over 150k tokens is far closer
+NON_FINITE_LOGITS = (
+    "the target model produced non-finite logits (NaN/inf) at this step: its weights are damaged or its dtype overflows"
+)
 
 # Sees every verified round (its inputs, with the raw logits, and the verifier's decision); offline tools use it.
 # The inputs' logits are valid during the call only (a buffer the next round writes again).
@@ -122,6 +125,7 @@ class TargetEngine:
         )
         self.scheduler: BatchScheduler[_Row, VerifyResult] = BatchScheduler(self._round, max_batch, gather_s=gather_s)
         self._padded_buffer: torch.Tensor | None = None  # [N] float32: rounds' padded logits (compute thread only)
+        self._non_finite_logged = False  # a damaged model fails every round: its ERROR is logged once
 
     def prefill(
         self,
@@ -202,8 +206,10 @@ class TargetEngine:
                         out.next_is_bonus.long(),
                         out.event_mask.sum(dim=-1),
                         out.withheld.sum(dim=-1),
+                        out.finite.long(),
                     ]
                 ).tolist()  # the one device sync of the round, after the math
+                self._check_finite(rows, outcome.pop())
                 rescued = out.rescued.tolist()  # [B][G]
                 self._check_emitted(rows, outcome[1])
                 logprobs = self._logprobs(rows, batch.target_logits, outcome[0], outcome[1])
@@ -254,6 +260,17 @@ class TargetEngine:
         reports = dict(zip(asking, emitted_logprobs(logits, asking, emitted, tops), strict=True))
         return [reports.get(b) for b in range(len(rows))]
 
+    def _check_finite(self, rows: Sequence[_Row], finite: list[int]) -> None:
+        """Never commit tokens drawn from NaN / inf logits (greedy would emit token 0, sampling an id past the
+        vocabulary): the model, not the request nor our code, is at fault, so FAILED_PRECONDITION, not INTERNAL."""
+        broken = [row.state.session.session_id for row, ok in zip(rows, finite, strict=True) if not ok]
+        if not broken:
+            return
+        if not self._non_finite_logged:  # a batch that fails reruns row by row: once, not once a row or a round
+            self._non_finite_logged = True
+            log.error("%s (sessions %s; logged once)", NON_FINITE_LOGITS, broken)
+        raise FailedPrecondition(f"session {broken[0]!r}: {NON_FINITE_LOGITS}")
+
     def _check_emitted(self, rows: Sequence[_Row], next_tokens: list[int]) -> None:
         """Never commit a token outside the vocabulary (it would break every later batched forward)."""
         for row, token in zip(rows, next_tokens, strict=True):
@@ -278,33 +295,42 @@ class TargetEngine:
         self.runner.check_token_ids(draft, "draft_token_ids")
         room = self.runner.max_context - len(state.session.tokens)
         require(len(draft) < room, f"{len(draft)} draft tokens do not fit the remaining context ({room})")
-        if state.sampling.greedy or not draft:
-            return
         if draft_probs is None:
-            raise InvalidArgument("draft_probs are required when the session samples (temperature > 0)")
+            if draft and not state.sampling.greedy:
+                raise InvalidArgument("draft_probs are required when the session samples (temperature > 0)")
+            return
+        # A q sent is checked whatever the temperature (a greedy round ignores it): malformed input is refused alike.
         if isinstance(draft_probs, SparseQ):
-            draft_probs.validate(len(draft), self.runner.vocab_size)
+            draft_probs.validate(len(draft), self.runner.vocab_size, draft)
         else:
-            self._check_draft_probs(draft_probs, len(draft))
+            self._check_draft_probs(draft_probs, draft)
 
-    def _check_draft_probs(self, probs: torch.Tensor, rows: int) -> None:
-        """q must be a real distribution per draft token, over exactly the target's vocabulary: a
-        faulty q would silently break lossless sampling."""
-        vocab = self.runner.vocab_size
+    def _check_draft_probs(self, probs: torch.Tensor, draft: list[int]) -> None:
+        """q must be a real distribution per draft token, over exactly the target's vocabulary, giving each drafted
+        token q > 0 (the draft sampled it from this q): a faulty q would silently break lossless sampling."""
+        vocab, rows = self.runner.vocab_size, len(draft)
         require(
             tuple(probs.shape) == (rows, vocab),
             f"draft_probs must be [{rows}, {vocab}] (one row per draft token over the target's vocabulary), "
             f"got {list(probs.shape)}",
         )
-        # Two reductions settle the common case: a NaN or inf anywhere fails the minimum or a row sum
+        if not rows:
+            return
+        drafted = probs.gather(1, torch.tensor(draft, device=probs.device).view(-1, 1)).view(-1)  # [rows] q(x̃)
+        # Three reductions, one sync, settle the common case: a NaN or inf anywhere fails the minimum or a row sum
         # (float32 cascade sums: error ~1e-7); the reason is looked up only for the message.
-        lowest = float(probs.min())
-        worst = float((probs.sum(dim=-1) - 1).abs().max())  # [rows] -> the worst row's error
-        if lowest >= 0 and worst <= DRAFT_PROBS_TOLERANCE:
+        worst_row = (probs.sum(dim=-1) - 1).abs().max()  # the worst row's error
+        lowest, worst, least_drafted = torch.stack([probs.min(), worst_row, drafted.min()]).tolist()
+        if lowest >= 0 and worst <= DRAFT_PROBS_TOLERANCE and least_drafted > 0:
             return
         require(bool(torch.isfinite(probs).all()), "draft_probs must be finite")
         require(lowest >= 0, "draft_probs must be >= 0")
-        raise InvalidArgument(f"each draft_probs row must sum to 1 (off by {worst:.3g})")
+        require(worst <= DRAFT_PROBS_TOLERANCE, f"each draft_probs row must sum to 1 (off by {worst:.3g})")
+        i = int((drafted <= 0).nonzero()[0])
+        raise InvalidArgument(
+            f"draft token {i} (id {draft[i]}) has probability 0 in its draft_probs row: "
+            "q must be the distribution the draft sampled it from"
+        )
 
     def _verify_input(self, rows: Sequence[_Row], logits: list[torch.Tensor]) -> VerifyInput:
         """Pad the rows to one batch: logits [B, G+1, V], drafts [B, G], q [B, G, V_draft]."""

@@ -9,12 +9,13 @@ import torch
 
 from calispec.v1 import target_pb2, target_pb2_grpc
 from calispec_core.access import PeerAllowlistInterceptor
-from calispec_core.errors import InvalidArgument
+from calispec_core.errors import InvalidArgument, require
 from calispec_core.forward_costs import TARGET_TOKEN_COUNTS, measure_forward_costs
 from calispec_core.generation import Mode, mode_from_wire
 from calispec_core.grpc_server import create_grpc_server
+from calispec_core.limits import MAX_SPECULATIVE_TOKENS
 from calispec_core.metrics import new_registry
-from calispec_core.modeling import ModelRunner
+from calispec_core.modeling import ModelRunner, check_prompt_fits
 from calispec_core.observability import ManagedServer, Observe
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.protocol import (
@@ -73,6 +74,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
 
     def Prefill(self, request, context):
         watch = Stopwatch()
+        check_prompt_fits(len(request.token_ids), self.engine.runner.max_context)
         sampling = sampling_from_pb(request.sampling)
         rescue = rescue_from_pb(request)
         asked = request.prompt_logprobs if request.HasField("prompt_logprobs") else None
@@ -83,6 +85,8 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
 
     def Verify(self, request, context):
         watch = Stopwatch()
+        count = len(request.draft_token_ids)  # before the conversion, like a prompt's (engine: the same message)
+        require(count <= MAX_SPECULATIVE_TOKENS, f"at most {MAX_SPECULATIVE_TOKENS} draft tokens, got {count}")
         draft = list(request.draft_token_ids)
         probs = draft_q_from_pb(request)
         if self.link is not None and draft:

@@ -166,6 +166,7 @@ class VerifyOutput:
     event_mask: Tensor  # [B, G] bool rejection events: rescued positions + the final rejected one
     target_tokens: Tensor  # [B, G] int64 t* = argmax z per position, PLACEHOLDER_TOKEN_ID beyond num_draft
     withheld: Tensor  # [B, G] bool: the final rejection, where CSD's tests passed and the meaning guard refused
+    finite: Tensor  # [B] bool: the row's logits were usable (False: NaN / inf, its tokens are noise; see verify())
 
     def events(self, draft_tokens: Tensor) -> tuple[Tensor, Tensor]:
         """(draft_ids [E], target_ids [E]) of this round's rejection events, for the memory."""
@@ -174,7 +175,11 @@ class VerifyOutput:
 
 def verify(inp: VerifyInput, pair_counts: PairCountFn, meaning_keys: Tensor | None = None) -> VerifyOutput:
     """Verify one round for every row of the batch, from the logits of one target pass. `meaning_keys`
-    ([V] int64 on the logits' device, target_service/meaning_guard.py): a rescue also needs equal keys."""
+    ([V] int64 on the logits' device, target_service/meaning_guard.py): a rescue also needs equal keys.
+
+    `finite` flags rows whose logits hold NaN or inf at some position (damaged weights, a float16 overflow), from
+    values the rules compute anyway: a greedy row's maximum logit (the argmax lands on a NaN), a sampling row's
+    distribution mass (softmax turns NaN, +inf or all -inf into NaN). The caller must not commit such a row."""
     inp.check_shapes()
     logits = inp.target_logits  # [B, G+1, V]
     draft_width = logits.shape[1] - 1
@@ -186,7 +191,7 @@ def verify(inp: VerifyInput, pair_counts: PairCountFn, meaning_keys: Tensor | No
     # and each row's draft length (how much randomness a sampling row draws).
     sampling, rescuing, lengths = torch.stack([inp.temperature > 0, inp.mode >= Mode.CSD, inp.num_draft]).tolist()
     sampling_rows, rescue_rows = [bool(s) for s in sampling], [bool(r) for r in rescuing]
-    accepted, emitted = _standard_rule(inp, draft, valid, sampling_rows, lengths)  # [B, G], [B, G+1]
+    accepted, emitted, finite = _standard_rule(inp, draft, valid, sampling_rows, lengths)  # [B, G], [B, G+1], [B]
     accepted &= valid
     # t* of CSD for every row: greedy rows already emit the argmax; sampling rows need it separately.
     target = argmax_last(logits[:, :draft_width]) if any(sampling_rows) else emitted[:, :draft_width]  # [B, G]
@@ -212,6 +217,7 @@ def verify(inp: VerifyInput, pair_counts: PairCountFn, meaning_keys: Tensor | No
         event_mask=rescued | final_rejection,
         withheld=withheld & final_rejection,  # only the one that ended the round was ever reached
         target_tokens=torch.where(valid, target, PLACEHOLDER_TOKEN_ID),
+        finite=finite,
     )
 
 
@@ -221,25 +227,30 @@ def _standard_rule(
     valid: Tensor,  # [B, G] bool
     sampling_rows: list[bool],  # [B] temperature > 0, on the host
     lengths: list[int],  # [B] num_draft, on the host
-) -> tuple[Tensor, Tensor]:  # accepted [B, G] bool (before masking), emitted [B, G+1] int64
+) -> tuple[Tensor, Tensor, Tensor]:  # accepted [B, G] bool (before masking), emitted [B, G+1] int64, finite [B]
     """Standard SD per row: greedy matching or speculative sampling; each path runs only if needed."""
     if not any(sampling_rows):
         return _greedy_rule(inp.target_logits, draft)
     uniforms = _draw_uniforms(inp.generators, sampling_rows, lengths, draft.shape[1], draft.device)  # [B, 2G+1]
-    accepted, sampled = _speculative_sampling(inp, draft, valid, uniforms)
+    accepted, sampled, finite = _speculative_sampling(inp, draft, valid, uniforms)
     if all(sampling_rows):
-        return accepted, sampled
-    greedy_accepted, greedy_tokens = _greedy_rule(inp.target_logits, draft)
+        return accepted, sampled, finite
+    greedy_accepted, greedy_tokens, greedy_finite = _greedy_rule(inp.target_logits, draft)
     greedy = (inp.temperature <= 0).view(-1, 1)  # [B, 1]
-    return torch.where(greedy, greedy_accepted, accepted), torch.where(greedy, greedy_tokens, sampled)
+    return (
+        torch.where(greedy, greedy_accepted, accepted),
+        torch.where(greedy, greedy_tokens, sampled),
+        torch.where(greedy.view(-1), greedy_finite, finite),
+    )
 
 
 def _greedy_rule(
     logits: Tensor,  # [B, G+1, V]
     draft: Tensor,  # [B, G] int64
-) -> tuple[Tensor, Tensor]:  # accepted [B, G] bool, t* [B, G+1] int64 (position G: the bonus)
+) -> tuple[Tensor, Tensor, Tensor]:  # accepted [B, G] bool, t* [B, G+1] int64 (G: the bonus), finite [B] bool
     target_tokens = argmax_last(logits)  # [B, G+1]
-    return draft == target_tokens[:, : draft.shape[1]], target_tokens
+    top = logits.gather(-1, target_tokens.unsqueeze(-1)).squeeze(-1)  # [B, G+1] the maxima; NaN where one is
+    return draft == target_tokens[:, : draft.shape[1]], target_tokens, top.isfinite().all(dim=-1)
 
 
 def _draw_uniforms(
@@ -264,7 +275,7 @@ def _speculative_sampling(
     draft: Tensor,  # [B, G] int64 draft tokens, placeholders replaced by 0
     valid: Tensor,  # [B, G] bool
     uniforms: Tensor,  # [B, 2G+1] float32
-) -> tuple[Tensor, Tensor]:  # accepted [B, G] bool, sampled tokens [B, G+1] int64
+) -> tuple[Tensor, Tensor, Tensor]:  # accepted [B, G] bool, sampled tokens [B, G+1] int64, finite [B] bool
     """Lossless speculative sampling: the acceptance coins and the token sampled at every position."""
     logits = inp.target_logits  # [B, G+1, V]
     draft_width = logits.shape[1] - 1
@@ -287,22 +298,24 @@ def _speculative_sampling(
     # mass, otherwise from p: that is the bonus when j == num_draft. Position G: bonus only.
     use_residual = valid & (residual.sum(dim=-1) > 0)  # [B, G]
     weights = torch.where(use_residual.unsqueeze(-1), residual, p_draft, out=residual)  # [B, G, V]
-    recovered = _inverse_cdf(weights, uniforms[:, draft_width : 2 * draft_width])  # [B, G]
-    last_bonus = _inverse_cdf(p[:, draft_width:], uniforms[:, 2 * draft_width :])  # [B, 1]
-    return accepted, torch.cat([recovered, last_bonus], dim=1)
+    recovered, recovered_mass = _inverse_cdf(weights, uniforms[:, draft_width : 2 * draft_width])  # [B, G] x2
+    last_bonus, bonus_mass = _inverse_cdf(p[:, draft_width:], uniforms[:, 2 * draft_width :])  # [B, 1] x2
+    # p of a position with NaN / inf logits is all NaN, and so is the mass it was sampled from (residual or p)
+    finite = torch.cat([recovered_mass, bonus_mass], dim=1).isfinite().all(dim=-1)  # [B]
+    return accepted, torch.cat([recovered, last_bonus], dim=1), finite
 
 
 def _inverse_cdf(
     weights: Tensor,  # [..., V] non-negative, not necessarily normalised, positive sum
     uniforms: Tensor,  # [...] in [0, 1)
-) -> Tensor:  # [...] int64
+) -> tuple[Tensor, Tensor]:  # [...] int64 samples, [...] the weights' sums
     """Sample index k with probability weights[k] / sum(weights), never one of weight 0."""
     cdf = weights.cumsum(dim=-1)  # [..., V]
     total = cdf[..., -1:].contiguous()  # [..., 1]
     picked = torch.searchsorted(cdf, uniforms.unsqueeze(-1) * total, right=True)  # [..., 1]
     # Defensive (u < 1 keeps u * total < total in float32): never step past the last token with mass.
     last = torch.searchsorted(cdf, total)  # [..., 1]
-    return torch.minimum(picked, last).squeeze(-1)
+    return torch.minimum(picked, last).squeeze(-1), total.squeeze(-1)
 
 
 def _rescue_mask(
