@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from calispec.v1 import draft_pb2, draft_pb2_grpc
 from calispec_core.access import PeerAllowlistInterceptor
+from calispec_core.errors import require
 from calispec_core.forward_costs import DRAFT_TOKEN_COUNTS, measure_forward_costs
 from calispec_core.grpc_server import create_grpc_server
 from calispec_core.metrics import new_registry
@@ -37,6 +38,12 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.proposer.prefill(request.session_id, list(request.token_ids), sampling, watch)
         return draft_pb2.DraftPrefillResponse(timing=timing_to_pb(watch))
 
+    def _appended(self, request) -> list[int]:
+        """The tokens to append, refused from their count before conversion (as a prompt's: check_prompt_fits)."""
+        count, context = len(request.append_token_ids), self.proposer.runner.max_context
+        require(count < context, f"{count} append_token_ids cannot fit the context ({context})")
+        return list(request.append_token_ids)
+
     def Propose(self, request, context):
         watch = Stopwatch()
         rollback_to = request.rollback_to if request.HasField("rollback_to") else None
@@ -44,7 +51,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             request.session_id,
             request.num_tokens,
             rollback_to,
-            list(request.append_token_ids),
+            self._appended(request),
             watch,
             min_confidence=request.min_confidence,
             cohort=request.cohort,
@@ -64,7 +71,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         return response
 
     def Rollback(self, request, context):
-        length = self.proposer.rollback(request.session_id, request.length, list(request.append_token_ids))
+        length = self.proposer.rollback(request.session_id, request.length, self._appended(request))
         return draft_pb2.RollbackResponse(length=length)
 
     def Close(self, request, context):

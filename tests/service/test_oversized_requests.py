@@ -79,6 +79,20 @@ def test_the_draft_refuses_a_prompt_longer_than_its_context_before_converting_it
         proposer.stop()
 
 
+@pytest.mark.parametrize("rpc", ["Propose", "Rollback"])
+def test_the_draft_refuses_an_append_longer_than_its_context_before_converting_it(
+    draft_runner: ModelRunner, rpc: str
+) -> None:
+    proposer = Proposer(draft_runner, max_sessions=2)
+    try:
+        message = getattr(draft_pb2, f"{rpc}Request")(session_id="any")
+        request = Oversized(message, "append_token_ids", PROBE_TOKENS)
+        with pytest.raises(InvalidArgument, match=f"{PROBE_TOKENS} append_token_ids cannot fit the context"):
+            getattr(DraftServicer(proposer), rpc)(request, None)
+    finally:
+        proposer.stop()
+
+
 def test_the_target_refuses_too_many_draft_tokens_before_converting_them(target: TargetServicer) -> None:
     request = Oversized(target_pb2.VerifyRequest(session_id="any"), "draft_token_ids", PROBE_TOKENS)
     with pytest.raises(InvalidArgument, match=f"at most {MAX_SPECULATIVE_TOKENS} draft tokens, got {PROBE_TOKENS}"):
