@@ -14,8 +14,10 @@ exempt from all three (probes and tools must reach them).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import os
 import re
 import secrets
 import threading
@@ -170,16 +172,22 @@ class ApiKeys:
         return self._hashes.get(hash_key(token))
 
     def reload(self, strict: bool = False) -> None:
+        """Read the file again (SIGHUP, or a change the requests' check saw); never raises unless `strict`."""
         try:
             stat = self.path.stat()
             hashes = parse_key_file(self.path.read_text(encoding="utf-8"), str(self.path))
-        except (OSError, FailedPrecondition) as exc:
+        except (OSError, FailedPrecondition, UnicodeDecodeError) as exc:  # a Latin-1 comment: UnicodeDecodeError
             if strict:
                 raise FailedPrecondition(f"cannot load API keys from {self.path}: {exc}") from exc
-            log.error("keeping the previous API keys: %s", exc)
+            if isinstance(exc, FileNotFoundError):  # a SIGHUP after a delete starts the countdown, as a check does
+                self._file_missing(self._clock())
+            else:  # this version of the file is not read again, so its ERROR comes once, not once a second
+                with contextlib.suppress(OSError):
+                    self._stamp = _file_version(self.path.stat())
+            log.error("keeping the previous API keys: %s: %s", self.path, exc)
             return
         with self._lock:
-            self._hashes, self._stamp = hashes, (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+            self._hashes, self._stamp, self._missing_since = hashes, _file_version(stat), None
         log.info("loaded %d API keys from %s", len(hashes), self.path)
 
     def _reload_if_changed(self) -> None:
@@ -195,7 +203,7 @@ class ApiKeys:
         except OSError:
             return  # unreadable for now: keep the keys we have (a bad edit does too)
         self._missing_since = None
-        if (stat.st_mtime_ns, stat.st_size, stat.st_ino) != self._stamp:
+        if _file_version(stat) != self._stamp:
             self.reload()
 
     def _file_missing(self, now: float) -> None:
@@ -209,7 +217,15 @@ class ApiKeys:
         log.error("the API keys file %s is gone: every key is refused until it is back", self.path)
 
 
+def _file_version(stat: os.stat_result) -> tuple[int, int, int]:
+    """What tells a new version of the keys file: mtime, size and inode (a file replaced has a new one)."""
+    return stat.st_mtime_ns, stat.st_size, stat.st_ino
+
+
 # -- quotas ----------------------------------------------------------------------------------------
+
+
+MIN_REQUESTS_PER_MINUTE = 1e-4  # about one request a week
 
 
 @dataclass(frozen=True)
@@ -223,6 +239,11 @@ class Quota:
         # from a burst (so one under 1 admits none), and any count is >= a negative limit.
         if not self.requests_per_minute >= 0:  # nan too
             raise ValueError(f"requests_per_minute must be >= 0 (0: no limit), got {self.requests_per_minute}")
+        if 0 < self.requests_per_minute < MIN_REQUESTS_PER_MINUTE:  # 1e-323 / 60 is 0 a second: a division by zero
+            raise ValueError(
+                f"requests_per_minute must be 0 (no limit) or at least {MIN_REQUESTS_PER_MINUTE:g} (one a week), "
+                f"got {self.requests_per_minute:g}"
+            )
         if self.burst is not None and not self.burst >= 1:
             raise ValueError(f"burst must be >= 1 (a request takes one), got {self.burst}")
         if self.max_concurrent < 0:
@@ -252,17 +273,17 @@ class QuotaBook:
         self._usage: dict[str, _Usage] = {}
 
     @contextmanager
-    def admit(self, caller: str, requests: int = 1) -> Iterator[None]:
-        """Hold `requests` of the caller's request slots for the duration (an HTTP request of n choices is n
-        generations, so it counts as n requests), or raise ResourceExhausted."""
-        self._take(caller, requests)
+    def admit(self, caller: str, requests: int = 1, counted_by: str = "n") -> Iterator[None]:
+        """Hold `requests` of the caller's request slots for the duration (an HTTP request of n choices, or of a
+        list of prompts, `counted_by` that field, is as many generations), or raise ResourceExhausted."""
+        self._take(caller, requests, counted_by)
         try:
             yield
         finally:
             with self._lock:
                 self._usage[caller].in_flight -= requests
 
-    def _take(self, caller: str, requests: int) -> None:
+    def _take(self, caller: str, requests: int, counted_by: str) -> None:
         q = self.quota
         with self._lock:
             now = self._clock()
@@ -271,17 +292,18 @@ class QuotaBook:
             usage.updated = now
             # a request of more choices than the quota ever admits at once: the request's fault, not "retry later"
             # (a 429 had clients retry it for good); only an HTTP request of n choices counts as more than one
+            fewer = "fewer choices" if counted_by == "n" else "fewer prompts"
             if q.max_concurrent and requests > q.max_concurrent:
                 raise InvalidField(
-                    "n",
+                    counted_by,
                     f"counts as {requests} requests (one per choice); {caller!r} may have {q.max_concurrent} "
-                    "in flight: ask for fewer choices",
+                    f"in flight: ask for {fewer}",
                 )
             if q.requests_per_minute and requests > self._burst:
                 raise InvalidField(
-                    "n",
+                    counted_by,
                     f"counts as {requests} requests (one per choice); {caller!r} may send {self._burst:g} at "
-                    "once: ask for fewer choices",
+                    f"once: ask for {fewer}",
                 )
             if q.max_concurrent and usage.in_flight + requests > q.max_concurrent:
                 raise ResourceExhausted(f"{caller!r} already has {usage.in_flight} requests in flight (the limit)")

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 # Ctrl-C while torch and the serving stack import (seconds), before main() runs: exit 130, no traceback
 with interrupt_exits_quietly():
     import argparse
+    import logging
     import signal
     from pathlib import Path
 
@@ -54,6 +55,8 @@ with interrupt_exits_quietly():
     from coordinator.config import HTTP_HEADER_TIMEOUT_S, HTTP_MAX_BODY_BYTES, HTTP_MAX_GENERATIONS, CoordinatorConfig
     from coordinator.metrics import CoordinatorMetrics
     from coordinator.server import build_orchestrator, check_access, create_server
+
+log = logging.getLogger("coordinator")
 
 
 def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]:
@@ -267,13 +270,24 @@ def main(argv: list[str] | None = None) -> None:
         )
 
 
+def on_hangup(keys: ApiKeys | None) -> None:
+    """SIGHUP reloads the API keys. Always handled: a coordinator without a keys file died of it (a fleet-wide
+    "HUP to reload" cut its requests), and an exception here would end the main thread (found by probing)."""
+    if keys is None:
+        log.info("SIGHUP: no --api-keys-file to reload")
+        return
+    try:
+        keys.reload()
+    except Exception:
+        log.exception("SIGHUP: reloading the API keys failed; the previous keys stay in force")
+
+
 def start(config: CoordinatorConfig) -> tuple[ManagedServer, str, HttpServer | None, Orchestrator]:
     """Connect, bind, start the HTTP API if asked: (server, banner, the HTTP API's server, the orchestrator); exit 2
     on failure."""
     with startup_step("coordinator", "cannot start"):
         keys = ApiKeys(config.api_keys_file) if config.api_keys_file else None
-        if keys is not None:
-            signal.signal(signal.SIGHUP, lambda *_: keys.reload())
+        signal.signal(signal.SIGHUP, lambda *_: on_hangup(keys))
         quotas = QuotaBook(config.quota) if config.quota.limited else None  # one book for both APIs
         orchestrator = build_orchestrator(config)
         metrics = CoordinatorMetrics(new_registry())  # one set for both APIs, served on --metrics-port

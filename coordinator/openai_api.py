@@ -263,7 +263,7 @@ class OpenAIApi:
         # an echoed prompt's, decoded as its echoed text is (special tokens kept), so that its offsets follow that text
         self.prompt_token_texts = TokenTexts(lambda ids: orchestrator.tokenizer.decode(ids))
 
-    def admit(self, request: Request, model: str, choices: int = 1) -> ExitStack:
+    def admit(self, request: Request, model: str, choices: int = 1, counted_by: str = "n") -> ExitStack:
         """Refuse while draining (503, as gRPC's UNAVAILABLE), name the caller (RequestGuard authenticated it
         before the body was read), check the model (404) and take a quota slot per choice (429); the drain counts
         the request and the quota slots stay taken until the returned stack is closed: by the endpoint, or by the
@@ -276,7 +276,7 @@ class OpenAIApi:
             caller = self.caller(request)
             self.check_model(model)
             if self.settings.quotas is not None:
-                held.enter_context(self.settings.quotas.admit(caller, choices))
+                held.enter_context(self.settings.quotas.admit(caller, choices, counted_by))
         except BaseException:
             held.close()
             raise
@@ -692,7 +692,7 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
             allow_origins=list(settings.allowed_origins),
             allow_methods=["GET", "POST"],
             allow_headers=["authorization", "content-type", "x-request-id"],
-            expose_headers=["x-request-id"],
+            expose_headers=["x-request-id", "retry-after"],  # a browser's 429 handler reads when to retry
         )
     instrument(app, api.metrics)  # added last: outermost, it sees every answer, CORS's and RequestGuard's too
 
@@ -739,7 +739,8 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
 
     @app.post(COMPLETIONS_PATH, response_model=None, max_body_size=settings.max_body_bytes)
     async def completions(body: CompletionRequest, request: Request):
-        held = api.admit(request, body.model, body.choice_count())
+        # a list of prompts is as many requests as an `n` (a 400 over the quota names the field that asked)
+        held = api.admit(request, body.model, body.choice_count(), "n" if body.n > 1 else "prompt")
         try:
             return await api.completion(body, held, request)
         except BaseException:

@@ -42,7 +42,8 @@ def status_of(exc: BaseException) -> str:
 
 
 def finished(timer: RequestTimer, status: str, stats: GenerationStats | None, session: str | None) -> None:
-    """Count (a request's final stats only) and log it: one that ended early with what it had done by then."""
+    """Count (a request's final stats only) and log it: one that ended early with what it had done by then (its
+    acceptance from its counts: the rate is set on a finished request only, and a cancelled one logged 0.000)."""
     latency_s = timer.finish(status, stats)
     s = stats or timer.live_stats or GenerationStats()
     session = session or timer.request_id
@@ -51,5 +52,5 @@ def finished(timer: RequestTimer, status: str, stats: GenerationStats | None, se
         "request id=%s mode=%s status=%s prompt_tokens=%d tokens=%d rounds=%d drafted=%d accepted=%d "
         "rescued=%d acceptance=%.3f ttft_ms=%.1f latency_ms=%.1f session=%s",
         current_request_id() or "-", timer.mode, status, s.prompt_tokens, timer.tokens, s.rounds, s.drafted,
-        s.accepted, s.rescued, s.acceptance_rate, ttft_ms, latency_s * 1e3, session or "-",
+        s.accepted, s.rescued, s.accepted / s.drafted if s.drafted else 0.0, ttft_ms, latency_s * 1e3, session or "-",
     )  # fmt: skip

@@ -351,6 +351,8 @@ def test_cors_admits_the_allowed_origins_preflight_and_all(tmp_path: Path) -> No
         assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
         models = httpx.get(f"{base}/v1/models", headers={"origin": ORIGIN, **api.auth})
         assert models.status_code == 200 and models.headers["access-control-allow-origin"] == ORIGIN
+        # a 429's Retry-After must be readable by the page (probing found only x-request-id exposed)
+        assert "retry-after" in models.headers["access-control-expose-headers"].lower()
         refused = httpx.get(f"{base}/v1/models", headers={"origin": ORIGIN})  # no key: the 401 is readable too
         assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == ORIGIN
         other = httpx.get(f"{base}/v1/models", headers={"origin": "http://evil.example", **api.auth})

@@ -69,5 +69,9 @@ def test_a_stream_the_client_leaves_gives_back_its_slot_and_sessions(
         prompt_tokens = len(load_tokenizer(tiny_pair_tokenizer).encode("def add(a, b):"))
         assert f" prompt_tokens={prompt_tokens} " in line and f"session={first.request_id}" in line
         assert " rounds=0 " not in line
+        # its acceptance from its counts (the rate is set on a finished request only: it logged 0.000; probed)
+        counts = dict(field.split("=", 1) for field in line.split() if "=" in field)
+        drafted, accepted = int(counts["drafted"]), int(counts["accepted"])
+        assert drafted > 0 and counts["acceptance"] == f"{accepted / drafted:.3f}"
         result = client.generate("def add(a, b):", max_new_tokens=4, mode="sd")  # the one slot is free again
         assert result.finish_reason is not None

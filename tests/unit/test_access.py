@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 import stat
 from pathlib import Path
@@ -92,6 +93,65 @@ def test_a_keys_file_that_is_gone_revokes_every_key_after_a_grace(tmp_path: Path
     assert keys.identify("csk_alice-secret") == "alice"
 
 
+def test_a_keys_file_that_is_not_utf8_keeps_the_keys_and_is_named_at_startup(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Latin-1 comment (`# café`): UnicodeDecodeError escaped the reload, so requests that checked the file failed
+    INTERNAL, every second, and a SIGHUP killed the coordinator (found by probing)."""
+    path = tmp_path / "keys"
+    path.write_text(key_line("alice", "csk_alice-secret"))
+    keys = ApiKeys(path, check_every_s=0)
+    with path.open("ab") as file:
+        file.write(b"# caf\xe9 team\n")
+    with caplog.at_level(logging.ERROR, logger="calispec_core.access"):
+        assert keys.identify("csk_alice-secret") == "alice"  # the previous keys, no exception
+        keys.reload()  # SIGHUP's call
+        assert keys.identify("csk_alice-secret") == "alice"
+    errors = [r.getMessage() for r in caplog.records]
+    assert len(errors) == 2 and all(f"{path}: 'utf-8' codec can't decode" in e for e in errors), errors
+    with pytest.raises(FailedPrecondition, match=f"cannot load API keys from {path}: 'utf-8' codec"):
+        ApiKeys(path)  # at start-up: named
+
+
+def test_a_broken_keys_file_is_reported_once_not_at_every_check(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "keys"
+    path.write_text(key_line("alice", "csk_alice-secret"))
+    keys = ApiKeys(path, check_every_s=0)
+    path.write_text("bob not-a-hash\n")
+    with caplog.at_level(logging.ERROR, logger="calispec_core.access"):
+        for _ in range(3):
+            assert keys.identify("csk_alice-secret") == "alice"
+    assert len(caplog.records) == 1
+
+
+def test_a_sighup_after_the_keys_file_is_gone_starts_its_grace(tmp_path: Path) -> None:
+    """The countdown began at the first request that found the file gone: a SIGHUP after the delete only logged."""
+    path = tmp_path / "keys"
+    path.write_text(key_line("alice", "csk_alice-secret"))
+    now = [0.0]
+    keys = ApiKeys(path, check_every_s=60, clock=lambda: now[0], missing_grace_s=5)
+    path.unlink()
+    keys.reload()  # at 0
+    now[0] = 61.0  # the next check, past the grace counted from the SIGHUP
+    assert keys.identify("csk_alice-secret") is None
+
+
+def test_sighup_never_ends_the_coordinator(caplog: pytest.LogCaptureFixture) -> None:
+    """Without --api-keys-file no handler was installed, and SIGHUP's default action ended the process."""
+    with caplog.at_level(logging.INFO, logger="coordinator"):
+        coordinator_cli.on_hangup(None)
+    assert "no --api-keys-file to reload" in caplog.text
+
+    class Failing:
+        def reload(self) -> None:
+            raise RuntimeError("boom")
+
+    coordinator_cli.on_hangup(Failing())  # type: ignore[arg-type]
+    assert "previous keys stay in force" in caplog.text
+
+
 @pytest.mark.parametrize("name", ["carol#ops", "#ops", "a b", ""])
 def test_a_key_name_the_file_cannot_read_back_is_refused(name: str) -> None:
     """`carol#ops` was written, and broke the file (the parser cuts comments at `#`); `#ops` became a comment."""
@@ -169,6 +229,29 @@ def test_a_request_of_several_choices_counts_as_that_many_requests() -> None:
     beyond_burst = "counts as 5 requests (one per choice); 'carol' may send 4 at once"
     with pytest.raises(InvalidField, match=re.escape(beyond_burst)), QuotaBook(Quota(4, burst=4)).admit("carol", 5):
         pass
+
+
+def test_a_list_of_prompts_over_the_quota_names_the_prompt_not_n() -> None:
+    """A batch of two prompts without `n` got a 400 naming `n` (found by probing)."""
+    with pytest.raises(InvalidField, match="fewer prompts") as info, QuotaBook(Quota(max_concurrent=1)).admit(
+        "alice", 2, "prompt"
+    ):
+        pass
+    assert info.value.field == "prompt"
+
+
+@pytest.mark.parametrize("rate", [1e-323, 5e-5])
+def test_a_rate_too_small_to_refill_is_refused_up_front(rate: float) -> None:
+    """`--quota-rpm 1e-323` was accepted, and its refusals divided by a per-second rate of 0: 500s (found by
+    probing)."""
+    with pytest.raises(ValueError, match=r"or at least 0\.0001"):
+        Quota(requests_per_minute=rate)
+    book = QuotaBook(Quota(requests_per_minute=1e-4, burst=1))  # the slowest allowed still says when
+    with book.admit("alice"):
+        pass
+    with pytest.raises(ResourceExhausted) as info, book.admit("alice"):
+        pass
+    assert info.value.retry_after_s is not None and info.value.retry_after_s > 0
 
 
 def test_a_rate_limited_caller_is_told_when_its_bucket_refills() -> None:
