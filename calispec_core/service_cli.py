@@ -243,6 +243,9 @@ def stop_on_signals(stdin_closes: bool = False) -> threading.Event:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:  # the coordinator's reloads its API keys
+        # a fleet-wide "HUP to reload" ended the services that have nothing to reload (its default action)
+        signal.signal(signal.SIGHUP, lambda *_: log.info("SIGHUP: nothing to reload here"))
     if stdin_closes:
         threading.Thread(target=_set_at_stdin_end, args=(stop,), daemon=True, name="stdin-watch").start()
     return stop

@@ -106,3 +106,33 @@ def test_a_service_whose_launcher_went_away_does_not_die_at_its_readiness_line()
     assert child.wait(timeout=60) == 0, stderr
     assert "Traceback" not in stderr and stderr.rstrip().endswith("served on")
     assert "stdout is closed" in stderr
+
+
+HANGUP_CHILD = """
+import os, signal
+from calispec_core.service_cli import stop_on_signals
+
+stop = stop_on_signals()
+os.kill(os.getpid(), signal.SIGHUP)  # a fleet-wide "HUP to reload"
+print("alive", stop.is_set(), flush=True)
+"""
+
+
+def test_sighup_neither_ends_a_service_nor_stops_it_and_keeps_a_reload_handler() -> None:
+    """SIGHUP's default action ended the draft, target and memory services (they have nothing to reload)."""
+    done = subprocess.run([sys.executable, "-c", HANGUP_CHILD], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert (done.returncode, done.stdout) == (0, "alive False\n"), done.stderr
+    from calispec_core.service_cli import stop_on_signals
+
+    def reload_keys(*_: object) -> None:  # the coordinator's handler, installed before stop_on_signals runs
+        pass
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    signal.signal(signal.SIGHUP, reload_keys)
+    try:
+        stop_on_signals()
+        assert signal.getsignal(signal.SIGHUP) is reload_keys  # kept
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
