@@ -14,7 +14,6 @@ exempt from all three (probes and tools must reach them).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
@@ -173,17 +172,17 @@ class ApiKeys:
 
     def reload(self, strict: bool = False) -> None:
         """Read the file again (SIGHUP, or a change the requests' check saw); never raises unless `strict`."""
+        stat = None
         try:
-            stat = self.path.stat()
+            stat = self.path.stat()  # before the read: a version written meanwhile differs from it, and is read next
             hashes = parse_key_file(self.path.read_text(encoding="utf-8"), str(self.path))
         except (OSError, FailedPrecondition, UnicodeDecodeError) as exc:  # a Latin-1 comment: UnicodeDecodeError
             if strict:
                 raise FailedPrecondition(f"cannot load API keys from {self.path}: {exc}") from exc
             if isinstance(exc, FileNotFoundError):  # a SIGHUP after a delete starts the countdown, as a check does
                 self._file_missing(self._clock())
-            else:  # this version of the file is not read again, so its ERROR comes once, not once a second
-                with contextlib.suppress(OSError):
-                    self._stamp = _file_version(self.path.stat())
+            elif stat is not None:  # this version of the file is not read again: its ERROR comes once, not each second
+                self._stamp = _file_version(stat)
             log.error("keeping the previous API keys: %s: %s", self.path, exc)
             return
         with self._lock:

@@ -59,7 +59,7 @@ class HostComputeLock:
                 threading.Thread(target=self._wait_for_lock, daemon=True, name="host-lock-waiter").start()
             timeout_s = MAX_WAIT_S if timeout_s is None else timeout_s
             if not self._stuck:
-                self._state.wait_for(lambda: self._granted, timeout_s)
+                self._state.wait_for(lambda: self._granted or not self._waiting, timeout_s)  # or the waiter failed
             if self._granted:
                 self._granted = False
                 return True
@@ -70,7 +70,16 @@ class HostComputeLock:
             return False
 
     def _wait_for_lock(self) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except OSError as exc:  # ENOLCK on a network file system: no lock to wait for; the next job tries again
+            log.warning("waiting for the compute lock %s failed: %s", self.path, exc)
+            with self._state:
+                self._waiting = False
+                if self.closed:
+                    os.close(self._fd)
+                self._state.notify_all()
+            return
         with self._state:
             self._waiting = False
             if self._stuck:  # nobody waits for it any more: let it go, and wait again next time

@@ -6,6 +6,7 @@ status is 1 if a turn failed).
 
 from __future__ import annotations
 
+import io
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -105,4 +106,6 @@ def run_chat(
         tls = uses_tls(auth)
         if message is not None:
             return one_shot(client, [*conversation, {"role": "user", "content": message}], params, timeout, tls)
+        if isinstance(sys.stdin, io.TextIOWrapper):  # under a UTF-8 locale stdin decodes strictly: input() raised
+            sys.stdin.reconfigure(errors="surrogateescape")  # undecodable bytes reach repl's check (found by review)
         return repl(client, conversation, params, timeout, tls=tls)

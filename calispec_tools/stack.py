@@ -484,6 +484,10 @@ class LocalStack:
         except subprocess.TimeoutExpired:
             service.process.kill()
             return service.process.wait()
+        except BaseException:  # a second Ctrl-C while it drains: it is out of `services`, so stop() would miss it
+            service.process.kill()
+            service.process.wait()
+            raise
 
     def kill_service(self, name: str) -> int:
         """SIGKILL one service (a crash: nothing is flushed or closed); returns its exit code."""

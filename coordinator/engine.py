@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -241,6 +242,7 @@ class Orchestrator:
         self.on_target_failure: Callable[[TargetFailure], None] | None = None
         self._running: dict[int, _Request] = {}  # id() -> request, from its start to its sessions' close
         self._running_lock = threading.Lock()
+        self._stopping = False  # close_running_sessions ran: no session opens, no round starts
 
     @property
     def context_length(self) -> int:
@@ -277,14 +279,28 @@ class Orchestrator:
                 self._running.pop(id(request), None)
             self._close(request)
 
-    def close_running_sessions(self) -> None:
+    def close_running_sessions(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """At the coordinator's stop, the sessions of the requests still running (those its drain timed out on):
         they ended with the process, and each model service's own drain then waited its whole timeout (20 s) for
-        sessions nobody would close (found by probing)."""
+        sessions nobody would close (found by probing). From now on no request opens a session or starts a round
+        (it would reopen what this closed); the closes run at once, all within `timeout_s` (a hung service's
+        timeouts one after the other outlasted a pod's grace)."""
+        self._stopping = True
         with self._running_lock:
             running = list(self._running.values())
-        for request in running:
-            self._close(request)
+        closes = [
+            threading.Thread(target=self._close, args=(request,), name="close-at-stop", daemon=True)
+            for request in running
+        ]
+        for close in closes:
+            close.start()
+        deadline = time.monotonic() + timeout_s
+        for close in closes:
+            close.join(max(0.0, deadline - time.monotonic()))
+
+    def _check_not_stopping(self) -> None:
+        if self._stopping:
+            raise Unavailable("the coordinator is stopping: retry elsewhere")
 
     def _new_request(
         self,
@@ -343,6 +359,7 @@ class Orchestrator:
         """Open a target session from prompt + emitted tokens on a replica that has not failed this request."""
         p = request.params
         while True:
+            self._check_not_stopping()
             target = self.replicas.pick(exclude=request.failed_targets)  # UNAVAILABLE when none is left
             session_id = request.next_session_id("target")
             ids, timeout = request.committed_ids, request.deadline.remaining()
@@ -377,6 +394,7 @@ class Orchestrator:
         while True:
             if cancelled():
                 raise Cancelled("request cancelled by the client")
+            self._check_not_stopping()
             new_tokens, logprobs = self._round(request)
             finish = self._clip(request, new_tokens)
             text, stopped, kept = detok.add(new_tokens)
@@ -663,6 +681,7 @@ class Orchestrator:
             self._prefill_draft(request)
 
     def _prefill_draft(self, request: _Request) -> None:
+        self._check_not_stopping()
         session_id = request.next_session_id("draft")
         timeout = min(request.deadline.remaining(), self.draft_timeout_s)
         with _closed_if_abandoned(self.draft, session_id):

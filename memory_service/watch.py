@@ -16,6 +16,7 @@ the service restarted, or the service's version went backwards after a crash).
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import threading
 import time
@@ -24,8 +25,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 
+log = logging.getLogger(__name__)
+
 Pair = tuple[int, int, int]  # (draft_token_id, target_token_id, count)
 SNAPSHOT_CHUNK_PAIRS = 65_536  # keeps each stream message ~1 MB
+MAX_REAPER_WAIT_S = 3600.0  # the reaper looks at its streams at least this often
 HISTORY_PAIRS = 1 << 20  # pairs held by the deltas kept, all namespaces together (~140 MB of Python tuples)
 
 
@@ -162,11 +166,14 @@ class StreamReaper:
                 now = time.monotonic()
                 late = [t for t, (at, _) in self._due.items() if at <= now]
                 cancels = [self._due.pop(t)[1] for t in late]
-                if not cancels:
-                    self._cond.wait(min(at for at, _ in self._due.values()) - now)
+                if not cancels:  # capped: a huge age (meaning "never") overflowed the wait and killed the thread
+                    self._cond.wait(min(min(at for at, _ in self._due.values()) - now, MAX_REAPER_WAIT_S))
                     continue
             for cancel in cancels:
-                cancel()
+                try:
+                    cancel()
+                except Exception:  # one stream's failure must not end the reaping of all the others
+                    log.exception("cancelling a Watch stream past its age failed")
 
 
 def snapshot_updates(pairs: list[Pair], version: int) -> Iterator[Update]:

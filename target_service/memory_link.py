@@ -274,10 +274,11 @@ class MemoryLink:
         failures = 0
         while not self._stop.is_set():
             try:
-                self._watch_once()
+                delivered = self._watch_once()
                 # the server ended the stream cleanly (its streams' age limit, or a shutdown): reconnect at once,
-                # still connected until that fails (each recycled stream logged a WARNING and flipped the health)
-                failures = 0
+                # still connected until that fails (each recycled stream logged a WARNING and flipped the health);
+                # a stream that ended before its first message is no sign of health (a loop of them, found by review)
+                failures = 0 if delivered else failures + 1
             except grpc.RpcError as exc:
                 if self._stop.is_set():
                     return
@@ -294,7 +295,8 @@ class MemoryLink:
             self._reconnects += 1
             self._stop.wait(min(MAX_BACKOFF_S, self.sync_interval_s * 2 ** min(failures, 8)) if failures else 0.05)
 
-    def _watch_once(self) -> None:
+    def _watch_once(self) -> bool:
+        """One Watch stream, applied until it ends; returns whether it delivered a message."""
         resume = self._version if self._mirror is not None else None
         request = memory_pb2.WatchRequest(
             namespace=self.namespace, resume_version=resume, vocab_size=self.table.vocab_size
@@ -304,8 +306,11 @@ class MemoryLink:
         self._call = call
         if self._stop.is_set():  # stop() ran before the call existed
             call.cancel()
+        delivered = False
         for message in call:
             self._apply(message)
+            delivered = True
+        return delivered
 
     def _apply(self, message: memory_pb2.WatchResponse) -> None:
         self._last_message = time.monotonic()

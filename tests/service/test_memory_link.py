@@ -127,6 +127,38 @@ def test_a_watch_stream_the_service_ends_is_resumed_without_a_disconnection(
         memory.stop()
 
 
+def test_streams_that_end_before_any_message_are_no_sign_of_health(tmp_path: Path) -> None:
+    """A clean end resumes as connected, but one without a single message (a server that ends every stream at once)
+    looped at 20 Hz with the health green (found by the review): it counts as a failure, with its backoff."""
+    memory = start_memory(tmp_path / "memory.db", watch_max_age_s=0.3)  # the live stream ends cleanly soon
+    table = PairTable(vocab_size=100)
+    link, health = make_link(memory.port, table)
+    try:
+        wait_until(lambda: link.connected)
+        stub = link._stub
+
+        class EndsAtOnce:
+            def __getattr__(self, name: str) -> object:
+                return getattr(stub, name)
+
+            def Watch(self, *_args: object, **_kwargs: object) -> Ended:
+                return Ended()
+
+        class Ended:  # a call that ended cleanly before any message
+            def __iter__(self) -> Iterator[object]:
+                return iter(())
+
+            def cancel(self) -> None:
+                pass
+
+        link._stub = EndsAtOnce()  # type: ignore[assignment]  # the live stream's successors end at once
+        wait_until(lambda: not link.connected)
+        assert health.status[MEMORY_HEALTH_SERVICE] == health_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        link.stop()
+        memory.stop()
+
+
 def test_local_events_are_shipped_with_the_token_and_not_double_counted(memory: Memory) -> None:
     table = PairTable(vocab_size=100)
     link, _ = make_link(memory.port, table)

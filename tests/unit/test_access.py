@@ -14,6 +14,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 import coordinator.__main__ as coordinator_cli
 import draft_service.__main__ as draft_cli
+from calispec_core import access
 from calispec_core.access import ApiKeys, Quota, QuotaBook, bearer_token, key_line, parse_bearer
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import FailedPrecondition, InvalidField, ResourceExhausted
@@ -126,6 +127,27 @@ def test_a_broken_keys_file_is_reported_once_not_at_every_check(
     assert len(caplog.records) == 1
 
 
+def test_a_good_version_written_while_a_torn_one_was_read_is_loaded_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed parse stamped the file as read from a stat taken after the read: a good version an editor finished
+    meanwhile was never loaded (found by the review)."""
+    path = tmp_path / "keys"
+    path.write_text(key_line("alice", "csk_alice-secret"))
+    keys = ApiKeys(path, check_every_s=0)
+    path.write_text("bob 12")  # the editor's half-written version
+    parse = access.parse_key_file
+
+    def torn_then_finished(text: str, source: str) -> dict[str, str]:
+        path.write_text(key_line("alice", "csk_alice-secret") + key_line("bob", "csk_bob-secret"))  # done now
+        monkeypatch.setattr(access, "parse_key_file", parse)
+        return parse(text, source)  # the torn text: refused
+
+    monkeypatch.setattr(access, "parse_key_file", torn_then_finished)
+    assert keys.identify("csk_alice-secret") == "alice"  # the torn version refused: the previous keys
+    assert keys.identify("csk_bob-secret") == "bob"  # the finished one, read at the next check
+
+
 def test_a_sighup_after_the_keys_file_is_gone_starts_its_grace(tmp_path: Path) -> None:
     """The countdown began at the first request that found the file gone: a SIGHUP after the delete only logged."""
     path = tmp_path / "keys"
@@ -233,8 +255,9 @@ def test_a_request_of_several_choices_counts_as_that_many_requests() -> None:
 
 def test_a_list_of_prompts_over_the_quota_names_the_prompt_not_n() -> None:
     """A batch of two prompts without `n` got a 400 naming `n` (found by probing)."""
-    with pytest.raises(InvalidField, match="fewer prompts") as info, QuotaBook(Quota(max_concurrent=1)).admit(
-        "alice", 2, "prompt"
+    with (
+        pytest.raises(InvalidField, match="fewer prompts") as info,
+        QuotaBook(Quota(max_concurrent=1)).admit("alice", 2, "prompt"),
     ):
         pass
     assert info.value.field == "prompt"

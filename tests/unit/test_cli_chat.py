@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 from calispec.client import CalispecRpcError, StreamChunk, chat_messages
@@ -88,3 +92,13 @@ def test_demo_sends_raw_prompts_otherwise() -> None:
     assert cli.demo_messages(tiny) is None and tiny.prompt == cli.DEMO_PROMPT  # type: ignore[arg-type]
     explicit = demo_args("qwen-coder", prompt="2 + 2 =")
     assert cli.demo_messages(explicit) is None and explicit.prompt == "2 + 2 ="  # type: ignore[arg-type]
+
+
+def test_chat_refuses_an_undecodable_line_under_a_strict_utf8_locale(tmp_path: Path) -> None:
+    """Under en_US.UTF-8 stdin decodes strictly: `input()` raised UnicodeDecodeError before the line's check, a
+    traceback (found by the review). No coordinator is needed: the line is refused before any call."""
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}
+    argv = [sys.executable, "-m", "calispec_tools.cli", "chat", "--address", "127.0.0.1:9", "--token", ""]
+    done = subprocess.run(argv, input=b"caf\xe9\n", capture_output=True, env=env, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert b"not valid UTF-8" in done.stdout and b"Traceback" not in done.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -90,6 +91,31 @@ def test_a_holder_that_hangs_is_waited_for_once_then_jobs_run_without_the_lock_u
     wait_until(lambda: compute.run(held_by_the_job))  # the two services take turns again
     other.close()
     compute.use_host_lock(None)
+
+
+def test_a_waiter_whose_flock_fails_leaves_the_lock_usable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blocking flock that failed in the waiter thread (ENOLCK on a network file system) left it marked as
+    waiting for good: no job ever took the lock again (found by the review)."""
+    lock = HostComputeLock(tmp_path / "compute.lock")
+    child = _holder(lock.path)
+    real_flock = host_lock.fcntl.flock
+
+    def flock(fd: int, operation: int) -> None:
+        if operation == host_lock.fcntl.LOCK_EX:  # the waiter's blocking call only
+            raise OSError(errno.ENOLCK, "No locks available")
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(host_lock.fcntl, "flock", flock)
+    try:
+        assert lock.acquire_within(0.5) is False
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(timeout=60)
+    monkeypatch.setattr(host_lock.fcntl, "flock", real_flock)
+    assert lock.acquire_within(0.5)  # the holder is gone: taken again
+    lock.release()
+    lock.close()
 
 
 def test_every_job_on_the_compute_thread_holds_the_lock_and_nested_calls_keep_it(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,8 @@ from memory_service import store as store_module
 from memory_service.auth import WriterGate
 from memory_service.config import MemoryConfig
 from memory_service.store import CorrectionStore, TableLimits
-from memory_service.watch import Delta, UpdateKind, WatchHub, watch
+from memory_service.watch import Delta, StreamReaper, UpdateKind, WatchHub, watch
+from tests.helpers import wait_until
 
 
 class Clock:
@@ -131,6 +134,21 @@ def test_a_watch_stream_ends_at_its_age_limit_whoever_reads_it() -> None:
     assert set(kinds[1:]) == {UpdateKind.HEARTBEAT}
     with pytest.raises(ValueError, match="watch_max_age_s"):
         MemoryConfig(watch_max_age_s=0)
+
+
+def test_the_reaper_survives_a_stream_that_never_ends_and_a_cancel_that_fails() -> None:
+    """`--watch-max-age 1e300` (meaning "never") overflowed the reaper's wait and ended its thread, and any cancel
+    that raised did too: reaping was off for good (found by the review)."""
+    reaper = StreamReaper()
+    reaper.schedule(time.monotonic() + 1e300, lambda: None)  # first: the thread waits on it
+    cancelled = threading.Event()
+
+    def failing() -> None:
+        raise RuntimeError("the stream was gone")
+
+    reaper.schedule(time.monotonic(), failing)
+    reaper.schedule(time.monotonic(), cancelled.set)
+    wait_until(cancelled.is_set)
 
 
 def test_the_watch_history_holds_at_most_its_pairs_whatever_the_namespaces() -> None:

@@ -146,9 +146,12 @@ def test_the_coordinators_stop_closes_the_sessions_of_requests_still_running() -
     assert draft.sessions and target.sessions
     orchestrator.close_running_sessions()
     assert draft.sessions == {} and target.sessions == {}
-    stream.close()  # its own close after: a no-op (already closed)
-    orchestrator.close_running_sessions()  # and none left to close
-    assert orchestrator._running == {}
+    with pytest.raises(Unavailable, match="stopping"):  # no next round: it would reopen what the stop closed
+        next(stream)
+    assert draft.sessions == {} and target.sessions == {} and orchestrator._running == {}
+    with pytest.raises(Unavailable, match="stopping"):  # nor a new request
+        run(orchestrator, "b", params())
+    assert draft.sessions == {} and target.sessions == {}
 
 
 def test_prompt_that_fills_the_context_is_invalid() -> None:
