@@ -472,6 +472,17 @@ def test_a_refused_first_write_declares_no_vocabulary(stub: memory_pb2_grpc.Memo
     assert stub.GetStats(memory_pb2.GetStatsRequest(namespace="ns")).vocab_size == 300
 
 
+def watch_slot_free(stub: memory_pb2_grpc.MemoryServiceStub) -> bool:
+    """A Watch stream opens (and is closed again): a slot was free."""
+    try:
+        stream = stub.Watch(memory_pb2.WatchRequest(namespace="ns"), timeout=30)
+        next(stream)
+    except grpc.RpcError:
+        return False
+    stream.cancel()
+    return True
+
+
 def test_watch_streams_beyond_the_limit_are_refused_and_leave_the_writes_their_workers(tmp_path: Path) -> None:
     """Each stream holds a worker for its life: one client opening as many streams as workers queued every
     verifier's RecordEvents behind them (its timeout fired, and a late retry counted twice)."""
@@ -488,16 +499,7 @@ def test_watch_streams_beyond_the_limit_are_refused_and_leave_the_writes_their_w
                                          timeout=10)  # fmt: skip
         first.cancel()
 
-        def reopened() -> bool:
-            try:
-                stream = reader.Watch(memory_pb2.WatchRequest(namespace="ns"), timeout=30)
-                next(stream)
-            except grpc.RpcError:
-                return False
-            stream.cancel()
-            return True
-
-        wait_until(reopened)  # the slot comes back once the cancelled stream has ended
+        wait_until(lambda: watch_slot_free(reader))  # the slot comes back once the cancelled stream has ended
 
 
 def test_a_watch_client_that_stopped_reading_frees_its_slot_at_the_streams_age_limit(tmp_path: Path) -> None:
@@ -511,16 +513,7 @@ def test_a_watch_client_that_stopped_reading_frees_its_slot_at_the_streams_age_l
         frozen = reader.Watch(memory_pb2.WatchRequest(namespace="ns"), timeout=60)
         next(frozen)  # and never again
 
-        def reopened() -> bool:
-            try:
-                stream = reader.Watch(memory_pb2.WatchRequest(namespace="ns"), timeout=30)
-                next(stream)
-            except grpc.RpcError:
-                return False
-            stream.cancel()
-            return True
-
-        wait_until(reopened)
+        wait_until(lambda: watch_slot_free(reader))
         frozen.cancel()
 
 
@@ -545,18 +538,7 @@ def test_a_watch_client_that_stopped_reading_while_deltas_filled_its_window_free
                 WriterStub(channel).RecordEvents(request)
             assert store.committed_version("ns") >= 4
 
-            def reopened() -> bool:
-                try:
-                    stream = memory_pb2_grpc.MemoryServiceStub(channel).Watch(
-                        memory_pb2.WatchRequest(namespace="ns"), timeout=30
-                    )
-                    next(stream)
-                except grpc.RpcError:
-                    return False
-                stream.cancel()
-                return True
-
-            wait_until(reopened, timeout_s=60)
+            wait_until(lambda: watch_slot_free(memory_pb2_grpc.MemoryServiceStub(channel)), timeout_s=60)
         frozen.cancel()
     finally:
         frozen_channel.close()
