@@ -483,11 +483,15 @@ def test_the_coordinator_runs_the_http_apis_grace_beside_the_grpc_servers(monkey
     from types import SimpleNamespace
 
     seen: dict[str, Any] = {}
-    http = SimpleNamespace(begin_stop=lambda: None, stop=lambda: None)
-    monkeypatch.setattr(coordinator_cli, "start", lambda config: ("server", "banner", http))
+    stopped: list[str] = []
+    http = SimpleNamespace(begin_stop=lambda: None, stop=lambda: stopped.append("http"))
+    orchestrator = SimpleNamespace(close_running_sessions=lambda: stopped.append("sessions"))
+    monkeypatch.setattr(coordinator_cli, "start", lambda config: ("server", "banner", http, orchestrator))
     monkeypatch.setattr(coordinator_cli, "serve_until_signalled", lambda *args, **kwargs: seen.update(kwargs))
     coordinator_cli.main(["--draft-addr", "d:1", "--target-addr", "t:1", "--tokenizer", "t"])
-    assert seen["before_stop"] is http.begin_stop and seen["on_stop"] is http.stop
+    assert seen["before_stop"] is http.begin_stop
+    seen["on_stop"]()  # after the gRPC server's grace: the HTTP server, then what the drain timed out on
+    assert stopped == ["http", "sessions"]
 
 
 def test_beginning_to_stop_the_coordinators_http_api_tells_its_streams_and_ends_its_server(tmp_path: Path) -> None:

@@ -422,7 +422,7 @@ def test_ctrl_c_exits_the_coordinator_quietly(
     if phase == "start":
         monkeypatch.setattr(coordinator_cli, "build_orchestrator", interrupt)
     else:
-        monkeypatch.setattr(coordinator_cli, "start", lambda _config: (SimpleNamespace(), "banner", None))
+        monkeypatch.setattr(coordinator_cli, "start", lambda _config: (SimpleNamespace(), "banner", None, None))
         monkeypatch.setattr(coordinator_cli, "serve_until_signalled", interrupt)
     code, err = run_coordinator(monkeypatch, capsys, tmp_path, 1)
     assert code == 130 and err == ""

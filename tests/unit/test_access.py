@@ -108,7 +108,7 @@ def test_a_keys_file_that_is_not_utf8_keeps_the_keys_and_is_named_at_startup(
         assert keys.identify("csk_alice-secret") == "alice"  # the previous keys, no exception
         keys.reload()  # SIGHUP's call
         assert keys.identify("csk_alice-secret") == "alice"
-    errors = [r.getMessage() for r in caplog.records]
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 2 and all(f"{path}: 'utf-8' codec can't decode" in e for e in errors), errors
     with pytest.raises(FailedPrecondition, match=f"cannot load API keys from {path}: 'utf-8' codec"):
         ApiKeys(path)  # at start-up: named
@@ -124,7 +124,7 @@ def test_a_broken_keys_file_is_reported_once_not_at_every_check(
     with caplog.at_level(logging.ERROR, logger="calispec_core.access"):
         for _ in range(3):
             assert keys.identify("csk_alice-secret") == "alice"
-    assert len(caplog.records) == 1
+    assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 1
 
 
 def test_a_good_version_written_while_a_torn_one_was_read_is_loaded_next(
