@@ -11,7 +11,7 @@ from calispec_core.argmax import argmax_last
 from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
-from calispec_core.errors import require
+from calispec_core.errors import FailedPrecondition, require
 from calispec_core.limits import DEFAULT_RIDE_PREFILL_TOKENS, INT8, check_speculative_tokens
 from calispec_core.modeling import ModelRunner, Session, prefill_session, settle_riders, store_riders, wait_for
 from calispec_core.prefix_cache import PrefixCache
@@ -42,6 +42,9 @@ class Proposal:
 
 
 DEFAULT_MAX_BATCH = 8  # sessions drafting in one forward
+NON_FINITE_DRAFT = (
+    "the draft model produced non-finite logits (NaN/inf): its weights are damaged or its dtype overflows"
+)
 
 # [1, 1, C] logits (C: the logit columns, the whole vocabulary unless the output layer is pruned) ->
 # (picked column, its q) with q a dense [1, C] row or sparse (columns [n], probs [n])
@@ -280,6 +283,15 @@ class Proposer:
             torch.tensor([sampling.top_k], device=logits.device),
             torch.tensor([sampling.top_p], device=logits.device),
         )[0]  # [1, C]
+        try:
+            return self._draw(q, generator)
+        except RuntimeError as exc:  # torch.multinomial refused q: INTERNAL, a bug's code (found by review)
+            if bool(torch.isfinite(q).all()):  # checked only after a failure: no cost per step
+                raise
+            raise FailedPrecondition(NON_FINITE_DRAFT) from exc  # the model's fault: the request goes target-only
+
+    def _draw(self, q: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, Dist]:
+        """A token from q ([1, C]), or from its proposal_top_k most likely entries (the q that is sent)."""
         if not self.proposal_top_k:
             return torch.multinomial(q, 1, generator=generator)[0, 0], q
         ids, probs = truncate(q[0], self.proposal_top_k)  # [n], [n]

@@ -1,4 +1,5 @@
-"""A target whose weights give NaN logits fails its rounds clearly (FAILED_PRECONDITION), never silently.
+"""A target whose weights give NaN logits fails its rounds clearly (FAILED_PRECONDITION), never silently; a draft
+whose weights do says so when it samples (FAILED_PRECONDITION, not a bug's INTERNAL).
 
 Found by a probe: greedy sessions returned an empty completion ending in token 0, sampling and logprobs ones failed
 INTERNAL ("verification emitted token 384 outside the vocabulary"). The tiny target is copied with a NaN weight.
@@ -23,6 +24,7 @@ from calispec_core.grpc_server import make_channel
 from calispec_core.modeling import ModelRunner, ModelSpec
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Stopwatch
+from draft_service.proposer import Proposer
 from target_service.config import TargetConfig
 from target_service.engine import RescueConfig, TargetEngine
 from target_service.pair_table import PairTable
@@ -118,3 +120,23 @@ def test_the_failure_is_logged_once_at_error_and_changes_no_session(
     assert len(errors) == 1
     after = (list(state.session.tokens), state.session.cached_len, state.generator.get_state())
     assert before[:2] == after[:2] and torch.equal(before[2], after[2])
+
+
+@pytest.mark.parametrize("top_k", [0, 64])  # the whole q sampled, or its truncation (the sparse form)
+def test_a_draft_whose_logits_are_nan_says_so_when_it_samples(tiny_pair: TinyPair, tmp_path: Path, top_k: int) -> None:
+    """torch.multinomial refused the NaN q with a RuntimeError: INTERNAL, a bug's code and traceback (found by the
+    review). The coordinator runs a request whose draft refuses it target-only."""
+    path = tmp_path / "draft"
+    shutil.copytree(tiny_pair.draft, path)
+    weights = load_file(path / "model.safetensors")
+    weights["model.norm.weight"].fill_(float("nan"))
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    proposer = Proposer(
+        ModelRunner(ModelSpec(path, dtype="float32", device="cpu")), max_sessions=2, proposal_top_k=top_k
+    )
+    try:
+        proposer.prefill("s", PROMPT, SamplingConfig(temperature=0.8, seed=1), Stopwatch())
+        with pytest.raises(FailedPrecondition, match="the draft model produced non-finite logits"):
+            proposer.propose("s", 3, None, [], Stopwatch())
+    finally:
+        proposer.stop()
