@@ -59,8 +59,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
         "--watch-max-age",
         type=positive_float,
         default=defaults.watch_max_age_s,
-        help="seconds a Watch stream lasts at least (each ends by twice this; the verifier resumes at once): "
-        "how long a client that stopped reading can hold a stream",
+        help="seconds a Watch stream lasts at least (each ends by twice this; the verifier resumes at once); a "
+        "client that stopped reading holds one at most 2.25 times this",
     )
     parser.add_argument("--max-pairs-default", type=positive_int, default=defaults.max_pairs_default)
     parser.add_argument(
