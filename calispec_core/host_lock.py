@@ -72,21 +72,17 @@ class HostComputeLock:
     def _wait_for_lock(self) -> None:
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
+            got = True
         except OSError as exc:  # ENOLCK on a network file system: no lock to wait for; the next job tries again
             log.warning("waiting for the compute lock %s failed: %s", self.path, exc)
-            with self._state:
-                self._waiting = False
-                if self.closed:
-                    os.close(self._fd)
-                self._state.notify_all()
-            return
+            got = False
         with self._state:
             self._waiting = False
-            if self._stuck:  # nobody waits for it any more: let it go, and wait again next time
+            if got and self._stuck:  # nobody waits for it any more: let it go, and wait again next time
                 self._stuck = False
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
                 log.info("the compute lock %s is free again", self.path)
-            else:
+            elif got:
                 self._granted = True
             if self.closed:
                 os.close(self._fd)

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from calispec.client import CalispecClient, CalispecRpcError, build_params
+from calispec_core.errors import InvalidArgument
+from calispec_core.limits import require_unicode
 from calispec_tools.cli_auth import rpc_error_line, usage_error, uses_tls
 
 Conversation = list[dict[str, str]]
@@ -64,7 +66,9 @@ def repl(
             return int(failed)
         if not line:
             continue
-        if not _is_utf8(line):  # a byte stdin could not decode: protobuf refused it in a traceback that ended the chat
+        try:  # a byte stdin could not decode: protobuf refused it in a traceback that ended the chat
+            require_unicode(line, "that line")
+        except InvalidArgument:
             failed = True
             out.write("[error: that line is not valid UTF-8; the conversation goes on without it]\n")
             continue
@@ -77,15 +81,6 @@ def repl(
             out.write(f"\n[{'interrupted' if isinstance(exc, KeyboardInterrupt) else rpc_error_line(exc, tls)}]\n")
             continue
         conversation.append({"role": "assistant", "content": reply})
-
-
-def _is_utf8(text: str) -> bool:
-    """Python reads undecodable stdin bytes as lone surrogates (surrogateescape), which UTF-8 cannot carry."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def run_chat(

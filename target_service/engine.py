@@ -97,6 +97,12 @@ class _Row:
     logprobs: int | None = None  # None: no log-probabilities; k: the emitted tokens' and the k most likely
 
 
+def check_draft_count(count: int) -> None:
+    """At most MAX_SPECULATIVE_TOKENS drafted tokens a Verify. The servicer checks the repeated field's length (O(1))
+    before converting it: a 64 MiB field became tens of millions of Python ints only to be refused."""
+    require(count <= MAX_SPECULATIVE_TOKENS, f"at most {MAX_SPECULATIVE_TOKENS} draft tokens, got {count}")
+
+
 class TargetEngine:
     def __init__(
         self,
@@ -289,9 +295,7 @@ class TargetEngine:
             row.state.session.restore(checkpoint)
 
     def _check_draft(self, state: TargetSession, draft: list[int], draft_probs: torch.Tensor | SparseQ | None) -> None:
-        require(
-            len(draft) <= MAX_SPECULATIVE_TOKENS, f"at most {MAX_SPECULATIVE_TOKENS} draft tokens, got {len(draft)}"
-        )
+        check_draft_count(len(draft))
         self.runner.check_token_ids(draft, "draft_token_ids")
         room = self.runner.max_context - len(state.session.tokens)
         require(len(draft) < room, f"{len(draft)} draft tokens do not fit the remaining context ({room})")

@@ -9,11 +9,10 @@ import torch
 
 from calispec.v1 import target_pb2, target_pb2_grpc
 from calispec_core.access import PeerAllowlistInterceptor
-from calispec_core.errors import InvalidArgument, require
+from calispec_core.errors import InvalidArgument
 from calispec_core.forward_costs import TARGET_TOKEN_COUNTS, measure_forward_costs
 from calispec_core.generation import Mode, mode_from_wire
 from calispec_core.grpc_server import create_grpc_server
-from calispec_core.limits import MAX_SPECULATIVE_TOKENS
 from calispec_core.metrics import new_registry
 from calispec_core.modeling import ModelRunner, check_prompt_fits
 from calispec_core.observability import ManagedServer, Observe
@@ -28,7 +27,7 @@ from calispec_core.protocol import (
 from calispec_core.sparse_q import SparseQ
 from calispec_core.timing import Stopwatch
 from target_service.config import TargetConfig
-from target_service.engine import RescueConfig, TargetEngine
+from target_service.engine import RescueConfig, TargetEngine, check_draft_count
 from target_service.memory_link import MemoryLink
 from target_service.metrics import TargetMetrics
 from target_service.pair_table import PairTable
@@ -85,8 +84,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
 
     def Verify(self, request, context):
         watch = Stopwatch()
-        count = len(request.draft_token_ids)  # before the conversion, like a prompt's (engine: the same message)
-        require(count <= MAX_SPECULATIVE_TOKENS, f"at most {MAX_SPECULATIVE_TOKENS} draft tokens, got {count}")
+        check_draft_count(len(request.draft_token_ids))  # before the conversion, as a prompt's length
         draft = list(request.draft_token_ids)
         probs = draft_q_from_pb(request)
         if self.link is not None and draft:
