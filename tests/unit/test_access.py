@@ -74,13 +74,19 @@ def test_api_keys_are_hashed_at_rest_and_reloaded_when_the_file_changes(tmp_path
         ApiKeys(path)  # but a broken file at startup is an error
 
 
-def test_a_keys_file_that_is_gone_revokes_every_key_after_a_grace(tmp_path: Path) -> None:
-    """Deleting the file kept every key valid for good ("a file being replaced"), while a restart refused it."""
+def _alices_keys_then_deleted(tmp_path: Path, check_every_s: float) -> tuple[Path, ApiKeys, list[float]]:
+    """Alice's keys file, loaded at time 0 of a clock the test moves (`now[0]`; a 5 s grace), then deleted."""
     path = tmp_path / "keys"
     path.write_text(key_line("alice", "csk_alice-secret"))
     now = [0.0]
-    keys = ApiKeys(path, check_every_s=0, clock=lambda: now[0], missing_grace_s=5)
+    keys = ApiKeys(path, check_every_s=check_every_s, clock=lambda: now[0], missing_grace_s=5)
     path.unlink()
+    return path, keys, now
+
+
+def test_a_keys_file_that_is_gone_revokes_every_key_after_a_grace(tmp_path: Path) -> None:
+    """Deleting the file kept every key valid for good ("a file being replaced"), while a restart refused it."""
+    path, keys, now = _alices_keys_then_deleted(tmp_path, check_every_s=0)
     assert keys.identify("csk_alice-secret") == "alice"  # an editor's delete-and-write: kept through the gap
     now[0] = 4.9
     assert keys.identify("csk_alice-secret") == "alice"
@@ -150,11 +156,7 @@ def test_a_good_version_written_while_a_torn_one_was_read_is_loaded_next(
 
 def test_a_sighup_after_the_keys_file_is_gone_starts_its_grace(tmp_path: Path) -> None:
     """The countdown began at the first request that found the file gone: a SIGHUP after the delete only logged."""
-    path = tmp_path / "keys"
-    path.write_text(key_line("alice", "csk_alice-secret"))
-    now = [0.0]
-    keys = ApiKeys(path, check_every_s=60, clock=lambda: now[0], missing_grace_s=5)
-    path.unlink()
+    _, keys, now = _alices_keys_then_deleted(tmp_path, check_every_s=60)
     keys.reload()  # at 0
     now[0] = 61.0  # the next check, past the grace counted from the SIGHUP
     assert keys.identify("csk_alice-secret") is None
