@@ -1,11 +1,13 @@
 """The wheel carries every data file the tools read at run time: pyproject's package-data globs, expanded as
-setuptools expands them (glob.glob, recursive, from the package directory), cover calispec_tools/data."""
+setuptools expands them (glob.glob, recursive, from the package directory), cover calispec_tools/data; and the
+project's metadata reads without setuptools' deprecations."""
 
 from __future__ import annotations
 
 import glob
 import subprocess
 import tomllib
+import warnings
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,15 @@ def test_new_data_files_are_package_data_too(tmp_path: Path) -> None:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x\n")
     assert packaged(tmp_path) == set(new)
+
+
+def test_metadata_reads_without_setuptools_deprecations() -> None:
+    """`license = { text = ... }` is deprecated since setuptools 77 (builds refuse it after 2027-02-18): every fresh
+    install printed the warning twice. Any deprecation setuptools finds in pyproject.toml fails here."""
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dist = apply_configuration(Distribution(), REPO / "pyproject.toml")
+    assert dist.metadata.license_expression == "Apache-2.0"
