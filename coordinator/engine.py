@@ -262,7 +262,9 @@ class Orchestrator:
         """Yield one chunk per round until EOS, a stop string or the token limit. `check_prompt` gets the
         prompt's token count before any session opens, and raises to refuse the request (the HTTP API
         refuses what the context cannot hold instead of cutting it short). `on_start` gets the request's id and
-        its stats as they grow, once the request is accepted (the request log of one that ends early reads them)."""
+        its stats as they grow, once the request is accepted (the request log of one that ends early reads them).
+        `cancelled` is asked at every round's start: True ends the request CANCELLED, and it may raise instead (a
+        call that ended at its deadline: DEADLINE_EXCEEDED)."""
         request = self._new_request(prompt, params, deadline, check_prompt)
         if on_start is not None:
             on_start(request.request_id, request.stats)
@@ -393,6 +395,7 @@ class Orchestrator:
         first = True
         while True:
             if cancelled():
+                request.deadline.remaining()  # raises if the call ended at the request's own deadline (a watchdog's)
                 raise Cancelled("request cancelled by the client")
             self._check_not_stopping()
             new_tokens, logprobs = self._round(request)

@@ -47,6 +47,18 @@ def request_timeout(client_remaining: float | None, default_s: float) -> float:
     return client_remaining
 
 
+def call_gone(context: grpc.ServicerContext) -> bool:
+    """Whether the call ended under its request (the orchestrator stops at its next round). gRPC also ends a call
+    at the client's deadline, a moment before the request's own `Deadline` (made a little later) runs out: that end
+    is the deadline's (DEADLINE_EXCEEDED, as the client sees it), not a cancel, for the metrics and the log."""
+    if context.is_active():
+        return False
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        raise DeadlineExceeded("deadline exceeded")
+    return True
+
+
 def params_from_pb(msg: coordinator_pb2.GenerationParams, defaults: Defaults) -> GenerationParams:
     """Apply server defaults to unset fields; validation happens in the orchestrator."""
     sampling = SamplingConfig(msg.temperature, msg.top_p, msg.top_k, msg.seed if msg.HasField("seed") else None)
@@ -111,7 +123,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             timer.mode = params.mode.name.lower()
             prompt = self._prompt(request)
             return self.orchestrator.generate(
-                prompt, params, Deadline(timeout_s), lambda: not context.is_active(), on_start=timer.follow
+                prompt, params, Deadline(timeout_s), lambda: call_gone(context), on_start=timer.follow
             )
 
         watchdog = threading.Timer(timeout_s + CANCEL_GRACE_S, context.cancel)
