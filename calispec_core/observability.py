@@ -117,23 +117,29 @@ class ObservabilityInterceptor(grpc.ServerInterceptor):
         if handler is None:
             return None
         method, metadata = details.method, details.invocation_metadata
-        if handler.unary_unary:
-            fn = handler.unary_unary
-
-            def unary(request: Any, context: grpc.ServicerContext) -> Any:
-                with self._observe(method, metadata, context):
-                    return fn(request, context)
-
-            return handler._replace(unary_unary=unary)
-        if handler.unary_stream:
-            stream_fn = handler.unary_stream
-
-            def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                with self._observe(method, metadata, context):
-                    yield from stream_fn(request, context)
-
-            return handler._replace(unary_stream=stream)
+        # every kind of call: the request side (one message or a stream of them) is passed through as it is;
+        # server reflection's calls stream both ways
+        for kind in ("unary_unary", "stream_unary"):
+            if fn := getattr(handler, kind):
+                return handler._replace(**{kind: self._observed_call(fn, method, metadata)})
+        for kind in ("unary_stream", "stream_stream"):
+            if fn := getattr(handler, kind):
+                return handler._replace(**{kind: self._observed_stream(fn, method, metadata)})
         return handler
+
+    def _observed_call(self, fn: Callable, method: str, metadata: Any) -> Callable:
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            with self._observe(method, metadata, context):
+                return fn(request, context)
+
+        return call
+
+    def _observed_stream(self, fn: Callable, method: str, metadata: Any) -> Callable:
+        def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            with self._observe(method, metadata, context):
+                yield from fn(request, context)
+
+        return stream
 
     @contextmanager
     def _observe(self, method: str, metadata: Sequence[tuple[str, Any]] | None, context: Any) -> Iterator[None]:

@@ -175,6 +175,26 @@ def test_reflection_lists_the_service(channel: grpc.Channel) -> None:
     assert "calispec.v1.MemoryService" in names
 
 
+def test_reflection_calls_are_counted(tmp_path: Path) -> None:
+    """The interceptor wrapped unary-response and unary-request handlers only: reflection's calls, which stream both
+    ways, were in no calispec_rpc_* metric though they are documented as counted (not logged)."""
+    server, port, store = create_server(MemoryConfig(port=0, db_path=tmp_path / "m.db", metrics_port=0))
+    server.start()
+    try:
+        with make_channel(f"127.0.0.1:{port}") as channel:
+            reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+            for _ in range(3):
+                list(reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+        samples = scrape(server.metrics_url)
+    finally:
+        server.stop(None).wait()
+        store.close()
+    method = "ServerReflection/ServerReflectionInfo"
+    assert value(samples, "calispec_rpc_requests_total", method=method, code="OK") == 3
+    assert value(samples, "calispec_rpc_duration_seconds_count", method=method) == 3
+    assert value(samples, "calispec_rpc_in_flight") == 0
+
+
 def test_cli_serves_and_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
     db_path = tmp_path / "cli.db"
     token_file = tmp_path / "token"
