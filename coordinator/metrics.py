@@ -10,7 +10,7 @@ responses by route template, method and status, and their duration, under vLLM's
 from __future__ import annotations
 
 from http import HTTPMethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -27,6 +27,7 @@ SPEC = f"{PREFIX}spec_decode_"
 # a method is the client's word (h11 takes any token): others share one label value, or series are unbounded
 HTTP_METHODS = frozenset(HTTPMethod.__members__)
 OTHER_METHOD = "other"
+NO_ROUTE = "none"  # the instrumentator's label for a path no route serves
 TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 
 
@@ -149,8 +150,15 @@ class HttpMetrics:
 
     def observe(self, info: Info) -> None:
         method = info.method if info.method in HTTP_METHODS else OTHER_METHOD
-        self.requests.labels(info.modified_handler, method, info.modified_status).inc()
-        self.duration.labels(info.modified_handler, method).observe(info.modified_duration)
+        handler = info.modified_handler
+        if handler not in route_templates(info.request.app):
+            handler = NO_ROUTE  # the instrumentator names a path its router redirects (a trailing slash) by itself
+        self.requests.labels(handler, method, info.modified_status).inc()
+        self.duration.labels(handler, method).observe(info.modified_duration)
+
+
+def route_templates(app: Any) -> set[str]:
+    return {path for route in getattr(app, "routes", ()) if isinstance(path := getattr(route, "path", None), str)}
 
 
 class RequestTimer:

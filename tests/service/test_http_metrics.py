@@ -164,6 +164,16 @@ def test_every_status_is_counted_under_its_route_template(tmp_path: Path) -> Non
     assert [v for _, v in _samples(api, "calispec_requests_total")] == [1]
 
 
+def test_a_path_redirected_for_its_trailing_slash_is_counted_under_none() -> None:
+    """FastAPI redirects `/v1/completions/` to `/v1/completions` (307), and the instrumentator labelled that answer
+    with the raw path: one series per route's slashed twin, against the docs' "never the raw path"."""
+    with served() as api:
+        for path in (COMPLETIONS, "/v1/chat/completions", "/health", "/tokenize"):
+            assert httpx.get(f"{api.url}{path}/", headers=api.auth).status_code == 307
+    assert api.count("none", "GET", 307) == 4
+    assert {dict(labels)["handler"] for labels in api.series("http_requests_total")} == {"none"}
+
+
 def _samples(api: Served, name: str) -> list[tuple[dict[str, str], float]]:
     return [(s.labels, s.value) for f in api.metrics.registry.collect() for s in f.samples if s.name == name]
 
