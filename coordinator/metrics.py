@@ -40,7 +40,9 @@ class CoordinatorMetrics:
         self.running = Gauge(f"{PREFIX}requests_running", "Generate requests in progress", registry=r)
         self.prompt_tokens = Counter(f"{PREFIX}prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter(
-            f"{PREFIX}generation_tokens", "Tokens generated (streamed to clients)", registry=r
+            f"{PREFIX}generation_tokens",
+            "Tokens generated, by every request (also those of a failed or cancelled one, delivered or not)",
+            registry=r,
         )
         self.rounds = Counter(
             f"{PREFIX}rounds", "Propose/verify rounds (ar: one target step each)", ["mode"], registry=r
