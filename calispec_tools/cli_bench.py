@@ -691,7 +691,7 @@ def _eval_study(args: argparse.Namespace, tasks: list[Any], variant_list: list[A
 @interruptible("calispec eval")
 def cmd_eval(args: argparse.Namespace) -> int:
     from calispec_tools.eval import report
-    from calispec_tools.eval.rejections import PROBABILITY_RATIO_NOTE, analyse
+    from calispec_tools.eval.rejections import PROBABILITY_RATIO_NOTE, analyse, gained, table_summary
     from calispec_tools.eval.runner import EvalConfig, run_eval, variants
     from calispec_tools.eval.tasks import TASK_SETS, load_tasks
     from calispec_tools.memory_reads import fetch_pairs, memory_events, memory_failure, wait_for_events
@@ -718,13 +718,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     with endpoints(args, reads_memory=True) as ep:
         try:  # a memory service that does not answer: one line, not a traceback
             before = memory_events(ep.memory, ep.namespace) if ep.memory else 0
+            table_before = fetch_pairs(ep.memory, ep.namespace) if ep.memory else []
             rows = run_eval(ep.coordinator, tasks, variant_list, config, progress, client_options=auth)
             print(file=sys.stderr)
             analysis = None
             if ep.memory:
                 expected = before + sum(r["stats"]["rejections"] for r in rows if r["stats"])
                 wait_for_events(ep.memory, ep.namespace, expected)
-                analysis = analyse(fetch_pairs(ep.memory, ep.namespace), _decoder(ep.tokenizer))
+                table = fetch_pairs(ep.memory, ep.namespace)
+                # this run's rejections (a seeded calibration's counts are not the run's), then the whole table
+                analysis = analyse(gained(table_before, table), _decoder(ep.tokenizer))
+                analysis["memory_table"] = table_summary(table)
         except grpc.RpcError as exc:
             print(f"error: {memory_failure(ep.memory or '', exc)}", file=sys.stderr)
             return 1

@@ -43,6 +43,19 @@ def share_at(curve: Sequence[tuple[float, float]], x: float) -> float:
     return math.nan
 
 
+def gained(before: Sequence[tuple[int, int, int]], after: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """The pairs' counts a run added to a table: after less before, per pair (a pair evicted or decayed meanwhile
+    counts what it gained, at least nothing)."""
+    had = {(draft, target): count for draft, target, count in before}
+    return [(d, t, c - had.get((d, t), 0)) for d, t, c in after if c > had.get((d, t), 0)]
+
+
+def table_summary(pairs: Sequence[tuple[int, int, int]]) -> dict[str, Any]:
+    """A whole table's size and concentration (the run's analysis is `analyse`)."""
+    whole = analyse(pairs)
+    return {key: whole[key] for key in ("distinct_pairs", "events", "top20_share")}
+
+
 def analyse(pairs: Sequence[tuple[int, int, int]], decode: Any = None, top: int = 20) -> dict[str, Any]:
     """pairs: (draft_token_id, target_token_id, count). `decode(token_id) -> str` labels the top pairs."""
     ordered = sorted(pairs, key=lambda p: p[2], reverse=True)

@@ -91,10 +91,16 @@ def _pair_name(p: dict[str, Any]) -> str:
 
 def format_rejections(analysis: dict[str, Any]) -> str:
     top = ", ".join(f"{_pair_name(p)} ×{p['count']}" for p in analysis["top_pairs"][:5])
-    return (
-        f"rejections: {analysis['events']} events over {analysis['distinct_pairs']} pairs; "
+    text = (
+        f"rejections in this run: {analysis['events']} events over {analysis['distinct_pairs']} pairs; "
         f"top 20% of pairs cover {_cell(analysis['top20_share'], '.1%')}\n  most frequent: {top or '-'}"
     )
+    if table := analysis.get("memory_table"):
+        text += (
+            f"\nthe memory table after it: {table['events']} events over {table['distinct_pairs']} pairs; "
+            f"top 20% of pairs cover {_cell(table['top20_share'], '.1%')}"
+        )
+    return text
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> Path:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from calispec_tools.eval import report
-from calispec_tools.eval.rejections import analyse, coverage_curve, share_at
+from calispec_tools.eval.rejections import analyse, coverage_curve, gained, share_at
 from calispec_tools.eval.runner import variants
 
 
@@ -68,6 +68,15 @@ def test_round_ending_rejections_leave_out_the_rescued_ones() -> None:
     assert (s["ar"]["round_ending_rejections"], s["csd"]["round_ending_rejections"]) == (4, 2)
     header, _, csd = report.format_table(s).splitlines()
     assert csd.split()[header.split().index("rej-end")] == "2"
+
+
+def test_a_runs_rejections_are_what_it_added_to_the_table() -> None:
+    before = [(1, 2, 5), (3, 4, 2), (9, 9, 7)]  # (9, 9) is evicted during the run
+    after = [(1, 2, 8), (3, 4, 2), (5, 6, 1)]
+    assert gained(before, after) == [(1, 2, 3), (5, 6, 1)]
+    text = report.format_rejections({**analyse(gained(before, after)), "memory_table": analyse(after)})
+    assert text.startswith("rejections in this run: 4 events over 2 pairs")
+    assert "the memory table after it: 11 events over 3 pairs" in text
 
 
 def test_json_and_png(tmp_path) -> None:
