@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calispec_core.limits import DEFAULT_LOCKSTEP_PHASE, DEFAULT_RIDE_PREFILL_TOKENS
+from calispec_tools.bench.report import jsonable
 from calispec_tools.bench.rpc_floor import format_floors, model_service_floors
 from calispec_tools.cli_auth import own_stack_auth
 
@@ -170,7 +172,10 @@ def run_load(address: str, config: CompareConfig) -> dict[str, dict[int, dict[st
 def combine_repeats(mine: list[dict[str, float]], ar: list[dict[str, float]]) -> dict[str, Any]:
     """One level of one mode over its repeats: medians, each throughput's runs, and the median of its
     ratios to `ar`'s run of the same repeat (paired, so drift between repeats cancels)."""
-    combined: dict[str, Any] = {k: statistics.median(r[k] for r in mine) for k in mine[0]}
+    # the largest target batch is the largest of all repeats, as its label says; the rest medians
+    combined: dict[str, Any] = {
+        k: (max if k == "max_batch" else statistics.median)(r[k] for r in mine) for k in mine[0]
+    }
     for key in THROUGHPUTS:
         combined[f"{key}_runs"] = [r[key] for r in mine]
         combined[f"{key}_x_ar"] = statistics.median(m[key] / a[key] for m, a in zip(mine, ar, strict=True))
@@ -195,9 +200,12 @@ def full_concurrency_window(results: Sequence[StreamedRequest], concurrency: int
     """(seconds, tokens) from the level's start until the first client ran out of requests: the closed
     loop keeps `concurrency` requests in flight until its (requests - concurrency + 1)-th completion.
     After it the level drains with fewer requests, and how long that lasts depends on how unevenly the
-    last requests progress, not on the throughput at this concurrency."""
+    last requests progress, not on the throughput at this concurrency. Fewer requests than clients never had
+    `concurrency` in flight: (0, 0), no figure."""
+    if len(results) < concurrency:
+        return 0.0, 0
     ends = sorted(r.end_s for r in results)
-    until = ends[max(len(ends) - concurrency, 0)] if ends else 0.0
+    until = ends[len(ends) - concurrency]
     return until, sum(n for r in results for t, n in r.chunks if t <= until)
 
 
@@ -339,7 +347,7 @@ def speculation_figures(runs: list[Run]) -> dict[str, float]:
     rounds, drafting_rounds = t["rounds"], t["rounds"] - t["target_only_rounds"]
 
     def per(num: float, den: float) -> float:
-        return num / den if den else 0.0
+        return num / den if den else math.nan  # nothing drafted: no acceptance (printed "-"), not 0 %
 
     return {
         "acceptance": per(t["accepted"], t["drafted"]),
@@ -436,13 +444,13 @@ def format_report(
         if variant not in summary:
             continue
         row, r = summary[variant], rel[variant]
-        vs_assisted = r.get("vs_best_assisted", float("nan"))
-        cells = f"{variant:20s} {row['tokens_per_s']:7.2f} {r['vs_ar']:6.2f} {vs_assisted:8.2f}"
+        vs_assisted = r.get("vs_best_assisted", math.nan)
+        cells = f"{variant:20s} {row['tokens_per_s']:7.2f} {r['vs_ar']:6.2f} {_cell(vs_assisted, 8, '.2f')}"
         if "acceptance" in row:
             cells += (
-                f" {row['acceptance']:7.1%} {row['accepted_per_drafting_round']:7.2f} {row['tokens_per_round']:7.2f}"
-                f" {row['mean_gamma']:6.2f} {row['target_only_share']:5.0%} {row['overhead_share']:6.1%}"
-                f" {row['overhead_ms_per_round']:6.2f}"
+                f" {_cell(row['acceptance'], 7, '.1%')} {_cell(row['accepted_per_drafting_round'], 7, '.2f')}"
+                f" {row['tokens_per_round']:7.2f} {row['mean_gamma']:6.2f} {row['target_only_share']:5.0%}"
+                f" {row['overhead_share']:6.1%} {row['overhead_ms_per_round']:6.2f}"
             )
         lines.append(cells)
     lines.append("ovh: round time outside the two models' forwards as the services timed them (RPCs, sampling,")
@@ -464,7 +472,7 @@ def format_report(
             lines += [f"{m:6s} c={c}: " + " ".join(f"{v:.2f}" for v in runs) for m, c, runs in repeated]
         lines.append("acceptance | largest target batch seen, by concurrency:")
         for mode, per_level in load.items():
-            cells = [f"{per_level[c].get('acceptance', float('nan')):.1%} | {per_level[c].get('max_batch', 0)}"
+            cells = [f"{_cell(per_level[c].get('acceptance', math.nan), 0, '.1%')} | {per_level[c].get('max_batch', 0)}"
                      for c in levels]  # fmt: skip
             lines.append(f"{mode:6s} " + "  ".join(f"{c:>14s}" for c in cells))
     return "\n".join(lines)
@@ -484,9 +492,22 @@ def _throughput_table(load: dict[str, dict[int, dict[str, Any]]], levels: list[i
         values = [per_level[c][key] for c in levels]
         ratio = [_ratio_to_ar(load, mode, c, key) for c in levels]
         lines.append(
-            f"{mode:6s} " + " ".join(f"{v:9.2f}" for v in values) + "   " + " ".join(f"{x:.2f}" for x in ratio)
+            f"{mode:6s} "
+            + " ".join(_cell(v, 9, ".2f") for v in values)
+            + "   "
+            + " ".join(_cell(x, 0, ".2f") for x in ratio)
         )
     return lines
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    """Strict JSON (NaN as null: `ar`'s acceptance has none; json.dumps wrote NaN, which JSON parsers refuse)."""
+    path.write_text(json.dumps(jsonable(doc), indent=1, allow_nan=False) + "\n")
+
+
+def _cell(value: float, width: int, spec: str) -> str:
+    """A figure, or "-" where there is none (NaN: nothing drafted, no HF run, no full-concurrency window)."""
+    return f"{value:{width}{spec}}" if math.isfinite(value) else f"{'-':>{width}s}"
 
 
 # --- entry ----------------------------------------------------------------------------------------
@@ -588,6 +609,6 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.json:
         doc = {"environment": env, "summary": summary, "ratios": rel, "load": load, "agreement": same,
                "rpc_floor_ms": floors, "runs": [asdict(r) for r in runs]}  # fmt: skip
-        Path(args.json).write_text(json.dumps(doc, indent=1))
+        write_json(Path(args.json), doc)
         print(f"wrote {args.json}", file=sys.stderr)
     return 0

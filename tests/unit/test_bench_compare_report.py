@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import pytest
@@ -54,7 +56,7 @@ def test_full_concurrency_window_ends_when_the_first_client_runs_out() -> None:
     seconds, tokens = full_concurrency_window(results, 2)
     assert seconds == 7
     assert tokens == 2 + 2 + 1 + 1 + 3 + 3 + 5  # everything streamed by t = 7, none of the drain's last chunk
-    assert full_concurrency_window(results, 8) == (3, 5)  # fewer requests than clients: until the first ends
+    assert full_concurrency_window(results, 8) == (0.0, 0)  # fewer requests than clients: never 8 in flight
     assert full_concurrency_window([], 2) == (0.0, 0)
 
 
@@ -204,3 +206,37 @@ def test_the_report_says_how_much_memory_the_loaded_models_left() -> None:
     left, warning = memory_left(GIB + GIB // 5)
     assert left == "1.2 GiB (short)" and warning is not None and "--skip-hf" in warning and "inflated" in warning
     assert memory_left(None) == ("unknown", None)
+
+
+def test_the_largest_batch_is_the_largest_of_all_repeats() -> None:
+    """It was the median of each repeat's largest: 7.5 for repeats that saw 8 and 7 (found by an audit)."""
+    from calispec_tools.bench.compare import combine_repeats
+
+    def run(batch: int) -> dict[str, float]:
+        return {"tokens_per_s": 10.0, "full_concurrency_tokens_per_s": 10.0, "acceptance": 0.7, "max_batch": batch}
+
+    assert combine_repeats([run(8), run(7)], [run(8), run(8)])["max_batch"] == 8
+
+
+def test_a_mode_that_never_drafted_has_no_acceptance_not_zero() -> None:
+    """Its row read "accept 0.0%  acc/rnd 0.00", as if every drafted token had been rejected (found by an audit)."""
+    from calispec_tools.bench.compare import Run, ratios, speculation_figures
+
+    stats = {"rounds": 10, "target_only_rounds": 10, "accepted": 0, "drafted": 0, "emitted": 10, "mean_gamma": 0.0,
+             "round_overhead_ms": 5.0, "total_ms": 500.0}  # fmt: skip
+    figures = speculation_figures([Run("sd", 0, 10, 1.0, list(range(10)), stats=stats)])
+    assert math.isnan(figures["acceptance"]) and math.isnan(figures["accepted_per_drafting_round"])
+    summary = {"ar": {"tokens_per_s": 10.0}, "sd": {"tokens_per_s": 10.0, **figures}}
+    sd = next(line for line in format_report({}, summary, ratios(summary), {}).splitlines() if line.startswith("sd "))
+    assert sd.split()[3:6] == ["-", "-", "-"]  # × assist (no HF run), acceptance, accepted per drafting round
+
+
+def test_the_json_report_is_strict_json(tmp_path: Path) -> None:
+    """`ar`'s load acceptance is NaN, which json.dumps wrote as a bare NaN that JSON parsers refuse."""
+    from calispec_tools.bench.compare import write_json
+
+    path = tmp_path / "compare.json"
+    write_json(path, {"load": {"ar": {8: {"acceptance": float("nan"), "tokens_per_s": 40.9}}}})
+    assert json.loads(path.read_text(), parse_constant=pytest.fail) == {
+        "load": {"ar": {"8": {"acceptance": None, "tokens_per_s": 40.9}}}
+    }
