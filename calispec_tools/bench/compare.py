@@ -458,6 +458,7 @@ def format_report(
     if floors:  # a round makes one round trip to each model service, after a forward
         lines.append("     " + format_floors(floors) + " (GetModelInfo)")
     lines.append("mean γ: asked of the draft (alone, a request asks up to max_gamma; its path floor stops it sooner)")
+    lines.append("acc/rnd: accepted draft tokens per round that drafted (γ > 0; `calispec eval`'s: per round)")
     if load:
         levels = sorted({c for per_mode in load.values() for c in per_mode})
         lines += ["", "throughput (tokens/s over all requests) by concurrency:"]
