@@ -7,6 +7,12 @@ from transformers import PreTrainedTokenizerBase
 REPLACEMENT_CHAR = "\ufffd"
 
 
+def without_half_character(text: str) -> str:
+    """The text without its trailing U+FFFD: the start of a character whose other bytes are still to come (or,
+    rarely, a real U+FFFD at the very end, which the next token or the final flush settles)."""
+    return text.rstrip(REPLACEMENT_CHAR)
+
+
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas and watches for stop strings.
 
@@ -31,11 +37,11 @@ class IncrementalDetokenizer:
         have stopped: a round's tokens past it were counted in `usage`, so it changed with the mode and γ)."""
         start = len(self.token_ids)
         self.token_ids.extend(token_ids)
-        full = self._decode_new()
-        if (cut := self._stop_index(full)) is not None:
-            return self._stopped(start, len(token_ids)) or (self._advance(full[:cut]), True, len(token_ids))
-        # a trailing replacement char is usually half of a multi-byte character: wait for the rest
-        safe = full.rstrip(REPLACEMENT_CHAR)
+        # a trailing replacement char is usually half of a multi-byte character: wait for the rest (a stop
+        # string never matches it: "\ufffd" cut a valid character in two, found by probing)
+        safe = without_half_character(self._decode_new())
+        if (cut := self._stop_index(safe)) is not None:
+            return self._stopped(start, len(token_ids)) or (self._advance(safe[:cut]), True, len(token_ids))
         return self._advance(safe[: len(safe) - self._stop_prefix_len(safe)]), False, len(token_ids)
 
     def _stopped(self, start: int, added: int) -> tuple[str, bool, int] | None:
@@ -43,7 +49,9 @@ class IncrementalDetokenizer:
         one to complete, as one token at a time finds it), cut before that string; later ones are dropped. None
         where no whole decode holds it (the window's text did): then every token is kept."""
         for kept in range(1, added + 1):
-            text = self.tokenizer.decode(self.token_ids[: start + kept], skip_special_tokens=True)
+            text = without_half_character(
+                self.tokenizer.decode(self.token_ids[: start + kept], skip_special_tokens=True)
+            )
             if (cut := self._stop_index(text)) is not None:
                 del self.token_ids[start + kept :]
                 return self._advance(text[:cut]), True, kept

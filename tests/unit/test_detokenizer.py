@@ -133,3 +133,22 @@ def test_deltas_add_up_to_the_whole_decode_on_a_real_tokenizer(tiny_pair: TinyPa
         assert text == tokenizer.decode([t for c in chunks for t in c], skip_special_tokens=True)
 
     check()
+
+
+def test_a_replacement_char_stop_never_matches_half_of_a_character() -> None:
+    """A stop string "\ufffd" matched the first byte of a valid two-byte character (the window's text ends in U+FFFD
+    until its second byte comes) and cut the output there (found by probing); it matches a real U+FFFD only."""
+
+    class Bytes:
+        def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    for rounds in ([[b] for b in b"a\xd3\x80b\xffc"], [list(b"a\xd3"), list(b"\x80b\xff"), [ord("c")]]):
+        detok = IncrementalDetokenizer(Bytes(), (REPLACEMENT,))  # type: ignore[arg-type]
+        text, stopped = "", False
+        for ids in rounds:
+            delta, stopped, _ = detok.add(ids)
+            text += delta
+            if stopped:
+                break
+        assert stopped and text == "aӀb"  # cut at the real U+FFFD (the lone byte 0xff), not inside "Ӏ"
