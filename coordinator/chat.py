@@ -35,18 +35,29 @@ class ChatTurn:
 
 
 def render_chat(
-    tokenizer: PreTrainedTokenizerBase, turns: Sequence[ChatTurn], add_generation_prompt: bool = True
+    tokenizer: PreTrainedTokenizerBase,
+    turns: Sequence[ChatTurn],
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
 ) -> str:
     """The conversation as the model was trained to see it, ending where the assistant's reply starts (without
-    `add_generation_prompt`: after the last message)."""
+    `add_generation_prompt`: after the last message; with `continue_final_message`: inside it, for the reply to
+    continue it, as transformers and vLLM render an assistant prefill)."""
     _validate(turns)
     if not tokenizer.chat_template:
         raise InvalidArgument("the model's tokenizer has no chat template: send a raw prompt instead of messages")
     messages = [{"role": t.role, "content": t.content} for t in turns]
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        text = tokenizer.apply_chat_template(
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+        )
     except TemplateError as exc:  # templates raise_exception() on conversations they do not accept
         raise InvalidParam(f"the chat template rejected the messages: {exc}", "messages") from exc
+    except ValueError as exc:  # transformers: a final message the rendered text does not end with, both ends set
+        raise InvalidParam(f"cannot continue the final message: {exc}", "messages") from exc
     return _without_duplicate_bos(tokenizer, text)
 
 

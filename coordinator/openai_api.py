@@ -387,7 +387,8 @@ class OpenAIApi:
         return prompt if isinstance(prompt, str) else self.orchestrator.tokenizer.decode(prompt)
 
     def chat_prompt(self, req: ChatCompletionRequest) -> str:
-        return render_chat(self.orchestrator.tokenizer, [ChatTurn(m.role, m.content) for m in req.messages])
+        turns = [ChatTurn(m.role, m.content) for m in req.messages]
+        return render_chat(self.orchestrator.tokenizer, turns, req.add_generation_prompt, req.continue_final_message)
 
     async def completion(self, req: CompletionRequest, held: ExitStack, request: Request):
         generations = self.generations([lambda prompt=prompt: prompt for prompt in req.prompts()], req)

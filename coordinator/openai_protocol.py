@@ -94,6 +94,14 @@ class OpenAIModel(BaseModel):
 
 class StreamOptions(OpenAIModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's usage in every chunk: not implemented, false only
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _no_continuous_usage(cls, value: bool) -> bool:
+        if value:
+            raise invalid("continuous_usage_stats is not supported: send false or leave it out")
+        return value
 
 
 # Fields of OpenAI's and vLLM's requests that change the output and are not implemented: each one's no-op value (None:
@@ -108,8 +116,26 @@ NOT_IMPLEMENTED: dict[str, Any] = {
     "guided_choice": None,
     "guided_grammar": None,
     "structured_outputs": None,
+    "structural_tag": None,
+    # vLLM's output and prompt controls (ignored as unknown fields until wave 54: a 200 with other text)
+    "include_stop_str_in_output": False,
+    "skip_special_tokens": True,
+    "allowed_token_ids": None,
+    "bad_words": [],
+    "truncate_prompt_tokens": None,
+    "logits_processors": None,
+    "prompt_logprobs": None,  # vLLM's per-choice prompt log-probabilities (here: `echo` with `logprobs`)
+    "return_tokens_as_token_ids": False,
+    "priority": 0,
+    "best_of": 1,
 }
-CHAT_NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {"echo": (False,), "modalities": (["text"],), "audio": ()}
+CHAT_NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
+    "echo": (False,),
+    "modalities": (["text"],),
+    "audio": (),
+}
+# a client's own Jinja template, or variables for the model's: the model's template only, as it stands
+TEMPLATE_NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {"chat_template": (), "chat_template_kwargs": ({},)}
 
 
 class CalispecParams(OpenAIModel):
@@ -138,7 +164,7 @@ class CalispecParams(OpenAIModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
-    best_of: Literal[1] | None = None
+    response_format: dict[str, Any] | None = None  # {"type": "text"} only: no JSON mode
     # vLLM's sampling extensions that change the output, not implemented: refused unless at their no-op values
     # (they were ignored, as unknown fields are: a request asking for a JSON shape got free text, with a 200)
     min_tokens: Any = None
@@ -150,6 +176,25 @@ class CalispecParams(OpenAIModel):
     guided_choice: Any = None
     guided_grammar: Any = None
     structured_outputs: Any = None
+    structural_tag: Any = None
+    include_stop_str_in_output: Any = None
+    skip_special_tokens: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    truncate_prompt_tokens: Any = None
+    logits_processors: Any = None
+    prompt_logprobs: Any = None
+    return_tokens_as_token_ids: Any = None
+    priority: Any = None
+    best_of: Any = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Both endpoints (completions ignored it until wave 54, answering a JSON-mode request with free text)."""
+        if value is not None and value.get("type") != "text":
+            raise invalid(f'type {value.get("type")!r} is not supported: only {{"type": "text"}} (no JSON mode)')
+        return value
 
     @field_validator("max_tokens")
     @classmethod
@@ -307,13 +352,20 @@ class CompletionRequest(CalispecParams):
     prompt: str | TokenIds | list[TokenIds] | list[str] = Field(union_mode="left_to_right")
     echo: bool = False  # the prompt before each choice's text (and, with logprobs, its tokens' log-probabilities)
     logprobs: int | None = None  # each new token's log-probability and this many most likely (legacy API: an int)
-    suffix: None = None
+    suffix: Any = None  # not implemented: "" only (OpenAI's no-op)
 
     @field_validator("logprobs")
     @classmethod
     def _logprobs(cls, value: int | None) -> int | None:
         with domain_checked():
             check_logprobs(value)
+        return value
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: Any) -> Any:
+        if value not in (None, ""):
+            raise invalid('suffix is not supported: send "" or leave it out')
         return value
 
     @field_validator("prompt", mode="before")
@@ -427,7 +479,41 @@ class ChatMessage(OpenAIModel):
         return value
 
 
-class ChatCompletionRequest(CalispecParams):
+def noop_only(value: Any, field: str, noops_by_field: Mapping[str, tuple[Any, ...]]) -> Any:
+    """`value` where it is unset or one of the field's no-op values (the same type too); else a 400 naming them."""
+    noops = noops_by_field[field]
+    if value is not None and not any(value == noop and type(value) is type(noop) for noop in noops):
+        send = "".join(f"send {json.dumps(noop)} or " for noop in noops)
+        raise invalid(f"{field} is not supported: {send}leave it out")
+    return value
+
+
+class ChatRendering(OpenAIModel):
+    """How chat messages become the prompt (vLLM's fields): an open assistant turn ends it, or the last message is
+    left open for the reply to continue (assistant prefill); the model's own template only."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: Any = None
+    chat_template_kwargs: Any = None
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _one_end(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("add_generation_prompt", True):  # vLLM's rule
+            raise invalid(
+                "cannot set both continue_final_message and add_generation_prompt to true "
+                "(send add_generation_prompt: false to continue the last message)"
+            )
+        return value
+
+    @field_validator(*TEMPLATE_NOT_IMPLEMENTED, mode="before")
+    @classmethod
+    def _model_template_only(cls, value: Any, info: ValidationInfo) -> Any:
+        return noop_only(value, info.field_name or "", TEMPLATE_NOT_IMPLEMENTED)
+
+
+class ChatCompletionRequest(CalispecParams, ChatRendering):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     logprobs: bool = False  # each new token's log-probability
@@ -438,7 +524,6 @@ class ChatCompletionRequest(CalispecParams):
     tools: list[Any] | None = None  # only with tool_choice "none" (never passed to the chat template)
     function_call: Literal["none", "auto"] | None = None  # OpenAI's deprecated tool_choice
     functions: list[Any] | None = None  # OpenAI's deprecated tools
-    response_format: dict[str, Any] | None = None  # {"type": "text"} only
     # vLLM's chat echo and OpenAI's audio output: not implemented, refused unless at their no-op values
     echo: Any = None
     modalities: Any = None
@@ -484,18 +569,7 @@ class ChatCompletionRequest(CalispecParams):
     @field_validator(*CHAT_NOT_IMPLEMENTED, mode="before")
     @classmethod
     def _chat_not_implemented(cls, value: Any, info: ValidationInfo) -> Any:
-        noops = CHAT_NOT_IMPLEMENTED[info.field_name or ""]
-        if value is not None and not any(value == noop and type(value) is type(noop) for noop in noops):
-            send = "".join(f"send {json.dumps(noop)} or " for noop in noops)
-            raise invalid(f"{info.field_name} is not supported: {send}leave it out")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("type") != "text":
-            raise invalid(f'type {value.get("type")!r} is not supported: only {{"type": "text"}} (no JSON mode)')
-        return value
+        return noop_only(value, info.field_name or "", CHAT_NOT_IMPLEMENTED)
 
     prompt_field: ClassVar[str] = "messages"
 

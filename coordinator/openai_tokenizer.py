@@ -16,21 +16,21 @@ from transformers import PreTrainedTokenizerBase
 from calispec_core.errors import InvalidArgument
 from calispec_core.limits import validate_prompt
 from coordinator.chat import ChatTurn, InvalidParam, render_chat
-from coordinator.openai_protocol import ChatMessage, OpenAIModel, invalid, is_token_id
+from coordinator.openai_protocol import ChatMessage, ChatRendering, OpenAIModel, invalid, is_token_id
 
 TOKENIZE_PATH = "/tokenize"
 DETOKENIZE_PATH = "/detokenize"
 TOKENIZER_INFO_PATH = "/tokenizer_info"
 
 
-class TokenizeRequest(OpenAIModel):
-    """A text prompt, or chat messages (exactly one)."""
+class TokenizeRequest(ChatRendering):
+    """A text prompt, or chat messages (exactly one), rendered as a chat request renders them (its
+    `add_generation_prompt`, `continue_final_message`)."""
 
     model: str | None = None  # optional, as vLLM's; when sent, the served model's name
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True  # the tokenizer's own (BOS where it adds one), as a request's prompt gets
-    add_generation_prompt: bool = True  # messages only: end where the assistant's reply starts, as a chat request
     return_token_strs: bool = False  # each token's string too (the tokenizer's, not decoded text)
 
     @model_validator(mode="after")
@@ -73,7 +73,7 @@ class TokenizerInfo(BaseModel):
 def tokenize(tokenizer: PreTrainedTokenizerBase, req: TokenizeRequest, context_length: int) -> TokenizeResponse:
     if req.messages is not None:
         turns = [ChatTurn(m.role, m.content) for m in req.messages]
-        text = render_chat(tokenizer, turns, req.add_generation_prompt)
+        text = render_chat(tokenizer, turns, req.add_generation_prompt, req.continue_final_message)
     else:
         assert req.prompt is not None
         try:

@@ -17,8 +17,10 @@ class StubTokenizer:
     def __init__(self, adds_bos: bool, template: str | None = "t", raises: bool = False) -> None:
         self.adds_bos, self.chat_template, self.raises = adds_bos, template, raises
 
-    def apply_chat_template(self, messages, tokenize: bool, add_generation_prompt: bool) -> str:
-        assert tokenize is False and add_generation_prompt is True
+    def apply_chat_template(
+        self, messages, tokenize: bool, add_generation_prompt: bool, continue_final_message: bool
+    ) -> str:
+        assert tokenize is False and add_generation_prompt is True and continue_final_message is False
         if self.raises:
             raise TemplateError("Conversation roles must alternate user/assistant")
         return "<s>" + "".join(f"[{m['role']}]{m['content']}" for m in messages) + "[assistant]"
