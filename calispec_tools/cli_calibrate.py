@@ -289,8 +289,8 @@ def _memory_target(args: argparse.Namespace) -> tuple[str, str, str]:
     from calispec_tools.cli_memory import memory_address, memory_tls, resolve_namespace, writer_token
 
     tls = memory_tls(args)  # the usage errors before any connection: the TLS files, then the token
-    token = writer_token(args.writer_token_file)
     address = memory_address(args.memory_addr)
+    token = writer_token(args.writer_token_file, address)
     try:
         namespace = resolve_namespace(address, args.namespace, tls)
     except grpc.RpcError as exc:

@@ -170,19 +170,29 @@ def resolved(args: argparse.Namespace) -> tuple[str, str]:
         raise SystemExit(f"error: {memory_failure(address, exc)}") from None
 
 
-def writer_token_file(given: Path | None) -> Path:
-    """--writer-token-file, else the running stack's (its verifiers' token); with neither, a usage error."""
+def writer_token_file(given: Path | None, address: str) -> Path:
+    """--writer-token-file, else the running stack's (its verifiers' token) when `address` is the stack's memory
+    service: never sent to another one (wave 54: any --memory-addr got it, found by probing); else a usage error."""
+    if given is not None:
+        return given
     stack = running_stack()
-    if given is None and stack is None:
+    if stack is None:
         raise SystemExit(usage_error("give --writer-token-file (no running `calispec up` to take it from)"))
-    return given or Path(stack.writer_token_file)  # type: ignore[union-attr]
+    if stack.memory != address:
+        raise SystemExit(
+            usage_error(
+                f"give --writer-token-file: the running stack's token is for its memory service at {stack.memory}, "
+                f"not {address}"
+            )
+        )
+    return Path(stack.writer_token_file)
 
 
-def writer_token(given: Path | None) -> str:
-    """The token of writer_token_file(given), read before any connection: a file missing, unreadable or holding
-    no token is a usage error (one line, exit 2, as the --memory-tls-* files), not a failed command (exit 1)."""
+def writer_token(given: Path | None, address: str) -> str:
+    """The token of writer_token_file(given, address), read before any connection: a file missing, unreadable or
+    holding no token is a usage error (one line, exit 2, as the --memory-tls-* files), not a failed command (exit 1)."""
     try:
-        token = read_writer_token(writer_token_file(given))
+        token = read_writer_token(writer_token_file(given, address))
     except CalispecError as exc:
         raise SystemExit(usage_error(exc)) from None
     assert token is not None  # a path was given
@@ -289,7 +299,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     tls = memory_tls(args)  # the usage errors before any connection: the TLS files, then the token
-    token = writer_token(args.writer_token_file)
+    token = writer_token(args.writer_token_file, memory_address(args.memory_addr))
     address, namespace = resolved(args)
     try:
         export = load_export(args.file, namespace)
@@ -339,7 +349,7 @@ def cmd_seed(args: argparse.Namespace) -> int:
     """What a deployment without `calispec up` runs once (deploy/k8s/calibration-seed/job.yaml): exit 0 when the
     namespace holds counts afterwards (loaded now, or before), 1 when the file was refused or the service failed."""
     tls = memory_tls(args)
-    token = writer_token(args.writer_token_file)
+    token = writer_token(args.writer_token_file, memory_address(args.memory_addr))
     path = shipped_file(args.pair)
     assert path is not None  # --pair's choices are the shipped files
     namespace = args.namespace or file_namespace(path)

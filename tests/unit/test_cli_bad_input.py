@@ -463,6 +463,32 @@ def test_calibrate_names_a_missing_dir_of_the_running_stacks_pair(
     one_error_line(capsys, "model directory not found: /nonexistent/t")
 
 
+@pytest.mark.parametrize("command", ["import", "seed", "calibrate"])
+def test_the_running_stacks_writer_token_goes_to_its_memory_service_only(
+    command: str, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --writer-token-file, a write to any --memory-addr sent the running stack's token there (a capture
+    server logged it; found by probing): it is a usage error now, before any connection."""
+    token = tmp_path / "writer.token"
+    token.write_text("stack-secret\n")
+    StackState(os.getpid(), "c", "127.0.0.1:1", "ns", "d", "t", str(token), 0).write()
+    elsewhere = ["--memory-addr", "127.0.0.1:2", "--namespace", "ns"]
+    pair = [flag for name in ("draft", "target") for flag in (f"--{name}", str(tmp_path / name))]
+    for name in ("draft", "target"):
+        (tmp_path / name).mkdir()
+    argv = {
+        "import": ["memory", "import", "--file", str(corpus), *elsewhere],
+        "seed": ["memory", "seed", "--pair", "qwen-coder", *elsewhere],
+        "calibrate": ["calibrate", "--corpus", str(corpus), *pair, *elsewhere],
+    }[command]
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:  # the memory commands' usage errors exit from where they are found
+        code = exc.code
+    assert code == 2
+    one_error_line(capsys, "give --writer-token-file", "127.0.0.1:1", "not 127.0.0.1:2")
+
+
 # -- bench and eval: their input files, output directory and servers (wave 50: each was a traceback) -------------
 
 
