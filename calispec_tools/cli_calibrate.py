@@ -269,9 +269,12 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
 def export_path_problem(path: Path) -> str | None:
     """Why an export cannot be written to `path`, or None. Checked before the calibration runs (hours on a
     real pair), not when its result is written: the temporary file dump_export writes first is made here."""
-    if path.is_dir():
-        return f"cannot write --export {path}: it is a directory"
-    probe = path.with_name(path.name + ".tmp")
+    from calispec_tools.memory_file import export_target_problem
+
+    if problem := export_target_problem(path):
+        return f"cannot write --export {path}: {problem}"
+    target = path.resolve() if path.is_symlink() else path  # dump_export writes through a symlink
+    probe = target.with_name(target.name + ".tmp")
     existed = probe.exists()
     try:
         with probe.open("a"):  # "a": a stale temporary file is kept, not emptied; dump_export replaces it

@@ -14,6 +14,7 @@ wrong; callers write nothing unless it returns.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -63,13 +64,30 @@ def dump_export(
         "sha256": _checksum(rows),
         "vocab_size": vocab_size,
     }
-    tmp = path.with_name(path.name + ".tmp")
+    if problem := export_target_problem(path):
+        raise MemoryFileError(f"cannot write {path}: {problem}")
+    target = path.resolve() if path.is_symlink() else path  # written through, as a shell's `>` writes
+    tmp = target.with_name(target.name + ".tmp")
     try:
         tmp.write_text(json.dumps(document, separators=(",", ":")) + "\n", encoding="utf-8")
-        tmp.replace(path)  # a reader never sees a half-written export
+        tmp.replace(target)  # a reader never sees a half-written export
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # its folder may be a file: nothing was made
+            tmp.unlink(missing_ok=True)
         raise MemoryFileError(f"cannot write {path}: {exc.strerror}") from exc
+
+
+def export_target_problem(path: Path) -> str | None:
+    """Why an export cannot be written at `path`, or None. It replaces a regular file whole (a temporary file
+    renamed over it), so anything else there is refused: as root, `--out /dev/null` replaced the system's
+    /dev/null with a file (found by probing); a symlink is written through to its target."""
+    if path.name in ("", ".", ".."):
+        return "not a file name"
+    target = path.resolve() if path.is_symlink() else path
+    if target.exists() and not target.is_file():
+        kind = "a directory" if target.is_dir() else "not a regular file (a device, a FIFO, a socket)"
+        return f"it is {kind}"
+    return None
 
 
 def read_bounded(path: Path, limit: int) -> bytes:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -189,6 +191,36 @@ def test_an_export_to_a_path_it_cannot_write_fails_cleanly(
     out = tmp_path / "no-such-dir" / "a.json"  # a FileNotFoundError traceback before
     assert run("memory", "export", "--namespace", "pair-a", "--out", str(out), "--memory-addr", address) == 1
     assert f"cannot write {out}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "dot", "under-a-file"])
+def test_an_export_never_replaces_what_is_not_a_regular_file(
+    memory: tuple[str, CorrectionStore], tmp_path: Path, kind: str, capsys
+) -> None:
+    """An export renames a temporary file over its path: as root `--out /dev/null` replaced the system's /dev/null
+    with a file (a FIFO here), and `--out .` or a path under a file were tracebacks (found by probing)."""
+    address, store = memory
+    store.record("pair-a", [(1, 2, 3)], durable=True)
+    out = {"fifo": tmp_path / "pipe", "directory": tmp_path, "dot": Path("."), "under-a-file": tmp_path / "f" / "a"}[
+        kind
+    ]
+    if kind == "fifo":
+        os.mkfifo(out)
+    if kind == "under-a-file":
+        (tmp_path / "f").write_text("x")
+    assert run("memory", "export", "--namespace", "pair-a", "--out", str(out), "--memory-addr", address) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: cannot write {out}"), err
+    assert kind != "fifo" or stat.S_ISFIFO(out.stat().st_mode)
+
+
+def test_an_export_through_a_symlink_writes_its_target(memory: tuple[str, CorrectionStore], tmp_path: Path) -> None:
+    address, store = memory
+    store.record("pair-a", [(1, 2, 3)], durable=True)
+    target, link = tmp_path / "target.json", tmp_path / "latest.json"
+    link.symlink_to(target)
+    assert run("memory", "export", "--namespace", "pair-a", "--out", str(link), "--memory-addr", address) == 0
+    assert link.is_symlink() and json.loads(target.read_text())["pairs"] == [[1, 2, 3]]
 
 
 def test_import_without_the_writer_token_is_refused(memory: tuple[str, CorrectionStore], tmp_path: Path) -> None:
