@@ -14,6 +14,7 @@ import pytest
 from calispec_tools import cli, cli_bench, cli_calibrate
 from calispec_tools.stack import ServiceStartError
 from calispec_tools.stack_state import StackState
+from tests.conftest import TinyPair
 
 
 @pytest.fixture
@@ -470,7 +471,7 @@ def test_the_running_stacks_writer_token_goes_to_its_memory_service_only(
     """Without --writer-token-file, a write to any --memory-addr sent the running stack's token there (a capture
     server logged it; found by probing): it is a usage error now, before any connection."""
     token = tmp_path / "writer.token"
-    token.write_text("stack-secret\n")
+    token.write_text("stack-secret-token-0123\n")
     StackState(os.getpid(), "c", "127.0.0.1:1", "ns", "d", "t", str(token), 0).write()
     elsewhere = ["--memory-addr", "127.0.0.1:2", "--namespace", "ns"]
     pair = [flag for name in ("draft", "target") for flag in (f"--{name}", str(tmp_path / name))]
@@ -487,6 +488,20 @@ def test_the_running_stacks_writer_token_goes_to_its_memory_service_only(
         code = exc.code
     assert code == 2
     one_error_line(capsys, "give --writer-token-file", "127.0.0.1:1", "not 127.0.0.1:2")
+
+
+def test_calibrate_refuses_another_pairs_events_for_the_running_stacks_namespace(
+    corpus: Path, tmp_path: Path, tiny_pair: TinyPair, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The namespace defaults to the running stack's, whatever pair is calibrated: a pair of the same vocabulary
+    (here the stack's own, swapped) had its events counted as the stack's, exit 0 (found by probing)."""
+    token = tmp_path / "writer.token"
+    token.write_text("stack-secret-token-0123\n")
+    served = (str(tiny_pair.target), str(tiny_pair.draft))  # the stack serves the pair the other way round
+    StackState(os.getpid(), "c", "127.0.0.1:1", "pair/theirs", *served, str(token), 0).write()
+    pair = ["--draft", str(tiny_pair.draft), "--target", str(tiny_pair.target)]
+    assert cli.main(["calibrate", "--corpus", str(corpus), *pair]) == 2
+    one_error_line(capsys, "the running stack serves another pair", "give --namespace")
 
 
 # -- bench and eval: their input files, output directory and servers (wave 50: each was a traceback) -------------
