@@ -16,6 +16,9 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
+from calispec_core.errors import InvalidArgument
+from calispec_core.limits import require_unicode
+
 TEXT_SUFFIXES = (".txt", ".md", ".py")
 
 
@@ -40,22 +43,32 @@ def load_corpus(path: Path) -> list[Document]:
 
 
 def _read(path: Path) -> list[Document]:
-    text = path.read_text(encoding="utf-8")
+    """A file's documents; ValueError naming the file (and line) for anything it cannot use: every refusal is one
+    line (non-UTF-8 bytes did not name the file; a deeply nested line or a lone surrogate was a traceback)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if path.suffix != ".jsonl":
         return [Document(text, False, str(path))] if text.strip() else []
-    docs = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{number}: not JSON: {exc}") from None
-        value = obj.get("text", obj.get("prompt")) if isinstance(obj, dict) else None
-        if not isinstance(value, str) or not value.strip():
-            raise ValueError(f'{path}:{number}: expected {{"text": "..."}} or {{"prompt": "..."}}')
-        docs.append(Document(value, "text" not in obj, f"{path}:{number}"))
-    return docs
+    return [_line_document(line, f"{path}:{n}") for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+
+
+def _line_document(line: str, source: str) -> Document:
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError) as exc:  # not JSON, nested past the parser's depth, an int past its digits
+        raise ValueError(f"{source}: not JSON: {exc}") from None
+    value = obj.get("text", obj.get("prompt")) if isinstance(obj, dict) else None
+    if not isinstance(value, str):
+        raise ValueError(f'{source}: expected {{"text": "..."}} or {{"prompt": "..."}}')
+    if not value.strip():
+        raise ValueError(f"{source}: the text is empty (or only whitespace)")
+    try:
+        require_unicode(value, source)
+    except InvalidArgument as exc:
+        raise ValueError(str(exc)) from None
+    return Document(value, "text" not in obj, source)
 
 
 def windows(ids: list[int], max_tokens: int) -> list[list[int]]:

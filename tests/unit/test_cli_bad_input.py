@@ -504,6 +504,26 @@ def test_calibrate_refuses_another_pairs_events_for_the_running_stacks_namespace
     one_error_line(capsys, "the running stack serves another pair", "give --namespace")
 
 
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("[" * 100_000 + "\n", "corpus.jsonl:1: not JSON"),  # past the parser's depth: a RecursionError traceback
+        ('{"text": "\\ud800 lone"}\n', "corpus.jsonl:1 is not valid Unicode"),  # the tokenizer's TypeError
+        ('{"text": ' + "1" * 5000 + "}\n", "corpus.jsonl:1: not JSON"),  # past int's digits: no file or line
+        ('{"prompt": "\\n\\n"}\n', "corpus.jsonl:1: the text is empty"),
+        (b"caf\xe9\n", "corpus.jsonl: not UTF-8 text"),  # did not name the file
+    ],
+    ids=["deep", "surrogate", "huge-int", "blank", "latin-1"],
+)
+def test_calibrate_names_the_corpus_line_it_cannot_use(
+    tmp_path: Path, content: str | bytes, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_bytes(content if isinstance(content, bytes) else content.encode())
+    assert cli.main(["calibrate", "--corpus", str(tmp_path), "--export", str(tmp_path / "out.json")]) == 1
+    one_error_line(capsys, expected)
+
+
 # -- bench and eval: their input files, output directory and servers (wave 50: each was a traceback) -------------
 
 
