@@ -319,10 +319,14 @@ def cmd_import(args: argparse.Namespace) -> int:
     channel, stub = _stub(address, tls)
     with channel:
         try:
+            before = stub.GetStats(memory_pb2.GetStatsRequest(namespace=namespace), timeout=30).version
             reply = record_when_admitted(stub, request, 120, writer_metadata(token, "calispec-import"))
         except grpc.RpcError as exc:
             return _fail(f"{memory_failure(address, exc)} ({import_outcome(exc.code(), exc.details() or '')})")
-    print(f"imported {len(pairs)} pairs ({reply.recorded} events) into {namespace}, now version {reply.version}")
+    if reply.version <= before:  # the service replayed the reply of this file's earlier import: nothing counted
+        print(f"already imported into {namespace} (the same file, at version {reply.version}): nothing was counted")
+    else:
+        print(f"imported {len(pairs)} pairs ({reply.recorded} events) into {namespace}, now version {reply.version}")
     return 0
 
 

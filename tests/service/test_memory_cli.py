@@ -86,6 +86,9 @@ def test_the_same_file_imported_again_counts_once(memory: tuple[str, CorrectionS
     for _ in range(2):
         assert run("memory", "import", *args, "--file", str(out)) == 0
     assert store.snapshot("pair-a")[0] == [(1, 2, 60), (3, 4, 10)]  # the export's counts, added once
+    first, second = capsys.readouterr().out.splitlines()[-2:]  # after the export's line
+    assert first.startswith("imported 2 pairs (35 events) into pair-a, now version 2")
+    assert second.startswith("already imported into pair-a")  # it printed the first import's line again
     assert run("memory", "import", *args[:2], "--memory-addr", "127.0.0.1:1", "--file", str(out), *args[4:]) == 1
     err = capsys.readouterr().err
     assert "(nothing was imported)" in err  # it never connected
