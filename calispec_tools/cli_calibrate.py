@@ -221,6 +221,7 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
                      "give one", USAGE_ERROR)  # fmt: skip
     if args.export is not None and (problem := export_path_problem(args.export)):
         return _fail(problem, USAGE_ERROR)
+    take_the_stacks_dtypes(args)
     if problem := int8_scales_problem(args):
         return _fail(problem, USAGE_ERROR)
     config = CalibrateConfig(
@@ -284,6 +285,21 @@ def another_pairs_namespace(args: argparse.Namespace, address: str, draft: Path,
         f"the running stack serves another pair ({stack.draft}, {stack.target}): its namespace {stack.namespace} is "
         f"not for these models' events; give --namespace (this pair's own: {mine})"
     )
+
+
+def take_the_stacks_dtypes(args: argparse.Namespace) -> None:
+    """Calibrating the running stack's pair, dtypes left at their defaults are the stack's: its events are those of
+    the models it serves (a `calispec up --dtype float32 --draft-dtype float32` was calibrated with an int8 draft,
+    its events not SD's; found by probing)."""
+    from calispec_tools.stack_state import running_stack
+
+    stack = running_stack()
+    if stack is None or args.draft or args.pair:  # another pair, or the stack's named: the flags as given
+        return
+    if args.dtype == "auto":
+        args.dtype = stack.dtype
+    if args.draft_dtype is None and stack.draft_dtype != "auto":
+        args.draft_dtype = stack.draft_dtype
 
 
 def export_path_problem(path: Path) -> str | None:

@@ -51,6 +51,8 @@ class StackState:
     target: str
     writer_token_file: str
     started: int = 0  # the process's start time in clock ticks after boot (/proc); 0: unknown
+    dtype: str = "auto"  # the target's --dtype as `up` was given it, and the draft's as served (calibrate's defaults)
+    draft_dtype: str = "auto"
 
     def write(self, path: Path | None = None) -> Path:
         path = path or state_path()

@@ -524,6 +524,35 @@ def test_calibrate_names_the_corpus_line_it_cannot_use(
     one_error_line(capsys, expected)
 
 
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ([], ("float32", "float32")),
+        (["--dtype", "bfloat16"], ("bfloat16", "float32")),
+        (["--pair", "tiny"], ("auto", "int8")),  # the pair named: calibrate's own defaults (int8 on CPU)
+    ],
+)
+def test_calibrating_the_running_stacks_pair_takes_its_dtypes(
+    given: list[str], expected: tuple[str, str], corpus: Path, tmp_path: Path, tiny_pair: TinyPair, monkeypatch
+) -> None:
+    """A `calispec up --dtype float32 --draft-dtype float32` was calibrated with an int8 draft (calibrate's own
+    defaults): its events were not the served pair's SD events (found by probing). Flags given still win."""
+    loaded: list[tuple[str, str]] = []
+
+    def load(args: object, *rest: object) -> None:
+        from calispec_tools.cli import served_draft_dtype
+
+        loaded.append((args.dtype, served_draft_dtype(args)))  # type: ignore[attr-defined]
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli_calibrate, "_load", load)
+    served = (str(tiny_pair.draft), str(tiny_pair.target))
+    StackState(os.getpid(), "c", "127.0.0.1:1", "ns", *served, "w", 0, "float32", "float32").write()
+    with pytest.raises(SystemExit):
+        cli.main(["calibrate", "--corpus", str(corpus), *given, "--export", str(tmp_path / "out.json")])
+    assert loaded == [expected]
+
+
 # -- bench and eval: their input files, output directory and servers (wave 50: each was a traceback) -------------
 
 

@@ -144,13 +144,17 @@ def test_up_records_the_pair_absolute(tmp_path: Path, monkeypatch: pytest.Monkey
     for model in pair:
         model.mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
-    config: Any = SimpleNamespace(draft_model=Path("models/d"), target_model=Path("models/t"))
+    config: Any = SimpleNamespace(
+        draft_model=Path("models/d"), target_model=Path("models/t"), dtype="auto", draft_dtype="int8"
+    )
     stack: Any = SimpleNamespace(coordinator_address="c", memory_address="m", memory_namespace="ns",
                                  writer_token_file=tmp_path / "w")  # fmt: skip
     cli.up_state(stack, config).write()
     monkeypatch.chdir(pair[0])  # another working directory
     args = cli.build_parser().parse_args(["calibrate", "--corpus", "corpus.jsonl"])
     assert cli_calibrate.model_dirs(args) == (pair[0].resolve(), pair[1].resolve())
+    state = running_stack()
+    assert state is not None and (state.dtype, state.draft_dtype) == ("auto", "int8")  # what calibrate defaults to
 
 
 # a stand-in for a `calispec up` still starting: holds the lock (no state file yet), on SIGTERM exits as
