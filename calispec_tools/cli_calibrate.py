@@ -309,8 +309,7 @@ def export_path_problem(path: Path) -> str | None:
 
     if problem := export_target_problem(path):
         return f"cannot write --export {path}: {problem}"
-    target = path.resolve() if path.is_symlink() else path  # dump_export writes through a symlink
-    probe = target.with_name(target.name + ".tmp")
+    probe = path.with_name(path.name + ".tmp")
     existed = probe.exists()
     try:
         with probe.open("a"):  # "a": a stale temporary file is kept, not emptied; dump_export replaces it

@@ -66,11 +66,12 @@ def dump_export(
     }
     if problem := export_target_problem(path):
         raise MemoryFileError(f"cannot write {path}: {problem}")
-    target = path.resolve() if path.is_symlink() else path  # written through, as a shell's `>` writes
-    tmp = target.with_name(target.name + ".tmp")
+    tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps(document, separators=(",", ":")) + "\n", encoding="utf-8")
-        tmp.replace(target)  # a reader never sees a half-written export
+        tmp.unlink(missing_ok=True)  # a stale one, or a link planted there: made anew ("x"), never followed
+        with tmp.open("x", encoding="utf-8") as file:
+            file.write(json.dumps(document, separators=(",", ":")) + "\n")
+        tmp.replace(path)  # a reader never sees a half-written export
     except OSError as exc:
         with contextlib.suppress(OSError):  # its folder may be a file: nothing was made
             tmp.unlink(missing_ok=True)
@@ -79,13 +80,15 @@ def dump_export(
 
 def export_target_problem(path: Path) -> str | None:
     """Why an export cannot be written at `path`, or None. It replaces a regular file whole (a temporary file
-    renamed over it), so anything else there is refused: as root, `--out /dev/null` replaced the system's
-    /dev/null with a file (found by probing); a symlink is written through to its target."""
+    renamed over it), so anything else there is refused: as root, `--out /dev/null` replaced the system's /dev/null
+    with a file (found by probing). A symlink is refused too: written through, another user's link in /tmp would
+    point root's export at any file; renamed over, the link would be lost without a word."""
     if path.name in ("", ".", ".."):
         return "not a file name"
-    target = path.resolve() if path.is_symlink() else path
-    if target.exists() and not target.is_file():
-        kind = "a directory" if target.is_dir() else "not a regular file (a device, a FIFO, a socket)"
+    if path.is_symlink():
+        return "it is a symlink (give the path of the file itself)"
+    if path.exists() and not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file (a device, a FIFO, a socket)"
         return f"it is {kind}"
     return None
 

@@ -217,13 +217,20 @@ def test_an_export_never_replaces_what_is_not_a_regular_file(
     assert kind != "fifo" or stat.S_ISFIFO(out.stat().st_mode)
 
 
-def test_an_export_through_a_symlink_writes_its_target(memory: tuple[str, CorrectionStore], tmp_path: Path) -> None:
+def test_an_export_refuses_a_symlink(memory: tuple[str, CorrectionStore], tmp_path: Path, capsys) -> None:
+    """Renamed over, the link was lost; written through, another user's link in /tmp points root's export anywhere."""
     address, store = memory
     store.record("pair-a", [(1, 2, 3)], durable=True)
     target, link = tmp_path / "target.json", tmp_path / "latest.json"
+    target.write_text("keep")
     link.symlink_to(target)
-    assert run("memory", "export", "--namespace", "pair-a", "--out", str(link), "--memory-addr", address) == 0
-    assert link.is_symlink() and json.loads(target.read_text())["pairs"] == [[1, 2, 3]]
+    assert run("memory", "export", "--namespace", "pair-a", "--out", str(link), "--memory-addr", address) == 1
+    assert "it is a symlink" in capsys.readouterr().err
+    assert link.is_symlink() and target.read_text() == "keep"
+    out = tmp_path / "out.json"
+    out.with_name("out.json.tmp").symlink_to(target)  # a link planted where the temporary file goes
+    assert run("memory", "export", "--namespace", "pair-a", "--out", str(out), "--memory-addr", address) == 0
+    assert target.read_text() == "keep" and json.loads(out.read_text())["pairs"] == [[1, 2, 3]]
 
 
 def test_import_without_the_writer_token_is_refused(memory: tuple[str, CorrectionStore], tmp_path: Path) -> None:
