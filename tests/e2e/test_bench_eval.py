@@ -111,8 +111,10 @@ def test_eval_table_and_rejection_analysis(
     assert doc["summary"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
     rejections = [sum(r["stats"]["rejections"] for r in run["rows"]) for run in (first, doc)]
     analysis = doc["rejections"]
-    assert analysis["events"] == rejections[1]  # this run's events, not the table's
-    assert analysis["memory_table"]["events"] >= sum(rejections)
+    # this run's events, not the table's: the first run's last flush may still land during this one (the stack's
+    # verifiers ship events in the background), so at most it comes on top
+    assert rejections[1] <= analysis["events"] <= sum(rejections)
+    assert analysis["events"] < analysis["memory_table"]["events"]  # the table holds the earlier runs' too
     if rejections[1]:
         assert analysis["coverage_curve"][-1]["event_share"] == pytest.approx(1.0)
         assert not HAVE_MATPLOTLIB or (out / "rejections.png").stat().st_size > 0
