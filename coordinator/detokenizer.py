@@ -58,8 +58,12 @@ class IncrementalDetokenizer:
         return None
 
     def finish(self) -> str:
-        """Flush whatever was held back (one whole decode: the final text is exactly the tokens')."""
+        """Flush whatever was held back (one whole decode: the final text is exactly the tokens', cut before a stop
+        string that only the whole text holds: one ending in a real U+FFFD, which `add` held back as a half
+        character)."""
         full = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        if (cut := self._stop_index(full)) is not None:
+            full = full[:cut]
         return self._advance(full)
 
     def _decode_new(self) -> str:

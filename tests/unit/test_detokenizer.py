@@ -152,3 +152,6 @@ def test_a_replacement_char_stop_never_matches_half_of_a_character() -> None:
             if stopped:
                 break
         assert stopped and text == "aӀb"  # cut at the real U+FFFD (the lone byte 0xff), not inside "Ӏ"
+    detok = IncrementalDetokenizer(Bytes(), (REPLACEMENT,))  # type: ignore[arg-type]
+    assert detok.add(list(b"ab\xff")) == ("ab", False, 3)  # a last U+FFFD may be half a character: held back
+    assert detok.finish() == ""  # the output ended there: it was a real one, a stop string, cut (review)
