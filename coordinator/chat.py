@@ -6,8 +6,9 @@ an ordinary prompt for the Orchestrator, so chat requests run the same propose/v
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
@@ -39,10 +40,12 @@ def render_chat(
     turns: Sequence[ChatTurn],
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """The conversation as the model was trained to see it, ending where the assistant's reply starts (without
     `add_generation_prompt`: after the last message; with `continue_final_message`: inside it, for the reply to
-    continue it, as transformers and vLLM render an assistant prefill)."""
+    continue it, as transformers and vLLM render an assistant prefill). `template_kwargs`: the template's own
+    variables (vLLM's chat_template_kwargs)."""
     _validate(turns)
     if not tokenizer.chat_template:
         raise InvalidArgument("the model's tokenizer has no chat template: send a raw prompt instead of messages")
@@ -53,11 +56,16 @@ def render_chat(
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
+            **(template_kwargs or {}),
         )
     except TemplateError as exc:  # templates raise_exception() on conversations they do not accept
         raise InvalidParam(f"the chat template rejected the messages: {exc}", "messages") from exc
-    except ValueError as exc:  # transformers: a final message the rendered text does not end with, both ends set
-        raise InvalidParam(f"cannot continue the final message: {exc}", "messages") from exc
+    except ValueError as exc:  # transformers: the rendered text does not hold the final message to continue
+        if not continue_final_message:
+            raise
+        raise InvalidParam(
+            "cannot continue the final message: the chat template does not end with it", "messages"
+        ) from exc
     return _without_duplicate_bos(tokenizer, text)
 
 

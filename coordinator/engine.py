@@ -263,8 +263,8 @@ class Orchestrator:
         prompt's token count before any session opens, and raises to refuse the request (the HTTP API
         refuses what the context cannot hold instead of cutting it short). `on_start` gets the request's id and
         its stats as they grow, once the request is accepted (the request log of one that ends early reads them).
-        `cancelled` is asked at every round's start: True ends the request CANCELLED, and it may raise instead (a
-        call that ended at its deadline: DEADLINE_EXCEEDED)."""
+        `cancelled` is asked at every round's start: True ends the request CANCELLED (DEADLINE_EXCEEDED once the
+        request's own deadline has passed), and it may raise instead (a call gRPC ended at its client's deadline)."""
         request = self._new_request(prompt, params, deadline, check_prompt)
         if on_start is not None:
             on_start(request.request_id, request.stats)

@@ -388,7 +388,10 @@ class OpenAIApi:
 
     def chat_prompt(self, req: ChatCompletionRequest) -> str:
         turns = [ChatTurn(m.role, m.content) for m in req.messages]
-        return render_chat(self.orchestrator.tokenizer, turns, req.add_generation_prompt, req.continue_final_message)
+        return render_chat(
+            self.orchestrator.tokenizer, turns, req.add_generation_prompt, req.continue_final_message,
+            req.chat_template_kwargs,
+        )  # fmt: skip
 
     async def completion(self, req: CompletionRequest, held: ExitStack, request: Request):
         generations = self.generations([lambda prompt=prompt: prompt for prompt in req.prompts()], req)

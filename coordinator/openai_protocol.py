@@ -134,8 +134,14 @@ CHAT_NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "modalities": (["text"],),
     "audio": (),
 }
-# a client's own Jinja template, or variables for the model's: the model's template only, as it stands
-TEMPLATE_NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {"chat_template": (), "chat_template_kwargs": ({},)}
+# a client's own Jinja template: the model's only
+TEMPLATE_NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {"chat_template": ()}
+# apply_chat_template's own arguments: not template variables (chat_template_kwargs reach the template only)
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs",
+})  # fmt: skip
 
 
 class CalispecParams(OpenAIModel):
@@ -495,7 +501,7 @@ class ChatRendering(OpenAIModel):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: Any = None
-    chat_template_kwargs: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None  # the model's template's variables (Qwen3's enable_thinking)
 
     @field_validator("continue_final_message")
     @classmethod
@@ -511,6 +517,13 @@ class ChatRendering(OpenAIModel):
     @classmethod
     def _model_template_only(cls, value: Any, info: ValidationInfo) -> Any:
         return noop_only(value, info.field_name or "", TEMPLATE_NOT_IMPLEMENTED)
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if reserved := sorted(RESERVED_TEMPLATE_KWARGS & set(value or ())):
+            raise invalid(f"{', '.join(reserved)}: not a template variable (a field of the request, or not one)")
+        return value
 
 
 class ChatCompletionRequest(CalispecParams, ChatRendering):

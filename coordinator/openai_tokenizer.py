@@ -73,7 +73,9 @@ class TokenizerInfo(BaseModel):
 def tokenize(tokenizer: PreTrainedTokenizerBase, req: TokenizeRequest, context_length: int) -> TokenizeResponse:
     if req.messages is not None:
         turns = [ChatTurn(m.role, m.content) for m in req.messages]
-        text = render_chat(tokenizer, turns, req.add_generation_prompt, req.continue_final_message)
+        text = render_chat(
+            tokenizer, turns, req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs
+        )
     else:
         assert req.prompt is not None
         try:

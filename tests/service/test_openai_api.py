@@ -597,12 +597,12 @@ NOT_SERVED = [
     ("/completions", {"suffix": "x"}, "suffix", 'send ""'),
     ("/completions", {"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options", "false"),
     ("/chat/completions", {"chat_template": "{{ messages }}"}, "chat_template", "leave it out"),
-    ("/chat/completions", {"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs", "send {}"),
+    ("/chat/completions", {"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs", "not a template"),
 ]
 NO_OPS = {"min_tokens": 0, "repetition_penalty": 1, "echo": False, "modalities": ["text"], "use_beam_search": False,
           "response_format": {"type": "text"}, "include_stop_str_in_output": False, "skip_special_tokens": True,
-          "bad_words": [], "priority": 0, "best_of": 1, "suffix": "", "chat_template_kwargs": {},
-          "return_tokens_as_token_ids": False}  # fmt: skip
+          "bad_words": [], "priority": 0, "best_of": 1, "suffix": "", "return_tokens_as_token_ids": False,
+          "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
 
 
 @pytest.mark.parametrize(("path", "body", "param", "fragment"), NOT_SERVED, ids=[b[2] for b in NOT_SERVED])

@@ -7,6 +7,7 @@ from jinja2 import TemplateError
 
 from calispec_core.errors import InvalidArgument
 from coordinator.chat import ChatTurn, InvalidParam, render_chat
+from tests.conftest import TinyPair
 
 
 class StubTokenizer:
@@ -58,3 +59,15 @@ def test_bad_turns_name_the_field_for_the_http_errors_param(turns: list[ChatTurn
     with pytest.raises(InvalidParam, match=fragment) as info:
         render_chat(StubTokenizer(adds_bos=False), turns)  # type: ignore[arg-type]
     assert info.value.param == param and isinstance(info.value, InvalidArgument)
+
+
+def test_template_variables_reach_the_models_template(tiny_pair: TinyPair) -> None:
+    """vLLM's chat_template_kwargs (Qwen3's enable_thinking): they were ignored, so a request asking the template to
+    leave its thinking out got it in."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_pair.target))
+    tokenizer.chat_template = "{{ 'think ' if thinking else '' }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    turns = [ChatTurn("user", "hi")]
+    assert render_chat(tokenizer, turns, template_kwargs={"thinking": True}) == "think hi"
+    assert render_chat(tokenizer, turns, template_kwargs={"thinking": False}) == "hi"
