@@ -296,7 +296,7 @@ def take_the_stacks_dtypes(args: argparse.Namespace) -> None:
     stack = running_stack()
     if stack is None or args.draft or args.pair:  # another pair, or the stack's named: the flags as given
         return
-    if args.dtype == "auto":
+    if args.dtype == "auto" and stack.dtype != INT8:  # an int8 target (opt-in) is not teacher-forced: the flags'
         args.dtype = stack.dtype
     if args.draft_dtype is None and stack.draft_dtype != "auto":
         args.draft_dtype = stack.draft_dtype

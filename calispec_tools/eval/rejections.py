@@ -45,7 +45,8 @@ def share_at(curve: Sequence[tuple[float, float]], x: float) -> float:
 
 def gained(before: Sequence[tuple[int, int, int]], after: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
     """The pairs' counts a run added to a table: after less before, per pair (a pair evicted or decayed meanwhile
-    counts what it gained, at least nothing)."""
+    counts what it gained, at least nothing; both reads are GetPairs', capped at the service's default number of
+    pairs, the table's default cap too)."""
     had = {(draft, target): count for draft, target, count in before}
     return [(d, t, c - had.get((d, t), 0)) for d, t, c in after if c > had.get((d, t), 0)]
 
