@@ -284,6 +284,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         except grpc.RpcError as exc:
             return _fail(memory_failure(address, exc))
     every = [(p.draft_token_id, p.target_token_id, p.count) for p in reply.pairs]
+    if reply.version == 0 and not every:  # never written: most likely a typo (it wrote an empty file, exit 0)
+        return _fail(f"namespace {namespace} was never written at {address} (`calispec memory namespaces` lists them)")
     # a namespace written before its vocabulary was declared may hold ids outside it (verifiers skip them): an
     # export carrying them named a vocabulary beside ids it does not have, and no import could read it back
     pairs = [p for p in every if not vocab_size or max(p[0], p[1]) < vocab_size]

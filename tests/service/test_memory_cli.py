@@ -233,6 +233,17 @@ def test_an_export_refuses_a_symlink(memory: tuple[str, CorrectionStore], tmp_pa
     assert target.read_text() == "keep" and json.loads(out.read_text())["pairs"] == [[1, 2, 3]]
 
 
+def test_an_export_of_a_namespace_never_written_is_an_error(
+    memory: tuple[str, CorrectionStore], tmp_path: Path, capsys
+) -> None:
+    """A typo wrote an empty export and exited 0 (found by probing)."""
+    address, store = memory
+    store.record("pair-a", [(1, 2, 3)], durable=True)
+    out = tmp_path / "a.json"
+    assert run("memory", "export", "--namespace", "pair-typo", "--out", str(out), "--memory-addr", address) == 1
+    assert "namespace pair-typo was never written" in capsys.readouterr().err and not out.exists()
+
+
 def test_import_without_the_writer_token_is_refused(memory: tuple[str, CorrectionStore], tmp_path: Path) -> None:
     address, store = memory
     store.record("pair-a", [(1, 2, 3)], durable=True)
