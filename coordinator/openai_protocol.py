@@ -59,6 +59,14 @@ def invalid(message: str) -> PydanticCustomError:
     return PydanticCustomError("invalid_value", "{reason}", {"reason": message})
 
 
+def noop_only(value: Any, field: str, noops: tuple[Any, ...]) -> Any:
+    """`value` where it is unset or one of the field's no-op values (the same type too); else a 400 naming them."""
+    if value is not None and not any(value == noop and type(value) is type(noop) for noop in noops):
+        send = "".join(f"send {json.dumps(noop)} or " for noop in noops)
+        raise invalid(f"{field} is not supported: {send}leave it out")
+    return value
+
+
 @contextmanager
 def domain_checked() -> Iterator[None]:
     """The domain's refusal of the field being validated, as a validation error: pydantic puts the field's
@@ -99,9 +107,7 @@ class StreamOptions(OpenAIModel):
     @field_validator("continuous_usage_stats")
     @classmethod
     def _no_continuous_usage(cls, value: bool) -> bool:
-        if value:
-            raise invalid("continuous_usage_stats is not supported: send false or leave it out")
-        return value
+        return noop_only(value, "continuous_usage_stats", (False,))
 
 
 # Fields of OpenAI's and vLLM's requests that change the output and are not implemented: each one's no-op value (None:
@@ -134,8 +140,6 @@ CHAT_NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "modalities": (["text"],),
     "audio": (),
 }
-# a client's own Jinja template: the model's only
-TEMPLATE_NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {"chat_template": ()}
 # apply_chat_template's own arguments: not template variables (chat_template_kwargs reach the template only)
 RESERVED_TEMPLATE_KWARGS = frozenset({
     "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
@@ -370,9 +374,7 @@ class CompletionRequest(CalispecParams):
     @field_validator("suffix")
     @classmethod
     def _no_suffix(cls, value: Any) -> Any:
-        if value not in (None, ""):
-            raise invalid('suffix is not supported: send "" or leave it out')
-        return value
+        return noop_only(value, "suffix", ("",))
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -485,15 +487,6 @@ class ChatMessage(OpenAIModel):
         return value
 
 
-def noop_only(value: Any, field: str, noops_by_field: Mapping[str, tuple[Any, ...]]) -> Any:
-    """`value` where it is unset or one of the field's no-op values (the same type too); else a 400 naming them."""
-    noops = noops_by_field[field]
-    if value is not None and not any(value == noop and type(value) is type(noop) for noop in noops):
-        send = "".join(f"send {json.dumps(noop)} or " for noop in noops)
-        raise invalid(f"{field} is not supported: {send}leave it out")
-    return value
-
-
 class ChatRendering(OpenAIModel):
     """How chat messages become the prompt (vLLM's fields): an open assistant turn ends it, or the last message is
     left open for the reply to continue (assistant prefill); the model's own template only."""
@@ -513,10 +506,10 @@ class ChatRendering(OpenAIModel):
             )
         return value
 
-    @field_validator(*TEMPLATE_NOT_IMPLEMENTED, mode="before")
+    @field_validator("chat_template", mode="before")
     @classmethod
-    def _model_template_only(cls, value: Any, info: ValidationInfo) -> Any:
-        return noop_only(value, info.field_name or "", TEMPLATE_NOT_IMPLEMENTED)
+    def _model_template_only(cls, value: Any) -> Any:
+        return noop_only(value, "chat_template", ())  # a client's own Jinja template: the model's only
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -582,7 +575,7 @@ class ChatCompletionRequest(CalispecParams, ChatRendering):
     @field_validator(*CHAT_NOT_IMPLEMENTED, mode="before")
     @classmethod
     def _chat_not_implemented(cls, value: Any, info: ValidationInfo) -> Any:
-        return noop_only(value, info.field_name or "", CHAT_NOT_IMPLEMENTED)
+        return noop_only(value, info.field_name or "", CHAT_NOT_IMPLEMENTED[info.field_name or ""])
 
     prompt_field: ClassVar[str] = "messages"
 
