@@ -48,7 +48,7 @@ from calispec_core.observability import DrainGate
 from calispec_core.request_context import REQUEST_ID_METADATA, bound_request_id, new_request_id, sanitize
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
-from coordinator.chat import ChatTurn, InvalidParam, render_chat
+from coordinator.chat import InvalidParam
 from coordinator.config import (
     CANCEL_GRACE_S,
     HTTP_HEADER_TIMEOUT_S,
@@ -113,6 +113,7 @@ from coordinator.openai_tokenizer import (
     TokenizeResponse,
     TokenizerInfo,
     detokenize,
+    render_messages,
     tokenize,
     tokenizer_info,
 )
@@ -387,11 +388,7 @@ class OpenAIApi:
         return prompt if isinstance(prompt, str) else self.orchestrator.tokenizer.decode(prompt)
 
     def chat_prompt(self, req: ChatCompletionRequest) -> str:
-        turns = [ChatTurn(m.role, m.content) for m in req.messages]
-        return render_chat(
-            self.orchestrator.tokenizer, turns, req.add_generation_prompt, req.continue_final_message,
-            req.chat_template_kwargs,
-        )  # fmt: skip
+        return render_messages(self.orchestrator.tokenizer, req, req.messages)
 
     async def completion(self, req: CompletionRequest, held: ExitStack, request: Request):
         generations = self.generations([lambda prompt=prompt: prompt for prompt in req.prompts()], req)

@@ -8,6 +8,7 @@ messages as a chat request's are rendered and encoded, so its `count` is that re
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
@@ -70,12 +71,17 @@ class TokenizerInfo(BaseModel):
     tokenizer_class: str
 
 
+def render_messages(tokenizer: PreTrainedTokenizerBase, req: ChatRendering, messages: Sequence[ChatMessage]) -> str:
+    """The messages as the model's template renders them with `req`'s rendering fields: one rendering for a chat
+    request and `/tokenize`, so that the latter's count is the former's `usage.prompt_tokens`."""
+    turns = [ChatTurn(m.role, m.content) for m in messages]
+    ends = req.add_generation_prompt, req.continue_final_message
+    return render_chat(tokenizer, turns, *ends, req.chat_template_kwargs)
+
+
 def tokenize(tokenizer: PreTrainedTokenizerBase, req: TokenizeRequest, context_length: int) -> TokenizeResponse:
     if req.messages is not None:
-        turns = [ChatTurn(m.role, m.content) for m in req.messages]
-        text = render_chat(
-            tokenizer, turns, req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs
-        )
+        text = render_messages(tokenizer, req, req.messages)
     else:
         assert req.prompt is not None
         try:
