@@ -75,8 +75,9 @@ def render_messages(tokenizer: PreTrainedTokenizerBase, req: ChatRendering, mess
     """The messages as the model's template renders them with `req`'s rendering fields: one rendering for a chat
     request and `/tokenize`, so that the latter's count is the former's `usage.prompt_tokens`."""
     turns = [ChatTurn(m.role, m.content) for m in messages]
-    ends = req.add_generation_prompt, req.continue_final_message
-    return render_chat(tokenizer, turns, *ends, req.chat_template_kwargs)
+    return render_chat(
+        tokenizer, turns, req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs
+    )
 
 
 def tokenize(tokenizer: PreTrainedTokenizerBase, req: TokenizeRequest, context_length: int) -> TokenizeResponse:
