@@ -18,7 +18,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calispec_core.limits import (
     DTYPE_CHOICES,
@@ -33,6 +33,9 @@ from calispec_tools import arg_types as at
 from calispec_tools.cli_auth import USAGE_ERROR, usage_error
 from calispec_tools.deploy.ray_config import DeploymentError, check_reachable
 from calispec_tools.memory_reads import memory_failure
+
+if TYPE_CHECKING:
+    from calispec_tools.stack_state import StackState
 
 DEFAULT_COORDINATOR = "127.0.0.1:50050"
 
@@ -185,17 +188,22 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 # -- teacher-forced -------------------------------------------------------------------------------
 
 
+def the_stacks_pair(args: argparse.Namespace) -> StackState | None:
+    """The running stack when the pair calibrated is the one it serves (no --draft/--target, no --pair), else None."""
+    from calispec_tools.stack_state import running_stack
+
+    return None if args.draft or args.pair is not None else running_stack()
+
+
 def model_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
     """--draft/--target, else --pair, else the running stack's pair, else qwen-coder."""
     from calispec_tools.cli import ensure_pulled_pair, ensure_tiny_pair
-    from calispec_tools.stack_state import running_stack
 
     if bool(args.draft) != bool(args.target):
         raise SystemExit(usage_error("give both --draft and --target, or neither"))
     if args.draft:
         return Path(args.draft), Path(args.target)
-    stack = running_stack()
-    if args.pair is None and stack is not None:
+    if (stack := the_stacks_pair(args)) is not None:
         return Path(stack.draft), Path(stack.target)
     if args.pair == "tiny":
         target, draft = ensure_tiny_pair()
@@ -291,10 +299,8 @@ def take_the_stacks_dtypes(args: argparse.Namespace) -> None:
     """Calibrating the running stack's pair, dtypes left at their defaults are the stack's: its events are those of
     the models it serves (a `calispec up --dtype float32 --draft-dtype float32` was calibrated with an int8 draft,
     its events not SD's; found by probing)."""
-    from calispec_tools.stack_state import running_stack
-
-    stack = running_stack()
-    if stack is None or args.draft or args.pair:  # another pair, or the stack's named: the flags as given
+    stack = the_stacks_pair(args)
+    if stack is None:  # another pair, or the stack's named: the flags as given
         return
     if args.dtype == "auto" and stack.dtype != INT8:  # an int8 target (opt-in) is not teacher-forced: the flags'
         args.dtype = stack.dtype
