@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from calispec_core.limits import DEFAULT_LOCKSTEP_PHASE, DEFAULT_RIDE_PREFILL_TOKENS
-from calispec_tools.bench.report import jsonable
+from calispec_tools.bench.report import cell, jsonable
 from calispec_tools.bench.rpc_floor import format_floors, model_service_floors
 from calispec_tools.cli_auth import own_stack_auth
 
@@ -507,8 +507,8 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
 
 
 def _cell(value: float, width: int, spec: str) -> str:
-    """A figure, or "-" where there is none (NaN: nothing drafted, no HF run, no full-concurrency window)."""
-    return f"{value:{width}{spec}}" if math.isfinite(value) else f"{'-':>{width}s}"
+    """`report.cell` right-aligned in `width` (NaN: nothing drafted, no HF run, no full-concurrency window)."""
+    return f"{cell(value, spec):>{width}}"
 
 
 # --- entry ----------------------------------------------------------------------------------------

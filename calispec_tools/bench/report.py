@@ -20,8 +20,13 @@ def _f(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
     return f"{value * scale:.{digits}f}"
 
 
+def cell(value: float | None, spec: str) -> str:
+    """A figure in `spec`'s format, or "-" where there is none (None or NaN: nothing to measure it on)."""
+    return "-" if value is None or math.isnan(value) else format(value, spec)
+
+
 def _pct(value: float | None) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:.0%}"
+    return cell(value, ".0%")
 
 
 COLUMNS = (

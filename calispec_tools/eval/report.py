@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from calispec_tools.bench.report import _pyplot, _save, jsonable
+from calispec_tools.bench.report import _pyplot, _save, cell, jsonable
 
 SCHEMA = "calispec_tools.eval/1"
 LN10 = math.log(10.0)
@@ -59,10 +59,6 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _cell(value: float, fmt: str) -> str:
-    return "-" if value is None or math.isnan(value) else format(value, fmt)
-
-
 def format_table(summary: dict[str, dict[str, Any]]) -> str:
     kinds = sorted({k for s in summary.values() for k in s["accuracy_by_kind"]})
     head = ["variant".ljust(22), "accuracy", *[f"{k:>8}" for k in kinds]]
@@ -70,12 +66,12 @@ def format_table(summary: dict[str, dict[str, Any]]) -> str:
     lines = ["  ".join(head)]
     for label, s in summary.items():
         cells = [
-            label.ljust(22), _cell(s["accuracy"], ".1%").rjust(8),
-            *[_cell(s["accuracy_by_kind"][k], ".1%").rjust(8) for k in kinds],
-            _cell(s["acceptance_rate"], ".1%").rjust(6), _cell(s["mean_accepted_per_round"], ".2f").rjust(7),
+            label.ljust(22), cell(s["accuracy"], ".1%").rjust(8),
+            *[cell(s["accuracy_by_kind"][k], ".1%").rjust(8) for k in kinds],
+            cell(s["acceptance_rate"], ".1%").rjust(6), cell(s["mean_accepted_per_round"], ".2f").rjust(7),
             str(s["round_ending_rejections"]).rjust(7), str(s["rescued"]).rjust(7), str(s["withheld"]).rjust(8),
-            _cell(s["tokens_per_s"], ".1f").rjust(5),
-            _cell(s["speedup_vs_ar"], ".2f") + "×",
+            cell(s["tokens_per_s"], ".1f").rjust(5),
+            cell(s["speedup_vs_ar"], ".2f") + "×",
         ]  # fmt: skip
         lines.append("  ".join(cells))
     for label, s in summary.items():  # a failed request counts as a wrong answer: say so, and why it failed
@@ -93,12 +89,12 @@ def format_rejections(analysis: dict[str, Any]) -> str:
     top = ", ".join(f"{_pair_name(p)} ×{p['count']}" for p in analysis["top_pairs"][:5])
     text = (
         f"rejections in this run: {analysis['events']} events over {analysis['distinct_pairs']} pairs; "
-        f"top 20% of pairs cover {_cell(analysis['top20_share'], '.1%')}\n  most frequent: {top or '-'}"
+        f"top 20% of pairs cover {cell(analysis['top20_share'], '.1%')}\n  most frequent: {top or '-'}"
     )
     if table := analysis.get("memory_table"):
         text += (
             f"\nthe memory table after it: {table['events']} events over {table['distinct_pairs']} pairs; "
-            f"top 20% of pairs cover {_cell(table['top20_share'], '.1%')}"
+            f"top 20% of pairs cover {cell(table['top20_share'], '.1%')}"
         )
     return text
 
@@ -137,7 +133,7 @@ def format_ratios(ratios: dict[str, Any], top: int = 5) -> str:
         f"probability ratio p(draft)/p(target), log10 (gate at {math.log10(ratios['tau']):g}): "
         f"{ratios['events']} events, {ratios['distinct_pairs']} pairs, range "
         f"[{overall['min'] / LN10:.2f}, {overall['max'] / LN10:.2f}], "
-        f"{_cell(ratios['overall_gate_pass_share'], '.1%')} pass the gate"
+        f"{cell(ratios['overall_gate_pass_share'], '.1%')} pass the gate"
     ]
     for p in ratios["top_pairs"][:top]:
         s = p["log_ratio"]
@@ -190,11 +186,11 @@ def format_study(study: dict[str, dict[str, Any]]) -> str:
     for label, per_variant in study.items():
         for variant, s in per_variant.items():
             cells = [
-                label.ljust(11), variant.ljust(20), _cell(s["accuracy"], ".1%").rjust(8),
-                _cell(s["acceptance_rate"], ".1%").rjust(6), _cell(s["mean_accepted_per_round"], ".2f").rjust(7),
+                label.ljust(11), variant.ljust(20), cell(s["accuracy"], ".1%").rjust(8),
+                cell(s["acceptance_rate"], ".1%").rjust(6), cell(s["mean_accepted_per_round"], ".2f").rjust(7),
                 str(s["rejections"]).rjust(10), str(s["round_ending_rejections"]).rjust(7), str(s["rescued"]).rjust(7),
-                _cell(s["rescue_rate"], ".1%").rjust(7),
-                str(s["withheld"]).rjust(8), (_cell(s["speedup_vs_ar"], ".2f") + "×").rjust(5),
+                cell(s["rescue_rate"], ".1%").rjust(7),
+                str(s["withheld"]).rjust(8), (cell(s["speedup_vs_ar"], ".2f") + "×").rjust(5),
             ]  # fmt: skip
             lines.append("  ".join(cells))
     return "\n".join(lines)
@@ -207,8 +203,8 @@ def format_concentration(calibration: dict[str, dict[str, Any]]) -> str:
         before, after = info["before"], info["after"]
         lines.append(
             f"  {label:<8} calibrated: {before['events']:>7} events / {before['distinct_pairs']:>6} pairs, "
-            f"top 20% {_cell(before['top20_share'], '.1%'):>6}   after the tasks: {after['events']:>7} / "
-            f"{after['distinct_pairs']:>6}, top 20% {_cell(after['top20_share'], '.1%'):>6}"
+            f"top 20% {cell(before['top20_share'], '.1%'):>6}   after the tasks: {after['events']:>7} / "
+            f"{after['distinct_pairs']:>6}, top 20% {cell(after['top20_share'], '.1%'):>6}"
         )
         lines += [
             f"           {note}"
