@@ -284,7 +284,7 @@ def another_pairs_namespace(args: argparse.Namespace, address: str, draft: Path,
     from calispec_tools.stack_state import running_stack
 
     stack = running_stack()
-    if args.namespace or stack is None or stack.memory != address or not Path(stack.target).is_dir():
+    if args.namespace or stack is None or not stack.serves_memory_at(address) or not Path(stack.target).is_dir():
         return None
     mine = pair_namespace(draft, target)
     if pair_namespace(Path(stack.draft), Path(stack.target)) == mine:

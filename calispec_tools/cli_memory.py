@@ -137,8 +137,13 @@ def _stub(address: str, tls: TlsConfig | None) -> tuple[grpc.Channel, memory_pb2
 
 
 def memory_address(given: str | None) -> str:
+    """--memory-addr, else the running stack's memory service, else the default. An address that names the stack's
+    service another way (`localhost` for 127.0.0.1) becomes the stack's own, so its writer token goes where the
+    stack bound and nowhere a name might resolve first (such as [::1])."""
     stack = running_stack()
-    return given or (stack.memory if stack else DEFAULT_MEMORY)
+    if stack is not None and (given is None or stack.serves_memory_at(given)):
+        return stack.memory
+    return given or DEFAULT_MEMORY
 
 
 def list_namespaces(address: str, tls: TlsConfig | None = None) -> list[memory_pb2.NamespaceInfo]:
@@ -152,7 +157,7 @@ def resolve_namespace(address: str, given: str | None, tls: TlsConfig | None = N
     if given:
         return given
     stack = running_stack()
-    if stack is not None and stack.memory == address:
+    if stack is not None and stack.serves_memory_at(address):
         return stack.namespace
     names = [n.namespace for n in list_namespaces(address, tls)]
     if len(names) == 1:
@@ -178,7 +183,7 @@ def writer_token_file(given: Path | None, address: str) -> Path:
     stack = running_stack()
     if stack is None:
         raise SystemExit(usage_error("give --writer-token-file (no running `calispec up` to take it from)"))
-    if stack.memory != address:
+    if not stack.serves_memory_at(address):
         raise SystemExit(
             usage_error(
                 f"give --writer-token-file: the running stack's token is for its memory service at {stack.memory}, "
@@ -229,7 +234,7 @@ def cmd_namespaces(args: argparse.Namespace) -> int:
     except grpc.RpcError as exc:
         return _fail(memory_failure(address, exc))
     stack = running_stack()
-    mine = stack.namespace if stack is not None and stack.memory == address else None
+    mine = stack.namespace if stack is not None and stack.serves_memory_at(address) else None
     print(f"{'':2}{'namespace':<70} {'pairs':>8} {'events':>10} {'recorded':>10} {'version':>8}")
     for n in names:
         mark = "* " if n.namespace == mine else "  "

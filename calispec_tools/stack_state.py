@@ -37,6 +37,13 @@ from calispec_core.holder_lock import HeldElsewhere, HolderFile, read_record
 _kill = os.kill  # stop_stack's signal (the tests replace it, not os.kill)
 
 
+def _endpoint(address: str) -> tuple[str, str]:
+    """(host, port) of a `host:port` address, the host lower-cased and unbracketed, `localhost` as 127.0.0.1."""
+    host, _, port = address.strip().rpartition(":")
+    host = host.strip("[]").lower()
+    return ("127.0.0.1" if host == "localhost" else host), port
+
+
 def state_path() -> Path:
     return Path(platformdirs.user_data_dir("calispec")) / "stack.json"
 
@@ -53,6 +60,12 @@ class StackState:
     started: int = 0  # the process's start time in clock ticks after boot (/proc); 0: unknown
     dtype: str = "auto"  # the target's --dtype as `up` was given it, and the draft's as served (calibrate's defaults)
     draft_dtype: str = "auto"
+
+    def serves_memory_at(self, address: str) -> bool:
+        """Whether `address` names this stack's memory service: the same host and port, `localhost` standing for
+        the loopback address the stack bound (found by probing: `--memory-addr localhost:P` for the stack's
+        127.0.0.1:P lost the stack's namespace and writer token)."""
+        return _endpoint(address) == _endpoint(self.memory)
 
     def write(self, path: Path | None = None) -> Path:
         path = path or state_path()

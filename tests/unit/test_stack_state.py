@@ -259,3 +259,14 @@ def test_secrets_of_processes_that_are_gone_are_removed_by_the_next_start(
         path.mkdir()
     assert remove_orphaned_secrets() == [gone]
     assert not gone.exists() and mine.exists() and all(p.exists() for p in others)
+
+
+@pytest.mark.parametrize(
+    ("given", "same"),
+    [("127.0.0.1:5", True), ("localhost:5", True), ("LOCALHOST:5", True), ("127.0.0.1:6", False), ("[::1]:5", False),
+     ("10.0.0.1:5", False)],
+)  # fmt: skip
+def test_a_stacks_memory_is_its_address_or_localhost_for_it(given: str, same: bool) -> None:
+    """`localhost` is the loopback the stack bound; [::1] is another socket (a token sent there could be caught)."""
+    state = StackState(1, "127.0.0.1:1", "127.0.0.1:5", "ns", "d", "t", "tok")
+    assert state.serves_memory_at(given) is same
