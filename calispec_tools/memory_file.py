@@ -154,4 +154,6 @@ def _pair(i: int, row: object) -> Pair:
             raise MemoryFileError(f"pairs[{i}]: a count of {row[2]} is more than an import writes a pair (2**40)")
         raise MemoryFileError(f"pairs[{i}] must be [draft id, target id, count >= 1], got {row!r}")
     assert isinstance(row, list)
+    if row[0] == row[1]:
+        raise MemoryFileError(f"pairs[{i}] pairs token {row[0]} with itself: no rejection makes such a pair")
     return row[0], row[1], row[2]

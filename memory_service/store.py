@@ -212,6 +212,7 @@ def validate_events(events: Sequence[Event], vocab_size: int | None = None) -> i
                 _is_int(token) and 0 <= token <= max_id,
                 f"events[{i}].{name} must be an integer in [0, {max_id}] (the namespace's vocabulary), got {token!r}",
             )
+        require(draft != target, f"events[{i}] pairs token {draft} with itself: no rejection makes such a pair")
         require(
             _is_int(count) and 1 <= count <= MAX_EVENT_COUNT,
             f"events[{i}].count must be an integer in [1, 2**40], got {count!r}",

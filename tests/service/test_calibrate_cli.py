@@ -76,7 +76,7 @@ def test_a_namespace_of_another_vocabulary_is_one_line_before_the_corpus_runs(
     capsys,
 ) -> None:
     address, store = memory
-    store.record("vx", [(5, 5, 1)], vocab_size=10, durable=True)
+    store.record("vx", [(5, 6, 1)], vocab_size=10, durable=True)
     with pytest.raises(SystemExit) as exited:
         run(*calibrate_into(address, tiny_pair, tmp_path, TOKEN, "vx"))
     assert "FAILED_PRECONDITION: namespace 'vx' holds token ids of a vocabulary of 10" in str(exited.value.code)

@@ -44,11 +44,11 @@ def test_a_write_the_service_never_admits_is_raised_at_once_one_it_admits_later_
         stub = CodesSeen(writer._stub)
         writer._stub = stub  # type: ignore[assignment]
         with pytest.raises(grpc.RpcError) as info:
-            writer._record([((1, d), 1) for d in range(6)], durable=True, timeout_s=5)  # over the burst of 5
+            writer._record([((1, d + 2), 1) for d in range(6)], durable=True, timeout_s=5)  # over the burst of 5
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "never admitted" in info.value.details()
         assert len(stub.codes) == 1  # raised at once
-        writer._record([((1, d), 1) for d in range(5)], durable=True, timeout_s=120)  # the whole burst
-        writer._record([((2, d), 1) for d in range(5)], durable=True, timeout_s=120)  # over the rate: a pushback
+        writer._record([((1, d + 2), 1) for d in range(5)], durable=True, timeout_s=120)  # the whole burst
+        writer._record([((2, d + 3), 1) for d in range(5)], durable=True, timeout_s=120)  # over the rate: a pushback
         assert stub.codes[1:] == [grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.OK]
         assert memory.store.stats("ns")[0] == 10
         writer.close()

@@ -64,14 +64,14 @@ def test_an_export_leaves_out_ids_outside_its_vocabulary(
     carried both, and no import could read it back (found by probing). Verifiers skip such ids too."""
     address, store = memory
     store.record("vx", [(500, 5, 1)], durable=True)  # no vocabulary yet
-    store.record("vx", [(5, 5, 3)], vocab_size=10, durable=True)
+    store.record("vx", [(5, 6, 3)], vocab_size=10, durable=True)
     token, out = tmp_path / "token", tmp_path / "vx.json"
     token.write_text(TOKEN)
     assert run("memory", "export", "--namespace", "vx", "--out", str(out), "--memory-addr", address) == 0
     assert "left out 1 pairs with token ids outside the vocabulary of 10" in capsys.readouterr().err
     args = ("--namespace", "vx", "--memory-addr", address, "--writer-token-file", str(token), "--file", str(out))
     assert run("memory", "import", *args) == 0
-    assert sorted(store.snapshot("vx")[0]) == [(5, 5, 6), (500, 5, 1)]
+    assert sorted(store.snapshot("vx")[0]) == [(5, 6, 6), (500, 5, 1)]
 
 
 def test_the_same_file_imported_again_counts_once(memory: tuple[str, CorrectionStore], tmp_path: Path, capsys) -> None:
@@ -117,13 +117,13 @@ def test_stats_decodes_the_top_pairs_with_a_tokenizer(memory: tuple[str, Correct
     assert row in capsys.readouterr().out.splitlines()[-1]
 
 
+def _with_pairs(doc: dict, pairs: list[list[int]]) -> dict:
+    digest = hashlib.sha256(json.dumps(pairs, separators=(",", ":")).encode()).hexdigest()
+    return {**doc, "pairs": pairs, "sha256": digest}
+
+
 def _count_past_2_40(doc: dict) -> dict:
-    pairs = [[1, 2, 2**40 + 1]]
-    return {
-        **doc,
-        "pairs": pairs,
-        "sha256": hashlib.sha256(json.dumps(pairs, separators=(",", ":")).encode()).hexdigest(),
-    }
+    return _with_pairs(doc, [[1, 2, 2**40 + 1]])
 
 
 def _corrupt(doc: dict) -> dict:
@@ -144,6 +144,8 @@ BAD_FILES = [
     pytest.param(lambda doc: {**doc, "vocab_size": 2**32}, "vocab_size must be an integer in", id="vocab-2**32"),
     # a table's count past 2**40 (writes add up), exported: "must be [draft id, target id, count >= 1]" (wave 51)
     pytest.param(_count_past_2_40, "a count of 1099511627777 is more than an import writes a pair", id="count"),
+    # no rejection makes a pair of a token with itself; imports counted them (wave 54's left-alone list)
+    pytest.param(lambda doc: _with_pairs(doc, [[1, 2, 3], [4, 4, 1]]), "pairs[1] pairs token 4 with itself", id="self"),
 ]
 
 

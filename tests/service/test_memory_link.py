@@ -230,7 +230,7 @@ def test_a_backlog_larger_than_one_write_allows_still_reaches_the_memory(tmp_pat
     table = PairTable(vocab_size=100)
     link, _ = make_link(memory.port, table)
     try:
-        table.add_local(torch.arange(20) % 7, torch.arange(20) % 5)  # 20 events: twice the burst
+        table.add_local(torch.arange(20) % 7, torch.arange(20) % 5 + 7)  # 20 events: twice the burst
         wait_until(lambda: memory.store.stats("ns")[0] == 20)
         wait_until(lambda: table.stats().local_events == 0)
         assert link.status().flush_failures >= 1  # the first, whole write was refused

@@ -111,10 +111,10 @@ def test_record_then_read_round_trip(stub: memory_pb2_grpc.MemoryServiceStub) ->
 
 
 def test_max_pairs_zero_uses_the_server_default(stub: memory_pb2_grpc.MemoryServiceStub) -> None:
-    triples = [(i, i, 10 + i) for i in range(5)]
+    triples = [(i, i + 10, 10 + i) for i in range(5)]
     stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events(*triples)))
     reply = stub.GetPairs(memory_pb2.GetPairsRequest(namespace="ns"))
-    assert as_triples(reply.pairs) == [(4, 4, 14), (3, 3, 13), (2, 2, 12)]  # fixture default is 3
+    assert as_triples(reply.pairs) == [(4, 14, 14), (3, 13, 13), (2, 12, 12)]  # fixture default is 3
 
 
 def test_unknown_namespace_reads_empty(stub: memory_pb2_grpc.MemoryServiceStub) -> None:
@@ -127,6 +127,7 @@ def test_unknown_namespace_reads_empty(stub: memory_pb2_grpc.MemoryServiceStub) 
     [
         ("RecordEvents", memory_pb2.RecordEventsRequest(namespace="", events=events((1, 2, 3))), "INVALID_ARGUMENT"),
         ("RecordEvents", memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 2, 0))), "INVALID_ARGUMENT"),
+        ("RecordEvents", memory_pb2.RecordEventsRequest(namespace="ns", events=events((3, 3, 1))), "INVALID_ARGUMENT"),
         (
             "RecordEvents",
             memory_pb2.RecordEventsRequest(namespace="ns", events=events((1, 2, 2**40 + 1))),
@@ -141,7 +142,16 @@ def test_unknown_namespace_reads_empty(stub: memory_pb2_grpc.MemoryServiceStub) 
         ("GetPairs", memory_pb2.GetPairsRequest(namespace="ns", max_pairs=2_000_000), "INVALID_ARGUMENT"),
         ("GetStats", memory_pb2.GetStatsRequest(namespace="x" * 129), "INVALID_ARGUMENT"),
     ],
-    ids=["empty-namespace", "zero-count", "huge-count", "too-many-events", "bad-namespace", "max-pairs", "long-ns"],
+    ids=[
+        "empty-namespace",
+        "zero-count",
+        "self-pair",
+        "huge-count",
+        "too-many-events",
+        "bad-namespace",
+        "max-pairs",
+        "long-ns",
+    ],
 )
 def test_bad_input_maps_to_status(
     stub: memory_pb2_grpc.MemoryServiceStub, call: str, request_message: object, code: str
@@ -288,9 +298,9 @@ def test_a_write_over_the_writers_share_of_the_next_commit_is_refused_with_a_pus
     )
     with serving(config) as (channel, store):
         raw = memory_pb2_grpc.MemoryServiceStub(channel)
-        share = memory_pb2.RecordEventsRequest(namespace="ns", events=events(*[(d, 1, 1) for d in range(10)]))
+        share = memory_pb2.RecordEventsRequest(namespace="ns", events=events(*[(d, 10, 1) for d in range(10)]))
         raw.RecordEvents(share, metadata=WRITER)  # its whole share: 3 of the burst's 13 left
-        more = memory_pb2.RecordEventsRequest(namespace="ns", events=events(*[(d, 2, 1) for d in range(3)]))
+        more = memory_pb2.RecordEventsRequest(namespace="ns", events=events(*[(d, 20, 1) for d in range(3)]))
         with pytest.raises(grpc.RpcError) as info:
             raw.RecordEvents(more, metadata=WRITER)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -311,7 +321,7 @@ def test_a_retry_of_an_accepted_write_is_answered_however_full_the_writers_share
         raw = memory_pb2_grpc.MemoryServiceStub(channel)
         first = memory_pb2.RecordEventsRequest(namespace="ns", events=events((9, 3, 1)), write_id="w-1")
         version = raw.RecordEvents(first, metadata=WRITER).version
-        full = memory_pb2.RecordEventsRequest(namespace="ns", events=events(*[(d, 5, 1) for d in range(9)]))
+        full = memory_pb2.RecordEventsRequest(namespace="ns", events=events(*[(d, 50, 1) for d in range(9)]))
         raw.RecordEvents(full, metadata=WRITER)
         with pytest.raises(grpc.RpcError) as info:  # the share is full (1 + 9)...
             raw.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((9, 4, 1))), metadata=WRITER)
@@ -421,10 +431,10 @@ def test_a_write_the_store_refuses_gives_its_writer_budget_back(tmp_path: Path) 
 
 
 def test_stats_rpc_reports_top_pairs_share_and_distribution(stub: memory_pb2_grpc.MemoryServiceStub) -> None:
-    triples = [(1, 1, 60), (2, 2, 20), (3, 3, 10), (4, 4, 5), (5, 5, 2), (6, 6, 1), (7, 7, 1), (8, 8, 1)]
+    triples = [(1, 11, 60), (2, 12, 20), (3, 13, 10), (4, 14, 5), (5, 15, 2), (6, 16, 1), (7, 17, 1), (8, 18, 1)]
     stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events(*triples)))
     stats = stub.GetStats(memory_pb2.GetStatsRequest(namespace="ns", top_k=2))
-    assert as_triples(stats.top_pairs) == [(1, 1, 60), (2, 2, 20)]
+    assert as_triples(stats.top_pairs) == [(1, 11, 60), (2, 12, 20)]
     assert stats.top20_share == pytest.approx(80 / 100)  # top 20% of 8 pairs = 2 pairs
     assert (stats.table_events, stats.distinct_pairs) == (100, 8)
     assert [(b.min_count, b.pairs) for b in stats.count_histogram] == [(1, 3), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1)]
@@ -444,11 +454,11 @@ def test_watch_sends_snapshot_then_deltas_and_resumes(stub: memory_pb2_grpc.Memo
         memory_pb2.WATCH_UPDATE_KIND_DELTA, 2, [(1, 2, 4), (5, 6, 7)]
     )  # fmt: skip
     stream.cancel()
-    stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((9, 9, 1))))
+    stub.RecordEvents(memory_pb2.RecordEventsRequest(namespace="ns", events=events((9, 10, 1))))
     resumed = stub.Watch(memory_pb2.WatchRequest(namespace="ns", resume_version=2), timeout=10)
     update = next(resumed)  # the missed write, not a snapshot
     assert (update.kind, update.version, as_triples(update.pairs)) == (
-        memory_pb2.WATCH_UPDATE_KIND_DELTA, 3, [(9, 9, 1)]
+        memory_pb2.WATCH_UPDATE_KIND_DELTA, 3, [(9, 10, 1)]
     )  # fmt: skip
     resumed.cancel()
 
@@ -553,7 +563,7 @@ def test_a_watch_client_that_stopped_reading_while_deltas_filled_its_window_free
         with make_channel(f"127.0.0.1:{port}") as channel:
             for count in range(1, 5):  # 4 deltas of 20,000 pairs: about 200 KB each
                 request = memory_pb2.RecordEventsRequest(
-                    namespace="ns", events=events(*((d, 1, count) for d in range(20_000)))
+                    namespace="ns", events=events(*((d + 1, 0, count) for d in range(20_000)))
                 )
                 WriterStub(channel).RecordEvents(request)
             assert store.committed_version("ns") >= 4

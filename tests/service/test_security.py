@@ -336,7 +336,7 @@ def test_the_memory_service_reads_no_request_larger_than_a_valid_one(tmp_path: P
     config = MemoryConfig(port=0, db_path=tmp_path / "memory.db", writer_token=TOKEN, writer_events_per_s=0)
     server, port, store = create_memory(config)
     server.start()
-    widest = memory_pb2.PairCount(draft_token_id=2**32 - 1, target_token_id=2**32 - 1, count=2**40)
+    widest = memory_pb2.PairCount(draft_token_id=2**32 - 1, target_token_id=2**32 - 2, count=2**40)  # as wide
     largest = memory_pb2.RecordEventsRequest(namespace="n" * 128, events=[widest] * MAX_EVENTS_PER_RECORD)
     oversized = memory_pb2.RecordEventsRequest(namespace="ns", events=[widest] * (MAX_REQUEST_BYTES // 20))
     try:

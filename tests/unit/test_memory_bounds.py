@@ -53,11 +53,11 @@ def test_a_drafts_eviction_reads_that_drafts_rows_only(tmp_path: Path) -> None:
 def test_global_cap_evicts_lowest_rank_and_reports_removals(tmp_path: Path) -> None:
     hub = WatchHub()
     with CorrectionStore(tmp_path / "m.db", flush_interval_s=0, limits=TableLimits(3, 10), hub=hub) as store:
-        store.record("ns", [(1, 1, 4), (2, 2, 1), (3, 3, 1)], durable=True)  # version 1
-        store.record("ns", [(4, 4, 2)], durable=True)  # version 2: 4 pairs > 3
-        assert table(store) == {(1, 1): 4, (4, 4): 2, (2, 2): 1}  # tie at count 1 and version: larger ids go
+        store.record("ns", [(1, 11, 4), (2, 12, 1), (3, 13, 1)], durable=True)  # version 1
+        store.record("ns", [(4, 14, 2)], durable=True)  # version 2: 4 pairs > 3
+        assert table(store) == {(1, 11): 4, (4, 14): 2, (2, 12): 1}  # tie at count 1 and version: larger ids go
         delta = hub.since("ns", 1, timeout_s=0)
-        assert delta == [Delta("ns", 2, ((3, 3, 0), (4, 4, 2)))]  # count 0 = removed
+        assert delta == [Delta("ns", 2, ((3, 13, 0), (4, 14, 2)))]  # count 0 = removed
         assert store.stats("ns") == (8, 3, 2)  # total_events counts every event ever recorded
 
 
@@ -65,16 +65,16 @@ def test_decay_halves_every_half_life_and_drops_zeros(tmp_path: Path) -> None:
     clock = Clock()
     limits = TableLimits(half_life_s=60)
     with CorrectionStore(tmp_path / "m.db", flush_interval_s=0, limits=limits, clock=clock) as store:
-        store.record("ns", [(1, 1, 9), (2, 2, 1)], durable=True)
+        store.record("ns", [(1, 11, 9), (2, 12, 1)], durable=True)
         clock.now += 59
         store.flush()
-        assert table(store) == {(1, 1): 9, (2, 2): 1}  # not a whole half-life yet
+        assert table(store) == {(1, 11): 9, (2, 12): 1}  # not a whole half-life yet
         clock.now += 1
         assert store.flush()  # a decay step alone is a write: a new version for every namespace
-        assert table(store) == {(1, 1): 4}
+        assert table(store) == {(1, 11): 4}
         clock.now += 120  # two half-lives at once (e.g. downtime)
-        store.record("ns", [(3, 3, 5)], durable=True)  # decay applies first, new events are not halved
-        assert table(store) == {(1, 1): 1, (3, 3): 5}
+        store.record("ns", [(3, 13, 5)], durable=True)  # decay applies first, new events are not halved
+        assert table(store) == {(1, 11): 1, (3, 13): 5}
         assert store.snapshot("ns")[1] == 3
 
 
@@ -82,11 +82,11 @@ def test_decay_clock_survives_restart(tmp_path: Path) -> None:
     clock = Clock()
     limits = TableLimits(half_life_s=60)
     with CorrectionStore(tmp_path / "m.db", flush_interval_s=0, limits=limits, clock=clock) as store:
-        store.record("ns", [(1, 1, 8)], durable=True)
+        store.record("ns", [(1, 11, 8)], durable=True)
     clock.now += 61
     with CorrectionStore(tmp_path / "m.db", flush_interval_s=0, limits=limits, clock=clock) as store:
         store.flush()
-        assert table(store) == {(1, 1): 4}
+        assert table(store) == {(1, 11): 4}
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [({"max_pairs": 0}, "max_pairs"), ({"half_life_s": -1}, "half")])

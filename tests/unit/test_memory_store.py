@@ -69,14 +69,14 @@ def test_repeated_pairs_in_one_batch_add_up(store: CorrectionStore, db_path: Pat
 
 
 def test_pairs_ordered_by_count_desc_with_min_count_and_max_pairs(store: CorrectionStore) -> None:
-    record(store, "ns", [(1, 1, 5), (2, 2, 9), (3, 3, 1), (4, 4, 5), (5, 5, 7)])
+    record(store, "ns", [(1, 11, 5), (2, 12, 9), (3, 13, 1), (4, 14, 5), (5, 15, 7)])
     pairs, version = store.pairs("ns", min_count=0, max_pairs=100)
     # Equal counts are ordered by ids, so snapshots are deterministic.
-    assert pairs == [(2, 2, 9), (5, 5, 7), (1, 1, 5), (4, 4, 5), (3, 3, 1)]
+    assert pairs == [(2, 12, 9), (5, 15, 7), (1, 11, 5), (4, 14, 5), (3, 13, 1)]
     assert version == 1
-    assert store.pairs("ns", min_count=5, max_pairs=100)[0] == [(2, 2, 9), (5, 5, 7), (1, 1, 5), (4, 4, 5)]
-    assert store.pairs("ns", min_count=6, max_pairs=100)[0] == [(2, 2, 9), (5, 5, 7)]
-    assert store.pairs("ns", min_count=0, max_pairs=2)[0] == [(2, 2, 9), (5, 5, 7)]
+    assert store.pairs("ns", min_count=5, max_pairs=100)[0] == [(2, 12, 9), (5, 15, 7), (1, 11, 5), (4, 14, 5)]
+    assert store.pairs("ns", min_count=6, max_pairs=100)[0] == [(2, 12, 9), (5, 15, 7)]
+    assert store.pairs("ns", min_count=0, max_pairs=2)[0] == [(2, 12, 9), (5, 15, 7)]
     assert store.pairs("ns", min_count=10, max_pairs=100) == ([], 1)
     assert store.pairs("ns", min_count=2**64 - 1, max_pairs=100) == ([], 1)  # uint64 max is clamped
 
@@ -140,6 +140,8 @@ BAD_RECORDS = [
     pytest.param("ns", [(1, 2, -4)], InvalidArgument, "count", id="negative-count"),
     pytest.param("ns", [(1, 2, 2**40 + 1)], InvalidArgument, "count", id="huge-count"),
     pytest.param("ns", [(1, 2, True)], InvalidArgument, "count", id="bool-count"),
+    # no rejection pairs a token with itself; such a pair only took a slot under the caps (wave 54's left-alone list)
+    pytest.param("ns", [(1, 2, 3), (7, 7, 1)], InvalidArgument, r"events\[1\] pairs token 7", id="self-pair"),
     pytest.param("ns", [(1, 2, 1)] * (MAX_EVENTS_PER_RECORD + 1), ResourceExhausted, "too many", id="too-many"),
 ]
 
@@ -209,7 +211,7 @@ def test_failure_after_partial_write_rolls_back_the_whole_batch(store: Correctio
         )
     before = raw_counts(db_path)
     with pytest.raises(sqlite3.IntegrityError, match="injected failure"):
-        record(store, "ns", [(1, 2, 5), (9, 9, 1)])
+        record(store, "ns", [(1, 2, 5), (9, 10, 1)])
     assert raw_counts(db_path) == before
     assert store.stats("ns") == (3, 1, 1)
 
@@ -224,7 +226,7 @@ def _batches(seed: int) -> list[list[tuple[int, int, int]]]:
     """Random batches over a small pair space, so threads collide on the same rows."""
     rng = random.Random(seed)
     return [
-        [(rng.randrange(6), rng.randrange(6), rng.randint(1, 9)) for _ in range(rng.randint(1, 8))]
+        [(rng.randrange(6), 6 + rng.randrange(6), rng.randint(1, 9)) for _ in range(rng.randint(1, 8))]
         for _ in range(BATCHES_PER_THREAD)
     ]
 
@@ -275,7 +277,7 @@ def test_snapshot_at_version_v_holds_exactly_the_records_promised_v(db_path: Pat
     def write() -> None:
         try:
             for i in range(writes):
-                promised.append(store.record("ns", [(1, 1, 1)])[1])
+                promised.append(store.record("ns", [(1, 2, 1)])[1])
                 if i % 30 == 29:  # commit, then let the reader see this version before writing on
                     store.flush()
                     with seen:
@@ -407,15 +409,15 @@ def test_a_writer_waits_for_the_commit_before_queueing_more_than_its_share(
     per pair), and another writer's 1-event durable write gave up after 30 s. A writer now has at most
     MAX_PENDING_PER_WRITER entries waiting for a commit; its next write is refused whole, the others' are not."""
     monkeypatch.setattr(store_module, "MAX_PENDING_PER_WRITER", 10)
-    store.record("ns", [(d, 1, 1) for d in range(8)], writer="bulk")
-    store.record("ns", [(d, 2, 1) for d in range(3)], writer="bulk")  # 8 waiting, under its share: 11 now
+    store.record("ns", [(d, 10, 1) for d in range(8)], writer="bulk")
+    store.record("ns", [(d, 20, 1) for d in range(3)], writer="bulk")  # 8 waiting, under its share: 11 now
     with pytest.raises(ResourceExhausted, match="'bulk' has 11 entries waiting for the next commit, its share"):
         store.record("ns", [(20, 2, 1)], writer="bulk")
     store.record("ns", [(1, 3, 5)], writer="verifier")  # another writer's share
     store.record("ns", [], writer="bulk")  # an empty write (a check) adds nothing to commit
     store.flush()
     assert store.stats("ns")[0] == 8 + 3 + 5  # the refused write counted nothing
-    store.record("ns", [(d, 4, 1) for d in range(11)], writer="bulk")  # nothing waiting: any legal write
+    store.record("ns", [(d, 40, 1) for d in range(11)], writer="bulk")  # nothing waiting: any legal write
 
 
 def full_disk_error() -> sqlite3.OperationalError:
