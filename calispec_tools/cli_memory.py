@@ -293,14 +293,17 @@ def cmd_export(args: argparse.Namespace) -> int:
         return _fail(f"namespace {namespace} was never written at {address} (`calispec memory namespaces` lists them)")
     # a namespace written before its vocabulary was declared may hold ids outside it (verifiers skip them): an
     # export carrying them named a vocabulary beside ids it does not have, and no import could read it back
-    pairs = [p for p in every if not vocab_size or max(p[0], p[1]) < vocab_size]
+    inside = [p for p in every if not vocab_size or max(p[0], p[1]) < vocab_size]
+    pairs = [p for p in inside if p[0] != p[1]]  # imported before wave 55 refused them: no import reads them now
     try:
         dump_export(args.out, namespace, reply.version, pairs, vocab_size)
     except MemoryFileError as exc:
         return _fail(str(exc))
     print(f"exported {len(pairs)} pairs of {namespace} at version {reply.version} to {args.out}")
-    if outside := len(every) - len(pairs):
+    if outside := len(every) - len(inside):
         print(f"left out {outside} pairs with token ids outside the vocabulary of {vocab_size}", file=sys.stderr)
+    if selves := len(inside) - len(pairs):
+        print(f"left out {selves} pairs of a token with itself (no rejection makes one)", file=sys.stderr)
     return 0
 
 
