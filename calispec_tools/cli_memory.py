@@ -163,7 +163,8 @@ def resolve_namespace(address: str, given: str | None, tls: TlsConfig | None = N
     if len(names) == 1:
         return names[0]
     listing = "".join(f"\n  {n}" for n in names) or " (none yet)"
-    raise SystemExit(f"error: give {flag}; the memory service at {address} holds{listing}")
+    # a flag the command needs and was not given: a usage error, exit 2 (it exited 1, as a failed command)
+    raise SystemExit(usage_error(f"give {flag}; the memory service at {address} holds{listing}"))
 
 
 def resolved(args: argparse.Namespace) -> tuple[str, str]:

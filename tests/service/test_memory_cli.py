@@ -6,6 +6,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -316,8 +317,10 @@ def test_namespaces_lists_sizes_and_the_only_one_is_the_default(memory: tuple[st
     assert run("memory", "stats", "--memory-addr", address) == 0  # no --namespace: the only one
     assert "namespace pair-a" in capsys.readouterr().out
     store.record("pair-b", [(5, 6, 1)], durable=True)
-    with pytest.raises(SystemExit, match=r"give --namespace.*\n  pair-a\n  pair-b"):
+    with pytest.raises(SystemExit) as exited:
         run("memory", "stats", "--memory-addr", address)
+    assert exited.value.code == 2  # a usage error (it exited 1)
+    assert re.search(r"error: give --namespace.*\n  pair-a\n  pair-b", capsys.readouterr().err)
 
 
 def test_the_running_stacks_memory_namespace_and_token_are_the_defaults(
@@ -450,7 +453,7 @@ def test_memory_seed_that_never_connects_says_why(tmp_path: Path, capsys) -> Non
     assert "UNAVAILABLE" in err and "nothing was loaded" in err
 
 
-def test_eval_reads_the_memory_services_only_namespace_by_default(memory: tuple[str, CorrectionStore]) -> None:
+def test_eval_reads_the_memory_services_only_namespace_by_default(memory: tuple[str, CorrectionStore], capsys) -> None:
     """It read "default", which no stack writes to, and reported no rejections at all (found by probing, wave 50)."""
     from calispec_tools import cli
     from calispec_tools.cli_bench import endpoints
@@ -461,9 +464,10 @@ def test_eval_reads_the_memory_services_only_namespace_by_default(memory: tuple[
     with endpoints(args, reads_memory=True) as ep:
         assert ep.namespace == "pair/x+y/abc"
     store.record("pair/other", [(1, 2, 3)], durable=True)
-    refused = pytest.raises(SystemExit, match="give --memory-namespace; the memory service at")  # eval's flag
-    with refused, endpoints(args, reads_memory=True):
+    with pytest.raises(SystemExit) as exited, endpoints(args, reads_memory=True):
         pass
+    assert exited.value.code == 2
+    assert "error: give --memory-namespace; the memory service at" in capsys.readouterr().err  # eval's flag
     bench = cli.build_parser().parse_args(["bench", "--address", "a:1", "--memory-address", "127.0.0.1:1"])
     with endpoints(bench) as ep:  # bench reads no memory: it asks nothing of the (closed) address
         assert ep.namespace is None
