@@ -379,6 +379,10 @@ def _run_local(
             return calibrator.run(docs, writer.send, _print_progress)
         finally:
             writer.close()  # the last batch durably: the memory holds everything on return
+    except KeyboardInterrupt:  # Ctrl-C said only "interrupted", as if nothing had been written
+        stay = f"{writer.recorded:,} events sent before it stay" if writer.recorded else "no events were sent"
+        print(f"calibrate: interrupted; {stay} in namespace {namespace}", file=sys.stderr)
+        raise
     except grpc.RpcError as exc:  # a traceback, and only after the whole run (found by probing)
         sent = f" (events sent before it stay in namespace {namespace})" if writer.recorded else ""
         raise SystemExit(f"error: cannot calibrate: {memory_failure(address, exc)}{sent}") from None

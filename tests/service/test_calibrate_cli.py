@@ -55,6 +55,28 @@ def calibrate_into(address: str, tiny_pair: TinyPair, tmp_path: Path, token: str
     return ["calibrate", "--corpus", str(corpus), *pair, *memory_args]
 
 
+def test_ctrl_c_says_which_events_stay_in_the_memory(
+    memory,  # noqa: F811
+    tiny_pair: TinyPair,
+    tmp_path: Path,
+    capsys,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C after the first batch said only "interrupted": the events already sent stay, and the user is told."""
+    from calispec_tools import cli_calibrate
+
+    def interrupted(summary: Summary) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_calibrate, "_print_progress", interrupted)
+    address, store = memory
+    with pytest.raises(KeyboardInterrupt):
+        run(*calibrate_into(address, tiny_pair, tmp_path, TOKEN, "tiny"), "--batch-size", "1")
+    recorded = store.stats("tiny")[0]
+    assert recorded > 0  # the first batch's, durable: the writer closed
+    assert f"calibrate: interrupted; {recorded:,} events sent before it stay in namespace tiny" in capsys.readouterr().err
+
+
 def test_a_token_the_memory_refuses_is_one_line_before_the_models_load(
     memory,  # noqa: F811
     tiny_pair: TinyPair,
