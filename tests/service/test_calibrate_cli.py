@@ -74,7 +74,8 @@ def test_ctrl_c_says_which_events_stay_in_the_memory(
         run(*calibrate_into(address, tiny_pair, tmp_path, TOKEN, "tiny"), "--batch-size", "1")
     recorded = store.stats("tiny")[0]
     assert recorded > 0  # the first batch's, durable: the writer closed
-    assert f"calibrate: interrupted; {recorded:,} events sent before it stay in namespace tiny" in capsys.readouterr().err
+    line = f"calibrate: interrupted; {recorded:,} events sent before it stay in namespace tiny"
+    assert line in capsys.readouterr().err
 
 
 def test_a_token_the_memory_refuses_is_one_line_before_the_models_load(
