@@ -191,13 +191,21 @@ def coordinator_auth(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def bench_auth(args: argparse.Namespace) -> dict[str, Any]:
-    """The load's credentials, checked: with --openai-url the API key only (the HTTP API serves the
-    coordinator's keys; its TLS is the URL's), else coordinator_auth's."""
-    if args.openai_url:
-        from calispec._channel import ClientAuth
+    """The load's credentials, checked: with --openai-url the API key and the CA bundle of an https URL (the HTTP
+    API serves the coordinator's keys and certificate: --tls-ca was ignored, so `calispec up --tls`'s API could not
+    be reached; found by probing), else coordinator_auth's."""
+    if not args.openai_url:
+        return coordinator_auth(args)
+    from calispec._channel import ClientAuth, read_ca_bundle
 
-        return {"token": ClientAuth.resolve(args.token).token}
-    return coordinator_auth(args)
+    auth = ClientAuth.resolve(args.token, args.tls_ca)
+    if args.tls_server_name:
+        raise ValueError("--tls-server-name is for --address; with --openai-url the certificate must name its host")
+    if auth.tls_ca is not None:
+        if not args.openai_url.startswith("https://"):
+            raise ValueError(f"--tls-ca (or $CALISPEC_TLS_CA) is for an https:// --openai-url, not {args.openai_url}")
+        read_ca_bundle(auth.tls_ca)
+    return {"token": auth.token, "tls_ca": auth.tls_ca}
 
 
 def out_dir(args: argparse.Namespace, command: str) -> Path:
@@ -236,8 +244,10 @@ def add_bench_parser(sub: Any) -> None:
     )
     where = add_target_args(p, required=False)  # the load test checks it; `compare` starts its own stack
     where.add_argument(
-        "--openai-url", type=at.http_url, help="drive the OpenAI-compatible HTTP API at this base URL (http://H:P/v1)"
-    )
+        "--openai-url", type=at.http_url,
+        help="drive the OpenAI-compatible HTTP API at this base URL (http://H:P/v1; https://H:P/v1 with --tls-ca "
+        "for `calispec up --tls`)",
+    )  # fmt: skip
     p.add_argument("--openai-model", help="with --openai-url: the model name (default: the one the server lists)")
     commands = p.add_subparsers(dest="bench_command", action=at.OwnFlagsSubcommands)
     add_compare_parser(commands)
@@ -332,7 +342,9 @@ def run_bench(
     if args.openai_url:
         from calispec_tools.bench.openai_client import OpenAIStreamClient
 
-        client = OpenAIStreamClient(args.openai_url, args.timeout, args.openai_model, api_key=auth["token"] or "unused")
+        client = OpenAIStreamClient(
+            args.openai_url, args.timeout, args.openai_model, auth["token"] or "unused", auth["tls_ca"]
+        )
         return args.openai_url, asyncio.run(run_sweep(args.openai_url, prompts, config, levels, client=client))
     with endpoints(args) as ep:
         return ep.coordinator, asyncio.run(run_sweep(ep.coordinator, prompts, config, levels, client_options=auth))

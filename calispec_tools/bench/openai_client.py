@@ -8,7 +8,9 @@ figures stay comparable with the gRPC path. Per-request speculation stats are gR
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -43,8 +45,21 @@ def rpc_error(exc: openai.APIError) -> CalispecRpcError:
 class OpenAIStreamClient:
     """What bench/runner.py needs from AsyncCalispecClient: `generate_stream` and `async with`."""
 
-    def __init__(self, base_url: str, timeout: float, model: str | None = None, api_key: str = "unused") -> None:
-        self._client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout)
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float,
+        model: str | None = None,
+        api_key: str = "unused",
+        tls_ca: Path | None = None,
+    ) -> None:
+        """`tls_ca`: the CA bundle that signs an https server's certificate (`calispec up --tls` prints it as
+        CALISPEC_TLS_CA); None: the system's CAs."""
+        verify = ssl.create_default_context(cafile=str(tls_ca)) if tls_ca is not None else True
+        http = openai.DefaultAsyncHttpxClient(verify=verify)
+        self._client = openai.AsyncOpenAI(
+            base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout, http_client=http
+        )
         self.model = model
 
     async def __aenter__(self) -> OpenAIStreamClient:

@@ -419,6 +419,24 @@ def test_a_tls_connection_that_never_shakes_hands_is_closed_at_the_deadline(cert
         assert read_until_closed(sock) == b""
 
 
+def test_the_benchs_openai_client_reaches_an_https_api_with_its_ca(certs: DevCerts) -> None:
+    """`calispec bench --openai-url https://... --tls-ca` ignored the CA, so `calispec up --tls`'s API was
+    unreachable (found by probing); without the CA the server's certificate is still refused."""
+    from calispec.client import CalispecRpcError
+    from calispec_tools.bench.openai_client import OpenAIStreamClient
+
+    async def listed_model(tls_ca: Path | None) -> str | None:
+        async with OpenAIStreamClient(url, 5.0, tls_ca=tls_ca) as client:
+            return client.model
+
+    with served(tls=certs.tls("coordinator")) as server:
+        url = f"https://localhost:{server.port}/v1"
+        assert asyncio.run(listed_model(certs.ca)) == MODEL
+        with pytest.raises(CalispecRpcError) as refused:
+            asyncio.run(listed_model(None))
+    assert refused.value.code == "UNAVAILABLE"
+
+
 def test_a_tls_connection_without_request_headers_is_closed_at_the_deadline(certs: DevCerts) -> None:
     context = ssl.create_default_context(cafile=str(certs.ca))
     with served(tls=certs.tls("coordinator")) as server:

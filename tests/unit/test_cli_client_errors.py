@@ -186,6 +186,28 @@ def test_bench_against_the_http_api_names_a_bad_token_in_one_line(capsys: pytest
     assert "token (API key) must be printable ASCII" in line and "csk_" not in line
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--tls-ca", "CA"], "--tls-ca (or $CALISPEC_TLS_CA) is for an https:// --openai-url"),
+        (["--tls-ca", "MISSING", "--https"], "cannot read the TLS CA bundle"),
+        (["--tls-server-name", "coordinator", "--https"], "--tls-server-name is for --address"),
+    ],
+)
+def test_bench_against_the_http_api_takes_a_ca_for_https_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    """--tls-ca was ignored with --openai-url (found by probing): now it is the https server's CA, refused where it
+    cannot be one, before any request."""
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    scheme = "https" if "--https" in flags else "http"
+    given = [{"CA": str(ca), "MISSING": str(tmp_path / "missing.pem")}.get(f, f) for f in flags if f != "--https"]
+    argv = ["bench", "--openai-url", f"{scheme}://127.0.0.1:1/v1", "--prompts", "code", *given]
+    assert cli.main(argv) == 2
+    assert message in one_error_line(capsys)
+
+
 def test_calibrate_by_sd_names_a_missing_tls_ca_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`calibrate --prompts` sends its requests to the coordinator: the same ValueError traceback."""
     prompts = tmp_path / "prompts.txt"
