@@ -332,7 +332,7 @@ def _memory_target(args: argparse.Namespace) -> tuple[str, str, str]:
 
     from calispec_tools.cli_memory import memory_address, memory_tls, resolve_namespace, writer_token
 
-    tls = memory_tls(args)  # the usage errors before any connection: the TLS files, then the token
+    tls = memory_tls(args, writes=True)  # the usage errors before any connection: the TLS files, then the token
     address = memory_address(args.memory_addr)
     token = writer_token(args.writer_token_file, address)
     try:
@@ -369,7 +369,7 @@ def _run_local(
     from calispec_tools.calibrate.sink import MemoryWriter
     from calispec_tools.cli_memory import memory_tls
 
-    writer = MemoryWriter(address, namespace, token, tls=memory_tls(args))
+    writer = MemoryWriter(address, namespace, token, tls=memory_tls(args, writes=True))
     try:
         try:
             writer.check()  # before the models load: reachable, the token, its namespaces

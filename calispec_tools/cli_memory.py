@@ -114,13 +114,15 @@ def add_memory_tls_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--memory-tls-ca", type=Path, help="CA bundle of the memory service's certificate")
 
 
-def memory_tls(args: argparse.Namespace) -> TlsConfig | None:
+def memory_tls(args: argparse.Namespace, writes: bool = False) -> TlsConfig | None:
     """The --memory-tls-* files, read and checked once here: a missing, unreadable or unusable one is a usage
     error (one line, exit 2, as `generate --tls-ca` gives), not a traceback from the channel the command opens
-    later, nor gRPC's "UNAVAILABLE" for a certificate it could not use."""
+    later, nor gRPC's "UNAVAILABLE" for a certificate it could not use. Without them, for the memory service of a
+    running `calispec up --tls`: its certificates, `client` to read and the verifiers' `target` to write (the
+    commands dialled it in plaintext, and failed with gRPC's "Socket closed"; found by probing)."""
     files = (args.memory_tls_cert, args.memory_tls_key, args.memory_tls_ca)
     if not any(files):
-        return None
+        return _the_stacks_tls(args.memory_addr, "target" if writes else "client")
     if not all(files):
         raise SystemExit(usage_error("give all three of --memory-tls-cert, --memory-tls-key and --memory-tls-ca"))
     tls = TlsConfig(*files)
@@ -129,6 +131,15 @@ def memory_tls(args: argparse.Namespace) -> TlsConfig | None:
     except CalispecError as exc:
         raise SystemExit(usage_error(exc)) from None
     return tls
+
+
+def _the_stacks_tls(given_address: str | None, role: str) -> TlsConfig | None:
+    from calispec_tools.certs import DevCerts
+
+    stack = running_stack()
+    if stack is None or not stack.tls_dir or not (given_address is None or stack.serves_memory_at(given_address)):
+        return None
+    return DevCerts(Path(stack.tls_dir)).tls(role)
 
 
 def _stub(address: str, tls: TlsConfig | None) -> tuple[grpc.Channel, memory_pb2_grpc.MemoryServiceStub]:
@@ -309,7 +320,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    tls = memory_tls(args)  # the usage errors before any connection: the TLS files, then the token
+    tls = memory_tls(args, writes=True)  # the usage errors before any connection: the TLS files, then the token
     token = writer_token(args.writer_token_file, memory_address(args.memory_addr))
     address, namespace = resolved(args)
     try:
@@ -363,7 +374,7 @@ def import_outcome(code: grpc.StatusCode, details: str) -> str:
 def cmd_seed(args: argparse.Namespace) -> int:
     """What a deployment without `calispec up` runs once (deploy/k8s/calibration-seed/job.yaml): exit 0 when the
     namespace holds counts afterwards (loaded now, or before), 1 when the file was refused or the service failed."""
-    tls = memory_tls(args)
+    tls = memory_tls(args, writes=True)
     token = writer_token(args.writer_token_file, memory_address(args.memory_addr))
     path = shipped_file(args.pair)
     assert path is not None  # --pair's choices are the shipped files

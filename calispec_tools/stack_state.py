@@ -60,6 +60,7 @@ class StackState:
     started: int = 0  # the process's start time in clock ticks after boot (/proc); 0: unknown
     dtype: str = "auto"  # the target's --dtype as `up` was given it, and the draft's as served (calibrate's defaults)
     draft_dtype: str = "auto"
+    tls_dir: str = ""  # `up --tls`'s certificates: the memory tools' default client certificates; "": plaintext
 
     def serves_memory_at(self, address: str) -> bool:
         """Whether `address` names this stack's memory service: the same host and port, `localhost` standing for

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -233,6 +233,49 @@ def test_memory_tools_speak_mutual_tls(certs: DevCerts, tmp_path: Path, capsys: 
             args = parser.parse_args([*base, *client])
             args.func(args)
         assert exited.value.code == 2 and "all three" in capsys.readouterr().err  # a usage error
+    finally:
+        server.stop(None)
+        store.close()
+
+
+def test_memory_tools_take_the_running_tls_stacks_certificates(
+    certs: DevCerts, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Against `calispec up --tls`'s memory they dialled plaintext without --memory-tls-* (gRPC's "Socket closed";
+    found by probing): now reads take its `client` certificate and writes (import) the verifiers' `target` one."""
+    import argparse
+    import json
+    import os
+
+    from calispec_tools import cli_memory
+    from calispec_tools.stack_state import StackState
+
+    config = MemoryConfig(port=0, db_path=tmp_path / "memory.db", writer_token=TOKEN, tls=certs.tls("memory"))
+    server, port, store = create_memory(config)
+    server.start()
+    store.record("ns", [(1, 2, 7)], durable=True)
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    state = StackState(os.getpid(), "c", f"127.0.0.1:{port}", "ns", "d", "t", str(token), tls_dir=str(certs.directory))
+    state.write()
+    parser = argparse.ArgumentParser()
+    cli_memory.register(parser.add_subparsers(dest="command", required=True))
+
+    def run(*argv: str) -> int:
+        args = parser.parse_args(argv)
+        return args.func(args)
+
+    out = tmp_path / "ns.json"
+    try:
+        assert run("memory", "stats", "--json") == 0
+        assert json.loads(capsys.readouterr().out)["total_events"] == "7"
+        assert run("memory", "export", "--out", str(out)) == 0
+        assert run("memory", "import", "--file", str(out)) == 0  # a write: the target's certificate, the token
+        store.flush()
+        assert store.snapshot("ns")[0] == [(1, 2, 14)]
+        replace(state, tls_dir="").write()  # a plaintext stack's state: no certificate, refused
+        assert run("memory", "stats") == 1
+        assert "UNAVAILABLE" in capsys.readouterr().err
     finally:
         server.stop(None)
         store.close()
