@@ -259,10 +259,10 @@ def add_model_flavour_args(parser: argparse.ArgumentParser, serves_csd: bool = T
 def add_request_args(parser: argparse.ArgumentParser, prompt_required: bool, with_prompt: bool = True) -> None:
     """A request's flags; each takes what the coordinator takes (arg_types): a value it would refuse is a usage
     error here, before any connection or model load."""
-    if with_prompt:
+    if with_prompt:  # `generate`'s is required; --help said it had a default (found by probing)
         parser.add_argument(
             "--prompt", type=at.prompt, required=prompt_required, default=None,
-            help="default (demo): the pair's demo request",
+            help="the prompt" if prompt_required else "default: the pair's demo request",
         )  # fmt: skip
     parser.add_argument("--mode", default=None, choices=[m.name.lower() for m in Mode], help="default: server's (csd)")
     parser.add_argument("--max-new-tokens", type=at.max_new_tokens_or_default, default=0, help="0: server default")
@@ -277,12 +277,12 @@ def add_request_args(parser: argparse.ArgumentParser, prompt_required: bool, wit
     parser.add_argument("--tau", type=at.request_tau, default=None)
     parser.add_argument("--lambda", dest="lambda_", metavar="LAMBDA", type=at.lambda_, default=None)
     parser.add_argument("--ignore-eos", action="store_true", help="go on past EOS to the token limit")
-    likeliest = "each token's log-probability and the K likeliest (printed with --json)"
-    parser.add_argument("--logprobs", type=at.logprobs, default=None, metavar="K", help=likeliest)
-    prompt_likeliest = "each prompt token's (from the second) and the K likeliest there (printed with --json)"
-    parser.add_argument("--prompt-logprobs", type=at.logprobs, default=None, metavar="K", help=prompt_likeliest)
     parser.add_argument("--timeout", type=at.positive_float, default=120.0, help="request deadline, seconds")
-    if with_prompt:
+    if with_prompt:  # `chat` prints text only: it took --logprobs and never showed them (found by probing)
+        likeliest = "each token's log-probability and the K likeliest (printed with --json)"
+        parser.add_argument("--logprobs", type=at.logprobs, default=None, metavar="K", help=likeliest)
+        prompt_likeliest = "each prompt token's (from the second) and the K likeliest there (printed with --json)"
+        parser.add_argument("--prompt-logprobs", type=at.logprobs, default=None, metavar="K", help=prompt_likeliest)
         parser.add_argument("--json", action="store_true", help="print one JSON object: response and stats")
 
 
@@ -299,8 +299,8 @@ def request_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "tau": args.tau,
         "lambda_": args.lambda_,
         "ignore_eos": args.ignore_eos,
-        "logprobs": args.logprobs,
-        "prompt_logprobs": args.prompt_logprobs,
+        "logprobs": getattr(args, "logprobs", None),  # not `chat`'s
+        "prompt_logprobs": getattr(args, "prompt_logprobs", None),
     }
 
 

@@ -97,8 +97,10 @@ def add_target_args(parser: argparse.ArgumentParser, required: bool = True) -> a
     where = parser.add_mutually_exclusive_group(required=required)
     where.add_argument("--address", type=at.address, help="coordinator HOST:PORT of a running stack")
     where.add_argument("--local", action="store_true", help="start a local stack on free ports for this run")
-    parser.add_argument("--draft", help="--local, eval --ratio-analysis: draft model dir (default: the tiny pair)")
-    parser.add_argument("--target", help="--local, eval --ratio-analysis: target model dir (default: the tiny pair)")
+    # --address with eval --ratio-analysis needs them (the stack's pair is not known here); --help said "the tiny pair"
+    default = "default with --local: the tiny pair; with --address and --ratio-analysis: required"
+    parser.add_argument("--draft", help=f"--local, eval --ratio-analysis: draft model dir ({default})")
+    parser.add_argument("--target", help=f"--local, eval --ratio-analysis: target model dir ({default})")
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
     parser.add_argument(
         "--draft-dtype", default=None, choices=DTYPE_CHOICES, help="--local: the draft's (default int8 on CPU, as up)"
@@ -519,7 +521,8 @@ def add_eval_parser(sub: Any) -> None:
     p.add_argument("--sandbox-timeout", type=at.positive_float, default=10.0, help="per code task, seconds")
     p.add_argument(
         "--ratio-analysis", action="store_true",
-        help="also load the pair in this process (--draft/--target, or the tiny pair) and measure the target "
+        help="also load the pair in this process (--draft/--target; with --local they default to the tiny pair) and "
+        "measure the target "
         "probability ratio p(draft)/p(target) of every rejection under greedy SD over the tasks (not with "
         "--calibration-study)",
     )  # fmt: skip

@@ -795,3 +795,18 @@ def test_certs_dev_keeps_a_ca_it_would_replace_and_refuses_bad_names(
             cli.build_parser().parse_args(argv)
         assert exited.value.code == 2
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("flag", ["--logprobs", "--prompt-logprobs"])
+def test_chat_takes_no_logprobs_it_cannot_show(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`chat` prints text only: it took --logprobs K ("printed with --json", which it has not) and dropped them."""
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args(["chat", flag, "2"])
+    assert exited.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_generates_help_gives_its_required_prompt_no_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["generate", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--prompt PROMPT the prompt" in help_text and "demo request" not in help_text
