@@ -29,7 +29,7 @@ import anyio
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from prometheus_fastapi_instrumentator import Instrumentator
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -632,7 +632,8 @@ class RequestGuard:
         self.api = api
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] == HEALTH_PATH:
+        # `/health/` too: its redirect to `/health` needs no key either (it was a 401; found by probing)
+        if scope["type"] != "http" or scope["path"] in (HEALTH_PATH, HEALTH_PATH + "/"):
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
@@ -732,9 +733,11 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
         api.caller(request)
         return ModelList(data=[api.model_card()])
 
-    @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str, request: Request) -> ModelCard:
+    @app.get("/v1/models/{model_id:path}", response_model=None)
+    async def model(model_id: str, request: Request) -> ModelCard | RedirectResponse:
         api.caller(request)
+        if not model_id:  # `/v1/models/`, the list's twin: redirected as the other routes' are (it was a 404)
+            return RedirectResponse(request.url.replace(path=request.url.path.rstrip("/")), status_code=307)
         api.check_model(model_id)
         return api.model_card()
 

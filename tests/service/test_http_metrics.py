@@ -174,6 +174,19 @@ def test_a_path_redirected_for_its_trailing_slash_is_counted_under_none() -> Non
     assert {dict(labels)["handler"] for labels in api.series("http_requests_total")} == {"none"}
 
 
+def test_the_slashed_twins_of_health_and_the_model_list_are_redirected_too(tmp_path: Path) -> None:
+    """`/health/` was a 401 (the key was asked before the redirect, where `/health` needs none) and `/v1/models/` a
+    404 naming the model '' (the model route took it with an empty id); found by probing."""
+    with served(tmp_path) as api:
+        health = httpx.get(f"{api.url}/health/")  # no key
+        models = httpx.get(f"{api.url}/v1/models/?x=1", headers=api.auth)
+        followed = httpx.get(f"{api.url}/v1/models/", headers=api.auth, follow_redirects=True)
+    assert (health.status_code, health.headers["location"]) == (307, f"{api.url}/health")
+    assert (models.status_code, models.headers["location"]) == (307, f"{api.url}/v1/models?x=1")
+    assert followed.status_code == 200 and followed.json()["data"][0]["id"] == MODEL
+    assert api.count("none", "GET", 307) == 1 and api.count(MODEL_CARD, "GET", 307) == 2  # under its route
+
+
 def _samples(api: Served, name: str) -> list[tuple[dict[str, str], float]]:
     return [(s.labels, s.value) for f in api.metrics.registry.collect() for s in f.samples if s.name == name]
 
