@@ -46,6 +46,7 @@ from calispec_tools.stack_state import (
     StackState,
     claim_up,
     clear_state,
+    coordinator_address,
     private_temp_dir,
     process_start_time,
     remove_orphaned_secrets,
@@ -344,12 +345,13 @@ def run_request(
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    return run_request(args.address, args)
+    return run_request(coordinator_address(args.address, DEFAULT_ADDRESS), args)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
     auth = cli_auth.client_auth(args)
-    return cli_chat.run_chat(args.address, args.message, args.system, request_kwargs(args), args.timeout, auth)
+    address = coordinator_address(args.address, DEFAULT_ADDRESS)
+    return cli_chat.run_chat(address, args.message, args.system, request_kwargs(args), args.timeout, auth)
 
 
 def up_security(args: argparse.Namespace, secrets_dir: Path) -> tuple[Path | None, Path | None, str | None]:
@@ -659,13 +661,14 @@ def build_parser() -> argparse.ArgumentParser:
     down.set_defaults(func=cmd_down)
 
     gen = sub.add_parser("generate", help="send one request to a running coordinator")
-    gen.add_argument("--address", type=at.address, default=DEFAULT_ADDRESS, help="coordinator HOST:PORT")
+    where = f"coordinator HOST:PORT (default: the running `calispec up`'s, else {DEFAULT_ADDRESS})"
+    gen.add_argument("--address", type=at.address, default=None, help=where)
     cli_auth.add_client_auth_args(gen)
     add_request_args(gen, prompt_required=True)
     gen.set_defaults(func=cmd_generate)
 
     chat = sub.add_parser("chat", help="chat with a running coordinator (interactive, or one message with -m)")
-    chat.add_argument("--address", type=at.address, default=DEFAULT_ADDRESS, help="coordinator HOST:PORT")
+    chat.add_argument("--address", type=at.address, default=None, help=where)
     chat.add_argument("-m", "--message", type=at.chat_text, help="send this one user message, print the reply, exit")
     chat.add_argument("--system", type=at.chat_text, help="a system message opening the conversation")
     add_request_args(chat, prompt_required=False, with_prompt=False)

@@ -95,7 +95,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=at.positive_int, default=2, help="--ray: worker actors (each loads the pair)")
     p.add_argument("--worker-cpus", type=at.positive_float, default=1.0, help="--ray: CPUs per worker")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    p.add_argument("--address", type=at.address, default=DEFAULT_COORDINATOR, help="--prompts: coordinator HOST:PORT")
+    p.add_argument(
+        "--address", type=at.address, default=None,
+        help=f"--prompts: coordinator HOST:PORT (default: the running `calispec up`'s, else {DEFAULT_COORDINATOR})",
+    )  # fmt: skip
     p.add_argument("--timeout", type=at.positive_float, default=300.0, help="--prompts: per request, seconds")
     from calispec_tools.cli_auth import add_client_auth_args
     from calispec_tools.cli_memory import add_memory_tls_args
@@ -478,7 +481,9 @@ def calibrate_by_sd(args: argparse.Namespace) -> int:
         return _fail(memory_failure(address, exc))
     rejections = 0
     start = time.perf_counter()
-    with CalispecClient(args.address, **auth) as client:
+    from calispec_tools.stack_state import coordinator_address
+
+    with CalispecClient(coordinator_address(args.address, DEFAULT_COORDINATOR), **auth) as client:
         for i, prompt in enumerate(prompts, 1):
             try:
                 result = client.generate(

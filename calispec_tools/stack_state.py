@@ -89,6 +89,13 @@ def running_stack(path: Path | None = None) -> StackState | None:
     return state if _alive(state.pid, state.started) else None
 
 
+def coordinator_address(given: str | None, fallback: str) -> str:
+    """--address, else the running `calispec up`'s coordinator (started on other ports, `generate` dialled 50050),
+    else `fallback`."""
+    stack = None if given else running_stack()
+    return given or (stack.coordinator if stack else fallback)
+
+
 def stop_stack(timeout_s: float, path: Path | None = None) -> StackState | Holder | None:
     """SIGTERM the running `calispec up` (it stops its services in order, then removes the file; one still
     starting stops what it started) and wait for it to exit; the stopped stack's state (its lock's holder while

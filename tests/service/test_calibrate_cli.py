@@ -78,6 +78,25 @@ def test_ctrl_c_says_which_events_stay_in_the_memory(
     assert line in capsys.readouterr().err
 
 
+def test_calibrate_by_sd_goes_to_the_running_stacks_coordinator(
+    memory,  # noqa: F811
+    tmp_path: Path,
+    capsys,
+) -> None:
+    """`calibrate --prompts` dialled 127.0.0.1:50050 whatever port `calispec up --port` had taken (found by probing)."""
+    import os
+
+    from calispec_tools.stack_state import StackState
+
+    address, store = memory
+    store.record("ns", [(1, 2, 3)], durable=True)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def fibonacci(n):\n")
+    StackState(os.getpid(), "127.0.0.2:1", address, "ns", "d", "t", "token").write()  # no coordinator there
+    assert run("calibrate", "--prompts", str(prompts), "--timeout", "5") == 1
+    assert "127.0.0.2:1" in capsys.readouterr().err
+
+
 def test_a_token_the_memory_refuses_is_one_line_before_the_models_load(
     memory,  # noqa: F811
     tiny_pair: TinyPair,

@@ -240,3 +240,17 @@ def test_calibrate_corpus_ignores_a_stale_tls_ca_in_the_environment(
     argv = ["calibrate", "--corpus", str(corpus), *pair, "--export", str(tmp_path / "x")]
     with pytest.raises(CalibrationRan):
         cli.main(argv)
+
+
+@pytest.mark.parametrize("command", REQUESTS)
+def test_requests_without_an_address_go_to_the_running_stacks_coordinator(
+    capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """They dialled 127.0.0.1:50050 whatever port `calispec up --port` had taken (found by probing the docs)."""
+    import os
+
+    from calispec_tools.stack_state import StackState
+
+    StackState(os.getpid(), "127.0.0.2:1", CLOSED, "ns", "d", "t", "token").write()  # nothing listens there
+    assert cli.main([*REQUESTS[command], "--timeout", "5"]) == 1
+    assert "127.0.0.2:1" in capsys.readouterr().err

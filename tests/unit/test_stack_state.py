@@ -145,7 +145,11 @@ def test_up_records_the_pair_absolute(tmp_path: Path, monkeypatch: pytest.Monkey
         model.mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     config: Any = SimpleNamespace(
-        draft_model=Path("models/d"), target_model=Path("models/t"), dtype="auto", draft_dtype="int8"
+        draft_model=Path("models/d"),
+        target_model=Path("models/t"),
+        dtype="auto",
+        draft_dtype="int8",
+        tls_dir=Path("tls"),
     )
     stack: Any = SimpleNamespace(coordinator_address="c", memory_address="m", memory_namespace="ns",
                                  writer_token_file=tmp_path / "w")  # fmt: skip
@@ -155,6 +159,7 @@ def test_up_records_the_pair_absolute(tmp_path: Path, monkeypatch: pytest.Monkey
     assert cli_calibrate.model_dirs(args) == (pair[0].resolve(), pair[1].resolve())
     state = running_stack()
     assert state is not None and (state.dtype, state.draft_dtype) == ("auto", "int8")  # what calibrate defaults to
+    assert state.tls_dir == str(tmp_path / "tls")  # the memory tools' certificates, absolute as well
 
 
 # a stand-in for a `calispec up` still starting: holds the lock (no state file yet), on SIGTERM exits as
