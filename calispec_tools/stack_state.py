@@ -25,7 +25,7 @@ import shutil
 import signal
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -83,8 +83,10 @@ def running_stack(path: Path | None = None) -> StackState | None:
     """The state of a live `calispec up`, or None (no file, unreadable, or its process has exited)."""
     path = path or state_path()
     try:
-        state = StackState(**json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError):
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+        known = {f.name for f in fields(StackState)}  # a newer release's keys too: its stack is still the one running
+        state = StackState(**{k: v for k, v in recorded.items() if k in known})
+    except (OSError, ValueError, TypeError, AttributeError):  # AttributeError: JSON that is not an object
         return None
     return state if _alive(state.pid, state.started) else None
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,17 @@ def test_a_state_whose_pid_now_names_another_process_is_stale() -> None:
     assert running_stack() is None
     state(0).write()  # a file from before start times were recorded: the pid alone decides
     assert running_stack() == state(0)
+
+
+def test_a_state_a_newer_release_wrote_is_still_the_running_stack(no_running_stack: Path) -> None:
+    """The reader refused a file with any key it did not know: an older CLI saw no stack beside a newer `up` (its
+    memory commands dialled the default address; found by probing upgrades). A file that is no object: none."""
+    me = process_start_time(os.getpid())
+    recorded = asdict(state(me)) | {"a_later_field": [1, 2]}
+    no_running_stack.write_text(json.dumps(recorded))  # the isolated state file (conftest)
+    assert running_stack() == state(me)
+    no_running_stack.write_text("[1, 2]")
+    assert running_stack() is None
 
 
 def test_a_zombie_is_not_a_running_stack() -> None:
