@@ -220,6 +220,22 @@ def _prompt_report(
     return list(msg.prompt_token_ids), [TokenLogprob.from_pb(lp) for lp in msg.prompt_logprobs]
 
 
+def _check_reported(
+    msg: coordinator_pb2.GenerateResponse | coordinator_pb2.GenerateStreamResponse,
+    params: coordinator_pb2.GenerationParams,
+    first: bool,
+) -> None:
+    """A coordinator of a release before them drops `logprobs`/`prompt_logprobs` unread (protobuf's unknown
+    fields): the figures asked for were lost without a word (found by probing upgrades); now an error."""
+    if params.HasField("logprobs") and msg.token_ids and not msg.logprobs:
+        missing = "log-probabilities"
+    elif params.HasField("prompt_logprobs") and first and not msg.prompt_token_ids:
+        missing = "prompt log-probabilities"
+    else:
+        return
+    raise CalispecRpcError("FAILED_PRECONDITION", f"the coordinator sent no {missing}: it predates them; upgrade it")
+
+
 def _result(msg: coordinator_pb2.GenerateResponse) -> GenerationResult:
     return GenerationResult(
         msg.text,
@@ -311,11 +327,11 @@ class CalispecClient:
     ) -> GenerationResult:
         metadata = _with_request_id(self._metadata, request_id)
         try:
-            return _result(
-                self._stub.Generate(request, timeout=_timeout(timeout, self.default_timeout), metadata=metadata)
-            )
+            msg = self._stub.Generate(request, timeout=_timeout(timeout, self.default_timeout), metadata=metadata)
         except grpc.RpcError as exc:
             raise CalispecRpcError.from_rpc(exc) from None
+        _check_reported(msg, request.params, first=True)
+        return _result(msg)
 
     def _stream(
         self, request: coordinator_pb2.GenerateStreamRequest, timeout: float | None, request_id: str | None
@@ -323,7 +339,8 @@ class CalispecClient:
         metadata = _with_request_id(self._metadata, request_id)
         call = self._stub.GenerateStream(request, timeout=_timeout(timeout, self.default_timeout), metadata=metadata)
         try:
-            for msg in call:
+            for index, msg in enumerate(call):
+                _check_reported(msg, request.params, first=index == 0)
                 yield _chunk(msg)
         except grpc.RpcError as exc:
             raise CalispecRpcError.from_rpc(exc) from None
@@ -386,13 +403,15 @@ class AsyncCalispecClient:
         metadata = _with_request_id(self._metadata, request_id)
         try:
             call = self._stub.Generate(request, timeout=_timeout(timeout, self.default_timeout), metadata=metadata)
-            return _result(await call)
+            msg = await call
         except grpc.RpcError as exc:
             raise CalispecRpcError.from_rpc(exc) from None
         except asyncio.CancelledError:
             if _own_task_cancelled():
                 raise
             raise CalispecRpcError("CANCELLED", "the client was closed while the call ran") from None
+        _check_reported(msg, request.params, first=True)
+        return _result(msg)
 
     async def _stream(
         self, request: coordinator_pb2.GenerateStreamRequest, timeout: float | None, request_id: str | None
@@ -400,7 +419,10 @@ class AsyncCalispecClient:
         metadata = _with_request_id(self._metadata, request_id)
         call = self._stub.GenerateStream(request, timeout=_timeout(timeout, self.default_timeout), metadata=metadata)
         try:
+            first = True
             async for msg in call:
+                _check_reported(msg, request.params, first)
+                first = False
                 yield _chunk(msg)
         except grpc.RpcError as exc:
             raise CalispecRpcError.from_rpc(exc) from None

@@ -229,11 +229,14 @@ def test_logprobs_are_the_targets_on_both_apis_and_alike_for_every_mode(
         assert entry.bytes == list(entry.token.encode())
     streamed = oai.chat.completions.create(messages=MESSAGES, logprobs=True, top_logprobs=3, stream=True, **kwargs)
     pieces = [e for c in streamed if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
-    assert [(e.token, e.logprob) for e in pieces] == [(e.token, e.logprob) for e in content]
+    # the same tokens; the figures to float32 rounding: run alone, the first of the two requests prefills the
+    # prompt and the second finds it in the prefix cache (a forward of another shape; the test failed alone)
+    assert [e.token for e in pieces] == [e.token for e in content]
+    assert [e.logprob for e in pieces] == pytest.approx([e.logprob for e in content], abs=1e-5)
     plain = oai.chat.completions.create(messages=MESSAGES, **kwargs)
     assert plain.choices[0].logprobs is None
     grpc_chat = grpc_client.chat(MESSAGES, max_new_tokens=10, mode="ar", logprobs=3, ignore_eos=True)
-    assert [e.logprob for e in content] == pytest.approx([lp.logprob for lp in grpc_chat.logprobs or []])
+    assert [e.logprob for e in content] == pytest.approx([lp.logprob for lp in grpc_chat.logprobs or []], abs=1e-5)
 
 
 def test_choices_verified_in_one_batch_report_the_logprobs_of_one_alone(oai: openai.OpenAI) -> None:
