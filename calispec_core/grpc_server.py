@@ -77,9 +77,18 @@ def server_options(max_receive_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str
     ]
 
 
+def _out_of_device_memory(exc: BaseException) -> bool:
+    """torch's OutOfMemoryError (a GPU's memory full of KV caches under load: overload, not a bug), by name: this
+    module does not import torch (the light client uses it)."""
+    return any(c.__name__ == "OutOfMemoryError" and c.__module__.startswith("torch") for c in type(exc).__mro__)
+
+
 def _status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, CalispecError):
         return getattr(grpc.StatusCode, exc.code), str(exc)
+    if _out_of_device_memory(exc):  # it was INTERNAL, logged as a bug (found by a CUDA audit)
+        first_line = str(exc).split("\n", 1)[0][:200]
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, f"the device ran out of memory; retry later ({first_line})"
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
 
 
@@ -131,6 +140,8 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         code, message = _status_for(exc)
         if code == grpc.StatusCode.INTERNAL:
             log.exception("unhandled error in handler")
+        elif not isinstance(exc, CalispecError):  # the device's memory: the operator's to size, said once a call
+            log.warning("%s", message)
         if (retry_after_s := getattr(exc, "retry_after_s", None)) is not None:  # gRPC's retry policies read it
             context.set_trailing_metadata(((RETRY_PUSHBACK_METADATA, str(math.ceil(retry_after_s * 1000))),))
         context.abort(code, message)
