@@ -311,11 +311,24 @@ def _inverse_cdf(
 ) -> tuple[Tensor, Tensor]:  # [...] int64 samples, [...] the weights' sums
     """Sample index k with probability weights[k] / sum(weights), never one of weight 0."""
     cdf = weights.cumsum(dim=-1)  # [..., V]
+    if cdf.device.type != "cpu":  # the CPU's cumsum adds in double: a weight-0 token's sum is its predecessor's
+        cdf = flat_at_zero_weights(cdf, weights)
     total = cdf[..., -1:].contiguous()  # [..., 1]
     picked = torch.searchsorted(cdf, uniforms.unsqueeze(-1) * total, right=True)  # [..., 1]
     # Defensive (u < 1 keeps u * total < total in float32): never step past the last token with mass.
     last = torch.searchsorted(cdf, total)  # [..., 1]
     return torch.minimum(picked, last).squeeze(-1), total.squeeze(-1)
+
+
+def flat_at_zero_weights(
+    cdf: Tensor,  # [..., V] running sums of `weights`
+    weights: Tensor,  # [..., V] non-negative
+) -> Tensor:  # [..., V] the same sums, a weight-0 token's equal to the last positive one's before it (0 if none)
+    """A GPU's parallel scan sums float32 in another order than a sequential one: a token of weight 0 may end a
+    few ulps above its predecessor, and the inverse CDF would then pick it, about once in 5 million draws of a
+    top-k row (a CUDA audit's emulation; `searchsorted(right=True)` skips a token whose sum equals the one before)."""
+    kept = torch.where(weights > 0, cdf, torch.zeros((), dtype=cdf.dtype, device=cdf.device))  # [..., V]
+    return kept.cummax(dim=-1).values
 
 
 def _rescue_mask(

@@ -171,3 +171,22 @@ def test_top_p_off_keeps_every_token() -> None:
     for off in (0.0, 1.0):
         probs = warp_probs(logits, torch.ones(2), torch.zeros(2, dtype=torch.int64), torch.full((2,), off))
         assert bool((probs > 0).all())
+
+
+def test_a_sum_that_rose_across_weight_0_tokens_never_picks_them() -> None:
+    """A GPU's scan may leave a weight-0 token's running sum ulps above its predecessor (a CUDA audit): flattened,
+    the inverse CDF cannot land on it; on a CPU's sums, which add in double, flattening changes nothing."""
+    from target_service.verifier import _inverse_cdf, flat_at_zero_weights
+
+    weights = torch.tensor([[0.0, 0.5, 0.0, 0.0, 0.25, 0.0, 0.25, 0.0]])
+    drifted = torch.tensor([[1e-7, 0.5, 0.5000001, 0.5000002, 0.75, 0.7500001, 1.0, 1.0000001]])
+    flat = flat_at_zero_weights(drifted, weights)
+    assert flat.tolist() == [[0.0, 0.5, 0.5, 0.5, 0.75, 0.75, 1.0, 1.0]]
+    for u in (5e-8, 0.5, 0.50000005, 0.75, 0.7500001, 0.99999994):  # the slivers a drifted sum would open
+        picked = torch.searchsorted(flat, torch.tensor([[u]]), right=True).item()
+        assert weights[0, picked] > 0, u
+    rows = torch.rand(64, 1000, generator=torch.Generator().manual_seed(0))
+    rows[rows < 0.9] = 0.0  # top-k-like rows: mostly weight 0
+    assert torch.equal(flat_at_zero_weights(rows.cumsum(-1), rows), rows.cumsum(-1))  # CPU sums: unchanged
+    samples, _ = _inverse_cdf(rows, torch.rand(64, generator=torch.Generator().manual_seed(1)))
+    assert bool((rows.gather(-1, samples.unsqueeze(-1)) > 0).all())
