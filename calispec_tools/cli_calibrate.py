@@ -94,6 +94,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ray", metavar="ADDRESS", default=None, help="run as a Ray job on this cluster")
     p.add_argument("--workers", type=at.positive_int, default=2, help="--ray: worker actors (each loads the pair)")
     p.add_argument("--worker-cpus", type=at.positive_float, default=1.0, help="--ray: CPUs per worker")
+    p.add_argument(
+        "--worker-gpus", type=at.non_negative_float, default=None,
+        help="--ray: GPUs per worker, fractions share one (default: 1 with --device cuda, else 0; Ray hides every "
+        "GPU from a worker that asks for none)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument(
         "--address", type=at.address, default=None,
@@ -123,6 +128,7 @@ READ_WITH = {
     "memory_addr": "--prompts or --corpus without --export",
     "workers": "--ray",
     "worker_cpus": "--ray",
+    "worker_gpus": "--ray",
     **dict.fromkeys(("address", "timeout", "token", "tls_ca", "tls_server_name"), "--prompts"),
 }
 
@@ -140,6 +146,14 @@ def _read_here(args: argparse.Namespace) -> dict[str, bool]:
         "--prompts or --corpus without --export": not export,
         "--ray": corpus and args.ray is not None,
     }
+
+
+def worker_gpus(args: argparse.Namespace) -> float:
+    """GPUs a Ray worker asks for: Ray sets CUDA_VISIBLE_DEVICES="" for an actor that asks for none, so
+    `--device cuda` failed in every worker and `--device auto` ran them on CPU (found by a CUDA audit)."""
+    if args.worker_gpus is not None:
+        return args.worker_gpus
+    return 1.0 if args.device.startswith("cuda") else 0.0
 
 
 def unread_flags_problem(args: argparse.Namespace) -> str | None:
@@ -267,7 +281,7 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
             str(draft), str(target), args.dtype, args.device, address, namespace, token, draft_dtype, args.int8_outliers
         )
         try:
-            summary, parts = run_on_ray(args.ray, docs, config, job, args.workers, args.worker_cpus)
+            summary, parts = run_on_ray(args.ray, docs, config, job, args.workers, args.worker_cpus, worker_gpus(args))
         except WorkerFailed as exc:  # a worker's missing model dir, row scales its node cannot give, a lost node
             return _fail(
                 f"cannot calibrate on Ray: a worker failed: {exc} (events sent before it stay in namespace "

@@ -82,6 +82,7 @@ def run_on_ray(
     job: RayJob,
     workers: int,
     cpus_per_worker: float = 1.0,
+    gpus_per_worker: float = 0.0,
 ) -> tuple[Summary, list[Summary]]:
     """(the job's summary, each worker's); joins the cluster at `address` unless Ray is already initialised."""
     if not ray.is_initialized():
@@ -89,7 +90,8 @@ def run_on_ray(
     start = time.perf_counter()
     shares = shard(docs, workers)
     actors = [
-        CalibrationWorker.options(num_cpus=cpus_per_worker).remote(job, config, rank) for rank in range(len(shares))
+        CalibrationWorker.options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker).remote(job, config, rank)
+        for rank in range(len(shares))
     ]
     try:
         parts: list[Summary] = ray.get([a.run.remote(s) for a, s in zip(actors, shares, strict=True)])

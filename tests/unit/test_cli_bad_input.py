@@ -324,6 +324,7 @@ IGNORED = [  # (flags, the flags named as ignored): each was dropped without a w
     (["--corpus", "c.jsonl", "--max-new-tokens", "9"], ["--max-new-tokens (read with --generate or --prompts"]),
     (["--corpus", "c.jsonl", "--min-count", "2"], ["--min-count (read with --export only)"]),
     (["--corpus", "c.jsonl", "--workers", "4", "--worker-cpus", "2"], ["--workers", "--worker-cpus"]),
+    (["--corpus", "c.jsonl", "--worker-gpus", "0.5"], ["--worker-gpus (read with --ray only)"]),
     (["--corpus", "c.jsonl", "--export", "x.json", "--writer-token-file", "t"], ["--writer-token-file"]),
 ]
 
@@ -810,3 +811,16 @@ def test_generates_help_gives_its_required_prompt_no_default(capsys: pytest.Capt
         cli.build_parser().parse_args(["generate", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "--prompt PROMPT the prompt" in help_text and "demo request" not in help_text
+
+
+@pytest.mark.parametrize(
+    ("flags", "gpus"),
+    [([], 0.0), (["--device", "cuda"], 1.0), (["--device", "cuda:1"], 1.0), (["--device", "cuda", "--worker-gpus",
+     "0.25"], 0.25), (["--device", "auto", "--worker-gpus", "1"], 1.0)],
+)  # fmt: skip
+def test_ray_workers_ask_for_the_gpus_their_device_needs(flags: list[str], gpus: float) -> None:
+    """Ray hides every GPU from an actor that asks for none: `--device cuda` failed in each worker (a CUDA audit)."""
+    from calispec_tools.cli_calibrate import worker_gpus
+
+    args = cli.build_parser().parse_args(["calibrate", "--corpus", "c.jsonl", "--ray", "127.0.0.1:1", *flags])
+    assert worker_gpus(args) == gpus
