@@ -209,6 +209,39 @@ def test_identical_draft_gives_full_acceptance(tiny_pair: TinyPair, tmp_path: Pa
             assert r.stats.accepted == r.stats.drafted and r.stats.acceptance_rate == 1.0
 
 
+def test_seeded_sampling_with_logprobs_reproduces(client: CalispecClient, stack_device: str) -> None:
+    """What `make test-cuda` had never run on a GPU (a CUDA audit): the sampling verifier (per-row generators, warps,
+    the inverse CDF), the draft's sparse q and log-probabilities, seeded. Alone a seeded request reproduces on any
+    device; beside others too on CPU (on a GPU the kernels may depend on the batch's shape: README)."""
+    kwargs = {"max_new_tokens": 24, "mode": "sd", "num_speculative_tokens": 3, "temperature": 0.9, "top_k": 40,
+              "top_p": 0.95, "seed": 7, "logprobs": 2, "ignore_eos": True}  # fmt: skip
+    first, again = (client.generate(PROMPTS[0], **kwargs) for _ in range(2))
+    assert first.token_ids == again.token_ids and len(first.token_ids) == 24 and first.stats.drafted > 0
+    assert first.logprobs is not None and len(first.logprobs) == 24
+    assert all(lp.logprob <= 0.0 and len(lp.top_token_ids) == 2 for lp in first.logprobs)
+    if stack_device == "cpu":
+        with ThreadPoolExecutor(4) as pool:
+            others = [pool.submit(client.generate, p, max_new_tokens=24, mode="csd") for p in PROMPTS[1:4]]
+            beside = pool.submit(client.generate, PROMPTS[0], **kwargs).result()
+            [o.result() for o in others]
+        assert beside.token_ids == first.token_ids
+
+
+def test_a_bfloat16_stack_serves_every_mode(tiny_pair: TinyPair, tmp_path: Path, stack_device: str) -> None:
+    """bf16 is what `auto` and the GPU overlay serve on CUDA, and `make test-cuda` ran float32 only (a CUDA audit)."""
+    config = dataclasses.replace(
+        stack_config(tmp_path, tiny_pair.draft, tiny_pair.target, stack_device), dtype="bfloat16"
+    )
+    with LocalStack(config) as bf16, CalispecClient(bf16.coordinator_address, timeout=120) as c:
+        assert bf16.services["target_service"].banner_value("dtype") == "bfloat16"
+        for mode in ("ar", "sd", "csd"):
+            greedy = c.generate(PROMPTS[0], max_new_tokens=16, mode=mode, num_speculative_tokens=3, ignore_eos=True)
+            sampled = c.generate(PROMPTS[1], max_new_tokens=16, mode=mode, temperature=0.8, seed=3, logprobs=1,
+                                 num_speculative_tokens=3, ignore_eos=True)  # fmt: skip
+            assert len(greedy.token_ids) == len(sampled.token_ids) == 16, mode
+            assert sampled.logprobs is not None and all(lp.logprob <= 0.0 for lp in sampled.logprobs), mode
+
+
 def test_openai_api_in_the_coordinator_process(stack: LocalStack, client: CalispecClient) -> None:
     import openai
 
