@@ -309,15 +309,22 @@ def _inverse_cdf(
     weights: Tensor,  # [..., V] non-negative, not necessarily normalised, positive sum
     uniforms: Tensor,  # [...] in [0, 1)
 ) -> tuple[Tensor, Tensor]:  # [...] int64 samples, [...] the weights' sums
-    """Sample index k with probability weights[k] / sum(weights), never one of weight 0."""
+    """Sample index k with probability weights[k] / sum(weights), never one of weight 0. The sums returned are the
+    weights' own: NaN or inf where they hold one (the caller's finite check reads them)."""
     cdf = weights.cumsum(dim=-1)  # [..., V]
-    if cdf.device.type != "cpu":  # the CPU's cumsum adds in double: a weight-0 token's sum is its predecessor's
-        cdf = flat_at_zero_weights(cdf, weights)
     total = cdf[..., -1:].contiguous()  # [..., 1]
-    picked = torch.searchsorted(cdf, uniforms.unsqueeze(-1) * total, right=True)  # [..., 1]
-    # Defensive (u < 1 keeps u * total < total in float32): never step past the last token with mass.
-    last = torch.searchsorted(cdf, total)  # [..., 1]
+    if flattens(cdf.device):  # the CPU's cumsum adds in double: a weight-0 token's sum is its predecessor's
+        cdf = flat_at_zero_weights(cdf, weights)  # NaN rows become all 0 here: `total` keeps them visible
+    mass = cdf[..., -1:].contiguous()  # [..., 1] the sum the picks divide (total's, unflattened)
+    picked = torch.searchsorted(cdf, uniforms.unsqueeze(-1) * mass, right=True)  # [..., 1]
+    # Defensive (u < 1 keeps u * mass < mass in float32): never step past the last token with mass.
+    last = torch.searchsorted(cdf, mass)  # [..., 1]
     return torch.minimum(picked, last).squeeze(-1), total.squeeze(-1)
+
+
+def flattens(device: torch.device) -> bool:
+    """Whether the inverse CDF flattens its sums across weight-0 tokens on `device` (a GPU's parallel scan)."""
+    return device.type != "cpu"
 
 
 def flat_at_zero_weights(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from target_service import verifier
 from target_service.verifier import Mode, VerifyInput, verify
 
 VOCAB = 1200  # wider than argmax.MIN_WIDTH: the CPU fast paths run too
@@ -46,7 +47,13 @@ def _batch(temperatures: list[float], width: int = VOCAB, dtype: torch.dtype = t
 )
 @pytest.mark.parametrize("width", [VOCAB, 64], ids=["wide", "narrow"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_rows_with_nan_or_inf_logits_are_flagged(temperatures: list[float], width: int, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("gpu_sums", [False, True], ids=["cpu-sums", "gpu-sums"])
+def test_rows_with_nan_or_inf_logits_are_flagged(
+    temperatures: list[float], width: int, dtype: torch.dtype, gpu_sums: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpu-sums: the inverse CDF flattened as on a GPU, which first turned a NaN row's sums to 0 and let it pass
+    (found by review)."""
+    monkeypatch.setattr(verifier, "flattens", lambda device: gpu_sums)
     out = verify(_batch(temperatures, width, dtype), _no_counts)
     assert out.finite.tolist() == [True, False, False, False]
 
