@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import ssl
 import sys
 import tempfile
 import time
@@ -198,16 +199,28 @@ def bench_auth(args: argparse.Namespace) -> dict[str, Any]:
     be reached; found by probing), else coordinator_auth's."""
     if not args.openai_url:
         return coordinator_auth(args)
-    from calispec._channel import ClientAuth, read_ca_bundle
+    from calispec._channel import ClientAuth
 
-    auth = ClientAuth.resolve(args.token, args.tls_ca)
+    https = args.openai_url.startswith("https://")
     if args.tls_server_name:
         raise ValueError("--tls-server-name is for --address; with --openai-url the certificate must name its host")
-    if auth.tls_ca is not None:
-        if not args.openai_url.startswith("https://"):
-            raise ValueError(f"--tls-ca (or $CALISPEC_TLS_CA) is for an https:// --openai-url, not {args.openai_url}")
-        read_ca_bundle(auth.tls_ca)
-    return {"token": auth.token, "tls_ca": auth.tls_ca}
+    if args.tls_ca and not https:
+        raise ValueError(f"--tls-ca is for an https:// --openai-url, not {args.openai_url}")
+    # $CALISPEC_TLS_CA (left from a `calispec up --tls` session) applies to an https URL only, as elsewhere
+    auth = ClientAuth.resolve(args.token, args.tls_ca if https else "")
+    return {"token": auth.token, "tls_context": https_context(auth.tls_ca) if auth.tls_ca is not None else None}
+
+
+def https_context(ca: Path) -> ssl.SSLContext:
+    """A context that trusts `ca` only; ValueError naming the file when it holds no certificate ssl can load (a
+    file that only looked like PEM was a traceback from the client; found by review)."""
+    from calispec._channel import read_ca_bundle
+
+    read_ca_bundle(ca)
+    try:
+        return ssl.create_default_context(cafile=str(ca))
+    except ssl.SSLError as exc:
+        raise ValueError(f"the TLS CA bundle {ca} holds no certificate ssl can load ({exc.reason or exc})") from None
 
 
 def out_dir(args: argparse.Namespace, command: str) -> Path:
@@ -345,7 +358,7 @@ def run_bench(
         from calispec_tools.bench.openai_client import OpenAIStreamClient
 
         client = OpenAIStreamClient(
-            args.openai_url, args.timeout, args.openai_model, auth["token"] or "unused", auth["tls_ca"]
+            args.openai_url, args.timeout, args.openai_model, auth["token"] or "unused", auth["tls_context"]
         )
         return args.openai_url, asyncio.run(run_sweep(args.openai_url, prompts, config, levels, client=client))
     with endpoints(args) as ep:

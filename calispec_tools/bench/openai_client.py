@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -51,12 +50,11 @@ class OpenAIStreamClient:
         timeout: float,
         model: str | None = None,
         api_key: str = "unused",
-        tls_ca: Path | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
-        """`tls_ca`: the CA bundle that signs an https server's certificate (`calispec up --tls` prints it as
-        CALISPEC_TLS_CA); None: the system's CAs."""
-        verify = ssl.create_default_context(cafile=str(tls_ca)) if tls_ca is not None else True
-        http = openai.DefaultAsyncHttpxClient(verify=verify)
+        """`tls_context`: what verifies an https server (the CA `calispec up --tls` prints as CALISPEC_TLS_CA);
+        None: the system's CAs."""
+        http = openai.DefaultAsyncHttpxClient(verify=tls_context if tls_context is not None else True)
         self._client = openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout, http_client=http
         )

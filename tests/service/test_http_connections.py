@@ -425,13 +425,15 @@ def test_the_benchs_openai_client_reaches_an_https_api_with_its_ca(certs: DevCer
     from calispec.client import CalispecRpcError
     from calispec_tools.bench.openai_client import OpenAIStreamClient
 
-    async def listed_model(tls_ca: Path | None) -> str | None:
-        async with OpenAIStreamClient(url, 5.0, tls_ca=tls_ca) as client:
+    from calispec_tools.cli_bench import https_context
+
+    async def listed_model(tls_context: ssl.SSLContext | None) -> str | None:
+        async with OpenAIStreamClient(url, 5.0, tls_context=tls_context) as client:
             return client.model
 
     with served(tls=certs.tls("coordinator")) as server:
         url = f"https://localhost:{server.port}/v1"
-        assert asyncio.run(listed_model(certs.ca)) == MODEL
+        assert asyncio.run(listed_model(https_context(certs.ca))) == MODEL
         with pytest.raises(CalispecRpcError) as refused:
             asyncio.run(listed_model(None))
     assert refused.value.code == "UNAVAILABLE"

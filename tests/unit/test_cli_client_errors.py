@@ -189,8 +189,9 @@ def test_bench_against_the_http_api_names_a_bad_token_in_one_line(capsys: pytest
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--tls-ca", "CA"], "--tls-ca (or $CALISPEC_TLS_CA) is for an https:// --openai-url"),
+        (["--tls-ca", "CA"], "--tls-ca is for an https:// --openai-url"),
         (["--tls-ca", "MISSING", "--https"], "cannot read the TLS CA bundle"),
+        (["--tls-ca", "CA", "--https"], "holds no certificate ssl can load"),  # PEM-looking: it was a traceback
         (["--tls-server-name", "coordinator", "--https"], "--tls-server-name is for --address"),
     ],
 )
@@ -206,6 +207,17 @@ def test_bench_against_the_http_api_takes_a_ca_for_https_only(
     argv = ["bench", "--openai-url", f"{scheme}://127.0.0.1:1/v1", "--prompts", "code", *given]
     assert cli.main(argv) == 2
     assert message in one_error_line(capsys)
+
+
+def test_a_ca_left_in_the_environment_is_not_for_an_http_api(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$CALISPEC_TLS_CA from a `calispec up --tls` session refused a plain http --openai-url (found by review): it
+    applies to https ones only, as to the other commands' plaintext stacks. The run goes on (nothing listens: 1)."""
+    monkeypatch.setenv("CALISPEC_TLS_CA", str(tmp_path / "missing.pem"))
+    argv = ["bench", "--openai-url", "http://127.0.0.1:1/v1", "--prompts", "code", "--out", str(tmp_path / "out")]
+    assert cli.main([*argv, "--no-plots", "--num-requests", "1"]) == 1
+    assert "TLS CA" not in capsys.readouterr().err
 
 
 def test_calibrate_by_sd_names_a_missing_tls_ca_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
