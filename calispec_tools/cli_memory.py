@@ -122,12 +122,14 @@ def memory_tls(args: argparse.Namespace, writes: bool = False) -> TlsConfig | No
     commands dialled it in plaintext, and failed with gRPC's "Socket closed"; found by probing)."""
     files = (args.memory_tls_cert, args.memory_tls_key, args.memory_tls_ca)
     if not any(files):
-        return _the_stacks_tls(args.memory_addr, "target" if writes else "client")
-    if not all(files):
+        tls = _the_stacks_tls(args.memory_addr, "target" if writes else "client")
+    elif not all(files):
         raise SystemExit(usage_error("give all three of --memory-tls-cert, --memory-tls-key and --memory-tls-ca"))
-    tls = TlsConfig(*files)
+    else:
+        tls = TlsConfig(*files)
     try:
-        tls.read_checked("clientAuth")  # as the services check theirs, where the serve extra is installed
+        if tls is not None:  # the stack's too: a --tls-dir of one's own may lack client.pem (a traceback; review)
+            tls.read_checked("clientAuth")  # as the services check theirs, where the serve extra is installed
     except CalispecError as exc:
         raise SystemExit(usage_error(exc)) from None
     return tls

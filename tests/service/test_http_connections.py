@@ -424,7 +424,6 @@ def test_the_benchs_openai_client_reaches_an_https_api_with_its_ca(certs: DevCer
     unreachable (found by probing); without the CA the server's certificate is still refused."""
     from calispec.client import CalispecRpcError
     from calispec_tools.bench.openai_client import OpenAIStreamClient
-
     from calispec_tools.cli_bench import https_context
 
     async def listed_model(tls_context: ssl.SSLContext | None) -> str | None:

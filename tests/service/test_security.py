@@ -266,6 +266,14 @@ def test_memory_tools_take_the_running_tls_stacks_certificates(
         return args.func(args)
 
     out = tmp_path / "ns.json"
+
+    def certificate(*argv: str, writes: bool = False) -> str | None:
+        tls = cli_memory.memory_tls(parser.parse_args(["memory", "stats", *argv]), writes)
+        return tls.cert.name if tls is not None else None
+
+    assert (certificate(), certificate(writes=True)) == ("client.pem", "target.pem")  # reads, then the writers'
+    assert certificate("--memory-addr", f"localhost:{port}") == "client.pem"  # the stack's, named another way
+    assert certificate("--memory-addr", "127.0.0.1:1") is None  # another service: not the stack's certificates
     try:
         assert run("memory", "stats", "--json") == 0
         assert json.loads(capsys.readouterr().out)["total_events"] == "7"

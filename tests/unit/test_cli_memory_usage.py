@@ -145,3 +145,18 @@ def test_a_usable_writer_token_file_gets_past_the_check(
     token.write_text(TOKEN + "\n")
     assert cli.main(import_argv(memory_export, "--writer-token-file", str(token))) == 1
     assert "nothing was imported" in capsys.readouterr().err
+
+
+def test_a_tls_stacks_certificates_it_cannot_use_are_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`calispec up --tls-dir D` with certificates of one's own but no client.pem: the memory tools took the stack's
+    files unchecked and failed with a traceback (found by review); one line naming the file, exit 2."""
+    import os
+
+    from calispec_tools.stack_state import StackState
+
+    (tmp_path / "tls").mkdir()
+    StackState(os.getpid(), "c", CLOSED, "ns", "d", "t", "w", tls_dir=str(tmp_path / "tls")).write()
+    lines = usage_error(capsys, ["memory", "stats", "--namespace", "ns"])
+    assert len(lines) == 1 and "client.pem" in lines[0], lines
