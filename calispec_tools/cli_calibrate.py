@@ -196,8 +196,16 @@ def _fail(message: str, status: int = 1) -> int:
     return status
 
 
+def ray_device_problem(args: argparse.Namespace) -> str | None:
+    """A worker sees only the GPUs Ray gave it, numbered from 0: `cuda:1` names none there (found by review)."""
+    device = args.device
+    if args.ray and device.startswith("cuda:") and device != "cuda:0":
+        return f"--device {device} with --ray: each worker sees only its own GPUs, from 0; give --device cuda"
+    return None
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    if problem := unread_flags_problem(args):
+    if problem := unread_flags_problem(args) or ray_device_problem(args):
         return _fail(problem, USAGE_ERROR)
     return calibrate_corpus(args) if args.corpus else calibrate_by_sd(args)
 

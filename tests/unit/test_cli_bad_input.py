@@ -815,7 +815,7 @@ def test_generates_help_gives_its_required_prompt_no_default(capsys: pytest.Capt
 
 @pytest.mark.parametrize(
     ("flags", "gpus"),
-    [([], 0.0), (["--device", "cuda"], 1.0), (["--device", "cuda:1"], 1.0), (["--device", "cuda", "--worker-gpus",
+    [([], 0.0), (["--device", "cuda"], 1.0), (["--device", "cuda:0"], 1.0), (["--device", "cuda", "--worker-gpus",
      "0.25"], 0.25), (["--device", "auto", "--worker-gpus", "1"], 1.0)],
 )  # fmt: skip
 def test_ray_workers_ask_for_the_gpus_their_device_needs(flags: list[str], gpus: float) -> None:
@@ -824,3 +824,9 @@ def test_ray_workers_ask_for_the_gpus_their_device_needs(flags: list[str], gpus:
 
     args = cli.build_parser().parse_args(["calibrate", "--corpus", "c.jsonl", "--ray", "127.0.0.1:1", *flags])
     assert worker_gpus(args) == gpus
+
+
+def test_ray_workers_are_not_given_a_gpu_index_they_cannot_see(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["calibrate", "--corpus", "c.jsonl", "--ray", "127.0.0.1:1", "--device", "cuda:1"]
+    assert cli.main(argv) == 2
+    assert "each worker sees only its own GPUs, from 0; give --device cuda" in capsys.readouterr().err
