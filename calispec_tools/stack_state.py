@@ -74,7 +74,8 @@ class StackState:
         tmp = path.with_name(path.name + ".tmp")
         tmp.touch(mode=0o600, exist_ok=True)
         tmp.chmod(0o600)
-        tmp.write_text(json.dumps(asdict(self), indent=1) + "\n", encoding="utf-8")
+        recorded = {k: v for k, v in asdict(self).items() if k != "tls_dir" or v}  # wave 55's: only where set,
+        tmp.write_text(json.dumps(recorded, indent=1) + "\n", encoding="utf-8")  # so a wave-54 CLI reads the rest
         tmp.replace(path)
         return path
 

@@ -3,6 +3,7 @@ and `calispec down`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -287,3 +288,11 @@ def test_a_stacks_memory_is_its_address_or_localhost_for_it(given: str, same: bo
     """`localhost` is the loopback the stack bound; [::1] is another socket (a token sent there could be caught)."""
     state = StackState(1, "127.0.0.1:1", "127.0.0.1:5", "ns", "d", "t", "tok")
     assert state.serves_memory_at(given) is same
+
+
+def test_a_plaintext_stacks_state_has_only_the_keys_the_release_before_knew(no_running_stack: Path) -> None:
+    """An older CLI reads the file strictly: a key it does not know hides the stack from it (found by review)."""
+    state(0).write()
+    assert "tls_dir" not in json.loads(no_running_stack.read_text())
+    dataclasses.replace(state(0), tls_dir="/certs").write()
+    assert json.loads(no_running_stack.read_text())["tls_dir"] == "/certs" and running_stack() is not None
