@@ -339,8 +339,10 @@ class CalispecClient:
         metadata = _with_request_id(self._metadata, request_id)
         call = self._stub.GenerateStream(request, timeout=_timeout(timeout, self.default_timeout), metadata=metadata)
         try:
-            for index, msg in enumerate(call):
-                _check_reported(msg, request.params, first=index == 0)
+            first = True
+            for msg in call:
+                _check_reported(msg, request.params, first)
+                first = False
                 yield _chunk(msg)
         except grpc.RpcError as exc:
             raise CalispecRpcError.from_rpc(exc) from None

@@ -484,6 +484,7 @@ def calibrate_by_sd(args: argparse.Namespace) -> int:
     from calispec_tools.cli_auth import checked_client_auth
     from calispec_tools.cli_memory import memory_address, memory_tls, resolve_namespace
     from calispec_tools.memory_reads import memory_events, wait_for_events
+    from calispec_tools.stack_state import coordinator_address
 
     try:
         prompts = read_prompts(args.prompts)
@@ -503,8 +504,6 @@ def calibrate_by_sd(args: argparse.Namespace) -> int:
         return _fail(memory_failure(address, exc))
     rejections = 0
     start = time.perf_counter()
-    from calispec_tools.stack_state import coordinator_address
-
     with CalispecClient(coordinator_address(args.address, DEFAULT_COORDINATOR), **auth) as client:
         for i, prompt in enumerate(prompts, 1):
             try:

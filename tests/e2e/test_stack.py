@@ -223,7 +223,8 @@ def test_seeded_sampling_with_logprobs_reproduces(client: CalispecClient, stack_
         with ThreadPoolExecutor(4) as pool:
             others = [pool.submit(client.generate, p, max_new_tokens=24, mode="csd") for p in PROMPTS[1:4]]
             beside = pool.submit(client.generate, PROMPTS[0], **kwargs).result()
-            [o.result() for o in others]
+            for other in others:
+                other.result()
         assert beside.token_ids == first.token_ids
 
 
