@@ -226,6 +226,33 @@ def positive_float(text: str) -> float:
     return value
 
 
+# The longest wait a service's flag may set (~115 days): threading's waits overflow past ~9.2e9 s, and a background
+# thread (reaper, batcher, memory flush, DNS refresh) died of it, leaving the service up without its work (found by
+# probing: --batch-gather-ms 1e300 hung every request; --rpc-timeout 1e10 blamed the draft at start-up).
+MAX_WAIT_S = 1e7
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a duration in seconds, > 0 and at most MAX_WAIT_S."""
+    return _at_most(positive_float(text), MAX_WAIT_S, text)
+
+
+def seconds_or_zero(text: str) -> float:
+    """An argparse type: a duration in seconds, >= 0 (0: off) and at most MAX_WAIT_S."""
+    return _at_most(non_negative_float(text), MAX_WAIT_S, text)
+
+
+def milliseconds_or_zero(text: str) -> float:
+    """An argparse type: a duration in milliseconds, >= 0 and at most MAX_WAIT_S in milliseconds."""
+    return _at_most(non_negative_float(text), MAX_WAIT_S * 1000, text)
+
+
+def _at_most(value: float, limit: float, text: str) -> float:
+    if value > limit:
+        raise argparse.ArgumentTypeError(f"must be at most {limit:g}, got {text}")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     """An argparse type: a finite float >= 0."""
     value = _finite_float(text)

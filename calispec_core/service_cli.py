@@ -27,10 +27,11 @@ from calispec_core.limits import (
     INT8_OUTLIER_CHOICES,
     INT8_SPLIT,
     LOG_LEVELS,
-    non_negative_float,
+    milliseconds_or_zero,
     non_negative_int,
     port,
     positive_int,
+    seconds_or_zero,
 )
 from calispec_core.observability import ManagedServer
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
@@ -100,7 +101,7 @@ def add_operations_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--drain-timeout-s",
-        type=non_negative_float,
+        type=seconds_or_zero,
         default=DEFAULT_DRAIN_TIMEOUT_S,
         help="on SIGTERM: health NOT_SERVING, new requests refused, open ones get this long to finish",
     )
@@ -127,7 +128,7 @@ def add_batching_args(parser: argparse.ArgumentParser, what: str) -> None:
         "--max-batch-size", type=positive_int, default=8, help=f"sessions {what} in one forward pass (1: no batching)"
     )
     parser.add_argument(
-        "--batch-gather-ms", type=non_negative_float, default=DEFAULT_GATHER_S * 1000,  # finite: inf held rows forever
+        "--batch-gather-ms", type=milliseconds_or_zero, default=DEFAULT_GATHER_S * 1000,  # inf held rows forever
         help="how long an idle batcher waits for the last batch's other sessions to come back (0: never)",
     )  # fmt: skip
     parser.add_argument(
@@ -201,7 +202,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--session-idle-ttl-s",
-        type=non_negative_float,  # finite: an inf TTL overflowed the reaper's wait and ended it
+        type=seconds_or_zero,  # bounded: an inf (then a 1e11) TTL overflowed the reaper's wait and ended it
         default=DEFAULT_IDLE_TTL_S,
         help="close a session unused for this many seconds (0: never; default: %(default)s)",
     )

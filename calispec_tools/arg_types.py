@@ -32,12 +32,14 @@ from calispec_core.limits import (
     lambda_,
     logprobs,
     max_new_tokens,
+    milliseconds_or_zero,
     non_negative_float,
     non_negative_int,
     port,
     positive_float,
     positive_int,
     require_unicode,
+    seconds_or_zero,
     tau,
     validate_prompt,
 )
@@ -46,8 +48,9 @@ T = TypeVar("T")
 
 __all__ = [
     "StopStrings", "address", "chat_text", "csv_of", "gamma", "lambda_", "logprobs", "max_new_tokens",
-    "max_new_tokens_or_default", "non_negative_float", "non_negative_int", "port", "positive_float", "positive_int",
-    "prompt", "rate", "request_tau", "seed", "stop_string", "tau", "temperature", "top_k", "top_p", "window_tokens",
+    "max_new_tokens_or_default", "milliseconds_or_zero", "non_negative_float", "non_negative_int", "port",
+    "positive_float", "positive_int", "prompt", "rate", "request_tau", "seconds_or_zero", "seed", "stop_string",
+    "tau", "temperature", "top_k", "top_p", "window_tokens",
 ]  # fmt: skip
 
 # a calibration window predicts each of its tokens from those before it: one token compares nothing

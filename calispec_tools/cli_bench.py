@@ -391,7 +391,7 @@ def add_compare_parser(sub: Any) -> None:
     )  # fmt: skip
     p.add_argument("--skip-hf", action="store_true", help="the stack only (no in-process transformers runs)")
     p.add_argument(
-        "--batch-gather-ms", type=at.non_negative_float, default=None,
+        "--batch-gather-ms", type=at.milliseconds_or_zero, default=None,
         help="the model services' --batch-gather-ms (default: theirs; 0: no gathering)",
     )  # fmt: skip
     add_prefix_cache_arg(p)

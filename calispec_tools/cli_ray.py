@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from calispec_tools.arg_types import non_negative_float
+from calispec_tools.arg_types import seconds_or_zero
 from calispec_tools.cli_auth import usage_error
 from calispec_tools.deploy.ray_config import (
     DEFAULT_NAMESPACE,
@@ -51,7 +51,7 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     status.set_defaults(func=reported(_status))
     down = commands.add_parser("down", help="drain the coordinator, then stop everything")
     down.add_argument(
-        "--drain-timeout-s", type=non_negative_float, default=None,
+        "--drain-timeout-s", type=seconds_or_zero, default=None,
         help="how long the coordinator's running requests may take to finish (new ones are refused "
         "meanwhile); default: the deployment's drain_timeout_s",
     )  # fmt: skip

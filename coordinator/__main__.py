@@ -36,10 +36,11 @@ with interrupt_exits_quietly():
         non_negative_float,
         non_negative_int,
         port,
-        positive_float,
         positive_int,
         probability,
         probability_or_auto,
+        seconds,
+        seconds_or_zero,
         tau,
     )
     from calispec_core.metrics import new_registry
@@ -70,9 +71,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         help="HOST:PORT whose every DNS address is a target replica, re-resolved while serving "
         "(e.g. a Kubernetes headless Service)",
     )
-    parser.add_argument(
-        "--target-refresh", type=positive_float, default=10.0, help="seconds between --target-dns lookups"
-    )
+    parser.add_argument("--target-refresh", type=seconds, default=10.0, help="seconds between --target-dns lookups")
     parser.add_argument("--tokenizer", required=True, help="the target's tokenizer directory")
     parser.add_argument("--default-mode", default="csd", choices=[m.name.lower() for m in Mode])
     parser.add_argument("--default-max-new-tokens", type=max_new_tokens, default=Defaults.max_new_tokens)
@@ -116,7 +115,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     )
     parser.add_argument(
         "--lockstep-wait",
-        type=non_negative_float,
+        type=seconds_or_zero,
         default=0.5,
         help="seconds a request waits for the others so that their rounds draft and verify together "
         "(docs/performance.md, lockstep rounds; 0: off)",
@@ -132,23 +131,23 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         "adaptive member drafts that cap's length (docs/performance.md, 'Concurrency 8: the group phase by default')",
     )
     parser.add_argument(
-        "--connect-timeout", type=positive_float, default=60.0, help="seconds to wait for draft and target at start-up"
+        "--connect-timeout", type=seconds, default=60.0, help="seconds to wait for draft and target at start-up"
     )
     parser.add_argument(
         "--rpc-timeout",
-        type=positive_float,
+        type=seconds,
         default=60.0,
         help="seconds a request may take when its client set no deadline",
     )
     parser.add_argument(
         "--draft-timeout",
-        type=positive_float,
+        type=seconds,
         default=10.0,
         help="seconds after which a draft call counts as an outage",
     )
     parser.add_argument(
         "--draft-max-backoff",
-        type=non_negative_float,
+        type=seconds_or_zero,
         default=10.0,
         help="longest wait between probes of a draft that is down",
     )
@@ -170,7 +169,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     )
     http.add_argument(
         "--http-header-timeout",
-        type=positive_float,
+        type=seconds,
         default=HTTP_HEADER_TIMEOUT_S,
         help="seconds a connection gets to send a request's headers (TLS handshake included; then it is closed), and"
         " then its body (plus a second per 16 KiB received; then 408)",

@@ -17,7 +17,7 @@ with interrupt_exits_quietly():
 
     from calispec_core.credentials import read_writer_file
     from calispec_core.errors import CalispecError
-    from calispec_core.limits import burst, int_at_least, non_negative_float, positive_float, positive_int
+    from calispec_core.limits import burst, int_at_least, non_negative_float, positive_int, seconds
     from calispec_core.limits import port as tcp_port
     from calispec_core.request_context import configure_logging
     from calispec_core.service_cli import (
@@ -57,7 +57,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
     )
     parser.add_argument(
         "--watch-max-age",
-        type=positive_float,
+        type=seconds,
         default=defaults.watch_max_age_s,
         help="seconds a Watch stream lasts at least (each ends by twice this; the verifier resumes at once); a "
         "client that stopped reading holds one at most 2.25 times this",
@@ -65,7 +65,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[MemoryConfig, str]:
     parser.add_argument("--max-pairs-default", type=positive_int, default=defaults.max_pairs_default)
     parser.add_argument(
         "--flush-interval",
-        type=positive_float,
+        type=seconds,
         default=defaults.flush_interval_s,
         help="seconds between group commits; a kill -9 loses at most the events of the last interval",
     )

@@ -9,7 +9,7 @@ with interrupt_exits_quietly():
     import argparse
     from pathlib import Path
 
-    from calispec_core.limits import positive_float
+    from calispec_core.limits import seconds
     from calispec_core.modeling import ModelRunner
     from calispec_core.service_cli import (
         add_batching_args,
@@ -35,7 +35,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
     parser.add_argument("--memory-namespace", default="default", help="correction-memory namespace of this pair")
     parser.add_argument(
         "--memory-sync-interval",
-        type=positive_float,
+        type=seconds,
         default=1.0,
         help="seconds between shipping events and refreshing the pair table",
     )

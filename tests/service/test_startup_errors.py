@@ -227,6 +227,32 @@ def test_service_flags_that_would_break_it_are_usage_errors_naming_the_flag(
     assert f"argument {flag}:" in usage_error(capsys, service, f"{flag}={value}")
 
 
+HUGE_WAITS = [  # (service, flag, value): finite, past threading's ~9.2e9 s; each killed a thread or broke start-up
+    *[(service, flag, value) for service in ("draft", "target") for flag, value in
+      (("--session-idle-ttl-s", "1e11"), ("--batch-gather-ms", "1e300"), ("--drain-timeout-s", "1e300"))],
+    ("target", "--memory-sync-interval", "1e10"),  # the memory flush thread: events never shipped
+    ("memory", "--flush-interval", "1e300"),
+    ("memory", "--watch-max-age", "1e300"),
+    ("coordinator", "--target-refresh", "1e300"),  # the DNS thread: replicas never re-resolved
+    ("coordinator", "--rpc-timeout", "1e10"),  # "cannot start: draft: Deadline Exceeded"
+    ("coordinator", "--connect-timeout", "1e300"),  # "timestamp out of range for platform time_t"
+    ("coordinator", "--draft-timeout", "1e300"),
+    ("coordinator", "--draft-max-backoff", "1e300"),
+    ("coordinator", "--lockstep-wait", "1e300"),
+    ("coordinator", "--http-header-timeout", "1e300"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("service", "flag", "value"), HUGE_WAITS)
+def test_a_wait_past_what_threads_can_wait_is_a_usage_error_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], service: str, flag: str, value: str
+) -> None:
+    """Found by probing: such a value passed (finite) and killed a background thread (the batcher, the reaper, the
+    memory flush, the DNS refresh) with an OverflowError, or failed the start blaming another service."""
+    limit = "1e+10" if flag == "--batch-gather-ms" else "1e+07"
+    assert f"argument {flag}: must be at most {limit}, got {value}" in usage_error(capsys, service, f"{flag}={value}")
+
+
 def test_the_model_services_accept_the_edges_of_their_ranges() -> None:
     edges = ["--max-batch-size=1", "--max-sessions=1", "--threads=1", "--session-idle-ttl-s=0", "--batch-gather-ms=0"]
     for parse in (parse_draft, parse_target):
