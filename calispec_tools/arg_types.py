@@ -27,6 +27,7 @@ from calispec_core.limits import (
     flag_checked,
     flag_error,
     gamma,
+    grpc_address,
     int_at_least,
     int_in_range,
     lambda_,
@@ -117,20 +118,7 @@ def seed(text: str) -> int:
     return flag_checked(int(text), lambda s: check_sampling(seed=s))
 
 
-GRPC_SCHEMES = ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:")  # targets that are no HOST:PORT
-
-
-def address(text: str) -> str:
-    """A service's address for a gRPC channel (HOST:PORT, or a target gRPC names such as unix:PATH): not empty, no
-    whitespace (`--address ""` made gRPC log its channel-stack failure and the call end as UNKNOWN), and a port
-    in 1-65535 where one is given (`:99999` reached port 34463: gRPC wrapped it; found by probing)."""
-    if not text or any(c.isspace() for c in text):
-        raise argparse.ArgumentTypeError(f"must be HOST:PORT, got {text!r}")
-    if not text.startswith(GRPC_SCHEMES) and ":" in text and not text.endswith("]"):  # "[::1]": no port
-        port = text.rpartition(":")[2]
-        if not (port.isdigit() and 1 <= int(port) <= 65535):
-            raise argparse.ArgumentTypeError(f"must be HOST:PORT with a port in 1-65535, got {text!r}")
-    return text
+address = grpc_address  # the services' check (calispec_core/limits.py)
 
 
 def http_url(text: str) -> str:

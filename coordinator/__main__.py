@@ -30,6 +30,7 @@ with interrupt_exits_quietly():
         LOCKSTEP_PHASES,
         burst,
         gamma,
+        grpc_address,
         int_at_least,
         lambda_,
         max_new_tokens,
@@ -63,11 +64,14 @@ log = logging.getLogger("coordinator")
 def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]:
     parser = argparse.ArgumentParser(prog="python -m coordinator", description=__doc__)
     add_server_args(parser, default_port=50050)
-    parser.add_argument("--draft-addr", required=True, help="draft service HOST:PORT")
+    parser.add_argument("--draft-addr", type=grpc_address, required=True, help="draft service HOST:PORT")
     targets = parser.add_mutually_exclusive_group(required=True)
-    targets.add_argument("--target-addr", action="append", help="target service HOST:PORT; repeat for replicas")
+    targets.add_argument(
+        "--target-addr", type=grpc_address, action="append", help="target service HOST:PORT; repeat for replicas"
+    )
     targets.add_argument(
         "--target-dns",
+        type=grpc_address,
         help="HOST:PORT whose every DNS address is a target replica, re-resolved while serving "
         "(e.g. a Kubernetes headless Service)",
     )

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import sqlite3
 import threading
 import time
@@ -68,7 +67,7 @@ from pathlib import Path
 import sqlite_utils
 
 from calispec_core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable, require
-from calispec_core.limits import MAX_STATS_TOP_PAIRS
+from calispec_core.limits import MAX_STATS_TOP_PAIRS, NAMESPACE_PATTERN
 from memory_service import write_ids
 from memory_service.db_lock import DatabaseLock
 from memory_service.stored_state import Bounds, check_stored_state
@@ -76,7 +75,6 @@ from memory_service.watch import Delta, WatchHub
 
 log = logging.getLogger(__name__)
 
-NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9._:/+-]{1,128}")
 MAX_TOKEN_ID = 2**32 - 1  # ids travel as uint32 on the wire
 MAX_VOCAB_SIZE = 2**32 - 1  # and so does a declared vocabulary's size
 MAX_EVENT_COUNT = 2**40  # one event this large is already a client bug, not a real tally

@@ -9,7 +9,7 @@ with interrupt_exits_quietly():
     import argparse
     from pathlib import Path
 
-    from calispec_core.limits import seconds
+    from calispec_core.limits import grpc_address, namespace, seconds
     from calispec_core.modeling import ModelRunner
     from calispec_core.service_cli import (
         add_batching_args,
@@ -31,8 +31,12 @@ def parse_config(argv: list[str] | None = None) -> tuple[TargetConfig, str]:
     add_server_args(parser, default_port=50051)
     add_model_args(parser)
     add_batching_args(parser, "verified")
-    parser.add_argument("--memory-addr", default=None, help="memory service HOST:PORT (omit: local counts only)")
-    parser.add_argument("--memory-namespace", default="default", help="correction-memory namespace of this pair")
+    parser.add_argument(
+        "--memory-addr", type=grpc_address, default=None, help="memory service HOST:PORT (omit: local counts only)"
+    )
+    parser.add_argument(
+        "--memory-namespace", type=namespace, default="default", help="correction-memory namespace of this pair"
+    )
     parser.add_argument(
         "--memory-sync-interval",
         type=seconds,

@@ -45,8 +45,14 @@ log = logging.getLogger(__name__)
 
 MEMORY_HEALTH_SERVICE = "calispec.v1.TargetService/memory"
 MAX_BACKOFF_S = 5.0
-# Refusals that retrying will not cure: a wrong token, or a namespace of another vocabulary.
-_CONFIG_ERRORS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
+# Refusals that retrying will not cure: a wrong token, a token or certificate not for this namespace, a namespace
+# the service refuses, or one of another vocabulary (the middle two were logged at DEBUG only; found by probing).
+_CONFIG_ERRORS = (
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+)
 # Refusals: the service counted nothing, so the events go back to the table (and may be sent in other
 # writes). Any other failure (a deadline, a broken connection) may have come after the service counted
 # the write: from then on it is sent again as it was, with the same write_id, which the service counts at
@@ -54,8 +60,6 @@ _CONFIG_ERRORS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECON
 _REFUSED = (
     *_CONFIG_ERRORS,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.INVALID_ARGUMENT,
-    grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.OUT_OF_RANGE,
     grpc.StatusCode.UNIMPLEMENTED,
 )
@@ -124,6 +128,7 @@ class MemoryLink:
         self._noted: dict[str, None] = {}  # request ids verified since the last flush (an ordered set)
         self._noted_lock = threading.Lock()
         self.connected = False
+        self._announced = False  # whether a state was logged: a link that never came up said nothing
 
     @classmethod
     def from_config(cls, config: TargetConfig, table: PairTable) -> MemoryLink:
@@ -347,13 +352,14 @@ class MemoryLink:
 
     def _update_connected(self) -> None:
         ok = self._watch_ok and self._flush_ok
-        if ok != self.connected:
+        if ok != self.connected or not self._announced:
             log.log(
                 logging.INFO if ok else logging.WARNING,
                 "memory service %s %s",
                 self.address,
-                "reachable" if ok else "unreachable: serving with the last table and local counts",
+                "in use" if ok else "not in use (unreachable, or refusing: see above): serving with the last table "
+                "and local counts",
             )
-            self.connected = ok
+            self.connected, self._announced = ok, True
             if self._on_status is not None:
                 self._on_status(ok)

@@ -13,7 +13,7 @@ import torch
 from grpc_health.v1 import health_pb2
 
 from calispec.v1 import memory_pb2, memory_pb2_grpc
-from calispec_core.credentials import writer_metadata
+from calispec_core.credentials import read_writer_scopes, read_writer_tokens, writer_metadata
 from calispec_core.grpc_server import RETRY_PUSHBACK_METADATA, make_channel
 from memory_service import store as store_module
 from memory_service.config import MemoryConfig
@@ -462,3 +462,46 @@ def test_stop_warns_of_events_never_recorded_only(
         link.stop()
     assert table.stats().local_events > 0
     assert any("never recorded" in r.getMessage() for r in caplog.records) is deferred
+
+
+def _link_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "target_service.memory_link"]
+
+
+def test_a_link_that_never_comes_up_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing listening at --memory-addr: the target served for good without a word about its memory (it logged
+    only changes of state, and it started "not connected"; found by probing)."""
+    caplog.set_level(logging.INFO, logger="target_service.memory_link")
+    link, _ = make_link(1, PairTable(vocab_size=100))  # port 1: nothing listens
+    try:
+        wait_until(lambda: any(level == logging.WARNING for level, _ in _link_lines(caplog)))
+        wait_until(lambda: link.status().reconnects >= 3)
+    finally:
+        link.stop()
+    warnings = [m for level, m in _link_lines(caplog) if level == logging.WARNING]
+    assert len(warnings) == 1 and "not in use" in warnings[0], warnings
+
+
+def test_a_writer_token_for_other_namespaces_is_an_error_naming_the_refusal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A token confined to other namespaces: the target said "unreachable" at WARNING and the PERMISSION_DENIED that
+    said why was at DEBUG (found by probing); the refusal is an ERROR with its details now."""
+    path = tmp_path / "writers"
+    path.write_text(f"pair-a {TOKEN} pair/a+*\n")
+    config = MemoryConfig(port=0, db_path=tmp_path / "m.db", writer_tokens=read_writer_tokens(path),
+                          writer_scopes=read_writer_scopes(path), flush_interval_s=FLUSH_S)  # fmt: skip
+    server, port, store = create_server(config)
+    server.start()
+    caplog.set_level(logging.INFO, logger="target_service.memory_link")
+    table = PairTable(vocab_size=100)
+    link, _ = make_link(port, table)  # namespace "ns": not the token's
+    try:
+        table.add_local(torch.tensor([1]), torch.tensor([2]))
+        wait_until(lambda: any(level == logging.ERROR for level, _ in _link_lines(caplog)))
+    finally:
+        link.stop()
+        server.stop(None)
+        store.close()
+    errors = [m for level, m in _link_lines(caplog) if level == logging.ERROR]
+    assert "PERMISSION_DENIED" in errors[0], errors

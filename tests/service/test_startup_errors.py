@@ -253,6 +253,25 @@ def test_a_wait_past_what_threads_can_wait_is_a_usage_error_naming_the_flag(
     assert f"argument {flag}: must be at most {limit}, got {value}" in usage_error(capsys, service, f"{flag}={value}")
 
 
+@pytest.mark.parametrize(
+    ("service", "flag", "value"),
+    [
+        ("target", "--memory-addr", "127.0.0.1:99999"),  # served on local counts for good, without a word
+        ("target", "--memory-addr", ""),
+        ("target", "--memory-namespace", "a b"),  # every Watch refused INVALID_ARGUMENT, logged at DEBUG
+        ("target", "--memory-namespace", ""),
+        ("coordinator", "--draft-addr", "127.0.0.1:99999"),  # waited out --connect-timeout, then "no service"
+        ("coordinator", "--draft-addr", ""),  # gRPC's channel-stack error blocks
+        ("coordinator", "--target-addr", "t:0"),
+    ],
+)
+def test_addresses_and_namespaces_the_service_cannot_use_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], service: str, flag: str, value: str
+) -> None:
+    """Found by probing: each was taken, and the service started, to fail at its first use or never say why."""
+    assert f"argument {flag}: must be" in usage_error(capsys, service, f"{flag}={value}")
+
+
 def test_the_model_services_accept_the_edges_of_their_ranges() -> None:
     edges = ["--max-batch-size=1", "--max-sessions=1", "--threads=1", "--session-idle-ttl-s=0", "--batch-gather-ms=0"]
     for parse in (parse_draft, parse_target):
