@@ -6,7 +6,7 @@ from calispec.v1 import draft_pb2, draft_pb2_grpc
 from calispec_core.access import PeerAllowlistInterceptor
 from calispec_core.errors import require
 from calispec_core.forward_costs import DRAFT_TOKEN_COUNTS, measure_forward_costs
-from calispec_core.grpc_server import create_grpc_server
+from calispec_core.grpc_server import create_grpc_server, handler_threads
 from calispec_core.metrics import new_registry
 from calispec_core.modeling import ModelRunner, check_prompt_fits
 from calispec_core.observability import ManagedServer, Observe
@@ -107,7 +107,7 @@ def create_server(config: DraftConfig, runner: ModelRunner | None = None) -> tup
         config.address,
         [lambda s: draft_pb2_grpc.add_DraftServiceServicer_to_server(servicer, s)],
         [SERVICE_NAME],
-        max_workers=config.max_workers,
+        max_workers=handler_threads(config.max_workers, config.max_batch_size),
         tls=config.tls,
         interceptors=[PeerAllowlistInterceptor(set(config.allowed_clients))] if config.tls.enabled else [],
         health_port=config.health_port,

@@ -12,7 +12,7 @@ from calispec_core.access import PeerAllowlistInterceptor
 from calispec_core.errors import InvalidArgument
 from calispec_core.forward_costs import TARGET_TOKEN_COUNTS, measure_forward_costs
 from calispec_core.generation import Mode, mode_from_wire
-from calispec_core.grpc_server import create_grpc_server
+from calispec_core.grpc_server import create_grpc_server, handler_threads
 from calispec_core.metrics import new_registry
 from calispec_core.modeling import ModelRunner, check_prompt_fits
 from calispec_core.observability import ManagedServer, Observe
@@ -156,7 +156,7 @@ def create_server(config: TargetConfig, runner: ModelRunner | None = None) -> tu
         config.address,
         [lambda s: target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, s)],
         [SERVICE_NAME],
-        max_workers=config.max_workers,
+        max_workers=handler_threads(config.max_workers, config.max_batch_size),
         tls=config.tls,
         interceptors=[PeerAllowlistInterceptor(set(config.allowed_clients))] if config.tls.enabled else [],
         health_port=config.health_port,
