@@ -305,6 +305,16 @@ def startup_step(service: str, what: str) -> Iterator[None]:
         yield
     except Exception as exc:
         log.debug("%s: %s", service, what, exc_info=True)
-        lines = str(exc).strip().splitlines()
-        print(f"{service}: {what}: {lines[0] if lines else type(exc).__name__}", file=sys.stderr, flush=True)
+        print(f"{service}: {what}: {one_line(exc)}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+
+
+MAX_CAUSE_CHARS = 400
+
+
+def one_line(exc: BaseException) -> str:
+    """The exception's message on one line: its lines joined (the first alone lost the cause of an error that puts
+    it on the next: transformers' "Class validation error for validator 'validate_architecture':"; found by
+    probing), cut at MAX_CAUSE_CHARS; its type where it has no message."""
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+    return text if len(text) <= MAX_CAUSE_CHARS else text[: MAX_CAUSE_CHARS - 1] + "…"

@@ -493,3 +493,22 @@ def test_ctrl_c_exits_a_model_service_quietly(
         except KeyboardInterrupt:
             pytest.fail("Ctrl-C escaped main: a traceback")
     assert exit_.value.code == 130 and capsys.readouterr().err == ""
+
+
+def test_a_start_up_error_keeps_its_cause_on_its_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Only the first line was printed: transformers' "Class validation error for validator 'validate_architecture':"
+    lost "hidden size (7) is not a multiple of the number of attention heads (32)" (found by probing)."""
+    from calispec_core.service_cli import MAX_CAUSE_CHARS, startup_step
+
+    cause = "Class validation error for validator 'validate_architecture':\n  hidden size (7) is not a multiple (32)\n"
+    with pytest.raises(SystemExit) as exited, startup_step("target_service", "cannot load the model in m"):
+        raise ValueError(cause)
+    [line] = capsys.readouterr().err.splitlines()
+    assert exited.value.code == 2
+    assert line == (
+        "target_service: cannot load the model in m: Class validation error for validator 'validate_architecture': "
+        "hidden size (7) is not a multiple (32)"
+    )
+    with pytest.raises(SystemExit), startup_step("s", "w"):
+        raise ValueError("x" * 5000)
+    assert len(capsys.readouterr().err.strip()) == len("s: w: ") + MAX_CAUSE_CHARS
