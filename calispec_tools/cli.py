@@ -25,6 +25,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -116,6 +117,23 @@ def check_distinct_ports(args: argparse.Namespace) -> None:
         if port in seen:
             raise SystemExit(cli_auth.usage_error(f"{seen[port]} and {flag} are both {port}: give each its own port"))
         seen[port] = flag
+
+
+def check_ports_free(args: argparse.Namespace, host: str = "127.0.0.1") -> None:
+    """A port another process listens on is a usage error now, not the coordinator's failure after the memory, the
+    draft and the target have loaded (minutes with a real pair; found by probing). SO_REUSEADDR as the services'
+    own binds: a port some closed connection left in TIME_WAIT is free for them, and so for this check."""
+    for name in UP_PORT_FLAGS:
+        port = getattr(args, name)
+        if port == 0 or (name == "http_port" and args.no_http):
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                problem = f"--{name.replace('_', '-')} {port}: {host}:{port} is taken ({exc.strerror})"
+                raise SystemExit(cli_auth.usage_error(problem)) from None
 
 
 def resolve_pair(args: argparse.Namespace) -> tuple[Path, Path]:
@@ -449,6 +467,7 @@ def serve_stack(args: argparse.Namespace) -> int:
     # until the stack is up, Ctrl-C and SIGTERM interrupt its start-up (stack_command); from then on they
     # stop the running stack
     with claim_up_or_refuse() as claim, secrets_of_up() as secrets_dir:
+        check_ports_free(args)  # after the claim: a running `up`'s own ports are refused naming that `up`
         tls_dir, keys_file, key = up_security(args, secrets_dir)
         config = stack_config(args, (args.port, args.target_port, args.draft_port, args.memory_port))
         http_port = None if args.no_http else args.http_port

@@ -296,3 +296,26 @@ def test_a_plaintext_stacks_state_has_only_the_keys_the_release_before_knew(no_r
     assert "tls_dir" not in json.loads(no_running_stack.read_text())
     dataclasses.replace(state(0), tls_dir="/certs").write()
     assert json.loads(no_running_stack.read_text())["tls_dir"] == "/certs" and running_stack() is not None
+
+
+def test_up_on_a_port_another_process_listens_on_is_refused_before_anything_loads(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It found out at the coordinator, after the memory, the draft and the target had loaded (found by probing)."""
+    import socket
+
+    from calispec_tools import cli
+
+    def stack_config(*_args: object) -> None:
+        raise AssertionError("`calispec up` went on starting")
+
+    monkeypatch.setattr(cli, "stack_config", stack_config)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        taken = other.getsockname()[1]
+        ports = ["--target-port", "0", "--draft-port", "0", "--memory-port", "0", "--port", "0"]
+        with pytest.raises(SystemExit) as exited:
+            cli.main(["up", "--pair", "tiny", *ports, "--http-port", str(taken)])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.startswith(f"error: --http-port {taken}: 127.0.0.1:{taken} is taken")
