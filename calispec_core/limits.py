@@ -153,6 +153,14 @@ def non_negative_int(text: str) -> int:
     return _non_negative_int(text)
 
 
+MAX_THREADS = 1024  # a service's torch threads: --threads 100000 ended in "can't start new thread", then SIGSEGV
+
+
+def threads(text: str) -> int:
+    """An argparse type: a number of torch threads, in [1, MAX_THREADS]."""
+    return int_in_range(1, MAX_THREADS)(text)
+
+
 def int_in_range(minimum: int, maximum: int) -> Callable[[str], int]:
     """An argparse type: an int in [minimum, maximum]."""
 

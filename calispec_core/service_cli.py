@@ -32,6 +32,7 @@ from calispec_core.limits import (
     port,
     positive_int,
     seconds_or_zero,
+    threads,
 )
 from calispec_core.observability import ManagedServer
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
@@ -159,7 +160,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--threads",
-        type=positive_int,
+        type=threads,
         default=None,
         help="torch intra-op threads (default: all cores; in a pod: its CPU limit)",
     )

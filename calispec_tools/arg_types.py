@@ -42,6 +42,7 @@ from calispec_core.limits import (
     require_unicode,
     seconds_or_zero,
     tau,
+    threads,
     validate_prompt,
 )
 
@@ -51,7 +52,7 @@ __all__ = [
     "StopStrings", "address", "chat_text", "csv_of", "gamma", "lambda_", "logprobs", "max_new_tokens",
     "max_new_tokens_or_default", "milliseconds_or_zero", "non_negative_float", "non_negative_int", "port",
     "positive_float", "positive_int", "prompt", "rate", "request_tau", "seconds_or_zero", "seed", "stop_string",
-    "tau", "temperature", "top_k", "top_p", "window_tokens",
+    "tau", "temperature", "threads", "top_k", "top_p", "window_tokens",
 ]  # fmt: skip
 
 # a calibration window predicts each of its tokens from those before it: one token compares nothing

@@ -253,10 +253,10 @@ def add_model_flavour_args(parser: argparse.ArgumentParser, serves_csd: bool = T
         "`default`: torch's MKL path, whose multi-token forwards cost ~3x one token on AMD CPUs; bf16 layers too "
         "on CPUs with bf16 units; docs/performance.md)",
     )
-    parser.add_argument("--draft-threads", type=at.positive_int, default=None, help="draft torch threads")
+    parser.add_argument("--draft-threads", type=at.threads, default=None, help="draft torch threads")
     parser.add_argument(
         "--target-threads",
-        type=at.positive_int,
+        type=at.threads,
         default=None,
         help="target torch threads (with neither given: all cores each on CPU, where the two take turns; with "
         "--no-compute-lock the cores are split, a third to the draft)",

@@ -191,6 +191,7 @@ MODEL_FLAGS_BROKEN = [  # (flag, value): each broke a model service (a crash aft
     ("--max-batch-size", "-1"),
     ("--max-sessions", "0"),
     ("--threads", "0"),
+    ("--threads", "100000"),  # "can't start new thread", then SIGSEGV (found by probing)
     ("--session-idle-ttl-s", "-1"),
     ("--session-idle-ttl-s", "nan"),
     ("--session-idle-ttl-s", "inf"),  # overflowed the reaper's wait
