@@ -806,6 +806,8 @@ def _open_database(path: Path, now: float) -> sqlite_utils.Database:
 
 
 def _connect(path: Path, now: float) -> sqlite_utils.Database:
+    if not path.exists():  # said: a typo in --db made a fresh, empty memory without a word (found by probing)
+        log.info("no memory database at %s: a new one is made", path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # check_same_thread=False: the gRPC worker threads share this connection, serialised by our lock.
     conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, check_same_thread=False)

@@ -6,6 +6,7 @@ the group-commit path itself is covered by the concurrency, crash and watch test
 
 from __future__ import annotations
 
+import logging
 import random
 import sqlite3
 import threading
@@ -479,3 +480,15 @@ def test_a_database_that_cannot_write_is_unavailable_not_a_bug(
 def test_sql_this_code_got_wrong_stays_a_bug(store: CorrectionStore) -> None:
     with pytest.raises(sqlite3.OperationalError), store._transaction(write=False) as db:
         db.execute("SELECT no_such_column FROM pair_counts")
+
+
+def test_a_new_database_is_said_to_be_new(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A typo in --db made a fresh, empty memory (directories and all) without a word (found by probing)."""
+    path = tmp_path / "typo" / "memory.db"
+    with caplog.at_level(logging.INFO, logger="memory_service.store"), CorrectionStore(path, flush_interval_s=0):
+        pass
+    assert f"no memory database at {path}: a new one is made" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="memory_service.store"), CorrectionStore(path, flush_interval_s=0):
+        pass
+    assert "a new one is made" not in caplog.text  # the second time it is there
