@@ -252,6 +252,16 @@ def grpc_address(text: str) -> str:
     return text
 
 
+def dns_host_port(text: str) -> str:
+    """An argparse type: a DNS name (or IPv4 address) and a port, as a resolver takes them: no scheme, no brackets
+    (`dns:///h:1` or `[::1]:1` waited out the start-up timeout; `:50051` failed the start; found by review)."""
+    host, sep, port = text.rpartition(":")
+    plain = bool(host) and not any(c in host for c in "/[]:@") and not any(c.isspace() for c in text)
+    if not (sep and plain and port.isdigit() and 1 <= int(port) <= 65535):
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT (a DNS name and a port in 1-65535), got {text!r}")
+    return text
+
+
 def namespace(text: str) -> str:
     """An argparse type: a correction-memory namespace the memory service takes (a target given another served
     on local counts for good, every Watch refused, without a word; found by probing)."""

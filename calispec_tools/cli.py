@@ -122,7 +122,7 @@ def check_distinct_ports(args: argparse.Namespace) -> None:
 def check_ports_free(args: argparse.Namespace, host: str = "127.0.0.1") -> None:
     """A port another process listens on is a usage error now, not the coordinator's failure after the memory, the
     draft and the target have loaded (minutes with a real pair; found by probing). SO_REUSEADDR as the services'
-    own binds: a port some closed connection left in TIME_WAIT is free for them, and so for this check."""
+    own binds: a TIME_WAIT left by such a socket is free for them, and so for this check."""
     for name in UP_PORT_FLAGS:
         port = getattr(args, name)
         if port == 0 or (name == "http_port" and args.no_http):
@@ -132,7 +132,8 @@ def check_ports_free(args: argparse.Namespace, host: str = "127.0.0.1") -> None:
             try:
                 probe.bind((host, port))
             except OSError as exc:
-                problem = f"--{name.replace('_', '-')} {port}: {host}:{port} is taken ({exc.strerror})"
+                state = "is taken" if exc.errno == errno.EADDRINUSE else "cannot be bound"  # e.g. port 80, not root
+                problem = f"--{name.replace('_', '-')} {port}: {host}:{port} {state} ({exc.strerror})"
                 raise SystemExit(cli_auth.usage_error(problem)) from None
 
 

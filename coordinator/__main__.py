@@ -29,6 +29,7 @@ with interrupt_exits_quietly():
         HTTP_MAX_CHOICES,
         LOCKSTEP_PHASES,
         burst,
+        dns_host_port,
         gamma,
         grpc_address,
         int_at_least,
@@ -71,7 +72,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     )
     targets.add_argument(
         "--target-dns",
-        type=grpc_address,
+        type=dns_host_port,
         help="HOST:PORT whose every DNS address is a target replica, re-resolved while serving "
         "(e.g. a Kubernetes headless Service)",
     )

@@ -63,6 +63,7 @@ _REFUSED = (
     grpc.StatusCode.OUT_OF_RANGE,
     grpc.StatusCode.UNIMPLEMENTED,
 )
+NOT_IN_USE = "not in use (unreachable, or refusing: see above): serving with the last table and local counts"
 MAX_NOTED_REQUESTS = 8  # request ids named by one RecordEvents (the most recent ones)
 # One RecordEvents carries at most this much; a backlog (after an outage) goes as several. The memory
 # service refuses a write over 100,000 pairs or over its writer's burst (default 1,000,000 events), and
@@ -129,6 +130,8 @@ class MemoryLink:
         self._noted_lock = threading.Lock()
         self.connected = False
         self._announced = False  # whether a state was logged: a link that never came up said nothing
+        self._state_lock = threading.Lock()  # both threads report the state
+        self._refusal: tuple[grpc.StatusCode, str] | None = None  # the last configuration refusal logged at ERROR
 
     @classmethod
     def from_config(cls, config: TargetConfig, table: PairTable) -> MemoryLink:
@@ -216,7 +219,7 @@ class MemoryLink:
             ok = self._flush_locked()
         self._flush_ok = ok
         self._flush_failures += not ok
-        self._update_connected()
+        self._update_connected(failed=not ok)
         return ok
 
     def _flush_locked(self) -> bool:
@@ -261,12 +264,8 @@ class MemoryLink:
             too_big = refused and exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             if too_big:  # over the writer's burst (or its rate): smaller writes, down to one event
                 self._flush_events = max(1, min(self._flush_events, int(batch.counts.sum())) // 2)
-            log.log(
-                logging.ERROR if exc.code() in _CONFIG_ERRORS else logging.WARNING if too_big else logging.DEBUG,
-                "RecordEvents failed: %s %s",
-                exc.code(),
-                exc.details(),
-            )
+            level = self._refusal_level(exc) if exc.code() in _CONFIG_ERRORS else logging.DEBUG
+            log.log(logging.WARNING if too_big else level, "RecordEvents failed: %s %s", exc.code(), exc.details())
             return False
         self._unsettled = None
         self.table.mark_flushed(batch.batch_id, response.version)
@@ -288,7 +287,7 @@ class MemoryLink:
                 if self._stop.is_set():
                     return
                 failures += 1
-                level = logging.ERROR if exc.code() in _CONFIG_ERRORS else logging.DEBUG
+                level = self._refusal_level(exc) if exc.code() in _CONFIG_ERRORS else logging.DEBUG
                 log.log(level, "watch stream broke: %s %s", exc.code(), exc.details())
             except CalispecError as exc:  # a table this verifier cannot use (e.g. wrong namespace)
                 failures += 1
@@ -296,7 +295,7 @@ class MemoryLink:
                 log.error("memory table rejected: %s", exc)
             if failures:
                 self._watch_ok = False
-                self._update_connected()
+                self._update_connected(failed=True)
             self._reconnects += 1
             self._stop.wait(min(MAX_BACKOFF_S, self.sync_interval_s * 2 ** min(failures, 8)) if failures else 0.05)
 
@@ -350,16 +349,24 @@ class MemoryLink:
         self._watch_ok = True
         self._update_connected()
 
-    def _update_connected(self) -> None:
+    def _refusal_level(self, exc: grpc.RpcError) -> int:
+        """ERROR for a configuration refusal the first time, DEBUG while it repeats (a write is resent every sync
+        interval: an ERROR a second otherwise) until the link works again."""
+        refusal = (exc.code(), exc.details() or "")
+        first, self._refusal = refusal != self._refusal, refusal
+        return logging.ERROR if first else logging.DEBUG
+
+    def _update_connected(self, failed: bool = False) -> None:
+        """Log and publish a change of state; and the first state, once it is known (a link that never came up said
+        nothing; found by probing): working, or `failed` (a flush or the Watch failed, not merely not yet there)."""
         ok = self._watch_ok and self._flush_ok
-        if ok != self.connected or not self._announced:
-            log.log(
-                logging.INFO if ok else logging.WARNING,
-                "memory service %s %s",
-                self.address,
-                "in use" if ok else "not in use (unreachable, or refusing: see above): serving with the last table "
-                "and local counts",
-            )
+        with self._state_lock:
+            if ok == self.connected and (self._announced or not (ok or failed)):
+                return
             self.connected, self._announced = ok, True
-            if self._on_status is not None:
-                self._on_status(ok)
+        if ok:
+            self._refusal = None
+        state = "in use" if ok else NOT_IN_USE
+        log.log(logging.INFO if ok else logging.WARNING, "memory service %s %s", self.address, state)
+        if self._on_status is not None:
+            self._on_status(ok)

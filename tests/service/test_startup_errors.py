@@ -264,6 +264,10 @@ def test_a_wait_past_what_threads_can_wait_is_a_usage_error_naming_the_flag(
         ("coordinator", "--draft-addr", "127.0.0.1:99999"),  # waited out --connect-timeout, then "no service"
         ("coordinator", "--draft-addr", ""),  # gRPC's channel-stack error blocks
         ("coordinator", "--target-addr", "t:0"),
+        ("coordinator", "--target-dns", "dns:///target-pods:50051"),  # waited out --connect-timeout
+        ("coordinator", "--target-dns", "[::1]:50051"),
+        ("coordinator", "--target-dns", ":50051"),  # failed the start: "expected HOST:PORT"
+        ("coordinator", "--target-dns", "target-pods"),
     ],
 )
 def test_addresses_and_namespaces_the_service_cannot_use_are_usage_errors(
@@ -280,6 +284,10 @@ def test_the_model_services_accept_the_edges_of_their_ranges() -> None:
         assert (config.max_batch_size, config.max_sessions, config.model.threads) == (1, 1, 1)
         assert config.session_idle_ttl_s == 0 and config.batch_gather_s == 0 and config.prefix_cache_tokens == 0
     assert parse_draft(["--model", "m", "--proposal-top-k=0"])[0].proposal_top_k == 0
+    upper = ["--threads=1024", "--session-idle-ttl-s=1e7", "--batch-gather-ms=1e10", "--drain-timeout-s=1e7"]
+    for parse in (parse_draft, parse_target):
+        config, _ = parse(["--model", "m", *upper])
+        assert (config.model.threads, config.session_idle_ttl_s, config.batch_gather_s) == (1024, 1e7, 1e7)
 
 
 def test_the_memory_service_accepts_the_edges_of_its_ranges() -> None:

@@ -78,6 +78,8 @@ OUT_OF_RANGE = [
     ([*CALIBRATE, "--worker-cpus", "0"], "--worker-cpus"),
     ([*CALIBRATE, "--gamma", "0"], "--gamma"),
     (["up", "--draft-vocab", "-1"], "--draft-vocab"),
+    (["up", "--draft-threads", "1025"], "--draft-threads"),  # --threads 100000 ended in SIGSEGV (wave 55)
+    (["up", "--target-threads", "100000"], "--target-threads"),
     (["up", "--memory-port", "70000"], "--memory-port"),
     (["bench", "--openai-url", "notaurl"], "--openai-url"),  # exit 1 after the start, "(notaurl/notaurl/models)"
     (["bench", "--openai-url", "ftp://h/v1"], "--openai-url"),
