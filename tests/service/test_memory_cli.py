@@ -66,13 +66,20 @@ def test_an_export_leaves_out_ids_outside_its_vocabulary(
     address, store = memory
     store.record("vx", [(500, 5, 1)], durable=True)  # no vocabulary yet
     store.record("vx", [(5, 6, 3)], vocab_size=10, durable=True)
-    token, out = tmp_path / "token", tmp_path / "vx.json"
-    token.write_text(TOKEN)
-    assert run("memory", "export", "--namespace", "vx", "--out", str(out), "--memory-addr", address) == 0
-    assert "left out 1 pairs with token ids outside the vocabulary of 10" in capsys.readouterr().err
-    args = ("--namespace", "vx", "--memory-addr", address, "--writer-token-file", str(token), "--file", str(out))
-    assert run("memory", "import", *args) == 0
+    said = exported_and_imported_again(address, tmp_path, capsys, "vx")
+    assert "left out 1 pairs with token ids outside the vocabulary of 10" in said
     assert sorted(store.snapshot("vx")[0]) == [(5, 6, 6), (500, 5, 1)]
+
+
+def exported_and_imported_again(address: str, tmp_path: Path, capsys, namespace: str) -> str:
+    """`namespace` exported, and the file imported back into it (both exit 0); what the export said on stderr."""
+    token, out = tmp_path / "token", tmp_path / "export.json"
+    token.write_text(TOKEN)
+    assert run("memory", "export", "--namespace", namespace, "--out", str(out), "--memory-addr", address) == 0
+    said = capsys.readouterr().err
+    args = ("--namespace", namespace, "--memory-addr", address, "--writer-token-file", str(token), "--file", str(out))
+    assert run("memory", "import", *args) == 0
+    return said
 
 
 def test_an_export_leaves_out_pairs_of_a_token_with_itself(
@@ -87,12 +94,7 @@ def test_an_export_leaves_out_pairs_of_a_token_with_itself(
     with sqlite3.connect(tmp_path / "memory.db") as db:  # as an older release's import left it
         db.execute("INSERT INTO pair_counts VALUES ('vs', 7, 7, 2, 1)")
     assert (7, 7, 2) in store.snapshot("vs")[0]
-    token, out = tmp_path / "token", tmp_path / "vs.json"
-    token.write_text(TOKEN)
-    assert run("memory", "export", "--namespace", "vs", "--out", str(out), "--memory-addr", address) == 0
-    assert "left out 1 pairs of a token with itself" in capsys.readouterr().err
-    args = ("--namespace", "vs", "--memory-addr", address, "--writer-token-file", str(token), "--file", str(out))
-    assert run("memory", "import", *args) == 0
+    assert "left out 1 pairs of a token with itself" in exported_and_imported_again(address, tmp_path, capsys, "vs")
     assert sorted(store.snapshot("vs")[0]) == [(5, 6, 6), (7, 7, 2)]
 
 
