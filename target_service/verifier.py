@@ -315,7 +315,7 @@ def _inverse_cdf(
     total = cdf[..., -1:].contiguous()  # [..., 1]
     if flattens(cdf.device):  # the CPU's cumsum adds in double: a weight-0 token's sum is its predecessor's
         cdf = flat_at_zero_weights(cdf, weights)  # NaN rows become all 0 here: `total` keeps them visible
-    mass = cdf[..., -1:].contiguous()  # [..., 1] the sum the picks divide (total's, unflattened)
+    mass = cdf[..., -1:].contiguous()  # [..., 1] the sum the picks scale: total on a CPU, the flattened one on a GPU
     picked = torch.searchsorted(cdf, uniforms.unsqueeze(-1) * mass, right=True)  # [..., 1]
     # Defensive (u < 1 keeps u * mass < mass in float32): never step past the last token with mass.
     last = torch.searchsorted(cdf, mass)  # [..., 1]
