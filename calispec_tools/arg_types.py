@@ -34,6 +34,7 @@ from calispec_core.limits import (
     logprobs,
     max_new_tokens,
     milliseconds_or_zero,
+    namespace,
     non_negative_float,
     non_negative_int,
     port,
@@ -140,10 +141,10 @@ def path_text(text: str) -> str:
 
 def memory_namespace(text: str) -> str:
     """A correction-memory namespace: not empty (`--namespace ''` fell back to the default without a word; leave
-    the flag out for that). Its characters are the memory service's to check."""
+    the flag out for that), and of the characters the memory service takes (as the target's flag: limits.namespace)."""
     if not text:
         raise argparse.ArgumentTypeError("must not be empty (leave the flag out for the default)")
-    return text
+    return namespace(text)
 
 
 def prompt(text: str) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calispec_core.limits import NAMESPACE_PATTERN
 from calispec_tools.namespaces import pair_namespace
 
 DEFAULT_NAMESPACE = "calispec"
@@ -103,6 +104,10 @@ class RayDeployConfig:
         if not self.memory_namespace or not self.calibration:
             raise ValueError(f"memory_namespace and calibration must not be empty (calibration: {SHIPPED}, "
                              f"{NO_CALIBRATION} or an export file)")  # fmt: skip
+        if self.memory_namespace != AUTO_NAMESPACE and NAMESPACE_PATTERN.fullmatch(self.memory_namespace) is None:
+            # the target actor refuses it (wave 55), after the memory and the draft have started (found by review)
+            raise ValueError(f"memory_namespace must be {AUTO_NAMESPACE} or 1-128 characters of [A-Za-z0-9._:/+-], "
+                             f"got {self.memory_namespace[:140]!r}")  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RayDeployConfig:

@@ -301,6 +301,9 @@ def test_a_ray_deployment_refuses_a_namespace_or_calibration_it_cannot_resolve(t
     for key in ("calibration", "memory_namespace"):
         with pytest.raises(ValueError, match="must not be empty"):
             RayDeployConfig.from_dict({"models": {"draft": "/d", "target": "/t"}, key: ""})
+    with pytest.raises(ValueError, match="memory_namespace must be auto or 1-128 characters"):  # review, wave 55
+        RayDeployConfig.from_dict({"models": {"draft": "/d", "target": "/t"}, "memory_namespace": "a b"})
+    assert RayDeployConfig.from_dict({"models": {"draft": "/d", "target": "/t"}, "memory_namespace": "p/a+b"})
 
 
 def test_the_lambda_chosen_for_a_shipped_calibration_holds_only_where_it_was_chosen(tmp_path: Path) -> None:

@@ -78,6 +78,7 @@ OUT_OF_RANGE = [
     ([*CALIBRATE, "--worker-cpus", "0"], "--worker-cpus"),
     ([*CALIBRATE, "--gamma", "0"], "--gamma"),
     (["up", "--draft-vocab", "-1"], "--draft-vocab"),
+    (["memory", "stats", "--namespace", "a b"], "--namespace"),  # the service's refusal after a connection (wave 55)
     (["up", "--draft-threads", "1025"], "--draft-threads"),  # --threads 100000 ended in SIGSEGV (wave 55)
     (["up", "--target-threads", "100000"], "--target-threads"),
     (["up", "--memory-port", "70000"], "--memory-port"),
