@@ -384,6 +384,8 @@ class LocalStack:
             why = "--default-lambda"
         elif lam is not None:
             why = f"chosen for the shipped calibration, {self.target_dtype} target, meaning guard: docs/calibration.md"
+            if self.calibration is not None and not self.calibration.loaded:  # not loaded now: nothing tells its
+                why += "; the memory is taken to hold it, as its namespace held counts before"  # counts apart (probe)
         else:
             why = "the paper's"
         return f"CSD defaults: {tau}, λ = {Defaults.lambda_ if lam is None else lam} ({why})"

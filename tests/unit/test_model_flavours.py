@@ -142,6 +142,12 @@ def test_the_calibrations_lambda_is_the_default_for_the_dtype_it_was_chosen_on(t
     stack = calibrated_stack(config, "float32")
     assert stack.csd_default_args() == ["--default-lambda", "3"]
     assert "λ = 3 (chosen for the shipped calibration, float32" in stack.csd_defaults_message()
+    assert "taken to hold it" not in stack.csd_defaults_message()  # loaded by this start
+    held = calibrated_stack(config, "float32")
+    held.calibration = SeedResult(False, "", present=True)  # the namespace held counts: not loaded again
+    assert held.csd_defaults_message().endswith(
+        "docs/calibration.md; the memory is taken to hold it, as its namespace held counts before)"
+    )  # an upgraded memory may hold an older file, or traffic only: said, since nothing tells them apart (wave 55)
     for other in ("bfloat16", None):
         assert calibrated_stack(config, other).csd_default_args() == []
     assert calibrated_stack(config, "bfloat16").csd_defaults_message() == "CSD defaults: τ = 0.01, λ = 6 (the paper's)"
