@@ -106,14 +106,18 @@ def check_pair_flags(args: argparse.Namespace) -> None:
 UP_PORT_FLAGS = ("port", "target_port", "draft_port", "memory_port", "http_port")
 
 
+def fixed_up_ports(args: argparse.Namespace) -> Iterator[tuple[str, int]]:
+    """(flag, port) of each port `up` was given: not 0 (a free port each), not the HTTP one with --no-http."""
+    for name in UP_PORT_FLAGS:
+        port = getattr(args, name)
+        if port != 0 and not (name == "http_port" and args.no_http):
+            yield "--" + name.replace("_", "-"), port
+
+
 def check_distinct_ports(args: argparse.Namespace) -> None:
     """Two of `up`'s services on one port is a usage error now (SystemExit 2), not after three have loaded."""
     seen: dict[int, str] = {}
-    for name in UP_PORT_FLAGS:
-        port = getattr(args, name)
-        if port == 0 or (name == "http_port" and args.no_http):  # 0: a free port each
-            continue
-        flag = "--" + name.replace("_", "-")
+    for flag, port in fixed_up_ports(args):
         if port in seen:
             raise SystemExit(cli_auth.usage_error(f"{seen[port]} and {flag} are both {port}: give each its own port"))
         seen[port] = flag
@@ -123,17 +127,14 @@ def check_ports_free(args: argparse.Namespace, host: str = "127.0.0.1") -> None:
     """A port another process listens on is a usage error now, not the coordinator's failure after the memory, the
     draft and the target have loaded (minutes with a real pair; found by probing). SO_REUSEADDR as the services'
     own binds: a TIME_WAIT left by such a socket is free for them, and so for this check."""
-    for name in UP_PORT_FLAGS:
-        port = getattr(args, name)
-        if port == 0 or (name == "http_port" and args.no_http):
-            continue
+    for flag, port in fixed_up_ports(args):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind((host, port))
             except OSError as exc:
                 state = "is taken" if exc.errno == errno.EADDRINUSE else "cannot be bound"  # e.g. port 80, not root
-                problem = f"--{name.replace('_', '-')} {port}: {host}:{port} {state} ({exc.strerror})"
+                problem = f"{flag} {port}: {host}:{port} {state} ({exc.strerror})"
                 raise SystemExit(cli_auth.usage_error(problem)) from None
 
 
