@@ -22,6 +22,9 @@ from calispec_tools.shipped_calibration import SUMS_NAME
 
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# `calispec up` on a free port each: a default port (50050..50053, 8000) may be held on the machine running the
+# tests (CI's was: wave 55's submission failed there once `up` refused taken ports before it starts).
+UP_ON_FREE_PORTS = ["--no-http", "--port", "0", "--draft-port", "0", "--target-port", "0", "--memory-port", "0"]
 
 
 def wait_until(probe: Callable[[], T], timeout_s: float = 30.0, interval_s: float = 0.05) -> T:

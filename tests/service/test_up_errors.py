@@ -25,7 +25,7 @@ from calispec_tools.stack import (
     claim_log_dir,
 )
 from calispec_tools.stack_state import StackLock
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, UP_ON_FREE_PORTS
 
 
 @pytest.fixture
@@ -51,6 +51,9 @@ def signal_handlers() -> Iterator[None]:
     yield
     for sig, handler in saved.items():
         signal.signal(sig, handler)
+
+
+OPEN_UP = ["--open", *UP_ON_FREE_PORTS]  # no API keys to write
 
 
 def stack_args(tmp_path: Path, *extra: str) -> list[str]:
@@ -80,21 +83,21 @@ def assert_one_line(result: subprocess.CompletedProcess[str], *expected: str) ->
 def test_up_on_a_taken_port_says_so_in_one_line(tmp_path: Path, taken_port: int) -> None:
     """Before any service starts (wave 55; it was the memory service's bind error, which a stack started by another
     command still reports: test_grpc_bind)."""
-    result = calispec(tmp_path, "up", "--open", "--no-http", "--memory-port", str(taken_port), *stack_args(tmp_path))
+    result = calispec(tmp_path, "up", *OPEN_UP, "--memory-port", str(taken_port), *stack_args(tmp_path))
     assert_one_line(result, f"--memory-port {taken_port}: 127.0.0.1:{taken_port} is taken (Address already in use)")
     assert not (tmp_path / "logs").exists()  # nothing started
 
 
 @pytest.mark.parametrize("command", ["up", "demo"])
 def test_an_unusable_log_dir_is_one_line(tmp_path: Path, a_file: Path, command: str) -> None:
-    extra = ["--open", "--memory-port", "0", "--no-http"] if command == "up" else []
+    extra = OPEN_UP if command == "up" else []
     result = calispec(tmp_path, command, *extra, *stack_args(tmp_path), "--log-dir", str(a_file / "logs"))
     assert_one_line(result, str(a_file), "Not a directory")
 
 
 @pytest.mark.parametrize("command", ["up", "demo"])
 def test_an_unusable_memory_db_is_one_line(tmp_path: Path, a_file: Path, command: str) -> None:
-    extra = ["--open", "--memory-port", "0", "--no-http"] if command == "up" else []
+    extra = OPEN_UP if command == "up" else []
     result = calispec(tmp_path, command, *extra, *stack_args(tmp_path), "--memory-db", str(a_file / "memory.db"))
     assert_one_line(result, "memory_service: cannot start", str(a_file))
 
@@ -174,7 +177,7 @@ def test_ctrl_c_while_the_stack_starts_stops_what_started_and_exits_130(
 
     monkeypatch.setattr(LocalStack, "_spawn", recorded)
     monkeypatch.setattr(LocalStack, "draft_args", ctrl_c)
-    extra = ["--open", "--memory-port", "0", "--no-http"] if command == "up" else []
+    extra = OPEN_UP if command == "up" else []
     try:
         code = cli.main([command, *extra, *stack_args(tmp_path)])
     except KeyboardInterrupt:  # caught here: escaping, it would end the whole pytest session

@@ -15,6 +15,7 @@ import pytest
 
 from calispec_tools import cli
 from calispec_tools.stack import LocalStack, ServiceProcess, StackConfig, StackStartError
+from tests.helpers import UP_ON_FREE_PORTS
 
 
 class FakeProcess:
@@ -91,7 +92,7 @@ def test_sigterm_interrupts_the_start_of_every_stack_command(
     signal.signal(signal.SIGTERM, record)  # without the command's own handler, this one gets it (not pytest's end)
     try:
         try:
-            code = cli.main([command, "--pair", "tiny"])
+            code = cli.main([command, "--pair", "tiny", *(UP_ON_FREE_PORTS if command == "up" else [])])
         except KeyboardInterrupt:  # caught here: escaping, it would end the whole pytest session
             pytest.fail(f"the interrupt escaped `calispec {command}` as a traceback")
         assert code == 143 and received == []
@@ -143,7 +144,7 @@ def test_an_unusable_tls_dir_is_still_one_line(
     monkeypatch.setattr(cli, "stack_config", stack_config)
     a_file = tmp_path / "a-file"
     a_file.write_text("not a directory\n")
-    args = cli.build_parser().parse_args(["up", "--tls", "--tls-dir", str(a_file / "tls"), "--open"])
+    args = cli.build_parser().parse_args(["up", "--tls", "--tls-dir", str(a_file / "tls"), "--open", *UP_ON_FREE_PORTS])
     assert cli.stack_command("calispec up", lambda: cli.serve_stack(args)) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: cannot use {a_file}") and "Not a directory" in err and err.count("\n") == 1
