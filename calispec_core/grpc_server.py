@@ -92,12 +92,23 @@ def _out_of_device_memory(exc: BaseException) -> bool:
     return any(c.__name__ == "OutOfMemoryError" and c.__module__.startswith("torch") for c in type(exc).__mro__)
 
 
+def _device_failed(exc: BaseException) -> bool:
+    """torch's AcceleratorError: a CUDA error (an illegal address, a device-side assert, a lost device). Most are
+    sticky: every later call on the device fails too, so the process must be restarted (by name, as above)."""
+    return any(c.__name__ == "AcceleratorError" and c.__module__.startswith("torch") for c in type(exc).__mro__)
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).split("\n", 1)[0][:200]
+
+
 def _status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, CalispecError):
         return getattr(grpc.StatusCode, exc.code), str(exc)
     if _out_of_device_memory(exc):  # it was INTERNAL, logged as a bug (found by a CUDA audit)
-        first_line = str(exc).split("\n", 1)[0][:200]
-        return grpc.StatusCode.RESOURCE_EXHAUSTED, f"the device ran out of memory; retry later ({first_line})"
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, f"the device ran out of memory; retry later ({_first_line(exc)})"
+    if _device_failed(exc):  # another replica can serve the call: UNAVAILABLE is what clients retry
+        return grpc.StatusCode.UNAVAILABLE, f"the device failed; this replica stops serving ({_first_line(exc)})"
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
 
 
@@ -127,7 +138,12 @@ def _check_decoded(request: Any) -> None:
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):
-    """Maps domain errors to their gRPC status; anything else is a bug: logged, INTERNAL."""
+    """Maps domain errors to their gRPC status; anything else is a bug: logged, INTERNAL. A failed device (a CUDA
+    error) calls `on_device_failure`: the server's health turns NOT_SERVING for good, so that a load balancer stops
+    sending it calls and a liveness probe restarts it (it stayed SERVING, every call failing; found by a CUDA audit)."""
+
+    def __init__(self) -> None:
+        self.on_device_failure: Callable[[], None] = lambda: None
 
     def intercept_service(self, continuation: Callable, handler_call_details: Any) -> Any:
         handler = continuation(handler_call_details)
@@ -144,11 +160,13 @@ class ErrorInterceptor(grpc.ServerInterceptor):
             return handler._replace(stream_unary=self._wrap_unary(handler.stream_unary))
         return handler._replace(stream_stream=self._wrap_stream(handler.stream_stream))
 
-    @staticmethod
-    def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
+    def _abort(self, context: grpc.ServicerContext, exc: BaseException) -> None:
         code, message = _status_for(exc)
         if code == grpc.StatusCode.INTERNAL:
             log.exception("unhandled error in handler")
+        elif _device_failed(exc):
+            log.error("%s: health NOT_SERVING until the process is restarted", message, exc_info=exc)
+            self.on_device_failure()
         elif not isinstance(exc, CalispecError):  # the device's memory: the operator's to size, said once a call
             log.warning("%s", message)
         if (retry_after_s := getattr(exc, "retry_after_s", None)) is not None:  # gRPC's retry policies read it
@@ -260,12 +278,13 @@ def create_grpc_server(
     observe = observe or Observe()
     rpc_metrics = RpcMetrics(observe.registry)
     gate = DrainGate(observe.admission)
+    errors = ErrorInterceptor()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
         interceptors=[
             *side_pools(),
             ObservabilityInterceptor(rpc_metrics, gate, observe.originates_ids),
-            ErrorInterceptor(),
+            errors,
             *interceptors,
         ],
         options=server_options(max_receive_bytes),
@@ -276,6 +295,7 @@ def create_grpc_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in [*service_names, ""]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    errors.on_device_failure = lambda: _device_lost(health_servicer, rpc_metrics)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     port = bind_port(server, address, tls, require_client_cert)
     if health_port is not None:
@@ -284,6 +304,12 @@ def create_grpc_server(
     if observe.metrics_port is not None:
         endpoint = serve_metrics(observe.registry, host_of(address), observe.metrics_port)
     return ManagedServer(server, health_servicer, gate, rpc_metrics, endpoint), port, health_servicer
+
+
+def _device_lost(health_servicer: Any, rpc_metrics: Any) -> None:
+    """Every health service NOT_SERVING, kept so (later `set` calls, e.g. the memory link's, are ignored)."""
+    rpc_metrics.device_failed.set(1)
+    health_servicer.enter_graceful_shutdown()
 
 
 def bind_port(server: grpc.Server, address: str, tls: TlsConfig | None = None, require_client_cert: bool = True) -> int:

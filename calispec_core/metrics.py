@@ -171,6 +171,11 @@ class RpcMetrics:
         self.draining = Gauge(
             f"{PREFIX}draining", "1 while the server drains before it stops (health NOT_SERVING)", registry=registry
         )
+        self.device_failed = Gauge(
+            f"{PREFIX}device_failed",
+            "1 once a call failed on a CUDA error: health NOT_SERVING until the process restarts",
+            registry=registry,
+        )
 
 
 class PrefixCacheCollector(Collector):
