@@ -242,11 +242,14 @@ NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9._:/+-]{1,128}")  # a correction-memo
 def grpc_address(text: str) -> str:
     """An argparse type: a service's address for a gRPC channel (HOST:PORT, or a target gRPC names such as
     unix:PATH): not empty, no whitespace (`--address ""` made gRPC log its channel-stack failure and the call end
-    as UNKNOWN), and a port in 1-65535 where one is given (`:99999` reached port 34463: gRPC wrapped it)."""
+    as UNKNOWN), and a port in 1-65535 (`:99999` reached port 34463: gRPC wrapped it; `localhost` or `[::1]` alone
+    dialled port 443, the connection refused far from the flag: found by probing)."""
     if not text or any(c.isspace() for c in text):
         raise argparse.ArgumentTypeError(f"must be HOST:PORT, got {text!r}")
-    if not text.startswith(GRPC_SCHEMES) and ":" in text and not text.endswith("]"):  # "[::1]": no port
-        port = text.rpartition(":")[2]
+    if not text.startswith(GRPC_SCHEMES):
+        host, colon, port = text.rpartition(":")
+        if not colon or host.endswith(":") or (host.startswith("[") != host.endswith("]")):  # "[::1]", "::1": no port
+            raise argparse.ArgumentTypeError(f"must be HOST:PORT (a port too: gRPC would dial 443), got {text!r}")
         if not (port.isdigit() and 1 <= int(port) <= 65535):
             raise argparse.ArgumentTypeError(f"must be HOST:PORT with a port in 1-65535, got {text!r}")
     return text
