@@ -114,15 +114,27 @@ class SpeculationConfig:
 
 
 def adaptive_gamma(params: GenerationParams) -> bool:
-    """Whether a request's γ adapts: it sets none, and its output does not hang on γ's choices. A seeded
-    sampling request's does (its random draws depend on how the rounds fall): it gets the fixed
-    `SpeculationConfig.seeded_gamma`. A greedy one draws nothing, its seed unused: adaptive like any greedy."""
+    """Whether a request's γ adapts: it sets none, and it is no seeded sampling request, whose random draws depend
+    on how the rounds fall (it gets the fixed `SpeculationConfig.seeded_gamma`). A greedy one draws nothing, its seed
+    unused: adaptive like any greedy. A rescuing mode's output hangs on γ too (`output_follows_its_rounds`), but its
+    γ adapts all the same: its speed is its point; a client that wants it reproducible fixes γ (README)."""
     return params.num_speculative_tokens is None and not seeded_sampling(params)
 
 
 def seeded_sampling(params: GenerationParams) -> bool:
     """A sampling request with a seed: its output must be the same however its rounds meet others'."""
     return params.sampling.seed is not None and not params.sampling.greedy
+
+
+RESCUING_MODES = frozenset({Mode.CSD, Mode.OCM_ONLY, Mode.SCG_ONLY})
+
+
+def output_follows_its_rounds(params: GenerationParams) -> bool:
+    """Whether a request's output depends on how its rounds fall, so that with a fixed γ it never joins another's
+    round at γ 0: a seeded sampling request's draws, and a rescuing mode's tokens (only a drafted token can be
+    rescued: a position the round did not draft is the target's own; found by probing, a greedy `scg_only` with
+    γ 6 wrote another text beside 8 `sd` clients). With an adaptive γ neither is reproducible (README)."""
+    return seeded_sampling(params) or params.mode in RESCUING_MODES
 
 
 @dataclass
@@ -505,7 +517,7 @@ class Orchestrator:
         policy = request.policy
         if policy is None or not request.use_draft:
             # a round of γ 0 is the same whenever it runs: only a drafting one waits for its round start (review)
-            return Wish.fixed(gamma, reproducible=gamma > 0 and seeded_sampling(request.params))
+            return Wish.fixed(gamma, reproducible=gamma > 0 and output_follows_its_rounds(request.params))
         # a raised member without a draft session would prefill it inside the group's round (`_prefill`)
         hold = probing or self.draft_circuit.is_open or request.draft_session is None
         limit = gamma if hold else max(min(self.speculation.max_gamma, room), 0)

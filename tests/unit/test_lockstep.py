@@ -13,6 +13,7 @@ import pytest
 
 import coordinator.__main__ as coordinator_cli
 from calispec_core.errors import InvalidArgument
+from calispec_core.generation import Mode
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
 from coordinator import lockstep as lockstep_module
@@ -581,6 +582,9 @@ def test_what_a_request_brings_to_the_round_start() -> None:
     seeded = SimpleNamespace(policy=None, use_draft=True, params=params(sampling=SamplingConfig(1.0, seed=7)))
     assert wish(seeded, 3, room=9, probing=False) == Wish.fixed(3, reproducible=True)  # never joins a round at γ 0
     assert wish(seeded, 0, room=9, probing=False) == Wish.fixed(0)  # a γ 0 round is the same whenever it runs
+    for mode in (Mode.CSD, Mode.OCM_ONLY, Mode.SCG_ONLY):  # only a drafted token is rescued: which are drafted counts
+        rescuing = SimpleNamespace(policy=None, use_draft=True, params=params(mode=mode))
+        assert wish(rescuing, 3, room=9, probing=False) == Wish.fixed(3, reproducible=True)
     orchestrator.draft_circuit.failed()  # open: only a probe calls the draft
     assert wish(request(), 0, room=9, probing=False) == Wish(0, True, 0, 0)
     # the draft circuit's probe drafts its wish whatever the plan: left out, it would hold the draft off (wave 37)
