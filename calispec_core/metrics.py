@@ -150,7 +150,10 @@ def serve_metrics(
     deadline_s: float = METRICS_CONNECTION_DEADLINE_S,
 ) -> MetricsEndpoint:
     """Serve `registry` on http://host:port/metrics (port 0 picks a free one)."""
-    server = _BoundedMetricsServer(host, port, connections, read_timeout_s, deadline_s)
+    try:
+        server = _BoundedMetricsServer(host, port, connections, read_timeout_s, deadline_s)
+    except OSError as exc:  # "Address already in use" alone named neither the endpoint nor its port (probed)
+        raise OSError(exc.errno, f"the metrics endpoint {host}:{port}: {exc.strerror or exc}") from exc
     server.set_app(make_wsgi_app(registry))
     thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
     thread.start()

@@ -207,3 +207,13 @@ def test_the_health_port_reads_no_large_request(ports: Ports) -> None:
         assert rpc_code(lambda: check(health_pb2.HealthCheckRequest(service="s"), timeout=DEADLINE_S)) == (
             grpc.StatusCode.NOT_FOUND  # a request of its size is read: no such service
         )
+
+
+def test_a_metrics_port_in_use_is_named() -> None:
+    """A service given a taken --metrics-port said only "cannot start: [Errno 98] Address already in use"."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=f"the metrics endpoint 127.0.0.1:{port}: Address already in use"):
+            serve_metrics(new_registry(), "127.0.0.1", port)
