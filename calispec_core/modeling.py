@@ -152,7 +152,8 @@ class ModelRunner:
 
     def _load(self, spec: ModelSpec, output_vocab: int) -> None:
         if not Path(spec.path).is_dir():
-            raise InvalidArgument(f"model directory not found: {spec.path}")
+            what = "model path is not a directory" if Path(spec.path).exists() else "model directory not found"
+            raise InvalidArgument(f"{what}: {spec.path}")  # a file was "not found" (probed)
         require(spec.fp32_linear in FP32_LINEAR_CHOICES, f"fp32_linear must be one of {FP32_LINEAR_CHOICES}")
         require(spec.int8_outliers in INT8_OUTLIER_CHOICES, f"int8_outliers must be one of {INT8_OUTLIER_CHOICES}")
         apply_threads(spec.threads)

@@ -120,6 +120,8 @@ def _lock_file(text: str) -> Path:
     path = Path(text)
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"the lock file's directory {path.parent} does not exist")
+    if path.is_dir():  # it failed the start as "cannot load the model in MODEL: Is a directory" (probed)
+        raise argparse.ArgumentTypeError(f"{path} is a directory: give a lock file's path (made if missing)")
     return path
 
 

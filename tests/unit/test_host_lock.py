@@ -159,6 +159,8 @@ def test_both_model_services_take_the_compute_lock_flag(tmp_path: Path) -> None:
         assert config.model.compute_lock == tmp_path / "c.lock"
         with pytest.raises(SystemExit):  # a usage error at start-up, not a failure at the first forward
             parse(["--model", "m", "--compute-lock", str(tmp_path / "missing" / "c.lock")])
+        with pytest.raises(SystemExit):  # it failed the start blaming the model: "Is a directory"
+            parse(["--model", "m", "--compute-lock", str(tmp_path)])
 
 
 def test_a_runner_given_a_compute_lock_puts_every_later_job_under_it(tiny_pair: TinyPair, tmp_path: Path) -> None:
@@ -193,3 +195,13 @@ def test_a_job_cannot_replace_the_lock_it_holds(tmp_path: Path) -> None:
     compute = ComputeThread("test-compute")
     with pytest.raises(RuntimeError):
         compute.run(compute.use_host_lock, tmp_path / "c.lock")
+
+
+def test_a_model_path_that_is_a_file_is_named_so(tmp_path: Path) -> None:
+    """`--model FILE` said "model directory not found: FILE" of a file that is there."""
+    from calispec_core.errors import InvalidArgument
+    from calispec_core.modeling import ModelRunner, ModelSpec
+
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(InvalidArgument, match="model path is not a directory: .*model.safetensors"):
+        ModelRunner(ModelSpec(tmp_path / "model.safetensors", device="cpu"))
