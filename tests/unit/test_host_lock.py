@@ -203,5 +203,5 @@ def test_a_model_path_that_is_a_file_is_named_so(tmp_path: Path) -> None:
     from calispec_core.modeling import ModelRunner, ModelSpec
 
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(InvalidArgument, match="model path is not a directory: .*model.safetensors"):
+    with pytest.raises(InvalidArgument, match=r"model path is not a directory: .*model\.safetensors"):
         ModelRunner(ModelSpec(tmp_path / "model.safetensors", device="cpu"))
