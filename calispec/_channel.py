@@ -7,6 +7,7 @@ CALISPEC_TOKEN) as `authorization: Bearer <key>` metadata on every call.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from dataclasses import dataclass
@@ -23,6 +24,11 @@ _OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_reconnect_backoff_ms", 2000),  # find a restarted coordinator within ~2 s (gRPC default: up to 120 s)
 ]
+# gRPC dials through an HTTP proxy named by grpc_proxy, https_proxy or http_proxy for any address no_proxy does not
+# list, loopback included: with such a variable set (as on many CI runners and corporate hosts) no client reached a
+# service on this host, and `calispec up`'s services never reached each other (found by probing). A proxy cannot
+# reach this host's loopback: those addresses are dialled directly; others follow the environment as gRPC does.
+_NO_PROXY = ("grpc.enable_http_proxy", 0)
 # gRPC refuses metadata values outside printable ASCII (0x20-0x7E) with an opaque INTERNAL "Invalid metadata";
 # a space cannot be part of a bearer token (the server strips it) or of a certificate's name either.
 _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
@@ -64,14 +70,31 @@ class ClientAuth:
     def channel(self, address: str) -> grpc.Channel:
         secure = self._secure()
         if secure is None:
-            return grpc.insecure_channel(address, options=_OPTIONS)
-        return grpc.secure_channel(address, secure[0], options=secure[1])
+            return grpc.insecure_channel(address, options=channel_options(address, _OPTIONS))
+        return grpc.secure_channel(address, secure[0], options=channel_options(address, secure[1]))
 
     def aio_channel(self, address: str) -> grpc.aio.Channel:
         secure = self._secure()
         if secure is None:
-            return grpc.aio.insecure_channel(address, options=_OPTIONS)
-        return grpc.aio.secure_channel(address, secure[0], options=secure[1])
+            return grpc.aio.insecure_channel(address, options=channel_options(address, _OPTIONS))
+        return grpc.aio.secure_channel(address, secure[0], options=channel_options(address, secure[1]))
+
+
+def channel_options(address: str, options: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """`options`, and for a loopback address no HTTP proxy (_NO_PROXY above)."""
+    return [*options, _NO_PROXY] if is_loopback(address) else options
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a gRPC target (HOST:PORT, [V6]:PORT, ipv4:/ipv6:/dns: forms) names this host's loopback."""
+    host = address.removeprefix("dns:///").removeprefix("ipv4:").removeprefix("ipv6:").rpartition(":")[0]
+    host = host.removeprefix("[").removesuffix("]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _check_visible(what: str, value: str | None, secret: bool = False) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from calispec._channel import channel_options
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError, InvalidArgument
 
@@ -353,12 +354,13 @@ def channel_credentials(tls: TlsConfig) -> grpc.ChannelCredentials:
 def make_channel(address: str, tls: TlsConfig | None = None, server_name: str | None = None) -> grpc.Channel:
     """A channel to `address`; with TLS, the server must prove `server_name` (default: the address's host)."""
     if tls is None or not tls.enabled:
-        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-    return grpc.secure_channel(address, channel_credentials(tls), options=_channel_options(server_name))
+        return grpc.insecure_channel(address, options=channel_options(address, CHANNEL_OPTIONS))
+    options = channel_options(address, _channel_options(server_name))
+    return grpc.secure_channel(address, channel_credentials(tls), options=options)
 
 
 def make_aio_channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.aio.insecure_channel(address, options=channel_options(address, CHANNEL_OPTIONS))
 
 
 def wait_for_ready(channel: grpc.Channel, timeout: float) -> None:

@@ -185,7 +185,8 @@ def test_memory_events_received_committed_and_dropped(stack: Stack, client: Cali
     assert total(after, "calispec_memory_events_received_total") == total(m, "calispec_memory_events_received_total")
 
 
-def test_servers_in_one_process_keep_separate_registries(stack: Stack) -> None:
+def test_servers_in_one_process_keep_separate_registries(stack: Stack, client: CalispecClient) -> None:
+    client.generate("zebra quantum xylophone", max_new_tokens=8, mode="sd", num_speculative_tokens=4)  # run alone too
     draft = scrape(stack.urls["draft"])
     assert total(draft, "calispec_draft_proposed_tokens_total") > 0
     assert ("calispec_draft_proposed_tokens_total", frozenset()) not in scrape(stack.urls["target"])
