@@ -88,7 +88,11 @@ def channel_options(address: str, options: list[tuple[str, Any]]) -> list[tuple[
 def is_loopback(address: str) -> bool:
     """Whether a gRPC target (HOST:PORT, [V6]:PORT, ipv4:/ipv6:/dns: forms) names this host's loopback."""
     host = address.removeprefix("dns:///").removeprefix("ipv4:").removeprefix("ipv6:").rpartition(":")[0]
-    host = host.removeprefix("[").removesuffix("]")
+    return is_loopback_host(host.removeprefix("[").removesuffix("]"))
+
+
+def is_loopback_host(host: str) -> bool:
+    """`localhost` or a loopback IP address (no brackets)."""
     if host.lower() == "localhost":
         return True
     try:

@@ -9,11 +9,13 @@ figures stay comparable with the gRPC path. Per-request speculation stats are gR
 from __future__ import annotations
 
 import ssl
+import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
 
+from calispec._channel import is_loopback_host
 from calispec.client import CalispecRpcError, StreamChunk
 
 
@@ -54,7 +56,11 @@ class OpenAIStreamClient:
     ) -> None:
         """`tls_context`: what verifies an https server (the CA `calispec up --tls` prints as CALISPEC_TLS_CA);
         None: the system's CAs."""
-        http = openai.DefaultAsyncHttpxClient(verify=tls_context if tls_context is not None else True)
+        # a loopback server directly, never through the environment's proxy (calispec/_channel.py: the same for gRPC)
+        direct = is_loopback_host(urllib.parse.urlsplit(base_url).hostname or "")
+        http = openai.DefaultAsyncHttpxClient(
+            verify=tls_context if tls_context is not None else True, trust_env=not direct
+        )
         self._client = openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout, http_client=http
         )

@@ -8,10 +8,13 @@ suite under a CI-like environment). Other addresses still follow the environment
 
 from __future__ import annotations
 
+import asyncio
+import json
 import socket
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 import pytest
@@ -46,7 +49,7 @@ def proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Proxy]:
     proxy = Proxy()
     for name in ("no_proxy", "NO_PROXY", "no_grpc_proxy"):
         monkeypatch.delenv(name, raising=False)
-    for name in ("http_proxy", "https_proxy", "grpc_proxy"):
+    for name in ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.port}")
     yield proxy
     proxy.sock.close()
@@ -72,6 +75,38 @@ CHANNELS: dict[str, Callable[[str], grpc.Channel]] = {
 def test_a_loopback_channel_never_goes_through_the_proxy(proxy: Proxy, server_port: int, make, host: str) -> None:
     with make(f"{host}:{server_port}") as channel:
         wait_for_ready(channel, timeout=10)  # through the proxy: it never connects
+    assert proxy.connections == 0
+
+
+class Models(BaseHTTPRequestHandler):
+    """An OpenAI-compatible server's model list, all `bench --openai-url` asks before its requests."""
+
+    def do_GET(self) -> None:
+        body = json.dumps({"object": "list", "data": [{"id": "m", "object": "model", "created": 0, "owned_by": "x"}]})
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_bench_reaches_a_loopback_http_api_directly(proxy: Proxy) -> None:
+    from calispec_tools.bench.openai_client import OpenAIStreamClient
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    async def model() -> str | None:
+        async with OpenAIStreamClient(f"http://127.0.0.1:{server.server_port}/v1", 10.0) as client:
+            return client.model
+
+    try:
+        assert asyncio.run(model()) == "m"  # through the proxy: UNAVAILABLE (the connection closed unanswered)
+    finally:
+        server.shutdown()
     assert proxy.connections == 0
 
 
