@@ -1,4 +1,4 @@
-"""Loopback addresses are dialled directly, whatever proxy the environment names.
+"""Loopback addresses are dialled directly (gRPC, and `bench --openai-url` over HTTP), whatever proxy is set.
 
 gRPC sends a channel through the HTTP proxy of `grpc_proxy`, `https_proxy` or `http_proxy` unless `no_proxy` lists
 the address, loopback included. With such a variable set, as on many CI runners and corporate hosts, no client
