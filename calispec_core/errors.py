@@ -54,6 +54,11 @@ class ResourceExhausted(CalispecError):
         self.retry_after_s = retry_after_s  # when a retry can succeed (a rate limit's refill); None: not known
 
 
+# How a model service's status names a sticky CUDA error (calispec_core/grpc_server.py); the coordinator reads it
+DEVICE_FAILED = "the device failed"
+STOPS_SERVING = f"{DEVICE_FAILED}; this replica stops serving"  # the call that met the failure (not a refusal after)
+
+
 class Unavailable(CalispecError):
     code = "UNAVAILABLE"
 

@@ -19,7 +19,7 @@ import grpc
 
 from calispec._channel import channel_options
 from calispec_core.credentials import TlsConfig
-from calispec_core.errors import CalispecError, InvalidArgument
+from calispec_core.errors import DEVICE_FAILED, STOPS_SERVING, CalispecError, InvalidArgument
 
 if TYPE_CHECKING:
     from grpc_health.v1 import health
@@ -87,16 +87,30 @@ def handler_threads(max_workers: int, max_batch_size: int) -> int:
     return max(max_workers, max_batch_size + OTHER_CALLS)
 
 
+def _torch_error(exc: BaseException, name: str) -> bool:
+    """Whether `exc` is torch's exception class `name`, by name: this module does not import torch (the light
+    client uses it)."""
+    return any(c.__name__ == name and c.__module__.startswith("torch") for c in type(exc).__mro__)
+
+
+CUDA_OUT_OF_MEMORY = 2  # cudaErrorMemoryAllocation: a cudaMalloc outside torch's allocator, a workspace
+# cudaError_t values after which the CUDA context is lost (ECC uncorrectable, an illegal address, a launch timeout,
+# a device-side assert, a hardware stack error, an illegal instruction, a misaligned address, an invalid address
+# space or pc, a launch failure): every later call on the device fails too, and only a new process recovers
+STICKY_CUDA_ERRORS = frozenset({214, 700, 702, 710, 714, 715, 716, 717, 718, 719})
+
+
 def _out_of_device_memory(exc: BaseException) -> bool:
-    """torch's OutOfMemoryError (a GPU's memory full of KV caches under load: overload, not a bug), by name: this
-    module does not import torch (the light client uses it)."""
-    return any(c.__name__ == "OutOfMemoryError" and c.__module__.startswith("torch") for c in type(exc).__mro__)
+    """A GPU's memory full (of KV caches under load: overload, not a bug): torch's OutOfMemoryError, or a CUDA
+    error of that code (review)."""
+    cuda_oom = _torch_error(exc, "AcceleratorError") and getattr(exc, "error_code", None) == CUDA_OUT_OF_MEMORY
+    return cuda_oom or _torch_error(exc, "OutOfMemoryError")
 
 
 def _device_failed(exc: BaseException) -> bool:
-    """torch's AcceleratorError: a CUDA error (an illegal address, a device-side assert, a lost device). Most are
-    sticky: every later call on the device fails too, so the process must be restarted (by name, as above)."""
-    return any(c.__name__ == "AcceleratorError" and c.__module__.startswith("torch") for c in type(exc).__mro__)
+    """A sticky CUDA error (torch's AcceleratorError carries the cudaError_t): the process must be restarted. Any
+    other CUDA error (an odd shape's invalid configuration, say) fails its call only, as any bug does."""
+    return _torch_error(exc, "AcceleratorError") and getattr(exc, "error_code", None) in STICKY_CUDA_ERRORS
 
 
 def _first_line(exc: BaseException) -> str:
@@ -109,7 +123,7 @@ def _status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if _out_of_device_memory(exc):  # it was INTERNAL, logged as a bug (found by a CUDA audit)
         return grpc.StatusCode.RESOURCE_EXHAUSTED, f"the device ran out of memory; retry later ({_first_line(exc)})"
     if _device_failed(exc):  # another replica can serve the call: UNAVAILABLE is what clients retry
-        return grpc.StatusCode.UNAVAILABLE, f"the device failed; this replica stops serving ({_first_line(exc)})"
+        return grpc.StatusCode.UNAVAILABLE, f"{STOPS_SERVING} ({_first_line(exc)})"
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
 
 
@@ -145,6 +159,16 @@ class ErrorInterceptor(grpc.ServerInterceptor):
 
     def __init__(self) -> None:
         self.on_device_failure: Callable[[], None] = lambda: None
+        self._device_lost = threading.Event()
+
+    def _device_failure(self, exc: BaseException, message: str) -> None:
+        """The first one with its traceback, then once a call (until a restart every call on the device fails)."""
+        if self._device_lost.is_set():
+            log.warning("%s", message)
+            return
+        self._device_lost.set()
+        log.error("%s: health NOT_SERVING until the process is restarted", message, exc_info=exc)
+        self.on_device_failure()
 
     def intercept_service(self, continuation: Callable, handler_call_details: Any) -> Any:
         handler = continuation(handler_call_details)
@@ -166,8 +190,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         if code == grpc.StatusCode.INTERNAL:
             log.exception("unhandled error in handler")
         elif _device_failed(exc):
-            log.error("%s: health NOT_SERVING until the process is restarted", message, exc_info=exc)
-            self.on_device_failure()
+            self._device_failure(exc, message)
         elif not isinstance(exc, CalispecError):  # the device's memory: the operator's to size, said once a call
             log.warning("%s", message)
         if (retry_after_s := getattr(exc, "retry_after_s", None)) is not None:  # gRPC's retry policies read it
@@ -296,7 +319,7 @@ def create_grpc_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in [*service_names, ""]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    errors.on_device_failure = lambda: _device_lost(health_servicer, rpc_metrics)
+    errors.on_device_failure = lambda: _device_lost(health_servicer, rpc_metrics, gate)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     port = bind_port(server, address, tls, require_client_cert)
     if health_port is not None:
@@ -307,10 +330,12 @@ def create_grpc_server(
     return ManagedServer(server, health_servicer, gate, rpc_metrics, endpoint), port, health_servicer
 
 
-def _device_lost(health_servicer: Any, rpc_metrics: Any) -> None:
-    """Every health service NOT_SERVING, kept so (later `set` calls, e.g. the memory link's, are ignored)."""
+def _device_lost(health_servicer: Any, rpc_metrics: Any, gate: Any) -> None:
+    """Every health service NOT_SERVING, kept so (later `set` calls, e.g. the memory link's, are ignored), and new
+    sessions refused at once: their clients go to another replica without a call on the failed device."""
     rpc_metrics.device_failed.set(1)
     health_servicer.enter_graceful_shutdown()
+    gate.start_draining(f"{DEVICE_FAILED}: this replica is out of service until it is restarted")
 
 
 def bind_port(server: grpc.Server, address: str, tls: TlsConfig | None = None, require_client_cert: bool = True) -> int:

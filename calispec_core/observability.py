@@ -64,6 +64,7 @@ class DrainGate:
     def __init__(self, admission: Iterable[str]) -> None:
         self.admission = frozenset(admission)
         self.draining = False
+        self.refusal = "the server is draining before shutdown"
         self._running = 0
         self._cond = threading.Condition()
 
@@ -90,9 +91,11 @@ class DrainGate:
             self._running -= 1
             self._cond.notify_all()
 
-    def start_draining(self) -> None:
+    def start_draining(self, refusal: str | None = None) -> None:
+        """Refuse new work from now on, saying `refusal` (default: a shutdown's drain)."""
         with self._cond:
             self.draining = True
+            self.refusal = refusal or self.refusal
 
     def wait_idle(self, idle: Callable[[], bool], timeout_s: float) -> bool:
         """True once no admission RPC runs and idle() holds; False when timeout_s ran out first."""
@@ -149,7 +152,7 @@ class ObservabilityInterceptor(grpc.ServerInterceptor):
             request_id = new_request_id()
         if not self.gate.enter(method):
             self.metrics.requests.labels(label, grpc.StatusCode.UNAVAILABLE.name).inc()
-            context.abort(grpc.StatusCode.UNAVAILABLE, "the server is draining before shutdown; retry elsewhere")
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.gate.refusal}; retry elsewhere")
         start = now_ns()
         self.metrics.in_flight.inc()
         failed: BaseException | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from calispec_core.errors import DeadlineExceeded, Unavailable
+from calispec_core.errors import STOPS_SERVING, DeadlineExceeded, Unavailable
 from calispec_core.generation import Mode
 from calispec_core.timing import Deadline
 from coordinator.circuit import CircuitBreaker
@@ -359,3 +359,46 @@ def test_replicas_that_all_lose_the_session_again_end_the_request() -> None:
     orchestrator, _ = make([reaping_target("a:1"), reaping_target("b:1")])
     with pytest.raises(Unavailable, match="closed this request's session again right after reopening"):
         list(orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60)))
+
+
+class FailingDevice(FakeTarget):
+    """A replica whose device fails under the next Verify (a sticky CUDA error: calispec_core/grpc_server.py)."""
+
+    breaks = False
+
+    def verify(self, *args, **kwargs):
+        if self.breaks:
+            self.failed_calls += 1
+            raise Unavailable(f"target: {STOPS_SERVING} (CUDA error: device-side assert triggered)")
+        return super().verify(*args, **kwargs)
+
+
+def failing_devices(*addresses: str) -> list[FailingDevice]:
+    replicas = [FailingDevice(alphabet_target) for _ in addresses]
+    for replica, address in zip(replicas, addresses, strict=True):
+        replica.address = address  # type: ignore[misc]
+    return replicas
+
+
+def test_a_request_moves_once_when_its_replicas_device_fails() -> None:
+    a, b = failing_devices("a:1", "b:1")
+    orchestrator, _ = make([a, b])
+    stream = orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60))
+    first = next(stream)
+    (a if a.sessions else b).breaks = True
+    chunks = [first, *stream]
+    assert "".join(c.text for c in chunks) == EXPECTED and chunks[-1].stats.target_failovers == 1
+
+
+def test_a_request_under_which_a_second_device_fails_is_not_moved_again() -> None:
+    """Moved on and on, a request whose input sets off a device-side assert took every replica out in turn (each
+    then NOT_SERVING until restarted; found by review): the second such failure ends it."""
+    replicas = failing_devices("a:1", "b:1", "c:1")
+    orchestrator, _ = make(replicas)
+    stream = orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60))
+    next(stream)
+    for replica in replicas:
+        replica.breaks = True
+    with pytest.raises(RuntimeError, match="a second target replica's device failed under this request"):
+        list(stream)
+    assert sorted(r.failed_calls for r in replicas) == [0, 1, 1]  # the third never saw it
