@@ -246,12 +246,20 @@ def grpc_address(text: str) -> str:
     dialled port 443, the connection refused far from the flag: found by probing)."""
     if not text or any(c.isspace() for c in text):
         raise argparse.ArgumentTypeError(f"must be HOST:PORT, got {text!r}")
-    if not text.startswith(GRPC_SCHEMES):
-        host, colon, port = text.rpartition(":")
-        if not colon or host.endswith(":") or (host.startswith("[") != host.endswith("]")):  # "[::1]", "::1": no port
-            raise argparse.ArgumentTypeError(f"must be HOST:PORT (a port too: gRPC would dial 443), got {text!r}")
-        if not (port.isdigit() and 1 <= int(port) <= 65535):
-            raise argparse.ArgumentTypeError(f"must be HOST:PORT with a port in 1-65535, got {text!r}")
+    if text.startswith("dns:"):  # dns:H:P, dns:///H:P, dns://AUTHORITY/H:P
+        rest = text.removeprefix("dns:")
+        address = rest[2:].partition("/")[2] if rest.startswith("//") else rest
+    elif text.startswith(GRPC_SCHEMES):
+        return text  # unix:PATH, ipv4:/ipv6: address lists: gRPC's own forms
+    else:
+        address = text
+    host, colon, port = address.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if not colon or not host or (":" in host and not bracketed) or host.startswith("[") != host.endswith("]"):
+        # "[::1]", "::1", "::1:50050" (an IPv6 address needs brackets), ":5": gRPC dialled port 443 or failed
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT ([V6]:PORT; without a port gRPC dials 443), got {text!r}")
+    if not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT with a port in 1-65535, got {text!r}")
     return text
 
 

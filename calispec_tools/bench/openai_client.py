@@ -43,6 +43,16 @@ def rpc_error(exc: openai.APIError) -> CalispecRpcError:
     return CalispecRpcError((code or f"HTTP_{exc.status_code}").upper(), str(exc.message))
 
 
+def _direct_if_loopback(base_url: str) -> dict[str, None] | None:
+    """A loopback server is reached directly, never through the environment's proxy (as gRPC channels:
+    calispec/_channel.py); the rest of the environment (SSL_CERT_FILE, .netrc) still counts. In httpx a mount of
+    None is the direct transport, how it applies NO_PROXY."""
+    host = urllib.parse.urlsplit(base_url).hostname or ""
+    if not is_loopback_host(host):
+        return None
+    return {f"all://{f'[{host}]' if ':' in host else host}": None}
+
+
 class OpenAIStreamClient:
     """What bench/runner.py needs from AsyncCalispecClient: `generate_stream` and `async with`."""
 
@@ -56,11 +66,8 @@ class OpenAIStreamClient:
     ) -> None:
         """`tls_context`: what verifies an https server (the CA `calispec up --tls` prints as CALISPEC_TLS_CA);
         None: the system's CAs."""
-        # a loopback server directly, never through the environment's proxy (calispec/_channel.py: the same for gRPC)
-        direct = is_loopback_host(urllib.parse.urlsplit(base_url).hostname or "")
-        http = openai.DefaultAsyncHttpxClient(
-            verify=tls_context if tls_context is not None else True, trust_env=not direct
-        )
+        verify = tls_context if tls_context is not None else True
+        http = openai.DefaultAsyncHttpxClient(verify=verify, mounts=_direct_if_loopback(base_url))
         self._client = openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout, http_client=http
         )

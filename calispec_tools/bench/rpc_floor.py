@@ -119,10 +119,10 @@ def _aio_floor(port: int, calls: int) -> dict[str, float]:
     """grpc.aio at both ends: no thread-pool hand-off in the server, the client's call on its event loop."""
     import asyncio
 
-    import grpc
+    from calispec_core.grpc_server import make_aio_channel
 
     async def open_channel() -> Any:  # made on the loop that will run its calls
-        return grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        return make_aio_channel(f"127.0.0.1:{port}")  # the services' channel: loopback, never through a proxy
 
     loop = asyncio.new_event_loop()
     channel = loop.run_until_complete(open_channel())
@@ -159,7 +159,7 @@ def _exactly(sock: socket.socket, size: int) -> bytes:
 
 def transport_floors(calls: int = CALLS) -> dict[str, dict[str, float]]:
     """Bare round trips by transport, each server in its own process on loopback."""
-    import grpc
+    from calispec_core.grpc_server import make_channel
 
     context = multiprocessing.get_context("spawn")
     ports: multiprocessing.Queue = context.Queue()
@@ -171,7 +171,7 @@ def transport_floors(calls: int = CALLS) -> dict[str, dict[str, float]]:
     try:
         servers[0].start()
         grpc_port = ports.get(timeout=60)
-        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        with make_channel(f"127.0.0.1:{grpc_port}") as channel:
             unary = channel.unary_unary(_METHOD)
             floors["grpc unary"] = floor_of(lambda: unary(PAYLOAD, timeout=30), calls)
             outbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()

@@ -119,13 +119,15 @@ def test_an_address_a_channel_takes_is_taken(address: str) -> None:
     assert cli.build_parser().parse_args(["generate", "--prompt", "x", "--address", address]).address == address
 
 
-@pytest.mark.parametrize("address", ["localhost", "[::1]", "::1", "calispec-coordinator"])
+@pytest.mark.parametrize(
+    "address", ["localhost", "[::1]", "::1", "calispec-coordinator", "::1:50050", ":50050", "dns:///localhost"]
+)
 def test_an_address_without_a_port_is_an_argparse_error(address: str, capsys: pytest.CaptureFixture[str]) -> None:
     """gRPC dialled port 443 for it, and the call failed "connection refused" far from the flag (wave 55's probe)."""
     with pytest.raises(SystemExit) as exited:
         cli.build_parser().parse_args(["generate", "--prompt", "x", "--address", address])
     assert exited.value.code == 2
-    assert f"must be HOST:PORT (a port too: gRPC would dial 443), got {address!r}" in capsys.readouterr().err
+    assert f"must be HOST:PORT ([V6]:PORT; without a port gRPC dials 443), got {address!r}" in capsys.readouterr().err
 
 
 PORTED = [
