@@ -153,7 +153,8 @@ def serve_metrics(
     try:
         server = _BoundedMetricsServer(host, port, connections, read_timeout_s, deadline_s)
     except OSError as exc:  # "Address already in use" alone named neither the endpoint nor its port (probed)
-        raise OSError(exc.errno, f"the metrics endpoint {host}:{port}: {exc.strerror or exc}") from exc
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise OSError(exc.errno, f"the metrics endpoint {where}: {exc.strerror or exc}") from exc
     server.set_app(make_wsgi_app(registry))
     thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
     thread.start()

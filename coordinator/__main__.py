@@ -81,7 +81,11 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
     parser.add_argument("--default-mode", default="csd", choices=[m.name.lower() for m in Mode])
     parser.add_argument("--default-max-new-tokens", type=max_new_tokens, default=Defaults.max_new_tokens)
     parser.add_argument(
-        "--default-gamma", type=gamma, default=None, help="fixed γ for requests that set none (default: adaptive)"
+        "--default-gamma",
+        type=gamma,
+        default=None,
+        help="fixed γ for requests that set none (default: adaptive); a fixed γ makes csd requests wait for the next "
+        "round start instead of riding the current one (their text then follows no other request's rounds)",
     )
     parser.add_argument("--max-gamma", type=gamma, default=10, help="adaptive γ's upper bound")
     parser.add_argument(

@@ -17,7 +17,9 @@ for every running request; this is the same shape across services. A round has t
   ride"). A request new while the group verifies waits for the members to come back. A seeded
   sampling request (`Wish.reproducible`) never joins a drafting round: a round of γ 0 where it
   would have drafted changes which random draws make its tokens, so its output depended on when
-  others ran (wave 51, found by probing); it waits, as a newcomer, for the next round start.
+  others ran (wave 51, found by probing); it waits, as a newcomer, for the next round start. So
+  does a rescuing request (csd, ocm_only, scg_only) with a fixed γ: only a drafted token can be
+  rescued (wave 56); it gives up the riding newcomer's earlier first token for that.
 - `before_verify`: the Verify calls leave together once every member has its proposal (a
   request that drafts nothing this round arrives at once), so the target verifies them as one
   batch and no target forward overlaps a draft forward of the same group.

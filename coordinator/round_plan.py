@@ -45,8 +45,9 @@ class Wish(NamedTuple):
     floor: int = 0  # adaptive: the least it drafts (a probe: its policy's of acceptance, or the draft circuit's)
     reach: int = 0  # adaptive: how far it drafts alone, its proposal stopping on the path floor (0: its γ)
     alpha: float | None = None  # adaptive, under group_phase: its first draft's acceptance (None: the pair's)
-    # its rounds must not hang on timing (a seeded sampling request: its draws follow how its rounds fall), so it
-    # never joins a drafting round with γ 0 (Lockstep.start_round)
+    # its rounds must not hang on timing (a seeded sampling request: its draws follow how its rounds fall; a rescuing
+    # one with a fixed γ: only its drafted tokens can be rescued), so it never joins a drafting round with γ 0
+    # (Lockstep.start_round)
     reproducible: bool = False
 
     @classmethod
