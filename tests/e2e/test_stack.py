@@ -183,8 +183,13 @@ def test_rejection_counts_reach_sqlite_and_survive_a_memory_restart(stack: Local
         .fetchone()[0]
     )
     assert in_file == expected
-    restarted = stack.restart_service("memory_service", stack.memory_args(0))
+    # on its port: the target knows that address, so the module's other tests (in any order) get a whole stack
+    restarted = stack.restart_service("memory_service")
     assert memory_events(restarted.address, namespace) == expected
+    # and the stack records again: the target's link finds the restarted service and ships the new events
+    after = [client.generate(p, max_new_tokens=30, mode="sd", num_speculative_tokens=4) for p in PROMPTS]
+    assert sum(r.stats.rejections for r in after) > 0
+    wait_until(lambda: memory_events(restarted.address, namespace) == client.rejections)
 
 
 def test_identical_draft_gives_full_acceptance(tiny_pair: TinyPair, tmp_path: Path, stack_device: str) -> None:
