@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from google.protobuf.descriptor import FieldDescriptor, MethodDescriptor
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -127,6 +128,9 @@ def messages(descriptor: Any, depth: int = 0) -> st.SearchStrategy[Message]:
 class Stack:
     channels: dict[str, grpc.Channel]
     memory_store: Any
+    # per model service, the session ids a Close found no session for: the service remembers each, and refuses the
+    # next Prefill of it CANCELLED (docs/robustness.md); the fuzzing of Close may run before that of Prefill
+    closed_unknown: dict[str, set[str]] = dataclass_field(default_factory=lambda: {"draft": set(), "target": set()})
 
     def call(self, service: str, method: MethodDescriptor, request: bytes, metadata: tuple) -> grpc.StatusCode:
         """Send raw request bytes; the status code (OK included) of the call."""
@@ -172,11 +176,6 @@ def stack(tmp_path_factory, tiny_pair: TinyPair, draft_runner: ModelRunner, targ
     ports = {"memory": memory_port, "draft": draft_port, "target": target_port, "coordinator": coordinator_port}
     channels = {name: make_channel(f"127.0.0.1:{port}") for name, port in ports.items()}
     fuzz = Stack(channels, store)
-    draft_prefill = _method(draft_pb2, "DraftService", "Prefill")
-    target_prefill = _method(target_pb2, "TargetService", "Prefill")
-    for sid in SESSIONS:
-        fuzz.call("draft", draft_prefill, _prefill(draft_pb2.DraftPrefillRequest, sid), ())
-        fuzz.call("target", target_prefill, _prefill(target_pb2.TargetPrefillRequest, sid), ())
     yield fuzz
     for channel in channels.values():
         channel.close()
@@ -185,6 +184,23 @@ def stack(tmp_path_factory, tiny_pair: TinyPair, draft_runner: ModelRunner, targ
         server.stop(None)
     runtime.stop()
     store.close()
+
+
+@pytest.fixture
+def fuzzed(stack: Stack) -> Stack:
+    """The module's stack with its sessions SESSIONS open (again: the fuzzing of Close may have closed them, in
+    whatever order the tests run), so session RPCs get past NOT_FOUND."""
+    for service, module, name in (("draft", draft_pb2, "DraftService"), ("target", target_pb2, "TargetService")):
+        prefill = _method(module, name, "Prefill")
+        for sid in SESSIONS:
+            request = _prefill(GetMessageClass(prefill.input_type), sid)
+            code = stack.call(service, prefill, request, ())
+            if code == grpc.StatusCode.CANCELLED and sid in stack.closed_unknown[service]:  # one Close, one Prefill
+                stack.closed_unknown[service].discard(sid)
+                code = stack.call(service, prefill, request, ())
+            assert code in (grpc.StatusCode.OK, grpc.StatusCode.ALREADY_EXISTS), (service, sid, code)
+    assert _open_sessions(stack) >= (len(SESSIONS), len(SESSIONS))
+    return stack
 
 
 def _method(module: Any, service: str, name: str) -> MethodDescriptor:
@@ -233,11 +249,26 @@ def _requests(method: MethodDescriptor) -> st.SearchStrategy[bytes]:
     return st.one_of(well_formed, well_formed, well_formed, st.binary(min_size=1, max_size=32))
 
 
+def _session_id(method: MethodDescriptor, request: bytes) -> str | None:
+    try:
+        return GetMessageClass(method.input_type).FromString(request).session_id
+    except DecodeError:  # not a message: the service refused it before it read an id
+        return None
+
+
 def _check_one(stack: Stack, service: str, method: MethodDescriptor, request: bytes, authenticated: bool) -> None:
     metadata = writer_metadata(TOKEN) if authenticated else ()
     sessions, counts = _open_sessions(stack), _memory_counts(stack)
     code = stack.call(service, method, request, metadata)
-    assert code == grpc.StatusCode.OK or code in REFUSALS, f"{method.full_name} answered {code}"
+    if code == grpc.StatusCode.CANCELLED and method.name == "Prefill" and service in stack.closed_unknown:
+        # documented, and only for the Prefill of an id a refused Close named (one Close cancels one Prefill)
+        sid = _session_id(method, request)
+        assert sid in stack.closed_unknown[service], f"{method.full_name} of {sid!r} answered {code}"
+        stack.closed_unknown[service].discard(sid)
+    else:
+        assert code == grpc.StatusCode.OK or code in REFUSALS, f"{method.full_name} answered {code}"
+    if code == grpc.StatusCode.NOT_FOUND and method.name == "Close" and service in stack.closed_unknown:
+        stack.closed_unknown[service].add(str(_session_id(method, request)))
     if code != grpc.StatusCode.OK:
         assert _open_sessions(stack) == sessions, f"a refused {method.name} changed the open sessions"
         assert _memory_counts(stack) == counts, f"a refused {method.name} changed the memory"
@@ -276,21 +307,29 @@ _fuzz_slow = _fuzz(SLOW_EXAMPLES)
 
 
 @pytest.mark.parametrize(("service", "method"), RPCS, ids=[m.full_name for _, m in RPCS])
-def test_random_requests_get_documented_codes_and_refusals_change_nothing(stack, service, method) -> None:
-    _fuzz_default(stack, service, method)
+def test_random_requests_get_documented_codes_and_refusals_change_nothing(fuzzed, service, method) -> None:
+    _fuzz_default(fuzzed, service, method)
+    _still_serves(fuzzed, f"after-{method.full_name}")  # whatever the module fuzzed before: each test checks its own
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("service", "method"), RPCS, ids=[m.full_name for _, m in RPCS])
-def test_random_requests_bigger_profile(stack, service, method) -> None:
-    _fuzz_slow(stack, service, method)
+def test_random_requests_bigger_profile(fuzzed, service, method) -> None:
+    _fuzz_slow(fuzzed, service, method)
+    _still_serves(fuzzed, f"after-{method.full_name}")
 
 
-def test_every_service_still_serves_after_the_fuzzing(stack: Stack) -> None:
+def _still_serves(stack: Stack, session_id: str) -> None:
     for service, module, name in (("draft", draft_pb2, "DraftService"), ("target", target_pb2, "TargetService")):
-        prefill = _method(module, name, "Prefill")
-        request = _prefill(GetMessageClass(prefill.input_type), "after-fuzz")
+        prefill, close = _method(module, name, "Prefill"), _method(module, name, "Close")
+        request = _prefill(GetMessageClass(prefill.input_type), session_id)
         assert stack.call(service, prefill, request, ()) == grpc.StatusCode.OK  # capacity left, model fine
+        request = GetMessageClass(close.input_type)(session_id=session_id).SerializeToString()
+        assert stack.call(service, close, request, ()) == grpc.StatusCode.OK  # its slot back, for the next test
     for service, method in RPCS:
         if service in ("draft", "target") and method.name in ("GetModelInfo", "GetStats"):
             assert stack.call(service, method, b"", ()) == grpc.StatusCode.OK
+
+
+def test_every_service_still_serves_after_the_fuzzing(stack: Stack) -> None:
+    _still_serves(stack, "after-fuzz")
