@@ -37,7 +37,7 @@ import platformdirs
 from calispec.client import CalispecClient, CalispecRpcError, GenerationResult, build_params
 from calispec.types import Mode
 from calispec_core.interrupts import SIGNAL_POLL_S
-from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, LOG_LEVELS
+from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, LOG_LEVELS, MAX_PORT
 from calispec_tools import arg_types as at
 from calispec_tools import cli_auth, cli_bench, cli_chat, cli_memory, cli_ray
 from calispec_tools.models.registry import PAIRS, ModelPullError, describe_pairs, pull_pair, pulled
@@ -107,11 +107,24 @@ UP_PORT_FLAGS = ("port", "target_port", "draft_port", "memory_port", "http_port"
 
 
 def fixed_up_ports(args: argparse.Namespace) -> Iterator[tuple[str, int]]:
-    """(flag, port) of each port `up` was given: not 0 (a free port each), not the HTTP one with --no-http."""
+    """(flag, port) of each port `up` was given: not 0 (a free port each), not the HTTP one with --no-http; the
+    services' /metrics ports from --metrics-port on."""
+    from calispec_tools.stack import METRICS_ORDER
+
     for name in UP_PORT_FLAGS:
         port = getattr(args, name)
         if port != 0 and not (name == "http_port" and args.no_http):
             yield "--" + name.replace("_", "-"), port
+    for i, service in enumerate(METRICS_ORDER if args.metrics_port else ()):
+        yield f"--metrics-port ({service}'s: {args.metrics_port} + {i})", args.metrics_port + i
+
+
+def metrics_base_port(text: str) -> int:
+    """An argparse type: 0, or a port with room for the three after it."""
+    port = at.port(text)
+    if port > MAX_PORT - 3:
+        raise argparse.ArgumentTypeError(f"must leave room for 3 ports after it (at most {MAX_PORT - 3}), got {port}")
+    return port
 
 
 def check_distinct_ports(args: argparse.Namespace) -> None:
@@ -474,7 +487,12 @@ def serve_stack(args: argparse.Namespace) -> int:
         config = stack_config(args, (args.port, args.target_port, args.draft_port, args.memory_port))
         http_port = None if args.no_http else args.http_port
         config = dataclasses.replace(
-            config, tls_dir=tls_dir, api_keys_file=keys_file, http_port=http_port, metrics=True
+            config,
+            tls_dir=tls_dir,
+            api_keys_file=keys_file,
+            http_port=http_port,
+            metrics=True,
+            metrics_port=args.metrics_port,
         )
         from calispec_tools.stack import LocalStack
 
@@ -654,6 +672,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--memory-port", type=at.port, default=50053)
     up.add_argument("--http-port", type=at.port, default=8000, help="the OpenAI-compatible HTTP API (/v1/...)")
     up.add_argument("--no-http", action="store_true", help="serve the gRPC API only")
+    up.add_argument(
+        "--metrics-port",
+        type=metrics_base_port,
+        default=0,
+        help="the services' Prometheus /metrics on this port and the next three (coordinator, target, draft, memory), "
+        "for a scrape configuration to name (default 0: a free port each, printed)",
+    )
     up.add_argument(
         "--tls",
         action="store_true",

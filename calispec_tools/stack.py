@@ -141,8 +141,13 @@ class StackConfig:
     meaning_guard: bool = True  # the target's CSD never rescues a changed numeral or operator (meaning_guard.py)
     compute_lock: bool = True  # on CPU the model services' forwards take turns (calispec_core/host_lock.py)
     lockstep_phase: LockstepPhase | None = None  # the coordinator's --lockstep-phase (None: its default)
-    metrics: bool = False  # serve /metrics on a free port per service (`calispec up` prints the URLs)
+    metrics: bool = False  # serve /metrics per service (`calispec up` prints the URLs)
+    # with metrics: the first of METRICS_ORDER's /metrics ports, the others on the next ones (0: a free port each)
+    metrics_port: int = 0
     log_level: str = "INFO"
+
+
+METRICS_ORDER = ("coordinator", "target_service", "draft_service", "memory_service")  # StackConfig.metrics_port + i
 
 
 class StackStartError(RuntimeError):
@@ -438,7 +443,7 @@ class LocalStack:
         cmd = [sys.executable, "-m", module, "--host", c.host, "--log-level", c.log_level, "--stop-when-stdin-closes"]
         cmd += args
         if c.metrics:
-            cmd += ["--metrics-port", "0"]
+            cmd += ["--metrics-port", str(self.metrics_port(name))]
         # The stack's first start of a service moves the last run's log aside (this stack holds the
         # directory: no other writes there); a restart appends, so the crash's lines stay above the marker.
         if name not in self._logged:
@@ -460,6 +465,12 @@ class LocalStack:
         service.wait_ready(c.start_timeout_s)
         log.info("%s ready on %s", name, service.address)
         return service
+
+    def metrics_port(self, name: str) -> int:
+        """Where service `name` serves /metrics: a fixed port a Prometheus configuration can name, or 0 (a free one;
+        a target replica's always)."""
+        base = self.config.metrics_port
+        return base + METRICS_ORDER.index(name) if base and name in METRICS_ORDER else 0
 
     @property
     def coordinator_address(self) -> str:

@@ -3,6 +3,7 @@ while it starts."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -188,3 +189,36 @@ def test_a_starting_stack_removes_the_secrets_a_killed_one_left(
         stack.start()
     assert not left.exists()
     assert not list(tmp_path.glob("calispec-secrets-*"))  # its own went with its stop
+
+
+def test_up_serves_the_services_metrics_where_metrics_port_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`up` put every /metrics on a free port, so no scrape configuration could name them (found by probing);
+    `--metrics-port P` serves the coordinator's on P and the target's, draft's and memory's on the next three."""
+    args = cli.build_parser().parse_args(["up", "--metrics-port", "19100", *UP_ON_FREE_PORTS])
+    assert [port for flag, port in cli.fixed_up_ports(args) if flag.startswith("--metrics-port")] == list(
+        range(19100, 19104)
+    )  # checked distinct and free before anything starts
+    with pytest.raises(SystemExit):
+        cli.check_distinct_ports(cli.build_parser().parse_args(["up", "--port", "19102", "--metrics-port", "19100"]))
+    assert "--port and --metrics-port (draft_service's: 19100 + 2) are both 19102" in capsys.readouterr().err
+    spawned: list[list[str]] = []
+
+    class NotStarted(Exception):
+        pass
+
+    def popen(cmd: list[str], **_kwargs: object) -> None:
+        spawned.append(cmd)
+        raise NotStarted
+
+    monkeypatch.setattr("calispec_tools.stack.subprocess.Popen", popen)
+    (tmp_path / "logs").mkdir()
+    config = StackConfig(tmp_path / "d", tmp_path / "t", tmp_path / "m.db", tmp_path / "logs", metrics=True)
+    for base, expected in ((19100, ["19100", "19101", "19102", "19103", "0"]), (0, ["0"] * 5)):
+        stack = LocalStack(dataclasses.replace(config, metrics_port=base))
+        for name in ("coordinator", "target_service", "draft_service", "memory_service", "target_service:1"):
+            with pytest.raises(NotStarted):
+                stack._spawn(name, [])
+        ports = [cmd[cmd.index("--metrics-port") + 1] for cmd in spawned[-5:]]
+        assert ports == expected  # a target replica's: a free one
