@@ -94,10 +94,11 @@ def _torch_error(exc: BaseException, name: str) -> bool:
 
 
 CUDA_OUT_OF_MEMORY = 2  # cudaErrorMemoryAllocation: a cudaMalloc outside torch's allocator, a workspace
-# cudaError_t values after which the CUDA context is lost (ECC uncorrectable, an illegal address, a launch timeout,
-# a device-side assert, a hardware stack error, an illegal instruction, a misaligned address, an invalid address
-# space or pc, a launch failure): every later call on the device fails too, and only a new process recovers
-STICKY_CUDA_ERRORS = frozenset({214, 700, 702, 710, 714, 715, 716, 717, 718, 719})
+# cudaError_t values after which the CUDA context is lost (ECC uncorrectable, an NVLink uncorrectable, a contained
+# error, an illegal address, a launch timeout, a destroyed context, a device-side assert, a hardware stack error, an
+# illegal instruction, a misaligned address, an invalid address space or pc, a launch failure): every later call on
+# the device fails too, and only a new process recovers
+STICKY_CUDA_ERRORS = frozenset({214, 220, 226, 700, 702, 709, 710, 714, 715, 716, 717, 718, 719})
 
 
 def _out_of_device_memory(exc: BaseException) -> bool:
@@ -159,14 +160,14 @@ class ErrorInterceptor(grpc.ServerInterceptor):
 
     def __init__(self) -> None:
         self.on_device_failure: Callable[[], None] = lambda: None
-        self._device_lost = threading.Event()
+        self._device_lost = threading.Lock()  # held from the first failure on
 
     def _device_failure(self, exc: BaseException, message: str) -> None:
-        """The first one with its traceback, then once a call (until a restart every call on the device fails)."""
-        if self._device_lost.is_set():
+        """The first one with its traceback, then once a call (until a restart every call on the device fails; a
+        batch's rows fail at once, so the first is taken under a lock)."""
+        if not self._device_lost.acquire(blocking=False):
             log.warning("%s", message)
             return
-        self._device_lost.set()
         log.error("%s: health NOT_SERVING until the process is restarted", message, exc_info=exc)
         self.on_device_failure()
 

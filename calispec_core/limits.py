@@ -235,8 +235,14 @@ def positive_float(text: str) -> float:
     return value
 
 
-GRPC_SCHEMES = ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:")  # targets that are no HOST:PORT
+GRPC_SCHEMES = ("unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:", "xds:")  # gRPC targets that are no HOST:PORT
+NAMED_SCHEMES = ("dns:", "passthrough:")  # gRPC targets naming one HOST:PORT: SCHEME:H:P, SCHEME:///H:P, SCHEME://A/H:P
 NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9._:/+-]{1,128}")  # a correction-memory namespace (a SQLite key)
+
+
+def host_port(host: str, port: int) -> str:
+    """HOST:PORT, an IPv6 literal in brackets ("[::1]:50053"): unbracketed, gRPC dialled port 443 (review)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
 def grpc_address(text: str) -> str:
@@ -246,16 +252,17 @@ def grpc_address(text: str) -> str:
     dialled port 443, the connection refused far from the flag: found by probing)."""
     if not text or any(c.isspace() for c in text):
         raise argparse.ArgumentTypeError(f"must be HOST:PORT, got {text!r}")
-    if text.startswith("dns:"):  # dns:H:P, dns:///H:P, dns://AUTHORITY/H:P
-        rest = text.removeprefix("dns:")
+    if text.startswith(NAMED_SCHEMES):
+        rest = text.partition(":")[2]
         address = rest[2:].partition("/")[2] if rest.startswith("//") else rest
     elif text.startswith(GRPC_SCHEMES):
         return text  # unix:PATH, ipv4:/ipv6: address lists: gRPC's own forms
     else:
         address = text
     host, colon, port = address.rpartition(":")
-    bracketed = host.startswith("[") and host.endswith("]")
-    if not colon or not host or (":" in host and not bracketed) or host.startswith("[") != host.endswith("]"):
+    inside = host[1:-1] if host.startswith("[") and host.endswith("]") else None  # an IPv6 literal's
+    v6_ok = inside is None or (inside != "" and not any(c in inside for c in "[]"))
+    if not colon or not host or (":" in host and inside is None) or not v6_ok or ("[" in host) != (inside is not None):
         # "[::1]", "::1", "::1:50050" (an IPv6 address needs brackets), ":5": gRPC dialled port 443 or failed
         raise argparse.ArgumentTypeError(f"must be HOST:PORT ([V6]:PORT; without a port gRPC dials 443), got {text!r}")
     if not (port.isdigit() and 1 <= int(port) <= 65535):

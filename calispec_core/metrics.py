@@ -23,6 +23,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from calispec_core.limits import host_port
+
 if TYPE_CHECKING:  # it imports torch and transformers (seconds): the memory service needs neither
     from calispec_core.prefix_cache import PrefixCache
 
@@ -47,7 +49,7 @@ class MetricsEndpoint:
     @property
     def url(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.port}/metrics"
+        return f"http://{host_port(host, self.port)}/metrics"
 
     def stop(self) -> None:
         self._server.shutdown()
@@ -153,8 +155,7 @@ def serve_metrics(
     try:
         server = _BoundedMetricsServer(host, port, connections, read_timeout_s, deadline_s)
     except OSError as exc:  # "Address already in use" alone named neither the endpoint nor its port (probed)
-        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        raise OSError(exc.errno, f"the metrics endpoint {where}: {exc.strerror or exc}") from exc
+        raise OSError(exc.errno, f"the metrics endpoint {host_port(host, port)}: {exc.strerror or exc}") from exc
     server.set_app(make_wsgi_app(registry))
     thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
     thread.start()

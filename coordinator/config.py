@@ -14,6 +14,7 @@ from calispec_core.limits import (
     MAX_PROMPT_CHARS,
     MAX_SPECULATIVE_TOKENS,
     LockstepPhase,
+    host_port,
     require_lockstep_phase,
 )
 
@@ -104,4 +105,4 @@ class CoordinatorConfig:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return host_port(self.host, self.port)

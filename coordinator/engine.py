@@ -386,6 +386,7 @@ class Orchestrator:
                     opened = target.prefill(session_id, ids, p.sampling, p.mode, p.tau, p.lambda_, timeout, asked)
             except Unavailable as exc:
                 self._target_failed(request, target, exc, "placement")
+                self._check_device_failures(request, exc)  # a Prefill can set a device off too (review)
                 continue
             self.replicas.succeeded(target.address)
             request.target, request.target_session = target, session_id
@@ -757,14 +758,15 @@ class Orchestrator:
 
     @staticmethod
     def _check_device_failures(request: _Request, exc: Unavailable) -> None:
-        """A second replica's device failing under the same request ends it (INTERNAL, a bug to look into): a
-        request that breaks devices (a device-side assert its input sets off) would take every replica out in
-        turn, each restarted, where one hardware fault moves it once (review)."""
+        """A second replica's device failing under the same request (its Prefill or a Verify) ends it: a request
+        that breaks devices (a device-side assert its input sets off) would take every replica out in turn, each
+        restarted, where one hardware fault moves it once (review). INTERNAL, a bug to look into (CalispecError's
+        own code: an HTTP stream ends with an error event, not cut). Its batch mates on both replicas end too."""
         if STOPS_SERVING not in str(exc):
             return
         request.device_failures += 1
         if request.device_failures > 1:
-            raise RuntimeError(f"a second target replica's device failed under this request ({exc}): not moved again")
+            raise CalispecError(f"a second target replica's device failed under this request ({exc}): not moved again")
 
     def _another_replica(self, request: _Request) -> bool:
         """Whether a replica other than the request's, and not failed for it, is there to move it to."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import platformdirs
 
 from calispec_core.credentials import DEFAULT_WRITER_IDENTITY, TARGET, TlsConfig
+from calispec_core.limits import host_port
 from memory_service.store import MAX_PAIRS_LIMIT, TableLimits
 
 
@@ -90,6 +91,4 @@ class MemoryConfig:
 
     @property
     def address(self) -> str:
-        # IPv6 literals need brackets in a gRPC target ("[::1]:50053").
-        host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
-        return f"{host}:{self.port}"
+        return host_port(self.host, self.port)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S
 from calispec_core.credentials import COORDINATOR, TlsConfig
-from calispec_core.limits import DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_RIDE_PREFILL_TOKENS
+from calispec_core.limits import DEFAULT_PREFIX_CACHE_TOKENS, DEFAULT_RIDE_PREFILL_TOKENS, host_port
 from calispec_core.modeling import ModelSpec
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S
 
@@ -44,4 +44,4 @@ class TargetConfig:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return host_port(self.host, self.port)

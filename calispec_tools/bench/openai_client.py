@@ -45,7 +45,7 @@ def rpc_error(exc: openai.APIError) -> CalispecRpcError:
 
 def _direct_if_loopback(base_url: str) -> dict[str, None] | None:
     """A loopback server is reached directly, never through the environment's proxy (as gRPC channels:
-    calispec/_channel.py); the rest of the environment (SSL_CERT_FILE, .netrc) still counts. In httpx a mount of
+    calispec/_channel.py); the rest of the environment (SSL_CERT_FILE, SSL_CERT_DIR) still counts. In httpx a mount of
     None is the direct transport, how it applies NO_PROXY."""
     host = urllib.parse.urlsplit(base_url).hostname or ""
     if not is_loopback_host(host):

@@ -35,6 +35,7 @@ import ray
 from ray.exceptions import GetTimeoutError
 
 from calispec_core.credentials import TlsConfig
+from calispec_core.limits import host_port
 from calispec_tools.deploy.ray_config import (
     DEFAULT_NAMESPACE,
     DeploymentError,
@@ -96,7 +97,7 @@ class ServiceHost:
             argv += [flag, str(token_file)]
         bound = getattr(self, f"_start_{kind}")(argv)
         # Peers check the role name in the certificate (calispec_core.credentials), not the node IP.
-        self.kind, self.address = kind, f"{host}:{bound}"
+        self.kind, self.address = kind, host_port(host, bound)
         log.info("%s listening on %s", kind, self.address)
         return self.address
 

@@ -114,13 +114,27 @@ def test_an_address_no_channel_can_be_made_for_is_an_argparse_error(
     assert f"argument --address: must be HOST:PORT, got {address!r}" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1:50050", "localhost:1", "[::1]:50050", "unix:/tmp/calispec.sock"])
+@pytest.mark.parametrize(
+    "address",
+    ["127.0.0.1:50050", "localhost:1", "[::1]:50050", "unix:/tmp/calispec.sock", "passthrough:///h:1", "xds:///svc"],
+)
 def test_an_address_a_channel_takes_is_taken(address: str) -> None:
     assert cli.build_parser().parse_args(["generate", "--prompt", "x", "--address", address]).address == address
 
 
 @pytest.mark.parametrize(
-    "address", ["localhost", "[::1]", "::1", "calispec-coordinator", "::1:50050", ":50050", "dns:///localhost"]
+    "address",
+    [
+        "localhost",
+        "[::1]",
+        "::1",
+        "calispec-coordinator",
+        "::1:50050",
+        ":50050",
+        "dns:///localhost",
+        "[]:5",
+        "[[::1]:5",
+    ],
 )
 def test_an_address_without_a_port_is_an_argparse_error(address: str, capsys: pytest.CaptureFixture[str]) -> None:
     """gRPC dialled port 443 for it, and the call failed "connection refused" far from the flag (wave 55's probe)."""
