@@ -154,8 +154,8 @@ def _check_decoded(request: Any) -> None:
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):
-    """Maps domain errors to their gRPC status; anything else is a bug: logged, INTERNAL. A failed device (a CUDA
-    error) calls `on_device_failure`: the server's health turns NOT_SERVING for good, so that a load balancer stops
+    """Maps domain errors to their gRPC status; anything else is a bug: logged, INTERNAL. A failed device (a sticky
+    CUDA error) calls `on_device_failure`: the server's health turns NOT_SERVING for good, so that a load balancer stops
     sending it calls and a liveness probe restarts it (it stayed SERVING, every call failing; found by a CUDA audit)."""
 
     def __init__(self) -> None:

@@ -178,7 +178,7 @@ class RpcMetrics:
         )
         self.device_failed = Gauge(
             f"{PREFIX}device_failed",
-            "1 once a call failed on a CUDA error: health NOT_SERVING until the process restarts",
+            "1 once a call failed on a sticky CUDA error: health NOT_SERVING until the process restarts",
             registry=registry,
         )
 
