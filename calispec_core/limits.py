@@ -260,14 +260,24 @@ def grpc_address(text: str) -> str:
     else:
         address = text
     host, colon, port = address.rpartition(":")
-    inside = host[1:-1] if host.startswith("[") and host.endswith("]") else None  # an IPv6 literal's
-    v6_ok = inside is None or (inside != "" and not any(c in inside for c in "[]"))
-    if not colon or not host or (":" in host and inside is None) or not v6_ok or ("[" in host) != (inside is not None):
+    if not (colon and _dialable_host(host)):
         # "[::1]", "::1", "::1:50050" (an IPv6 address needs brackets), ":5": gRPC dialled port 443 or failed
         raise argparse.ArgumentTypeError(f"must be HOST:PORT ([V6]:PORT; without a port gRPC dials 443), got {text!r}")
-    if not (port.isdigit() and 1 <= int(port) <= 65535):
+    if not _dialable_port(port):
         raise argparse.ArgumentTypeError(f"must be HOST:PORT with a port in 1-65535, got {text!r}")
     return text
+
+
+def _dialable_host(host: str) -> bool:
+    """A name or an IPv4 address, or an IPv6 literal in brackets (unbracketed, its colons read as a port's)."""
+    if host.startswith("[") and host.endswith("]"):
+        inside = host[1:-1]
+        return inside != "" and not any(c in inside for c in "[]")
+    return host != "" and not any(c in host for c in ":[")
+
+
+def _dialable_port(text: str) -> bool:
+    return text.isdigit() and 1 <= int(text) <= MAX_PORT
 
 
 def dns_host_port(text: str) -> str:
@@ -275,7 +285,7 @@ def dns_host_port(text: str) -> str:
     (`dns:///h:1` or `[::1]:1` waited out the start-up timeout; `:50051` failed the start; found by review)."""
     host, sep, port = text.rpartition(":")
     plain = bool(host) and not any(c in host for c in "/[]:@") and not any(c.isspace() for c in text)
-    if not (sep and plain and port.isdigit() and 1 <= int(port) <= 65535):
+    if not (sep and plain and _dialable_port(port)):
         raise argparse.ArgumentTypeError(f"must be HOST:PORT (a DNS name and a port in 1-65535), got {text!r}")
     return text
 
