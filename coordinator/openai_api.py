@@ -149,6 +149,9 @@ CALLER_SCOPE_KEY = "calispec.caller"  # the caller's name, as RequestGuard found
 T = TypeVar("T")
 TOKENIZER_THREADS = 4  # /tokenize and /detokenize calls computing at once (their own threads)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies pass each event on at once
+# A 500 is a bug: the OpenAI SDKs retry any 5xx (twice by default) unless this header says not to, and a retry would
+# only run the failing request again. 503 and 504 (a replica down, a deadline) stay retryable.
+NO_RETRY_HEADERS = {"x-should-retry": "false"}
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,8 @@ def error_response(
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     body = ErrorResponse(error=ErrorBody(message=message, type=kind, param=param, code=code))
+    if status == 500:
+        headers = {**(headers or {}), **NO_RETRY_HEADERS}
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
@@ -694,7 +699,7 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
             allow_origins=list(settings.allowed_origins),
             allow_methods=["GET", "POST"],
             allow_headers=["authorization", "content-type", "x-request-id"],
-            expose_headers=["x-request-id", "retry-after"],  # a browser's 429 handler reads when to retry
+            expose_headers=["x-request-id", "retry-after", "x-should-retry"],  # what a browser's SDK reads to retry
         )
     instrument(app, api.metrics)  # added last: outermost, it sees every answer, CORS's and RequestGuard's too
 

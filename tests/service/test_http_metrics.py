@@ -19,9 +19,12 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import httpx
+import openai
+import pytest
 
 from calispec.types import FinishReason, GenerationStats
 from calispec_core.access import Quota, QuotaBook
+from calispec_core.errors import CalispecError, Unavailable
 from calispec_core.generation import Defaults
 from calispec_core.metrics import new_registry
 from coordinator.engine import Chunk, Orchestrator
@@ -38,11 +41,11 @@ ORIGIN = "http://localhost:3000"
 
 class ScriptedOrchestrator:
     """What the HTTP API touches of an orchestrator. Each generation yields one chunk, waits for `release`
-    (set from the start unless `held`), then ends; `fail` makes generations raise a bug instead."""
+    (set from the start unless `held`), then ends; `fail`: the error generations raise instead."""
 
     context_length = 1023
 
-    def __init__(self, held: bool = False, fail: bool = False) -> None:
+    def __init__(self, held: bool = False, fail: Exception | None = None) -> None:
         self.replicas = [SimpleNamespace(address="target-0:1")]
         self.release = threading.Event()
         self.fail = fail
@@ -50,8 +53,8 @@ class ScriptedOrchestrator:
             self.release.set()
 
     def generate(self, prompt: str, params: object, *args: object) -> Iterator[Chunk]:
-        if self.fail:
-            raise RuntimeError("a bug")
+        if self.fail is not None:
+            raise self.fail
         yield Chunk([1], "a", "req")
         if not self.release.wait(timeout=30):
             raise AssertionError("the test never released the generation")
@@ -227,10 +230,28 @@ def test_a_stream_is_counted_once_when_its_last_byte_is_out() -> None:
 def test_a_bug_is_counted_500() -> None:
     """An unhandled error is answered by Starlette's outermost error middleware, outside the instrumentation:
     the instrumentation counts it 500 all the same."""
-    with served(orchestrator=ScriptedOrchestrator(fail=True)) as api:
+    with served(orchestrator=ScriptedOrchestrator(fail=RuntimeError("a bug"))) as api:
         response = httpx.post(f"{api.url}{COMPLETIONS}", json=completion(), timeout=30)
     assert response.status_code == 500
     assert api.count(COMPLETIONS, "POST", 500) == 1
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("a bug"), CalispecError("a second device failed")])
+def test_openai_clients_do_not_retry_a_500(failure: Exception) -> None:
+    """The OpenAI SDK retries every 5xx twice by default: a bug (or a request ended INTERNAL) would run three
+    times. `x-should-retry: false` on a 500 stops it; a 503 stays retryable."""
+    with served(orchestrator=ScriptedOrchestrator(fail=failure)) as api:
+        client = openai.OpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=2, timeout=30)
+        with pytest.raises(openai.InternalServerError) as raised:
+            client.completions.create(**completion())
+    assert raised.value.response.headers["x-should-retry"] == "false"
+    assert api.count(COMPLETIONS, "POST", 500) == 1
+
+
+def test_a_503_says_nothing_against_a_retry() -> None:
+    with served(orchestrator=ScriptedOrchestrator(fail=Unavailable("no target replica"))) as api:
+        response = httpx.post(f"{api.url}{COMPLETIONS}", json=completion(), timeout=30)
+    assert response.status_code == 503 and "x-should-retry" not in response.headers
 
 
 def test_series_stay_bounded_whatever_paths_ids_and_methods_clients_send() -> None:
