@@ -283,11 +283,15 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
             return _fail(f"cannot calibrate on Ray: {exc}")
         from calispec_tools.calibrate.ray_job import RayJob, WorkerFailed, run_on_ray
         from calispec_tools.cli import served_draft_dtype
+        from calispec_tools.cli_memory import memory_tls
+        from calispec_tools.pems import pem_texts
 
         draft_dtype = served_draft_dtype(args)
+        tls = pem_texts(memory_tls(args, writes=True))  # checked by _memory_target already
         job = RayJob(
-            str(draft), str(target), args.dtype, args.device, address, namespace, token, draft_dtype, args.int8_outliers
-        )
+            str(draft), str(target), args.dtype, args.device, address, namespace, token, draft_dtype,
+            args.int8_outliers, tls,
+        )  # fmt: skip
         try:
             summary, parts = run_on_ray(args.ray, docs, config, job, args.workers, args.worker_cpus, worker_gpus(args))
         except WorkerFailed as exc:  # a worker's missing model dir, row scales its node cannot give, a lost node

@@ -1,9 +1,10 @@
 """Teacher-forced calibration as a Ray job: the documents split over worker actors, each loading the pair.
 
 Every worker runs the same `Calibrator` as the local command over its share and writes its events
-itself, through the memory service's authenticated RecordEvents (the writer token travels to the
-workers as an actor argument, as the Ray deployment passes it to target replicas). Counts add up,
-so the table after a Ray job equals the table after the same calibration in one process.
+itself, through the memory service's authenticated RecordEvents (the writer token, and under mutual TLS the
+writing certificate's PEMs, travel to the workers as an actor argument, as the Ray deployment passes them to
+target replicas). Counts add up, so the table after a Ray job equals the table after the same calibration in
+one process.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import ray
 from calispec_core.limits import INT8_SPLIT
 from calispec_tools.calibrate.corpus import Document
 from calispec_tools.calibrate.job import CalibrateConfig, Summary
+from calispec_tools.calibrate.sink import MemoryWriter
 from calispec_tools.memory_reads import memory_failure
+from calispec_tools.pems import pem_files
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class RayJob:
     token: str  # the verifiers' writer token
     draft_dtype: str | None = None  # None: dtype
     int8_outliers: str = INT8_SPLIT  # int8 models' first-token outlier rows (calispec_core/int8_outliers.py)
+    tls: dict[str, str] | None = None  # the writing certificate's PEMs ("cert", "key", "ca"): the memory's mutual TLS
 
 
 REASON_CHARS = 400  # a worker's reason is one line of the driver's error, whatever the exception's message held
@@ -56,12 +60,10 @@ class CalibrationWorker:
     def run(self, docs: list[Document]) -> Summary:
         import grpc
 
-        from calispec_tools.calibrate.sink import MemoryWriter
-
-        job = self.job
-        vocab = self.calibrator.target.vocab_size
+        job, vocab = self.job, self.calibrator.target.vocab_size
         try:
-            writer = MemoryWriter(job.memory, job.namespace, job.token, vocab, writer_id=f"calibrate-ray-{self.rank}")
+            with pem_files(job.tls) as tls:  # under TLS: sent since wave 57 (a `--tls` stack refused plaintext)
+                writer = MemoryWriter(job.memory, job.namespace, job.token, vocab, f"calibrate-ray-{self.rank}", tls)
             try:
                 return self.calibrator.run(docs, writer.send)
             finally:

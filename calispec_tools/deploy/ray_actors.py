@@ -24,7 +24,6 @@ import logging
 import os
 import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -34,7 +33,6 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError
 
-from calispec_core.credentials import TlsConfig
 from calispec_core.limits import host_port
 from calispec_tools.deploy.ray_config import (
     DEFAULT_NAMESPACE,
@@ -43,6 +41,7 @@ from calispec_tools.deploy.ray_config import (
     ServiceSpec,
     parsed_service_flags,
 )
+from calispec_tools.pems import pem_files, write_pems
 from calispec_tools.shipped_calibration import SeedResult, chosen_lambdas, is_shipped, seed_namespace, served_lambda
 from calispec_tools.stack_state import private_temp_dir
 
@@ -217,16 +216,6 @@ class ServiceHost:
         shutil.rmtree(self._secrets, ignore_errors=True)
 
 
-def write_pems(directory: Path, tls: dict[str, str]) -> dict[str, Path]:
-    """{"cert", "key", "ca": file}: the PEMs written to `directory`, readable by their owner only."""
-    paths = {}
-    for part in ("cert", "key", "ca"):
-        path = paths[part] = directory / f"tls-{part}.pem"
-        path.touch(mode=0o600)
-        path.write_text(tls[part], encoding="utf-8")
-    return paths
-
-
 ServiceActor = ray.remote(ServiceHost)
 
 
@@ -281,9 +270,7 @@ class Controller:
     def _seed(self, memory_address: str, path: Path) -> SeedResult:
         """Load the calibration into a never-written namespace with the verifiers' credentials (`calispec up`'s
         rule: shipped_calibration.py)."""
-        with tempfile.TemporaryDirectory(prefix="calispec-seed-") as secrets_dir:
-            pems = self.tls.get("target")  # the verifiers' client certificate
-            tls = TlsConfig(**write_pems(Path(secrets_dir), pems)) if pems else None
+        with pem_files(self.tls.get("target")) as tls:  # the verifiers' client certificate
             result = seed_namespace(memory_address, self.memory_namespace, path, self.writer_token, tls)
         log.info("%s", result.message)
         return result

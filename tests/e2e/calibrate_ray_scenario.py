@@ -3,9 +3,10 @@
 `python tests/e2e/calibrate_ray_scenario.py DRAFT TARGET WORKDIR`: starts a local Ray cluster and a
 memory service (loopback only), runs `calispec calibrate --corpus ... --ray ADDRESS --workers 2`
 through the CLI, then checks that both workers wrote through RecordEvents and that the table equals
-the same calibration run in this one process; then that a worker's failure (a draft path missing on the
-workers' node, a writer token the memory service refuses) ends the command with one line naming it, not
-Ray's traceback. Prints one `RESULT {json}` line; exits non-zero on a failed check.
+the same calibration run in this one process; that the workers write to a memory service under mutual TLS with the
+driver's `--memory-tls-*` certificate (they carried none before wave 57); then that a worker's failure (a draft path
+missing on the workers' node, a writer token the memory service refuses) ends the command with one line naming it,
+not Ray's traceback. Prints one `RESULT {json}` line; exits non-zero on a failed check.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import ray
 from calispec_core.modeling import ModelRunner, ModelSpec
 from calispec_tools.calibrate.corpus import load_corpus
 from calispec_tools.calibrate.job import CalibrateConfig, Calibrator
+from calispec_tools.certs import make_dev_certs
 from memory_service.config import MemoryConfig
 from memory_service.server import create_server
 
@@ -43,6 +45,32 @@ def worker_failure(cli: list[str], old: str, new: str) -> str:
     # Ray's own report (its traceback, the worker's proctitle `ray::CalibrationWorker...`) stays out of it
     assert "Traceback" not in failed.stderr and "ray::" not in failed.stderr, failed.stderr[-3000:]
     return errors[0]
+
+
+def tls_run(cli: list[str], work: Path, plain_port: int) -> int:
+    """The same job into a second memory service, under mutual TLS: the events its table counts."""
+    certs = make_dev_certs(work / "certs")
+    config = MemoryConfig(
+        host="127.0.0.1", port=0, db_path=work / "tls-memory.db", flush_interval_s=0.05, writer_token=TOKEN,
+        tls=certs.tls("memory"),
+    )  # fmt: skip
+    server, port, store = create_server(config)
+    server.start()
+    try:
+        at = cli.index(f"127.0.0.1:{plain_port}")
+        flags = ["--memory-tls-cert", str(certs.cert("target")), "--memory-tls-key", str(certs.key("target")),
+                 "--memory-tls-ca", str(certs.ca)]  # fmt: skip
+        done = subprocess.run([*cli[:at], f"127.0.0.1:{port}", *flags, *cli[at + 1 :]], capture_output=True,
+                              text=True, timeout=400)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        summary = json.loads(done.stdout.strip().splitlines()[-1])
+        table = sum(c for _, _, c in store.snapshot(NAMESPACE)[0])
+        assert table == summary["events"] > 0, (table, summary)
+        return table
+    finally:
+        store.hub.close()
+        server.stop(None).wait()
+        store.close()
 
 
 def main(draft: str, target: str, work: Path) -> dict:
@@ -84,6 +112,8 @@ def main(draft: str, target: str, work: Path) -> dict:
             "a Ray job must record what one process records",
             {"ray only": ray_pairs - local.pairs, "local only": local.pairs - ray_pairs},
         )
+        tls_events = tls_run(cli, work, port)
+        assert tls_events == summary["events"], (tls_events, summary["events"])
         missing = str(work / "no-such-draft")  # checked by the workers only: their nodes' paths
         no_draft = worker_failure(cli, draft, missing)
         assert missing in no_draft, no_draft
@@ -92,7 +122,7 @@ def main(draft: str, target: str, work: Path) -> dict:
         refused = worker_failure(cli, str(token), str(wrong))
         assert f"RuntimeError: memory service 127.0.0.1:{port}: " in refused, refused  # a gRPC error, sent as text
         return {"events": summary["events"], "pairs": len(table), "workers": summary["workers"], "ray_s": ray_s,
-                "worker_failures": [no_draft, refused]}  # fmt: skip
+                "tls_events": tls_events, "worker_failures": [no_draft, refused]}  # fmt: skip
     finally:
         ray.shutdown()
         store.hub.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -323,6 +324,35 @@ def test_memory_seed_writes_only_with_a_verifiers_certificate(
         assert "calibration: loaded" in capsys.readouterr().out
         store.flush()
         assert store.stats(namespace)[0] > 1000
+    finally:
+        server.stop(None)
+        store.close()
+
+
+def test_pems_sent_as_text_write_under_mutual_tls_and_leave_no_file(certs: DevCerts, tmp_path: Path) -> None:
+    """What a `calibrate --ray` worker gets (its node may lack the driver's files): the writing certificate's PEMs
+    as text, written to a private directory while its channel is made, removed after. Before wave 57 the workers
+    got none and wrote in plaintext, which a `calispec up --tls` stack's memory refuses."""
+    from calispec_tools.calibrate.sink import MemoryWriter
+    from calispec_tools.pems import pem_files, pem_texts
+
+    config = MemoryConfig(port=0, db_path=tmp_path / "memory.db", writer_token=TOKEN, tls=certs.tls("memory"))
+    server, port, store = create_memory(config)
+    server.start()
+    address = f"127.0.0.1:{port}"
+    try:
+        with pytest.raises(grpc.RpcError) as plaintext:
+            MemoryWriter(address, "tls-ns", TOKEN, vocab_size=64).check(timeout_s=5)
+        assert plaintext.value.code() == grpc.StatusCode.UNAVAILABLE
+        with pem_files(pem_texts(certs.tls("target"))) as tls:
+            assert tls is not None and tls.cert is not None
+            directory = tls.cert.parent
+            assert directory.stat().st_mode & 0o077 == 0 and tls.key.stat().st_mode & 0o077 == 0  # type: ignore[union-attr]
+            writer = MemoryWriter(address, "tls-ns", TOKEN, vocab_size=64, tls=tls)
+        assert not directory.exists()  # the channel read them when it was made
+        writer.send(Counter({(1, 2): 3}))
+        writer.close()
+        assert store.stats("tls-ns")[0] == 3
     finally:
         server.stop(None)
         store.close()
