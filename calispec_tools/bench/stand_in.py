@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from calispec_tools.models.weights import save_model
+
 # what a model dir needs besides weights (the tokenizer and chat template travel with the stand-in)
 COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 ZEROED = ("o_proj", "down_proj")  # each layer's writes to the residual stream
@@ -68,7 +70,7 @@ def build_stand_in(like: Path, out: Path, next_ids: torch.Tensor, seed: int, dty
         if name.rsplit(".", 1)[-1] in ZEROED:
             module.weight.zero_()
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    save_model(model, out)
     for name in COPIED[1:]:
         if (like / name).exists():
             shutil.copy(like / name, out / name)

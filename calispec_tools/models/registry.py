@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from calispec_core.errors import CalispecError
+from calispec_tools.models.weights import save_model
 
 CHUNK_BYTES = 8 << 20
 MANIFEST = "pair.json"
@@ -275,7 +276,7 @@ def convert_gguf(gguf: Path, out_dir: Path, eos_tokens: tuple[str, ...]) -> None
     eos_ids = [i for i in eos_ids if isinstance(i, int) and i != tokenizer.unk_token_id]
     if eos_ids:
         model.generation_config.eos_token_id = eos_ids
-    model.save_pretrained(str(out_dir))
+    save_model(model, out_dir)
     tokenizer.save_pretrained(str(out_dir))
 
 

@@ -18,6 +18,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
+from calispec_tools.models.weights import save_model
+
 EOS = "<|endoftext|>"
 
 CORPUS = [
@@ -125,7 +127,7 @@ def build_tiny_pair(out_dir: Path) -> tuple[Path, Path]:
     try:
         tokenizer = build_tokenizer()
         for spec, path in ((TARGET, target_dir), (DRAFT, draft_dir)):
-            build_model(spec, tokenizer).save_pretrained(path)
+            save_model(build_model(spec, tokenizer), path)
             tokenizer.save_pretrained(path)
     finally:
         torch.set_num_threads(threads)
