@@ -181,6 +181,15 @@ def _status(context: Any, failed: BaseException | None) -> str:
     code = context.code() if hasattr(context, "code") else None
     if code is not None:
         return code.name
+    if hasattr(context, "is_active"):
+        # The call ended under the handler: its deadline passed or its client left. A read of a request stream
+        # (reflection's) then raises a bare RpcError, or ends as if the client had closed it, sometimes before the
+        # call turns inactive: counted UNKNOWN or OK until wave 57.
+        left = context.time_remaining()
+        if left is not None and left <= 0:
+            return grpc.StatusCode.DEADLINE_EXCEEDED.name
+        if not context.is_active():
+            return grpc.StatusCode.CANCELLED.name
     return grpc.StatusCode.UNKNOWN.name if failed is not None else grpc.StatusCode.OK.name
 
 

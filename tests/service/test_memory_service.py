@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -203,6 +204,49 @@ def test_reflection_calls_are_counted(tmp_path: Path) -> None:
     assert value(samples, "calispec_rpc_requests_total", method=method, code="OK") == 3
     assert value(samples, "calispec_rpc_duration_seconds_count", method=method) == 3
     assert value(samples, "calispec_rpc_in_flight") == 0
+
+
+@pytest.mark.parametrize(
+    ("ending", "code"), [("cancel", "CANCELLED"), ("channel closed", "CANCELLED"), ("deadline", "DEADLINE_EXCEEDED")]
+)
+def test_a_reflection_call_ended_under_its_handler_is_counted_as_it_ended(
+    tmp_path: Path, ending: str, code: str
+) -> None:
+    """A call streaming both ways that its client cancels, whose channel closes or whose deadline passes while the
+    handler waits for its next request: the read raises a bare RpcError with no status set, counted UNKNOWN (as a
+    bug is), or, as often, ends as if the client had closed its stream, counted OK, until wave 57."""
+    server, port, store = create_server(MemoryConfig(port=0, db_path=tmp_path / "m.db", metrics_port=0))
+    server.start()
+    method = "ServerReflection/ServerReflectionInfo"
+    release = threading.Event()
+
+    def requests() -> Iterator[reflection_pb2.ServerReflectionRequest]:
+        yield reflection_pb2.ServerReflectionRequest(list_services="")
+        release.wait(timeout=30)  # the stream stays open until the call ends
+
+    def ended() -> dict | None:  # the call counted: it leaves in-flight after its count
+        samples = scrape(server.metrics_url)
+        return samples if value(samples, "calispec_rpc_requests_total", method=method, code=code) else None
+
+    try:
+        channel = make_channel(f"127.0.0.1:{port}")
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        call = stub.ServerReflectionInfo(requests(), timeout=1.0 if ending == "deadline" else None)
+        assert next(call).list_services_response.service  # the handler now reads the next request
+        if ending == "cancel":
+            call.cancel()
+        elif ending == "channel closed":
+            channel.close()
+        samples = wait_until(ended)
+        release.set()
+        channel.close()
+    finally:
+        release.set()
+        server.stop(None).wait()
+        store.close()
+    assert {k: v for k, v in samples.items() if k[0] == "calispec_rpc_requests_total"} == {
+        ("calispec_rpc_requests_total", frozenset({("method", method), ("code", code)})): 1
+    }
 
 
 def test_cli_serves_and_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
