@@ -34,6 +34,16 @@ class TokenizeRequest(ChatRendering):
     add_special_tokens: bool = True  # the tokenizer's own (BOS where it adds one), as a request's prompt gets
     return_token_strs: bool = False  # each token's string too (the tokenizer's, not decoded text)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _rendering_is_for_messages(cls, data: Any) -> Any:
+        """A text prompt is not rendered: the chat rendering fields are left out for it, as vLLM's request for a
+        prompt has none (`continue_final_message: true` with a prompt got the 400 for add_generation_prompt's default,
+        found by probing)."""
+        if isinstance(data, dict) and "prompt" in data and "messages" not in data:
+            return {name: value for name, value in data.items() if name not in ChatRendering.model_fields}
+        return data
+
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):

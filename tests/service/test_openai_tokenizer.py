@@ -47,6 +47,16 @@ def test_tokenize_counts_what_a_request_of_the_same_prompt_counts(root: str, cha
     assert chat["tokens"][: bare["count"]] == bare["tokens"] and bare["count"] < chat["count"]
 
 
+def test_a_text_prompt_ignores_the_chat_rendering_fields(root: str) -> None:
+    """vLLM's /tokenize request for a prompt has no rendering fields and ignores them; `continue_final_message: true`
+    with a prompt got the 400 meant for messages (add_generation_prompt defaults to true), found by probing."""
+    plain = _post(root, "/tokenize", {"prompt": PROMPT}).json()
+    rendering = {"continue_final_message": True, "add_generation_prompt": True, "chat_template_kwargs": {"x": 1}}
+    assert _post(root, "/tokenize", {"prompt": PROMPT, **rendering}).json() == plain
+    error = _post(root, "/tokenize", {"messages": MESSAGES, "continue_final_message": True}).json()["error"]
+    assert error["param"] == "continue_final_message"  # messages are rendered: the rule holds for them
+
+
 def test_detokenize_reverses_tokenize_and_refuses_ids_it_cannot_decode(
     root: str, chat_coordinator: Coordinator
 ) -> None:
