@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
+import socket
 import subprocess
 import sys
 import time
@@ -41,6 +43,38 @@ def wait_until(probe: Callable[[], T], timeout_s: float = 30.0, interval_s: floa
         if time.monotonic() > deadline:
             pytest.fail(f"condition not met within {timeout_s}s (last value: {value!r})")
         time.sleep(interval_s)
+
+
+def ports_outside_the_ephemeral_range(*spans: int) -> list[int]:
+    """For each span, the first of that many consecutive free loopback ports (a stack's target replicas listen on
+    target_port + i), all below the kernel's ephemeral range: for servers that stop and start again on their port.
+    A port of that range (what port 0 gives) can be taken in between as the local port of any outgoing connection, a
+    peer's own reconnect to it included (a TCP self-connect), and the restart then finds it in use."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    firsts: list[int] = []
+    taken: set[int] = set()
+    for first in random.sample(range(max(1024, low - 12000), low - 16), 400):
+        span = spans[len(firsts)]
+        block = set(range(first, first + span))
+        if block & taken or not all(_free(port) for port in block):
+            continue
+        firsts.append(first)
+        taken |= block
+        if len(firsts) == len(spans):
+            return firsts
+    pytest.fail(f"not enough free ports below {low}")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def rpc_code(fn: Callable[[], object]) -> grpc.StatusCode:

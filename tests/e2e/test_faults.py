@@ -25,7 +25,7 @@ from calispec.v1 import draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 from calispec_core.grpc_server import make_channel
 from calispec_tools.stack import LocalStack, StackConfig
 from tests.conftest import TinyPair
-from tests.helpers import wait_until
+from tests.helpers import ports_outside_the_ephemeral_range, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -113,9 +113,11 @@ class Load:
 @pytest.fixture(scope="module")
 def stack(tiny_pair: TinyPair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     tmp = tmp_path_factory.mktemp("faults")
+    # restarted on their ports: free ports of port 0's range could be taken meanwhile (tests/helpers.py)
+    target, draft, memory = ports_outside_the_ephemeral_range(2, 1, 1)
     config = StackConfig(
         draft_model=tiny_pair.draft, target_model=tiny_pair.target, memory_db=tmp / "memory.db",
-        log_dir=tmp / "logs", coordinator_port=0, target_port=0, draft_port=0, memory_port=0,
+        log_dir=tmp / "logs", coordinator_port=0, target_port=target, draft_port=draft, memory_port=memory,
         dtype="float32", device="cpu", memory_sync_interval_s=0.1, start_timeout_s=120, target_replicas=2,
         session_idle_ttl_s=SESSION_IDLE_TTL_S,
     )  # fmt: skip

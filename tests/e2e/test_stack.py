@@ -20,7 +20,7 @@ from calispec_tools.memory_reads import memory_events
 from calispec_tools.namespaces import pair_namespace
 from calispec_tools.stack import LocalStack, StackConfig
 from tests.conftest import TinyPair
-from tests.helpers import wait_until, write_recorded_export
+from tests.helpers import ports_outside_the_ephemeral_range, wait_until, write_recorded_export
 from tests.metrics_scrape import scrape, value
 
 PROMPTS = [
@@ -41,7 +41,7 @@ def stack_config(tmp: Path, draft: Path, target: Path, device: str = "cpu") -> S
         coordinator_port=0,
         target_port=0,
         draft_port=0,
-        memory_port=0,
+        memory_port=ports_outside_the_ephemeral_range(1)[0],  # restarted on it: a free port 0 could be taken meanwhile
         dtype="float32",  # greedy SD == AR exactly holds in float32 (see README on bf16)
         device=device,  # `make test-cuda`: cuda
         memory_sync_interval_s=0.1,
