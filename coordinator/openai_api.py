@@ -38,6 +38,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+import calispec
 from calispec.types import Mode
 from calispec_core.access import ApiKeys, QuotaBook, anonymous_caller, parse_bearer
 from calispec_core.credentials import TlsConfig
@@ -143,6 +144,7 @@ HTTP_STATUS_ERRORS: dict[int, tuple[str, str]] = {
 }
 HEALTH_PATH = "/health"  # unauthenticated, as vLLM's: 200 serving, 503 draining or without a target replica
 COMPLETIONS_PATH = "/v1/completions"
+VERSION_PATH = "/version"  # vLLM's: {"version": ...}, what dashboards and clients probe a server for
 CHAT_PATH = "/v1/chat/completions"
 JSON_BODY_PATHS = frozenset({COMPLETIONS_PATH, CHAT_PATH, TOKENIZE_PATH, DETOKENIZE_PATH})
 CALLER_SCOPE_KEY = "calispec.caller"  # the caller's name, as RequestGuard found it
@@ -732,6 +734,11 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
         if reason is not None:
             return error_response(503, reason, "service_unavailable", code="unavailable")
         return Response(status_code=200)
+
+    @app.get(VERSION_PATH)
+    async def version(request: Request) -> dict[str, str]:
+        api.caller(request)  # behind the API keys, as /v1/models is (vLLM's answers anyone)
+        return {"version": calispec.__version__}
 
     @app.get("/v1/models")
     async def models(request: Request) -> ModelList:

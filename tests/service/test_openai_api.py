@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+import calispec
 from calispec.client import CalispecClient, CalispecRpcError
 from calispec_core.access import ApiKeys, Quota, QuotaBook, key_line, new_api_key
 from calispec_core.errors import Unavailable
@@ -390,6 +391,10 @@ def test_api_keys_and_quotas_are_the_coordinators(chat_coordinator: Coordinator,
         assert info.value.response.json()["error"]["type"] == "authentication_error"
         alice = openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=60)
         assert alice.models.list().data[0].id == MODEL
+        version = f"{url.removesuffix('/v1')}/version"
+        assert httpx.get(version).status_code == 401  # behind the keys, as /v1/models
+        answer = httpx.get(version, headers={"authorization": f"Bearer {key}"})
+        assert answer.json() == {"version": calispec.__version__}  # vLLM's /version
         assert alice.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0).choices[0].text
         with pytest.raises(openai.RateLimitError) as limited:
             alice.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0)
