@@ -30,6 +30,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from prometheus_client.exposition import choose_encoder
 from prometheus_fastapi_instrumentator import Instrumentator
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -144,6 +145,7 @@ HTTP_STATUS_ERRORS: dict[int, tuple[str, str]] = {
 }
 HEALTH_PATH = "/health"  # unauthenticated, as vLLM's: 200 serving, 503 draining or without a target replica
 COMPLETIONS_PATH = "/v1/completions"
+METRICS_PATH = "/metrics"  # the coordinator's registry, as its --metrics-port serves it: vLLM serves it here
 VERSION_PATH = "/version"  # vLLM's: {"version": ...}, what dashboards and clients probe a server for
 CHAT_PATH = "/v1/chat/completions"
 JSON_BODY_PATHS = frozenset({COMPLETIONS_PATH, CHAT_PATH, TOKENIZE_PATH, DETOKENIZE_PATH})
@@ -734,6 +736,12 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
         if reason is not None:
             return error_response(503, reason, "service_unavailable", code="unavailable")
         return Response(status_code=200)
+
+    @app.get(METRICS_PATH, include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        api.caller(request)  # behind the API keys (vLLM's answers anyone): a scrape config sends one as a bearer token
+        encode, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encode(api.metrics.registry), media_type=content_type)
 
     @app.get(VERSION_PATH)
     async def version(request: Request) -> dict[str, str]:

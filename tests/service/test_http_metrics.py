@@ -208,6 +208,22 @@ def test_quota_refusals_and_cors_preflights_are_counted(tmp_path: Path) -> None:
     assert api.count(COMPLETIONS, "OPTIONS", 200) == 1  # answered by CORS, without a key
 
 
+def test_the_api_port_serves_the_coordinators_metrics_behind_its_keys(tmp_path: Path) -> None:
+    """vLLM serves /metrics on its API port, where scrape configs written for it look: the same registry as the
+    coordinator's --metrics-port, in the format the scraper asks for, behind the API keys when there are some."""
+    with served(tmp_path) as api:
+        assert httpx.post(f"{api.url}{COMPLETIONS}", json=completion(), headers=api.auth).status_code == 200
+        refused = httpx.get(f"{api.url}/metrics")
+        text = httpx.get(f"{api.url}/metrics", headers=api.auth)
+        openmetrics = httpx.get(f"{api.url}/metrics", headers={**api.auth, "accept": "application/openmetrics-text"})
+    assert refused.status_code == 401
+    assert text.status_code == 200 and text.headers["content-type"].startswith("text/plain")
+    counted = 'http_requests_total{handler="/v1/completions",method="POST",status="200"} 1.0'
+    assert counted in text.text and "calispec_http_generation_slots_free" in text.text
+    assert openmetrics.headers["content-type"].startswith("application/openmetrics-text")
+    assert openmetrics.text.rstrip().endswith("# EOF")
+
+
 def test_a_stream_is_counted_once_when_its_last_byte_is_out() -> None:
     """The generation is held after its first chunk: the response has started (200, one event out) but
     is not over, so it must not be counted yet; once released it is counted once, with its status."""
