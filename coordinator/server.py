@@ -19,7 +19,7 @@ from calispec_core.generation import Defaults, GenerationParams, GenerationStats
 from calispec_core.grpc_server import create_grpc_server, wait_for_ready
 from calispec_core.metrics import new_registry
 from calispec_core.modeling import load_tokenizer, tokenizer_fingerprint
-from calispec_core.observability import ManagedServer, Observe
+from calispec_core.observability import ManagedServer, Observe, ended_by_deadline
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline
 from coordinator.backends import ModelFacts
@@ -53,8 +53,7 @@ def call_gone(context: grpc.ServicerContext) -> bool:
     is the deadline's (DEADLINE_EXCEEDED, as the client sees it), not a cancel, for the metrics and the log."""
     if context.is_active():
         return False
-    remaining = context.time_remaining()
-    if remaining is not None and remaining <= 0:
+    if ended_by_deadline(context):  # within the slack: the client's cancel at its own deadline
         raise DeadlineExceeded("deadline exceeded")
     return True
 

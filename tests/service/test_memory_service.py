@@ -22,7 +22,7 @@ from memory_service.config import MemoryConfig
 from memory_service.server import SERVICE_NAME, create_server
 from memory_service.store import MAX_TOTAL_EVENTS, CorrectionStore
 from tests.helpers import spawn_memory_service, wait_until
-from tests.metrics_scrape import scrape, value
+from tests.metrics_scrape import scrape, total, value
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "test-writer-token-0123456789"
@@ -213,8 +213,10 @@ def test_a_reflection_call_ended_under_its_handler_is_counted_as_it_ended(
     tmp_path: Path, ending: str, code: str
 ) -> None:
     """A call streaming both ways that its client cancels, whose channel closes or whose deadline passes while the
-    handler waits for its next request: the read raises a bare RpcError with no status set, counted UNKNOWN (as a
-    bug is), or, as often, ends as if the client had closed its stream, counted OK, until wave 57."""
+    handler waits for its next request: the read raises a bare RpcError with no status set, which was counted UNKNOWN,
+    as a bug is. Counted once, as its client saw it, or OK where the read ended as if the client had closed its stream
+    and the handler returned before the call turned inactive (a race the server cannot see: tests/unit/
+    test_rpc_status_label.py has each case without it)."""
     server, port, store = create_server(MemoryConfig(port=0, db_path=tmp_path / "m.db", metrics_port=0))
     server.start()
     method = "ServerReflection/ServerReflectionInfo"
@@ -224,9 +226,9 @@ def test_a_reflection_call_ended_under_its_handler_is_counted_as_it_ended(
         yield reflection_pb2.ServerReflectionRequest(list_services="")
         release.wait(timeout=30)  # the stream stays open until the call ends
 
-    def ended() -> dict | None:  # the call counted: it leaves in-flight after its count
+    def ended() -> dict | None:  # the call counted
         samples = scrape(server.metrics_url)
-        return samples if value(samples, "calispec_rpc_requests_total", method=method, code=code) else None
+        return samples if total(samples, "calispec_rpc_requests_total") else None
 
     try:
         channel = make_channel(f"127.0.0.1:{port}")
@@ -244,9 +246,9 @@ def test_a_reflection_call_ended_under_its_handler_is_counted_as_it_ended(
         release.set()
         server.stop(None).wait()
         store.close()
-    assert {k: v for k, v in samples.items() if k[0] == "calispec_rpc_requests_total"} == {
-        ("calispec_rpc_requests_total", frozenset({("method", method), ("code", code)})): 1
-    }
+    counted = {dict(k[1])["code"]: v for k, v in samples.items() if k[0] == "calispec_rpc_requests_total"}
+    assert counted in ({code: 1}, {"OK": 1}), counted
+    assert value(samples, "calispec_rpc_requests_total", method=method, code=next(iter(counted))) == 1
 
 
 def test_cli_serves_and_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
