@@ -47,16 +47,18 @@ def wait_until(probe: Callable[[], T], timeout_s: float = 30.0, interval_s: floa
 
 def ports_outside_the_ephemeral_range(*spans: int) -> list[int]:
     """For each span, the first of that many consecutive free loopback ports (a stack's target replicas listen on
-    target_port + i), all below the kernel's ephemeral range: for servers that stop and start again on their port.
+    target_port + i), all outside the kernel's ephemeral range: for servers that stop and start again on their port.
     A port of that range (what port 0 gives) can be taken in between as the local port of any outgoing connection, a
     peer's own reconnect to it included (a TCP self-connect), and the restart then finds it in use."""
     try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    # below the range and above it (a range that starts low leaves little below); a block of up to 16 ports fits
+    candidates = [*range(max(1024, low - 12000), low - 16), *range(high + 1, 65536 - 16)]
     firsts: list[int] = []
     taken: set[int] = set()
-    for first in random.sample(range(max(1024, low - 12000), low - 16), 400):
+    for first in random.sample(candidates, min(400, len(candidates))):
         span = spans[len(firsts)]
         block = set(range(first, first + span))
         if block & taken or not all(_free(port) for port in block):
@@ -65,7 +67,7 @@ def ports_outside_the_ephemeral_range(*spans: int) -> list[int]:
         taken |= block
         if len(firsts) == len(spans):
             return firsts
-    pytest.fail(f"not enough free ports below {low}")
+    pytest.fail(f"not enough free ports outside the ephemeral range {low}-{high}")
 
 
 def _free(port: int) -> bool:

@@ -114,10 +114,10 @@ class Load:
 def stack(tiny_pair: TinyPair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     tmp = tmp_path_factory.mktemp("faults")
     # restarted on their ports: free ports of port 0's range could be taken meanwhile (tests/helpers.py)
-    target, draft, memory = ports_outside_the_ephemeral_range(2, 1, 1)
+    coordinator, target, draft, memory = ports_outside_the_ephemeral_range(1, 2, 1, 1)
     config = StackConfig(
         draft_model=tiny_pair.draft, target_model=tiny_pair.target, memory_db=tmp / "memory.db",
-        log_dir=tmp / "logs", coordinator_port=0, target_port=target, draft_port=draft, memory_port=memory,
+        log_dir=tmp / "logs", coordinator_port=coordinator, target_port=target, draft_port=draft, memory_port=memory,
         dtype="float32", device="cpu", memory_sync_interval_s=0.1, start_timeout_s=120, target_replicas=2,
         session_idle_ttl_s=SESSION_IDLE_TTL_S,
     )  # fmt: skip
