@@ -35,6 +35,7 @@ from calispec_tools.deploy.ray_config import DeploymentError, check_reachable
 from calispec_tools.memory_reads import memory_failure
 
 if TYPE_CHECKING:
+    from calispec_core.credentials import TlsConfig
     from calispec_tools.stack_state import StackState
 
 DEFAULT_COORDINATOR = "127.0.0.1:50050"
@@ -273,7 +274,7 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
         return _fail(problem, USAGE_ERROR)
     if args.export is not None:
         return _to_export(args, docs, config, draft, target)
-    address, namespace, token = _memory_target(args)
+    address, namespace, token, tls = _memory_target(args)
     if not args.ray and (problem := another_pairs_namespace(args, address, draft, target)):  # --ray: workers' paths
         return _fail(problem, USAGE_ERROR)
     if args.ray:
@@ -283,14 +284,12 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
             return _fail(f"cannot calibrate on Ray: {exc}")
         from calispec_tools.calibrate.ray_job import RayJob, WorkerFailed, run_on_ray
         from calispec_tools.cli import served_draft_dtype
-        from calispec_tools.cli_memory import memory_tls
         from calispec_tools.pems import pem_texts
 
         draft_dtype = served_draft_dtype(args)
-        tls = pem_texts(memory_tls(args, writes=True))  # checked by _memory_target already
         job = RayJob(
             str(draft), str(target), args.dtype, args.device, address, namespace, token, draft_dtype,
-            args.int8_outliers, tls,
+            args.int8_outliers, pem_texts(tls),
         )  # fmt: skip
         try:
             summary, parts = run_on_ray(args.ray, docs, config, job, args.workers, args.worker_cpus, worker_gpus(args))
@@ -301,7 +300,7 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
             )
         extra = {"workers": [{"documents": p.documents, "events": p.events, "total_s": p.total_s} for p in parts]}
     else:
-        summary, extra = _run_local(args, docs, config, draft, target, address, namespace, token), {}
+        summary, extra = _run_local(args, docs, config, draft, target, address, namespace, token, tls), {}
     _print_summary(summary.to_dict() | {"namespace": namespace, **extra}, summary.pairs, args.json)
     return 0
 
@@ -356,7 +355,8 @@ def export_path_problem(path: Path) -> str | None:
     return None
 
 
-def _memory_target(args: argparse.Namespace) -> tuple[str, str, str]:
+def _memory_target(args: argparse.Namespace) -> tuple[str, str, str, TlsConfig | None]:
+    """(address, namespace, writer token, TLS settings) of the memory service the events go to."""
     import grpc
 
     from calispec_tools.cli_memory import memory_address, memory_tls, resolve_namespace, writer_token
@@ -368,7 +368,7 @@ def _memory_target(args: argparse.Namespace) -> tuple[str, str, str]:
         namespace = resolve_namespace(address, args.namespace, tls)
     except grpc.RpcError as exc:
         raise SystemExit(f"error: {memory_failure(address, exc)}") from None
-    return address, namespace, token
+    return address, namespace, token, tls
 
 
 def _load(args: argparse.Namespace, config: Any, draft: Path, target: Path) -> Any:
@@ -392,13 +392,13 @@ def _run_local(
     address: str,
     namespace: str,
     token: str,
+    tls: TlsConfig | None,
 ) -> Any:
     import grpc
 
     from calispec_tools.calibrate.sink import MemoryWriter
-    from calispec_tools.cli_memory import memory_tls
 
-    writer = MemoryWriter(address, namespace, token, tls=memory_tls(args, writes=True))
+    writer = MemoryWriter(address, namespace, token, tls=tls)
     try:
         try:
             writer.check()  # before the models load: reachable, the token, its namespaces

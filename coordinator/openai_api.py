@@ -687,7 +687,10 @@ def guard_error(status: int, message: str, headers: dict[str, str] | None = None
 def instrument(app: FastAPI, metrics: CoordinatorMetrics) -> None:
     """Count every response by route template (unknown paths: `none`), method and exact status, and time it to
     its last byte, as vLLM does (prometheus-fastapi-instrumentator), on the coordinator's registry."""
-    instrumentator = Instrumentator(should_group_status_codes=False, registry=metrics.registry)
+    # scrapes of /metrics are not requests to the API (vLLM leaves them out too)
+    instrumentator = Instrumentator(
+        should_group_status_codes=False, excluded_handlers=[METRICS_PATH], registry=metrics.registry
+    )
     instrumentator.add(metrics.http.observe).instrument(app)
 
 
@@ -738,7 +741,7 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
         return Response(status_code=200)
 
     @app.get(METRICS_PATH, include_in_schema=False)
-    async def metrics(request: Request) -> Response:
+    def metrics(request: Request) -> Response:  # a thread of Starlette's pool: encoding stays off the event loop
         api.caller(request)  # behind the API keys (vLLM's answers anyone): a scrape config sends one as a bearer token
         encode, content_type = choose_encoder(request.headers.get("accept", ""))
         return Response(encode(api.metrics.registry), media_type=content_type)

@@ -40,7 +40,7 @@ class TokenizeRequest(ChatRendering):
         """A text prompt is not rendered: the chat rendering fields are left out for it, as vLLM's request for a
         prompt has none (`continue_final_message: true` with a prompt got the 400 for add_generation_prompt's default,
         found by probing)."""
-        if isinstance(data, dict) and "prompt" in data and "messages" not in data:
+        if isinstance(data, dict) and data.get("prompt") is not None and data.get("messages") is None:
             return {name: value for name, value in data.items() if name not in ChatRendering.model_fields}
         return data
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ray
 
@@ -33,10 +33,10 @@ class RayJob:
     device: str
     memory: str  # memory service HOST:PORT, reachable from the workers
     namespace: str
-    token: str  # the verifiers' writer token
+    token: str = field(repr=False)  # the verifiers' writer token (out of repr, as the key below: a job gets logged)
     draft_dtype: str | None = None  # None: dtype
     int8_outliers: str = INT8_SPLIT  # int8 models' first-token outlier rows (calispec_core/int8_outliers.py)
-    tls: dict[str, str] | None = None  # the writing certificate's PEMs ("cert", "key", "ca"): the memory's mutual TLS
+    tls: dict[str, str] | None = field(default=None, repr=False)  # the writing certificate's PEMs (cert, key, ca)
 
 
 REASON_CHARS = 400  # a worker's reason is one line of the driver's error, whatever the exception's message held

@@ -49,3 +49,14 @@ def test_a_workers_failure_reads_as_one_line_whatever_ray_wraps_it_in() -> None:
     assert len(failure_reason(task_error(ValueError("x" * 5000), "ValueError"))) == REASON_CHARS
     unavailable = exceptions.ActorUnavailableError("the actor is restarting", None)
     assert "\n" not in (reason := failure_reason(unavailable)) and "the actor is restarting" in reason
+
+
+@pytest.mark.slow
+def test_a_jobs_repr_leaves_its_secrets_out() -> None:
+    """A job is logged or shown in errors: the writer token and the certificate's private key stay out of it."""
+    pytest.importorskip("ray", reason="`make test-slow` installs the ray extra")
+    from calispec_tools.calibrate.ray_job import RayJob
+
+    pems = {"cert": "CERT", "key": "-----BEGIN PRIVATE KEY----- secret", "ca": "CA"}
+    job = RayJob("d", "t", "auto", "cpu", "127.0.0.1:1", "ns", "writer-token-secret", tls=pems)
+    assert "secret" not in repr(job) and job.tls == pems and job.token == "writer-token-secret"

@@ -222,6 +222,7 @@ def test_the_api_port_serves_the_coordinators_metrics_behind_its_keys(tmp_path: 
     assert counted in text.text and "calispec_http_generation_slots_free" in text.text
     assert openmetrics.headers["content-type"].startswith("application/openmetrics-text")
     assert openmetrics.text.rstrip().endswith("# EOF")
+    assert "/metrics" not in {labels["handler"] for labels, _ in _samples(api, "http_requests_total")}  # not requests
 
 
 def test_a_stream_is_counted_once_when_its_last_byte_is_out() -> None:

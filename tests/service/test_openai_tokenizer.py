@@ -53,6 +53,7 @@ def test_a_text_prompt_ignores_the_chat_rendering_fields(root: str) -> None:
     plain = _post(root, "/tokenize", {"prompt": PROMPT}).json()
     rendering = {"continue_final_message": True, "add_generation_prompt": True, "chat_template_kwargs": {"x": 1}}
     assert _post(root, "/tokenize", {"prompt": PROMPT, **rendering}).json() == plain
+    assert _post(root, "/tokenize", {"prompt": PROMPT, "messages": None, **rendering}).json() == plain
     error = _post(root, "/tokenize", {"messages": MESSAGES, "continue_final_message": True}).json()["error"]
     assert error["param"] == "continue_final_message"  # messages are rendered: the rule holds for them
 
