@@ -256,8 +256,9 @@ def without_word_cache(tokenizer: PreTrainedTokenizerBase) -> None:
     distinct words: +30.6 MB, +26.9 MB still after they ended). Uncached, a prompt's words are merged at each
     encode, once per request: ~0.5 ms on a prompt of 640 tokens of the tiny pair's tokenizer."""
     model = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)  # None: a slow tokenizer
-    if isinstance(model, BPE):  # (Unigram's cache is one for all threads, of 10,000 entries)
-        model._resize_cache(0)
+    resize = getattr(model, "_resize_cache", None)  # tokenizers 0.21-0.23 (private: a later one may drop it)
+    if isinstance(model, BPE) and resize is not None:  # (Unigram's cache is one for all threads, of 10,000 entries)
+        resize(0)
 
 
 def access_interceptors(
