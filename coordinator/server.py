@@ -249,12 +249,11 @@ def _tokenizer(path: Path) -> PreTrainedTokenizerBase:
 
 def without_word_cache(tokenizer: PreTrainedTokenizerBase) -> None:
     """Turn off the BPE model's word cache (a no-op for other models). Since tokenizers 0.23 each thread that
-    encodes keeps a cache of its own, of up to 10,000 words; the coordinator encodes its prompts on many
-    short-lived worker threads (the HTTP API's rounds, its /tokenize calls, the gRPC handlers), so with varied
-    prompts every one of them filled its own, and the memory the caches of ended threads freed stayed with glibc:
-    the process grew ~1.35 MB a minute under HTTP traffic (wave 56's soak; 8 threads that each encoded 12,000
-    distinct words: +30.6 MB, +26.9 MB still after they ended). Uncached, a prompt's words are merged at each
-    encode, once per request: ~0.5 ms on a prompt of 640 tokens of the tiny pair's tokenizer."""
+    encodes keeps a cache of its own, of up to 10,000 words; the coordinator encodes its prompts on many worker
+    threads (the HTTP API's rounds, its /tokenize calls, the gRPC handlers), so with varied prompts each could fill
+    one, and what the caches of ended threads free stays with glibc (8 threads that each encoded 12,000 distinct
+    words: +34.5 MB, +0.5 MB without the cache). Uncached, a prompt's words are merged at each encode, once per
+    request: ~0.5 ms more for 668 tokens of the shipped pair's tokenizer (docs/robustness.md)."""
     model = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)  # None: a slow tokenizer
     resize = getattr(model, "_resize_cache", None)  # tokenizers 0.21-0.23 (private: a later one may drop it)
     if isinstance(model, BPE) and resize is not None:  # (Unigram's cache is one for all threads, of 10,000 entries)

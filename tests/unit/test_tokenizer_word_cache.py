@@ -1,7 +1,8 @@
 """The coordinator's tokenizer keeps no word cache per thread (coordinator.server.without_word_cache).
 
 tokenizers 0.23 gave each thread that encodes a BPE word cache of its own (up to 10,000 words); the coordinator
-encodes on many worker threads, so varied prompts grew its memory by a cache per thread (wave 56's soak)."""
+encodes on many worker threads, so varied prompts could grow its memory by a cache per thread (found by a heaptrack
+while looking for wave 56's growth, which it does not explain: docs/robustness.md)."""
 
 from __future__ import annotations
 
