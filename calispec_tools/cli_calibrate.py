@@ -288,8 +288,9 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
 
         draft_dtype = served_draft_dtype(args)
         job = RayJob(
-            str(draft), str(target), args.dtype, args.device, address, namespace, token, draft_dtype,
-            args.int8_outliers, pem_texts(tls),
+            draft=str(draft), target=str(target), dtype=args.dtype, device=args.device, memory=address,
+            namespace=namespace, token=token, draft_dtype=draft_dtype, int8_outliers=args.int8_outliers,
+            tls=pem_texts(tls),
         )  # fmt: skip
         try:
             summary, parts = run_on_ray(args.ray, docs, config, job, args.workers, args.worker_cpus, worker_gpus(args))

@@ -689,7 +689,7 @@ def instrument(app: FastAPI, metrics: CoordinatorMetrics) -> None:
     its last byte, as vLLM does (prometheus-fastapi-instrumentator), on the coordinator's registry."""
     # scrapes of /metrics are not requests to the API (vLLM leaves them out too)
     instrumentator = Instrumentator(
-        should_group_status_codes=False, excluded_handlers=[METRICS_PATH], registry=metrics.registry
+        should_group_status_codes=False, excluded_handlers=[f"^{METRICS_PATH}$"], registry=metrics.registry
     )
     instrumentator.add(metrics.http.observe).instrument(app)
 

@@ -38,8 +38,7 @@ class TokenizeRequest(ChatRendering):
     @classmethod
     def _rendering_is_for_messages(cls, data: Any) -> Any:
         """A text prompt is not rendered: the chat rendering fields are left out for it, as vLLM's request for a
-        prompt has none (`continue_final_message: true` with a prompt got the 400 for add_generation_prompt's default,
-        found by probing)."""
+        prompt has none (`continue_final_message: true` would get the 400 for add_generation_prompt's default)."""
         if isinstance(data, dict) and data.get("prompt") is not None and data.get("messages") is None:
             return {name: value for name, value in data.items() if name not in ChatRendering.model_fields}
         return data

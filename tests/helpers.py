@@ -56,6 +56,7 @@ def ports_outside_the_ephemeral_range(*spans: int) -> list[int]:
         low, high = 32768, 60999
     # below the range and above it (a range that starts low leaves little below); a block of up to 16 ports fits
     candidates = [*range(max(1024, low - 12000), low - 16), *range(high + 1, 65536 - 16)]
+    assert max(spans) <= 16, "blocks of more than 16 ports would reach into the range"
     firsts: list[int] = []
     taken: set[int] = set()
     for first in random.sample(candidates, min(400, len(candidates))):

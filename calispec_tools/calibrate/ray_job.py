@@ -62,7 +62,7 @@ class CalibrationWorker:
 
         job, vocab = self.job, self.calibrator.target.vocab_size
         try:
-            with pem_files(job.tls) as tls:  # under TLS: sent since wave 57 (a `--tls` stack refused plaintext)
+            with pem_files(job.tls) as tls:  # the channel reads the PEMs when it is made: the files need not outlive it
                 writer = MemoryWriter(job.memory, job.namespace, job.token, vocab, f"calibrate-ray-{self.rank}", tls)
             try:
                 return self.calibrator.run(docs, writer.send)

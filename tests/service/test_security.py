@@ -331,8 +331,8 @@ def test_memory_seed_writes_only_with_a_verifiers_certificate(
 
 def test_pems_sent_as_text_write_under_mutual_tls_and_leave_no_file(certs: DevCerts, tmp_path: Path) -> None:
     """What a `calibrate --ray` worker gets (its node may lack the driver's files): the writing certificate's PEMs
-    as text, written to a private directory while its channel is made, removed after. Before wave 57 the workers
-    got none and wrote in plaintext, which a `calispec up --tls` stack's memory refuses."""
+    as text, written to a private directory while its channel is made, removed after. Without them a worker writes
+    in plaintext, which a `calispec up --tls` stack's memory refuses."""
     from calispec_tools.calibrate.sink import MemoryWriter
     from calispec_tools.pems import pem_files, pem_texts
 
