@@ -120,10 +120,14 @@ def fixed_up_ports(args: argparse.Namespace) -> Iterator[tuple[str, int]]:
 
 
 def metrics_base_port(text: str) -> int:
-    """An argparse type: 0, or a port with room for the three after it."""
-    port = at.port(text)
-    if port > MAX_PORT - 3:
-        raise argparse.ArgumentTypeError(f"must leave room for 3 ports after it (at most {MAX_PORT - 3}), got {port}")
+    """An argparse type: 0, or a port with room after it for the other services' /metrics (METRICS_ORDER)."""
+    from calispec_tools.stack import METRICS_ORDER
+
+    port, room = at.port(text), len(METRICS_ORDER) - 1
+    if port > MAX_PORT - room:
+        raise argparse.ArgumentTypeError(
+            f"must leave room for {room} ports after it (at most {MAX_PORT - room}), got {port}"
+        )
     return port
 
 

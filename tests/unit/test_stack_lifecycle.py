@@ -203,6 +203,10 @@ def test_up_serves_the_services_metrics_where_metrics_port_says(
     with pytest.raises(SystemExit):
         cli.check_distinct_ports(cli.build_parser().parse_args(["up", "--port", "19102", "--metrics-port", "19100"]))
     assert "--port and --metrics-port (draft_service's: 19100 + 2) are both 19102" in capsys.readouterr().err
+    assert cli.build_parser().parse_args(["up", "--metrics-port", "65532"]).metrics_port == 65532  # 65532-65535
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["up", "--metrics-port", "65533"])
+    assert "must leave room for 3 ports after it (at most 65532), got 65533" in capsys.readouterr().err
     spawned: list[list[str]] = []
 
     class NotStarted(Exception):
