@@ -383,6 +383,11 @@ LOCKSTEP_PHASES: tuple[LockstepPhase, ...] = ("group", "median", "shared")
 DEFAULT_LOCKSTEP_PHASE: LockstepPhase = "group"
 
 
+# how the coordinator's HTTP chat reads tool calls in a reply (coordinator/tool_calls.py; vLLM's --tool-call-parser
+# names): "hermes", the `<tool_call>` JSON blocks of Qwen2.5 and other Hermes-format models
+TOOL_CALL_PARSERS = ("hermes",)
+
+
 def require_lockstep_phase(rule: str) -> None:
     """The coordinator's config and the orchestrator's both refuse an unknown rule (the orchestrator's would fail
     every round start with a KeyError)."""

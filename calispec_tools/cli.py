@@ -37,7 +37,7 @@ import platformdirs
 from calispec.client import CalispecClient, CalispecRpcError, GenerationResult, build_params
 from calispec.types import Mode
 from calispec_core.interrupts import SIGNAL_POLL_S
-from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, LOG_LEVELS, MAX_PORT
+from calispec_core.limits import DTYPE_CHOICES, FP32_LINEAR_CHOICES, LOG_LEVELS, MAX_PORT, TOOL_CALL_PARSERS
 from calispec_tools import arg_types as at
 from calispec_tools import cli_auth, cli_bench, cli_chat, cli_memory, cli_ray
 from calispec_tools.models.registry import PAIRS, ModelPullError, describe_pairs, pull_pair, pulled
@@ -193,6 +193,7 @@ def stack_config(args: argparse.Namespace, ports: tuple[int, int, int, int]) -> 
         default_tau=getattr(args, "default_tau", None),
         default_lambda=getattr(args, "default_lambda", None),
         lockstep_phase=getattr(args, "lockstep_phase", None),
+        tool_call_parser=getattr(args, "tool_call_parser", None),
         log_level=args.log_level,
     )
 
@@ -504,7 +505,8 @@ def serve_stack(args: argparse.Namespace) -> int:
             for name, service in stack.services.items():
                 print(f"{name:15s} {service.address}  metrics: {service.metrics_url}  log: {service.log_path}")
             if stack.http_url:
-                print(f"OpenAI-compatible API: {stack.http_url}  (model {config.target_model.name!r})")
+                calls = f", tool calls: {config.tool_call_parser}" if config.tool_call_parser else ""
+                print(f"OpenAI-compatible API: {stack.http_url}  (model {config.target_model.name!r}{calls})")
             for sig in (signal.SIGINT, signal.SIGTERM):  # before the state file names this process
                 signal.signal(sig, lambda *_: stop.set())
             try:
@@ -704,6 +706,11 @@ def build_parser() -> argparse.ArgumentParser:
         "docs/calibration.md)",
     )  # fmt: skip
     cli_bench.add_lockstep_phase_arg(up)
+    up.add_argument(
+        "--tool-call-parser", choices=TOOL_CALL_PARSERS, default=None,
+        help="the HTTP chat API parses tool calls in replies, so requests may send tools (hermes: Qwen2.5's "
+        "<tool_call> blocks, the shipped pair's format; default: off, as vLLM without --enable-auto-tool-choice)",
+    )  # fmt: skip
     up.set_defaults(func=cmd_up)
 
     down = sub.add_parser("down", help="stop the stack `calispec up` runs (from another shell)")

@@ -141,6 +141,7 @@ class StackConfig:
     meaning_guard: bool = True  # the target's CSD never rescues a changed numeral or operator (meaning_guard.py)
     compute_lock: bool = True  # on CPU the model services' forwards take turns (calispec_core/host_lock.py)
     lockstep_phase: LockstepPhase | None = None  # the coordinator's --lockstep-phase (None: its default)
+    tool_call_parser: str | None = None  # the coordinator's --tool-call-parser (None: no tool calling)
     metrics: bool = False  # serve /metrics per service (`calispec up` prints the URLs)
     # with metrics: the first of METRICS_ORDER's /metrics ports, the others on the next ones (0: a free port each)
     metrics_port: int = 0
@@ -340,6 +341,7 @@ class LocalStack:
             "--port", str(c.coordinator_port), "--tokenizer", str(c.target_model),
             "--draft-addr", draft_address, *(arg for a in target_addresses for arg in ("--target-addr", a)),
             *([] if c.lockstep_phase is None else ["--lockstep-phase", c.lockstep_phase]),
+            *([] if c.tool_call_parser is None else ["--tool-call-parser", c.tool_call_parser]),
         ]  # fmt: skip
 
     def draft_args(self) -> list[str]:

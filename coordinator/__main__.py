@@ -28,6 +28,7 @@ with interrupt_exits_quietly():
         DEFAULT_LOCKSTEP_PHASE,
         HTTP_MAX_CHOICES,
         LOCKSTEP_PHASES,
+        TOOL_CALL_PARSERS,
         burst,
         dns_host_port,
         gamma,
@@ -189,6 +190,13 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         default=HTTP_MAX_GENERATIONS,
         help="choices generating at once over HTTP; more wait in line for a slot (at least a request's most choices)",
     )
+    http.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        default=None,
+        help="parse tool calls in chat replies so that requests may send tools (vLLM's --enable-auto-tool-choice "
+        "--tool-call-parser): hermes reads Qwen2.5's <tool_call> blocks (default: off, tools need tool_choice none)",
+    )
     args = parser.parse_args(argv)
     defaults = Defaults(
         max_new_tokens=args.default_max_new_tokens,
@@ -221,6 +229,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         http_allowed_origins=args.http_allowed_origins,
         http_header_timeout_s=args.http_header_timeout,
         http_max_generations=args.http_max_generations,
+        tool_call_parser=args.tool_call_parser,
         max_gamma=args.max_gamma,
         draft_min_confidence=args.draft_min_confidence,
         draft_min_path_confidence=args.draft_min_path_confidence,

@@ -17,6 +17,7 @@ from calispec_core.errors import InvalidArgument
 from calispec_core.limits import MAX_PROMPT_CHARS, require_unicode
 
 ROLES = ("system", "user", "assistant")
+NO_TOOL_CALLS = "tool calls and their results need the HTTP chat API of a coordinator started with --tool-call-parser"
 MAX_CHAT_MESSAGES = 1024
 
 
@@ -33,6 +34,17 @@ class InvalidParam(InvalidArgument):
 class ChatTurn:
     role: str
     content: str
+    tool_calls: tuple[dict[str, Any], ...] = ()  # an assistant's calls, as templates read them (tool_calls.py)
+    tool_call_id: str | None = None  # a tool message's answer to a call
+
+    def message(self) -> dict[str, Any]:
+        """The turn as chat templates read it."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = list(self.tool_calls)
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 def render_chat(
@@ -41,21 +53,25 @@ def render_chat(
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     template_kwargs: Mapping[str, Any] | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    tool_turns: bool = False,
 ) -> str:
     """The conversation as the model was trained to see it, ending where the assistant's reply starts (without
     `add_generation_prompt`: after the last message; with `continue_final_message`: inside it, for the reply to
     continue it, as transformers and vLLM render an assistant prefill). `template_kwargs`: the template's own
-    variables (vLLM's chat_template_kwargs)."""
-    _validate(turns)
+    variables (vLLM's chat_template_kwargs); `tools`: the functions the model may call (the template describes
+    them); `tool_turns`: tool messages and assistant calls are accepted (a server that parses calls)."""
+    _validate(turns, tool_turns)
     if not tokenizer.chat_template:
         raise InvalidArgument("the model's tokenizer has no chat template: send a raw prompt instead of messages")
-    messages = [{"role": t.role, "content": t.content} for t in turns]
+    messages = [t.message() for t in turns]
     try:
         text = tokenizer.apply_chat_template(
             messages,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
+            **({"tools": list(tools)} if tools else {}),
             **(template_kwargs or {}),
         )
     except TemplateError as exc:  # templates raise_exception() on conversations they do not accept
@@ -69,16 +85,19 @@ def render_chat(
     return _without_duplicate_bos(tokenizer, text)
 
 
-def _validate(turns: Sequence[ChatTurn]) -> None:
+def _validate(turns: Sequence[ChatTurn], tool_turns: bool = False) -> None:
     if not turns:
         raise InvalidParam("messages must not be empty", "messages")
     if len(turns) > MAX_CHAT_MESSAGES:
         raise InvalidParam(f"at most {MAX_CHAT_MESSAGES} messages", "messages")
     for i, turn in enumerate(turns):
         role = f"messages[{i}].role"
-        if turn.role == "tool":  # a tool's result: there are no tool calls to answer
-            raise InvalidParam(f"{role} 'tool' is not supported: this server has no tool calling", role)
-        if turn.role not in ROLES:
+        if turn.role == "tool" and not tool_turns:  # a tool's result: there are no tool calls to answer
+            raise InvalidParam(f"{role} 'tool' is not supported: {NO_TOOL_CALLS}", role)
+        if turn.tool_calls and not tool_turns:
+            refusal = f"tool calls are not supported: {NO_TOOL_CALLS} (send an empty one or leave it out)"
+            raise InvalidParam(refusal, f"messages[{i}].tool_calls")
+        if turn.role not in (*ROLES, "tool"):
             raise InvalidParam(f"{role} must be one of {', '.join(ROLES)}, got {turn.role!r}", role)
         try:
             require_unicode(turn.content, f"messages[{i}].content")

@@ -13,6 +13,7 @@ from calispec_core.limits import (
     HTTP_MAX_CHOICES,
     MAX_PROMPT_CHARS,
     MAX_SPECULATIVE_TOKENS,
+    TOOL_CALL_PARSERS,
     LockstepPhase,
     host_port,
     require_lockstep_phase,
@@ -64,6 +65,7 @@ class CoordinatorConfig:
     http_allowed_origins: tuple[str, ...] = ()  # browser origins the HTTP API admits (CORS); empty: none
     http_header_timeout_s: float = HTTP_HEADER_TIMEOUT_S  # an HTTP request's deadline for its headers, then body
     http_max_generations: int = HTTP_MAX_GENERATIONS  # HTTP choices generating at once; more wait in line
+    tool_call_parser: str | None = None  # how HTTP chat replies' tool calls are read (TOOL_CALL_PARSERS); None: none
     max_gamma: int = 10  # adaptive γ's upper bound (requests may fix γ up to MAX_SPECULATIVE_TOKENS)
     draft_min_confidence: float = 0.4  # adaptive γ: the draft's early stop (HF's assistant_confidence_threshold)
     draft_min_path_confidence: float | None = None  # adaptive γ: stop on a proposal's path probability (None: costs)
@@ -94,6 +96,9 @@ class CoordinatorConfig:
                 f"got {self.http_max_generations}"
             )
         require_lockstep_phase(self.lockstep_phase)
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            choices = ", ".join(TOOL_CALL_PARSERS)
+            raise ValueError(f"tool_call_parser must be one of {choices}, got {self.tool_call_parser!r}")
 
     @property
     def model_name(self) -> str:

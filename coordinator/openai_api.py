@@ -89,15 +89,19 @@ from coordinator.openai_protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatDelta,
+    ChatFinish,
     ChatLogprobs,
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
+    DeltaToolCall,
     ErrorBody,
     ErrorResponse,
+    FunctionCall,
     ModelCard,
     ModelList,
+    ToolCall,
     Usage,
     context_overflow,
     new_id,
@@ -120,6 +124,7 @@ from coordinator.openai_tokenizer import (
     tokenizer_info,
 )
 from coordinator.request_log import tracked
+from coordinator.tool_calls import ParsedCall, ToolCallStream, parse_reply
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +175,7 @@ class ApiSettings:
     max_body_bytes: int = HTTP_MAX_BODY_BYTES  # larger request bodies: 413, unread
     allowed_origins: tuple[str, ...] = ()  # browser origins CORS admits ("*": any); empty: no CORS headers
     max_generations: int = HTTP_MAX_GENERATIONS  # choices generating at once; more wait in line (GenerationSlots)
+    tool_call_parser: str | None = None  # how replies' tool calls are read (tool_calls.py); None: no tool calling
 
 
 def error_response(
@@ -397,7 +403,28 @@ class OpenAIApi:
         return prompt if isinstance(prompt, str) else self.orchestrator.tokenizer.decode(prompt)
 
     def chat_prompt(self, req: ChatCompletionRequest) -> str:
-        return render_messages(self.orchestrator.tokenizer, req, req.messages)
+        tool_turns = self.settings.tool_call_parser is not None
+        return render_messages(self.orchestrator.tokenizer, req, req.messages, req.rendered_tools(), tool_turns)
+
+    def check_tools(self, req: ChatCompletionRequest) -> None:
+        """Tools the model may call need a parser for its calls (vLLM: --enable-auto-tool-choice)."""
+        if req.calls_tools() and self.settings.tool_call_parser is None:
+            raise InvalidParam(
+                "tools cannot be called: the coordinator was started without --tool-call-parser; send tool_choice "
+                '"none" (the reply is then plain text), or leave tools out',
+                "tools",
+            )
+
+    def chat_choice(self, req: ChatCompletionRequest, index: int, outcome: Outcome) -> ChatChoice:
+        finish = openai_finish_reason(outcome.finish.finish_reason)
+        message = AssistantMessage(content=outcome.text)
+        if req.calls_tools():
+            reply = parse_reply(outcome.text)
+            if reply.calls:
+                message = AssistantMessage(content=reply.content, tool_calls=[tool_call(c) for c in reply.calls])
+                finish = "tool_calls"
+        logprobs = self.chat_logprobs(outcome.token_ids, outcome.logprobs)
+        return ChatChoice(index=index, message=message, finish_reason=finish, logprobs=logprobs)
 
     async def completion(self, req: CompletionRequest, held: ExitStack, request: Request):
         generations = self.generations([lambda prompt=prompt: prompt for prompt in req.prompts()], req)
@@ -446,6 +473,7 @@ class OpenAIApi:
         return await gathered(generations, request, self.bounds.stopping)
 
     async def chat_completion(self, req: ChatCompletionRequest, held: ExitStack, request: Request):
+        self.check_tools(req)
         generations = self.generations([cache(partial(self.chat_prompt, req))], req)  # rendered once
         rid, model, created = new_id("chatcmpl"), self.settings.model_name, now()  # one `created` for every chunk
         if not req.stream:
@@ -453,27 +481,21 @@ class OpenAIApi:
                 done = await self.whole_choices(generations, held, request)
 
             def response() -> ChatCompletionResponse:  # on a worker thread: log-probabilities can be many objects
-                choices = [
-                    ChatChoice(
-                        index=index,
-                        message=AssistantMessage(content=outcome.text),
-                        finish_reason=openai_finish_reason(outcome.finish.finish_reason),
-                        logprobs=self.chat_logprobs(outcome.token_ids, outcome.logprobs),
-                    )
-                    for index, outcome in enumerate(done)
-                ]
+                choices = [self.chat_choice(req, index, outcome) for index, outcome in enumerate(done)]
                 return ChatCompletionResponse(
                     id=rid, created=created, model=model, choices=choices, usage=usage_of(done, req.n)
                 )
 
             return await run_in_threadpool(response)
 
+        calls = {i: ToolCallStream() for i in range(len(generations))} if req.calls_tools() else {}
+
         def event(index: int, chunk: Chunk) -> ChatCompletionChunk:
-            delta = ChatDelta(content=chunk.text) if chunk.text or chunk.finish_reason is None else ChatDelta()
+            delta, finish = chat_delta(chunk, calls.get(index))
             choice = ChatChunkChoice(
                 index=index,
                 delta=delta,
-                finish_reason=openai_finish_reason(chunk.finish_reason),
+                finish_reason=finish,
                 logprobs=self.chat_logprobs(chunk.token_ids, chunk.logprobs),
             )
             return ChatCompletionChunk(id=rid, created=created, model=model, choices=[choice])
@@ -492,6 +514,30 @@ class OpenAIApi:
         ]
         usage = usage_event if req.include_usage_chunk else None
         return await stream(generations, req.n, held, opening, event, usage, request, self.bounds)
+
+
+def tool_call(call: ParsedCall, index: int | None = None) -> ToolCall:
+    function = FunctionCall(name=call.name, arguments=call.arguments)
+    if index is None:
+        return ToolCall(id=call.id, function=function)
+    return DeltaToolCall(index=index, id=call.id, function=function)
+
+
+def chat_delta(chunk: Chunk, calls: ToolCallStream | None) -> tuple[ChatDelta, ChatFinish | None]:
+    """A streamed chunk's delta and finish reason; with `calls` (the request's tools may be called), its text goes
+    through them: what may start a call is held back, and the calls go out whole with the choice's last chunk."""
+    finish: ChatFinish | None = openai_finish_reason(chunk.finish_reason)
+    if calls is None:
+        return (ChatDelta(content=chunk.text) if chunk.text or finish is None else ChatDelta()), finish
+    text = calls.feed(chunk.text)
+    if finish is None:
+        return ChatDelta(content=text), None
+    rest, parsed = calls.finish()
+    text += rest
+    if not parsed:
+        return (ChatDelta(content=text) if text else ChatDelta()), finish
+    deltas = [tool_call(call, i) for i, call in enumerate(parsed)]
+    return ChatDelta(content=text or None, tool_calls=deltas), "tool_calls"  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -805,7 +851,8 @@ def add_tokenizer_routes(app: FastAPI, api: OpenAIApi) -> None:
     @app.post(TOKENIZE_PATH, max_body_size=max_body)
     async def tokenize_route(body: TokenizeRequest, request: Request) -> TokenizeResponse:
         check(request, body.model)
-        return await off_loop(tokenize, api.orchestrator.tokenizer, body, api.orchestrator.context_length)
+        tool_turns = api.settings.tool_call_parser is not None
+        return await off_loop(tokenize, api.orchestrator.tokenizer, body, api.orchestrator.context_length, tool_turns)
 
     @app.post(DETOKENIZE_PATH, max_body_size=max_body)
     async def detokenize_route(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
@@ -873,6 +920,7 @@ def api_settings(
         config.http_max_body_bytes,
         config.http_allowed_origins,
         config.http_max_generations,
+        config.tool_call_parser,
     )
 
 

@@ -51,7 +51,7 @@ ModeName = Literal[MODE_NAMES]  # type: ignore[valid-type]
 MAX_CHOICES = HTTP_MAX_CHOICES
 MAX_PROMPT_TOKEN_IDS = MAX_PROMPT_CHARS  # a request's token-id prompts, in all (a text prompt's limit, in ids)
 TokenIds = list[StrictInt]
-NO_TOOLS = "this server has no tool calling"
+NO_FORCED_CALLS = "this server cannot force a tool call (that needs guided decoding)"
 
 
 def invalid(message: str) -> PydanticCustomError:
@@ -456,13 +456,27 @@ def text_of_parts(parts: list[Any]) -> str:
     return "\n".join(texts)
 
 
+class FunctionCallIn(OpenAIModel):
+    name: str
+    arguments: str  # a JSON object's text, as OpenAI's API carries it
+
+
+class ToolCallIn(OpenAIModel):
+    """A call in an assistant message of the conversation sent (OpenAI's form)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(OpenAIModel):
     role: str  # OpenAI's "developer" is taken as "system"; coordinator.chat checks the rest
     # a string, or a list of text parts (joined into one string); null or absent only on an assistant
     # message (then ""). Always a str once validated.
     content: str = Field(default=None, validate_default=True)  # type: ignore[assignment]
     name: str | None = None  # accepted and ignored (chat templates do not render it)
-    tool_calls: list[Any] | None = None  # no tool calling: only empty
+    tool_calls: list[ToolCallIn] | None = None  # an assistant's calls (with a --tool-call-parser only)
+    tool_call_id: str | None = None  # a tool message's answer to a call (passed to the template)
     function_call: Any = None  # the deprecated form of tool_calls: only null
 
     @field_validator("role", mode="before")
@@ -479,11 +493,11 @@ class ChatMessage(OpenAIModel):
             raise invalid("must be a string or a list of text parts (null only on an assistant message)")
         return text_of_parts(value) if isinstance(value, list) else value
 
-    @field_validator("tool_calls", "function_call")
+    @field_validator("function_call")
     @classmethod
-    def _no_tool_calls(cls, value: Any) -> Any:
+    def _no_function_call(cls, value: Any) -> Any:
         if value:
-            raise invalid(f"tool calls are not supported: {NO_TOOLS} (send an empty one or leave it out)")
+            raise invalid("function_call is not supported: send tool_calls (or leave it out)")
         return value
 
 
@@ -495,6 +509,20 @@ class ChatRendering(OpenAIModel):
     continue_final_message: bool = False
     chat_template: Any = None
     chat_template_kwargs: dict[str, Any] | None = None  # the model's template's variables (Qwen3's enable_thinking)
+    tools: list[dict[str, Any]] | None = None  # functions the model may call (a chat with tool_choice "none": unused)
+
+    @field_validator("tools")
+    @classmethod
+    def _function_definitions(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for i, tool in enumerate(value or []):
+            function = tool.get("function")
+            if (
+                tool.get("type") != "function"
+                or not isinstance(function, dict)
+                or not isinstance(function.get("name"), str)
+            ):
+                raise invalid(f'tool {i} must be {{"type": "function", "function": {{"name": ..., ...}}}}')
+        return value
 
     @field_validator("continue_final_message")
     @classmethod
@@ -524,10 +552,10 @@ class ChatCompletionRequest(CalispecParams, ChatRendering):
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     logprobs: bool = False  # each new token's log-probability
     top_logprobs: int | None = None  # and this many most likely tokens at each position (needs logprobs)
-    # No tool calling and no JSON mode: accepted at their no-op values only. tool_choice comes before
-    # tools (and function_call before functions) so that the second's check sees the first.
+    # Tool calls are the model's own choice ("auto", with the coordinator's --tool-call-parser: OpenAIApi checks it)
+    # or none; forcing one ("required", a named function) needs guided decoding, which this server has not.
+    # tool_choice comes before tools (and function_call before functions) so that the second's check sees the first.
     tool_choice: Literal["none", "auto"] | None = None
-    tools: list[Any] | None = None  # only with tool_choice "none" (never passed to the chat template)
     function_call: Literal["none", "auto"] | None = None  # OpenAI's deprecated tool_choice
     functions: list[Any] | None = None  # OpenAI's deprecated tools
     # vLLM's chat echo and OpenAI's audio output: not implemented, refused unless at their no-op values
@@ -558,19 +586,26 @@ class ChatCompletionRequest(CalispecParams, ChatRendering):
     def _cannot_force_a_call(cls, value: Any) -> Any:
         if value is not None and value not in ("none", "auto"):
             shown = f'"{value}"' if isinstance(value, str) else "a named function"
-            raise invalid(f'{shown} is not supported: {NO_TOOLS} (send "none" or "auto", or leave it out)')
+            raise invalid(f'{shown} is not supported: {NO_FORCED_CALLS} (send "none" or "auto", or leave it out)')
         return value
 
-    @field_validator("tools", "functions")
+    @field_validator("functions")
     @classmethod
-    def _tools_unused(cls, value: list[Any] | None, info: ValidationInfo) -> list[Any] | None:
-        choice = "tool_choice" if info.field_name == "tools" else "function_call"
-        if value and info.data.get(choice) != "none":
-            raise invalid(
-                f'tool calling is not supported: with {info.field_name}, send {choice} "none" '
-                f"(the reply is then plain text), or leave {info.field_name} out"
-            )
+    def _functions_unused(cls, value: list[Any] | None, info: ValidationInfo) -> list[Any] | None:
+        if value and info.data.get("function_call") != "none":
+            raise invalid('functions are not supported: send tools, or function_call "none" (then plain text)')
         return value
+
+    def calls_tools(self) -> bool:
+        """Whether the model may call the tools sent (they are rendered and its reply parsed for calls)."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def rendered_tools(self) -> list[dict[str, Any]] | None:
+        return self.tools if self.calls_tools() else None
+
+    def tool_history(self) -> bool:
+        """Whether the conversation holds tool calls or their results (rendered only with a tool call parser)."""
+        return any(m.tool_calls or m.role == "tool" for m in self.messages)
 
     @field_validator(*CHAT_NOT_IMPLEMENTED, mode="before")
     @classmethod
@@ -701,15 +736,38 @@ class CompletionResponse(BaseModel):
     usage: Usage | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # a JSON object's text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaToolCall(ToolCall):
+    index: int  # the call's place among the choice's calls (a stream sends each call whole, once)
+
+
+def absent(value: Any) -> bool:
+    return value is None
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # None: a reply of tool calls alone
+    tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=absent)  # only when the model called tools
+
+
+ChatFinish = Literal["stop", "length", "tool_calls"]
 
 
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: ChatFinish | None = None
     logprobs: ChatLogprobs | None = None
 
 
@@ -725,12 +783,13 @@ class ChatCompletionResponse(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = Field(default=None, exclude_if=absent)
 
 
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: ChatFinish | None = None
     logprobs: ChatLogprobs | None = None
 
 

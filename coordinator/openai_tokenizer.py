@@ -18,6 +18,7 @@ from calispec_core.errors import InvalidArgument
 from calispec_core.limits import validate_prompt
 from coordinator.chat import ChatTurn, InvalidParam, render_chat
 from coordinator.openai_protocol import ChatMessage, ChatRendering, OpenAIModel, invalid, is_token_id
+from coordinator.tool_calls import template_tool_calls
 
 TOKENIZE_PATH = "/tokenize"
 DETOKENIZE_PATH = "/detokenize"
@@ -80,18 +81,44 @@ class TokenizerInfo(BaseModel):
     tokenizer_class: str
 
 
-def render_messages(tokenizer: PreTrainedTokenizerBase, req: ChatRendering, messages: Sequence[ChatMessage]) -> str:
-    """The messages as the model's template renders them with `req`'s rendering fields: one rendering for a chat
-    request and `/tokenize`, so that the latter's count is the former's `usage.prompt_tokens`."""
-    turns = [ChatTurn(m.role, m.content) for m in messages]
+def render_messages(
+    tokenizer: PreTrainedTokenizerBase,
+    req: ChatRendering,
+    messages: Sequence[ChatMessage],
+    tools: list[dict[str, Any]] | None,
+    tool_turns: bool,
+) -> str:
+    """The messages as the model's template renders them with `req`'s rendering fields and `tools`: one rendering
+    for a chat request and `/tokenize`, so that the latter's count is the former's `usage.prompt_tokens`.
+    `tool_turns`: the server parses tool calls, so a conversation may hold them and their results."""
+    turns = [chat_turn(m, i) for i, m in enumerate(messages)]
     return render_chat(
-        tokenizer, turns, req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs
+        tokenizer,
+        turns,
+        req.add_generation_prompt,
+        req.continue_final_message,
+        req.chat_template_kwargs,
+        tools,
+        tool_turns,
     )
 
 
-def tokenize(tokenizer: PreTrainedTokenizerBase, req: TokenizeRequest, context_length: int) -> TokenizeResponse:
+def chat_turn(message: ChatMessage, index: int) -> ChatTurn:
+    calls: tuple[dict[str, Any], ...] = ()
+    if message.tool_calls:
+        where = f"messages[{index}].tool_calls"
+        try:
+            calls = tuple(template_tool_calls([c.model_dump() for c in message.tool_calls], where))
+        except ValueError as exc:
+            raise InvalidParam(str(exc), where) from None
+    return ChatTurn(message.role, message.content, calls, message.tool_call_id)
+
+
+def tokenize(
+    tokenizer: PreTrainedTokenizerBase, req: TokenizeRequest, context_length: int, tool_turns: bool = False
+) -> TokenizeResponse:
     if req.messages is not None:
-        text = render_messages(tokenizer, req, req.messages)
+        text = render_messages(tokenizer, req, req.messages, req.tools, tool_turns)
     else:
         assert req.prompt is not None
         try:

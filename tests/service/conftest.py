@@ -21,8 +21,10 @@ from target_service.server import create_server as create_target
 from tests.conftest import TinyPair
 
 # The tiny pair is a base model without a chat template; chat tests give its tokenizer this one.
-TINY_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+TINY_CHAT_TEMPLATE = (  # tools and tool calls rendered as JSON, as Hermes templates write them (nothing without them)
+    "{% if tools %}<|tools|>{{ tools | tojson }}\n{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+    "{{ m.tool_calls | tojson if m.tool_calls else '' }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 

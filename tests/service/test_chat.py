@@ -60,7 +60,7 @@ def test_async_chat(chat_coordinator: Coordinator, client: CalispecClient) -> No
         ([{"role": "user", "content": "hi"}, {"role": "", "content": "x"}], "messages[1].role"),
         (
             [{"role": "tool", "content": "4"}],
-            "messages[0].role 'tool' is not supported: this server has no tool calling",
+            "messages[0].role 'tool' is not supported: tool calls and their results need",
         ),
     ],
 )

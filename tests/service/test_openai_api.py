@@ -31,8 +31,10 @@ MESSAGES = [{"role": "user", "content": "def add(a, b):"}]
 SD = {"mode": "sd", "gamma": 3}
 
 
-def serve(coordinator: Coordinator, keys: ApiKeys | None = None, quotas: QuotaBook | None = None) -> tuple[object, str]:
-    settings = ApiSettings(MODEL, Defaults(), request_timeout_s=60, keys=keys, quotas=quotas)
+def serve(
+    coordinator: Coordinator, keys: ApiKeys | None = None, quotas: QuotaBook | None = None, tools: str | None = None
+) -> tuple[object, str]:
+    settings = ApiSettings(MODEL, Defaults(), request_timeout_s=60, keys=keys, quotas=quotas, tool_call_parser=tools)
     server = start_http_server(create_app(coordinator.orchestrator, settings), "127.0.0.1", 0)
     return server, f"http://127.0.0.1:{server.port}/v1"
 
@@ -554,7 +556,7 @@ def test_an_assistant_turn_may_have_null_content_and_a_name(base_url: str) -> No
         (
             {"messages": [*MESSAGES, {"role": "tool", "tool_call_id": "c1", "content": "4"}]},
             "messages[1].role",
-            "'tool' is not supported: this server has no tool calling",
+            "'tool' is not supported: tool calls and their results need",
         ),
         ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool_choice"),
         ({"messages": MESSAGES, "tool_choice": "required"}, "tool_choice", '"required" is not supported'),
@@ -1175,3 +1177,67 @@ def test_choices_past_the_slots_wait_in_line_and_every_slot_comes_back(chat_coor
         assert (gauge("calispec_http_generation_slots_free"), gauge("calispec_http_choices_waiting")) == (16, 0)
     finally:
         server.stop()
+
+
+# --- tool calls (the coordinator's --tool-call-parser; the parsing itself: tests/unit/test_tool_calls.py) -----------
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+CALLED = [
+    *MESSAGES,
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"c": 1}'}}],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "18 C"},
+]
+
+
+@pytest.fixture(scope="module")
+def tools_url(chat_coordinator: Coordinator) -> Iterator[str]:
+    server, url = serve(chat_coordinator, tools="hermes")
+    yield url
+    server.stop()  # type: ignore[attr-defined]
+
+
+def test_tools_are_rendered_into_the_prompt_and_counted_as_tokenize_counts_them(tools_url: str) -> None:
+    root = tools_url.removesuffix("/v1")
+    counts = {}
+    for name, extra in (("plain", {}), ("tools", {"tools": TOOLS}), ("none", {"tools": TOOLS, "tool_choice": "none"})):
+        done = _post(tools_url, "/chat/completions", {"messages": MESSAGES, **extra, **GREEDY_CHAT})
+        assert done.status_code == 200, done.text
+        counts[name] = done.json()["usage"]["prompt_tokens"]
+        counted = httpx.post(f"{root}/tokenize", json={"model": MODEL, "messages": MESSAGES, **extra}).json()
+        assert counted["count"] == counts[name] or name == "none"  # /tokenize renders tools it is sent
+    assert counts["tools"] > counts["plain"] == counts["none"]  # tool_choice "none": the tools are not rendered
+
+
+def test_a_conversation_with_calls_and_results_is_rendered_where_calls_are_parsed(
+    tools_url: str, base_url: str
+) -> None:
+    root = tools_url.removesuffix("/v1")
+    done = _post(tools_url, "/chat/completions", {"messages": CALLED, "tools": TOOLS, **GREEDY_CHAT})
+    assert done.status_code == 200, done.text
+    counted = httpx.post(f"{root}/tokenize", json={"model": MODEL, "messages": CALLED, "tools": TOOLS}).json()
+    assert counted["count"] == done.json()["usage"]["prompt_tokens"]
+    short = httpx.post(f"{root}/tokenize", json={"model": MODEL, "messages": MESSAGES, "tools": TOOLS}).json()
+    assert counted["count"] > short["count"]
+    bad = [*MESSAGES, {**CALLED[1], "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}]
+    error = _error(_post(tools_url, "/chat/completions", {"messages": bad, **GREEDY_CHAT}))
+    assert error["param"] == "messages[1].tool_calls" and "must be a JSON object" in error["message"]
+    refused = _error(_post(base_url, "/chat/completions", {"messages": CALLED, **GREEDY_CHAT}))  # no parser
+    assert refused["param"] == "messages[1].tool_calls" and "--tool-call-parser" in refused["message"]
+
+
+def test_a_reply_streamed_with_tools_is_the_unary_reply(tools_url: str) -> None:
+    """The stream holds back what may start a call: a reply without calls still arrives whole, the same as unary."""
+    client = openai.OpenAI(base_url=tools_url, api_key="unused", max_retries=0, timeout=60)
+    kwargs = {"model": MODEL, "messages": MESSAGES, "tools": TOOLS, "max_tokens": 12, "temperature": 0}
+    unary = client.chat.completions.create(**kwargs, extra_body={"mode": "sd", "gamma": 3})  # type: ignore[call-overload]
+    streamed = client.chat.completions.create(**kwargs, stream=True, extra_body={"mode": "sd", "gamma": 3})  # type: ignore[call-overload]
+    chunks = list(streamed)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert "<tool_call>" not in text  # the tiny model writes no call: its reply is content
+    assert text == unary.choices[0].message.content and unary.choices[0].message.tool_calls is None
+    assert finish == [unary.choices[0].finish_reason]

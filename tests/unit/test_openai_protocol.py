@@ -75,8 +75,12 @@ def test_text_parts_are_joined_with_newlines_as_vllm_does() -> None:
         ({"role": "user", "content": [{"type": "text"}]}, "without a text string"),
         ({"role": "user", "content": None}, "null only on an assistant message"),
         ({"role": "user"}, "null only on an assistant message"),
-        ({"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}, "tool calls are not supported"),
-        ({"role": "assistant", "content": None, "function_call": {"name": "f"}}, "tool calls are not supported"),
+        ({"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}, "Field required"),  # no function
+        (
+            {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
+            "Input should be a valid string",  # arguments: a JSON object's text, as OpenAI's API carries it
+        ),
+        ({"role": "assistant", "content": None, "function_call": {"name": "f"}}, "function_call is not supported"),
     ],
 )
 def test_bad_messages_are_refused(message: dict[str, Any], fragment: str) -> None:
@@ -201,13 +205,17 @@ def test_stream_options_need_streaming() -> None:
     assert chat(stream=True, stream_options={"include_usage": True}).include_usage_chunk
 
 
-def test_tools_are_accepted_only_where_no_call_can_be_asked_for() -> None:
+def test_tools_may_be_called_by_the_models_choice_only() -> None:
+    """`auto` (or no tool_choice) lets the model call them, where the server parses calls (OpenAIApi.check_tools:
+    a 400 without a parser); forcing a call needs guided decoding."""
     tools = [{"type": "function", "function": {"name": "f"}}]
-    assert chat(tools=tools, tool_choice="none").tools == tools
-    assert chat(tool_choice="auto").tool_choice == "auto"  # no tools: nothing to call
+    assert chat(tools=tools, tool_choice="none").rendered_tools() is None
+    assert chat(tools=tools).rendered_tools() == tools
+    assert chat(tools=tools, tool_choice="auto").calls_tools()
+    assert not chat(tool_choice="auto").calls_tools()  # no tools: nothing to call
     for fields, param in (
-        ({"tools": tools}, "tools"),
-        ({"tools": tools, "tool_choice": "auto"}, "tools"),
+        ({"tools": [{"type": "function", "function": {}}]}, "tools"),
+        ({"tools": [{"name": "f"}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
         ({"functions": [{"name": "f"}]}, "functions"),
