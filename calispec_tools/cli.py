@@ -566,7 +566,7 @@ def up_state(stack: LocalStack, config: StackConfig) -> StackState:
         os.getpid(), stack.coordinator_address, stack.memory_address, stack.memory_namespace,
         str(config.draft_model.resolve()), str(config.target_model.resolve()), str(stack.writer_token_file),
         process_start_time(os.getpid()), config.dtype, config.draft_dtype or config.dtype,
-        str(config.tls_dir.resolve()) if config.tls_dir else "",
+        str(config.tls_dir.resolve()) if config.tls_dir else "", config.device,
     )  # fmt: skip
 
 

@@ -256,7 +256,7 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
     if args.export is not None and (problem := export_path_problem(args.export)):
         return _fail(problem, USAGE_ERROR)
     take_the_stacks_dtypes(args)
-    if problem := int8_scales_problem(args):
+    if problem := int8_scales_problem(args) or ray_device_problem(args):  # the latter again: the stack's device
         return _fail(problem, USAGE_ERROR)
     config = CalibrateConfig(
         mode=args.events, generate=args.generate, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
@@ -325,12 +325,15 @@ def another_pairs_namespace(args: argparse.Namespace, address: str, draft: Path,
 
 
 def take_the_stacks_dtypes(args: argparse.Namespace) -> None:
-    """Calibrating the running stack's pair, dtypes left at their defaults are the stack's: its events are those of
-    the models it serves (a `calispec up --dtype float32 --draft-dtype float32` was calibrated with an int8 draft,
-    its events not SD's; found by probing)."""
+    """Calibrating the running stack's pair, dtypes and device left at their defaults are the stack's: its events
+    are those of the models it serves (a `calispec up --dtype float32 --draft-dtype float32` was calibrated with an
+    int8 draft, its events not SD's; found by probing; a `--device cpu` stack on a GPU host was calibrated on the
+    GPU, whose kernels round otherwise)."""
     stack = the_stacks_pair(args)
     if stack is None:  # another pair, or the stack's named: the flags as given
         return
+    if args.device == "auto":
+        args.device = stack.device
     if args.dtype == "auto" and stack.dtype != INT8:  # an int8 target (opt-in) is not teacher-forced: the flags'
         args.dtype = stack.dtype
     if args.draft_dtype is None and stack.draft_dtype != "auto":

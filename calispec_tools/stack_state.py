@@ -48,6 +48,9 @@ def state_path() -> Path:
     return Path(platformdirs.user_data_dir("calispec")) / "stack.json"
 
 
+OPTIONAL_KEYS = {"tls_dir": "", "device": "auto"}  # written only where they differ from these (StackState.write)
+
+
 @dataclass(frozen=True)
 class StackState:
     pid: int
@@ -61,6 +64,7 @@ class StackState:
     dtype: str = "auto"  # the target's --dtype as `up` was given it, and the draft's as served (calibrate's defaults)
     draft_dtype: str = "auto"
     tls_dir: str = ""  # `up --tls`'s certificates: the memory tools' default client certificates; "": plaintext
+    device: str = "auto"  # the model services' --device as `up` was given it (calibrate's default)
 
     def serves_memory_at(self, address: str) -> bool:
         """Whether `address` names this stack's memory service: the same host and port, `localhost` standing for
@@ -74,8 +78,9 @@ class StackState:
         tmp = path.with_name(path.name + ".tmp")
         tmp.touch(mode=0o600, exist_ok=True)
         tmp.chmod(0o600)
-        recorded = {k: v for k, v in asdict(self).items() if k != "tls_dir" or v}  # wave 55's: only where set,
-        tmp.write_text(json.dumps(recorded, indent=1) + "\n", encoding="utf-8")  # so a wave-54 CLI reads the rest
+        # newer keys only where set (tls_dir: wave 55's, device: wave 58's), so a wave-54 CLI reads the rest
+        recorded = {k: v for k, v in asdict(self).items() if k not in OPTIONAL_KEYS or v != OPTIONAL_KEYS[k]}
+        tmp.write_text(json.dumps(recorded, indent=1) + "\n", encoding="utf-8")
         tmp.replace(path)
         return path
 

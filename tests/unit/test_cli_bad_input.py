@@ -554,27 +554,28 @@ def test_calibrate_names_the_corpus_line_it_cannot_use(
 @pytest.mark.parametrize(
     ("given", "expected"),
     [
-        ([], ("float32", "float32")),
-        (["--dtype", "bfloat16"], ("bfloat16", "float32")),
-        (["--pair", "tiny"], ("auto", default_draft_dtype("auto") or "auto")),  # the pair named: calibrate's own
+        ([], ("float32", "float32", "cpu")),
+        (["--dtype", "bfloat16", "--device", "cuda"], ("bfloat16", "float32", "cuda")),
+        (["--pair", "tiny"], ("auto", default_draft_dtype("auto") or "auto", "auto")),  # named: calibrate's own
     ],
 )
-def test_calibrating_the_running_stacks_pair_takes_its_dtypes(
-    given: list[str], expected: tuple[str, str], corpus: Path, tmp_path: Path, tiny_pair: TinyPair, monkeypatch
+def test_calibrating_the_running_stacks_pair_takes_its_dtypes_and_device(
+    given: list[str], expected: tuple[str, str, str], corpus: Path, tmp_path: Path, tiny_pair: TinyPair, monkeypatch
 ) -> None:
     """A `calispec up --dtype float32 --draft-dtype float32` was calibrated with an int8 draft (calibrate's own
-    defaults): its events were not the served pair's SD events (found by probing). Flags given still win."""
-    loaded: list[tuple[str, str]] = []
+    defaults): its events were not the served pair's SD events (found by probing); a `--device cpu` stack on a GPU
+    host was calibrated on the GPU (wave 58). Flags given still win."""
+    loaded: list[tuple[str, str, str]] = []
 
     def load(args: object, *rest: object) -> None:
         from calispec_tools.cli import served_draft_dtype
 
-        loaded.append((args.dtype, served_draft_dtype(args)))  # type: ignore[attr-defined]
+        loaded.append((args.dtype, served_draft_dtype(args), args.device))  # type: ignore[attr-defined]
         raise SystemExit(0)
 
     monkeypatch.setattr(cli_calibrate, "_load", load)
     served = (str(tiny_pair.draft), str(tiny_pair.target))
-    StackState(os.getpid(), "c", "127.0.0.1:1", "ns", *served, "w", 0, "float32", "float32").write()
+    StackState(os.getpid(), "c", "127.0.0.1:1", "ns", *served, "w", 0, "float32", "float32", "", "cpu").write()
     with pytest.raises(SystemExit):
         cli.main(["calibrate", "--corpus", str(corpus), *given, "--export", str(tmp_path / "out.json")])
     assert loaded == [expected]

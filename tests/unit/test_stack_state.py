@@ -163,6 +163,7 @@ def test_up_records_the_pair_absolute(tmp_path: Path, monkeypatch: pytest.Monkey
         dtype="auto",
         draft_dtype="int8",
         tls_dir=Path("tls"),
+        device="cpu",
     )
     stack: Any = SimpleNamespace(coordinator_address="c", memory_address="m", memory_namespace="ns",
                                  writer_token_file=tmp_path / "w")  # fmt: skip
@@ -173,6 +174,7 @@ def test_up_records_the_pair_absolute(tmp_path: Path, monkeypatch: pytest.Monkey
     state = running_stack()
     assert state is not None and (state.dtype, state.draft_dtype) == ("auto", "int8")  # what calibrate defaults to
     assert state.tls_dir == str(tmp_path / "tls")  # the memory tools' certificates, absolute as well
+    assert state.device == "cpu"  # calibrate's default device too (wave 58)
 
 
 # a stand-in for a `calispec up` still starting: holds the lock (no state file yet), on SIGTERM exits as
@@ -293,9 +295,10 @@ def test_a_stacks_memory_is_its_address_or_localhost_for_it(given: str, same: bo
 def test_a_plaintext_stacks_state_has_only_the_keys_the_release_before_knew(no_running_stack: Path) -> None:
     """An older CLI reads the file strictly: a key it does not know hides the stack from it (found by review)."""
     state(0).write()
-    assert "tls_dir" not in json.loads(no_running_stack.read_text())
-    dataclasses.replace(state(0), tls_dir="/certs").write()
-    assert json.loads(no_running_stack.read_text())["tls_dir"] == "/certs" and running_stack() is not None
+    assert not {"tls_dir", "device"} & set(json.loads(no_running_stack.read_text()))
+    dataclasses.replace(state(0), tls_dir="/certs", device="cpu").write()
+    recorded = json.loads(no_running_stack.read_text())
+    assert (recorded["tls_dir"], recorded["device"]) == ("/certs", "cpu") and running_stack() is not None
 
 
 def test_up_on_a_port_another_process_listens_on_is_refused_before_anything_loads(
