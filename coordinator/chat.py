@@ -18,6 +18,7 @@ from calispec_core.limits import MAX_PROMPT_CHARS, require_unicode
 
 ROLES = ("system", "user", "assistant")
 NO_TOOL_CALLS = "tool calls and their results need the HTTP chat API of a coordinator started with --tool-call-parser"
+TOOL_CALLS_REFUSED = f"tool calls are not supported: {NO_TOOL_CALLS} (send an empty one or leave it out)"
 MAX_CHAT_MESSAGES = 1024
 
 
@@ -62,6 +63,10 @@ def render_chat(
     variables (vLLM's chat_template_kwargs); `tools`: the functions the model may call (the template describes
     them); `tool_turns`: tool messages and assistant calls are accepted (a server that parses calls)."""
     _validate(turns, tool_turns)
+    if continue_final_message and turns[-1].tool_calls:  # templates write calls after the content: they would be cut
+        raise InvalidParam(
+            "cannot continue a final message that holds tool calls", f"messages[{len(turns) - 1}].tool_calls"
+        )
     if not tokenizer.chat_template:
         raise InvalidArgument("the model's tokenizer has no chat template: send a raw prompt instead of messages")
     messages = [t.message() for t in turns]
@@ -95,10 +100,10 @@ def _validate(turns: Sequence[ChatTurn], tool_turns: bool = False) -> None:
         if turn.role == "tool" and not tool_turns:  # a tool's result: there are no tool calls to answer
             raise InvalidParam(f"{role} 'tool' is not supported: {NO_TOOL_CALLS}", role)
         if turn.tool_calls and not tool_turns:
-            refusal = f"tool calls are not supported: {NO_TOOL_CALLS} (send an empty one or leave it out)"
-            raise InvalidParam(refusal, f"messages[{i}].tool_calls")
+            raise InvalidParam(TOOL_CALLS_REFUSED, f"messages[{i}].tool_calls")
         if turn.role not in (*ROLES, "tool"):
-            raise InvalidParam(f"{role} must be one of {', '.join(ROLES)}, got {turn.role!r}", role)
+            roles = (*ROLES, "tool") if tool_turns else ROLES
+            raise InvalidParam(f"{role} must be one of {', '.join(roles)}, got {turn.role!r}", role)
         try:
             require_unicode(turn.content, f"messages[{i}].content")
         except InvalidArgument as exc:

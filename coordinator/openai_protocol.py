@@ -23,7 +23,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from calispec.types import MODE_NAMES, FinishReason
@@ -501,6 +511,14 @@ class ChatMessage(OpenAIModel):
         return value
 
 
+def not_forced(value: Any) -> Any:
+    """tool_choice (function_call): "none" or "auto" only."""
+    if value is not None and value not in ("none", "auto"):
+        shown = f'"{value}"' if isinstance(value, str) else "a named function"
+        raise invalid(f'{shown} is not supported: {NO_FORCED_CALLS} (send "none" or "auto", or leave it out)')
+    return value
+
+
 class ChatRendering(OpenAIModel):
     """How chat messages become the prompt (vLLM's fields): an open assistant turn ends it, or the last message is
     left open for the reply to continue (assistant prefill); the model's own template only."""
@@ -509,7 +527,22 @@ class ChatRendering(OpenAIModel):
     continue_final_message: bool = False
     chat_template: Any = None
     chat_template_kwargs: dict[str, Any] | None = None  # the model's template's variables (Qwen3's enable_thinking)
-    tools: list[dict[str, Any]] | None = None  # functions the model may call (a chat with tool_choice "none": unused)
+    # Tool calls are the model's own choice ("auto", where the coordinator parses them: OpenAIApi.check_tools) or
+    # none; forcing one ("required", a named function) needs guided decoding, which this server has not.
+    tool_choice: Literal["none", "auto"] | None = None
+    tools: list[dict[str, Any]] | None = None  # functions the model may call (with tool_choice "none": not rendered)
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _cannot_force_a_call(cls, value: Any) -> Any:
+        return not_forced(value)
+
+    def calls_tools(self) -> bool:
+        """Whether the model may call the tools sent (they are rendered and its reply parsed for calls)."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def rendered_tools(self) -> list[dict[str, Any]] | None:
+        return self.tools if self.calls_tools() else None
 
     @field_validator("tools")
     @classmethod
@@ -552,10 +585,7 @@ class ChatCompletionRequest(CalispecParams, ChatRendering):
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     logprobs: bool = False  # each new token's log-probability
     top_logprobs: int | None = None  # and this many most likely tokens at each position (needs logprobs)
-    # Tool calls are the model's own choice ("auto", with the coordinator's --tool-call-parser: OpenAIApi checks it)
-    # or none; forcing one ("required", a named function) needs guided decoding, which this server has not.
-    # tool_choice comes before tools (and function_call before functions) so that the second's check sees the first.
-    tool_choice: Literal["none", "auto"] | None = None
+    # function_call comes before functions so that the second's check sees the first
     function_call: Literal["none", "auto"] | None = None  # OpenAI's deprecated tool_choice
     functions: list[Any] | None = None  # OpenAI's deprecated tools
     # vLLM's chat echo and OpenAI's audio output: not implemented, refused unless at their no-op values
@@ -581,13 +611,10 @@ class ChatCompletionRequest(CalispecParams, ChatRendering):
     def requested_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    @field_validator("tool_choice", "function_call", mode="before")
+    @field_validator("function_call", mode="before")
     @classmethod
-    def _cannot_force_a_call(cls, value: Any) -> Any:
-        if value is not None and value not in ("none", "auto"):
-            shown = f'"{value}"' if isinstance(value, str) else "a named function"
-            raise invalid(f'{shown} is not supported: {NO_FORCED_CALLS} (send "none" or "auto", or leave it out)')
-        return value
+    def _cannot_force_a_function_call(cls, value: Any) -> Any:
+        return not_forced(value)
 
     @field_validator("functions")
     @classmethod
@@ -595,17 +622,6 @@ class ChatCompletionRequest(CalispecParams, ChatRendering):
         if value and info.data.get("function_call") != "none":
             raise invalid('functions are not supported: send tools, or function_call "none" (then plain text)')
         return value
-
-    def calls_tools(self) -> bool:
-        """Whether the model may call the tools sent (they are rendered and its reply parsed for calls)."""
-        return bool(self.tools) and self.tool_choice != "none"
-
-    def rendered_tools(self) -> list[dict[str, Any]] | None:
-        return self.tools if self.calls_tools() else None
-
-    def tool_history(self) -> bool:
-        """Whether the conversation holds tool calls or their results (rendered only with a tool call parser)."""
-        return any(m.tool_calls or m.role == "tool" for m in self.messages)
 
     @field_validator(*CHAT_NOT_IMPLEMENTED, mode="before")
     @classmethod
@@ -751,14 +767,23 @@ class DeltaToolCall(ToolCall):
     index: int  # the call's place among the choice's calls (a stream sends each call whole, once)
 
 
-def absent(value: Any) -> bool:
-    return value is None
+class CallsWhenMade(BaseModel):
+    """`tool_calls` is left out unless the model made calls (a reply without them keeps its earlier shape)."""
+
+    tool_calls: list[Any] | None = None
+
+    @model_serializer(mode="wrap")
+    def _calls_when_made(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("tool_calls") is None:
+            data.pop("tool_calls", None)
+        return data
 
 
-class AssistantMessage(BaseModel):
+class AssistantMessage(CallsWhenMade):
     role: Literal["assistant"] = "assistant"
     content: str | None  # None: a reply of tool calls alone
-    tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=absent)  # only when the model called tools
+    tool_calls: list[ToolCall] | None = None  # only when the model called tools
 
 
 ChatFinish = Literal["stop", "length", "tool_calls"]
@@ -780,10 +805,10 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
-class ChatDelta(BaseModel):
+class ChatDelta(CallsWhenMade):
     role: Literal["assistant"] | None = None
     content: str | None = None
-    tool_calls: list[DeltaToolCall] | None = Field(default=None, exclude_if=absent)
+    tool_calls: list[DeltaToolCall] | None = None  # the choice's calls, whole, in its last chunk
 
 
 class ChatChunkChoice(BaseModel):

@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerBase
 
 from calispec_core.errors import InvalidArgument
 from calispec_core.limits import validate_prompt
-from coordinator.chat import ChatTurn, InvalidParam, render_chat
+from coordinator.chat import TOOL_CALLS_REFUSED, ChatTurn, InvalidParam, render_chat
 from coordinator.openai_protocol import ChatMessage, ChatRendering, OpenAIModel, invalid, is_token_id
 from coordinator.tool_calls import template_tool_calls
 
@@ -91,7 +91,7 @@ def render_messages(
     """The messages as the model's template renders them with `req`'s rendering fields and `tools`: one rendering
     for a chat request and `/tokenize`, so that the latter's count is the former's `usage.prompt_tokens`.
     `tool_turns`: the server parses tool calls, so a conversation may hold them and their results."""
-    turns = [chat_turn(m, i) for i, m in enumerate(messages)]
+    turns = [chat_turn(m, i, tool_turns) for i, m in enumerate(messages)]
     return render_chat(
         tokenizer,
         turns,
@@ -103,10 +103,16 @@ def render_messages(
     )
 
 
-def chat_turn(message: ChatMessage, index: int) -> ChatTurn:
+def chat_turn(message: ChatMessage, index: int, tool_turns: bool) -> ChatTurn:
+    """A message as `render_chat` takes it; its tool calls refused before they are read where none are parsed, and
+    on any message but an assistant's."""
     calls: tuple[dict[str, Any], ...] = ()
     if message.tool_calls:
         where = f"messages[{index}].tool_calls"
+        if not tool_turns:
+            raise InvalidParam(TOOL_CALLS_REFUSED, where)
+        if message.role != "assistant":
+            raise InvalidParam(f"only an assistant message has tool calls, not a {message.role!r} one", where)
         try:
             calls = tuple(template_tool_calls([c.model_dump() for c in message.tool_calls], where))
         except ValueError as exc:
@@ -118,7 +124,7 @@ def tokenize(
     tokenizer: PreTrainedTokenizerBase, req: TokenizeRequest, context_length: int, tool_turns: bool = False
 ) -> TokenizeResponse:
     if req.messages is not None:
-        text = render_messages(tokenizer, req, req.messages, req.tools, tool_turns)
+        text = render_messages(tokenizer, req, req.messages, req.rendered_tools() if tool_turns else None, tool_turns)
     else:
         assert req.prompt is not None
         try:

@@ -46,12 +46,17 @@ def parse_reply(text: str) -> ParsedReply:
 
 
 def _call(block: str) -> ParsedCall:
+    """One block's call; ValueError unless it names a function and its arguments are an object (or an object's
+    JSON text): OpenAI's clients read `arguments` as an object's text and send it back so."""
     obj = json.loads(block)
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or "arguments" not in obj:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         raise ValueError("not a call")
-    arguments = obj["arguments"]
-    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return ParsedCall(f"chatcmpl-tool-{uuid.uuid4().hex}", obj["name"], text)
+    arguments = obj.get("arguments")
+    if isinstance(arguments, str):
+        arguments = json.loads(arguments)
+    if not isinstance(arguments, dict):
+        raise ValueError("arguments are not an object")
+    return ParsedCall(f"chatcmpl-tool-{uuid.uuid4().hex}", obj["name"], json.dumps(arguments, ensure_ascii=False))
 
 
 class ToolCallStream:
@@ -101,8 +106,8 @@ def template_tool_calls(calls: list[Any], where: str) -> list[dict[str, Any]]:
     out = []
     for i, call in enumerate(calls):
         function = call["function"]
-        try:
-            arguments = json.loads(function["arguments"])
+        try:  # an empty text is no arguments, as vLLM takes it
+            arguments = json.loads(function["arguments"]) if function["arguments"].strip() else {}
         except ValueError:
             arguments = None
         if not isinstance(arguments, dict):

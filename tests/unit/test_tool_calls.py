@@ -43,6 +43,10 @@ def test_calls_are_read_with_the_text_before_them_as_content() -> None:
     assert len({c.id for c in reply.calls}) == 2 and all(c.id.startswith("chatcmpl-tool-") for c in reply.calls)
 
 
+def test_arguments_written_as_an_objects_text_are_that_object() -> None:
+    assert named('<tool_call>{"name": "f", "arguments": "{\\"c\\": 1}"}</tool_call>') == [("f", {"c": 1})]
+
+
 def test_a_reply_of_calls_alone_has_no_content_and_an_unclosed_last_call_counts() -> None:
     reply = parse_reply('<tool_call>\n{"name": "f", "arguments": {}}')  # the stop token ended it
     assert reply.content is None and [(c.name, c.arguments) for c in reply.calls] == [("f", "{}")]
@@ -55,6 +59,9 @@ def test_a_reply_of_calls_alone_has_no_content_and_an_unclosed_last_call_counts(
         '<tool_call>\n{"arguments": {}}\n</tool_call>',  # no name
         '<tool_call>\n{"name": "f"}\n</tool_call>',  # no arguments
         '<tool_call>\n["f", {}]\n</tool_call>',
+        '<tool_call>\n{"name": "f", "arguments": "Paris"}\n</tool_call>',  # not an object: a client sends it back
+        '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>',
+        '<tool_call>\n{"name": "f", "arguments": null}\n</tool_call>',
         f"{CALL}\n<tool_call>\nthe model wandered off",
     ],
 )
@@ -107,6 +114,7 @@ def test_an_assistants_calls_reach_the_template_with_object_arguments() -> None:
     assert template_tool_calls(calls, "m") == [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}
     ]
+    assert template_tool_calls([{"function": {"name": "f", "arguments": " "}}], "m")[0]["function"]["arguments"] == {}
     for bad in ('"x"', "[1]", "{oops"):
         with pytest.raises(ValueError, match=r"m\[0\]\.function\.arguments must be a JSON object"):
             template_tool_calls([{"function": {"name": "f", "arguments": bad}}], "m")
@@ -130,6 +138,31 @@ def test_tool_turns_and_tools_reach_the_template_only_where_calls_are_parsed() -
     with pytest.raises(InvalidParam, match="need the HTTP chat API") as info:
         render_chat(ToolTemplate(), turns[:2])  # type: ignore[arg-type]
     assert info.value.param == "messages[1].tool_calls"
+    with pytest.raises(InvalidParam, match="cannot continue a final message that holds tool calls") as info:
+        render_chat(ToolTemplate(), turns[:2], False, True, tool_turns=True)  # type: ignore[arg-type]
+    assert info.value.param == "messages[1].tool_calls"  # the template writes calls after the content: cut
+
+
+@pytest.mark.parametrize(
+    ("message", "tool_turns", "fragment"),
+    [
+        ({"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}, True,
+         "only an assistant message has tool calls"),
+        ({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}, False,
+         "need the HTTP chat API"),  # refused for want of a parser before its arguments are read
+        ({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}, True,
+         "must be a JSON object"),
+    ],
+)  # fmt: skip
+def test_calls_in_a_conversation_are_refused_where_they_cannot_be_rendered(
+    message: dict[str, object], tool_turns: bool, fragment: str
+) -> None:
+    from coordinator.openai_tokenizer import render_messages
+
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": [message]})
+    with pytest.raises(InvalidParam, match=fragment) as info:
+        render_messages(ToolTemplate(), req, req.messages, None, tool_turns)  # type: ignore[arg-type]
+    assert info.value.param == "messages[0].tool_calls"
 
 
 def chunk(text: str, finish: FinishReason | None = None) -> Chunk:
