@@ -708,8 +708,9 @@ def build_parser() -> argparse.ArgumentParser:
     cli_bench.add_lockstep_phase_arg(up)
     up.add_argument(
         "--tool-call-parser", choices=TOOL_CALL_PARSERS, default=None,
-        help="the HTTP chat API parses tool calls in replies, so requests may send tools (hermes: Qwen2.5's "
-        "<tool_call> blocks, the shipped pair's format; default: off, as vLLM without --enable-auto-tool-choice)",
+        help="let the model call a chat request's tools over HTTP, its replies parsed for calls (hermes: the "
+        "<tool_call> blocks Qwen2.5's templates ask for; the shipped 1.5B pair rarely writes them, docs/api.md; "
+        "default: off, tools then only with tool_choice none)",
     )  # fmt: skip
     up.set_defaults(func=cmd_up)
 

@@ -255,8 +255,8 @@ def calibrate_corpus(args: argparse.Namespace) -> int:
                      "give one", USAGE_ERROR)  # fmt: skip
     if args.export is not None and (problem := export_path_problem(args.export)):
         return _fail(problem, USAGE_ERROR)
-    take_the_stacks_dtypes(args)
-    if problem := int8_scales_problem(args) or ray_device_problem(args):  # the latter again: the stack's device
+    take_the_stacks_settings(args)
+    if problem := int8_scales_problem(args) or ray_device_problem(args):  # the device may be the stack's now
         return _fail(problem, USAGE_ERROR)
     config = CalibrateConfig(
         mode=args.events, generate=args.generate, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
@@ -324,7 +324,7 @@ def another_pairs_namespace(args: argparse.Namespace, address: str, draft: Path,
     )
 
 
-def take_the_stacks_dtypes(args: argparse.Namespace) -> None:
+def take_the_stacks_settings(args: argparse.Namespace) -> None:
     """Calibrating the running stack's pair, dtypes and device left at their defaults are the stack's: its events
     are those of the models it serves (a `calispec up --dtype float32 --draft-dtype float32` was calibrated with an
     int8 draft, its events not SD's; found by probing; a `--device cpu` stack on a GPU host was calibrated on the

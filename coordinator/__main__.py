@@ -194,8 +194,9 @@ def parse_config(argv: list[str] | None = None) -> tuple[CoordinatorConfig, str]
         "--tool-call-parser",
         choices=TOOL_CALL_PARSERS,
         default=None,
-        help="parse tool calls in chat replies so that requests may send tools (vLLM's --enable-auto-tool-choice "
-        "--tool-call-parser): hermes reads Qwen2.5's <tool_call> blocks (default: off, tools need tool_choice none)",
+        help="let the model call a chat request's tools over HTTP, its replies parsed for calls (vLLM's "
+        "--enable-auto-tool-choice --tool-call-parser in one flag): hermes reads the <tool_call> blocks Qwen2.5's "
+        "templates ask for (default: off; tools then only with tool_choice none)",
     )
     args = parser.parse_args(argv)
     defaults = Defaults(

@@ -18,7 +18,7 @@ from calispec_core.limits import MAX_PROMPT_CHARS, require_unicode
 
 ROLES = ("system", "user", "assistant")
 NO_TOOL_CALLS = "tool calls and their results need the HTTP chat API of a coordinator started with --tool-call-parser"
-TOOL_CALLS_REFUSED = f"tool calls are not supported: {NO_TOOL_CALLS} (send an empty one or leave it out)"
+TOOL_CALLS_REFUSED = f"{NO_TOOL_CALLS} (send an empty tool_calls or leave it out)"
 MAX_CHAT_MESSAGES = 1024
 
 

@@ -177,6 +177,11 @@ class ApiSettings:
     max_generations: int = HTTP_MAX_GENERATIONS  # choices generating at once; more wait in line (GenerationSlots)
     tool_call_parser: str | None = None  # how replies' tool calls are read (tool_calls.py); None: no tool calling
 
+    @property
+    def parses_tool_calls(self) -> bool:
+        """Tools may be called, and conversations may hold calls and their results."""
+        return self.tool_call_parser is not None
+
 
 def error_response(
     status: int,
@@ -403,12 +408,12 @@ class OpenAIApi:
         return prompt if isinstance(prompt, str) else self.orchestrator.tokenizer.decode(prompt)
 
     def chat_prompt(self, req: ChatCompletionRequest) -> str:
-        tool_turns = self.settings.tool_call_parser is not None
-        return render_messages(self.orchestrator.tokenizer, req, req.messages, req.rendered_tools(), tool_turns)
+        tools, parses = req.rendered_tools(), self.settings.parses_tool_calls
+        return render_messages(self.orchestrator.tokenizer, req, req.messages, tools, parses)
 
     def check_tools(self, req: ChatCompletionRequest) -> None:
         """Tools the model may call need a parser for its calls (vLLM: --enable-auto-tool-choice)."""
-        if req.calls_tools() and self.settings.tool_call_parser is None:
+        if req.calls_tools() and not self.settings.parses_tool_calls:
             raise InvalidParam(
                 "tools cannot be called: the coordinator was started without --tool-call-parser; send tool_choice "
                 '"none" (the reply is then plain text), or leave tools out',
@@ -488,10 +493,10 @@ class OpenAIApi:
 
             return await run_in_threadpool(response)
 
-        calls = {i: ToolCallStream() for i in range(len(generations))} if req.calls_tools() else {}
+        call_streams = {i: ToolCallStream() for i in range(len(generations))} if req.calls_tools() else {}
 
         def event(index: int, chunk: Chunk) -> ChatCompletionChunk:
-            delta, finish = chat_delta(chunk, calls.get(index))
+            delta, finish = chat_delta(chunk, call_streams.get(index))
             choice = ChatChunkChoice(
                 index=index,
                 delta=delta,
@@ -516,28 +521,29 @@ class OpenAIApi:
         return await stream(generations, req.n, held, opening, event, usage, request, self.bounds)
 
 
-def tool_call(call: ParsedCall, index: int | None = None) -> ToolCall:
-    function = FunctionCall(name=call.name, arguments=call.arguments)
-    if index is None:
-        return ToolCall(id=call.id, function=function)
-    return DeltaToolCall(index=index, id=call.id, function=function)
+def tool_call(call: ParsedCall) -> ToolCall:
+    return ToolCall(id=call.id, function=FunctionCall(name=call.name, arguments=call.arguments))
 
 
-def chat_delta(chunk: Chunk, calls: ToolCallStream | None) -> tuple[ChatDelta, ChatFinish | None]:
-    """A streamed chunk's delta and finish reason; with `calls` (the request's tools may be called), its text goes
+def delta_tool_call(call: ParsedCall, index: int) -> DeltaToolCall:
+    return DeltaToolCall(index=index, id=call.id, function=FunctionCall(name=call.name, arguments=call.arguments))
+
+
+def chat_delta(chunk: Chunk, call_stream: ToolCallStream | None) -> tuple[ChatDelta, ChatFinish | None]:
+    """A streamed chunk's delta and finish reason; with `call_stream` (the request's tools may be called), its text goes
     through them: what may start a call is held back, and the calls go out whole with the choice's last chunk."""
     finish: ChatFinish | None = openai_finish_reason(chunk.finish_reason)
-    if calls is None:
+    if call_stream is None:
         return (ChatDelta(content=chunk.text) if chunk.text or finish is None else ChatDelta()), finish
-    text = calls.feed(chunk.text)
+    text = call_stream.feed(chunk.text)
     if finish is None:
         return ChatDelta(content=text), None
-    rest, parsed = calls.finish()
+    rest, parsed = call_stream.finish()
     text += rest
     if not parsed:
         return (ChatDelta(content=text) if text else ChatDelta()), finish
-    deltas = [tool_call(call, i) for i, call in enumerate(parsed)]
-    return ChatDelta(content=text or None, tool_calls=deltas), "tool_calls"  # type: ignore[arg-type]
+    deltas = [delta_tool_call(call, i) for i, call in enumerate(parsed)]
+    return ChatDelta(content=text or None, tool_calls=deltas), "tool_calls"
 
 
 @dataclass(frozen=True)
@@ -851,8 +857,8 @@ def add_tokenizer_routes(app: FastAPI, api: OpenAIApi) -> None:
     @app.post(TOKENIZE_PATH, max_body_size=max_body)
     async def tokenize_route(body: TokenizeRequest, request: Request) -> TokenizeResponse:
         check(request, body.model)
-        tool_turns = api.settings.tool_call_parser is not None
-        return await off_loop(tokenize, api.orchestrator.tokenizer, body, api.orchestrator.context_length, tool_turns)
+        parses = api.settings.parses_tool_calls
+        return await off_loop(tokenize, api.orchestrator.tokenizer, body, api.orchestrator.context_length, parses)
 
     @app.post(DETOKENIZE_PATH, max_body_size=max_body)
     async def detokenize_route(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:

@@ -767,8 +767,8 @@ class DeltaToolCall(ToolCall):
     index: int  # the call's place among the choice's calls (a stream sends each call whole, once)
 
 
-class CallsWhenMade(BaseModel):
-    """`tool_calls` is left out unless the model made calls (a reply without them keeps its earlier shape)."""
+class OmitsNullToolCalls(BaseModel):
+    """`tool_calls` is left out unless the model made calls: a reply without calls has OpenAI's plain shape."""
 
     tool_calls: list[Any] | None = None
 
@@ -780,7 +780,7 @@ class CallsWhenMade(BaseModel):
         return data
 
 
-class AssistantMessage(CallsWhenMade):
+class AssistantMessage(OmitsNullToolCalls):
     role: Literal["assistant"] = "assistant"
     content: str | None  # None: a reply of tool calls alone
     tool_calls: list[ToolCall] | None = None  # only when the model called tools
@@ -805,7 +805,7 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
-class ChatDelta(CallsWhenMade):
+class ChatDelta(OmitsNullToolCalls):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None  # the choice's calls, whole, in its last chunk
