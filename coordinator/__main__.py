@@ -268,6 +268,9 @@ def add_access_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from calispec_core.malloc_thresholds import fix_malloc_thresholds
+
+    fix_malloc_thresholds()  # before the tokenizer and the servers allocate: the threads' arenas give memory back
     config, log_level = parse_config(argv)
     configure_logging(log_level)
     with interrupt_exits_quietly():  # start-up waits up to --connect-timeout for the model services
