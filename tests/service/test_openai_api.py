@@ -670,7 +670,7 @@ def test_an_assistant_tool_call_is_refused(base_url: str) -> None:
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     messages = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]}]
     error = _error(_post(base_url, "/chat/completions", {"messages": messages}))
-    assert "tool calls are not supported" in error["message"]
+    assert "--tool-call-parser" in error["message"] and error["param"] == "messages[1].tool_calls"
 
 
 def test_top_p_zero_keeps_only_the_most_likely_token(base_url: str) -> None:
