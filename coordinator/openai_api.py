@@ -408,8 +408,7 @@ class OpenAIApi:
         return prompt if isinstance(prompt, str) else self.orchestrator.tokenizer.decode(prompt)
 
     def chat_prompt(self, req: ChatCompletionRequest) -> str:
-        tools, parses = req.rendered_tools(), self.settings.parses_tool_calls
-        return render_messages(self.orchestrator.tokenizer, req, req.messages, tools, parses)
+        return render_messages(self.orchestrator.tokenizer, req, req.messages, self.settings.parses_tool_calls)
 
     def check_tools(self, req: ChatCompletionRequest) -> None:
         """Tools the model may call need a parser for its calls (vLLM: --enable-auto-tool-choice)."""

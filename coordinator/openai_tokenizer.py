@@ -85,13 +85,14 @@ def render_messages(
     tokenizer: PreTrainedTokenizerBase,
     req: ChatRendering,
     messages: Sequence[ChatMessage],
-    tools: list[dict[str, Any]] | None,
     tool_turns: bool,
 ) -> str:
-    """The messages as the model's template renders them with `req`'s rendering fields and `tools`: one rendering
-    for a chat request and `/tokenize`, so that the latter's count is the former's `usage.prompt_tokens`.
-    `tool_turns`: the server parses tool calls, so a conversation may hold them and their results."""
+    """The messages as the model's template renders them with `req`'s rendering fields: one rendering for a chat
+    request and `/tokenize`, so that the latter's count is the former's `usage.prompt_tokens`. `tool_turns`: the
+    server parses tool calls, so the request's tools are rendered (unless its tool_choice is "none") and a
+    conversation may hold calls and their results; without it no tools are rendered."""
     turns = [chat_turn(m, i, tool_turns) for i, m in enumerate(messages)]
+    tools = req.rendered_tools() if tool_turns else None
     return render_chat(
         tokenizer,
         turns,
@@ -124,7 +125,7 @@ def tokenize(
     tokenizer: PreTrainedTokenizerBase, req: TokenizeRequest, context_length: int, tool_turns: bool = False
 ) -> TokenizeResponse:
     if req.messages is not None:
-        text = render_messages(tokenizer, req, req.messages, req.rendered_tools() if tool_turns else None, tool_turns)
+        text = render_messages(tokenizer, req, req.messages, tool_turns)
     else:
         assert req.prompt is not None
         try:

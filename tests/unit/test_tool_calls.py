@@ -161,7 +161,7 @@ def test_calls_in_a_conversation_are_refused_where_they_cannot_be_rendered(
 
     req = ChatCompletionRequest.model_validate({"model": "m", "messages": [message]})
     with pytest.raises(InvalidParam, match=fragment) as info:
-        render_messages(ToolTemplate(), req, req.messages, None, tool_turns)  # type: ignore[arg-type]
+        render_messages(ToolTemplate(), req, req.messages, tool_turns)  # type: ignore[arg-type]
     assert info.value.param == "messages[0].tool_calls"
 
 
