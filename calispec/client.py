@@ -40,6 +40,7 @@ from calispec.types import (
     FinishReason,
     GenerationStats,
     Mode,
+    OutputConstraint,
     TokenLogprob,
     is_valid_request_id,
 )
@@ -119,12 +120,14 @@ def build_params(
     logprobs: int | None = None,
     prompt_logprobs: int | None = None,
     stop_token_ids: Sequence[int] = (),
+    constraint: OutputConstraint | None = None,
 ) -> coordinator_pb2.GenerationParams:
     """Request parameters; None / 0 leaves a field to the server's default. `ignore_eos`: go on past EOS to
     `max_new_tokens` (outputs of a fixed length, for load tests). `logprobs=k`: each new token's log-probability
     under the target and the k most likely tokens at its position (0 to 20); `prompt_logprobs=k`: the same for
     each prompt token from the second (under the tokens before it). `stop_token_ids`: a new token among them ends
-    the request (kept in the output; finish reason "stop"), as vLLM's."""
+    the request (kept in the output; finish reason "stop"), as vLLM's. `constraint`: structured output, the grammar
+    the new tokens follow (`OutputConstraint.of(json=schema)`, `regex=`, `choice=`, `grammar=`, `json_object=True`)."""
     msg = coordinator_pb2.GenerationParams()
     for name, value in (
         ("max_new_tokens", max_new_tokens),
@@ -148,6 +151,8 @@ def build_params(
         msg.stop_token_ids.extend(stop_token_ids)
     if mode is not None:
         msg.mode = int(Mode.parse(mode) if isinstance(mode, str) else mode)
+    if constraint is not None:
+        msg.constraint.CopyFrom(constraint.to_pb())
     return msg
 
 

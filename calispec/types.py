@@ -7,8 +7,11 @@ core re-exports these types, so the client and the services share one definition
 from __future__ import annotations
 
 import enum
+import json as _json  # `json` is a field name of OutputConstraint.of
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from calispec.v1 import common_pb2, coordinator_pb2
 
@@ -100,3 +103,92 @@ class TokenLogprob:
         return common_pb2.TokenLogprobs(
             logprob=self.logprob, top_token_ids=self.top_token_ids, top_logprobs=self.top_logprobs
         )
+
+
+class ConstraintKind(enum.IntEnum):
+    """What an `OutputConstraint` holds; the values are calispec.v1.OutputConstraint.Kind's."""
+
+    JSON = common_pb2.OutputConstraint.KIND_JSON  # a JSON schema
+    JSON_OBJECT = common_pb2.OutputConstraint.KIND_JSON_OBJECT  # any JSON object
+    REGEX = common_pb2.OutputConstraint.KIND_REGEX
+    CHOICE = common_pb2.OutputConstraint.KIND_CHOICE  # one of a list of strings
+    GRAMMAR = common_pb2.OutputConstraint.KIND_GRAMMAR  # a Lark grammar (llguidance's dialect)
+
+
+@dataclass(frozen=True)
+class OutputConstraint:
+    """Structured output, as vLLM's `structured_outputs`: the grammar a request's new tokens must follow.
+
+    Build one with `OutputConstraint.of(json=...)` (a JSON schema, as a dict or its text), `regex=`, `choice=`
+    (a list of strings), `grammar=` (Lark) or `json_object=True`: exactly one of them."""
+
+    kind: ConstraintKind
+    spec: str = ""  # the JSON schema's text, the regex or the grammar; "" for JSON_OBJECT and CHOICE
+    choices: tuple[str, ...] = ()  # CHOICE's strings
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        json: str | Mapping[str, Any] | None = None,
+        regex: str | None = None,
+        choice: Sequence[str] | None = None,
+        grammar: str | None = None,
+        json_object: bool | None = None,
+    ) -> OutputConstraint:
+        """vLLM's StructuredOutputsParams fields (unset: None; `json_object` False counts as unset). ValueError names
+        what is wrong: none or several set, a field of the wrong type."""
+        given = {
+            "json": json,
+            "regex": regex,
+            "choice": choice,
+            "grammar": grammar,
+            "json_object": json_object or None,
+        }
+        named = [name for name, value in given.items() if value is not None]
+        if len(named) != 1:
+            raise ValueError(f"set exactly one of json, regex, choice, grammar, json_object (got {named or 'none'})")
+        if json is not None:
+            return cls(ConstraintKind.JSON, _schema_text(json))
+        if regex is not None:
+            return cls(ConstraintKind.REGEX, _text("regex", regex))
+        if grammar is not None:
+            return cls(ConstraintKind.GRAMMAR, _text("grammar", grammar))
+        if choice is not None:
+            if isinstance(choice, str) or not all(isinstance(c, str) for c in choice):
+                raise ValueError("choice must be a list of strings")
+            return cls(ConstraintKind.CHOICE, choices=tuple(choice))
+        if json_object is not True:
+            raise ValueError("json_object must be true or unset")
+        return cls(ConstraintKind.JSON_OBJECT)
+
+    @classmethod
+    def from_pb(cls, msg: common_pb2.OutputConstraint) -> OutputConstraint:
+        """ValueError for an unknown or unspecified kind."""
+        if msg.kind not in ConstraintKind._value2member_map_:
+            raise ValueError(f"unknown constraint kind {msg.kind}")
+        return cls(ConstraintKind(msg.kind), msg.spec, tuple(msg.choices))
+
+    def to_pb(self) -> common_pb2.OutputConstraint:
+        return common_pb2.OutputConstraint(kind=int(self.kind), spec=self.spec, choices=self.choices)
+
+
+def _schema_text(schema: object) -> str:
+    """A JSON schema's text, from the schema or its text (which must hold a JSON object)."""
+    if isinstance(schema, Mapping):
+        return _json.dumps(schema)
+    if not isinstance(schema, str):
+        raise ValueError(f"json must be a JSON schema (an object, or its text), got {type(schema).__name__}")
+    try:
+        parsed = _json.loads(schema)
+    except ValueError as exc:
+        raise ValueError(f"json is not valid JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"json must be a JSON schema (an object), got {type(parsed).__name__}")
+    return schema
+
+
+def _text(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, got {type(value).__name__}")
+    return value

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from calispec.types import ConstraintKind as ConstraintKind
 from calispec.types import FinishReason as FinishReason  # re-exported for the services
 from calispec.types import GenerationStats as GenerationStats
 from calispec.types import Mode
+from calispec.types import OutputConstraint as OutputConstraint
 from calispec.types import TokenLogprob as TokenLogprob
-from calispec_core.errors import InvalidArgument
+from calispec.v1 import common_pb2
+from calispec_core.errors import InvalidArgument, require
 from calispec_core.limits import (
+    MAX_CONSTRAINT_CHARS,
+    MAX_CONSTRAINT_CHOICES,
     check_csd_thresholds,
     check_logprobs,
     check_max_new_tokens,
@@ -31,6 +36,39 @@ def mode_from_wire(value: int, default: Mode) -> Mode:
     if value not in Mode._value2member_map_:
         raise InvalidArgument(f"unknown mode {value}")
     return Mode(value)
+
+
+def constraint_from_wire(msg: common_pb2.OutputConstraint, present: bool) -> OutputConstraint | None:
+    """The proto message (`present`: the field is set), checked; an unknown kind is INVALID_ARGUMENT."""
+    if not present:
+        return None
+    try:
+        constraint = OutputConstraint.from_pb(msg)
+    except ValueError as exc:
+        raise InvalidArgument(f"structured output: {exc}") from None
+    check_constraint(constraint)
+    return constraint
+
+
+def check_constraint(constraint: OutputConstraint | None) -> None:
+    """A structured output's size and form; whether its grammar compiles is the target's to say (it alone has
+    the grammar engine)."""
+    if constraint is None:
+        return
+    kind = constraint.kind
+    if kind == ConstraintKind.CHOICE:
+        count = len(constraint.choices)
+        require(
+            0 < count <= MAX_CONSTRAINT_CHOICES, f"a choice needs 1 to {MAX_CONSTRAINT_CHOICES} strings, got {count}"
+        )
+        size = sum(map(len, constraint.choices))
+    else:
+        require(not constraint.choices, f"only a choice constraint has choices, not {kind.name.lower()}")
+        require(bool(constraint.spec) or kind == ConstraintKind.JSON_OBJECT, f"{kind.name.lower()} must not be empty")
+        size = len(constraint.spec)
+    require(
+        size <= MAX_CONSTRAINT_CHARS, f"a structured output spec may hold {MAX_CONSTRAINT_CHARS} characters, got {size}"
+    )
 
 
 def check_lengths(max_new_tokens: int, num_speculative_tokens: int | None) -> None:
@@ -69,6 +107,7 @@ class GenerationParams:
     logprobs: int | None = None  # None: none; k: each new token's log-probability and the k most likely there
     prompt_logprobs: int | None = None  # the same for each prompt token from the second (vLLM's `prompt_logprobs`)
     stop_token_ids: tuple[int, ...] = ()  # vLLM's: a new token among them ends the request (kept, finish STOP)
+    constraint: OutputConstraint | None = None  # structured output: the grammar the new tokens follow (the target's)
 
     def validate(self, vocab_size: int | None = None) -> GenerationParams:
         """Raise InvalidArgument for a parameter out of range (top_k beyond `vocab_size`, the models', too)."""
@@ -79,4 +118,5 @@ class GenerationParams:
         check_csd_thresholds(self.tau, self.lambda_)
         check_stop_strings(self.stop)
         check_stop_token_ids(self.stop_token_ids)
+        check_constraint(self.constraint)
         return self

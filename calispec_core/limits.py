@@ -28,6 +28,8 @@ DEFAULT_PREFIX_CACHE_TOKENS = 8192  # here, not in prefix_cache (torch): service
 # Prompts up to this many tokens prefill inside their session's first batched forward (calispec_core/modeling.py
 # prefill_session), the length of one prefill chunk; 0: every prompt prefills on its own.
 DEFAULT_RIDE_PREFILL_TOKENS = 128
+MAX_CONSTRAINT_CHARS = 256 * 1024  # a structured output's schema, regex or grammar; its choices all together
+MAX_CONSTRAINT_CHOICES = 1024
 MAX_STATS_TOP_PAIRS = 10_000  # the memory service's GetStats.top_k (`calispec memory stats --top`)
 
 

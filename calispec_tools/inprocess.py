@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from calispec.v1 import common_pb2
-from calispec_core.generation import Mode
+from calispec_core.generation import Mode, OutputConstraint
 from calispec_core.modeling import ModelRunner
 from calispec_core.protocol import sparse_q_from_pb, sparse_q_to_pb
 from calispec_core.sampling import SamplingConfig
@@ -90,11 +90,23 @@ class InProcessTarget:
         return _facts(self.engine.runner)
 
     def prefill(
-        self, session_id, token_ids, sampling, mode: Mode, tau, lambda_, timeout, prompt_logprobs=None
+        self,
+        session_id,
+        token_ids,
+        sampling,
+        mode: Mode,
+        tau,
+        lambda_,
+        timeout,
+        prompt_logprobs=None,
+        constraint: OutputConstraint | None = None,
+        constraint_written: int = 0,
     ) -> Opened:
         watch = Stopwatch()
         rescue = RescueConfig(mode, tau, lambda_)
-        logprobs = self.engine.prefill(session_id, token_ids, sampling, rescue, watch, prompt_logprobs)
+        logprobs = self.engine.prefill(
+            session_id, token_ids, sampling, rescue, watch, prompt_logprobs, constraint, constraint_written
+        )
         return Opened(watch.total_ns, logprobs)
 
     def verify(

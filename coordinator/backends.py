@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from calispec_core.errors import Unavailable
-from calispec_core.generation import Mode, TokenLogprob
+from calispec_core.generation import Mode, OutputConstraint, TokenLogprob
 from calispec_core.sampling import SamplingConfig
 
 
@@ -93,6 +93,8 @@ class TargetBackend(Protocol):
         lambda_: int,
         timeout: float,
         prompt_logprobs: int | None = None,  # None, or k: each prompt token's log-probability and the k likeliest
+        constraint: OutputConstraint | None = None,  # structured output: the grammar its emitted tokens follow
+        constraint_written: int = 0,  # token_ids' last tokens already written under it (a reopened session)
     ) -> Opened: ...
     def verify(
         self, session_id: str, proposal: Proposal | None, timeout: float, cohort: int = 0, logprobs: int | None = None

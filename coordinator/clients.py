@@ -11,7 +11,7 @@ import grpc
 from calispec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 from calispec_core import errors
 from calispec_core.credentials import DRAFT, TARGET, TlsConfig
-from calispec_core.generation import Mode, TokenLogprob
+from calispec_core.generation import Mode, OutputConstraint, TokenLogprob
 from calispec_core.grpc_server import make_channel
 from calispec_core.protocol import sampling_to_pb
 from calispec_core.request_context import with_request_id
@@ -130,6 +130,8 @@ class GrpcTargetBackend:
         lambda_: int,
         timeout: float,
         prompt_logprobs: int | None = None,
+        constraint: OutputConstraint | None = None,
+        constraint_written: int = 0,
     ) -> Opened:
         request = target_pb2.TargetPrefillRequest(
             session_id=session_id,
@@ -138,6 +140,8 @@ class GrpcTargetBackend:
             mode=int(mode),
             rescue=common_pb2.RescueParams(tau=tau, lambda_=lambda_),
             prompt_logprobs=prompt_logprobs,
+            constraint=constraint.to_pb() if constraint is not None else None,
+            constraint_written=constraint_written,
         )
         r = _call("target", self.stub.Prefill, request, timeout)
         asked = prompt_logprobs is not None

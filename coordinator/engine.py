@@ -383,7 +383,18 @@ class Orchestrator:
             asked = p.prompt_logprobs if request.prompt_logprobs is None else None
             try:
                 with _closed_if_abandoned(target, session_id):
-                    opened = target.prefill(session_id, ids, p.sampling, p.mode, p.tau, p.lambda_, timeout, asked)
+                    opened = target.prefill(
+                        session_id,
+                        ids,
+                        p.sampling,
+                        p.mode,
+                        p.tau,
+                        p.lambda_,
+                        timeout,
+                        asked,
+                        p.constraint,
+                        len(request.generated) if p.constraint is not None else 0,  # replayed through its grammar
+                    )
             except Unavailable as exc:
                 self._target_failed(request, target, exc, "placement")
                 self._check_device_failures(request, exc)  # a Prefill can set a device off too (review)

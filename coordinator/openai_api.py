@@ -259,6 +259,7 @@ def generation_params(
         logprobs=req.requested_logprobs(),
         prompt_logprobs=req.requested_prompt_logprobs(),
         stop_token_ids=tuple(req.stop_token_ids or ()),
+        constraint=req.output_constraint(),
     )
 
 

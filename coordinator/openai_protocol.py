@@ -19,7 +19,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, Literal
 
@@ -36,8 +36,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from calispec.types import MODE_NAMES, FinishReason
+from calispec.types import MODE_NAMES, FinishReason, OutputConstraint
 from calispec_core.errors import InvalidArgument, InvalidField
+from calispec_core.generation import check_constraint
 from calispec_core.limits import (
     HTTP_MAX_CHOICES,
     MAX_PROMPT_CHARS,
@@ -127,11 +128,6 @@ NOT_IMPLEMENTED: dict[str, Any] = {
     "min_p": 0.0,
     "repetition_penalty": 1.0,
     "use_beam_search": False,
-    "guided_json": None,
-    "guided_regex": None,
-    "guided_choice": None,
-    "guided_grammar": None,
-    "structured_outputs": None,
     "structural_tag": None,
     # vLLM's output and prompt controls (ignored as unknown fields until wave 54: a 200 with other text)
     "include_stop_str_in_output": False,
@@ -156,6 +152,44 @@ RESERVED_TEMPLATE_KWARGS = frozenset({
     "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
     "return_assistant_tokens_mask", "tokenizer_kwargs",
 })  # fmt: skip
+
+
+def response_format_constraint(value: Any) -> OutputConstraint | None:
+    """OpenAI's `response_format`: {"type": "text"} (free text), {"type": "json_object"} (JSON mode) or
+    {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}."""
+    if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
+        kind = value.get("type") if isinstance(value, dict) else None
+        raise ValueError(f'type {kind!r} is not supported: send "text", "json_object" or "json_schema"')
+    if value["type"] == "text":
+        return None
+    if value["type"] == "json_object":
+        return OutputConstraint.of(json_object=True)
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise ValueError('json_schema needs {"name": ..., "schema": {...}} with the schema as an object')
+    return OutputConstraint.of(json=spec["schema"])
+
+
+def structured_outputs_constraint(value: Any) -> OutputConstraint | None:
+    """vLLM's `structured_outputs`: {"json": schema} | {"regex": ...} | {"choice": [...]} | {"grammar": ...} |
+    {"json_object": true}. Its options that would change the grammar (whitespace, backend choice) are refused."""
+    if not isinstance(value, dict):
+        raise ValueError('must be an object such as {"json": {...}}, {"regex": ...} or {"choice": [...]}')
+    kinds = {key: value[key] for key in ("json", "regex", "choice", "grammar", "json_object") if key in value}
+    others = sorted(key for key, option in value.items() if key not in kinds and option not in (None, False, ""))
+    if others:
+        raise ValueError(f"{', '.join(others)} not supported: send json, regex, choice, grammar or json_object")
+    return OutputConstraint.of(**kinds)
+
+
+STRUCTURED_OUTPUT_FIELDS: dict[str, Callable[[Any], OutputConstraint | None]] = {
+    "response_format": response_format_constraint,
+    "structured_outputs": structured_outputs_constraint,
+    "guided_json": lambda value: OutputConstraint.of(json=value),
+    "guided_regex": lambda value: OutputConstraint.of(regex=value),
+    "guided_choice": lambda value: OutputConstraint.of(choice=value),
+    "guided_grammar": lambda value: OutputConstraint.of(grammar=value),
+}
 
 
 class CalispecParams(OpenAIModel):
@@ -184,18 +218,20 @@ class CalispecParams(OpenAIModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
-    response_format: dict[str, Any] | None = None  # {"type": "text"} only: no JSON mode
+    # Structured output (`output_constraint`): OpenAI's JSON mode and schemas, vLLM's `structured_outputs` and its
+    # older `guided_*` fields; one of them a request. Each becomes an OutputConstraint here (or None: free text).
+    response_format: Any = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
     # vLLM's sampling extensions that change the output, not implemented: refused unless at their no-op values
     # (they were ignored, as unknown fields are: a request asking for a JSON shape got free text, with a 200)
     min_tokens: Any = None
     min_p: Any = None
     repetition_penalty: Any = None
     use_beam_search: Any = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
-    structured_outputs: Any = None
     structural_tag: Any = None
     include_stop_str_in_output: Any = None
     skip_special_tokens: Any = None
@@ -208,13 +244,27 @@ class CalispecParams(OpenAIModel):
     priority: Any = None
     best_of: Any = None
 
-    @field_validator("response_format")
+    @field_validator(*STRUCTURED_OUTPUT_FIELDS)
     @classmethod
-    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        """Both endpoints (completions ignored it until wave 54, answering a JSON-mode request with free text)."""
-        if value is not None and value.get("type") != "text":
-            raise invalid(f'type {value.get("type")!r} is not supported: only {{"type": "text"}} (no JSON mode)')
-        return value
+    def _structured_output(cls, value: Any, info: ValidationInfo) -> OutputConstraint | None:
+        """The field's constraint (None: free text); at most one of these fields a request (the first one set wins
+        the error: the later is named)."""
+        field = info.field_name or ""
+        try:
+            constraint = STRUCTURED_OUTPUT_FIELDS[field](value) if value is not None else None
+        except ValueError as exc:
+            raise invalid(str(exc)) from None
+        if constraint is not None:
+            with domain_checked():
+                check_constraint(constraint)
+            earlier = next((name for name in STRUCTURED_OUTPUT_FIELDS if info.data.get(name) is not None), None)
+            if earlier is not None:
+                raise invalid(f"a request has one structured output: {earlier} is set already")
+        return constraint
+
+    def output_constraint(self) -> OutputConstraint | None:
+        """The grammar the reply must follow (structured output), or None."""
+        return next((getattr(self, name) for name in STRUCTURED_OUTPUT_FIELDS if getattr(self, name) is not None), None)
 
     @field_validator("max_tokens")
     @classmethod

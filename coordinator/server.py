@@ -16,7 +16,13 @@ from calispec.v1 import coordinator_pb2, coordinator_pb2_grpc
 from calispec_core.access import ApiKeyInterceptor, ApiKeys, QuotaBook, QuotaInterceptor
 from calispec_core.credentials import is_loopback
 from calispec_core.errors import CalispecError, DeadlineExceeded, FailedPrecondition
-from calispec_core.generation import Defaults, GenerationParams, GenerationStats, mode_from_wire
+from calispec_core.generation import (
+    Defaults,
+    GenerationParams,
+    GenerationStats,
+    constraint_from_wire,
+    mode_from_wire,
+)
 from calispec_core.grpc_server import create_grpc_server, wait_for_ready
 from calispec_core.metrics import new_registry
 from calispec_core.modeling import load_tokenizer, tokenizer_fingerprint
@@ -76,6 +82,7 @@ def params_from_pb(msg: coordinator_pb2.GenerationParams, defaults: Defaults) ->
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
         prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
         stop_token_ids=tuple(msg.stop_token_ids),
+        constraint=constraint_from_wire(msg.constraint, msg.HasField("constraint")),
     )
 
 

@@ -20,7 +20,7 @@ from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
 from calispec_core.errors import CalispecError, FailedPrecondition, InvalidArgument, require
-from calispec_core.generation import Mode, TokenLogprob
+from calispec_core.generation import Mode, OutputConstraint, TokenLogprob, check_constraint
 from calispec_core.limits import (
     DEFAULT_RIDE_PREFILL_TOKENS,
     MAX_SPECULATIVE_TOKENS,
@@ -33,6 +33,7 @@ from calispec_core.sampling import TARGET_STREAM, SamplingConfig, make_generator
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
 from calispec_core.sparse_q import SparseQ
 from calispec_core.timing import Stopwatch
+from target_service.constraints import ConstraintCompiler, SessionGrammar, apply_masks
 from target_service.logprobs import PromptLogprobs, emitted_logprobs
 from target_service.meaning_guard import meaning_keys
 from target_service.pair_table import PairTable
@@ -71,6 +72,7 @@ class TargetSession:
     sampling: SamplingConfig
     rescue: RescueConfig
     generator: torch.Generator
+    grammar: SessionGrammar | None = None  # structured output: the grammar every emitted token follows
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,7 @@ class TargetEngine:
         self.meaning_keys = (  # [V] int64 on the logits' device
             meaning_keys(runner.tokenizer, runner.vocab_size).to(runner.device) if meaning_guard else None
         )
+        self.constraints = ConstraintCompiler(runner.tokenizer, runner.vocab_size)
         self.prefix_cache = prefix_cache
         self.ride_prefill_tokens = ride_prefill_tokens
         self.table = table  # MemoryLink (if any) ships its local events and refreshes it in the background
@@ -141,13 +144,18 @@ class TargetEngine:
         rescue: RescueConfig,
         watch: Stopwatch,
         prompt_logprobs: int | None = None,
+        constraint: OutputConstraint | None = None,
+        constraint_written: int = 0,
     ) -> list[TokenLogprob] | None:
         """Open the session. `prompt_logprobs`: None, or k to return each prompt token's log-probability from the
         second on (under the tokens before it) and the k most likely tokens at its position. A short prompt without
-        `prompt_logprobs` computes nothing yet: it rides in the session's first round (`prefill_session`)."""
+        `prompt_logprobs` computes nothing yet: it rides in the session's first round (`prefill_session`).
+        `constraint`: the grammar every token the session emits follows (structured output); `constraint_written`:
+        how many of `token_ids`' last tokens were already written under it (a reopened session replays them)."""
         sampling.validate(self.runner.vocab_size)
         rescue.validate()
         check_logprobs(prompt_logprobs, "prompt_logprobs")
+        grammar = self._grammar(token_ids, constraint, constraint_written)
         report = PromptLogprobs(token_ids, prompt_logprobs) if prompt_logprobs is not None else None
         with self.sessions.opening(session_id) as open_session:
             with watch.phase("forward"):
@@ -155,8 +163,22 @@ class TargetEngine:
                     self.runner, session_id, token_ids, self.prefix_cache, report, self.ride_prefill_tokens
                 )
             generator = make_generator(sampling.seed, TARGET_STREAM, self.runner.device)
-            open_session(TargetSession(session, sampling, rescue, generator))
+            open_session(TargetSession(session, sampling, rescue, generator, grammar))
         return report.entries if report is not None else None
+
+    def _grammar(
+        self, token_ids: list[int], constraint: OutputConstraint | None, written: int
+    ) -> SessionGrammar | None:
+        """The session's grammar state, past the output already written; checked before any session opens."""
+        if constraint is None:
+            require(written == 0, "constraint_written needs a constraint")
+            return None
+        check_constraint(constraint)
+        require(written <= len(token_ids), f"constraint_written ({written}) exceeds the {len(token_ids)} tokens sent")
+        self.runner.check_token_ids(token_ids, "token_ids")
+        grammar = self.constraints.compile(constraint)
+        grammar.replay(token_ids[len(token_ids) - written :])
+        return grammar
 
     def close(self, session_id: str) -> None:
         self.sessions.remove(session_id)
@@ -196,6 +218,8 @@ class TargetEngine:
         checkpoints = [s.checkpoint() for s in sessions]
         generator_states = [r.state.generator.get_state() for r in rows]
         try:
+            with watch.phase("verify"):  # CPU work of the grammar engine, before the forward (a GPU's runs async)
+                masks = [(b, r.state.grammar.masks(r.draft)) for b, r in enumerate(rows) if r.state.grammar is not None]
             with watch.phase("forward"):
                 inputs = [s.pending() + r.draft for s, r in zip(sessions, rows, strict=True)]
                 logits = forward_rows(
@@ -204,6 +228,7 @@ class TargetEngine:
                 wait_for(self.runner.device)  # on CUDA: the forward's own time, not the verify's
             with watch.phase("verify"):
                 batch = self._verify_input(rows, logits)
+                apply_masks(batch.target_logits, masks)
                 out = verify(batch, self.table.counts, self.meaning_keys)
                 outcome = torch.stack(
                     [
@@ -232,7 +257,7 @@ class TargetEngine:
                 log.exception("the round observer failed; the round is committed")
         results, batch_tokens = [], sum(map(len, inputs))
         for b, (row, accepted, next_token, bonus, rejections, withheld) in enumerate(zip(rows, *outcome, strict=True)):
-            self._commit(row.state.session, row.draft, accepted, next_token)
+            self._commit(row.state, row.draft, accepted, next_token)
             positions = [i for i, hit in enumerate(rescued[b]) if hit]
             results.append(
                 VerifyResult(
@@ -408,10 +433,13 @@ class TargetEngine:
             self.table.add_local(draft_ids, target_ids)
 
     @staticmethod
-    def _commit(session: Session, draft: list[int], accepted: int, next_token: int) -> None:
+    def _commit(state: TargetSession, draft: list[int], accepted: int, next_token: int) -> None:
         """Keep pending + accepted drafts in the cache; the emitted token is the next pending input."""
+        session = state.session
         rejected = len(draft) - accepted
         if rejected:
             session.cache.crop(-rejected)
         session.tokens.extend(draft[:accepted])
         session.tokens.append(next_token)
+        if state.grammar is not None:
+            state.grammar.commit([*draft[:accepted], next_token])

@@ -9,6 +9,8 @@ import torch
 from calispec_core.compute import on_compute_thread
 from calispec_core.generation import TokenLogprob
 
+FORBIDDEN_LOGPROB = -9999.0  # vLLM's stand-in for -inf (a structured output's forbidden tokens among the top ones)
+
 
 def emitted_logprobs(
     logits: torch.Tensor, rows: Sequence[int], emitted: Sequence[list[int]], tops: Sequence[int]
@@ -19,12 +21,14 @@ def emitted_logprobs(
     logits: [B, G+1, V] the round's raw logits; position i of row rows[j] emitted emitted[j][i] (the kept drafts,
     then the next token). The log-softmax is taken in float32, before temperature, top-k and top-p (vLLM's default:
     what the model thinks, not what the sampler drew from); a rescued token (CSD) gets its own log-probability: how
-    far from the target's choice it was."""
+    far from the target's choice it was. A structured output's logits are masked first (its forbidden tokens: -inf),
+    so the distribution is the one the tokens were chosen from."""
     device = logits.device
     batch_rows = torch.tensor([b for b, tokens in zip(rows, emitted, strict=True) for _ in tokens], device=device)
     positions = torch.tensor([i for tokens in emitted for i in range(len(tokens))], device=device)  # [N]
     ids = torch.tensor([t for tokens in emitted for t in tokens], device=device).view(-1, 1)  # [N, 1]
     logp = torch.log_softmax(logits[batch_rows, positions].float(), dim=-1)  # [N, V]
+    logp.clamp_(min=FORBIDDEN_LOGPROB)  # JSON has no -inf: a token a grammar forbids (its logit -inf), as vLLM's
     chosen = logp.gather(1, ids).view(-1).tolist()  # [N]
     values, top_ids = logp.topk(min(max(tops), logp.shape[-1]), dim=-1)  # [N, k_max], likeliest first
     top_values, top_tokens = values.tolist(), top_ids.tolist()

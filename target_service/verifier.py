@@ -30,6 +30,10 @@ temperature / top-k / top-p warping; z = the target's raw logits):
   (argmax z when greedy, a sample from p otherwise).
 - **rejection event**: a (x̃_i, t*_i) pair at a rescued position or at the final rejected
   position with x̃_i != t*_i; these feed the correction memory.
+- **refused** token: a draft token whose logit is -inf, i.e. a structured output's grammar forbids it
+  there (target_service/constraints.py masks the logits before verification). It has no probability,
+  so it is rejected, never rescued, and records no event: the pair says nothing about the draft's
+  confusions, only about the grammar.
 
 The round emits `draft_tokens[b, :accepted_count[b]]` followed by `next_token[b]`. Greedy rows
 reproduce target-only greedy decoding exactly in mode SD; sampling rows in mode SD are
@@ -195,12 +199,14 @@ def verify(inp: VerifyInput, pair_counts: PairCountFn, meaning_keys: Tensor | No
     accepted &= valid
     # t* of CSD for every row: greedy rows already emit the argmax; sampling rows need it separately.
     target = argmax_last(logits[:, :draft_width]) if any(sampling_rows) else emitted[:, :draft_width]  # [B, G]
-    confused = valid & ~accepted & (draft != target)  # [B, G] rejected with a (x̃, t*) confusion pair
+    z_draft = logits[:, :draft_width].gather(-1, draft.unsqueeze(-1)).squeeze(-1).float()  # [B, G] raw z(x̃)
+    refused = z_draft == float("-inf")  # [B, G] forbidden by the row's grammar (structured output)
+    confused = valid & ~accepted & ~refused & (draft != target)  # [B, G] rejected with a (x̃, t*) confusion pair
 
     rescued = torch.zeros_like(confused)  # [B, G]
     withheld = torch.zeros_like(confused)  # [B, G] rescues the meaning guard refused
     if any(rescue_rows):
-        rescued = confused & _rescue_mask(inp, draft, target, pair_counts)
+        rescued = confused & _rescue_mask(inp, draft, z_draft, target, pair_counts)
         if meaning_keys is not None:
             same_meaning = meaning_keys[draft] == meaning_keys[target]  # [B, G] numerals, operators, role
             withheld, rescued = rescued & ~same_meaning, rescued & same_meaning
@@ -341,12 +347,12 @@ def flat_at_zero_weights(
 def _rescue_mask(
     inp: VerifyInput,
     draft: Tensor,  # [B, G] int64 draft tokens, placeholders replaced by 0
+    z_draft: Tensor,  # [B, G] float32 their raw logits
     target: Tensor,  # [B, G] int64 t* per position
     pair_counts: PairCountFn,
 ) -> Tensor:  # [B, G] bool: x̃_i would be rescued if rejected
     """The CSD tests per row mode: OCM count > λ and/or SCG gate z(x̃) - z(t*) >= log τ."""
     logits = inp.target_logits[:, : draft.shape[1]]  # [B, G, V] raw logits
-    z_draft = logits.gather(-1, draft.unsqueeze(-1)).squeeze(-1).float()  # [B, G]
     z_target = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1).float()  # [B, G]
     gate = z_draft - z_target >= inp.log_tau.view(-1, 1)  # [B, G]; NaN (-inf - -inf) fails
     counts = pair_counts(draft.reshape(-1), target.reshape(-1)).reshape(draft.shape)  # [B, G]

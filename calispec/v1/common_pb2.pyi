@@ -42,6 +42,30 @@ class RescueParams(_message.Message):
     lambda_: int
     def __init__(self, tau: _Optional[float] = ..., lambda_: _Optional[int] = ...) -> None: ...
 
+class OutputConstraint(_message.Message):
+    __slots__ = ("kind", "spec", "choices")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[OutputConstraint.Kind]
+        KIND_JSON: _ClassVar[OutputConstraint.Kind]
+        KIND_JSON_OBJECT: _ClassVar[OutputConstraint.Kind]
+        KIND_REGEX: _ClassVar[OutputConstraint.Kind]
+        KIND_CHOICE: _ClassVar[OutputConstraint.Kind]
+        KIND_GRAMMAR: _ClassVar[OutputConstraint.Kind]
+    KIND_UNSPECIFIED: OutputConstraint.Kind
+    KIND_JSON: OutputConstraint.Kind
+    KIND_JSON_OBJECT: OutputConstraint.Kind
+    KIND_REGEX: OutputConstraint.Kind
+    KIND_CHOICE: OutputConstraint.Kind
+    KIND_GRAMMAR: OutputConstraint.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
+    kind: OutputConstraint.Kind
+    spec: str
+    choices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, kind: _Optional[_Union[OutputConstraint.Kind, str]] = ..., spec: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class TokenLogprobs(_message.Message):
     __slots__ = ("logprob", "top_token_ids", "top_logprobs")
     LOGPROB_FIELD_NUMBER: _ClassVar[int]

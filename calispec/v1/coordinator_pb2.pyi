@@ -20,7 +20,7 @@ FINISH_REASON_EOS: FinishReason
 FINISH_REASON_STOP: FinishReason
 
 class GenerationParams(_message.Message):
-    __slots__ = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "num_speculative_tokens", "mode", "tau", "lambda_", "ignore_eos", "logprobs", "prompt_logprobs", "stop_token_ids")
+    __slots__ = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "num_speculative_tokens", "mode", "tau", "lambda_", "ignore_eos", "logprobs", "prompt_logprobs", "stop_token_ids", "constraint")
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class GenerationParams(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     temperature: float
     top_p: float
@@ -49,7 +50,8 @@ class GenerationParams(_message.Message):
     logprobs: int
     prompt_logprobs: int
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., num_speculative_tokens: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., tau: _Optional[float] = ..., lambda_: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    constraint: _common_pb2.OutputConstraint
+    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., num_speculative_tokens: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., tau: _Optional[float] = ..., lambda_: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., constraint: _Optional[_Union[_common_pb2.OutputConstraint, _Mapping]] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
     __slots__ = ("prompt_tokens", "rounds", "drafted", "accepted", "rescued", "emitted", "draft_ms", "target_ms", "memory_ms", "coordinator_ms", "total_ms", "acceptance_rate", "rejections", "max_batch_size", "draft_unavailable_rounds", "target_failovers", "mean_gamma", "target_only_rounds", "round_overhead_ms", "withheld_rescues")

@@ -110,17 +110,29 @@ class FakeTarget(_Killable):
         self.prefills: list[list[int]] = []
         self.cohorts: list[int] = []  # each Verify's cohort hint
         self.prompt_logprobs_asked: list[int | None] = []  # each Prefill's prompt_logprobs
+        self.constraints: list[tuple[object, int]] = []  # each Prefill's constraint and constraint_written
 
     def info(self, timeout: float) -> ModelFacts:
         return facts()
 
     def prefill(
-        self, session_id, token_ids, sampling, mode: Mode, tau, lambda_, timeout, prompt_logprobs=None
+        self,
+        session_id,
+        token_ids,
+        sampling,
+        mode: Mode,
+        tau,
+        lambda_,
+        timeout,
+        prompt_logprobs=None,
+        constraint=None,
+        constraint_written=0,
     ) -> Opened:
         self._check_up()
         self.sessions[session_id] = list(token_ids)
         self.prefills.append(list(token_ids))
         self.prompt_logprobs_asked.append(prompt_logprobs)
+        self.constraints.append((constraint, constraint_written))
         if prompt_logprobs is None:
             return Opened(3_000)
         # token i's "log-probability" is -i, so a test can tell the entries apart and see their order

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from calispec_core.errors import STOPS_SERVING, CalispecError, DeadlineExceeded, Unavailable
-from calispec_core.generation import Mode
+from calispec_core.generation import Mode, OutputConstraint
 from calispec_core.timing import Deadline
 from coordinator.circuit import CircuitBreaker
 from coordinator.engine import Orchestrator
@@ -425,3 +425,15 @@ def test_a_device_failing_at_the_moved_requests_prefill_counts_too() -> None:
     with pytest.raises(CalispecError, match="a second target replica's device failed under this request"):
         list(stream)
     assert sorted(r.failed_calls for r in replicas) == [0, 1, 1]
+
+
+def test_a_reopened_target_session_replays_a_structured_outputs_written_tokens() -> None:
+    """The grammar of a session reopened mid-request starts past what the request wrote (constraint_written)."""
+    only = target("a:1")
+    orchestrator, _ = make([only])
+    constraint = OutputConstraint.of(regex="[a-z]+")
+    stream = orchestrator.generate("c", params(num_speculative_tokens=3, constraint=constraint), Deadline(60))
+    first = next(stream)
+    only.sessions.clear()
+    assert "".join(c.text for c in [first, *stream]) == EXPECTED
+    assert only.constraints == [(constraint, 0), (constraint, len(first.token_ids))]

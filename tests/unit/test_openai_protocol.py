@@ -220,7 +220,7 @@ def test_tools_may_be_called_by_the_models_choice_only() -> None:
         ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"function_call": {"name": "f"}}, "function_call"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "yaml"}}, "response_format"),
         ({"response_format": {}}, "response_format"),
     ):
         assert first_error(ChatCompletionRequest, {"model": "m", "messages": USER, **fields})[1] == param, fields

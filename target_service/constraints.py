@@ -1,0 +1,143 @@
+"""Structured output on the target: each constrained session's grammar, and the masks it puts on a round's logits
+(no gRPC here).
+
+llguidance (the engine behind vLLM's `guidance` structured-output backend) compiles a request's JSON schema, regex,
+choice or Lark grammar against the target's tokenizer and says, state by state, which tokens may come next. A token
+the grammar refuses gets the logit -inf before verification, so it has no probability: greedy rows take the best
+allowed token, sampling rows sample among allowed ones, and a drafted token the grammar refuses is rejected (never
+rescued: its gate fails, and the verifier records no correction event for it).
+
+A round verifies drafts x̃_0..x̃_{n-1} from one forward whose position i predicts x̃_i (position n: the bonus). Position
+i's mask is the grammar's state after the committed output and x̃_0..x̃_{i-1}: the matcher walks the draft's allowed
+prefix, a mask at each step, and rolls back (nothing is committed before the round is verified). Positions after the
+first refused draft stay unmasked: that draft has no probability, so the round ends there at the latest. Once the
+grammar is complete (or stopped) it allows the end-of-sequence token only, as vLLM's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+import llguidance
+import llguidance.hf
+import llguidance.torch
+import torch
+
+from calispec_core.errors import InvalidArgument
+from calispec_core.generation import ConstraintKind, OutputConstraint
+
+log = logging.getLogger(__name__)
+
+BITS = 32  # tokens per word of llguidance's bitmask (int32)
+# Any JSON value of a JSON schema allows whitespace between tokens, as vLLM's default (`disable_any_whitespace` off)
+JSON_OPTIONS = {"whitespace_flexible": True}
+
+
+def grammar_text(constraint: OutputConstraint) -> str:
+    """llguidance's grammar for `constraint`; InvalidArgument when its text is not of its kind (no JSON, ...)."""
+    try:
+        if constraint.kind == ConstraintKind.JSON:
+            return llguidance.LLMatcher.grammar_from_json_schema(constraint.spec, defaults=JSON_OPTIONS)
+        if constraint.kind == ConstraintKind.JSON_OBJECT:
+            return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=JSON_OPTIONS)
+        if constraint.kind == ConstraintKind.REGEX:
+            return llguidance.grammar_from("regex", constraint.spec)
+        if constraint.kind == ConstraintKind.CHOICE:
+            return llguidance.grammar_from("choice", list(constraint.choices))  # type: ignore[arg-type]
+        return llguidance.grammar_from("grammar", constraint.spec)  # Lark, or GBNF converted (as vLLM's)
+    except ValueError as exc:
+        raise InvalidArgument(f"the structured output's {_name(constraint)} is not valid: {exc}") from None
+
+
+def _name(constraint: OutputConstraint) -> str:
+    return constraint.kind.name.lower()
+
+
+class ConstraintCompiler:
+    """Compiles constraints against the target's tokenizer. Its llguidance view of the tokenizer costs ~2 s for a
+    150k vocabulary: built at the first constrained request, once."""
+
+    def __init__(self, tokenizer: object, vocab_size: int) -> None:
+        self._hf_tokenizer = tokenizer
+        self.vocab_size = vocab_size  # the logits' width: tokens past the tokenizer's are never allowed
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._lock = threading.Lock()
+
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self.vocab_size)  # type: ignore[arg-type]
+            return self._tokenizer
+
+    def compile(self, constraint: OutputConstraint) -> SessionGrammar:
+        """A fresh grammar state for one session; InvalidArgument naming the error when it does not compile."""
+        grammar = grammar_text(constraint)
+        tokenizer = self.tokenizer()
+        error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
+        if error:
+            raise InvalidArgument(f"the structured output's {_name(constraint)} does not compile: {error.strip()}")
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)  # errors are read from it, not printed
+        if matcher.is_error():
+            raise InvalidArgument(
+                f"the structured output's {_name(constraint)} does not compile: {matcher.get_error()}"
+            )
+        return SessionGrammar(matcher, self.vocab_size)
+
+
+class SessionGrammar:
+    """One session's grammar state: the output it has committed. Used under the session's lock only."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+        self.matcher = matcher
+        self.words = (vocab_size + BITS - 1) // BITS
+
+    def replay(self, tokens: Sequence[int]) -> None:
+        """Output written before this session opened (a session reopened mid-request): it must follow the grammar."""
+        allowed = self.matcher.validate_tokens(list(tokens)) if tokens else 0
+        if allowed < len(tokens):
+            raise InvalidArgument(
+                f"the output already written does not follow the structured output: token {allowed} "
+                f"(id {tokens[allowed]}) is not allowed there"
+            )
+        self.commit(tokens)
+
+    def masks(self, draft: Sequence[int]) -> torch.Tensor:
+        """[len(draft) + 1, words] int32 bitmask (bit t of a row: token t allowed): row i for the position that
+        predicts draft[i] (row len(draft): the bonus). Rows after the first refused draft allow everything."""
+        bitmask = torch.full((len(draft) + 1, self.words), -1, dtype=torch.int32)  # [n+1, W] all allowed
+        if self.matcher.is_stopped():  # complete: the end-of-sequence token only, at every position
+            llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, 0)
+            bitmask[1:] = bitmask[0]
+            return bitmask
+        allowed = self.matcher.validate_tokens(list(draft)) if draft else 0
+        for i in range(allowed + 1):
+            llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, i)
+            if i < allowed:
+                self.matcher.consume_token(draft[i])
+        if allowed:
+            self.matcher.rollback(allowed)
+        return bitmask
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """The tokens a round emitted (each allowed by its mask). After the end-of-sequence token the grammar is
+        stopped and allows only that token again (a request that ignores EOS): nothing more is consumed."""
+        for token in tokens:
+            if self.matcher.is_stopped():
+                return
+            if not self.matcher.consume_token(token):  # a bug: the masks allowed it
+                log.error("structured output: committed token %d is not allowed: %s", token, self.matcher.get_error())
+                return
+
+
+@torch.inference_mode()  # a lone row's logits are the forward's own (inference) tensor
+def apply_masks(logits: torch.Tensor, masks: Sequence[tuple[int, torch.Tensor]]) -> None:
+    """Refused tokens' logits to -inf, in place. logits: [B, G+1, V]; masks: (row b, bitmask [k, W]) for the
+    constrained rows, mask i for position i (k <= G + 1)."""
+    shifts = torch.arange(BITS, dtype=torch.int32)  # [32]
+    vocab = logits.shape[-1]
+    for b, bitmask in masks:
+        rows = bitmask.shape[0]
+        allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).view(rows, -1)[:, :vocab].bool()  # [k, V]
+        logits[b, :rows].masked_fill_(~allowed.to(logits.device), float("-inf"))

@@ -1,0 +1,137 @@
+"""Structured output on the tiny pair: the target masks every position it verifies by the request's grammar."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from calispec_core.errors import InvalidArgument
+from calispec_core.generation import FinishReason, GenerationParams, Mode, OutputConstraint
+from calispec_core.modeling import ModelRunner
+from calispec_core.sampling import SamplingConfig
+from calispec_core.timing import Deadline, Stopwatch
+from calispec_tools.inprocess import InProcessTarget, in_process_orchestrator
+from target_service.constraints import BITS, ConstraintCompiler
+from target_service.engine import RescueConfig, TargetEngine
+from target_service.logprobs import FORBIDDEN_LOGPROB
+from target_service.pair_table import PairTable
+
+PROMPT = "def add(a, b):"
+REGEX = r"[0-9]{3}-[a-z]{2,6}"
+CHOICES = ("yes", "no way", "maybe not")
+
+
+def generate(
+    draft: ModelRunner, target: ModelRunner, mode: Mode, constraint: OutputConstraint, sampling: SamplingConfig
+) -> tuple[list[int], str, FinishReason | None]:
+    backend = InProcessTarget(target)
+    gamma = None if mode == Mode.AR else 3
+    params = GenerationParams(40, sampling, (), gamma, mode, 0.01, 6, constraint=constraint)
+    try:
+        chunks = list(in_process_orchestrator(draft, backend).generate(PROMPT, params, Deadline(120)))
+    finally:
+        backend.stop()
+    return [t for c in chunks for t in c.token_ids], "".join(c.text for c in chunks), chunks[-1].finish_reason
+
+
+@pytest.mark.parametrize(
+    ("constraint", "follows"),
+    [
+        (OutputConstraint.of(regex=REGEX), lambda text: re.fullmatch(REGEX, text) is not None),
+        (OutputConstraint.of(choice=list(CHOICES)), lambda text: text in CHOICES),
+    ],
+    ids=["regex", "choice"],
+)
+def test_greedy_sd_and_csd_write_ar_s_constrained_output(draft_runner, target_runner, constraint, follows) -> None:
+    """Greedy SD under a grammar is exact: the same tokens as target-only decoding under it, ending at EOS."""
+    outputs = {mode: generate(draft_runner, target_runner, mode, constraint, SamplingConfig()) for mode in Mode}
+    ar_tokens, ar_text, finish = outputs[Mode.AR]
+    assert follows(ar_text) and finish == FinishReason.EOS, ar_text
+    assert outputs[Mode.SD][0] == ar_tokens
+    for mode, (_, text, finish) in outputs.items():
+        assert follows(text) and finish == FinishReason.EOS, (mode, text)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sampled_outputs_follow_the_grammar(draft_runner, target_runner, seed: int) -> None:
+    for mode in (Mode.AR, Mode.SD, Mode.CSD):
+        _, text, finish = generate(
+            draft_runner, target_runner, mode, OutputConstraint.of(regex=REGEX), SamplingConfig(1.0, seed=seed)
+        )
+        assert re.fullmatch(REGEX, text) and finish == FinishReason.EOS, (mode, text)
+
+
+def allowed(bitmask_row) -> set[int]:
+    return {t for t in range(bitmask_row.numel() * BITS) if (int(bitmask_row[t // BITS]) >> (t % BITS)) & 1}
+
+
+def test_masks_walk_the_drafts_allowed_prefix_and_leave_the_grammar_where_it_was(target_runner: ModelRunner) -> None:
+    tokenizer = target_runner.tokenizer
+    grammar = ConstraintCompiler(tokenizer, target_runner.vocab_size).compile(OutputConstraint.of(regex="ab+c"))
+    a, b, c = (tokenizer.convert_tokens_to_ids(t) for t in "abc")
+    draft = [a, b, a, b]  # the second `a` is refused
+    masks = grammar.masks(draft)  # [5, W]
+    assert masks.shape[0] == len(draft) + 1
+    assert a in allowed(masks[0]) and b not in allowed(masks[0])
+    assert b in allowed(masks[1]) and a not in allowed(masks[1])
+    assert {b, c} <= allowed(masks[2]) and a not in allowed(masks[2])
+    assert allowed(masks[3]) == allowed(masks[4]) == set(range(masks.shape[1] * BITS))  # past the refusal: unmasked
+    assert (grammar.masks(draft) == masks).all()  # nothing was committed
+    grammar.commit([a, b])
+    assert c in allowed(grammar.masks([])[0])
+
+
+@pytest.fixture
+def engine(target_runner: ModelRunner) -> Iterator[TargetEngine]:
+    engine = TargetEngine(target_runner, 8, PairTable(target_runner.vocab_size, target_runner.device))
+    yield engine
+    engine.stop()
+
+
+def open_session(engine: TargetEngine, sid: str, ids: list[int], written: int = 0) -> None:
+    constraint = OutputConstraint.of(choice=list(CHOICES))
+    engine.prefill(sid, ids, SamplingConfig(), RescueConfig(Mode.AR), Stopwatch(), None, constraint, written)
+
+
+def step(engine: TargetEngine, sid: str, logprobs: int | None = None):
+    return engine.verify(sid, [], None, Stopwatch(), logprobs=logprobs)
+
+
+def test_a_reopened_session_replays_the_output_written_before_it(engine: TargetEngine, target_runner) -> None:
+    """A failover reopens the target session from prompt + output: its grammar must start past that output."""
+    prompt = target_runner.tokenizer.encode(PROMPT)
+    open_session(engine, "first", prompt)
+    written = [step(engine, "first").next_token for _ in range(2)]
+    open_session(engine, "reopened", [*prompt, *written], written=len(written))
+    for _ in range(3):
+        assert step(engine, "reopened").next_token == step(engine, "first").next_token
+
+
+def test_output_that_breaks_the_grammar_and_grammars_that_do_not_compile_open_no_session(
+    engine: TargetEngine, target_runner
+) -> None:
+    prompt = target_runner.tokenizer.encode(PROMPT)
+    broken = target_runner.tokenizer.encode("xyz")
+    with pytest.raises(InvalidArgument, match="does not follow the structured output"):
+        open_session(engine, "broken", [*prompt, *broken], written=len(broken))
+    for constraint, fragment in (
+        (OutputConstraint.of(regex="[a-"), "regex does not compile"),
+        (OutputConstraint.of(json='{"type": "nope"}'), "json does not compile"),
+        (OutputConstraint.of(grammar="start: undefined_rule"), "grammar does not compile"),
+    ):
+        with pytest.raises(InvalidArgument, match=fragment):
+            engine.prefill("bad", prompt, SamplingConfig(), RescueConfig(Mode.AR), Stopwatch(), None, constraint)
+    with pytest.raises(InvalidArgument, match="constraint_written"):
+        open_session(engine, "too-long", prompt, written=len(prompt) + 1)
+    assert engine.sessions.stats().open_sessions == 0
+
+
+def test_top_logprobs_of_forbidden_tokens_are_vllms_stand_in_not_minus_infinity(engine: TargetEngine, target_runner):
+    """A choice allows a few tokens at a position: the others' log-probabilities were -inf, which JSON cannot carry."""
+    open_session(engine, "s", target_runner.tokenizer.encode(PROMPT))
+    [entry] = step(engine, "s", logprobs=20).logprobs
+    assert all(math.isfinite(v) for v in entry.top_logprobs) and FORBIDDEN_LOGPROB in entry.top_logprobs
+    assert math.isfinite(entry.logprob) and entry.logprob > FORBIDDEN_LOGPROB
