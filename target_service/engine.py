@@ -118,12 +118,13 @@ class TargetEngine:
         prefix_cache: PrefixCache | None = None,  # prompt KV reused by later prompts (None: off)
         meaning_guard: bool = True,  # rescue only pairs of equal numerals, operators, role (meaning_guard.py)
         ride_prefill_tokens: int = DEFAULT_RIDE_PREFILL_TOKENS,  # prompts up to this long prefill in their first round
+        structured_output: bool = True,  # False: constrained sessions are refused FAILED_PRECONDITION
     ) -> None:
         self.runner = runner
         self.meaning_keys = (  # [V] int64 on the logits' device
             meaning_keys(runner.tokenizer, runner.vocab_size).to(runner.device) if meaning_guard else None
         )
-        self.constraints = ConstraintCompiler(runner.tokenizer, runner.vocab_size)
+        self.constraints = ConstraintCompiler(runner.tokenizer, runner.vocab_size) if structured_output else None
         self.prefix_cache = prefix_cache
         self.ride_prefill_tokens = ride_prefill_tokens
         self.table = table  # MemoryLink (if any) ships its local events and refreshes it in the background
@@ -174,6 +175,8 @@ class TargetEngine:
             require(written == 0, "constraint_written needs a constraint")
             return None
         check_constraint(constraint)
+        if self.constraints is None:
+            raise FailedPrecondition("this target serves no structured output (it runs with --no-structured-output)")
         require(written <= len(token_ids), f"constraint_written ({written}) exceeds the {len(token_ids)} tokens sent")
         self.runner.check_token_ids(token_ids, "token_ids")
         grammar = self.constraints.compile(constraint)

@@ -158,7 +158,10 @@ def create_server(config: TargetConfig, runner: ModelRunner | None = None) -> tu
         runner, config.max_sessions, table, config.max_batch_size, config.session_idle_ttl_s,
         gather_s=config.batch_gather_s, prefix_cache=PrefixCache(config.prefix_cache_tokens),
         meaning_guard=config.meaning_guard, ride_prefill_tokens=config.ride_prefill_tokens,
+        structured_output=config.structured_output,
     )  # fmt: skip
+    if engine.constraints is not None:
+        engine.constraints.tokenizer()  # built now, not under the first constrained request (TargetConfig)
     engine.sessions.start_reaper()
     observe = Observe(metrics_port=config.metrics_port, admission=[f"/{SERVICE_NAME}/Prefill"])
     servicer = TargetServicer(engine, TargetMetrics(observe.registry, engine, link), link)

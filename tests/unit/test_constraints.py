@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from calispec_core.errors import InvalidArgument
+from calispec_core.errors import FailedPrecondition, InvalidArgument
 from calispec_core.generation import FinishReason, GenerationParams, Mode, OutputConstraint
 from calispec_core.modeling import ModelRunner
 from calispec_core.sampling import SamplingConfig
@@ -135,3 +135,15 @@ def test_top_logprobs_of_forbidden_tokens_are_vllms_stand_in_not_minus_infinity(
     [entry] = step(engine, "s", logprobs=20).logprobs
     assert all(math.isfinite(v) for v in entry.top_logprobs) and FORBIDDEN_LOGPROB in entry.top_logprobs
     assert math.isfinite(entry.logprob) and entry.logprob > FORBIDDEN_LOGPROB
+
+
+def test_a_target_without_structured_output_refuses_a_constraint(target_runner: ModelRunner) -> None:
+    engine = TargetEngine(
+        target_runner, 8, PairTable(target_runner.vocab_size, target_runner.device), structured_output=False
+    )
+    try:
+        with pytest.raises(FailedPrecondition, match="--no-structured-output"):
+            open_session(engine, "s", [1, 2, 3])
+        engine.prefill("free", [1, 2, 3], SamplingConfig(), RescueConfig(Mode.AR), Stopwatch())
+    finally:
+        engine.stop()
