@@ -42,9 +42,17 @@ class InProcessDraft:
     def info(self, timeout: float) -> ModelFacts:
         return _facts(self.proposer.runner)
 
-    def prefill(self, session_id: str, token_ids: list[int], sampling: SamplingConfig, timeout: float) -> int:
+    def prefill(
+        self,
+        session_id: str,
+        token_ids: list[int],
+        sampling: SamplingConfig,
+        timeout: float,
+        constraint: OutputConstraint | None = None,
+        constraint_written: int = 0,
+    ) -> int:
         watch = Stopwatch()
-        self.proposer.prefill(session_id, token_ids, sampling, watch)
+        self.proposer.prefill(session_id, token_ids, sampling, watch, constraint, constraint_written)
         return watch.total_ns
 
     def propose(

@@ -64,7 +64,15 @@ class Verdict:
 
 class DraftBackend(Protocol):
     def info(self, timeout: float) -> ModelFacts: ...
-    def prefill(self, session_id: str, token_ids: list[int], sampling: SamplingConfig, timeout: float) -> int: ...
+    def prefill(
+        self,
+        session_id: str,
+        token_ids: list[int],
+        sampling: SamplingConfig,
+        timeout: float,
+        constraint: OutputConstraint | None = None,
+        constraint_written: int = 0,
+    ) -> int: ...  # constraint: as TargetBackend.prefill's
     def propose(
         self,
         session_id: str,

@@ -69,9 +69,21 @@ class GrpcDraftBackend:
     def info(self, timeout: float) -> ModelFacts:
         return _facts(_call("draft", self.stub.GetModelInfo, draft_pb2.DraftModelInfoRequest(), timeout).info)
 
-    def prefill(self, session_id: str, token_ids: list[int], sampling: SamplingConfig, timeout: float) -> int:
+    def prefill(
+        self,
+        session_id: str,
+        token_ids: list[int],
+        sampling: SamplingConfig,
+        timeout: float,
+        constraint: OutputConstraint | None = None,
+        constraint_written: int = 0,
+    ) -> int:
         request = draft_pb2.DraftPrefillRequest(
-            session_id=session_id, token_ids=token_ids, sampling=sampling_to_pb(sampling)
+            session_id=session_id,
+            token_ids=token_ids,
+            sampling=sampling_to_pb(sampling),
+            constraint=constraint.to_pb() if constraint is not None else None,
+            constraint_written=constraint_written,
         )
         return _call("draft", self.stub.Prefill, request, timeout).timing.total_ns
 

@@ -49,6 +49,7 @@ from calispec_core.generation import (
     GenerationParams,
     GenerationStats,
     Mode,
+    OutputConstraint,
     TokenLogprob,
     validate_prompt,
 )
@@ -392,8 +393,7 @@ class Orchestrator:
                         p.lambda_,
                         timeout,
                         asked,
-                        p.constraint,
-                        len(request.generated) if p.constraint is not None else 0,  # replayed through its grammar
+                        *self._constraint(request),
                     )
             except Unavailable as exc:
                 self._target_failed(request, target, exc, "placement")
@@ -407,6 +407,12 @@ class Orchestrator:
                 request.prompt_logprobs = list(opened.prompt_logprobs or ())
                 _check_report("prompt log-probabilities", len(request.prompt_logprobs), len(request.prompt_ids) - 1)
             return
+
+    @staticmethod
+    def _constraint(request: _Request) -> tuple[OutputConstraint | None, int]:
+        """A session's structured output, and the output already written under it (a reopened session replays it)."""
+        constraint = request.params.constraint
+        return constraint, len(request.generated) if constraint is not None else 0
 
     def _target_failed(self, request: _Request, target: TargetBackend, exc: Exception, kind: TargetFailure) -> None:
         """`target` failed the request (`kind`: its "session", or a "placement"): never again for this request."""
@@ -714,7 +720,9 @@ class Orchestrator:
         session_id = request.next_session_id("draft")
         timeout = min(request.deadline.remaining(), self.draft_timeout_s)
         with _closed_if_abandoned(self.draft, session_id):
-            ns = self.draft.prefill(session_id, request.committed_ids, request.params.sampling, timeout)
+            ns = self.draft.prefill(
+                session_id, request.committed_ids, request.params.sampling, timeout, *self._constraint(request)
+            )
         request.draft_session = session_id
         request.opened.append((self.draft, session_id))
         request.draft_rollback_to, request.draft_append = None, []

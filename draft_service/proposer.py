@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -11,7 +12,9 @@ from calispec_core.argmax import argmax_last
 from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
+from calispec_core.constraints import ConstraintCompiler, SessionGrammar
 from calispec_core.errors import FailedPrecondition, require
+from calispec_core.generation import OutputConstraint, check_constraint
 from calispec_core.limits import DEFAULT_RIDE_PREFILL_TOKENS, INT8, check_speculative_tokens
 from calispec_core.modeling import ModelRunner, Session, prefill_session, settle_riders, store_riders, wait_for
 from calispec_core.prefix_cache import PrefixCache
@@ -21,12 +24,17 @@ from calispec_core.sparse_q import SparseQ, truncate
 from calispec_core.timing import Stopwatch, now_ns
 from calispec_core.vocab_pruning import LogitColumns
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class DraftSession:
     session: Session
     sampling: SamplingConfig
     generator: torch.Generator
+    # structured output: the grammar the proposals follow (None: free, or given up: see Proposer._follow)
+    grammar: SessionGrammar | None = None
+    output_start: int = 0  # where the output begins in session.tokens (the grammar follows tokens from there)
 
 
 @dataclass(frozen=True)
@@ -78,13 +86,40 @@ class _Job:
         """Take one token from this step's [1, 1, C] logits."""
         logits = logits.float()  # once: CPU reductions over a bf16 vocabulary are several times slower
         state = self.state
+        if state.grammar is not None:
+            logits = self._constrain(logits, state.grammar)
         column, dist = pick(logits, state.sampling, state.generator)
         token = int(self.columns.token_ids(column))
         self.tokens.append(token)
         self.dists.append(dist)
         state.session.tokens.append(token)  # the next forward feeds it
+        complete = self._follows_to_the_end(token)  # every token, the last one too: the grammar tracks the session
         full = len(self.tokens) == self.num_tokens  # then no confidence is needed (a softmax over the vocabulary)
-        self.done = full or self._unsure(logits, column)
+        self.done = full or complete or self._unsure(logits, column)
+
+    def _constrain(self, logits: torch.Tensor, grammar: SessionGrammar) -> torch.Tensor:
+        """[1, 1, C] logits with refused tokens' at -inf; a pruned layer without one allowed column is left as it is
+        (its token is then refused, and the grammar given up: `_follows_to_the_end`)."""
+        allowed = grammar.allowed()  # [V] over token ids
+        if self.columns.kept is not None:
+            allowed = allowed[self.columns.kept.cpu()]  # [C]
+        if not bool(allowed.any()):
+            return logits
+        return logits.masked_fill(~allowed.to(logits.device), float("-inf"))  # a new tensor: the forward's is read-only
+
+    def _follows_to_the_end(self, token: int) -> bool:
+        """The grammar takes the token; True when it is complete, so that drafting on is pointless (only the
+        end-of-sequence token may follow). A token it refuses gives the grammar up: the session drafts freely."""
+        grammar = self.state.grammar
+        if grammar is None:
+            return False
+        if not grammar.commit([token]):
+            log.warning(
+                "session %r: drafted a token its grammar refuses; drafting freely", self.state.session.session_id
+            )
+            self.state.grammar = None
+            return False
+        return grammar.stopped
 
     def _unsure(self, logits: torch.Tensor, column: torch.Tensor) -> bool:
         """Whether drafting stops after this token. Like HF's assistant_confidence_threshold, an unsure token is
@@ -135,9 +170,11 @@ class Proposer:
         gather_s: float = DEFAULT_GATHER_S,  # an idle batcher waits this long for the last batch's sessions
         prefix_cache: PrefixCache | None = None,  # prompt KV reused by later prompts (None: off)
         ride_prefill_tokens: int = DEFAULT_RIDE_PREFILL_TOKENS,  # prompts up to this long prefill in a Propose step
+        structured_output: bool = True,  # False: constraints are ignored (sessions draft freely)
     ) -> None:
         require(proposal_top_k >= 0, f"proposal_top_k must be >= 0 (0: full q), got {proposal_top_k}")
         self.runner = runner
+        self.constraints = ConstraintCompiler(runner.tokenizer, runner.vocab_size) if structured_output else None
         self.prefix_cache = prefix_cache
         self.ride_prefill_tokens = ride_prefill_tokens
         self.proposal_top_k = proposal_top_k
@@ -149,10 +186,20 @@ class Proposer:
             max_sessions, idle_ttl_s, is_busy=lambda state: state.session.lock.locked()
         )
 
-    def prefill(self, session_id: str, token_ids: list[int], sampling: SamplingConfig, watch: Stopwatch) -> None:
+    def prefill(
+        self,
+        session_id: str,
+        token_ids: list[int],
+        sampling: SamplingConfig,
+        watch: Stopwatch,
+        constraint: OutputConstraint | None = None,
+        constraint_written: int = 0,
+    ) -> None:
         """Open the session; a short prompt computes nothing yet: it rides in the first step of the session's first
-        Propose (`prefill_session`)."""
+        Propose (`prefill_session`). `constraint`: the grammar its proposals follow (structured output), the last
+        `constraint_written` of `token_ids` already written under it; ignored without structured output here."""
         sampling.validate(self.runner.vocab_size)
+        grammar = self._grammar(token_ids, constraint, constraint_written)
         with self.sessions.opening(session_id) as open_session:
             with watch.phase("forward"):
                 cache = None if self._isolated(sampling) else self.prefix_cache  # its KV: its own calls' only
@@ -160,7 +207,17 @@ class Proposer:
                     self.runner, session_id, token_ids, cache, ride_tokens=self.ride_prefill_tokens
                 )
             generator = make_generator(sampling.seed, DRAFT_STREAM, self.runner.device)
-            open_session(DraftSession(session, sampling, generator))
+            open_session(DraftSession(session, sampling, generator, grammar, len(token_ids) - constraint_written))
+
+    def _grammar(
+        self, token_ids: list[int], constraint: OutputConstraint | None, written: int
+    ) -> SessionGrammar | None:
+        """Without structured output here the session drafts freely (the target still masks what it emits)."""
+        if constraint is None:
+            require(written == 0, "constraint_written needs a constraint")
+            return None
+        check_constraint(constraint)
+        return self.constraints.open(token_ids, constraint, written) if self.constraints is not None else None
 
     def rollback(self, session_id: str, length: int, append: list[int]) -> int:
         state = self.sessions.get(session_id)
@@ -169,7 +226,7 @@ class Proposer:
                 length + len(append) < self.runner.max_context,  # as Propose: room for at least one token
                 f"session {session_id!r} would exceed the context ({self.runner.max_context})",
             )
-            self._rollback(state.session, length, append)
+            self._rollback(state, length, append)
             return len(state.session.tokens)
 
     def propose(
@@ -197,7 +254,7 @@ class Proposer:
                 length + len(append) + num_tokens <= self.runner.max_context,
                 f"session {session_id!r} would exceed the context ({self.runner.max_context})",
             )
-            self._rollback(session, length, append)
+            self._rollback(state, length, append)
             job = _Job(state, num_tokens, min_confidence, self.runner.logit_columns, min_path_confidence)
             proposal = self.scheduler.submit(job, cohort)
             watch.add("forward", proposal.forward_ns)
@@ -210,10 +267,27 @@ class Proposer:
     def stop(self) -> None:
         self.scheduler.stop()
 
-    def _rollback(self, session: Session, length: int, append: list[int]) -> None:
+    def _rollback(self, state: DraftSession, length: int, append: list[int]) -> None:
         self.runner.check_token_ids(append, "append_token_ids")
-        session.truncate(length)
-        session.tokens.extend(append)
+        state.session.truncate(length)
+        state.session.tokens.extend(append)
+        self._follow(state, length, append)
+
+    @staticmethod
+    def _follow(state: DraftSession, length: int, append: list[int]) -> None:
+        """The grammar follows the session back to `length` tokens and on through `append` (the target's tokens);
+        one it cannot follow (truncated into the prompt, or an appended token it refuses) is given up: the session
+        drafts freely from then on, which moves acceptance only."""
+        grammar = state.grammar
+        if grammar is None:
+            return
+        output = length - state.output_start
+        if output >= 0:
+            grammar.rollback_to(output)
+            if grammar.commit(append):
+                return
+        log.warning("session %r: its grammar cannot follow the output; drafting freely", state.session.session_id)
+        state.grammar = None
 
     @on_compute_thread
     def _draft_batch(self, jobs: Sequence[_Job]) -> list[Proposal]:
@@ -223,12 +297,15 @@ class Proposer:
         settle_riders(shared, self.prefix_cache)  # before the checkpoints: a rerun keeps the attached prefix
         starts = [session.checkpoint() for session in sessions]
         draws = [job.state.generator.get_state() for job in jobs]  # a seeded rerun must draw the same
+        grammars = [(job.state.grammar, job.state.grammar.consumed if job.state.grammar else 0) for job in jobs]
         try:
             proposals = self._draft_steps(jobs)
         except BaseException:
-            for job, start, drawn in zip(jobs, starts, draws, strict=True):
+            for job, start, drawn, (grammar, consumed) in zip(jobs, starts, draws, grammars, strict=True):
                 job.state.session.restore(start)  # drop this batch's drafted tokens and their cache entries
                 job.state.generator.set_state(drawn)
+                if grammar is not None and job.state.grammar is grammar:  # one given up stays given up
+                    grammar.rollback_to(consumed)
                 job.reset()
             raise
         store_riders(sessions, self.prefix_cache)

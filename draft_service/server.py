@@ -6,6 +6,7 @@ from calispec.v1 import draft_pb2, draft_pb2_grpc
 from calispec_core.access import PeerAllowlistInterceptor
 from calispec_core.errors import require
 from calispec_core.forward_costs import DRAFT_TOKEN_COUNTS, measure_forward_costs
+from calispec_core.generation import constraint_from_wire
 from calispec_core.grpc_server import create_grpc_server, handler_threads
 from calispec_core.metrics import new_registry
 from calispec_core.modeling import ModelRunner, check_prompt_fits
@@ -35,7 +36,10 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         watch = Stopwatch()
         check_prompt_fits(len(request.token_ids), self.proposer.runner.max_context)
         sampling = sampling_from_pb(request.sampling)
-        self.proposer.prefill(request.session_id, list(request.token_ids), sampling, watch)
+        constraint = constraint_from_wire(request.constraint, request.HasField("constraint"))
+        self.proposer.prefill(
+            request.session_id, list(request.token_ids), sampling, watch, constraint, request.constraint_written
+        )
         return draft_pb2.DraftPrefillResponse(timing=timing_to_pb(watch))
 
     def _appended(self, request) -> list[int]:
@@ -99,7 +103,10 @@ def create_server(config: DraftConfig, runner: ModelRunner | None = None) -> tup
         config.batch_gather_s,
         PrefixCache(config.prefix_cache_tokens),
         config.ride_prefill_tokens,
+        config.structured_output,
     )
+    if proposer.constraints is not None:
+        proposer.constraints.tokenizer()  # built now, not under the first constrained request (DraftConfig)
     proposer.sessions.start_reaper()
     observe = Observe(metrics_port=config.metrics_port, admission=[f"/{SERVICE_NAME}/Prefill"])
     servicer = DraftServicer(proposer, DraftMetrics(observe.registry, proposer))

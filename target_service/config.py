@@ -25,7 +25,7 @@ class TargetConfig:
     batch_gather_s: float = DEFAULT_GATHER_S  # an idle batcher waits this long for the last batch to come back
     ride_prefill_tokens: int = DEFAULT_RIDE_PREFILL_TOKENS  # prompts up to this long prefill in their first batch
     meaning_guard: bool = True  # CSD never rescues a changed numeral, operator or special token
-    # Structured output (target_service/constraints.py): its tokenizer view is built at start-up (~2 s and ~160 MB for a
+    # Structured output (calispec_core/constraints.py): its tokenizer view is built at start-up (~2 s and ~160 MB for a
     # 150k vocabulary; built at the first such request it would hold the GIL ~1 s, stalling every session's rounds).
     # False: such requests are refused FAILED_PRECONDITION.
     structured_output: bool = True

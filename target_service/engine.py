@@ -19,6 +19,7 @@ import torch
 from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
+from calispec_core.constraints import ConstraintCompiler, SessionGrammar, apply_masks
 from calispec_core.errors import CalispecError, FailedPrecondition, InvalidArgument, require
 from calispec_core.generation import Mode, OutputConstraint, TokenLogprob, check_constraint
 from calispec_core.limits import (
@@ -33,7 +34,6 @@ from calispec_core.sampling import TARGET_STREAM, SamplingConfig, make_generator
 from calispec_core.sessions import DEFAULT_IDLE_TTL_S, SessionRegistry
 from calispec_core.sparse_q import SparseQ
 from calispec_core.timing import Stopwatch
-from target_service.constraints import ConstraintCompiler, SessionGrammar, apply_masks
 from target_service.logprobs import PromptLogprobs, emitted_logprobs
 from target_service.meaning_guard import meaning_keys
 from target_service.pair_table import PairTable
@@ -177,11 +177,7 @@ class TargetEngine:
         check_constraint(constraint)
         if self.constraints is None:
             raise FailedPrecondition("this target serves no structured output (it runs with --no-structured-output)")
-        require(written <= len(token_ids), f"constraint_written ({written}) exceeds the {len(token_ids)} tokens sent")
-        self.runner.check_token_ids(token_ids, "token_ids")
-        grammar = self.constraints.compile(constraint)
-        grammar.replay(token_ids[len(token_ids) - written :])
-        return grammar
+        return self.constraints.open(token_ids, constraint, written)
 
     def close(self, session_id: str) -> None:
         self.sessions.remove(session_id)
@@ -444,5 +440,5 @@ class TargetEngine:
             session.cache.crop(-rejected)
         session.tokens.extend(draft[:accepted])
         session.tokens.append(next_token)
-        if state.grammar is not None:
-            state.grammar.commit([*draft[:accepted], next_token])
+        if state.grammar is not None and not state.grammar.commit([*draft[:accepted], next_token]):
+            log.error("session %r: the grammar refused a token its masks allowed", session.session_id)  # a bug

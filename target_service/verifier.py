@@ -31,7 +31,7 @@ temperature / top-k / top-p warping; z = the target's raw logits):
 - **rejection event**: a (x̃_i, t*_i) pair at a rescued position or at the final rejected
   position with x̃_i != t*_i; these feed the correction memory.
 - **refused** token: a draft token whose logit is -inf, i.e. a structured output's grammar forbids it
-  there (target_service/constraints.py masks the logits before verification). It has no probability,
+  there (the target masks the logits before verification: calispec_core/constraints.py). It has no probability,
   so it is rejected, never rescued, and records no event: the pair says nothing about the draft's
   confusions, only about the grammar.
 

@@ -69,7 +69,15 @@ class FakeDraft(_Killable):
     def info(self, timeout: float) -> ModelFacts:
         return facts()
 
-    def prefill(self, session_id: str, token_ids: list[int], sampling: SamplingConfig, timeout: float) -> int:
+    def prefill(
+        self,
+        session_id: str,
+        token_ids: list[int],
+        sampling: SamplingConfig,
+        timeout: float,
+        constraint=None,
+        constraint_written: int = 0,
+    ) -> int:
         self._check_up()
         self.sessions[session_id] = list(token_ids)
         self.prefills.append(list(token_ids))

@@ -8,13 +8,14 @@ from collections.abc import Iterator
 
 import pytest
 
+from calispec_core.constraints import BITS, ConstraintCompiler
 from calispec_core.errors import FailedPrecondition, InvalidArgument
 from calispec_core.generation import FinishReason, GenerationParams, Mode, OutputConstraint
 from calispec_core.modeling import ModelRunner
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline, Stopwatch
 from calispec_tools.inprocess import InProcessTarget, in_process_orchestrator
-from target_service.constraints import BITS, ConstraintCompiler
+from draft_service.proposer import Proposer
 from target_service.engine import RescueConfig, TargetEngine
 from target_service.logprobs import FORBIDDEN_LOGPROB
 from target_service.pair_table import PairTable
@@ -147,3 +148,42 @@ def test_a_target_without_structured_output_refuses_a_constraint(target_runner: 
         engine.prefill("free", [1, 2, 3], SamplingConfig(), RescueConfig(Mode.AR), Stopwatch())
     finally:
         engine.stop()
+
+
+@pytest.fixture
+def proposer(draft_runner: ModelRunner) -> Iterator[Proposer]:
+    proposer = Proposer(draft_runner, 8)
+    yield proposer
+    proposer.stop()
+
+
+def test_the_drafts_proposals_follow_the_grammar_through_rollbacks(proposer: Proposer, draft_runner) -> None:
+    """The draft drafted freely (the tiny draft: any token), so a structured output's drafts were mostly refused."""
+    tokenizer = draft_runner.tokenizer
+    prompt = tokenizer.encode(PROMPT)
+    constraint = OutputConstraint.of(regex=REGEX)
+    proposer.prefill("s", prompt, SamplingConfig(), Stopwatch(), constraint)
+    first = proposer.propose("s", 6, None, [], Stopwatch()).token_ids
+    assert re.fullmatch(r"[0-9]{0,3}|[0-9]{3}-[a-z]{0,6}", tokenizer.decode(first)), tokenizer.decode(first)
+    two = tokenizer.encode("42")
+    proposer.prefill("reopened", [*prompt, *two], SamplingConfig(), Stopwatch(), constraint, len(two))
+    for sid, written in (("s", []), ("reopened", two)):
+        # the target kept none of the drafts and wrote "42" (s), then one more digit and a dash (both)
+        tokens = [*two, *tokenizer.encode("7-")]
+        following = proposer.propose(sid, 5, len(prompt) + len(written), tokens[len(written) :], Stopwatch())
+        # then every draft kept: it drafts on from its own last token (the grammar took that one too)
+        more = proposer.propose(sid, 5, None, [], Stopwatch())
+        text = tokenizer.decode([*tokens, *following.token_ids, *more.token_ids], skip_special_tokens=True)
+        assert re.fullmatch(r"427-[a-z]{0,6}", text), (sid, text)
+
+
+def test_the_grammar_takes_a_full_proposals_last_token_too(proposer: Proposer, draft_runner) -> None:
+    """A proposal that reached its length skipped the grammar for its last token: the next one drafted from a stale
+    state (its first token after the wrong letter)."""
+    tokenizer = draft_runner.tokenizer
+    proposer.prefill(
+        "s", tokenizer.encode(PROMPT), SamplingConfig(), Stopwatch(), OutputConstraint.of(regex="(ab){1,40}")
+    )
+    drafted = [t for _ in range(4) for t in proposer.propose("s", 3, None, [], Stopwatch()).token_ids]
+    fresh = ConstraintCompiler(tokenizer, draft_runner.vocab_size).compile(OutputConstraint.of(regex="(ab){1,40}"))
+    assert fresh.commit(drafted), tokenizer.decode(drafted)  # every drafted token allowed where it stands

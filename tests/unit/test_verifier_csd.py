@@ -179,7 +179,7 @@ def test_modes_match_the_proto_enum() -> None:
 
 @pytest.mark.parametrize("mode", [Mode.CSD, Mode.OCM_ONLY, Mode.SCG_ONLY, Mode.SD])
 def test_a_draft_token_a_grammar_refused_is_never_rescued_nor_recorded(mode: Mode) -> None:
-    """A structured output masks the logits (target_service/constraints.py): a refused draft's logit is -inf. OCM_ONLY
+    """A structured output masks the logits (calispec_core/constraints.py): a refused draft's logit is -inf. OCM_ONLY
     rescued it on its count alone (writing a token the grammar forbids), and every mode recorded its pair, a
     grammar's refusal, in the shared memory as the draft's confusion."""
     out = _one([1, 2], [3, 2], [-float("inf"), 0.0], Counts({(3, 1): LAMBDA + 100}), mode)

@@ -1,5 +1,4 @@
-"""Structured output on the target: each constrained session's grammar, and the masks it puts on a round's logits
-(no gRPC here).
+"""Structured output: each constrained session's grammar, and the masks it puts on its logits (no gRPC here).
 
 llguidance (the engine behind vLLM's `guidance` structured-output backend) compiles a request's JSON schema, regex,
 choice or Lark grammar against the target's tokenizer and says, state by state, which tokens may come next. A token
@@ -12,6 +11,10 @@ i's mask is the grammar's state after the committed output and x̃_0..x̃_{i-1}:
 prefix, a mask at each step, and rolls back (nothing is committed before the round is verified). Positions after the
 first refused draft stay unmasked: that draft has no probability, so the round ends there at the latest. Once the
 grammar is complete (or stopped) it allows the end-of-sequence token only, as vLLM's.
+
+The draft follows the same grammar where it can (draft_service/proposer.py): each drafted token is picked from logits
+masked by the grammar's state, so the draft proposes what the target may accept. That moves acceptance only: the
+target's masks alone decide what is emitted.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ import llguidance.hf
 import llguidance.torch
 import torch
 
-from calispec_core.errors import InvalidArgument
-from calispec_core.generation import ConstraintKind, OutputConstraint
+from calispec_core.errors import InvalidArgument, require
+from calispec_core.generation import ConstraintKind, OutputConstraint, check_constraint
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,17 @@ class ConstraintCompiler:
                 self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self.vocab_size)  # type: ignore[arg-type]
             return self._tokenizer
 
+    def open(self, token_ids: Sequence[int], constraint: OutputConstraint, written: int) -> SessionGrammar:
+        """A session's grammar, past the last `written` of `token_ids` (output already written under it: a session
+        reopened mid-request replays it); InvalidArgument when it does not compile or the output does not follow."""
+        check_constraint(constraint)
+        require(written <= len(token_ids), f"constraint_written ({written}) exceeds the {len(token_ids)} tokens sent")
+        output = token_ids[len(token_ids) - written :]
+        require(all(0 <= t < self.vocab_size for t in output), f"token ids must be in [0, {self.vocab_size})")
+        grammar = self.compile(constraint)
+        grammar.replay(output)
+        return grammar
+
     def compile(self, constraint: OutputConstraint) -> SessionGrammar:
         """A fresh grammar state for one session; InvalidArgument naming the error when it does not compile."""
         grammar = grammar_text(constraint)
@@ -91,17 +105,17 @@ class SessionGrammar:
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
         self.matcher = matcher
+        self.vocab_size = vocab_size
         self.words = (vocab_size + BITS - 1) // BITS
+        self.consumed = 0  # output tokens the grammar has taken (none after it stopped: those it never sees)
 
     def replay(self, tokens: Sequence[int]) -> None:
         """Output written before this session opened (a session reopened mid-request): it must follow the grammar."""
-        allowed = self.matcher.validate_tokens(list(tokens)) if tokens else 0
-        if allowed < len(tokens):
+        if not self.commit(tokens):
             raise InvalidArgument(
-                f"the output already written does not follow the structured output: token {allowed} "
-                f"(id {tokens[allowed]}) is not allowed there"
+                f"the output already written does not follow the structured output: token {self.consumed} "
+                f"(id {tokens[self.consumed]}) is not allowed there"
             )
-        self.commit(tokens)
 
     def masks(self, draft: Sequence[int]) -> torch.Tensor:
         """[len(draft) + 1, words] int32 bitmask (bit t of a row: token t allowed): row i for the position that
@@ -120,24 +134,46 @@ class SessionGrammar:
             self.matcher.rollback(allowed)
         return bitmask
 
-    def commit(self, tokens: Sequence[int]) -> None:
-        """The tokens a round emitted (each allowed by its mask). After the end-of-sequence token the grammar is
-        stopped and allows only that token again (a request that ignores EOS): nothing more is consumed."""
+    def commit(self, tokens: Sequence[int]) -> bool:
+        """The tokens a round emitted (each allowed by its mask); False if the grammar refused one (then it is in
+        its error state for good, allowing the end-of-sequence token only). After the end-of-sequence token the
+        grammar is stopped and allows only that token again (a request that ignores EOS): nothing more is taken."""
         for token in tokens:
             if self.matcher.is_stopped():
-                return
-            if not self.matcher.consume_token(token):  # a bug: the masks allowed it
-                log.error("structured output: committed token %d is not allowed: %s", token, self.matcher.get_error())
-                return
+                return True
+            if not self.matcher.consume_token(token):
+                return False
+            self.consumed += 1
+        return True
+
+    @property
+    def stopped(self) -> bool:
+        """Complete (or in its error state): only the end-of-sequence token may follow."""
+        return self.matcher.is_stopped()
+
+    def allowed(self) -> torch.Tensor:
+        """[V] bool: the tokens the grammar allows next."""
+        bitmask = torch.empty((1, self.words), dtype=torch.int32)
+        llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, 0)
+        return unpack(bitmask, self.vocab_size)[0]
+
+    def rollback_to(self, consumed: int) -> None:
+        """Back to the state after the output's first `consumed` tokens (a draft session truncated)."""
+        if self.consumed > consumed:
+            self.matcher.rollback(self.consumed - consumed)
+            self.consumed = consumed
+
+
+def unpack(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[k, W] int32 bitmask -> [k, vocab] bool (bit t % 32 of word t // 32: token t allowed)."""
+    shifts = torch.arange(BITS, dtype=torch.int32)  # [32]
+    return ((bitmask.unsqueeze(-1) >> shifts) & 1).view(bitmask.shape[0], -1)[:, :vocab].bool()
 
 
 @torch.inference_mode()  # a lone row's logits are the forward's own (inference) tensor
 def apply_masks(logits: torch.Tensor, masks: Sequence[tuple[int, torch.Tensor]]) -> None:
     """Refused tokens' logits to -inf, in place. logits: [B, G+1, V]; masks: (row b, bitmask [k, W]) for the
     constrained rows, mask i for position i (k <= G + 1)."""
-    shifts = torch.arange(BITS, dtype=torch.int32)  # [32]
-    vocab = logits.shape[-1]
     for b, bitmask in masks:
-        rows = bitmask.shape[0]
-        allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).view(rows, -1)[:, :vocab].bool()  # [k, V]
-        logits[b, :rows].masked_fill_(~allowed.to(logits.device), float("-inf"))
+        allowed = unpack(bitmask, logits.shape[-1])  # [k, V]
+        logits[b, : bitmask.shape[0]].masked_fill_(~allowed.to(logits.device), float("-inf"))
