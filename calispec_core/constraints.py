@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 import llguidance
 import llguidance.hf
@@ -58,20 +59,33 @@ def _name(constraint: OutputConstraint) -> str:
     return constraint.kind.name.lower()
 
 
+class Tokenized(Protocol):
+    """What a compiler needs of a model runner."""
+
+    tokenizer: Any  # a fast Hugging Face tokenizer
+    vocab_size: int
+
+
 class ConstraintCompiler:
     """Compiles constraints against the target's tokenizer. Its llguidance view of the tokenizer costs ~2 s for a
     150k vocabulary: built at the first constrained request, once."""
 
-    def __init__(self, tokenizer: object, vocab_size: int) -> None:
-        self._hf_tokenizer = tokenizer
-        self.vocab_size = vocab_size  # the logits' width: tokens past the tokenizer's are never allowed
+    def __init__(self, runner: Tokenized) -> None:
+        self.runner = runner  # its tokenizer is read when first needed
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._lock = threading.Lock()
+
+    @property
+    def vocab_size(self) -> int:
+        """The logits' width: tokens past the tokenizer's are never allowed."""
+        return self.runner.vocab_size
 
     def tokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:
             if self._tokenizer is None:
-                self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self.vocab_size)  # type: ignore[arg-type]
+                hf_tokenizer = self.runner.tokenizer  # a tokenizer larger than the logits (a misfit pair) still loads
+                n_vocab = max(self.vocab_size, len(hf_tokenizer))
+                self._tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=n_vocab)
             return self._tokenizer
 
     def open(self, token_ids: Sequence[int], constraint: OutputConstraint, written: int) -> SessionGrammar:
@@ -97,16 +111,16 @@ class ConstraintCompiler:
             raise InvalidArgument(
                 f"the structured output's {_name(constraint)} does not compile: {matcher.get_error()}"
             )
-        return SessionGrammar(matcher, self.vocab_size)
+        return SessionGrammar(matcher, tokenizer.vocab_size, self.vocab_size)
 
 
 class SessionGrammar:
     """One session's grammar state: the output it has committed. Used under the session's lock only."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, tokens: int, vocab_size: int) -> None:
         self.matcher = matcher
-        self.vocab_size = vocab_size
-        self.words = (vocab_size + BITS - 1) // BITS
+        self.vocab_size = vocab_size  # the logits' width
+        self.words = (tokens + BITS - 1) // BITS  # the bitmask's, over the grammar's tokenizer (at least as wide)
         self.consumed = 0  # output tokens the grammar has taken (none after it stopped: those it never sees)
 
     def replay(self, tokens: Sequence[int]) -> None:

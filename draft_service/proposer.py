@@ -174,7 +174,7 @@ class Proposer:
     ) -> None:
         require(proposal_top_k >= 0, f"proposal_top_k must be >= 0 (0: full q), got {proposal_top_k}")
         self.runner = runner
-        self.constraints = ConstraintCompiler(runner.tokenizer, runner.vocab_size) if structured_output else None
+        self.constraints = ConstraintCompiler(runner) if structured_output else None
         self.prefix_cache = prefix_cache
         self.ride_prefill_tokens = ride_prefill_tokens
         self.proposal_top_k = proposal_top_k

@@ -105,8 +105,6 @@ def create_server(config: DraftConfig, runner: ModelRunner | None = None) -> tup
         config.ride_prefill_tokens,
         config.structured_output,
     )
-    if proposer.constraints is not None:
-        proposer.constraints.tokenizer()  # built now, not under the first constrained request (DraftConfig)
     proposer.sessions.start_reaper()
     observe = Observe(metrics_port=config.metrics_port, admission=[f"/{SERVICE_NAME}/Prefill"])
     servicer = DraftServicer(proposer, DraftMetrics(observe.registry, proposer))
@@ -121,4 +119,6 @@ def create_server(config: DraftConfig, runner: ModelRunner | None = None) -> tup
         observe=observe,
     )
     server.idle = lambda: len(proposer.sessions) == 0  # a drain waits for the coordinator to close them
+    if proposer.constraints is not None:
+        proposer.constraints.tokenizer()  # built before it serves, not under the first constrained request
     return server, port

@@ -124,7 +124,7 @@ class TargetEngine:
         self.meaning_keys = (  # [V] int64 on the logits' device
             meaning_keys(runner.tokenizer, runner.vocab_size).to(runner.device) if meaning_guard else None
         )
-        self.constraints = ConstraintCompiler(runner.tokenizer, runner.vocab_size) if structured_output else None
+        self.constraints = ConstraintCompiler(runner) if structured_output else None
         self.prefix_cache = prefix_cache
         self.ride_prefill_tokens = ride_prefill_tokens
         self.table = table  # MemoryLink (if any) ships its local events and refreshes it in the background

@@ -160,8 +160,6 @@ def create_server(config: TargetConfig, runner: ModelRunner | None = None) -> tu
         meaning_guard=config.meaning_guard, ride_prefill_tokens=config.ride_prefill_tokens,
         structured_output=config.structured_output,
     )  # fmt: skip
-    if engine.constraints is not None:
-        engine.constraints.tokenizer()  # built now, not under the first constrained request (TargetConfig)
     engine.sessions.start_reaper()
     observe = Observe(metrics_port=config.metrics_port, admission=[f"/{SERVICE_NAME}/Prefill"])
     servicer = TargetServicer(engine, TargetMetrics(observe.registry, engine, link), link)
@@ -176,6 +174,8 @@ def create_server(config: TargetConfig, runner: ModelRunner | None = None) -> tu
         observe=observe,
     )
     server.idle = lambda: len(engine.sessions) == 0  # a drain waits for the coordinator to close them
+    if engine.constraints is not None:
+        engine.constraints.tokenizer()  # built now, not under the first constrained request (TargetConfig)
     if link is not None:
         link.report_health(health)
         link.start()

@@ -71,7 +71,7 @@ def allowed(bitmask_row) -> set[int]:
 
 def test_masks_walk_the_drafts_allowed_prefix_and_leave_the_grammar_where_it_was(target_runner: ModelRunner) -> None:
     tokenizer = target_runner.tokenizer
-    grammar = ConstraintCompiler(tokenizer, target_runner.vocab_size).compile(OutputConstraint.of(regex="ab+c"))
+    grammar = ConstraintCompiler(target_runner).compile(OutputConstraint.of(regex="ab+c"))
     a, b, c = (tokenizer.convert_tokens_to_ids(t) for t in "abc")
     draft = [a, b, a, b]  # the second `a` is refused
     masks = grammar.masks(draft)  # [5, W]
@@ -185,5 +185,5 @@ def test_the_grammar_takes_a_full_proposals_last_token_too(proposer: Proposer, d
         "s", tokenizer.encode(PROMPT), SamplingConfig(), Stopwatch(), OutputConstraint.of(regex="(ab){1,40}")
     )
     drafted = [t for _ in range(4) for t in proposer.propose("s", 3, None, [], Stopwatch()).token_ids]
-    fresh = ConstraintCompiler(tokenizer, draft_runner.vocab_size).compile(OutputConstraint.of(regex="(ab){1,40}"))
+    fresh = ConstraintCompiler(draft_runner).compile(OutputConstraint.of(regex="(ab){1,40}"))
     assert fresh.commit(drafted), tokenizer.decode(drafted)  # every drafted token allowed where it stands
