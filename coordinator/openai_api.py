@@ -124,7 +124,14 @@ from coordinator.openai_tokenizer import (
     tokenizer_info,
 )
 from coordinator.request_log import tracked
-from coordinator.tool_calls import ParsedCall, ToolCallStream, parse_reply
+from coordinator.tool_calls import (
+    ForcedCallStream,
+    ParsedCall,
+    ToolCallStream,
+    forced_finish_reason,
+    parse_forced,
+    parse_reply,
+)
 
 log = logging.getLogger(__name__)
 
@@ -412,7 +419,23 @@ class OpenAIApi:
         return render_messages(self.orchestrator.tokenizer, req, req.messages, self.settings.parses_tool_calls)
 
     def check_tools(self, req: ChatCompletionRequest) -> None:
-        """Tools the model may call need a parser for its calls (vLLM: --enable-auto-tool-choice)."""
+        """Tools the model may call need a parser for its calls (vLLM: --enable-auto-tool-choice), unless the request
+        forces a call: then its reply's structured output is the calls' JSON, and it may have no other."""
+        if (forced := req.forced_call()) is not None:
+            names = [tool["function"]["name"] for tool in req.tools or ()]
+            if not names:
+                raise InvalidParam("tool_choice forces a call: send the tools it may call", "tool_choice")
+            if isinstance(forced, dict) and forced["function"]["name"] not in names:
+                raise InvalidParam(
+                    f"tool_choice names {forced['function']['name']!r}, not one of the tools", "tool_choice"
+                )
+            if CalispecParams.output_constraint(req) is not None:
+                raise InvalidParam(
+                    "tool_choice forces a call, whose JSON is the reply's structured output: send no other "
+                    "(response_format, structured_outputs, guided_*)",
+                    "tool_choice",
+                )
+            return
         if req.calls_tools() and not self.settings.parses_tool_calls:
             raise InvalidParam(
                 "tools cannot be called: the coordinator was started without --tool-call-parser; send tool_choice "
@@ -423,13 +446,23 @@ class OpenAIApi:
     def chat_choice(self, req: ChatCompletionRequest, index: int, outcome: Outcome) -> ChatChoice:
         finish = openai_finish_reason(outcome.finish.finish_reason)
         message = AssistantMessage(content=outcome.text)
-        if req.calls_tools():
+        if (forced := req.forced_call()) is not None:
+            if calls := parse_forced(outcome.text, forced):  # else cut mid-JSON by the token limit: plain content
+                message = AssistantMessage(content=None, tool_calls=[tool_call(c) for c in calls])
+                finish = forced_finish_reason(forced)
+        elif req.calls_tools():
             reply = parse_reply(outcome.text)
             if reply.calls:
                 message = AssistantMessage(content=reply.content, tool_calls=[tool_call(c) for c in reply.calls])
                 finish = "tool_calls"
         logprobs = self.chat_logprobs(outcome.token_ids, outcome.logprobs)
         return ChatChoice(index=index, message=message, finish_reason=finish, logprobs=logprobs)
+
+    @staticmethod
+    def call_stream(req: ChatCompletionRequest) -> ToolCallStream | ForcedCallStream:
+        """How a streamed choice's calls are read: a forced call's JSON, or tags in the text."""
+        forced = req.forced_call()
+        return ForcedCallStream(forced) if forced is not None else ToolCallStream()
 
     async def completion(self, req: CompletionRequest, held: ExitStack, request: Request):
         generations = self.generations([lambda prompt=prompt: prompt for prompt in req.prompts()], req)
@@ -493,7 +526,7 @@ class OpenAIApi:
 
             return await run_in_threadpool(response)
 
-        call_streams = {i: ToolCallStream() for i in range(len(generations))} if req.calls_tools() else {}
+        call_streams = {i: self.call_stream(req) for i in range(len(generations))} if req.calls_tools() else {}
 
         def event(index: int, chunk: Chunk) -> ChatCompletionChunk:
             delta, finish = chat_delta(chunk, call_streams.get(index))
@@ -529,7 +562,9 @@ def delta_tool_call(call: ParsedCall, index: int) -> DeltaToolCall:
     return DeltaToolCall(index=index, id=call.id, function=FunctionCall(name=call.name, arguments=call.arguments))
 
 
-def chat_delta(chunk: Chunk, call_stream: ToolCallStream | None) -> tuple[ChatDelta, ChatFinish | None]:
+def chat_delta(
+    chunk: Chunk, call_stream: ToolCallStream | ForcedCallStream | None
+) -> tuple[ChatDelta, ChatFinish | None]:
     """A streamed chunk's delta and finish reason; with `call_stream` (the request's tools may be called), its text goes
     through them: what may start a call is held back, and the calls go out whole with the choice's last chunk."""
     finish: ChatFinish | None = openai_finish_reason(chunk.finish_reason)
@@ -543,7 +578,7 @@ def chat_delta(chunk: Chunk, call_stream: ToolCallStream | None) -> tuple[ChatDe
     if not parsed:
         return (ChatDelta(content=text) if text else ChatDelta()), finish
     deltas = [delta_tool_call(call, i) for i, call in enumerate(parsed)]
-    return ChatDelta(content=text or None, tool_calls=deltas), "tool_calls"
+    return ChatDelta(content=text or None, tool_calls=deltas), call_stream.finish_reason  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

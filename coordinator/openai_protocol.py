@@ -54,6 +54,7 @@ from calispec_core.limits import (
     validate_prompt,
 )
 from calispec_core.sampling import MIN_TOP_P
+from coordinator.tool_calls import ToolChoice, forced_call_schema
 
 ModeName = Literal[MODE_NAMES]  # type: ignore[valid-type]
 # Choices a request may ask for (`n`, times the prompts of a batched completion). Each running choice holds a row of
@@ -62,7 +63,7 @@ ModeName = Literal[MODE_NAMES]  # type: ignore[valid-type]
 MAX_CHOICES = HTTP_MAX_CHOICES
 MAX_PROMPT_TOKEN_IDS = MAX_PROMPT_CHARS  # a request's token-id prompts, in all (a text prompt's limit, in ids)
 TokenIds = list[StrictInt]
-NO_FORCED_CALLS = "this server cannot force a tool call (that needs guided decoding)"
+NO_FORCED_CALLS = "the deprecated function_call cannot force a call here: send tools with tool_choice"
 
 
 def invalid(message: str) -> PydanticCustomError:
@@ -562,10 +563,23 @@ class ChatMessage(OpenAIModel):
 
 
 def not_forced(value: Any) -> Any:
-    """tool_choice (function_call): "none" or "auto" only."""
+    """function_call (the deprecated tool_choice): "none" or "auto" only."""
     if value is not None and value not in ("none", "auto"):
         shown = f'"{value}"' if isinstance(value, str) else "a named function"
         raise invalid(f'{shown} is not supported: {NO_FORCED_CALLS} (send "none" or "auto", or leave it out)')
+    return value
+
+
+def named_function(value: Any) -> Any:
+    """tool_choice: "none", "auto", "required", or {"type": "function", "function": {"name": ...}}."""
+    if isinstance(value, dict):
+        function = value.get("function")
+        if (
+            value.get("type") != "function"
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+        ):
+            raise invalid('a named function is {"type": "function", "function": {"name": ...}}')
     return value
 
 
@@ -577,19 +591,24 @@ class ChatRendering(OpenAIModel):
     continue_final_message: bool = False
     chat_template: Any = None
     chat_template_kwargs: dict[str, Any] | None = None  # the model's template's variables (Qwen3's enable_thinking)
-    # Tool calls are the model's own choice ("auto", where the coordinator parses them: OpenAIApi.check_tools) or
-    # none; forcing one ("required", a named function) needs guided decoding, which this server has not.
-    tool_choice: Literal["none", "auto"] | None = None
+    # Tool calls are the model's own choice ("auto", where the coordinator parses them: OpenAIApi.check_tools), none,
+    # or forced ("required": one call or more; a named function: that one): a forced reply's structured output makes
+    # it JSON of the calls' shape (coordinator/tool_calls.py), read without a parser.
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None  # functions the model may call (with tool_choice "none": not rendered)
 
     @field_validator("tool_choice", mode="before")
     @classmethod
-    def _cannot_force_a_call(cls, value: Any) -> Any:
-        return not_forced(value)
+    def _named_function(cls, value: Any) -> Any:
+        return named_function(value)
 
     def calls_tools(self) -> bool:
         """Whether the model may call the tools sent (they are rendered and its reply parsed for calls)."""
         return bool(self.tools) and self.tool_choice != "none"
+
+    def forced_call(self) -> ToolChoice | None:
+        """The call the reply must be ("required", or a named function's tool_choice); None: the model's choice."""
+        return self.tool_choice if self.tool_choice not in (None, "none", "auto") else None
 
     def rendered_tools(self) -> list[dict[str, Any]] | None:
         return self.tools if self.calls_tools() else None
@@ -682,6 +701,13 @@ class ChatCompletionRequest(CalispecParams, ChatRendering):
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def output_constraint(self) -> OutputConstraint | None:
+        """A forced call's JSON (OpenAIApi.check_tools refuses one beside another structured output)."""
+        forced = self.forced_call()
+        if forced is None or not self.tools:
+            return super().output_constraint()
+        return OutputConstraint.of(json=forced_call_schema(self.tools, forced))
 
     def token_limit_field(self) -> str:
         return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"

@@ -85,12 +85,13 @@ def render_messages(
     tokenizer: PreTrainedTokenizerBase,
     req: ChatRendering,
     messages: Sequence[ChatMessage],
-    tool_turns: bool,
+    parses_tool_calls: bool,
 ) -> str:
     """The messages as the model's template renders them with `req`'s rendering fields: one rendering for a chat
-    request and `/tokenize`, so that the latter's count is the former's `usage.prompt_tokens`. `tool_turns`: the
-    server parses tool calls, so the request's tools are rendered (unless its tool_choice is "none") and a
-    conversation may hold calls and their results; without it no tools are rendered."""
+    request and `/tokenize`, so that the latter's count is the former's `usage.prompt_tokens`. Where the server parses
+    tool calls (`parses_tool_calls`) or the request forces one, the request's tools are rendered (unless its
+    tool_choice is "none") and a conversation may hold calls and their results; otherwise no tools are rendered."""
+    tool_turns = parses_tool_calls or req.forced_call() is not None
     turns = [chat_turn(m, i, tool_turns) for i, m in enumerate(messages)]
     tools = req.rendered_tools() if tool_turns else None
     return render_chat(

@@ -6,6 +6,9 @@ before the first `<tool_call>` is the message's content (None when empty), each 
 be unclosed: the reply ran into its stop token), and a block that is not such an object leaves the whole reply as
 plain content with no calls, as vLLM does. A stream holds back what may be the start of a call, so that a client
 never receives half a tag as content, and sends the calls at the end of the choice (`ToolCallStream`).
+
+A forced call (`tool_choice` "required" or a named function) needs no parser: the reply's structured output makes it
+JSON of a known shape (`forced_call_schema`), read by `parse_forced`.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 START, END = "<tool_call>", "</tool_call>"
 _BLOCKS = re.compile(rf"{START}(.*?){END}|{START}(.*)", re.DOTALL)
@@ -63,6 +66,8 @@ class ToolCallStream:
     """One streamed choice's text, fed as it arrives: `feed` returns the content that may go out now (all of it
     before the first `<tool_call>`, less a tail that could be the start of the tag), `finish` the rest and the
     calls, parsed from the whole reply once it has ended."""
+
+    finish_reason = "tool_calls"  # a reply with calls ends so
 
     def __init__(self) -> None:
         self._text = ""  # the whole reply so far
@@ -114,3 +119,71 @@ def template_tool_calls(calls: list[Any], where: str) -> list[dict[str, Any]]:
             raise ValueError(f"{where}[{i}].function.arguments must be a JSON object's text")
         out.append({"id": call.get("id"), "type": "function", "function": {**function, "arguments": arguments}})
     return out
+
+
+# A forced call (tool_choice "required" or a named function): the reply's grammar (structured output) makes it JSON of
+# a known shape, which becomes the calls; no tags to find, so no parser is needed (as vLLM's).
+ToolChoice = str | dict[str, Any]  # "required", or {"type": "function", "function": {"name": ...}}
+
+
+def forced_call_schema(tools: list[dict[str, Any]], tool_choice: ToolChoice) -> dict[str, Any]:
+    """The JSON schema a forced reply follows, as vLLM's: a named function's parameters; for "required" a non-empty
+    array of {"name": ..., "parameters": {...}} objects, each naming one of the tools."""
+    if isinstance(tool_choice, dict):
+        return _parameters(next(t for t in tools if t["function"]["name"] == tool_choice["function"]["name"]))
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"enum": [tool["function"]["name"]]}, "parameters": _parameters(tool)},
+            "required": ["name", "parameters"],
+        }
+        for tool in tools
+    ]
+    return {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+
+
+def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
+    return tool["function"].get("parameters") or {"type": "object", "properties": {}}
+
+
+def parse_forced(text: str, tool_choice: ToolChoice) -> tuple[ParsedCall, ...]:
+    """A forced reply's calls; () when it is not the JSON its grammar promised (the token limit cut it)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return ()
+    if isinstance(tool_choice, dict):
+        return (_parsed(tool_choice["function"]["name"], value),) if isinstance(value, dict) else ()
+    if not isinstance(value, list) or not all(_is_call(call) for call in value):
+        return ()
+    return tuple(_parsed(call["name"], call["parameters"]) for call in value)
+
+
+def _is_call(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("name"), str) and isinstance(value.get("parameters"), dict)
+
+
+def _parsed(name: str, arguments: dict[str, Any]) -> ParsedCall:
+    return ParsedCall(f"chatcmpl-tool-{uuid.uuid4().hex}", name, json.dumps(arguments, ensure_ascii=False))
+
+
+class ForcedCallStream:
+    """A streamed forced reply: held whole (its JSON is the calls), then its calls, or its text when it is not."""
+
+    def __init__(self, tool_choice: ToolChoice) -> None:
+        self.tool_choice = tool_choice
+        self.finish_reason = forced_finish_reason(tool_choice)
+        self._text = ""
+
+    def feed(self, text: str) -> str:
+        self._text += text
+        return ""
+
+    def finish(self) -> tuple[str, tuple[ParsedCall, ...]]:
+        calls = parse_forced(self._text, self.tool_choice)
+        return ("", calls) if calls else (self._text, ())
+
+
+def forced_finish_reason(tool_choice: ToolChoice) -> Literal["stop", "tool_calls"]:
+    """OpenAI's: a named function's call ends "stop", "required" calls "tool_calls" (as vLLM's)."""
+    return "stop" if isinstance(tool_choice, dict) else "tool_calls"

@@ -12,7 +12,7 @@ import openai
 import pytest
 from starlette.testclient import TestClient
 
-from calispec_core.generation import Defaults, FinishReason, GenerationStats
+from calispec_core.generation import ConstraintKind, Defaults, FinishReason, GenerationStats
 from coordinator.engine import Chunk
 from coordinator.openai_api import ApiSettings, create_app
 
@@ -37,11 +37,13 @@ class Scripted:
         self.lockstep = SimpleNamespace(leave=lambda request_id: None)
         self.reply, self.piece, self.finish = "", 5, FinishReason.EOS
         self.prompts: list[str] = []
+        self.params: list[Any] = []  # each choice's GenerationParams
 
     def generate(
         self, prompt: str, params: Any, deadline: Any, cancelled: Any, fits: Any, on_start: Any
     ) -> Iterator[Chunk]:
         self.prompts.append(prompt)
+        self.params.append(params)
         pieces = [self.reply[i : i + self.piece] for i in range(0, len(self.reply), self.piece)] or [""]
         for i, piece in enumerate(pieces):
             last = i == len(pieces) - 1
@@ -122,3 +124,99 @@ def test_a_call_cut_by_the_token_limit_is_content(served: tuple[Scripted, TestCl
     deltas = [c["choices"][0] for c in events(client, max_tokens=30)]
     assert "".join(d["delta"].get("content") or "" for d in deltas) == CALL[:30]
     assert deltas[-1]["finish_reason"] == "length"
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+FORCED_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time"}},
+]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(params=["hermes", None], ids=["parser", "no-parser"])
+def forcing(request: pytest.FixtureRequest) -> Iterator[tuple[Scripted, TestClient]]:
+    """A forced call needs no parser: its reply's grammar makes it JSON (wave 59; a 400 before)."""
+    scripted = Scripted()
+    app = create_app(scripted, ApiSettings("m", Defaults(), 60.0, tool_call_parser=request.param))  # type: ignore[arg-type]
+    with TestClient(app) as client:
+        yield scripted, client
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "reply", "schema", "finish"),
+    [
+        (NAMED, '{"city": "Paris"}', WEATHER, "stop"),  # OpenAI's: a named function's call ends "stop"
+        (
+            "required",
+            '[{"name": "get_weather", "parameters": {"city": "Paris"}}]',
+            {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "anyOf": [
+                        {
+                            "type": "object",
+                            "properties": {"name": {"enum": [name]}, "parameters": parameters},
+                            "required": ["name", "parameters"],
+                        }
+                        for name, parameters in (
+                            ("get_weather", WEATHER),
+                            ("get_time", {"type": "object", "properties": {}}),
+                        )
+                    ]
+                },
+            },
+            "tool_calls",
+        ),
+    ],
+    ids=["named", "required"],
+)
+def test_a_forced_call_is_the_replys_structured_output_read_as_a_call(
+    forcing: tuple[Scripted, TestClient], tool_choice: Any, reply: str, schema: dict[str, Any], finish: str
+) -> None:
+    scripted, client = forcing
+    scripted.reply = reply
+    body = chat(client, tools=FORCED_TOOLS, tool_choice=tool_choice)
+    constraint = scripted.params[0].constraint
+    assert constraint.kind == ConstraintKind.JSON and json.loads(constraint.spec) == schema
+    assert json.loads(scripted.prompts[0])["tools"] == FORCED_TOOLS  # rendered, with or without a parser
+    [choice] = body["choices"]
+    assert choice["finish_reason"] == finish and choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    openai.types.chat.ChatCompletion.model_validate(body)
+    chunks = events(client, tools=FORCED_TOOLS, tool_choice=tool_choice)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert not "".join(d.get("content") or "" for d in deltas)  # the JSON went out as the call, not as text
+    [streamed] = [call for d in deltas for call in d.get("tool_calls") or []]
+    assert streamed["function"] == call["function"] and chunks[-1]["choices"][0]["finish_reason"] == finish
+
+
+def test_a_forced_reply_cut_mid_json_is_content(forcing: tuple[Scripted, TestClient]) -> None:
+    scripted, client = forcing
+    scripted.reply, scripted.finish = '{"city": "Pa', FinishReason.LENGTH
+    choice = chat(client, tools=FORCED_TOOLS, tool_choice=NAMED, max_tokens=5)["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": '{"city": "Pa'} and choice["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ({"tool_choice": "required"}, "send the tools it may call"),
+        ({"tools": FORCED_TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "'nope', not one"),
+        ({"tools": FORCED_TOOLS, "tool_choice": {"type": "function"}}, "a named function is"),
+        (
+            {"tools": FORCED_TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "send no other",
+        ),
+    ],
+)
+def test_a_forced_call_that_cannot_be_made_is_a_400(
+    forcing: tuple[Scripted, TestClient], extra: dict[str, Any], fragment: str
+) -> None:
+    _, client = forcing
+    response = client.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES, **extra})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "tool_choice" and fragment in error["message"], error
