@@ -207,7 +207,7 @@ def test_stream_options_need_streaming() -> None:
 
 def test_tools_are_called_by_the_models_choice_or_forced() -> None:
     """`auto` (or no tool_choice) lets the model call them, where the server parses calls (OpenAIApi.check_tools:
-    a 400 without a parser); "required" or a named function forces a call (wave 59: tests/unit/test_tool_calls_http.py)."""
+    a 400 without a parser); "required" or a named function forces a call (wave 59: test_tool_calls_http.py)."""
     tools = [{"type": "function", "function": {"name": "f"}}]
     assert chat(tools=tools, tool_choice="none").rendered_tools() is None
     assert chat(tools=tools).rendered_tools() == tools
