@@ -10,7 +10,7 @@ import enum
 import json as _json  # `json` is a field name of OutputConstraint.of
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from calispec.v1 import common_pb2, coordinator_pb2
@@ -125,6 +125,7 @@ class OutputConstraint:
     kind: ConstraintKind
     spec: str = ""  # the JSON schema's text, the regex or the grammar; "" for JSON_OBJECT and CHOICE
     choices: tuple[str, ...] = ()  # CHOICE's strings
+    disable_any_whitespace: bool = False  # JSON kinds: compact JSON, no whitespace outside strings (vLLM's option)
 
     @classmethod
     def of(
@@ -135,9 +136,26 @@ class OutputConstraint:
         choice: Sequence[str] | None = None,
         grammar: str | None = None,
         json_object: bool | None = None,
+        disable_any_whitespace: bool = False,
     ) -> OutputConstraint:
         """vLLM's StructuredOutputsParams fields (unset: None; `json_object` False counts as unset). ValueError names
-        what is wrong: none or several set, a field of the wrong type."""
+        what is wrong: none or several set, a field of the wrong type. `disable_any_whitespace`: compact JSON (JSON
+        kinds only)."""
+        if not isinstance(disable_any_whitespace, bool):
+            raise ValueError("disable_any_whitespace must be true or false")
+        return replace(
+            cls._of(json, regex, choice, grammar, json_object), disable_any_whitespace=disable_any_whitespace
+        )
+
+    @classmethod
+    def _of(
+        cls,
+        json: str | Mapping[str, Any] | None,
+        regex: str | None,
+        choice: Sequence[str] | None,
+        grammar: str | None,
+        json_object: bool | None,
+    ) -> OutputConstraint:
         given = {
             "json": json,
             "regex": regex,
@@ -167,10 +185,15 @@ class OutputConstraint:
         """ValueError for an unknown or unspecified kind."""
         if msg.kind not in ConstraintKind._value2member_map_:
             raise ValueError(f"unknown constraint kind {msg.kind}")
-        return cls(ConstraintKind(msg.kind), msg.spec, tuple(msg.choices))
+        return cls(ConstraintKind(msg.kind), msg.spec, tuple(msg.choices), msg.disable_any_whitespace)
 
     def to_pb(self) -> common_pb2.OutputConstraint:
-        return common_pb2.OutputConstraint(kind=int(self.kind), spec=self.spec, choices=self.choices)
+        return common_pb2.OutputConstraint(
+            kind=int(self.kind),
+            spec=self.spec,
+            choices=self.choices,
+            disable_any_whitespace=self.disable_any_whitespace,
+        )
 
 
 def _schema_text(schema: object) -> str:

@@ -35,17 +35,18 @@ from calispec_core.generation import ConstraintKind, OutputConstraint, check_con
 log = logging.getLogger(__name__)
 
 BITS = 32  # tokens per word of llguidance's bitmask (int32)
-# Any JSON value of a JSON schema allows whitespace between tokens, as vLLM's default (`disable_any_whitespace` off)
-JSON_OPTIONS = {"whitespace_flexible": True}
 
 
 def grammar_text(constraint: OutputConstraint) -> str:
     """llguidance's grammar for `constraint`; InvalidArgument when its text is not of its kind (no JSON, ...)."""
+    # JSON allows whitespace between tokens, as vLLM's default (`disable_any_whitespace` off: a small model may fill a
+    # reply with it); without it, compact JSON
+    options = {"whitespace_flexible": not constraint.disable_any_whitespace}
     try:
         if constraint.kind == ConstraintKind.JSON:
-            return llguidance.LLMatcher.grammar_from_json_schema(constraint.spec, defaults=JSON_OPTIONS)
+            return llguidance.LLMatcher.grammar_from_json_schema(constraint.spec, defaults=options)  # type: ignore[arg-type]
         if constraint.kind == ConstraintKind.JSON_OBJECT:
-            return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=JSON_OPTIONS)
+            return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=options)  # type: ignore[arg-type]
         if constraint.kind == ConstraintKind.REGEX:
             return llguidance.grammar_from("regex", constraint.spec)
         if constraint.kind == ConstraintKind.CHOICE:

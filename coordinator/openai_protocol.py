@@ -177,10 +177,15 @@ def structured_outputs_constraint(value: Any) -> OutputConstraint | None:
     if not isinstance(value, dict):
         raise ValueError('must be an object such as {"json": {...}}, {"regex": ...} or {"choice": [...]}')
     kinds = {key: value[key] for key in ("json", "regex", "choice", "grammar", "json_object") if key in value}
-    others = sorted(key for key, option in value.items() if key not in kinds and option not in (None, False, ""))
+    compact = value.get("disable_any_whitespace") or False
+    served = {*kinds, "disable_any_whitespace"}
+    others = sorted(key for key, option in value.items() if key not in served and option not in (None, False, ""))
     if others:
-        raise ValueError(f"{', '.join(others)} not supported: send json, regex, choice, grammar or json_object")
-    return OutputConstraint.of(**kinds)
+        raise ValueError(
+            f"{', '.join(others)} not supported: send json, regex, choice, grammar or json_object "
+            "(and disable_any_whitespace)"
+        )
+    return OutputConstraint.of(**kinds, disable_any_whitespace=compact)
 
 
 STRUCTURED_OUTPUT_FIELDS: dict[str, Callable[[Any], OutputConstraint | None]] = {

@@ -43,7 +43,7 @@ class RescueParams(_message.Message):
     def __init__(self, tau: _Optional[float] = ..., lambda_: _Optional[int] = ...) -> None: ...
 
 class OutputConstraint(_message.Message):
-    __slots__ = ("kind", "spec", "choices")
+    __slots__ = ("kind", "spec", "choices", "disable_any_whitespace")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[OutputConstraint.Kind]
@@ -61,10 +61,12 @@ class OutputConstraint(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     CHOICES_FIELD_NUMBER: _ClassVar[int]
+    DISABLE_ANY_WHITESPACE_FIELD_NUMBER: _ClassVar[int]
     kind: OutputConstraint.Kind
     spec: str
     choices: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, kind: _Optional[_Union[OutputConstraint.Kind, str]] = ..., spec: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ...) -> None: ...
+    disable_any_whitespace: bool
+    def __init__(self, kind: _Optional[_Union[OutputConstraint.Kind, str]] = ..., spec: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ..., disable_any_whitespace: _Optional[bool] = ...) -> None: ...
 
 class TokenLogprobs(_message.Message):
     __slots__ = ("logprob", "top_token_ids", "top_logprobs")

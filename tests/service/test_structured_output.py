@@ -79,6 +79,23 @@ def test_a_chats_json_mode_and_schema_start_a_json_object_in_every_mode(base_url
         assert replies["sd"] == replies["ar"]
 
 
+def test_compact_json_follows_its_schema_whole(base_url: str) -> None:
+    """With vLLM's disable_any_whitespace the tiny model's favourite whitespace is gone: a whole, valid object (free
+    whitespace lets it write blanks to the token limit, as the JSON test above shows in part)."""
+    schema = {
+        "type": "object",
+        "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}, "ok": {"type": "boolean"}},
+        "required": ["unit", "ok"],
+        "additionalProperties": False,
+    }
+    fields = {"structured_outputs": {"json": schema, "disable_any_whitespace": True}}
+    ar = completion(base_url, "ar", **fields)
+    value = json.loads(ar[0])
+    assert set(value) == {"unit", "ok"} and value["unit"] in ("celsius", "fahrenheit") and isinstance(value["ok"], bool)
+    assert ar[1] == "stop" and " " not in ar[0]
+    assert completion(base_url, "sd", **fields) == ar
+
+
 def test_a_streamed_constrained_completion_equals_the_unary_one(base_url: str) -> None:
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
     extra = {"guided_regex": REGEX, "mode": "sd", "gamma": 3}
@@ -109,7 +126,8 @@ def test_the_grpc_api_takes_a_constraint(chat_coordinator: Coordinator) -> None:
         ({"guided_json": "{not json"}, "guided_json", "not valid JSON"),
         ({"guided_choice": []}, "guided_choice", "1 to 1024 strings"),
         ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice", "guided_regex is set already"),
-        ({"structured_outputs": {"regex": "a", "disable_any_whitespace": True}}, "structured_outputs", "not supported"),
+        ({"structured_outputs": {"regex": "a", "whitespace_pattern": " "}}, "structured_outputs", "not supported"),
+        ({"structured_outputs": {"json_object": True, "disable_any_whitespace": 1}}, "structured_outputs", "true or"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format", "schema"),
     ],
 )
