@@ -206,6 +206,8 @@ def _schema_text(schema: object) -> str:
         parsed = _json.loads(schema)
     except ValueError as exc:
         raise ValueError(f"json is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("json is nested too deeply") from None
     if not isinstance(parsed, dict):
         raise ValueError(f"json must be a JSON schema (an object), got {type(parsed).__name__}")
     return schema

@@ -24,6 +24,7 @@ from calispec_core.limits import (
     check_speculative_tokens,
     check_stop_strings,
     check_stop_token_ids,
+    require_unicode,
 )
 from calispec_core.limits import validate_prompt as validate_prompt
 from calispec_core.sampling import SamplingConfig
@@ -56,6 +57,8 @@ def check_constraint(constraint: OutputConstraint | None) -> None:
     if constraint is None:
         return
     kind = constraint.kind
+    for i, text in enumerate((constraint.spec, *constraint.choices)):
+        require_unicode(text, f"choice {i - 1}" if i else f"the {kind.name.lower()}")  # else a 500 encoding it
     if kind == ConstraintKind.CHOICE:
         count = len(constraint.choices)
         require(

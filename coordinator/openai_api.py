@@ -449,7 +449,7 @@ class OpenAIApi:
         if (forced := req.forced_call()) is not None:
             if calls := parse_forced(outcome.text, forced):  # else cut mid-JSON by the token limit: plain content
                 message = AssistantMessage(content=None, tool_calls=[tool_call(c) for c in calls])
-                finish = forced_finish_reason(forced)
+                finish = forced_finish_reason(forced, finish)  # type: ignore[assignment]
         elif req.calls_tools():
             reply = parse_reply(outcome.text)
             if reply.calls:
@@ -578,7 +578,9 @@ def chat_delta(
     if not parsed:
         return (ChatDelta(content=text) if text else ChatDelta()), finish
     deltas = [delta_tool_call(call, i) for i, call in enumerate(parsed)]
-    return ChatDelta(content=text or None, tool_calls=deltas), call_stream.finish_reason  # type: ignore[return-value]
+    if isinstance(call_stream, ForcedCallStream):
+        return ChatDelta(content=text or None, tool_calls=deltas), forced_finish_reason(call_stream.tool_choice, finish)  # type: ignore[return-value]
+    return ChatDelta(content=text or None, tool_calls=deltas), "tool_calls"
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,7 @@ NOT_IMPLEMENTED: dict[str, Any] = {
     "min_p": 0.0,
     "repetition_penalty": 1.0,
     "use_beam_search": False,
+    "guided_whitespace_pattern": None,  # vLLM's JSON whitespace rule: `disable_any_whitespace` is served instead
     "structural_tag": None,
     # vLLM's output and prompt controls (ignored as unknown fields until wave 54: a 200 with other text)
     "include_stop_str_in_output": False,
@@ -239,6 +240,7 @@ class CalispecParams(OpenAIModel):
     repetition_penalty: Any = None
     use_beam_search: Any = None
     structural_tag: Any = None
+    guided_whitespace_pattern: Any = None
     include_stop_str_in_output: Any = None
     skip_special_tokens: Any = None
     allowed_token_ids: Any = None
@@ -629,6 +631,8 @@ class ChatRendering(OpenAIModel):
                 or not isinstance(function.get("name"), str)
             ):
                 raise invalid(f'tool {i} must be {{"type": "function", "function": {{"name": ..., ...}}}}')
+            if function.get("parameters") is not None and not isinstance(function["parameters"], dict):  # a schema
+                raise invalid(f"tool {i}'s parameters must be a JSON schema object")
         return value
 
     @field_validator("continue_final_message")

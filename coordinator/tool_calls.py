@@ -17,7 +17,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 START, END = "<tool_call>", "</tool_call>"
 _BLOCKS = re.compile(rf"{START}(.*?){END}|{START}(.*)", re.DOTALL)
@@ -66,8 +66,6 @@ class ToolCallStream:
     """One streamed choice's text, fed as it arrives: `feed` returns the content that may go out now (all of it
     before the first `<tool_call>`, less a tail that could be the start of the tag), `finish` the rest and the
     calls, parsed from the whole reply once it has ended."""
-
-    finish_reason = "tool_calls"  # a reply with calls ends so
 
     def __init__(self) -> None:
         self._text = ""  # the whole reply so far
@@ -172,7 +170,6 @@ class ForcedCallStream:
 
     def __init__(self, tool_choice: ToolChoice) -> None:
         self.tool_choice = tool_choice
-        self.finish_reason = forced_finish_reason(tool_choice)
         self._text = ""
 
     def feed(self, text: str) -> str:
@@ -184,6 +181,9 @@ class ForcedCallStream:
         return ("", calls) if calls else (self._text, ())
 
 
-def forced_finish_reason(tool_choice: ToolChoice) -> Literal["stop", "tool_calls"]:
-    """OpenAI's: a named function's call ends "stop", "required" calls "tool_calls" (as vLLM's)."""
+def forced_finish_reason(tool_choice: ToolChoice, ended: str) -> str:
+    """A forced reply read as calls: OpenAI's "stop" for a named function's, "tool_calls" for "required" (as vLLM's);
+    "length" stays (`ended`: the generation's own reason)."""
+    if ended == "length":
+        return ended
     return "stop" if isinstance(tool_choice, dict) else "tool_calls"

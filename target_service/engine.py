@@ -200,6 +200,8 @@ class TargetEngine:
         check_logprobs(logprobs)
         state = self.sessions.get(session_id)
         with state.session.lock:  # one round at a time per session
+            if state.grammar is not None and state.grammar.broken:  # its last round emitted a token it refused
+                raise CalispecError(f"session {session_id!r}: its structured output no longer holds (a bug)")
             self._check_draft(state, draft, draft_probs)
             return self.scheduler.submit(_Row(state, draft, draft_probs, watch, logprobs), cohort)
 

@@ -129,11 +129,18 @@ def test_the_grpc_api_takes_a_constraint(chat_coordinator: Coordinator) -> None:
         ({"structured_outputs": {"regex": "a", "whitespace_pattern": " "}}, "structured_outputs", "not supported"),
         ({"structured_outputs": {"json_object": True, "disable_any_whitespace": 1}}, "structured_outputs", "true or"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format", "schema"),
+        # found by review: each was a 500 (a lone surrogate failed encoding the request; Python's recursion limit)
+        ({"guided_regex": "a\ud800"}, "guided_regex", "not valid Unicode"),
+        ({"guided_choice": ["ok", "x\udc00"]}, "guided_choice", "choice 1 is not valid Unicode"),
+        ({"guided_json": "[" * 5000 + "]" * 5000}, "guided_json", "nested too deeply"),
+        ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern", "leave it out"),
     ],
 )
 def test_a_bad_structured_output_is_a_400(base_url: str, fields: dict, param: str | None, fragment: str) -> None:
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, **fields}
-    response = httpx.post(f"{base_url}/completions", json=body, timeout=60)
+    body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": 4, **fields})  # escapes lone surrogates
+    response = httpx.post(
+        f"{base_url}/completions", content=body, headers={"content-type": "application/json"}, timeout=60
+    )
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["code"] == "invalid_argument" and fragment in error["message"], error

@@ -8,13 +8,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from calispec_core.constraints import BITS, ConstraintCompiler
-from calispec_core.errors import FailedPrecondition, InvalidArgument
+from calispec_core.constraints import BITS, MAX_GBNF_CHARS, ConstraintCompiler
+from calispec_core.errors import CalispecError, FailedPrecondition, InvalidArgument
 from calispec_core.generation import FinishReason, GenerationParams, Mode, OutputConstraint
 from calispec_core.modeling import ModelRunner
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline, Stopwatch
-from calispec_tools.inprocess import InProcessTarget, in_process_orchestrator
+from calispec_tools.inprocess import InProcessDraft, InProcessTarget, in_process_orchestrator
+from coordinator.engine import Orchestrator
 from draft_service.proposer import Proposer
 from target_service.engine import RescueConfig, TargetEngine
 from target_service.logprobs import FORBIDDEN_LOGPROB
@@ -187,3 +188,52 @@ def test_the_grammar_takes_a_full_proposals_last_token_too(proposer: Proposer, d
     drafted = [t for _ in range(4) for t in proposer.propose("s", 3, None, [], Stopwatch()).token_ids]
     fresh = ConstraintCompiler(draft_runner).compile(OutputConstraint.of(regex="(ab){1,40}"))
     assert fresh.commit(drafted), tokenizer.decode(drafted)  # every drafted token allowed where it stands
+
+
+def test_masks_of_a_draft_ending_past_a_complete_grammar_leave_the_commits_alone(target_runner: ModelRunner) -> None:
+    """A draft that completes the grammar and adds the end-of-sequence token: both count as allowed, but a stopped
+    matcher records nothing for the second, so rolling back both undid a committed token (found by review: a free
+    draft then made `sd` end a choice half-written)."""
+    tokenizer = target_runner.tokenizer
+    grammar = ConstraintCompiler(target_runner).compile(OutputConstraint.of(choice=["abc", "abdefghij"]))
+    a, b, c = (tokenizer.convert_tokens_to_ids(t) for t in "abc")
+    assert grammar.commit([a])
+    grammar.masks([b, c, tokenizer.eos_token_id])
+    assert grammar.consumed == 1 and grammar.commit([b, c]) and grammar.stopped
+
+
+def test_greedy_sd_with_a_draft_that_drafts_freely_is_still_exact(draft_runner, target_runner) -> None:
+    """A draft without structured output (--no-structured-output, or one that gave its grammar up) drafts freely."""
+    constraint = OutputConstraint.of(choice=list(CHOICES))
+    expected = generate(draft_runner, target_runner, Mode.AR, constraint, SamplingConfig())[0]
+    free, backend = InProcessDraft(draft_runner), InProcessTarget(target_runner)
+    free.proposer.constraints = None
+    eos = tuple(target_runner.eos_token_ids)
+    orchestrator = Orchestrator(target_runner.tokenizer, free, [backend], eos, target_runner.max_context)
+    params = GenerationParams(40, SamplingConfig(), (), 3, Mode.SD, 0.01, 6, constraint=constraint)
+    try:
+        chunks = list(orchestrator.generate(PROMPT, params, Deadline(120)))
+    finally:
+        backend.stop()
+        free.proposer.stop()
+    assert [t for c in chunks for t in c.token_ids] == expected and chunks[-1].stats.drafted > 0
+
+
+def test_a_session_whose_grammar_refused_a_committed_token_fails_its_next_round(engine: TargetEngine, target_runner):
+    """Only a bug can commit a token the masks refused; the session went on writing whatever its broken grammar
+    allowed (the end-of-sequence token) as a success."""
+    open_session(engine, "s", target_runner.tokenizer.encode(PROMPT))
+    assert not engine.sessions.get("s").grammar.commit(target_runner.tokenizer.encode("zzz"))
+    with pytest.raises(CalispecError, match="no longer holds"):
+        step(engine, "s")
+
+
+def test_a_large_gbnf_grammar_is_refused_before_its_slow_conversion_and_lark_is_not(target_runner) -> None:
+    rules = "".join(f'r{i} ::= "x{i}"\n' for i in range(600))
+    gbnf = f"root ::= {' | '.join(f'r{i}' for i in range(600))}\n{rules}"
+    assert len(gbnf) > MAX_GBNF_CHARS
+    with pytest.raises(InvalidArgument, match="GBNF grammar may hold"):
+        ConstraintCompiler(target_runner).compile(OutputConstraint.of(grammar=gbnf))
+    lark = "start: " + " | ".join(f'"x{i}"' for i in range(1500))
+    assert len(lark) > MAX_GBNF_CHARS
+    ConstraintCompiler(target_runner).compile(OutputConstraint.of(grammar=lark))

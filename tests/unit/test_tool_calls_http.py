@@ -200,6 +200,17 @@ def test_a_forced_reply_cut_mid_json_is_content(forcing: tuple[Scripted, TestCli
     assert choice["message"] == {"role": "assistant", "content": '{"city": "Pa'} and choice["finish_reason"] == "length"
 
 
+@pytest.mark.parametrize("tool_choice", [NAMED, "required"])
+def test_a_forced_call_that_ran_out_of_tokens_keeps_length(forcing: tuple[Scripted, TestClient], tool_choice) -> None:
+    """Whole JSON at the very last token: a call, but the reason stays the generation's (vLLM's; found by review)."""
+    scripted, client = forcing
+    scripted.finish = FinishReason.LENGTH
+    scripted.reply = '{"city": "Paris"}' if tool_choice == NAMED else '[{"name": "get_time", "parameters": {}}]'
+    choice = chat(client, tools=FORCED_TOOLS, tool_choice=tool_choice)["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["message"]["tool_calls"]
+    assert events(client, tools=FORCED_TOOLS, tool_choice=tool_choice)[-1]["choices"][0]["finish_reason"] == "length"
+
+
 @pytest.mark.parametrize(
     ("extra", "fragment"),
     [
@@ -220,3 +231,15 @@ def test_a_forced_call_that_cannot_be_made_is_a_400(
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "tool_choice" and fragment in error["message"], error
+
+
+@pytest.mark.parametrize("parameters", ["object", ["a"], True])
+def test_a_tool_whose_parameters_are_no_schema_object_is_a_400(
+    forcing: tuple[Scripted, TestClient], parameters
+) -> None:
+    """Forced, such a tool's parameters became the grammar: a 500 (found by review)."""
+    _, client = forcing
+    tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+    body = {"model": "m", "messages": MESSAGES, "tools": tools, "tool_choice": "required"}
+    response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "tools", response.text
