@@ -275,9 +275,10 @@ class Proposer:
 
     @staticmethod
     def _follow(state: DraftSession, length: int, append: list[int]) -> None:
-        """The grammar follows the session back to `length` tokens and on through `append` (the target's tokens);
-        one it cannot follow (truncated into the prompt, or an appended token it refuses) is given up: the session
-        drafts freely from then on, which moves acceptance only."""
+        """The grammar follows the session back to `length` tokens and on through `append` (the target's tokens), at
+        every call: so it also drops what a failed drafting batch took. One it cannot follow (truncated into the
+        prompt, or an appended token it refuses) is given up: the session drafts freely from then on, which moves
+        acceptance only."""
         grammar = state.grammar
         if grammar is None:
             return
@@ -297,15 +298,12 @@ class Proposer:
         settle_riders(shared, self.prefix_cache)  # before the checkpoints: a rerun keeps the attached prefix
         starts = [session.checkpoint() for session in sessions]
         draws = [job.state.generator.get_state() for job in jobs]  # a seeded rerun must draw the same
-        grammars = [(job.state.grammar, job.state.grammar.consumed if job.state.grammar else 0) for job in jobs]
         try:
             proposals = self._draft_steps(jobs)
         except BaseException:
-            for job, start, drawn, (grammar, consumed) in zip(jobs, starts, draws, grammars, strict=True):
+            for job, start, drawn in zip(jobs, starts, draws, strict=True):
                 job.state.session.restore(start)  # drop this batch's drafted tokens and their cache entries
-                job.state.generator.set_state(drawn)
-                if grammar is not None and job.state.grammar is grammar:  # one given up stays given up
-                    grammar.rollback_to(consumed)
+                job.state.generator.set_state(drawn)  # (its grammar follows the restored tokens at the next call)
                 job.reset()
             raise
         store_riders(sessions, self.prefix_cache)

@@ -237,3 +237,25 @@ def test_a_large_gbnf_grammar_is_refused_before_its_slow_conversion_and_lark_is_
     lark = "start: " + " | ".join(f'"x{i}"' for i in range(1500))
     assert len(lark) > MAX_GBNF_CHARS
     ConstraintCompiler(target_runner).compile(OutputConstraint.of(grammar=lark))
+
+
+def test_a_drafting_batch_that_fails_leaves_the_grammar_where_it_was(proposer: Proposer, draft_runner) -> None:
+    """A failed batch restores each session's tokens and cache, and its grammar must go back with them."""
+    constraint = OutputConstraint.of(regex="(ab){1,40}")
+    proposer.prefill("s", draft_runner.tokenizer.encode(PROMPT), SamplingConfig(), Stopwatch(), constraint)
+    drafted = proposer.propose("s", 3, None, [], Stopwatch()).token_ids
+    forward, steps = proposer._forward, []
+
+    def fails_at_the_second_step(jobs):
+        steps.append(1)
+        if len(steps) == 2:
+            raise RuntimeError("device lost")
+        return forward(jobs)
+
+    proposer._forward = fails_at_the_second_step  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="device lost"):
+        proposer.propose("s", 3, None, [], Stopwatch())
+    proposer._forward = forward  # type: ignore[method-assign]
+    drafted += proposer.propose("s", 3, None, [], Stopwatch()).token_ids
+    fresh = ConstraintCompiler(draft_runner).compile(constraint)
+    assert fresh.commit(drafted), draft_runner.tokenizer.decode(drafted)
