@@ -19,10 +19,9 @@ target's masks alone decide what is emitted.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 import llguidance
 import llguidance.hf
@@ -32,8 +31,6 @@ from llguidance.gbnf_to_lark import is_lark_syntax
 
 from calispec_core.errors import InvalidArgument, require
 from calispec_core.generation import ConstraintKind, OutputConstraint, check_constraint
-
-log = logging.getLogger(__name__)
 
 BITS = 32  # tokens per word of llguidance's bitmask (int32)
 MAX_GBNF_CHARS = 8192  # converted to Lark in ~0.1 s (1,000 rules, 27 KB: 0.9 s; 8,000 rules, 237 KB: 65 s)
@@ -80,9 +77,16 @@ class Tokenized(Protocol):
     vocab_size: int
 
 
+def wants_grammar(constraint: OutputConstraint | None, written: int) -> TypeGuard[OutputConstraint]:
+    """Whether a session opens with a grammar (a structured output); `written` (output already written under it)
+    needs one."""
+    require(constraint is not None or written == 0, "constraint_written needs a constraint")
+    return constraint is not None
+
+
 class ConstraintCompiler:
-    """Compiles constraints against the target's tokenizer. Its llguidance view of the tokenizer costs ~2 s for a
-    150k vocabulary: built at the first constrained request, once."""
+    """Compiles constraints against a model's tokenizer. Its llguidance view of the tokenizer costs ~2 s and ~160 MB
+    for a 150k vocabulary: built once, when first needed (the model services build it before they serve)."""
 
     def __init__(self, runner: Tokenized) -> None:
         self.runner = runner  # its tokenizer is read when first needed

@@ -12,9 +12,9 @@ from calispec_core.argmax import argmax_last
 from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
-from calispec_core.constraints import ConstraintCompiler, SessionGrammar
+from calispec_core.constraints import ConstraintCompiler, SessionGrammar, wants_grammar
 from calispec_core.errors import FailedPrecondition, require
-from calispec_core.generation import OutputConstraint, check_constraint
+from calispec_core.generation import OutputConstraint
 from calispec_core.limits import DEFAULT_RIDE_PREFILL_TOKENS, INT8, check_speculative_tokens
 from calispec_core.modeling import ModelRunner, Session, prefill_session, settle_riders, store_riders, wait_for
 from calispec_core.prefix_cache import PrefixCache
@@ -213,11 +213,9 @@ class Proposer:
         self, token_ids: list[int], constraint: OutputConstraint | None, written: int
     ) -> SessionGrammar | None:
         """Without structured output here the session drafts freely (the target still masks what it emits)."""
-        if constraint is None:
-            require(written == 0, "constraint_written needs a constraint")
+        if not wants_grammar(constraint, written) or self.constraints is None:
             return None
-        check_constraint(constraint)
-        return self.constraints.open(token_ids, constraint, written) if self.constraints is not None else None
+        return self.constraints.open(token_ids, constraint, written)
 
     def rollback(self, session_id: str, length: int, append: list[int]) -> int:
         state = self.sessions.get(session_id)

@@ -19,9 +19,9 @@ import torch
 from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
-from calispec_core.constraints import ConstraintCompiler, SessionGrammar, apply_masks
+from calispec_core.constraints import ConstraintCompiler, SessionGrammar, apply_masks, wants_grammar
 from calispec_core.errors import CalispecError, FailedPrecondition, InvalidArgument, require
-from calispec_core.generation import Mode, OutputConstraint, TokenLogprob, check_constraint
+from calispec_core.generation import Mode, OutputConstraint, TokenLogprob
 from calispec_core.limits import (
     DEFAULT_RIDE_PREFILL_TOKENS,
     MAX_SPECULATIVE_TOKENS,
@@ -171,10 +171,8 @@ class TargetEngine:
         self, token_ids: list[int], constraint: OutputConstraint | None, written: int
     ) -> SessionGrammar | None:
         """The session's grammar state, past the output already written; checked before any session opens."""
-        if constraint is None:
-            require(written == 0, "constraint_written needs a constraint")
+        if not wants_grammar(constraint, written):
             return None
-        check_constraint(constraint)
         if self.constraints is None:
             raise FailedPrecondition("this target serves no structured output (it runs with --no-structured-output)")
         return self.constraints.open(token_ids, constraint, written)
