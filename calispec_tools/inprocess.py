@@ -93,6 +93,7 @@ class InProcessTarget:
     ):
         self.table = table or PairTable(runner.vocab_size, runner.device)
         self.engine = TargetEngine(runner, MAX_SESSIONS, self.table, observer=observer, meaning_guard=meaning_guard)
+        self.structured_output = self.engine.constraints is not None
 
     def info(self, timeout: float) -> ModelFacts:
         return _facts(self.engine.runner)

@@ -25,6 +25,7 @@ class ModelFacts:
     max_context: int
     eos_token_ids: tuple[int, ...]
     forward_costs: dict[int, float] = field(default_factory=dict)  # ms by new tokens, measured at start-up
+    structured_output: bool = False  # a target that applies OutputConstraints (older ones ignore them)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class DraftBackend(Protocol):
 
 class TargetBackend(Protocol):
     address: str
+    structured_output: bool  # it applies OutputConstraints (as its info() said; False until read)
 
     def info(self, timeout: float) -> ModelFacts: ...
     def prefill(

@@ -52,6 +52,7 @@ def _facts(info: common_pb2.ModelInfo) -> ModelFacts:
         info.max_context,
         tuple(info.eos_token_ids),
         {c.new_tokens: c.ms for c in info.forward_costs},
+        info.structured_output,
     )
 
 
@@ -128,9 +129,12 @@ class GrpcTargetBackend:
         self.address = address
         self.channel = make_channel(address, tls, server_name=TARGET)
         self.stub = target_pb2_grpc.TargetServiceStub(with_request_id(self.channel))
+        self.structured_output = False  # until info() says otherwise: a constraint never goes where it is ignored
 
     def info(self, timeout: float) -> ModelFacts:
-        return _facts(_call("target", self.stub.GetModelInfo, target_pb2.TargetModelInfoRequest(), timeout).info)
+        facts = _facts(_call("target", self.stub.GetModelInfo, target_pb2.TargetModelInfoRequest(), timeout).info)
+        self.structured_output = facts.structured_output
+        return facts
 
     def prefill(
         self,

@@ -377,7 +377,7 @@ class Orchestrator:
         p = request.params
         while True:
             self._check_not_stopping()
-            target = self.replicas.pick(exclude=request.failed_targets)  # UNAVAILABLE when none is left
+            target = self.replicas.pick(exclude=request.failed_targets | self._unconstrained(request))  # or UNAVAILABLE
             session_id = request.next_session_id("target")
             ids, timeout = request.committed_ids, request.deadline.remaining()
             # asked of the first session only: a failover reopens the session, not the prompt's report
@@ -407,6 +407,19 @@ class Orchestrator:
                 request.prompt_logprobs = list(opened.prompt_logprobs or ())
                 _check_report("prompt log-probabilities", len(request.prompt_logprobs), len(request.prompt_ids) - 1)
             return
+
+    def _unconstrained(self, request: _Request) -> set[str]:
+        """Replicas a structured-output request must not use: they would ignore its grammar (an older target) or
+        refuse it (--no-structured-output). FAILED_PRECONDITION when that is every replica."""
+        if request.params.constraint is None:
+            return set()
+        replicas = self.replicas.backends()
+        unserved = {r.address for r in replicas if not r.structured_output}
+        if replicas and len(unserved) == len(replicas):
+            raise FailedPrecondition(
+                "no target replica serves structured output (each runs an older version or --no-structured-output)"
+            )
+        return unserved
 
     @staticmethod
     def _constraint(request: _Request) -> tuple[OutputConstraint | None, int]:

@@ -120,7 +120,9 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         return target_pb2.TargetCloseResponse()
 
     def GetModelInfo(self, request, context):
-        return target_pb2.TargetModelInfoResponse(info=model_info_to_pb(self.engine.runner))
+        info = model_info_to_pb(self.engine.runner)
+        info.structured_output = self.engine.constraints is not None
+        return target_pb2.TargetModelInfoResponse(info=info)
 
     def GetStats(self, request, context):
         table = self.engine.table.stats()

@@ -103,7 +103,7 @@ class SparseDistributions(_message.Message):
     def __init__(self, row_sizes: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_id", "vocab_size", "tokenizer_fingerprint", "max_context", "dtype", "device", "eos_token_ids", "forward_costs", "fp32_linear")
+    __slots__ = ("model_id", "vocab_size", "tokenizer_fingerprint", "max_context", "dtype", "device", "eos_token_ids", "forward_costs", "fp32_linear", "structured_output")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class ModelInfo(_message.Message):
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FORWARD_COSTS_FIELD_NUMBER: _ClassVar[int]
     FP32_LINEAR_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURED_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     vocab_size: int
     tokenizer_fingerprint: str
@@ -122,7 +123,8 @@ class ModelInfo(_message.Message):
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     forward_costs: _containers.RepeatedCompositeFieldContainer[ForwardCost]
     fp32_linear: str
-    def __init__(self, model_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., forward_costs: _Optional[_Iterable[_Union[ForwardCost, _Mapping]]] = ..., fp32_linear: _Optional[str] = ...) -> None: ...
+    structured_output: bool
+    def __init__(self, model_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., forward_costs: _Optional[_Iterable[_Union[ForwardCost, _Mapping]]] = ..., fp32_linear: _Optional[str] = ..., structured_output: _Optional[bool] = ...) -> None: ...
 
 class ForwardCost(_message.Message):
     __slots__ = ("new_tokens", "ms")

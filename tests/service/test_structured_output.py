@@ -14,7 +14,11 @@ import pytest
 from calispec.client import CalispecClient
 from calispec.types import OutputConstraint
 from calispec_core.generation import Defaults
+from calispec_core.modeling import ModelSpec
+from coordinator.clients import GrpcTargetBackend
 from coordinator.openai_api import ApiSettings, create_app, start_http_server
+from target_service.config import TargetConfig
+from target_service.server import create_server as create_target
 from tests.service.conftest import Coordinator
 
 MODEL = "tiny-chat"
@@ -146,3 +150,19 @@ def test_a_bad_structured_output_is_a_400(base_url: str, fields: dict, param: st
     assert error["code"] == "invalid_argument" and fragment in error["message"], error
     assert error["param"] == param
     json.dumps(error)  # one JSON object, as OpenAI's
+
+
+@pytest.mark.parametrize("serves", [True, False])
+def test_a_target_says_whether_it_applies_structured_output(tiny_pair, target_runner, serves: bool) -> None:
+    """The coordinator sends a constraint only where it is applied (tests/unit/test_failover.py)."""
+    config = TargetConfig(ModelSpec(tiny_pair.target), port=0, structured_output=serves, measure_forward_costs=False)
+    server, port, runtime = create_target(config, runner=target_runner)
+    server.start()
+    backend = GrpcTargetBackend(f"127.0.0.1:{port}")
+    try:
+        assert not backend.structured_output  # until its info is read
+        assert backend.info(30).structured_output is serves and backend.structured_output is serves
+    finally:
+        backend.channel.close()
+        server.stop(None)
+        runtime.stop()

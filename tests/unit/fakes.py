@@ -110,6 +110,7 @@ class FakeTarget(_Killable):
     """Greedy exact-match verification against `model`, committing like the real target."""
 
     address = "fake"
+    structured_output = True
 
     def __init__(self, model: Model) -> None:
         self.model = model

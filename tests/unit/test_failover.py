@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from calispec_core.errors import STOPS_SERVING, CalispecError, DeadlineExceeded, Unavailable
+from calispec_core.errors import STOPS_SERVING, CalispecError, DeadlineExceeded, FailedPrecondition, Unavailable
 from calispec_core.generation import Mode, OutputConstraint
 from calispec_core.timing import Deadline
 from coordinator.circuit import CircuitBreaker
@@ -437,3 +437,21 @@ def test_a_reopened_target_session_replays_a_structured_outputs_written_tokens()
     only.sessions.clear()
     assert "".join(c.text for c in [first, *stream]) == EXPECTED
     assert only.constraints == [(constraint, 0), (constraint, len(first.token_ids))]
+
+
+def test_a_structured_output_request_goes_only_where_its_grammar_is_applied() -> None:
+    """A target of wave 58 or older ignores the constraint (free text with a 200), one run with --no-structured-output
+    refuses it: such replicas are passed over, and with no other the request is refused (found by review)."""
+    old, new = target("old:1"), target("new:1")
+    old.structured_output = False  # type: ignore[misc]
+    orchestrator, _ = make([old, new])
+    constrained = params(constraint=OutputConstraint.of(regex="[a-z]+"))
+    for _ in range(3):
+        assert "".join(c.text for c in orchestrator.generate("c", constrained, Deadline(60))) == EXPECTED
+    assert orchestrator.replicas.picks == {"new:1": 3}
+    list(orchestrator.generate("c", params(), Deadline(60)))
+    list(orchestrator.generate("c", params(), Deadline(60)))
+    assert orchestrator.replicas.picks["old:1"] == 1  # free text goes anywhere
+    alone, _ = make([old])
+    with pytest.raises(FailedPrecondition, match="no target replica serves structured output"):
+        list(alone.generate("c", constrained, Deadline(60)))
