@@ -124,14 +124,7 @@ from coordinator.openai_tokenizer import (
     tokenizer_info,
 )
 from coordinator.request_log import tracked
-from coordinator.tool_calls import (
-    ForcedCallStream,
-    ParsedCall,
-    ToolCallStream,
-    forced_finish_reason,
-    parse_forced,
-    parse_reply,
-)
+from coordinator.tool_calls import ForcedCallStream, ParsedCall, ToolCallStream
 
 log = logging.getLogger(__name__)
 
@@ -446,15 +439,13 @@ class OpenAIApi:
     def chat_choice(self, req: ChatCompletionRequest, index: int, outcome: Outcome) -> ChatChoice:
         finish = openai_finish_reason(outcome.finish.finish_reason)
         message = AssistantMessage(content=outcome.text)
-        if (forced := req.forced_call()) is not None:
-            if calls := parse_forced(outcome.text, forced):  # else cut mid-JSON by the token limit: plain content
-                message = AssistantMessage(content=None, tool_calls=[tool_call(c) for c in calls])
-                finish = forced_finish_reason(forced, finish)  # type: ignore[assignment]
-        elif req.calls_tools():
-            reply = parse_reply(outcome.text)
-            if reply.calls:
-                message = AssistantMessage(content=reply.content, tool_calls=[tool_call(c) for c in reply.calls])
-                finish = "tool_calls"
+        if req.calls_tools():  # the reply read as a stream's last chunk reads it: one rule for both
+            reader = self.call_stream(req)
+            content = reader.feed(outcome.text)
+            rest, calls = reader.finish()
+            if calls:
+                message = AssistantMessage(content=(content + rest) or None, tool_calls=[tool_call(c) for c in calls])
+                finish = reader.finish_reason(finish)
         logprobs = self.chat_logprobs(outcome.token_ids, outcome.logprobs)
         return ChatChoice(index=index, message=message, finish_reason=finish, logprobs=logprobs)
 
@@ -578,9 +569,7 @@ def chat_delta(
     if not parsed:
         return (ChatDelta(content=text) if text else ChatDelta()), finish
     deltas = [delta_tool_call(call, i) for i, call in enumerate(parsed)]
-    if isinstance(call_stream, ForcedCallStream):
-        return ChatDelta(content=text or None, tool_calls=deltas), forced_finish_reason(call_stream.tool_choice, finish)  # type: ignore[return-value]
-    return ChatDelta(content=text or None, tool_calls=deltas), "tool_calls"
+    return ChatDelta(content=text or None, tool_calls=deltas), call_stream.finish_reason(finish)
 
 
 @dataclass(frozen=True)

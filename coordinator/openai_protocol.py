@@ -577,16 +577,18 @@ def not_forced(value: Any) -> Any:
     return value
 
 
+def names_a_function(value: Any) -> bool:
+    """{"type": "function", "function": {"name": ..., ...}}: a tool, or tool_choice naming one."""
+    if not isinstance(value, dict) or value.get("type") != "function":
+        return False
+    function = value.get("function")
+    return isinstance(function, dict) and isinstance(function.get("name"), str)
+
+
 def named_function(value: Any) -> Any:
     """tool_choice: "none", "auto", "required", or {"type": "function", "function": {"name": ...}}."""
-    if isinstance(value, dict):
-        function = value.get("function")
-        if (
-            value.get("type") != "function"
-            or not isinstance(function, dict)
-            or not isinstance(function.get("name"), str)
-        ):
-            raise invalid('a named function is {"type": "function", "function": {"name": ...}}')
+    if isinstance(value, dict) and not names_a_function(value):
+        raise invalid('a named function is {"type": "function", "function": {"name": ...}}')
     return value
 
 
@@ -624,13 +626,9 @@ class ChatRendering(OpenAIModel):
     @classmethod
     def _function_definitions(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
         for i, tool in enumerate(value or []):
-            function = tool.get("function")
-            if (
-                tool.get("type") != "function"
-                or not isinstance(function, dict)
-                or not isinstance(function.get("name"), str)
-            ):
+            if not names_a_function(tool):
                 raise invalid(f'tool {i} must be {{"type": "function", "function": {{"name": ..., ...}}}}')
+            function = tool["function"]
             if function.get("parameters") is not None and not isinstance(function["parameters"], dict):  # a schema
                 raise invalid(f"tool {i}'s parameters must be a JSON schema object")
         return value

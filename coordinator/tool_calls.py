@@ -17,7 +17,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 START, END = "<tool_call>", "</tool_call>"
 _BLOCKS = re.compile(rf"{START}(.*?){END}|{START}(.*)", re.DOTALL)
@@ -59,7 +59,7 @@ def _call(block: str) -> ParsedCall:
         arguments = json.loads(arguments)
     if not isinstance(arguments, dict):
         raise ValueError("arguments are not an object")
-    return ParsedCall(f"chatcmpl-tool-{uuid.uuid4().hex}", obj["name"], json.dumps(arguments, ensure_ascii=False))
+    return _parsed(obj["name"], arguments)
 
 
 class ToolCallStream:
@@ -88,6 +88,11 @@ class ToolCallStream:
         if not reply.calls:
             return self._send_to(len(self._text)), ()
         return "", reply.calls
+
+    @staticmethod
+    def finish_reason(ended: str) -> Literal["tool_calls"]:
+        """A reply with calls ends "tool_calls", also when the token limit cut it after a whole call (as vLLM's)."""
+        return "tool_calls"
 
     def _send_to(self, end: int) -> str:
         out, self._sent = self._text[self._sent : end], max(end, self._sent)
@@ -180,10 +185,9 @@ class ForcedCallStream:
         calls = parse_forced(self._text, self.tool_choice)
         return ("", calls) if calls else (self._text, ())
 
-
-def forced_finish_reason(tool_choice: ToolChoice, ended: str) -> str:
-    """A forced reply read as calls: OpenAI's "stop" for a named function's, "tool_calls" for "required" (as vLLM's);
-    "length" stays (`ended`: the generation's own reason)."""
-    if ended == "length":
-        return ended
-    return "stop" if isinstance(tool_choice, dict) else "tool_calls"
+    def finish_reason(self, ended: str) -> Literal["stop", "length", "tool_calls"]:
+        """A forced reply read as calls: OpenAI's "stop" for a named function's, "tool_calls" for "required" (as
+        vLLM's); "length" stays (`ended`: the generation's own reason)."""
+        if ended == "length":
+            return "length"
+        return "stop" if isinstance(self.tool_choice, dict) else "tool_calls"
