@@ -186,11 +186,11 @@ class SessionGrammar:
         """Complete (or in its error state): only the end-of-sequence token may follow."""
         return self.matcher.is_stopped()
 
-    def allowed(self) -> torch.Tensor:
-        """[V] bool: the tokens the grammar allows next."""
+    def allowed(self, device: torch.device) -> torch.Tensor:
+        """[V] bool on `device`: the tokens the grammar allows next (the bitmask crosses to it, not the V bools)."""
         bitmask = torch.empty((1, self.words), dtype=torch.int32)
         llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, 0)
-        return unpack(bitmask, self.vocab_size)[0]
+        return unpack(bitmask.to(device), self.vocab_size)[0]
 
     def rollback_to(self, consumed: int) -> None:
         """Back to the state after the output's first `consumed` tokens (a draft session truncated)."""
@@ -201,7 +201,7 @@ class SessionGrammar:
 
 def unpack(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """[k, W] int32 bitmask -> [k, vocab] bool (bit t % 32 of word t // 32: token t allowed)."""
-    shifts = torch.arange(BITS, dtype=torch.int32)  # [32]
+    shifts = torch.arange(BITS, dtype=torch.int32, device=bitmask.device)  # [32]
     return ((bitmask.unsqueeze(-1) >> shifts) & 1).view(bitmask.shape[0], -1)[:, :vocab].bool()
 
 
@@ -210,5 +210,5 @@ def apply_masks(logits: torch.Tensor, masks: Sequence[tuple[int, torch.Tensor]])
     """Refused tokens' logits to -inf, in place. logits: [B, G+1, V]; masks: (row b, bitmask [k, W]) for the
     constrained rows, mask i for position i (k <= G + 1)."""
     for b, bitmask in masks:
-        allowed = unpack(bitmask, logits.shape[-1])  # [k, V]
-        logits[b, : bitmask.shape[0]].masked_fill_(~allowed.to(logits.device), float("-inf"))
+        allowed = unpack(bitmask.to(logits.device), logits.shape[-1])  # [k, V], unpacked where the logits are
+        logits[b, : bitmask.shape[0]].masked_fill_(~allowed, float("-inf"))

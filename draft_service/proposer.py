@@ -100,12 +100,12 @@ class _Job:
     def _constrain(self, logits: torch.Tensor, grammar: SessionGrammar) -> torch.Tensor:
         """[1, 1, C] logits with refused tokens' at -inf; a pruned layer without one allowed column is left as it is
         (its token is then refused, and the grammar given up: `_follows_to_the_end`)."""
-        allowed = grammar.allowed()  # [V] over token ids
+        allowed = grammar.allowed(logits.device)  # [V] over token ids
         if self.columns.kept is not None:
-            allowed = allowed[self.columns.kept.cpu()]  # [C]
+            allowed = allowed[self.columns.kept]  # [C] (kept lives on the model's device, as the logits)
         if not bool(allowed.any()):
             return logits
-        return logits.masked_fill(~allowed.to(logits.device), float("-inf"))  # a new tensor: the forward's is read-only
+        return logits.masked_fill(~allowed, float("-inf"))  # a new tensor: the forward's is read-only
 
     def _follows_to_the_end(self, token: int) -> bool:
         """The grammar takes the token; True when it is complete, so that drafting on is pointless (only the

@@ -11,7 +11,7 @@ import pytest
 from calispec_core.constraints import BITS, MAX_GBNF_CHARS, ConstraintCompiler
 from calispec_core.errors import CalispecError, FailedPrecondition, InvalidArgument
 from calispec_core.generation import FinishReason, GenerationParams, Mode, OutputConstraint
-from calispec_core.modeling import ModelRunner
+from calispec_core.modeling import ModelRunner, ModelSpec
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline, Stopwatch
 from calispec_tools.inprocess import InProcessDraft, InProcessTarget, in_process_orchestrator
@@ -259,3 +259,17 @@ def test_a_drafting_batch_that_fails_leaves_the_grammar_where_it_was(proposer: P
     drafted += proposer.propose("s", 3, None, [], Stopwatch()).token_ids
     fresh = ConstraintCompiler(draft_runner).compile(constraint)
     assert fresh.commit(drafted), draft_runner.tokenizer.decode(drafted)
+
+
+def test_a_pruned_drafts_proposals_follow_the_grammar_over_its_columns(tiny_pair) -> None:
+    """A pruned output layer's logits are columns, not token ids: the grammar's mask is read through them."""
+    runner = ModelRunner(ModelSpec(tiny_pair.draft, dtype="float32", device="cpu"), output_vocab=128)
+    assert runner.logit_columns.kept is not None
+    proposer = Proposer(runner, 8)
+    constraint = OutputConstraint.of(regex="(ab){1,40}")
+    try:
+        proposer.prefill("s", runner.tokenizer.encode(PROMPT), SamplingConfig(), Stopwatch(), constraint)
+        drafted = [t for _ in range(3) for t in proposer.propose("s", 3, None, [], Stopwatch()).token_ids]
+    finally:
+        proposer.stop()
+    assert ConstraintCompiler(runner).compile(constraint).commit(drafted), runner.tokenizer.decode(drafted)
