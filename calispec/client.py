@@ -121,13 +121,22 @@ def build_params(
     prompt_logprobs: int | None = None,
     stop_token_ids: Sequence[int] = (),
     constraint: OutputConstraint | None = None,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    repetition_penalty: float = 1.0,
+    min_p: float = 0.0,
+    min_tokens: int = 0,
+    logit_bias: Mapping[int, float] | None = None,
+    allowed_token_ids: Sequence[int] | None = None,
 ) -> coordinator_pb2.GenerationParams:
     """Request parameters; None / 0 leaves a field to the server's default. `ignore_eos`: go on past EOS to
     `max_new_tokens` (outputs of a fixed length, for load tests). `logprobs=k`: each new token's log-probability
     under the target and the k most likely tokens at its position (0 to 20); `prompt_logprobs=k`: the same for
     each prompt token from the second (under the tokens before it). `stop_token_ids`: a new token among them ends
     the request (kept in the output; finish reason "stop"), as vLLM's. `constraint`: structured output, the grammar
-    the new tokens follow (`OutputConstraint.of(json=schema)`, `regex=`, `choice=`, `grammar=`, `json_object=True`)."""
+    the new tokens follow (`OutputConstraint.of(json=schema)`, `regex=`, `choice=`, `grammar=`, `json_object=True`).
+    `presence_penalty`, `frequency_penalty`, `repetition_penalty`, `min_p`, `min_tokens`, `logit_bias` (token id ->
+    bias) and `allowed_token_ids`: vLLM's sampling parameters of those names (their defaults are off)."""
     msg = coordinator_pb2.GenerationParams()
     for name, value in (
         ("max_new_tokens", max_new_tokens),
@@ -153,6 +162,21 @@ def build_params(
         msg.mode = int(Mode.parse(mode) if isinstance(mode, str) else mode)
     if constraint is not None:
         msg.constraint.CopyFrom(constraint.to_pb())
+    rules = {
+        "presence_penalty": presence_penalty,
+        "frequency_penalty": frequency_penalty,
+        "repetition_penalty": repetition_penalty if repetition_penalty != 1.0 else 0.0,  # 0: unset
+        "min_p": min_p,
+        "min_tokens": min_tokens,
+    }
+    if any(rules.values()) or logit_bias or allowed_token_ids:
+        for name, value in rules.items():
+            with _naming(name):
+                setattr(msg.rules, name, value)
+        with _naming("logit_bias"):
+            msg.rules.logit_bias.update(logit_bias or {})
+        with _naming("allowed_token_ids"):
+            msg.rules.allowed_token_ids.extend(allowed_token_ids or ())
     return msg
 
 

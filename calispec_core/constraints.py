@@ -77,10 +77,8 @@ class Tokenized(Protocol):
     vocab_size: int
 
 
-def wants_grammar(constraint: OutputConstraint | None, written: int) -> TypeGuard[OutputConstraint]:
-    """Whether a session opens with a grammar (a structured output); `written` (output already written under it)
-    needs one."""
-    require(constraint is not None or written == 0, "constraint_written needs a constraint")
+def wants_grammar(constraint: OutputConstraint | None) -> TypeGuard[OutputConstraint]:
+    """Whether a session opens with a grammar (a structured output)."""
     return constraint is not None
 
 
@@ -110,7 +108,7 @@ class ConstraintCompiler:
         """A session's grammar, past the last `written` of `token_ids` (output already written under it: a session
         reopened mid-request replays it); InvalidArgument when it does not compile or the output does not follow."""
         check_constraint(constraint)
-        require(written <= len(token_ids), f"constraint_written ({written}) exceeds the {len(token_ids)} tokens sent")
+        require(written <= len(token_ids), f"output_written ({written}) exceeds the {len(token_ids)} tokens sent")
         output = token_ids[len(token_ids) - written :]
         require(all(0 <= t < self.vocab_size for t in output), f"token ids must be in [0, {self.vocab_size})")
         grammar = self.compile(constraint)

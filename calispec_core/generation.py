@@ -5,6 +5,7 @@ Mode, FinishReason and GenerationStats live in the SDK (calispec.types) and are 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from calispec.types import ConstraintKind as ConstraintKind
@@ -14,7 +15,7 @@ from calispec.types import Mode
 from calispec.types import OutputConstraint as OutputConstraint
 from calispec.types import TokenLogprob as TokenLogprob
 from calispec.v1 import common_pb2
-from calispec_core.errors import InvalidArgument, require
+from calispec_core.errors import InvalidArgument, require, require_field
 from calispec_core.limits import (
     MAX_CONSTRAINT_CHARS,
     MAX_CONSTRAINT_CHOICES,
@@ -27,6 +28,7 @@ from calispec_core.limits import (
     require_unicode,
 )
 from calispec_core.limits import validate_prompt as validate_prompt
+from calispec_core.logit_rules import LogitRules
 from calispec_core.sampling import SamplingConfig
 
 
@@ -111,6 +113,7 @@ class GenerationParams:
     prompt_logprobs: int | None = None  # the same for each prompt token from the second (vLLM's `prompt_logprobs`)
     stop_token_ids: tuple[int, ...] = ()  # vLLM's: a new token among them ends the request (kept, finish STOP)
     constraint: OutputConstraint | None = None  # structured output: the grammar the new tokens follow (the target's)
+    rules: LogitRules | None = None  # penalties, logit bias, min_p, allowed ids, min_tokens (None: none)
 
     def validate(self, vocab_size: int | None = None) -> GenerationParams:
         """Raise InvalidArgument for a parameter out of range (top_k beyond `vocab_size`, the models', too)."""
@@ -122,4 +125,27 @@ class GenerationParams:
         check_stop_strings(self.stop)
         check_stop_token_ids(self.stop_token_ids)
         check_constraint(self.constraint)
+        if self.rules is not None:
+            self.rules.validate(vocab_size)
+            reason = f"must be <= max_tokens ({self.max_new_tokens}), got {self.rules.min_tokens}"
+            require_field(self.rules.min_tokens <= self.max_new_tokens, "min_tokens", reason)
         return self
+
+
+@dataclass(frozen=True)
+class SessionOutput:
+    """What a model session's output follows, and how much of it the session's tokens already hold."""
+
+    constraint: OutputConstraint | None = None  # structured output: the grammar it follows
+    rules: LogitRules | None = None  # the logit rules it follows
+    written: int = 0  # the session's last `written` tokens are output already written (a reopened session)
+
+    def check(self, token_ids: Sequence[int]) -> None:
+        reason = f"{self.written} exceeds the {len(token_ids)} tokens sent"
+        require_field(0 <= self.written <= len(token_ids), "output_written", reason)
+
+    def prompt(self, token_ids: Sequence[int]) -> Sequence[int]:
+        return token_ids[: len(token_ids) - self.written]
+
+
+FREE_OUTPUT = SessionOutput()

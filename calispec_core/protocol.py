@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from calispec.v1 import common_pb2
+from calispec_core.generation import SessionOutput, constraint_from_wire
+from calispec_core.logit_rules import rules_from_wire
 from calispec_core.modeling import ModelRunner
 from calispec_core.sampling import SamplingConfig
 from calispec_core.sessions import SessionStats
@@ -26,6 +30,24 @@ def sampling_to_pb(config: SamplingConfig) -> common_pb2.SamplingParams:
     if config.seed is not None:
         msg.seed = config.seed
     return msg
+
+
+def output_from_pb(request: Any) -> SessionOutput:
+    """A Prefill request's session output: the target's and the draft's carry the same three fields."""
+    return SessionOutput(
+        constraint_from_wire(request.constraint, request.HasField("constraint")),
+        rules_from_wire(request.rules, request.HasField("rules")),
+        request.output_written,
+    )
+
+
+def output_fields(output: SessionOutput) -> dict[str, Any]:
+    """The Prefill request's fields of a session output."""
+    return {
+        "constraint": output.constraint.to_pb() if output.constraint is not None else None,
+        "rules": output.rules.to_pb() if output.rules is not None else None,
+        "output_written": output.written,
+    }
 
 
 def timing_to_pb(watch: Stopwatch) -> common_pb2.Timing:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from calispec.v1 import common_pb2
-from calispec_core.generation import Mode, OutputConstraint
+from calispec_core.generation import FREE_OUTPUT, Mode, SessionOutput
 from calispec_core.modeling import ModelRunner
 from calispec_core.protocol import sparse_q_from_pb, sparse_q_to_pb
 from calispec_core.sampling import SamplingConfig
@@ -48,11 +48,10 @@ class InProcessDraft:
         token_ids: list[int],
         sampling: SamplingConfig,
         timeout: float,
-        constraint: OutputConstraint | None = None,
-        constraint_written: int = 0,
+        output: SessionOutput = FREE_OUTPUT,
     ) -> int:
         watch = Stopwatch()
-        self.proposer.prefill(session_id, token_ids, sampling, watch, constraint, constraint_written)
+        self.proposer.prefill(session_id, token_ids, sampling, watch, output)
         return watch.total_ns
 
     def propose(
@@ -94,6 +93,7 @@ class InProcessTarget:
         self.table = table or PairTable(runner.vocab_size, runner.device)
         self.engine = TargetEngine(runner, MAX_SESSIONS, self.table, observer=observer, meaning_guard=meaning_guard)
         self.structured_output = self.engine.constraints is not None
+        self.logit_rules = True
 
     def info(self, timeout: float) -> ModelFacts:
         return _facts(self.engine.runner)
@@ -108,14 +108,11 @@ class InProcessTarget:
         lambda_,
         timeout,
         prompt_logprobs=None,
-        constraint: OutputConstraint | None = None,
-        constraint_written: int = 0,
+        output: SessionOutput = FREE_OUTPUT,
     ) -> Opened:
         watch = Stopwatch()
         rescue = RescueConfig(mode, tau, lambda_)
-        logprobs = self.engine.prefill(
-            session_id, token_ids, sampling, rescue, watch, prompt_logprobs, constraint, constraint_written
-        )
+        logprobs = self.engine.prefill(session_id, token_ids, sampling, rescue, watch, prompt_logprobs, output)
         return Opened(watch.total_ns, logprobs)
 
     def verify(

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from calispec_core.errors import Unavailable
-from calispec_core.generation import Mode, OutputConstraint, TokenLogprob
+from calispec_core.generation import FREE_OUTPUT, Mode, SessionOutput, TokenLogprob
 from calispec_core.sampling import SamplingConfig
 
 
@@ -26,6 +26,7 @@ class ModelFacts:
     eos_token_ids: tuple[int, ...]
     forward_costs: dict[int, float] = field(default_factory=dict)  # ms by new tokens, measured at start-up
     structured_output: bool = False  # a target that applies OutputConstraints (older ones ignore them)
+    logit_rules: bool = False  # a target that applies LogitRules (older ones ignore them)
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,8 @@ class DraftBackend(Protocol):
         token_ids: list[int],
         sampling: SamplingConfig,
         timeout: float,
-        constraint: OutputConstraint | None = None,
-        constraint_written: int = 0,
-    ) -> int: ...  # constraint: as TargetBackend.prefill's
+        output: SessionOutput = FREE_OUTPUT,
+    ) -> int: ...  # output: as TargetBackend.prefill's
     def propose(
         self,
         session_id: str,
@@ -91,6 +91,7 @@ class DraftBackend(Protocol):
 class TargetBackend(Protocol):
     address: str
     structured_output: bool  # it applies OutputConstraints (as its info() said; False until read)
+    logit_rules: bool  # it applies LogitRules (as its info() said; False until read)
 
     def info(self, timeout: float) -> ModelFacts: ...
     def prefill(
@@ -103,8 +104,7 @@ class TargetBackend(Protocol):
         lambda_: int,
         timeout: float,
         prompt_logprobs: int | None = None,  # None, or k: each prompt token's log-probability and the k likeliest
-        constraint: OutputConstraint | None = None,  # structured output: the grammar its emitted tokens follow
-        constraint_written: int = 0,  # token_ids' last tokens already written under it (a reopened session)
+        output: SessionOutput = FREE_OUTPUT,  # the grammar and logit rules its emitted tokens follow
     ) -> Opened: ...
     def verify(
         self, session_id: str, proposal: Proposal | None, timeout: float, cohort: int = 0, logprobs: int | None = None

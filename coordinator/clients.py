@@ -11,9 +11,9 @@ import grpc
 from calispec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 from calispec_core import errors
 from calispec_core.credentials import DRAFT, TARGET, TlsConfig
-from calispec_core.generation import Mode, OutputConstraint, TokenLogprob
+from calispec_core.generation import FREE_OUTPUT, Mode, SessionOutput, TokenLogprob
 from calispec_core.grpc_server import make_channel
-from calispec_core.protocol import sampling_to_pb
+from calispec_core.protocol import output_fields, sampling_to_pb
 from calispec_core.request_context import with_request_id
 from calispec_core.sampling import SamplingConfig
 from coordinator.backends import ModelFacts, Opened, Proposal, SessionLost, Verdict
@@ -53,6 +53,7 @@ def _facts(info: common_pb2.ModelInfo) -> ModelFacts:
         tuple(info.eos_token_ids),
         {c.new_tokens: c.ms for c in info.forward_costs},
         info.structured_output,
+        info.logit_rules,
     )
 
 
@@ -76,15 +77,10 @@ class GrpcDraftBackend:
         token_ids: list[int],
         sampling: SamplingConfig,
         timeout: float,
-        constraint: OutputConstraint | None = None,
-        constraint_written: int = 0,
+        output: SessionOutput = FREE_OUTPUT,
     ) -> int:
         request = draft_pb2.DraftPrefillRequest(
-            session_id=session_id,
-            token_ids=token_ids,
-            sampling=sampling_to_pb(sampling),
-            constraint=constraint.to_pb() if constraint is not None else None,
-            constraint_written=constraint_written,
+            session_id=session_id, token_ids=token_ids, sampling=sampling_to_pb(sampling), **output_fields(output)
         )
         return _call("draft", self.stub.Prefill, request, timeout).timing.total_ns
 
@@ -130,10 +126,12 @@ class GrpcTargetBackend:
         self.channel = make_channel(address, tls, server_name=TARGET)
         self.stub = target_pb2_grpc.TargetServiceStub(with_request_id(self.channel))
         self.structured_output = False  # until info() says otherwise: a constraint never goes where it is ignored
+        self.logit_rules = False  # likewise for logit rules
 
     def info(self, timeout: float) -> ModelFacts:
         facts = _facts(_call("target", self.stub.GetModelInfo, target_pb2.TargetModelInfoRequest(), timeout).info)
         self.structured_output = facts.structured_output
+        self.logit_rules = facts.logit_rules
         return facts
 
     def prefill(
@@ -146,8 +144,7 @@ class GrpcTargetBackend:
         lambda_: int,
         timeout: float,
         prompt_logprobs: int | None = None,
-        constraint: OutputConstraint | None = None,
-        constraint_written: int = 0,
+        output: SessionOutput = FREE_OUTPUT,
     ) -> Opened:
         request = target_pb2.TargetPrefillRequest(
             session_id=session_id,
@@ -156,8 +153,7 @@ class GrpcTargetBackend:
             mode=int(mode),
             rescue=common_pb2.RescueParams(tau=tau, lambda_=lambda_),
             prompt_logprobs=prompt_logprobs,
-            constraint=constraint.to_pb() if constraint is not None else None,
-            constraint_written=constraint_written,
+            **output_fields(output),
         )
         r = _call("target", self.stub.Prefill, request, timeout)
         asked = prompt_logprobs is not None

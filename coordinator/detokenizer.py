@@ -23,9 +23,11 @@ class IncrementalDetokenizer:
     window moves on, so a step costs O(its tokens) instead of O(output).
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: tuple[str, ...]) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: tuple[str, ...], min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
+        self.min_tokens = min_tokens  # a stop string counts once it ends in this token or a later one (vLLM's)
+        self._floor: int | None = 0 if min_tokens <= 1 else None  # a counted stop ends past this many characters
         self.token_ids: list[int] = []
         self.decoded = ""  # the settled text of token_ids[:read]
         self.prefix = self.read = 0
@@ -79,12 +81,21 @@ class IncrementalDetokenizer:
         return self.decoded + new
 
     def _stop_index(self, full: str) -> int | None:
-        if not self.stop:
+        floor = self._stop_floor()
+        if not self.stop or floor is None:
             return None
         longest = max(len(s) for s in self.stop)
         start = max(0, len(self.text) - longest + 1)  # a stop may straddle the previous delta
-        hits = [i for s in self.stop if (i := full.find(s, start)) >= 0]
+        hits = [i for s in self.stop if (i := full.find(s, max(start, floor - len(s) + 1))) >= 0]
         return min(hits) if hits else None
+
+    def _stop_floor(self) -> int | None:
+        """The length of the text of the output's first min_tokens - 1 tokens: a stop string ending there or before
+        completed among them, where it does not count; None while fewer than min_tokens tokens came."""
+        if self._floor is None and len(self.token_ids) >= self.min_tokens:
+            held = self.token_ids[: self.min_tokens - 1]
+            self._floor = len(without_half_character(self.tokenizer.decode(held, skip_special_tokens=True)))
+        return self._floor
 
     def _stop_prefix_len(self, text: str) -> int:
         """Length of the longest tail of text that could begin a stop string: held back until decided."""

@@ -49,7 +49,7 @@ from calispec_core.generation import (
     GenerationParams,
     GenerationStats,
     Mode,
-    OutputConstraint,
+    SessionOutput,
     TokenLogprob,
     validate_prompt,
 )
@@ -377,7 +377,7 @@ class Orchestrator:
         p = request.params
         while True:
             self._check_not_stopping()
-            target = self.replicas.pick(exclude=request.failed_targets | self._unconstrained(request))  # or UNAVAILABLE
+            target = self.replicas.pick(exclude=request.failed_targets | self._unfit(request))  # or UNAVAILABLE
             session_id = request.next_session_id("target")
             ids, timeout = request.committed_ids, request.deadline.remaining()
             # asked of the first session only: a failover reopens the session, not the prompt's report
@@ -393,7 +393,7 @@ class Orchestrator:
                         p.lambda_,
                         timeout,
                         asked,
-                        *self._constraint(request),
+                        self._output(request),
                     )
             except Unavailable as exc:
                 self._target_failed(request, target, exc, "placement")
@@ -408,24 +408,37 @@ class Orchestrator:
                 _check_report("prompt log-probabilities", len(request.prompt_logprobs), len(request.prompt_ids) - 1)
             return
 
-    def _unconstrained(self, request: _Request) -> set[str]:
-        """Replicas a structured-output request must not use: they would ignore its grammar (an older target) or
-        refuse it (--no-structured-output). FAILED_PRECONDITION when that is every replica."""
-        if request.params.constraint is None:
-            return set()
-        replicas = self.replicas.backends()
-        unserved = {r.address for r in replicas if not r.structured_output}
-        if replicas and len(unserved) == len(replicas):
-            raise FailedPrecondition(
-                "no target replica serves structured output (each runs an older version or --no-structured-output)"
-            )
-        return unserved
+    def _unfit(self, request: _Request) -> set[str]:
+        """Replicas a request must not use: they would ignore its grammar or logit rules (an older target) or refuse
+        its grammar (--no-structured-output). FAILED_PRECONDITION when that is every replica."""
+        p, replicas = request.params, self.replicas.backends()
+        needs = {
+            "serves structured output (each runs an older version or --no-structured-output)": (
+                p.constraint is not None,
+                {r.address for r in replicas if not r.structured_output},
+            ),
+            "applies logit rules (penalties, logit_bias, min_p, min_tokens, allowed_token_ids; each is older)": (
+                p.rules is not None,
+                {r.address for r in replicas if not r.logit_rules},
+            ),
+        }
+        unfit: set[str] = set()
+        for what, (needed, lacking) in needs.items():
+            if needed and replicas and len(lacking) == len(replicas):
+                raise FailedPrecondition(f"no target replica {what}")
+            unfit |= lacking if needed else set()
+        if replicas and len(unfit) == len(replicas):
+            raise FailedPrecondition("no target replica serves both structured output and logit rules")
+        return unfit
 
-    @staticmethod
-    def _constraint(request: _Request) -> tuple[OutputConstraint | None, int]:
-        """A session's structured output, and the output already written under it (a reopened session replays it)."""
-        constraint = request.params.constraint
-        return constraint, len(request.generated) if constraint is not None else 0
+    def _output(self, request: _Request) -> SessionOutput:
+        """What a session's output follows (the request's grammar and logit rules, min_tokens holding back what
+        would end the output), and how much of it is written (a reopened session replays it)."""
+        p = request.params
+        rules = p.rules
+        if rules is not None:
+            rules = rules.ending([*p.stop_token_ids, *(() if p.ignore_eos else self.eos_token_ids)])
+        return SessionOutput(p.constraint, rules, len(request.generated))
 
     def _target_failed(self, request: _Request, target: TargetBackend, exc: Exception, kind: TargetFailure) -> None:
         """`target` failed the request (`kind`: its "session", or a "placement"): never again for this request."""
@@ -436,7 +449,8 @@ class Orchestrator:
             self.on_target_failure(kind)
 
     def _rounds(self, request: _Request, cancelled: Callable[[], bool]) -> Iterator[Chunk]:
-        detok = IncrementalDetokenizer(self.tokenizer, request.params.stop)
+        rules = request.params.rules
+        detok = IncrementalDetokenizer(self.tokenizer, request.params.stop, rules.min_tokens if rules else 0)
         first = True
         while True:
             if cancelled():
@@ -734,7 +748,7 @@ class Orchestrator:
         timeout = min(request.deadline.remaining(), self.draft_timeout_s)
         with _closed_if_abandoned(self.draft, session_id):
             ns = self.draft.prefill(
-                session_id, request.committed_ids, request.params.sampling, timeout, *self._constraint(request)
+                session_id, request.committed_ids, request.params.sampling, timeout, self._output(request)
             )
         request.draft_session = session_id
         request.opened.append((self.draft, session_id))

@@ -260,6 +260,7 @@ def generation_params(
         prompt_logprobs=req.requested_prompt_logprobs(),
         stop_token_ids=tuple(req.stop_token_ids or ()),
         constraint=req.output_constraint(),
+        rules=req.logit_rules(),
     )
 
 

@@ -53,6 +53,7 @@ from calispec_core.limits import (
     require_unicode,
     validate_prompt,
 )
+from calispec_core.logit_rules import LogitRules
 from calispec_core.sampling import MIN_TOP_P
 from coordinator.tool_calls import ToolChoice, forced_call_schema
 
@@ -125,16 +126,12 @@ class StreamOptions(OpenAIModel):
 # Fields of OpenAI's and vLLM's requests that change the output and are not implemented: each one's no-op value (None:
 # none but leaving it out). A client sending the no-op is served; any other value is a 400 naming the field.
 NOT_IMPLEMENTED: dict[str, Any] = {
-    "min_tokens": 0,
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
     "use_beam_search": False,
     "guided_whitespace_pattern": None,  # vLLM's JSON whitespace rule: `disable_any_whitespace` is served instead
     "structural_tag": None,
     # vLLM's output and prompt controls (ignored as unknown fields until wave 54: a 200 with other text)
     "include_stop_str_in_output": False,
     "skip_special_tokens": True,
-    "allowed_token_ids": None,
     "bad_words": [],
     "truncate_prompt_tokens": None,
     "logits_processors": None,
@@ -199,6 +196,14 @@ STRUCTURED_OUTPUT_FIELDS: dict[str, Callable[[Any], OutputConstraint | None]] = 
 }
 
 
+def _token_biases(value: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's logit_bias, whose keys are token ids written as strings."""
+    try:
+        return {int(key): bias for key, bias in (value or {}).items()}
+    except ValueError:
+        raise invalid("keys must be token ids (integers, written as strings)") from None
+
+
 class CalispecParams(OpenAIModel):
     """Sampling and speculative-decoding parameters shared by both endpoints."""
 
@@ -221,10 +226,14 @@ class CalispecParams(OpenAIModel):
     return_token_ids: bool = False  # vLLM's extension: each choice carries its new token ids
     ignore_eos: bool = False  # vLLM's extension: go on past EOS to the token limit (fixed-length load tests)
     stop_token_ids: list[StrictInt] | None = None  # vLLM's extension: a new token among them ends the choice (kept)
-    # not implemented: accepted only at their no-op values (clients send those by default)
+    # OpenAI's and vLLM's logit rules (`logit_rules`: calispec_core/logit_rules.py)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: StrictInt = 0
+    logit_bias: dict[str, float] | None = None  # token ids (as strings) -> bias
+    allowed_token_ids: list[StrictInt] | None = None
     # Structured output (`output_constraint`): OpenAI's JSON mode and schemas, vLLM's `structured_outputs` and its
     # older `guided_*` fields; one of them a request. Each becomes an OutputConstraint here (or None: free text).
     response_format: Any = None
@@ -235,15 +244,11 @@ class CalispecParams(OpenAIModel):
     guided_grammar: Any = None
     # vLLM's sampling extensions that change the output, not implemented: refused unless at their no-op values
     # (they were ignored, as unknown fields are: a request asking for a JSON shape got free text, with a 200)
-    min_tokens: Any = None
-    min_p: Any = None
-    repetition_penalty: Any = None
     use_beam_search: Any = None
     structural_tag: Any = None
     guided_whitespace_pattern: Any = None
     include_stop_str_in_output: Any = None
     skip_special_tokens: Any = None
-    allowed_token_ids: Any = None
     bad_words: Any = None
     truncate_prompt_tokens: Any = None
     logits_processors: Any = None
@@ -359,12 +364,41 @@ class CalispecParams(OpenAIModel):
             check_csd_thresholds(lambda_=value)
         return value
 
-    @field_validator("presence_penalty", "frequency_penalty")
+    @field_validator("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens")
     @classmethod
-    def _no_penalty(cls, value: float) -> float:
-        if value != 0:
-            raise invalid("penalties are not supported: send 0 or leave it out")
+    def _logit_rule(cls, value: float, info: ValidationInfo) -> float:
+        with domain_checked():
+            LogitRules(**{info.field_name or "": value}).validate()
         return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        with domain_checked():
+            LogitRules.of(logit_bias=_token_biases(value)).validate()
+        return value
+
+    @field_validator("allowed_token_ids")
+    @classmethod
+    def _allowed_token_ids(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and not value:
+            raise invalid("must hold at least one token id (leave it out for every token)")
+        with domain_checked():
+            LogitRules.of(allowed_token_ids=value).validate()
+        return value
+
+    def logit_rules(self) -> LogitRules | None:
+        """The request's penalties, logit bias, min_p, allowed ids and min_tokens; None when they change nothing."""
+        rules = LogitRules.of(
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            min_p=self.min_p,
+            logit_bias=_token_biases(self.logit_bias),
+            allowed_token_ids=self.allowed_token_ids,
+            min_tokens=self.min_tokens,
+        )
+        return rules if rules.active else None
 
     @field_validator(*NOT_IMPLEMENTED, mode="before")
     @classmethod
@@ -380,13 +414,6 @@ class CalispecParams(OpenAIModel):
     def _stop_token_ids(cls, value: list[int] | None) -> list[int] | None:
         with domain_checked():
             check_stop_token_ids(value or [])
-        return value
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise invalid("logit_bias is not supported: send {} or leave it out")
         return value
 
     prompt_field: ClassVar[str] = "prompt"  # what the context's refusal names when the prompt alone fills it

@@ -24,6 +24,7 @@ from calispec_core.generation import (
     mode_from_wire,
 )
 from calispec_core.grpc_server import create_grpc_server, wait_for_ready
+from calispec_core.logit_rules import rules_from_wire
 from calispec_core.metrics import new_registry
 from calispec_core.modeling import load_tokenizer, tokenizer_fingerprint
 from calispec_core.observability import ManagedServer, Observe, ended_by_deadline
@@ -83,6 +84,7 @@ def params_from_pb(msg: coordinator_pb2.GenerationParams, defaults: Defaults) ->
         prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
         stop_token_ids=tuple(msg.stop_token_ids),
         constraint=constraint_from_wire(msg.constraint, msg.HasField("constraint")),
+        rules=rules_from_wire(msg.rules, msg.HasField("rules"), from_client=True),
     )
 
 

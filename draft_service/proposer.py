@@ -13,9 +13,10 @@ from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
 from calispec_core.constraints import ConstraintCompiler, SessionGrammar, wants_grammar
-from calispec_core.errors import FailedPrecondition, require
-from calispec_core.generation import OutputConstraint
+from calispec_core.errors import FailedPrecondition, InvalidArgument, require
+from calispec_core.generation import FREE_OUTPUT, SessionOutput
 from calispec_core.limits import DEFAULT_RIDE_PREFILL_TOKENS, INT8, check_speculative_tokens
+from calispec_core.logit_rules import SessionRules
 from calispec_core.modeling import ModelRunner, Session, prefill_session, settle_riders, store_riders, wait_for
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.sampling import DRAFT_STREAM, SamplingConfig, make_generator, warp_probs
@@ -35,6 +36,7 @@ class DraftSession:
     # structured output: the grammar the proposals follow (None: free, or given up: see Proposer._follow)
     grammar: SessionGrammar | None = None
     output_start: int = 0  # where the output begins in session.tokens (the grammar follows tokens from there)
+    rules: SessionRules | None = None  # the request's logit rules (penalties, bias, ...), followed while drafting
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ class _Job:
         state = self.state
         if state.grammar is not None:
             logits = self._constrain(logits, state.grammar)
+        if state.rules is not None:
+            logits = self._follow_rules(logits, state)
         column, dist = pick(logits, state.sampling, state.generator)
         token = int(self.columns.token_ids(column))
         self.tokens.append(token)
@@ -106,6 +110,18 @@ class _Job:
         if not bool(allowed.any()):
             return logits
         return logits.masked_fill(~allowed, float("-inf"))  # a new tensor: the forward's is read-only
+
+    def _follow_rules(self, logits: torch.Tensor, state: DraftSession) -> torch.Tensor:
+        """[1, 1, C] logits under the session's logit rules; where they leave no token (rules at odds with the
+        grammar), the logits as they were: the target decides, drafting only moves acceptance."""
+        assert state.rules is not None
+        ruled = logits.clone()  # the forward's is read-only
+        output = state.session.tokens[state.output_start :]
+        try:
+            state.rules.apply(ruled[0], output, [], state.sampling.temperature, self.columns)
+        except InvalidArgument:  # allowed ids the grammar refuses: the target's to report
+            return logits
+        return ruled if bool(torch.isfinite(ruled).any()) else logits
 
     def _follows_to_the_end(self, token: int) -> bool:
         """The grammar takes the token; True when it is complete, so that drafting on is pointless (only the
@@ -192,14 +208,17 @@ class Proposer:
         token_ids: list[int],
         sampling: SamplingConfig,
         watch: Stopwatch,
-        constraint: OutputConstraint | None = None,
-        constraint_written: int = 0,
+        output: SessionOutput = FREE_OUTPUT,
     ) -> None:
         """Open the session; a short prompt computes nothing yet: it rides in the first step of the session's first
-        Propose (`prefill_session`). `constraint`: the grammar its proposals follow (structured output), the last
-        `constraint_written` of `token_ids` already written under it; ignored without structured output here."""
+        Propose (`prefill_session`). `output`: the grammar (structured output; ignored without structured output
+        here) and logit rules its proposals follow, the last `output.written` of `token_ids` already written."""
         sampling.validate(self.runner.vocab_size)
-        grammar = self._grammar(token_ids, constraint, constraint_written)
+        output.check(token_ids)
+        grammar = self._grammar(token_ids, output)
+        rules = None
+        if output.rules is not None and output.rules.active:
+            rules = SessionRules(output.rules, output.prompt(token_ids), self.runner.vocab_size, self.runner.device)
         with self.sessions.opening(session_id) as open_session:
             with watch.phase("forward"):
                 cache = None if self._isolated(sampling) else self.prefix_cache  # its KV: its own calls' only
@@ -207,15 +226,14 @@ class Proposer:
                     self.runner, session_id, token_ids, cache, ride_tokens=self.ride_prefill_tokens
                 )
             generator = make_generator(sampling.seed, DRAFT_STREAM, self.runner.device)
-            open_session(DraftSession(session, sampling, generator, grammar, len(token_ids) - constraint_written))
+            start = len(token_ids) - output.written
+            open_session(DraftSession(session, sampling, generator, grammar, start, rules))
 
-    def _grammar(
-        self, token_ids: list[int], constraint: OutputConstraint | None, written: int
-    ) -> SessionGrammar | None:
+    def _grammar(self, token_ids: list[int], output: SessionOutput) -> SessionGrammar | None:
         """Without structured output here the session drafts freely (the target still masks what it emits)."""
-        if not wants_grammar(constraint, written) or self.constraints is None:
+        if not wants_grammar(output.constraint) or self.constraints is None:
             return None
-        return self.constraints.open(token_ids, constraint, written)
+        return self.constraints.open(token_ids, output.constraint, output.written)
 
     def rollback(self, session_id: str, length: int, append: list[int]) -> int:
         state = self.sessions.get(session_id)

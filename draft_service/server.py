@@ -6,7 +6,6 @@ from calispec.v1 import draft_pb2, draft_pb2_grpc
 from calispec_core.access import PeerAllowlistInterceptor
 from calispec_core.errors import require
 from calispec_core.forward_costs import DRAFT_TOKEN_COUNTS, measure_forward_costs
-from calispec_core.generation import constraint_from_wire
 from calispec_core.grpc_server import create_grpc_server, handler_threads
 from calispec_core.metrics import new_registry
 from calispec_core.modeling import ModelRunner, check_prompt_fits
@@ -14,6 +13,7 @@ from calispec_core.observability import ManagedServer, Observe
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.protocol import (
     model_info_to_pb,
+    output_from_pb,
     sampling_from_pb,
     session_stats_to_pb,
     sparse_q_to_pb,
@@ -36,10 +36,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         watch = Stopwatch()
         check_prompt_fits(len(request.token_ids), self.proposer.runner.max_context)
         sampling = sampling_from_pb(request.sampling)
-        constraint = constraint_from_wire(request.constraint, request.HasField("constraint"))
-        self.proposer.prefill(
-            request.session_id, list(request.token_ids), sampling, watch, constraint, request.constraint_written
-        )
+        self.proposer.prefill(request.session_id, list(request.token_ids), sampling, watch, output_from_pb(request))
         return draft_pb2.DraftPrefillResponse(timing=timing_to_pb(watch))
 
     def _appended(self, request) -> list[int]:

@@ -21,13 +21,14 @@ from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
 from calispec_core.constraints import ConstraintCompiler, SessionGrammar, apply_masks, wants_grammar
 from calispec_core.errors import CalispecError, FailedPrecondition, InvalidArgument, require
-from calispec_core.generation import Mode, OutputConstraint, TokenLogprob
+from calispec_core.generation import FREE_OUTPUT, Mode, SessionOutput, TokenLogprob
 from calispec_core.limits import (
     DEFAULT_RIDE_PREFILL_TOKENS,
     MAX_SPECULATIVE_TOKENS,
     check_csd_thresholds,
     check_logprobs,
 )
+from calispec_core.logit_rules import SessionRules
 from calispec_core.modeling import ModelRunner, Session, prefill_session, settle_riders, store_riders, wait_for
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.sampling import TARGET_STREAM, SamplingConfig, make_generator
@@ -73,6 +74,12 @@ class TargetSession:
     rescue: RescueConfig
     generator: torch.Generator
     grammar: SessionGrammar | None = None  # structured output: the grammar every emitted token follows
+    rules: SessionRules | None = None  # the request's logit rules (penalties, bias, ...)
+    output_start: int = 0  # where the output begins in session.tokens
+
+    @property
+    def output(self) -> list[int]:
+        return self.session.tokens[self.output_start :]
 
 
 @dataclass(frozen=True)
@@ -145,18 +152,19 @@ class TargetEngine:
         rescue: RescueConfig,
         watch: Stopwatch,
         prompt_logprobs: int | None = None,
-        constraint: OutputConstraint | None = None,
-        constraint_written: int = 0,
+        output: SessionOutput = FREE_OUTPUT,
     ) -> list[TokenLogprob] | None:
         """Open the session. `prompt_logprobs`: None, or k to return each prompt token's log-probability from the
         second on (under the tokens before it) and the k most likely tokens at its position. A short prompt without
         `prompt_logprobs` computes nothing yet: it rides in the session's first round (`prefill_session`).
-        `constraint`: the grammar every token the session emits follows (structured output); `constraint_written`:
-        how many of `token_ids`' last tokens were already written under it (a reopened session replays them)."""
+        `output`: the grammar and logit rules every token the session emits follows, and how many of `token_ids`'
+        last tokens are output already written (a reopened session replays them)."""
         sampling.validate(self.runner.vocab_size)
         rescue.validate()
         check_logprobs(prompt_logprobs, "prompt_logprobs")
-        grammar = self._grammar(token_ids, constraint, constraint_written)
+        output.check(token_ids)
+        grammar = self._grammar(token_ids, output)
+        rules = self._rules(token_ids, output)
         report = PromptLogprobs(token_ids, prompt_logprobs) if prompt_logprobs is not None else None
         with self.sessions.opening(session_id) as open_session:
             with watch.phase("forward"):
@@ -164,18 +172,22 @@ class TargetEngine:
                     self.runner, session_id, token_ids, self.prefix_cache, report, self.ride_prefill_tokens
                 )
             generator = make_generator(sampling.seed, TARGET_STREAM, self.runner.device)
-            open_session(TargetSession(session, sampling, rescue, generator, grammar))
+            start = len(token_ids) - output.written
+            open_session(TargetSession(session, sampling, rescue, generator, grammar, rules, start))
         return report.entries if report is not None else None
 
-    def _grammar(
-        self, token_ids: list[int], constraint: OutputConstraint | None, written: int
-    ) -> SessionGrammar | None:
+    def _grammar(self, token_ids: list[int], output: SessionOutput) -> SessionGrammar | None:
         """The session's grammar state, past the output already written; checked before any session opens."""
-        if not wants_grammar(constraint, written):
+        if not wants_grammar(output.constraint):
             return None
         if self.constraints is None:
             raise FailedPrecondition("this target serves no structured output (it runs with --no-structured-output)")
-        return self.constraints.open(token_ids, constraint, written)
+        return self.constraints.open(token_ids, output.constraint, output.written)
+
+    def _rules(self, token_ids: list[int], output: SessionOutput) -> SessionRules | None:
+        if output.rules is None or not output.rules.active:
+            return None
+        return SessionRules(output.rules, output.prompt(token_ids), self.runner.vocab_size, self.runner.device)
 
     def close(self, session_id: str) -> None:
         self.sessions.remove(session_id)
@@ -228,6 +240,7 @@ class TargetEngine:
             with watch.phase("verify"):
                 batch = self._verify_input(rows, logits)
                 apply_masks(batch.target_logits, masks)
+                self._apply_rules(rows, batch.target_logits)
                 out = verify(batch, self.table.counts, self.meaning_keys)
                 outcome = torch.stack(
                     [
@@ -275,6 +288,16 @@ class TargetEngine:
             for phase in ("forward", "verify", "memory"):
                 row.watch.add(phase, watch.get(phase))
         return results
+
+    @staticmethod
+    def _apply_rules(rows: Sequence[_Row], logits: torch.Tensor) -> None:
+        """Each row's logit rules on its [G+1, V] logits (after its grammar's mask), position i under the output
+        and the row's first i drafts."""
+        for b, row in enumerate(rows):
+            state = row.state
+            if state.rules is not None:
+                width = len(row.draft) + 1
+                state.rules.apply(logits[b, :width], state.output, row.draft, state.sampling.temperature)
 
     @staticmethod
     def _logprobs(
@@ -381,6 +404,7 @@ class TargetEngine:
             log_tau=torch.tensor([math.log(r.tau) for r in rescues], dtype=torch.float32, device=device),
             lambda_=torch.tensor([r.lambda_ for r in rescues], dtype=torch.long, device=device),
             generators=[r.state.generator for r in rows],
+            shaped=torch.tensor([r.state.rules is not None for r in rows], device=device),
         )
 
     def _padded_logits(self, rows: Sequence[_Row], logits: list[torch.Tensor], width: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ from calispec.v1 import target_pb2, target_pb2_grpc
 from calispec_core.access import PeerAllowlistInterceptor
 from calispec_core.errors import InvalidArgument
 from calispec_core.forward_costs import TARGET_TOKEN_COUNTS, measure_forward_costs
-from calispec_core.generation import Mode, constraint_from_wire, mode_from_wire
+from calispec_core.generation import Mode, mode_from_wire
 from calispec_core.grpc_server import create_grpc_server, handler_threads
 from calispec_core.metrics import new_registry
 from calispec_core.modeling import ModelRunner, check_prompt_fits
@@ -19,6 +19,7 @@ from calispec_core.observability import ManagedServer, Observe
 from calispec_core.prefix_cache import PrefixCache
 from calispec_core.protocol import (
     model_info_to_pb,
+    output_from_pb,
     sampling_from_pb,
     session_stats_to_pb,
     sparse_q_from_pb,
@@ -77,16 +78,9 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         sampling = sampling_from_pb(request.sampling)
         rescue = rescue_from_pb(request)
         asked = request.prompt_logprobs if request.HasField("prompt_logprobs") else None
-        constraint = constraint_from_wire(request.constraint, request.HasField("constraint"))
+        output = output_from_pb(request)
         logprobs = self.engine.prefill(
-            request.session_id,
-            list(request.token_ids),
-            sampling,
-            rescue,
-            watch,
-            asked,
-            constraint,
-            request.constraint_written,
+            request.session_id, list(request.token_ids), sampling, rescue, watch, asked, output
         )
         return target_pb2.TargetPrefillResponse(
             timing=timing_to_pb(watch), prompt_logprobs=[lp.to_pb() for lp in logprobs or ()]
@@ -122,6 +116,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
     def GetModelInfo(self, request, context):
         info = model_info_to_pb(self.engine.runner)
         info.structured_output = self.engine.constraints is not None
+        info.logit_rules = True
         return target_pb2.TargetModelInfoResponse(info=info)
 
     def GetStats(self, request, context):

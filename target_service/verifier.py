@@ -31,9 +31,13 @@ temperature / top-k / top-p warping; z = the target's raw logits):
 - **rejection event**: a (x̃_i, t*_i) pair at a rescued position or at the final rejected
   position with x̃_i != t*_i; these feed the correction memory.
 - **refused** token: a draft token whose logit is -inf, i.e. a structured output's grammar forbids it
-  there (the target masks the logits before verification: calispec_core/constraints.py). It has no probability,
+  there (the target masks the logits before verification: calispec_core/constraints.py), or a request's logit
+  rules do (allowed token ids, min_tokens, min_p). It has no probability,
   so it is rejected, never rescued, and records no event: the pair says nothing about the draft's
   confusions, only about the grammar.
+- **shaped** row: one whose logits a request's logit rules changed (penalties, logit bias, ...:
+  calispec_core/logit_rules.py) before verification; z and t* are the shaped ones, and the row records no
+  events: its pairs would teach the shared memory one request's preferences, not the draft's confusions.
 
 The round emits `draft_tokens[b, :accepted_count[b]]` followed by `next_token[b]`. Greedy rows
 reproduce target-only greedy decoding exactly in mode SD; sampling rows in mode SD are
@@ -105,6 +109,7 @@ class VerifyInput:
     log_tau: Tensor  # [B] float32, log τ of the SCG gate
     lambda_: Tensor  # [B] int64, OCM count threshold (rescuable iff count > λ)
     generators: list[torch.Generator]  # [B], each on the logits' device
+    shaped: Tensor | None = None  # [B] bool: rows whose logits a request's logit rules reshaped (None: none)
 
     def check_shapes(self) -> None:
         """Shape, dtype and device checks that need no host sync (verify() runs them)."""
@@ -129,6 +134,9 @@ class VerifyInput:
             )
             require(self.draft_probs.device == device, f"draft_probs must be on {device}")
         require(len(self.generators) == batch, f"need {batch} generators, got {len(self.generators)}")
+        if self.shaped is not None:
+            require(self.shaped.shape == (batch,) and self.shaped.dtype == torch.bool, f"shaped must be [{batch}] bool")
+            require(self.shaped.device == device, f"shaped must be on {device}")
 
     def validate(self) -> VerifyInput:
         """Value checks on top of check_shapes(); these sync with the device, so the service runs
@@ -220,11 +228,15 @@ def verify(inp: VerifyInput, pair_counts: PairCountFn, meaning_keys: Tensor | No
         rescued=rescued,
         next_token=emitted.gather(1, accepted_count.view(-1, 1)).view(-1),  # [B]
         next_is_bonus=accepted_count == inp.num_draft,
-        event_mask=rescued | final_rejection,
+        event_mask=(rescued | final_rejection) & ~_shaped(inp).view(-1, 1),
         withheld=withheld & final_rejection,  # only the one that ended the round was ever reached
         target_tokens=torch.where(valid, target, PLACEHOLDER_TOKEN_ID),
         finite=finite,
     )
+
+
+def _shaped(inp: VerifyInput) -> Tensor:  # [B] bool
+    return inp.shaped if inp.shaped is not None else torch.zeros_like(inp.num_draft, dtype=torch.bool)
 
 
 def _standard_rule(

@@ -68,6 +68,33 @@ class OutputConstraint(_message.Message):
     disable_any_whitespace: bool
     def __init__(self, kind: _Optional[_Union[OutputConstraint.Kind, str]] = ..., spec: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ..., disable_any_whitespace: _Optional[bool] = ...) -> None: ...
 
+class LogitRules(_message.Message):
+    __slots__ = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "logit_bias", "allowed_token_ids", "min_tokens", "end_token_ids")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    END_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    min_p: float
+    logit_bias: _containers.ScalarMap[int, float]
+    allowed_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    min_tokens: int
+    end_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., min_tokens: _Optional[int] = ..., end_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class TokenLogprobs(_message.Message):
     __slots__ = ("logprob", "top_token_ids", "top_logprobs")
     LOGPROB_FIELD_NUMBER: _ClassVar[int]
@@ -103,7 +130,7 @@ class SparseDistributions(_message.Message):
     def __init__(self, row_sizes: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_id", "vocab_size", "tokenizer_fingerprint", "max_context", "dtype", "device", "eos_token_ids", "forward_costs", "fp32_linear", "structured_output")
+    __slots__ = ("model_id", "vocab_size", "tokenizer_fingerprint", "max_context", "dtype", "device", "eos_token_ids", "forward_costs", "fp32_linear", "structured_output", "logit_rules")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +141,7 @@ class ModelInfo(_message.Message):
     FORWARD_COSTS_FIELD_NUMBER: _ClassVar[int]
     FP32_LINEAR_FIELD_NUMBER: _ClassVar[int]
     STRUCTURED_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_RULES_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     vocab_size: int
     tokenizer_fingerprint: str
@@ -124,7 +152,8 @@ class ModelInfo(_message.Message):
     forward_costs: _containers.RepeatedCompositeFieldContainer[ForwardCost]
     fp32_linear: str
     structured_output: bool
-    def __init__(self, model_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., forward_costs: _Optional[_Iterable[_Union[ForwardCost, _Mapping]]] = ..., fp32_linear: _Optional[str] = ..., structured_output: _Optional[bool] = ...) -> None: ...
+    logit_rules: bool
+    def __init__(self, model_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., forward_costs: _Optional[_Iterable[_Union[ForwardCost, _Mapping]]] = ..., fp32_linear: _Optional[str] = ..., structured_output: _Optional[bool] = ..., logit_rules: _Optional[bool] = ...) -> None: ...
 
 class ForwardCost(_message.Message):
     __slots__ = ("new_tokens", "ms")

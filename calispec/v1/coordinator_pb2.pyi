@@ -20,7 +20,7 @@ FINISH_REASON_EOS: FinishReason
 FINISH_REASON_STOP: FinishReason
 
 class GenerationParams(_message.Message):
-    __slots__ = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "num_speculative_tokens", "mode", "tau", "lambda_", "ignore_eos", "logprobs", "prompt_logprobs", "stop_token_ids", "constraint")
+    __slots__ = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "num_speculative_tokens", "mode", "tau", "lambda_", "ignore_eos", "logprobs", "prompt_logprobs", "stop_token_ids", "constraint", "rules")
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class GenerationParams(_message.Message):
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     temperature: float
     top_p: float
@@ -51,7 +52,8 @@ class GenerationParams(_message.Message):
     prompt_logprobs: int
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     constraint: _common_pb2.OutputConstraint
-    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., num_speculative_tokens: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., tau: _Optional[float] = ..., lambda_: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., constraint: _Optional[_Union[_common_pb2.OutputConstraint, _Mapping]] = ...) -> None: ...
+    rules: _common_pb2.LogitRules
+    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., num_speculative_tokens: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., tau: _Optional[float] = ..., lambda_: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., constraint: _Optional[_Union[_common_pb2.OutputConstraint, _Mapping]] = ..., rules: _Optional[_Union[_common_pb2.LogitRules, _Mapping]] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
     __slots__ = ("prompt_tokens", "rounds", "drafted", "accepted", "rescued", "emitted", "draft_ms", "target_ms", "memory_ms", "coordinator_ms", "total_ms", "acceptance_rate", "rejections", "max_batch_size", "draft_unavailable_rounds", "target_failovers", "mean_gamma", "target_only_rounds", "round_overhead_ms", "withheld_rescues")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from calispec.v1 import common_pb2 as calispec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x63\x61lispec/v1/draft.proto\x12\x0b\x63\x61lispec.v1\x1a\x18\x63\x61lispec/v1/common.proto\"\xba\x01\n\x13\x44raftPrefillRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12-\n\x08sampling\x18\x03 \x01(\x0b\x32\x1b.calispec.v1.SamplingParams\x12\x31\n\nconstraint\x18\x04 \x01(\x0b\x32\x1d.calispec.v1.OutputConstraint\x12\x1a\n\x12\x63onstraint_written\x18\x05 \x01(\r\";\n\x14\x44raftPrefillResponse\x12#\n\x06timing\x18\x01 \x01(\x0b\x32\x13.calispec.v1.Timing\"\xc1\x01\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x18\n\x0brollback_to\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x10\x61ppend_token_ids\x18\x04 \x03(\r\x12\x16\n\x0emin_confidence\x18\x05 \x01(\x02\x12\x0e\n\x06\x63ohort\x18\x06 \x01(\r\x12\x1b\n\x13min_path_confidence\x18\x07 \x01(\x02\x42\x0e\n\x0c_rollback_to\"\xb9\x01\n\x0fProposeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x13\n\x0btoken_probs\x18\x02 \x03(\x02\x12\r\n\x05probs\x18\x03 \x01(\x0c\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12#\n\x06timing\x18\x05 \x01(\x0b\x32\x13.calispec.v1.Timing\x12\x36\n\x0csparse_probs\x18\x06 \x01(\x0b\x32 .calispec.v1.SparseDistributions\"O\n\x0fRollbackRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06length\x18\x02 \x01(\r\x12\x18\n\x10\x61ppend_token_ids\x18\x03 \x03(\r\"\"\n\x10RollbackResponse\x12\x0e\n\x06length\x18\x01 \x01(\r\"\'\n\x11\x44raftCloseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x14\n\x12\x44raftCloseResponse\"\x17\n\x15\x44raftModelInfoRequest\">\n\x16\x44raftModelInfoResponse\x12$\n\x04info\x18\x01 \x01(\x0b\x32\x16.calispec.v1.ModelInfo\"\x13\n\x11\x44raftStatsRequest\"A\n\x12\x44raftStatsResponse\x12+\n\x08sessions\x18\x01 \x01(\x0b\x32\x19.calispec.v1.SessionStats2\xdd\x03\n\x0c\x44raftService\x12N\n\x07Prefill\x12 .calispec.v1.DraftPrefillRequest\x1a!.calispec.v1.DraftPrefillResponse\x12\x44\n\x07Propose\x12\x1b.calispec.v1.ProposeRequest\x1a\x1c.calispec.v1.ProposeResponse\x12G\n\x08Rollback\x12\x1c.calispec.v1.RollbackRequest\x1a\x1d.calispec.v1.RollbackResponse\x12H\n\x05\x43lose\x12\x1e.calispec.v1.DraftCloseRequest\x1a\x1f.calispec.v1.DraftCloseResponse\x12W\n\x0cGetModelInfo\x12\".calispec.v1.DraftModelInfoRequest\x1a#.calispec.v1.DraftModelInfoResponse\x12K\n\x08GetStats\x12\x1e.calispec.v1.DraftStatsRequest\x1a\x1f.calispec.v1.DraftStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x63\x61lispec/v1/draft.proto\x12\x0b\x63\x61lispec.v1\x1a\x18\x63\x61lispec/v1/common.proto\"\xde\x01\n\x13\x44raftPrefillRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12-\n\x08sampling\x18\x03 \x01(\x0b\x32\x1b.calispec.v1.SamplingParams\x12\x31\n\nconstraint\x18\x04 \x01(\x0b\x32\x1d.calispec.v1.OutputConstraint\x12\x16\n\x0eoutput_written\x18\x05 \x01(\r\x12&\n\x05rules\x18\x06 \x01(\x0b\x32\x17.calispec.v1.LogitRules\";\n\x14\x44raftPrefillResponse\x12#\n\x06timing\x18\x01 \x01(\x0b\x32\x13.calispec.v1.Timing\"\xc1\x01\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x18\n\x0brollback_to\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x10\x61ppend_token_ids\x18\x04 \x03(\r\x12\x16\n\x0emin_confidence\x18\x05 \x01(\x02\x12\x0e\n\x06\x63ohort\x18\x06 \x01(\r\x12\x1b\n\x13min_path_confidence\x18\x07 \x01(\x02\x42\x0e\n\x0c_rollback_to\"\xb9\x01\n\x0fProposeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x13\n\x0btoken_probs\x18\x02 \x03(\x02\x12\r\n\x05probs\x18\x03 \x01(\x0c\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12#\n\x06timing\x18\x05 \x01(\x0b\x32\x13.calispec.v1.Timing\x12\x36\n\x0csparse_probs\x18\x06 \x01(\x0b\x32 .calispec.v1.SparseDistributions\"O\n\x0fRollbackRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06length\x18\x02 \x01(\r\x12\x18\n\x10\x61ppend_token_ids\x18\x03 \x03(\r\"\"\n\x10RollbackResponse\x12\x0e\n\x06length\x18\x01 \x01(\r\"\'\n\x11\x44raftCloseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x14\n\x12\x44raftCloseResponse\"\x17\n\x15\x44raftModelInfoRequest\">\n\x16\x44raftModelInfoResponse\x12$\n\x04info\x18\x01 \x01(\x0b\x32\x16.calispec.v1.ModelInfo\"\x13\n\x11\x44raftStatsRequest\"A\n\x12\x44raftStatsResponse\x12+\n\x08sessions\x18\x01 \x01(\x0b\x32\x19.calispec.v1.SessionStats2\xdd\x03\n\x0c\x44raftService\x12N\n\x07Prefill\x12 .calispec.v1.DraftPrefillRequest\x1a!.calispec.v1.DraftPrefillResponse\x12\x44\n\x07Propose\x12\x1b.calispec.v1.ProposeRequest\x1a\x1c.calispec.v1.ProposeResponse\x12G\n\x08Rollback\x12\x1c.calispec.v1.RollbackRequest\x1a\x1d.calispec.v1.RollbackResponse\x12H\n\x05\x43lose\x12\x1e.calispec.v1.DraftCloseRequest\x1a\x1f.calispec.v1.DraftCloseResponse\x12W\n\x0cGetModelInfo\x12\".calispec.v1.DraftModelInfoRequest\x1a#.calispec.v1.DraftModelInfoResponse\x12K\n\x08GetStats\x12\x1e.calispec.v1.DraftStatsRequest\x1a\x1f.calispec.v1.DraftStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,29 +33,29 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'calispec.v1.draft_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DRAFTPREFILLREQUEST']._serialized_start=67
-  _globals['_DRAFTPREFILLREQUEST']._serialized_end=253
-  _globals['_DRAFTPREFILLRESPONSE']._serialized_start=255
-  _globals['_DRAFTPREFILLRESPONSE']._serialized_end=314
-  _globals['_PROPOSEREQUEST']._serialized_start=317
-  _globals['_PROPOSEREQUEST']._serialized_end=510
-  _globals['_PROPOSERESPONSE']._serialized_start=513
-  _globals['_PROPOSERESPONSE']._serialized_end=698
-  _globals['_ROLLBACKREQUEST']._serialized_start=700
-  _globals['_ROLLBACKREQUEST']._serialized_end=779
-  _globals['_ROLLBACKRESPONSE']._serialized_start=781
-  _globals['_ROLLBACKRESPONSE']._serialized_end=815
-  _globals['_DRAFTCLOSEREQUEST']._serialized_start=817
-  _globals['_DRAFTCLOSEREQUEST']._serialized_end=856
-  _globals['_DRAFTCLOSERESPONSE']._serialized_start=858
-  _globals['_DRAFTCLOSERESPONSE']._serialized_end=878
-  _globals['_DRAFTMODELINFOREQUEST']._serialized_start=880
-  _globals['_DRAFTMODELINFOREQUEST']._serialized_end=903
-  _globals['_DRAFTMODELINFORESPONSE']._serialized_start=905
-  _globals['_DRAFTMODELINFORESPONSE']._serialized_end=967
-  _globals['_DRAFTSTATSREQUEST']._serialized_start=969
-  _globals['_DRAFTSTATSREQUEST']._serialized_end=988
-  _globals['_DRAFTSTATSRESPONSE']._serialized_start=990
-  _globals['_DRAFTSTATSRESPONSE']._serialized_end=1055
-  _globals['_DRAFTSERVICE']._serialized_start=1058
-  _globals['_DRAFTSERVICE']._serialized_end=1535
+  _globals['_DRAFTPREFILLREQUEST']._serialized_end=289
+  _globals['_DRAFTPREFILLRESPONSE']._serialized_start=291
+  _globals['_DRAFTPREFILLRESPONSE']._serialized_end=350
+  _globals['_PROPOSEREQUEST']._serialized_start=353
+  _globals['_PROPOSEREQUEST']._serialized_end=546
+  _globals['_PROPOSERESPONSE']._serialized_start=549
+  _globals['_PROPOSERESPONSE']._serialized_end=734
+  _globals['_ROLLBACKREQUEST']._serialized_start=736
+  _globals['_ROLLBACKREQUEST']._serialized_end=815
+  _globals['_ROLLBACKRESPONSE']._serialized_start=817
+  _globals['_ROLLBACKRESPONSE']._serialized_end=851
+  _globals['_DRAFTCLOSEREQUEST']._serialized_start=853
+  _globals['_DRAFTCLOSEREQUEST']._serialized_end=892
+  _globals['_DRAFTCLOSERESPONSE']._serialized_start=894
+  _globals['_DRAFTCLOSERESPONSE']._serialized_end=914
+  _globals['_DRAFTMODELINFOREQUEST']._serialized_start=916
+  _globals['_DRAFTMODELINFOREQUEST']._serialized_end=939
+  _globals['_DRAFTMODELINFORESPONSE']._serialized_start=941
+  _globals['_DRAFTMODELINFORESPONSE']._serialized_end=1003
+  _globals['_DRAFTSTATSREQUEST']._serialized_start=1005
+  _globals['_DRAFTSTATSREQUEST']._serialized_end=1024
+  _globals['_DRAFTSTATSRESPONSE']._serialized_start=1026
+  _globals['_DRAFTSTATSRESPONSE']._serialized_end=1091
+  _globals['_DRAFTSERVICE']._serialized_start=1094
+  _globals['_DRAFTSERVICE']._serialized_end=1571
 # @@protoc_insertion_point(module_scope)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from calispec.v1 import common_pb2 as calispec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x63\x61lispec/v1/target.proto\x12\x0b\x63\x61lispec.v1\x1a\x18\x63\x61lispec/v1/common.proto\"\xb9\x02\n\x14TargetPrefillRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12-\n\x08sampling\x18\x03 \x01(\x0b\x32\x1b.calispec.v1.SamplingParams\x12\x1f\n\x04mode\x18\x04 \x01(\x0e\x32\x11.calispec.v1.Mode\x12)\n\x06rescue\x18\x05 \x01(\x0b\x32\x19.calispec.v1.RescueParams\x12\x1c\n\x0fprompt_logprobs\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\x31\n\nconstraint\x18\x07 \x01(\x0b\x32\x1d.calispec.v1.OutputConstraint\x12\x1a\n\x12\x63onstraint_written\x18\x08 \x01(\rB\x12\n\x10_prompt_logprobs\"q\n\x15TargetPrefillResponse\x12#\n\x06timing\x18\x01 \x01(\x0b\x32\x13.calispec.v1.Timing\x12\x33\n\x0fprompt_logprobs\x18\x02 \x03(\x0b\x32\x1a.calispec.v1.TokenLogprobs\"\xdd\x01\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x17\n\x0f\x64raft_token_ids\x18\x02 \x03(\r\x12\x13\n\x0b\x64raft_probs\x18\x03 \x01(\x0c\x12\x18\n\x10\x64raft_vocab_size\x18\x04 \x01(\r\x12<\n\x12\x64raft_sparse_probs\x18\x05 \x01(\x0b\x32 .calispec.v1.SparseDistributions\x12\x0e\n\x06\x63ohort\x18\x06 \x01(\r\x12\x15\n\x08logprobs\x18\x07 \x01(\rH\x00\x88\x01\x01\x42\x0b\n\t_logprobs\"\x9c\x02\n\x0eVerifyResponse\x12\x16\n\x0e\x61\x63\x63\x65pted_count\x18\x01 \x01(\r\x12\x19\n\x11rescued_positions\x18\x02 \x03(\r\x12\x15\n\rnext_token_id\x18\x03 \x01(\r\x12\x15\n\rnext_is_bonus\x18\x04 \x01(\x08\x12\x12\n\nrejections\x18\x05 \x01(\r\x12#\n\x06timing\x18\x06 \x01(\x0b\x32\x13.calispec.v1.Timing\x12\x12\n\nbatch_size\x18\x07 \x01(\r\x12\x14\n\x0c\x62\x61tch_tokens\x18\x08 \x01(\r\x12\x18\n\x10withheld_rescues\x18\t \x01(\r\x12,\n\x08logprobs\x18\n \x03(\x0b\x32\x1a.calispec.v1.TokenLogprobs\"(\n\x12TargetCloseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x15\n\x13TargetCloseResponse\"\x18\n\x16TargetModelInfoRequest\"?\n\x17TargetModelInfoResponse\x12$\n\x04info\x18\x01 \x01(\x0b\x32\x16.calispec.v1.ModelInfo\"\x14\n\x12TargetStatsRequest\"\x8e\x01\n\x13TargetStatsResponse\x12+\n\x08sessions\x18\x01 \x01(\x0b\x32\x19.calispec.v1.SessionStats\x12\x16\n\x0ememory_version\x18\x02 \x01(\x03\x12\x14\n\x0cmemory_pairs\x18\x03 \x01(\x04\x12\x1c\n\x14memory_pairs_skipped\x18\x04 \x01(\x04\x32\x9a\x03\n\rTargetService\x12P\n\x07Prefill\x12!.calispec.v1.TargetPrefillRequest\x1a\".calispec.v1.TargetPrefillResponse\x12\x41\n\x06Verify\x12\x1a.calispec.v1.VerifyRequest\x1a\x1b.calispec.v1.VerifyResponse\x12J\n\x05\x43lose\x12\x1f.calispec.v1.TargetCloseRequest\x1a .calispec.v1.TargetCloseResponse\x12Y\n\x0cGetModelInfo\x12#.calispec.v1.TargetModelInfoRequest\x1a$.calispec.v1.TargetModelInfoResponse\x12M\n\x08GetStats\x12\x1f.calispec.v1.TargetStatsRequest\x1a .calispec.v1.TargetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x63\x61lispec/v1/target.proto\x12\x0b\x63\x61lispec.v1\x1a\x18\x63\x61lispec/v1/common.proto\"\xdd\x02\n\x14TargetPrefillRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12-\n\x08sampling\x18\x03 \x01(\x0b\x32\x1b.calispec.v1.SamplingParams\x12\x1f\n\x04mode\x18\x04 \x01(\x0e\x32\x11.calispec.v1.Mode\x12)\n\x06rescue\x18\x05 \x01(\x0b\x32\x19.calispec.v1.RescueParams\x12\x1c\n\x0fprompt_logprobs\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\x31\n\nconstraint\x18\x07 \x01(\x0b\x32\x1d.calispec.v1.OutputConstraint\x12\x16\n\x0eoutput_written\x18\x08 \x01(\r\x12&\n\x05rules\x18\t \x01(\x0b\x32\x17.calispec.v1.LogitRulesB\x12\n\x10_prompt_logprobs\"q\n\x15TargetPrefillResponse\x12#\n\x06timing\x18\x01 \x01(\x0b\x32\x13.calispec.v1.Timing\x12\x33\n\x0fprompt_logprobs\x18\x02 \x03(\x0b\x32\x1a.calispec.v1.TokenLogprobs\"\xdd\x01\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x17\n\x0f\x64raft_token_ids\x18\x02 \x03(\r\x12\x13\n\x0b\x64raft_probs\x18\x03 \x01(\x0c\x12\x18\n\x10\x64raft_vocab_size\x18\x04 \x01(\r\x12<\n\x12\x64raft_sparse_probs\x18\x05 \x01(\x0b\x32 .calispec.v1.SparseDistributions\x12\x0e\n\x06\x63ohort\x18\x06 \x01(\r\x12\x15\n\x08logprobs\x18\x07 \x01(\rH\x00\x88\x01\x01\x42\x0b\n\t_logprobs\"\x9c\x02\n\x0eVerifyResponse\x12\x16\n\x0e\x61\x63\x63\x65pted_count\x18\x01 \x01(\r\x12\x19\n\x11rescued_positions\x18\x02 \x03(\r\x12\x15\n\rnext_token_id\x18\x03 \x01(\r\x12\x15\n\rnext_is_bonus\x18\x04 \x01(\x08\x12\x12\n\nrejections\x18\x05 \x01(\r\x12#\n\x06timing\x18\x06 \x01(\x0b\x32\x13.calispec.v1.Timing\x12\x12\n\nbatch_size\x18\x07 \x01(\r\x12\x14\n\x0c\x62\x61tch_tokens\x18\x08 \x01(\r\x12\x18\n\x10withheld_rescues\x18\t \x01(\r\x12,\n\x08logprobs\x18\n \x03(\x0b\x32\x1a.calispec.v1.TokenLogprobs\"(\n\x12TargetCloseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x15\n\x13TargetCloseResponse\"\x18\n\x16TargetModelInfoRequest\"?\n\x17TargetModelInfoResponse\x12$\n\x04info\x18\x01 \x01(\x0b\x32\x16.calispec.v1.ModelInfo\"\x14\n\x12TargetStatsRequest\"\x8e\x01\n\x13TargetStatsResponse\x12+\n\x08sessions\x18\x01 \x01(\x0b\x32\x19.calispec.v1.SessionStats\x12\x16\n\x0ememory_version\x18\x02 \x01(\x03\x12\x14\n\x0cmemory_pairs\x18\x03 \x01(\x04\x12\x1c\n\x14memory_pairs_skipped\x18\x04 \x01(\x04\x32\x9a\x03\n\rTargetService\x12P\n\x07Prefill\x12!.calispec.v1.TargetPrefillRequest\x1a\".calispec.v1.TargetPrefillResponse\x12\x41\n\x06Verify\x12\x1a.calispec.v1.VerifyRequest\x1a\x1b.calispec.v1.VerifyResponse\x12J\n\x05\x43lose\x12\x1f.calispec.v1.TargetCloseRequest\x1a .calispec.v1.TargetCloseResponse\x12Y\n\x0cGetModelInfo\x12#.calispec.v1.TargetModelInfoRequest\x1a$.calispec.v1.TargetModelInfoResponse\x12M\n\x08GetStats\x12\x1f.calispec.v1.TargetStatsRequest\x1a .calispec.v1.TargetStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,25 +33,25 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'calispec.v1.target_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TARGETPREFILLREQUEST']._serialized_start=68
-  _globals['_TARGETPREFILLREQUEST']._serialized_end=381
-  _globals['_TARGETPREFILLRESPONSE']._serialized_start=383
-  _globals['_TARGETPREFILLRESPONSE']._serialized_end=496
-  _globals['_VERIFYREQUEST']._serialized_start=499
-  _globals['_VERIFYREQUEST']._serialized_end=720
-  _globals['_VERIFYRESPONSE']._serialized_start=723
-  _globals['_VERIFYRESPONSE']._serialized_end=1007
-  _globals['_TARGETCLOSEREQUEST']._serialized_start=1009
-  _globals['_TARGETCLOSEREQUEST']._serialized_end=1049
-  _globals['_TARGETCLOSERESPONSE']._serialized_start=1051
-  _globals['_TARGETCLOSERESPONSE']._serialized_end=1072
-  _globals['_TARGETMODELINFOREQUEST']._serialized_start=1074
-  _globals['_TARGETMODELINFOREQUEST']._serialized_end=1098
-  _globals['_TARGETMODELINFORESPONSE']._serialized_start=1100
-  _globals['_TARGETMODELINFORESPONSE']._serialized_end=1163
-  _globals['_TARGETSTATSREQUEST']._serialized_start=1165
-  _globals['_TARGETSTATSREQUEST']._serialized_end=1185
-  _globals['_TARGETSTATSRESPONSE']._serialized_start=1188
-  _globals['_TARGETSTATSRESPONSE']._serialized_end=1330
-  _globals['_TARGETSERVICE']._serialized_start=1333
-  _globals['_TARGETSERVICE']._serialized_end=1743
+  _globals['_TARGETPREFILLREQUEST']._serialized_end=417
+  _globals['_TARGETPREFILLRESPONSE']._serialized_start=419
+  _globals['_TARGETPREFILLRESPONSE']._serialized_end=532
+  _globals['_VERIFYREQUEST']._serialized_start=535
+  _globals['_VERIFYREQUEST']._serialized_end=756
+  _globals['_VERIFYRESPONSE']._serialized_start=759
+  _globals['_VERIFYRESPONSE']._serialized_end=1043
+  _globals['_TARGETCLOSEREQUEST']._serialized_start=1045
+  _globals['_TARGETCLOSEREQUEST']._serialized_end=1085
+  _globals['_TARGETCLOSERESPONSE']._serialized_start=1087
+  _globals['_TARGETCLOSERESPONSE']._serialized_end=1108
+  _globals['_TARGETMODELINFOREQUEST']._serialized_start=1110
+  _globals['_TARGETMODELINFOREQUEST']._serialized_end=1134
+  _globals['_TARGETMODELINFORESPONSE']._serialized_start=1136
+  _globals['_TARGETMODELINFORESPONSE']._serialized_end=1199
+  _globals['_TARGETSTATSREQUEST']._serialized_start=1201
+  _globals['_TARGETSTATSREQUEST']._serialized_end=1221
+  _globals['_TARGETSTATSRESPONSE']._serialized_start=1224
+  _globals['_TARGETSTATSRESPONSE']._serialized_end=1366
+  _globals['_TARGETSERVICE']._serialized_start=1369
+  _globals['_TARGETSERVICE']._serialized_end=1779
 # @@protoc_insertion_point(module_scope)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TargetPrefillRequest(_message.Message):
-    __slots__ = ("session_id", "token_ids", "sampling", "mode", "rescue", "prompt_logprobs", "constraint", "constraint_written")
+    __slots__ = ("session_id", "token_ids", "sampling", "mode", "rescue", "prompt_logprobs", "constraint", "output_written", "rules")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -16,7 +16,8 @@ class TargetPrefillRequest(_message.Message):
     RESCUE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
-    CONSTRAINT_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
@@ -24,8 +25,9 @@ class TargetPrefillRequest(_message.Message):
     rescue: _common_pb2.RescueParams
     prompt_logprobs: int
     constraint: _common_pb2.OutputConstraint
-    constraint_written: int
-    def __init__(self, session_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., rescue: _Optional[_Union[_common_pb2.RescueParams, _Mapping]] = ..., prompt_logprobs: _Optional[int] = ..., constraint: _Optional[_Union[_common_pb2.OutputConstraint, _Mapping]] = ..., constraint_written: _Optional[int] = ...) -> None: ...
+    output_written: int
+    rules: _common_pb2.LogitRules
+    def __init__(self, session_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., rescue: _Optional[_Union[_common_pb2.RescueParams, _Mapping]] = ..., prompt_logprobs: _Optional[int] = ..., constraint: _Optional[_Union[_common_pb2.OutputConstraint, _Mapping]] = ..., output_written: _Optional[int] = ..., rules: _Optional[_Union[_common_pb2.LogitRules, _Mapping]] = ...) -> None: ...
 
 class TargetPrefillResponse(_message.Message):
     __slots__ = ("timing", "prompt_logprobs")

@@ -105,6 +105,10 @@ def messages(descriptor: Any, depth: int = 0) -> st.SearchStrategy[Message]:
             if not draw(st.booleans()):
                 continue
             is_message = field.type == FieldDescriptor.TYPE_MESSAGE
+            if is_message and field.message_type.GetOptions().map_entry:  # a map: its keys and values as scalars
+                key, value = (_scalar(field.message_type.fields_by_name[n]) for n in ("key", "value"))
+                getattr(msg, field.name).update(draw(st.dictionaries(key, value, max_size=6)))
+                continue
             if is_message and depth >= 2:
                 continue
             element = messages(field.message_type, depth + 1) if is_message else _scalar(field)

@@ -332,8 +332,10 @@ def _post_raw(base_url: str, path: str, body_json: str) -> httpx.Response:
         ),
         # past the wire's integer: packing it into the services' request failed (500)
         ("/completions", '{"model": "%s", "prompt": "hi", "max_tokens": 4, "top_k": 4294967296}', "top_k: must be"),
-        ("/completions", '{"model": "%s", "prompt": "hi", "presence_penalty": 0.5}', "penalties are not supported"),
-        ("/completions", '{"model": "%s", "prompt": "hi", "logit_bias": {"1": 2}}', "logit_bias is not supported"),
+        ("/completions", '{"model": "%s", "prompt": "hi", "presence_penalty": 2.5}', "must be in [-2, 2], got 2.5"),
+        ("/completions", '{"model": "%s", "prompt": "hi", "logit_bias": {"a": 2}}', "keys must be token ids"),
+        # past the wire's uint32: packing it into the services' request would fail (500)
+        ("/completions", '{"model": "%s", "prompt": "hi", "logit_bias": {"4294967296": 2}}', "in [0, 4294967296)"),
         ("/completions", '{"model": "%s", "prompt": "hi",', "not valid JSON"),
         # valid JSON, past Python's int_max_str_digits: it said "not valid JSON" and to call sys.set_int_max_str_digits
         ("/completions", '{"model": "%s", "prompt": "hi", "seed": 1' + "0" * 5000 + "}", "an integer of more than"),
@@ -586,8 +588,6 @@ def test_tool_calls_json_mode_and_stray_stream_options_are_refused(
 
 
 NOT_SERVED = [
-    ("/completions", {"min_tokens": 5}, "min_tokens", "send 0 or leave it out"),
-    ("/completions", {"repetition_penalty": 1.2}, "repetition_penalty", "send 1.0 or leave it out"),
     ("/completions", {"use_beam_search": True}, "use_beam_search", "send false"),
     ("/chat/completions", {"echo": True}, "echo", "send false or leave it out"),
     ("/chat/completions", {"modalities": ["text", "audio"], "audio": {"voice": "x"}}, "modalities", '["text"]'),
@@ -595,7 +595,6 @@ NOT_SERVED = [
     ("/completions", {"structural_tag": {"type": "structural_tag"}}, "structural_tag", "leave it out"),
     ("/completions", {"include_stop_str_in_output": True}, "include_stop_str_in_output", "send false"),
     ("/completions", {"skip_special_tokens": False}, "skip_special_tokens", "send true"),
-    ("/completions", {"allowed_token_ids": [1, 2]}, "allowed_token_ids", "leave it out"),
     ("/chat/completions", {"bad_words": ["x"]}, "bad_words", "send []"),
     ("/completions", {"truncate_prompt_tokens": 2}, "truncate_prompt_tokens", "leave it out"),
     ("/completions", {"logits_processors": ["x"]}, "logits_processors", "leave it out"),
@@ -608,7 +607,7 @@ NOT_SERVED = [
     ("/chat/completions", {"chat_template": "{{ messages }}"}, "chat_template", "leave it out"),
     ("/chat/completions", {"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs", "not a template"),
 ]
-NO_OPS = {"min_tokens": 0, "repetition_penalty": 1, "echo": False, "modalities": ["text"], "use_beam_search": False,
+NO_OPS = {"echo": False, "modalities": ["text"], "use_beam_search": False,
           "response_format": {"type": "text"}, "include_stop_str_in_output": False, "skip_special_tokens": True,
           "bad_words": [], "priority": 0, "best_of": 1, "suffix": "", "return_tokens_as_token_ids": False,
           "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
@@ -1047,7 +1046,7 @@ RANGE_ERRORS: list[tuple[str, dict, str, str]] = [
         "temperature: must be in [0.0, 100.0], got 500.0",
     ),
     ("/completions", {"top_p": 2, "n": 2}, "top_p", "top_p: must be in [0.0, 1.0], got 2.0"),
-    ("/completions", {"tau": 5, "presence_penalty": 1}, "tau", "tau: must be in (0, 1], got 5.0"),
+    ("/completions", {"tau": 5, "presence_penalty": 3}, "tau", "tau: must be in (0, 1], got 5.0"),
     ("/completions", {"model": "gpt-9", "top_k": -2}, "top_k", "top_k: must be in [0, 2147483647], got -2"),
     ("/completions", {"prompt": "", "max_tokens": 0}, "max_tokens", "max_tokens: must be in [1, 8192], got 0"),
     ("/completions", {"stop": ["x"] * 16 + [""]}, "stop", "stop: at most 16 stop strings, got 17"),
@@ -1240,3 +1239,40 @@ def test_a_reply_streamed_with_tools_is_the_unary_reply(tools_url: str) -> None:
     assert "<tool_call>" not in text  # the tiny model writes no call: its reply is content
     assert text == unary.choices[0].message.content and unary.choices[0].message.tool_calls is None
     assert finish == [unary.choices[0].finish_reason]
+
+
+LOGIT_RULE_ERRORS = [
+    ({"frequency_penalty": -3}, "frequency_penalty", "must be in [-2, 2], got -3.0"),
+    ({"repetition_penalty": 0}, "repetition_penalty", "must be in (0, 2], got 0.0"),
+    ({"min_p": 1.5}, "min_p", "must be in [0, 1], got 1.5"),
+    ({"min_tokens": -1}, "min_tokens", "must be in [0, 8192], got -1"),
+    ({"min_tokens": 5, "max_tokens": 4}, "min_tokens", "must be <= max_tokens (4), got 5"),
+    ({"logit_bias": {"3": 150}}, "logit_bias", "token 3's bias must be in [-100, 100], got 150.0"),
+    ({"logit_bias": {"999999": 1}}, "logit_bias", "token ids must be in [0, "),  # past the vocabulary
+    ({"allowed_token_ids": []}, "allowed_token_ids", "must hold at least one token id"),
+    ({"allowed_token_ids": [1, 999999]}, "allowed_token_ids", "token ids must be in [0, "),
+]
+
+
+@pytest.mark.parametrize(("body", "param", "fragment"), LOGIT_RULE_ERRORS, ids=[e[1] for e in LOGIT_RULE_ERRORS])
+def test_logit_rules_out_of_range_are_400s_naming_the_field(base_url: str, body: dict, param: str, fragment: str):
+    error = _error(_post(base_url, "/completions", {"prompt": PROMPT, "max_tokens": 8, **body}))
+    assert error["param"] == param and fragment in error["message"], error
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd", "csd"])
+def test_logit_bias_and_min_tokens_shape_the_reply(oai: openai.OpenAI, chat_coordinator: Coordinator, mode: str):
+    """OpenAI's logit_bias and vLLM's min_tokens (refused with a 400 until wave 60): a +100 bias makes a token the
+    reply; on the end-of-sequence token, min_tokens holds it back."""
+    forced = oai.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, logit_bias={"7": 100},
+        extra_body={"mode": mode, "gamma": 3, "return_token_ids": True},
+    )  # fmt: skip
+    assert (forced.choices[0].model_extra or {})["token_ids"] == [7] * 6
+    eos = min(chat_coordinator.orchestrator.eos_token_ids)
+    held = oai.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, logit_bias={str(eos): 100},
+        extra_body={"mode": mode, "gamma": 3, "return_token_ids": True, "min_tokens": 5},
+    )  # fmt: skip
+    token_ids = (held.choices[0].model_extra or {})["token_ids"]
+    assert len(token_ids) == 6 and token_ids[-1] == eos and held.choices[0].finish_reason == "stop", token_ids

@@ -121,6 +121,16 @@ def test_the_grpc_api_takes_a_constraint(chat_coordinator: Coordinator) -> None:
     assert result.text in CHOICES
 
 
+def test_the_grpc_api_takes_logit_rules(chat_coordinator: Coordinator) -> None:
+    """Penalties, logit bias, min_p, min_tokens and allowed ids over gRPC (the SDK's arguments of vLLM's names)."""
+    with CalispecClient(chat_coordinator.address, timeout=60) as client:
+        result = client.generate(
+            PROMPT, max_new_tokens=5, mode="sd", num_speculative_tokens=3, logit_bias={7: 100.0}, presence_penalty=0.5
+        )
+        allowed = client.generate(PROMPT, max_new_tokens=8, mode="csd", temperature=1.0, allowed_token_ids=[5, 9])
+    assert result.token_ids == [7] * 5 and set(allowed.token_ids) <= {5, 9} and allowed.token_ids
+
+
 @pytest.mark.parametrize(
     ("fields", "param", "fragment"),
     [

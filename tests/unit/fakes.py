@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from calispec_core.errors import NotFound, Unavailable
-from calispec_core.generation import Mode, TokenLogprob
+from calispec_core.generation import FREE_OUTPUT, Mode, SessionOutput, TokenLogprob
 from calispec_core.sampling import SamplingConfig
 from coordinator.backends import ModelFacts, Opened, Proposal, SessionLost, Verdict
 
@@ -65,6 +65,7 @@ class FakeDraft(_Killable):
         self.prefills: list[list[int]] = []
         self.cohorts: list[int] = []  # each Propose's cohort hint
         self.early_stops: list[tuple[float, float]] = []  # each Propose's (min_confidence, min_path_confidence)
+        self.outputs: list[SessionOutput] = []  # each Prefill's session output
 
     def info(self, timeout: float) -> ModelFacts:
         return facts()
@@ -75,12 +76,12 @@ class FakeDraft(_Killable):
         token_ids: list[int],
         sampling: SamplingConfig,
         timeout: float,
-        constraint=None,
-        constraint_written: int = 0,
+        output: SessionOutput = FREE_OUTPUT,
     ) -> int:
         self._check_up()
         self.sessions[session_id] = list(token_ids)
         self.prefills.append(list(token_ids))
+        self.outputs.append(output)
         return 1_000
 
     def propose(
@@ -111,6 +112,7 @@ class FakeTarget(_Killable):
 
     address = "fake"
     structured_output = True
+    logit_rules = True
 
     def __init__(self, model: Model) -> None:
         self.model = model
@@ -119,7 +121,7 @@ class FakeTarget(_Killable):
         self.prefills: list[list[int]] = []
         self.cohorts: list[int] = []  # each Verify's cohort hint
         self.prompt_logprobs_asked: list[int | None] = []  # each Prefill's prompt_logprobs
-        self.constraints: list[tuple[object, int]] = []  # each Prefill's constraint and constraint_written
+        self.outputs: list[SessionOutput] = []  # each Prefill's session output
 
     def info(self, timeout: float) -> ModelFacts:
         return facts()
@@ -134,14 +136,13 @@ class FakeTarget(_Killable):
         lambda_,
         timeout,
         prompt_logprobs=None,
-        constraint=None,
-        constraint_written=0,
+        output: SessionOutput = FREE_OUTPUT,
     ) -> Opened:
         self._check_up()
         self.sessions[session_id] = list(token_ids)
         self.prefills.append(list(token_ids))
         self.prompt_logprobs_asked.append(prompt_logprobs)
-        self.constraints.append((constraint, constraint_written))
+        self.outputs.append(output)
         if prompt_logprobs is None:
             return Opened(3_000)
         # token i's "log-probability" is -i, so a test can tell the entries apart and see their order

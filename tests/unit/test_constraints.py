@@ -10,7 +10,7 @@ import pytest
 
 from calispec_core.constraints import BITS, MAX_GBNF_CHARS, ConstraintCompiler
 from calispec_core.errors import CalispecError, FailedPrecondition, InvalidArgument
-from calispec_core.generation import FinishReason, GenerationParams, Mode, OutputConstraint
+from calispec_core.generation import FinishReason, GenerationParams, Mode, OutputConstraint, SessionOutput
 from calispec_core.modeling import ModelRunner, ModelSpec
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline, Stopwatch
@@ -95,7 +95,9 @@ def engine(target_runner: ModelRunner) -> Iterator[TargetEngine]:
 
 def open_session(engine: TargetEngine, sid: str, ids: list[int], written: int = 0) -> None:
     constraint = OutputConstraint.of(choice=list(CHOICES))
-    engine.prefill(sid, ids, SamplingConfig(), RescueConfig(Mode.AR), Stopwatch(), None, constraint, written)
+    engine.prefill(
+        sid, ids, SamplingConfig(), RescueConfig(Mode.AR), Stopwatch(), None, SessionOutput(constraint, None, written)
+    )
 
 
 def step(engine: TargetEngine, sid: str, logprobs: int | None = None):
@@ -125,8 +127,10 @@ def test_output_that_breaks_the_grammar_and_grammars_that_do_not_compile_open_no
         (OutputConstraint.of(grammar="start: undefined_rule"), "grammar does not compile"),
     ):
         with pytest.raises(InvalidArgument, match=fragment):
-            engine.prefill("bad", prompt, SamplingConfig(), RescueConfig(Mode.AR), Stopwatch(), None, constraint)
-    with pytest.raises(InvalidArgument, match="constraint_written"):
+            engine.prefill(
+                "bad", prompt, SamplingConfig(), RescueConfig(Mode.AR), Stopwatch(), None, SessionOutput(constraint)
+            )
+    with pytest.raises(InvalidArgument, match="output_written"):
         open_session(engine, "too-long", prompt, written=len(prompt) + 1)
     assert engine.sessions.stats().open_sessions == 0
 
@@ -163,11 +167,13 @@ def test_the_drafts_proposals_follow_the_grammar_through_rollbacks(proposer: Pro
     tokenizer = draft_runner.tokenizer
     prompt = tokenizer.encode(PROMPT)
     constraint = OutputConstraint.of(regex=REGEX)
-    proposer.prefill("s", prompt, SamplingConfig(), Stopwatch(), constraint)
+    proposer.prefill("s", prompt, SamplingConfig(), Stopwatch(), SessionOutput(constraint))
     first = proposer.propose("s", 6, None, [], Stopwatch()).token_ids
     assert re.fullmatch(r"[0-9]{0,3}|[0-9]{3}-[a-z]{0,6}", tokenizer.decode(first)), tokenizer.decode(first)
     two = tokenizer.encode("42")
-    proposer.prefill("reopened", [*prompt, *two], SamplingConfig(), Stopwatch(), constraint, len(two))
+    proposer.prefill(
+        "reopened", [*prompt, *two], SamplingConfig(), Stopwatch(), SessionOutput(constraint, None, len(two))
+    )
     for sid, written in (("s", []), ("reopened", two)):
         # the target kept none of the drafts and wrote "42" (s), then one more digit and a dash (both)
         tokens = [*two, *tokenizer.encode("7-")]
@@ -183,7 +189,11 @@ def test_the_grammar_takes_a_full_proposals_last_token_too(proposer: Proposer, d
     state (its first token after the wrong letter)."""
     tokenizer = draft_runner.tokenizer
     proposer.prefill(
-        "s", tokenizer.encode(PROMPT), SamplingConfig(), Stopwatch(), OutputConstraint.of(regex="(ab){1,40}")
+        "s",
+        tokenizer.encode(PROMPT),
+        SamplingConfig(),
+        Stopwatch(),
+        SessionOutput(OutputConstraint.of(regex="(ab){1,40}")),
     )
     drafted = [t for _ in range(4) for t in proposer.propose("s", 3, None, [], Stopwatch()).token_ids]
     fresh = ConstraintCompiler(draft_runner).compile(OutputConstraint.of(regex="(ab){1,40}"))
@@ -242,7 +252,9 @@ def test_a_large_gbnf_grammar_is_refused_before_its_slow_conversion_and_lark_is_
 def test_a_drafting_batch_that_fails_leaves_the_grammar_where_it_was(proposer: Proposer, draft_runner) -> None:
     """A failed batch restores each session's tokens and cache, and its grammar must go back with them."""
     constraint = OutputConstraint.of(regex="(ab){1,40}")
-    proposer.prefill("s", draft_runner.tokenizer.encode(PROMPT), SamplingConfig(), Stopwatch(), constraint)
+    proposer.prefill(
+        "s", draft_runner.tokenizer.encode(PROMPT), SamplingConfig(), Stopwatch(), SessionOutput(constraint)
+    )
     drafted = proposer.propose("s", 3, None, [], Stopwatch()).token_ids
     forward, steps = proposer._forward, []
 
@@ -268,7 +280,7 @@ def test_a_pruned_drafts_proposals_follow_the_grammar_over_its_columns(tiny_pair
     proposer = Proposer(runner, 8)
     constraint = OutputConstraint.of(regex="(ab){1,40}")
     try:
-        proposer.prefill("s", runner.tokenizer.encode(PROMPT), SamplingConfig(), Stopwatch(), constraint)
+        proposer.prefill("s", runner.tokenizer.encode(PROMPT), SamplingConfig(), Stopwatch(), SessionOutput(constraint))
         drafted = [t for _ in range(3) for t in proposer.propose("s", 3, None, [], Stopwatch()).token_ids]
     finally:
         proposer.stop()

@@ -155,3 +155,18 @@ def test_a_replacement_char_stop_never_matches_half_of_a_character() -> None:
     detok = IncrementalDetokenizer(Bytes(), (REPLACEMENT,))  # type: ignore[arg-type]
     assert detok.add(list(b"ab\xff")) == ("ab", False, 3)  # a last U+FFFD may be half a character: held back
     assert detok.finish() == ""  # the output ended there: it was a real one, a stop string, cut (review)
+
+
+def test_a_stop_string_counts_only_once_it_ends_at_or_past_the_min_tokens_th_token() -> None:
+    """vLLM's min_tokens: stop strings are not looked for among the output's first min_tokens - 1 tokens."""
+    for pieces in (["xy", "zx", "yzx", "y"], ["xyzxyzxy"], [*"xyzxyzxy"]):
+        detok = IncrementalDetokenizer(CharTokenizer(), ("xy",), min_tokens=6)
+        text, kept = "", 0
+        for piece in pieces:
+            delta, stopped, count = detok.add([ord(c) for c in piece])
+            text, kept = text + delta, kept + count
+            if stopped:
+                break
+        assert stopped and text == "xyzxyz" and kept == 8, pieces  # the "xy" of tokens 4-5 ends in the fifth: early
+    detok = IncrementalDetokenizer(CharTokenizer(), ("xy",), min_tokens=2)
+    assert detok.add([ord(c) for c in "xyz"]) == ("", True, 2)  # ends in the second token: counted

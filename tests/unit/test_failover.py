@@ -6,6 +6,7 @@ import pytest
 
 from calispec_core.errors import STOPS_SERVING, CalispecError, DeadlineExceeded, FailedPrecondition, Unavailable
 from calispec_core.generation import Mode, OutputConstraint
+from calispec_core.logit_rules import LogitRules
 from calispec_core.timing import Deadline
 from coordinator.circuit import CircuitBreaker
 from coordinator.engine import Orchestrator
@@ -428,7 +429,7 @@ def test_a_device_failing_at_the_moved_requests_prefill_counts_too() -> None:
 
 
 def test_a_reopened_target_session_replays_a_structured_outputs_written_tokens() -> None:
-    """The grammar of a session reopened mid-request starts past what the request wrote (constraint_written)."""
+    """The grammar of a session reopened mid-request starts past what the request wrote (output_written)."""
     only = target("a:1")
     orchestrator, _ = make([only])
     constraint = OutputConstraint.of(regex="[a-z]+")
@@ -436,7 +437,7 @@ def test_a_reopened_target_session_replays_a_structured_outputs_written_tokens()
     first = next(stream)
     only.sessions.clear()
     assert "".join(c.text for c in [first, *stream]) == EXPECTED
-    assert only.constraints == [(constraint, 0), (constraint, len(first.token_ids))]
+    assert [(o.constraint, o.written) for o in only.outputs] == [(constraint, 0), (constraint, len(first.token_ids))]
 
 
 def test_a_structured_output_request_goes_only_where_its_grammar_is_applied() -> None:
@@ -455,3 +456,21 @@ def test_a_structured_output_request_goes_only_where_its_grammar_is_applied() ->
     alone, _ = make([old])
     with pytest.raises(FailedPrecondition, match="no target replica serves structured output"):
         list(alone.generate("c", constrained, Deadline(60)))
+
+
+def test_logit_rules_go_only_to_targets_that_apply_them_with_what_ends_the_output() -> None:
+    """A target older than logit rules ignores them (a 200 with other text): it is passed over, and alone it refuses
+    the request. The rules each session gets carry what min_tokens holds back: EOS (unless ignored) and the stop
+    token ids, which only the coordinator knows."""
+    old, new = target("old:1"), target("new:1")
+    old.logit_rules = False  # type: ignore[misc]
+    orchestrator, draft = make([old, new])
+    rules = LogitRules.of(min_tokens=2, presence_penalty=0.5)
+    for ignore_eos, ends in ((False, (5, EOS)), (True, (5,))):
+        ruled = params(rules=rules, stop_token_ids=(5,), ignore_eos=ignore_eos, max_new_tokens=4)
+        list(orchestrator.generate("c", ruled, Deadline(60)))
+        assert new.outputs[-1].rules == draft.outputs[-1].rules == rules.ending(ends)
+    assert orchestrator.replicas.picks == {"new:1": 2}
+    alone, _ = make([old])
+    with pytest.raises(FailedPrecondition, match="no target replica applies logit rules"):
+        list(alone.generate("c", params(rules=rules), Deadline(60)))

@@ -59,6 +59,9 @@ def test_a_request_id_grpc_cannot_send_is_refused_on_the_callers_side() -> None:
         ("stop_token_ids", [-1], ValueError),
         ("stop", [1], TypeError),
         ("temperature", "hot", TypeError),
+        ("logit_bias", {-1: 2.0}, ValueError),
+        ("allowed_token_ids", [2**32], ValueError),
+        ("min_tokens", -1, ValueError),
     ],
 )
 def test_an_argument_the_request_cannot_carry_is_named(argument: str, value: object, error: type[Exception]) -> None:
@@ -90,3 +93,10 @@ def test_a_prompt_or_message_the_request_cannot_carry_is_named(
     surrogateescape) protobuf's UnicodeEncodeError."""
     with pytest.raises(ValueError, match=match):
         _requests(prompt, messages, {})
+
+
+def test_logit_rules_arrive_as_given_and_leave_none_when_off() -> None:
+    params = build_params(presence_penalty=0.5, repetition_penalty=1.25, min_tokens=3, logit_bias={7: -2.0})
+    assert params.HasField("rules") and params.rules.min_tokens == 3 and dict(params.rules.logit_bias) == {7: -2.0}
+    assert (params.rules.presence_penalty, params.rules.repetition_penalty) == (0.5, 1.25)
+    assert not build_params(repetition_penalty=1.0, logit_bias={}, allowed_token_ids=[]).HasField("rules")

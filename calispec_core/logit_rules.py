@@ -1,0 +1,267 @@
+"""vLLM's logits processors that change the output: presence, frequency and repetition penalties, logit bias, min_p,
+allowed token ids and min_tokens, as one request's `LogitRules`, applied to its session's logits by `SessionRules`.
+
+The target applies them to every position of a round (position i under the output so far plus the round's first i
+drafts), after a structured output's mask and before temperature, top-k and top-p, so that greedy `sd` under them
+equals target-only decoding under them and sampling stays lossless; the draft applies them while drafting (acceptance
+only). The order and the formulas are vLLM's (v1 sampler): allowed token ids, min_tokens, logit bias, then the
+repetition penalty (a token of the prompt or the output: its logit divided by the penalty when positive, multiplied
+when negative), the frequency penalty (times the token's count in the output) and the presence penalty (once it is
+there); min_p last (it keeps tokens whose probability after temperature is at least min_p times the top one's:
+z >= max z + T log min_p, so it only matters when sampling).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from calispec.v1 import common_pb2
+from calispec_core.errors import InvalidField, require_field
+from calispec_core.limits import MAX_NEW_TOKENS
+from calispec_core.vocab_pruning import LogitColumns
+
+MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's range)
+MAX_REPETITION_PENALTY = 2.0  # in (0, 2]
+MAX_LOGIT_BIAS = 100.0  # a bias lies in [-100, 100] (OpenAI's range)
+MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_ALLOWED_TOKEN_IDS = 1 << 18  # more than any vocabulary served here
+MAX_END_TOKEN_IDS = 64  # EOS ids and stop token ids (at most 16)
+TOKEN_ID_BOUND = 2**32  # the wire's uint32, for ids checked before the vocabulary is known
+
+
+@dataclass(frozen=True)
+class LogitRules:
+    """One request's logit rules; the defaults are off (`active` is False)."""
+
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), by id
+    allowed_token_ids: tuple[int, ...] = ()  # empty: every token
+    min_tokens: int = 0
+    end_token_ids: tuple[int, ...] = ()  # what min_tokens holds back: the ids that would end the output
+
+    @property
+    def active(self) -> bool:
+        """Whether the rules change any logit."""
+        fixed = bool(self.logit_bias or self.allowed_token_ids)
+        return self.penalises or fixed or self.min_p > 0 or self.min_tokens > 0
+
+    @property
+    def penalises(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        repetition_penalty: float = 1.0,
+        min_p: float = 0.0,
+        logit_bias: dict[int, float] | None = None,
+        allowed_token_ids: Sequence[int] | None = None,
+        min_tokens: int = 0,
+    ) -> LogitRules:
+        """vLLM's SamplingParams names; `logit_bias` maps token ids to biases."""
+        bias = tuple(sorted((int(k), float(v)) for k, v in (logit_bias or {}).items()))
+        allowed = tuple(sorted({int(i) for i in allowed_token_ids or ()}))
+        return cls(presence_penalty, frequency_penalty, repetition_penalty, min_p, bias, allowed, min_tokens)
+
+    def validate(self, vocab_size: int | None = None) -> LogitRules:
+        """InvalidField (naming vLLM's field) for a value out of range; ids must lie in `vocab_size` when given."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            require_field(-MAX_PENALTY <= value <= MAX_PENALTY, name, f"must be in [-2, 2], got {value}")
+        rp = self.repetition_penalty
+        require_field(0 < rp <= MAX_REPETITION_PENALTY, "repetition_penalty", f"must be in (0, 2], got {rp}")
+        require_field(0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p}")
+        count = len(self.logit_bias)
+        require_field(
+            count <= MAX_LOGIT_BIAS_ENTRIES, "logit_bias", f"at most {MAX_LOGIT_BIAS_ENTRIES} tokens, got {count}"
+        )
+        for token, bias in self.logit_bias:
+            reason = f"token {token}'s bias must be in [-100, 100], got {bias}"
+            require_field(-MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS, "logit_bias", reason)
+        count = len(self.allowed_token_ids)
+        reason = f"at most {MAX_ALLOWED_TOKEN_IDS} ids, got {count}"
+        require_field(count <= MAX_ALLOWED_TOKEN_IDS, "allowed_token_ids", reason)
+        reason = f"must be in [0, {MAX_NEW_TOKENS}], got {self.min_tokens}"
+        require_field(0 <= self.min_tokens <= MAX_NEW_TOKENS, "min_tokens", reason)
+        count = len(self.end_token_ids)
+        require_field(count <= MAX_END_TOKEN_IDS, "end_token_ids", f"at most {MAX_END_TOKEN_IDS} ids, got {count}")
+        self._check_ids(vocab_size if vocab_size is not None else TOKEN_ID_BOUND)
+        return self
+
+    def _check_ids(self, vocab_size: int) -> None:
+        for name, ids in (
+            ("logit_bias", [t for t, _ in self.logit_bias]),
+            ("allowed_token_ids", self.allowed_token_ids),
+        ):
+            outside = [i for i in ids if not 0 <= i < vocab_size]
+            reason = f"token ids must be in [0, {vocab_size}), got {outside[:3]}"
+            require_field(not outside, name, reason)
+
+    def ending(self, end_token_ids: Sequence[int]) -> LogitRules:
+        """These rules with the ids that would end the output (what min_tokens holds back), when min_tokens asks."""
+        if not self.min_tokens:
+            return self
+        return replace(self, end_token_ids=tuple(sorted(set(end_token_ids))))
+
+    @classmethod
+    def from_pb(cls, msg: common_pb2.LogitRules) -> LogitRules:
+        return cls(
+            msg.presence_penalty,
+            msg.frequency_penalty,
+            msg.repetition_penalty or 1.0,  # 0: unset
+            msg.min_p,
+            tuple(sorted(msg.logit_bias.items())),
+            tuple(msg.allowed_token_ids),
+            msg.min_tokens,
+            tuple(msg.end_token_ids),
+        )
+
+    def to_pb(self) -> common_pb2.LogitRules:
+        return common_pb2.LogitRules(
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            min_p=self.min_p,
+            logit_bias=dict(self.logit_bias),
+            allowed_token_ids=self.allowed_token_ids,
+            min_tokens=self.min_tokens,
+            end_token_ids=self.end_token_ids,
+        )
+
+
+def rules_from_wire(msg: common_pb2.LogitRules, present: bool, from_client: bool = False) -> LogitRules | None:
+    """The proto message (`present`: the field is set), checked; rules that change nothing are None. A client's
+    end_token_ids are dropped: the coordinator knows what ends its output."""
+    if not present:
+        return None
+    rules = LogitRules.from_pb(msg)
+    if from_client:
+        rules = replace(rules, end_token_ids=())
+    return rules.validate() if rules.active else None
+
+
+class SessionRules:
+    """A session's rules on its model's device: the fixed part (bias, allowed ids) as one [V] additive row, the
+    prompt's distinct ids for the repetition penalty."""
+
+    def __init__(self, rules: LogitRules, prompt: Sequence[int], vocab_size: int, device: torch.device) -> None:
+        rules.validate(vocab_size)
+        self.rules = rules
+        self.device = device
+        self.fixed = _fixed_row(rules, vocab_size, device)  # [V] float32 or None
+        self.end_ids = torch.tensor(rules.end_token_ids, dtype=torch.long, device=device)  # [E]
+        self.end_ids = self.end_ids[self.end_ids < vocab_size]
+        wanted = rules.repetition_penalty != 1
+        self.prompt_ids = torch.tensor(sorted(set(prompt)) if wanted else [], dtype=torch.long, device=device)  # [P]
+        self._columns: LogitColumns | None = None
+        self._fixed_columns: torch.Tensor | None = None  # [C] the fixed row over a pruned layer's columns
+
+    @torch.inference_mode()
+    def apply(
+        self,
+        logits: torch.Tensor,  # [S, C] float32, in place; row i: the next token after `output` + drafts[:i]
+        output: Sequence[int],  # the output so far (S - 1 == len(drafts))
+        drafts: Sequence[int],
+        temperature: float,
+        columns: LogitColumns | None = None,  # a pruned layer's columns (None: column i is token i)
+    ) -> None:
+        pruned = columns if columns is not None and columns.kept is not None else None
+        if self.fixed is not None:
+            logits += self._fixed(pruned)
+            if self.rules.allowed_token_ids and not bool(torch.isfinite(logits).any(dim=-1).all()):
+                reason = "none of these ids is one the structured output allows at some position"
+                raise InvalidField("allowed_token_ids", reason)
+        self._hold_back_end(logits, len(output), pruned)
+        if self.rules.penalises:
+            self._penalise(logits, output, drafts, pruned)
+        if self.rules.min_p > 0 and temperature > 0:
+            top = logits.max(dim=-1, keepdim=True).values  # [S, 1]
+            logits.masked_fill_(logits < top + temperature * math.log(self.rules.min_p), float("-inf"))
+
+    def _fixed(self, pruned: LogitColumns | None) -> torch.Tensor:  # [C]
+        assert self.fixed is not None
+        if pruned is None:
+            return self.fixed
+        if self._columns is not pruned:  # once: a session's model never changes its columns
+            self._columns, self._fixed_columns = pruned, self.fixed[pruned.kept]
+        assert self._fixed_columns is not None
+        return self._fixed_columns
+
+    def _hold_back_end(self, logits: torch.Tensor, written: int, pruned: LogitColumns | None) -> None:
+        """The end ids' logits to -inf at positions whose token would be among the output's first min_tokens."""
+        held = self.rules.min_tokens - written  # positions [0, held) may not end the output
+        if held <= 0 or not self.end_ids.numel():
+            return
+        columns = _columns_of(self.end_ids, pruned)
+        held_logits = logits[:held]  # [H, C]
+        ends = held_logits[:, columns].clone()  # [H, E']
+        held_logits[:, columns] = float("-inf")
+        # a position whose only tokens were end ids (a structured output done, allowed ids) keeps them
+        empty = ~torch.isfinite(held_logits).any(dim=-1)  # [H]
+        held_logits[:, columns] = torch.where(empty.unsqueeze(-1), ends, held_logits[:, columns])
+
+    def _penalise(
+        self, logits: torch.Tensor, output: Sequence[int], drafts: Sequence[int], pruned: LogitColumns | None
+    ) -> None:
+        """vLLM's repetition, frequency and presence penalties, position i counting the output and drafts[:i]."""
+        rules, width = self.rules, logits.shape[0]
+        written = torch.tensor([*output, *drafts], dtype=torch.long, device=self.device)  # [L + D]
+        ids, inverse = torch.unique(torch.cat([self.prompt_ids, written]), return_inverse=True)  # [U], [P + L + D]
+        inverse = inverse[self.prompt_ids.numel() :]  # [L + D] each written token's place in ids
+        counts = torch.zeros(width, ids.numel(), device=self.device)  # [S, U] the output's counts at each position
+        counts += torch.bincount(inverse[: len(output)], minlength=ids.numel())
+        if width > 1:  # position i also counts drafts[:i]
+            steps = torch.nn.functional.one_hot(inverse[len(output) :][: width - 1], ids.numel()).cumsum(dim=0)
+            counts[1:] += steps  # [S - 1, U]
+        columns = _columns_of(ids, pruned)  # [U'] the ids the logits have
+        if pruned is not None:
+            kept = _kept(ids, pruned)
+            ids, counts = ids[kept], counts[:, kept]
+        z = logits[:, columns]  # [S, U']
+        if rules.repetition_penalty != 1:
+            seen = (counts > 0) | torch.isin(ids, self.prompt_ids)  # [S, U']
+            penalised = torch.where(z > 0, z / rules.repetition_penalty, z * rules.repetition_penalty)
+            z = torch.where(seen, penalised, z)
+        z = z - rules.frequency_penalty * counts - rules.presence_penalty * (counts > 0).float()
+        logits[:, columns] = z
+
+
+def _fixed_row(rules: LogitRules, vocab_size: int, device: torch.device) -> torch.Tensor | None:
+    """[V] float32: -inf off the allowed ids, plus each token's bias; None when there are neither."""
+    if not rules.logit_bias and not rules.allowed_token_ids:
+        return None
+    row = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+    if rules.allowed_token_ids:
+        row.fill_(float("-inf"))
+        row[torch.tensor(rules.allowed_token_ids, dtype=torch.long, device=device)] = 0.0
+    if rules.logit_bias:
+        ids, biases = zip(*rules.logit_bias, strict=True)
+        row[torch.tensor(ids, dtype=torch.long, device=device)] += torch.tensor(biases, device=device)
+    return row
+
+
+def _kept(ids: torch.Tensor, pruned: LogitColumns) -> torch.Tensor:
+    """[U] bool: which of the token ids a pruned output layer has."""
+    kept = pruned.kept
+    assert kept is not None
+    place = torch.searchsorted(kept, ids).clamp(max=kept.numel() - 1)
+    return kept[place] == ids
+
+
+def _columns_of(ids: torch.Tensor, pruned: LogitColumns | None) -> torch.Tensor:
+    """The logit columns of token ids ([U] -> [U']): the ids themselves, or a pruned layer's columns of those it has."""
+    if pruned is None:
+        return ids
+    kept = pruned.kept
+    assert kept is not None
+    return torch.searchsorted(kept, ids[_kept(ids, pruned)])

@@ -1,0 +1,107 @@
+"""Logit rules on the tiny pair: the target applies them to every position it verifies, so greedy `sd` under them
+writes target-only decoding's tokens under them; the draft follows them; a reopened session counts what was written."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from calispec_core.generation import FinishReason, GenerationParams, Mode, SessionOutput
+from calispec_core.logit_rules import LogitRules
+from calispec_core.modeling import ModelRunner
+from calispec_core.sampling import SamplingConfig
+from calispec_core.timing import Deadline, Stopwatch
+from calispec_tools.inprocess import InProcessTarget, in_process_orchestrator
+from draft_service.proposer import Proposer
+from target_service.engine import RescueConfig, TargetEngine
+from target_service.pair_table import PairTable
+
+PROMPT = "def add(a, b):"
+# strong: the tiny target's top logit stands ~8 above the next (a repeated token's must fall below it)
+PENALTIES = LogitRules.of(presence_penalty=2.0, frequency_penalty=2.0, repetition_penalty=2.0, logit_bias={7: 3.0})
+
+
+def generate(
+    draft: ModelRunner,
+    target: ModelRunner,
+    mode: Mode,
+    rules: LogitRules | None,
+    sampling: SamplingConfig = SamplingConfig(),  # noqa: B008 (frozen)
+    ignore_eos: bool = False,
+) -> tuple[list[int], FinishReason | None]:
+    backend = InProcessTarget(target)
+    gamma = None if mode == Mode.AR else 3
+    params = GenerationParams(40, sampling, (), gamma, mode, 0.01, 6, ignore_eos=ignore_eos, rules=rules)
+    try:
+        chunks = list(in_process_orchestrator(draft, backend).generate(PROMPT, params, Deadline(120)))
+    finally:
+        backend.stop()
+    return [t for c in chunks for t in c.token_ids], chunks[-1].finish_reason
+
+
+def test_greedy_sd_under_penalties_and_bias_writes_ar_s_tokens_under_them(draft_runner, target_runner) -> None:
+    free, _ = generate(draft_runner, target_runner, Mode.AR, None, ignore_eos=True)  # 40 tokens: some repeat
+    ruled, _ = generate(draft_runner, target_runner, Mode.AR, PENALTIES, ignore_eos=True)
+    assert ruled != free  # the rules change the output
+    assert generate(draft_runner, target_runner, Mode.SD, PENALTIES, ignore_eos=True)[0] == ruled
+
+
+@pytest.mark.parametrize("mode", [Mode.AR, Mode.SD, Mode.CSD])
+def test_sampled_tokens_are_among_the_allowed_ids(draft_runner, target_runner, mode: Mode) -> None:
+    allowed = [5, 9, 11, 17, 23, 42, 64, target_runner.tokenizer.eos_token_id]
+    rules = LogitRules.of(allowed_token_ids=allowed, min_p=0.05)
+    tokens, _ = generate(draft_runner, target_runner, mode, rules, SamplingConfig(1.0, seed=3))
+    assert tokens and set(tokens) <= set(allowed)
+
+
+@pytest.mark.parametrize("mode", [Mode.AR, Mode.SD])
+def test_min_tokens_holds_back_the_end_of_sequence(draft_runner, target_runner, mode: Mode) -> None:
+    """A bias that makes EOS the first token; min_tokens = 6 keeps it out of the first six."""
+    eos = target_runner.tokenizer.eos_token_id
+    eager = LogitRules.of(logit_bias={eos: 100.0})
+    assert generate(draft_runner, target_runner, mode, eager)[0] == [eos]
+    tokens, finish = generate(draft_runner, target_runner, mode, LogitRules.of(logit_bias={eos: 100.0}, min_tokens=6))
+    assert len(tokens) == 7 and tokens[-1] == eos and eos not in tokens[:-1] and finish == FinishReason.EOS
+
+
+@pytest.fixture
+def engine(target_runner: ModelRunner) -> Iterator[TargetEngine]:
+    engine = TargetEngine(target_runner, 8, PairTable(target_runner.vocab_size, target_runner.device))
+    yield engine
+    engine.stop()
+
+
+def test_a_reopened_session_counts_the_output_written_before_it(engine: TargetEngine, target_runner) -> None:
+    """A failover reopens the target session from prompt + output: min_tokens and the penalties count that output (as
+    the prompt, min_tokens held the end back for six more tokens)."""
+    eos = target_runner.tokenizer.eos_token_id
+    rules = LogitRules.of(min_tokens=6, logit_bias={eos: 100.0}, frequency_penalty=2.0).ending([eos])
+    prompt = target_runner.tokenizer.encode(PROMPT)
+
+    def open_session(sid: str, ids: list[int], written: int) -> None:
+        output = SessionOutput(rules=rules, written=written)
+        engine.prefill(sid, ids, SamplingConfig(), RescueConfig(Mode.AR), Stopwatch(), None, output)
+
+    def step(sid: str) -> int:
+        return engine.verify(sid, [], None, Stopwatch()).next_token
+
+    open_session("first", prompt, 0)
+    written = [step("first") for _ in range(4)]
+    open_session("reopened", [*prompt, *written], len(written))
+    following = [step("first") for _ in range(3)]
+    assert following[-1] == eos and [step("reopened") for _ in range(3)] == following
+
+
+def test_the_drafts_proposals_follow_the_rules(draft_runner: ModelRunner) -> None:
+    """The draft drafted freely, so a request with allowed ids had most drafts refused (acceptance only)."""
+    proposer = Proposer(draft_runner, 8)
+    allowed = [5, 9, 11, 17]
+    try:
+        prompt = draft_runner.tokenizer.encode(PROMPT)
+        output = SessionOutput(rules=LogitRules.of(allowed_token_ids=allowed))
+        proposer.prefill("s", prompt, SamplingConfig(), Stopwatch(), output)
+        drafted = [t for _ in range(3) for t in proposer.propose("s", 4, None, [], Stopwatch()).token_ids]
+    finally:
+        proposer.stop()
+    assert len(drafted) == 12 and set(drafted) <= set(allowed)
