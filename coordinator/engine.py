@@ -435,6 +435,8 @@ class Orchestrator:
         """What a session's output follows (the request's grammar and logit rules, min_tokens holding back what
         would end the output), and how much of it is written (a reopened session replays it)."""
         p = request.params
+        if p.constraint is None and p.rules is None:
+            return SessionOutput()  # `written` too: a model service of wave 59 refuses it without a constraint
         rules = p.rules
         if rules is not None:
             rules = rules.ending([*p.stop_token_ids, *(() if p.ignore_eos else self.eos_token_ids)])

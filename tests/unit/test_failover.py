@@ -440,6 +440,18 @@ def test_a_reopened_target_session_replays_a_structured_outputs_written_tokens()
     assert [(o.constraint, o.written) for o in only.outputs] == [(constraint, 0), (constraint, len(first.token_ids))]
 
 
+def test_a_free_requests_reopened_sessions_say_nothing_of_the_written_output() -> None:
+    """Only a grammar or logit rules need it, and a model service of wave 59 refuses it without a constraint: a
+    rolling upgrade's new coordinator failed every failover onto an old target."""
+    only = target("a:1")
+    orchestrator, draft = make([only])
+    stream = orchestrator.generate("c", params(num_speculative_tokens=3), Deadline(60))
+    next(stream)
+    only.sessions.clear()
+    assert len(list(stream)) > 0 and len(only.outputs) == 2
+    assert all(o.written == 0 for o in [*only.outputs, *draft.outputs])
+
+
 def test_a_structured_output_request_goes_only_where_its_grammar_is_applied() -> None:
     """A target of wave 58 or older ignores the constraint (free text with a 200), one run with --no-structured-output
     refuses it: such replicas are passed over, and with no other the request is refused (found by review)."""

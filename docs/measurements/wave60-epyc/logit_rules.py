@@ -61,9 +61,9 @@ def main() -> None:
     print("totals: tokens / seconds, ratio to ar with the same rules, acceptance, memory events")
     for (mode, ruled), (tokens, seconds, drafted, accepted, events) in totals.items():
         ar_tokens_total, ar_seconds, *_ = totals[("ar", ruled)]
-        rate = tokens / seconds
+        rate, ar_rate = tokens / seconds, ar_tokens_total / ar_seconds
         print(
-            f"  {mode:3s} {'rules' if ruled else 'free':5s} {rate:6.2f} tok/s x ar {rate / (ar_tokens_total / ar_seconds):.2f} "
+            f"  {mode:3s} {'rules' if ruled else 'free':5s} {rate:6.2f} tok/s x ar {rate / ar_rate:.2f} "
             f"acceptance {accepted / drafted if drafted else 0:.3f} events {events}"
         )
 
