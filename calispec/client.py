@@ -162,6 +162,8 @@ def build_params(
         msg.mode = int(Mode.parse(mode) if isinstance(mode, str) else mode)
     if constraint is not None:
         msg.constraint.CopyFrom(constraint.to_pb())
+    if not repetition_penalty > 0:  # 0 is the wire's "unset": it would be sent as off
+        raise ValueError(f"repetition_penalty: must be > 0, got {repetition_penalty}")
     rules = {
         "presence_penalty": presence_penalty,
         "frequency_penalty": frequency_penalty,

@@ -20,12 +20,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from calispec.v1 import common_pb2
-from calispec_core.errors import InvalidField, require_field
+from calispec_core.errors import require_field
 from calispec_core.limits import MAX_NEW_TOKENS
 from calispec_core.vocab_pruning import LogitColumns
 
 MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's range)
-MAX_REPETITION_PENALTY = 2.0  # in (0, 2]
+MIN_REPETITION_PENALTY = 0.01  # a smaller one overflows float32 logits (z / penalty: +inf)
+MAX_REPETITION_PENALTY = 2.0
 MAX_LOGIT_BIAS = 100.0  # a bias lies in [-100, 100] (OpenAI's range)
 MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_ALLOWED_TOKEN_IDS = 1 << 18  # more than any vocabulary served here
@@ -79,7 +80,8 @@ class LogitRules:
             value = getattr(self, name)
             require_field(-MAX_PENALTY <= value <= MAX_PENALTY, name, f"must be in [-2, 2], got {value}")
         rp = self.repetition_penalty
-        require_field(0 < rp <= MAX_REPETITION_PENALTY, "repetition_penalty", f"must be in (0, 2], got {rp}")
+        reason = f"must be in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY}], got {rp}"
+        require_field(MIN_REPETITION_PENALTY <= rp <= MAX_REPETITION_PENALTY, "repetition_penalty", reason)
         require_field(0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p}")
         count = len(self.logit_bias)
         require_field(
@@ -152,7 +154,7 @@ def rules_from_wire(msg: common_pb2.LogitRules, present: bool, from_client: bool
 
 class SessionRules:
     """A session's rules on its model's device: the fixed part (bias, allowed ids) as one [V] additive row, the
-    prompt's distinct ids for the repetition penalty."""
+    prompt's distinct ids (and a [V] mask of them) for the repetition penalty."""
 
     def __init__(self, rules: LogitRules, prompt: Sequence[int], vocab_size: int, device: torch.device) -> None:
         rules.validate(vocab_size)
@@ -161,10 +163,13 @@ class SessionRules:
         self.fixed = _fixed_row(rules, vocab_size, device)  # [V] float32 or None
         self.end_ids = torch.tensor(rules.end_token_ids, dtype=torch.long, device=device)  # [E]
         self.end_ids = self.end_ids[self.end_ids < vocab_size]
-        wanted = rules.repetition_penalty != 1
-        self.prompt_ids = torch.tensor(sorted(set(prompt)) if wanted else [], dtype=torch.long, device=device)  # [P]
-        self._columns: LogitColumns | None = None
-        self._fixed_columns: torch.Tensor | None = None  # [C] the fixed row over a pruned layer's columns
+        repeats = rules.repetition_penalty != 1
+        self.prompt_ids = torch.tensor(sorted(set(prompt)) if repeats else [], dtype=torch.long, device=device)  # [P]
+        self.in_prompt = torch.zeros(vocab_size if repeats else 0, dtype=torch.bool, device=device)  # [V]
+        self.in_prompt[self.prompt_ids] = True
+        self._pruned: LogitColumns | None = None  # the pruned layer the next two were computed for
+        self._pruned_fixed: torch.Tensor | None = None  # [C] the fixed row over its columns
+        self._pruned_prompt: torch.Tensor | None = None  # [P'] the prompt ids' columns
 
     @torch.inference_mode()
     def apply(
@@ -174,28 +179,31 @@ class SessionRules:
         drafts: Sequence[int],
         temperature: float,
         columns: LogitColumns | None = None,  # a pruned layer's columns (None: column i is token i)
-    ) -> None:
+    ) -> torch.Tensor | None:  # [S] bool: positions left without a token (their logits zeroed); None: none can be
+        """Apply the rules in place. Allowed ids and a structured output's grammar can leave a position no token: past
+        a rejected draft that is a grammar state the output never takes (the round ends before it), so such a position
+        is zeroed (finite, for the verifier) and reported: the caller fails the request only if the round reaches it."""
         pruned = columns if columns is not None and columns.kept is not None else None
+        if pruned is not None and pruned is not self._pruned:  # once: a session's model never changes its columns
+            self._prune(pruned)
         if self.fixed is not None:
-            logits += self._fixed(pruned)
-            if self.rules.allowed_token_ids and not bool(torch.isfinite(logits).any(dim=-1).all()):
-                reason = "none of these ids is one the structured output allows at some position"
-                raise InvalidField("allowed_token_ids", reason)
+            logits += self.fixed if pruned is None else self._pruned_fixed
         self._hold_back_end(logits, len(output), pruned)
         if self.rules.penalises:
             self._penalise(logits, output, drafts, pruned)
         if self.rules.min_p > 0 and temperature > 0:
             top = logits.max(dim=-1, keepdim=True).values  # [S, 1]
             logits.masked_fill_(logits < top + temperature * math.log(self.rules.min_p), float("-inf"))
+        if not self.rules.allowed_token_ids:
+            return None
+        empty = ~torch.isfinite(logits).any(dim=-1)  # [S]
+        logits.masked_fill_(empty.unsqueeze(-1), 0.0)
+        return empty
 
-    def _fixed(self, pruned: LogitColumns | None) -> torch.Tensor:  # [C]
-        assert self.fixed is not None
-        if pruned is None:
-            return self.fixed
-        if self._columns is not pruned:  # once: a session's model never changes its columns
-            self._columns, self._fixed_columns = pruned, self.fixed[pruned.kept]
-        assert self._fixed_columns is not None
-        return self._fixed_columns
+    def _prune(self, pruned: LogitColumns) -> None:
+        self._pruned = pruned
+        self._pruned_fixed = self.fixed[pruned.kept] if self.fixed is not None else None
+        self._pruned_prompt = _columns_of(self.prompt_ids, pruned)
 
     def _hold_back_end(self, logits: torch.Tensor, written: int, pruned: LogitColumns | None) -> None:
         """The end ids' logits to -inf at positions whose token would be among the output's first min_tokens."""
@@ -213,27 +221,37 @@ class SessionRules:
     def _penalise(
         self, logits: torch.Tensor, output: Sequence[int], drafts: Sequence[int], pruned: LogitColumns | None
     ) -> None:
-        """vLLM's repetition, frequency and presence penalties, position i counting the output and drafts[:i]."""
+        """vLLM's repetition, frequency and presence penalties, position i counting the output and drafts[:i]. The
+        prompt's tokens take the repetition penalty at every position (their columns are the session's); the written
+        ones are counted each round (a sort of the output, not of the prompt: long prompts cost no more)."""
         rules, width = self.rules, logits.shape[0]
         written = torch.tensor([*output, *drafts], dtype=torch.long, device=self.device)  # [L + D]
-        ids, inverse = torch.unique(torch.cat([self.prompt_ids, written]), return_inverse=True)  # [U], [P + L + D]
-        inverse = inverse[self.prompt_ids.numel() :]  # [L + D] each written token's place in ids
+        ids, inverse = torch.unique(written, return_inverse=True)  # [U], [L + D] each token's place in ids
         counts = torch.zeros(width, ids.numel(), device=self.device)  # [S, U] the output's counts at each position
         counts += torch.bincount(inverse[: len(output)], minlength=ids.numel())
         if width > 1:  # position i also counts drafts[:i]
             steps = torch.nn.functional.one_hot(inverse[len(output) :][: width - 1], ids.numel()).cumsum(dim=0)
             counts[1:] += steps  # [S - 1, U]
-        columns = _columns_of(ids, pruned)  # [U'] the ids the logits have
+        repeats = rules.repetition_penalty != 1
+        fresh = torch.ones(ids.numel(), dtype=torch.bool, device=self.device)  # [U]
+        if repeats:
+            prompt = self.prompt_ids if pruned is None else self._pruned_prompt  # [P'] columns
+            logits[:, prompt] = _repetition(logits[:, prompt], rules.repetition_penalty)
+            fresh = ~self.in_prompt[ids]  # [U] written tokens the prompt does not hold (those took it above)
         if pruned is not None:
             kept = _kept(ids, pruned)
-            ids, counts = ids[kept], counts[:, kept]
+            ids, counts, fresh = ids[kept], counts[:, kept], fresh[kept]
+        columns = _columns_of(ids, pruned) if pruned is not None else ids  # [U'] the ids' columns
         z = logits[:, columns]  # [S, U']
-        if rules.repetition_penalty != 1:
-            seen = (counts > 0) | torch.isin(ids, self.prompt_ids)  # [S, U']
-            penalised = torch.where(z > 0, z / rules.repetition_penalty, z * rules.repetition_penalty)
-            z = torch.where(seen, penalised, z)
+        if repeats:
+            z = torch.where((counts > 0) & fresh, _repetition(z, rules.repetition_penalty), z)
         z = z - rules.frequency_penalty * counts - rules.presence_penalty * (counts > 0).float()
         logits[:, columns] = z
+
+
+def _repetition(z: torch.Tensor, penalty: float) -> torch.Tensor:
+    """vLLM's repetition penalty: a positive logit divided by it, a negative one multiplied."""
+    return torch.where(z > 0, z / penalty, z * penalty)
 
 
 def _fixed_row(rules: LogitRules, vocab_size: int, device: torch.device) -> torch.Tensor | None:

@@ -71,6 +71,7 @@ def model_info_to_pb(runner: ModelRunner) -> common_pb2.ModelInfo:
         eos_token_ids=runner.eos_token_ids,
         forward_costs=[common_pb2.ForwardCost(new_tokens=n, ms=ms) for n, ms in sorted(runner.forward_costs.items())],
         fp32_linear=runner.fp32_linear,
+        logit_rules=True,  # both model services apply them (calispec_core/logit_rules.py)
     )
 
 

@@ -36,6 +36,8 @@ def _facts(runner: ModelRunner) -> ModelFacts:
 class InProcessDraft:
     """DraftBackend over a `Proposer`."""
 
+    logit_rules = True
+
     def __init__(self, runner: ModelRunner) -> None:
         self.proposer = Proposer(runner, MAX_SESSIONS)
 

@@ -65,6 +65,8 @@ class Verdict:
 
 
 class DraftBackend(Protocol):
+    logit_rules: bool  # it applies LogitRules (as its info() said; False until read)
+
     def info(self, timeout: float) -> ModelFacts: ...
     def prefill(
         self,

@@ -67,9 +67,12 @@ class GrpcDraftBackend:
         self.address = address
         self.channel = make_channel(address, tls, server_name=DRAFT)
         self.stub = draft_pb2_grpc.DraftServiceStub(with_request_id(self.channel))
+        self.logit_rules = False  # until info() says otherwise
 
     def info(self, timeout: float) -> ModelFacts:
-        return _facts(_call("draft", self.stub.GetModelInfo, draft_pb2.DraftModelInfoRequest(), timeout).info)
+        facts = _facts(_call("draft", self.stub.GetModelInfo, draft_pb2.DraftModelInfoRequest(), timeout).info)
+        self.logit_rules = facts.logit_rules
+        return facts
 
     def prefill(
         self,

@@ -442,6 +442,14 @@ class Orchestrator:
             rules = rules.ending([*p.stop_token_ids, *(() if p.ignore_eos else self.eos_token_ids)])
         return SessionOutput(p.constraint, rules, len(request.generated))
 
+    def _draft_output(self, request: _Request) -> SessionOutput:
+        """The session output for the draft: without the rules where the draft is older than them (it would refuse
+        their `written` without a grammar; the rules move acceptance only there)."""
+        output = self._output(request)
+        if output.rules is None or self.draft.logit_rules:
+            return output
+        return SessionOutput(output.constraint, None, output.written if output.constraint is not None else 0)
+
     def _target_failed(self, request: _Request, target: TargetBackend, exc: Exception, kind: TargetFailure) -> None:
         """`target` failed the request (`kind`: its "session", or a "placement"): never again for this request."""
         log.warning("target %s failed request %s (%s); trying another replica", target.address, request.request_id, exc)
@@ -750,7 +758,7 @@ class Orchestrator:
         timeout = min(request.deadline.remaining(), self.draft_timeout_s)
         with _closed_if_abandoned(self.draft, session_id):
             ns = self.draft.prefill(
-                session_id, request.committed_ids, request.params.sampling, timeout, self._output(request)
+                session_id, request.committed_ids, request.params.sampling, timeout, self._draft_output(request)
             )
         request.draft_session = session_id
         request.opened.append((self.draft, session_id))

@@ -199,9 +199,12 @@ STRUCTURED_OUTPUT_FIELDS: dict[str, Callable[[Any], OutputConstraint | None]] = 
 def _token_biases(value: dict[str, float] | None) -> dict[int, float]:
     """OpenAI's logit_bias, whose keys are token ids written as strings."""
     try:
-        return {int(key): bias for key, bias in (value or {}).items()}
+        biases = {int(key): bias for key, bias in (value or {}).items()}
     except ValueError:
         raise invalid("keys must be token ids (integers, written as strings)") from None
+    if len(biases) < len(value or {}):  # "5" and "05": one token, two biases
+        raise invalid("a token id appears twice (written two ways)")
+    return biases
 
 
 class CalispecParams(OpenAIModel):

@@ -13,7 +13,7 @@ from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
 from calispec_core.constraints import ConstraintCompiler, SessionGrammar, wants_grammar
-from calispec_core.errors import FailedPrecondition, InvalidArgument, require
+from calispec_core.errors import FailedPrecondition, require
 from calispec_core.generation import FREE_OUTPUT, SessionOutput
 from calispec_core.limits import DEFAULT_RIDE_PREFILL_TOKENS, INT8, check_speculative_tokens
 from calispec_core.logit_rules import SessionRules
@@ -117,11 +117,8 @@ class _Job:
         assert state.rules is not None
         ruled = logits.clone()  # the forward's is read-only
         output = state.session.tokens[state.output_start :]
-        try:
-            state.rules.apply(ruled[0], output, [], state.sampling.temperature, self.columns)
-        except InvalidArgument:  # allowed ids the grammar refuses: the target's to report
-            return logits
-        return ruled if bool(torch.isfinite(ruled).any()) else logits
+        empty = state.rules.apply(ruled[0, -1:], output, [], state.sampling.temperature, self.columns)
+        return logits if empty is not None and bool(empty.any()) else ruled  # empty: the target's to report
 
     def _follows_to_the_end(self, token: int) -> bool:
         """The grammar takes the token; True when it is complete, so that drafting on is pointless (only the

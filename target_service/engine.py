@@ -20,7 +20,7 @@ from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
 from calispec_core.constraints import ConstraintCompiler, SessionGrammar, apply_masks, wants_grammar
-from calispec_core.errors import CalispecError, FailedPrecondition, InvalidArgument, require
+from calispec_core.errors import CalispecError, FailedPrecondition, InvalidArgument, InvalidField, require
 from calispec_core.generation import FREE_OUTPUT, Mode, SessionOutput, TokenLogprob
 from calispec_core.limits import (
     DEFAULT_RIDE_PREFILL_TOKENS,
@@ -240,7 +240,7 @@ class TargetEngine:
             with watch.phase("verify"):
                 batch = self._verify_input(rows, logits)
                 apply_masks(batch.target_logits, masks)
-                self._apply_rules(rows, batch.target_logits)
+                empty = self._apply_rules(rows, batch.target_logits)
                 out = verify(batch, self.table.counts, self.meaning_keys)
                 outcome = torch.stack(
                     [
@@ -249,10 +249,12 @@ class TargetEngine:
                         out.next_is_bonus.long(),
                         out.event_mask.sum(dim=-1),
                         out.withheld.sum(dim=-1),
+                        self._reached(empty, out.accepted_count),
                         out.finite.long(),
                     ]
                 ).tolist()  # the one device sync of the round, after the math
                 self._check_finite(rows, outcome.pop())
+                self._check_reached(outcome.pop())
                 rescued = out.rescued.tolist()  # [B][G]
                 self._check_emitted(rows, outcome[1])
                 logprobs = self._logprobs(rows, batch.target_logits, outcome[0], outcome[1])
@@ -290,14 +292,37 @@ class TargetEngine:
         return results
 
     @staticmethod
-    def _apply_rules(rows: Sequence[_Row], logits: torch.Tensor) -> None:
+    def _apply_rules(rows: Sequence[_Row], logits: torch.Tensor) -> torch.Tensor | None:
         """Each row's logit rules on its [G+1, V] logits (after its grammar's mask), position i under the output
-        and the row's first i drafts."""
+        and the row's first i drafts. Returns [B, G+1] bool: positions the rules left without a token (None: none
+        can be), which fail their request only if the round reaches them (`_check_reached`)."""
+        empty: torch.Tensor | None = None
         for b, row in enumerate(rows):
             state = row.state
             if state.rules is not None:
                 width = len(row.draft) + 1
-                state.rules.apply(logits[b, :width], state.output, row.draft, state.sampling.temperature)
+                row_empty = state.rules.apply(logits[b, :width], state.output, row.draft, state.sampling.temperature)
+                if row_empty is not None:
+                    if empty is None:
+                        empty = torch.zeros(logits.shape[:2], dtype=torch.bool, device=logits.device)
+                    empty[b, :width] = row_empty
+        return empty
+
+    @staticmethod
+    def _reached(empty: torch.Tensor | None, accepted: torch.Tensor) -> torch.Tensor:
+        """[B] int64: 1 where the round reached a position without a token (a kept draft's or the emitted one's)."""
+        if empty is None:
+            return torch.zeros_like(accepted)
+        positions = torch.arange(empty.shape[1], device=empty.device).view(1, -1)  # [1, G+1]
+        return (empty & (positions <= accepted.view(-1, 1))).any(dim=-1).long()
+
+    @staticmethod
+    def _check_reached(reached: list[int]) -> None:
+        """A row that reached a position without a token fails the round, which then reruns its rows one by one: so
+        only that row's request fails (its allowed ids and its structured output leave nothing to write)."""
+        if any(reached):
+            reason = "leave no token the structured output allows here (none of these ids is one)"
+            raise InvalidField("allowed_token_ids", reason)
 
     @staticmethod
     def _logprobs(

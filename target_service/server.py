@@ -116,7 +116,6 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
     def GetModelInfo(self, request, context):
         info = model_info_to_pb(self.engine.runner)
         info.structured_output = self.engine.constraints is not None
-        info.logit_rules = True
         return target_pb2.TargetModelInfoResponse(info=info)
 
     def GetStats(self, request, context):

@@ -1243,7 +1243,9 @@ def test_a_reply_streamed_with_tools_is_the_unary_reply(tools_url: str) -> None:
 
 LOGIT_RULE_ERRORS = [
     ({"frequency_penalty": -3}, "frequency_penalty", "must be in [-2, 2], got -3.0"),
-    ({"repetition_penalty": 0}, "repetition_penalty", "must be in (0, 2], got 0.0"),
+    ({"repetition_penalty": 0}, "repetition_penalty", "must be in [0.01, 2.0], got 0.0"),
+    ({"repetition_penalty": 1e-38}, "repetition_penalty", "must be in [0.01, 2.0]"),  # z / 1e-38: +inf (review)
+    ({"logit_bias": {"5": 1, "05": -1}}, "logit_bias", "a token id appears twice"),
     ({"min_p": 1.5}, "min_p", "must be in [0, 1], got 1.5"),
     ({"min_tokens": -1}, "min_tokens", "must be in [0, 8192], got -1"),
     ({"min_tokens": 5, "max_tokens": 4}, "min_tokens", "must be <= max_tokens (4), got 5"),

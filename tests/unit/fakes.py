@@ -58,6 +58,8 @@ class _Killable:
 
 
 class FakeDraft(_Killable):
+    logit_rules = True
+
     def __init__(self, model: Model) -> None:
         self.model = model
         self.sessions: dict[str, list[int]] = {}

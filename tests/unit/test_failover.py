@@ -486,3 +486,19 @@ def test_logit_rules_go_only_to_targets_that_apply_them_with_what_ends_the_outpu
     alone, _ = make([old])
     with pytest.raises(FailedPrecondition, match="no target replica applies logit rules"):
         list(alone.generate("c", params(rules=rules), Deadline(60)))
+
+
+def test_a_draft_older_than_logit_rules_gets_a_request_without_them_and_keeps_drafting() -> None:
+    """A wave-59 draft refuses `output_written` without a grammar: a reopened draft session of a request with rules
+    was refused, and the request ran target-only from then on (found by review)."""
+    only = target("t:1")
+    orchestrator, draft = make([only])
+    draft.logit_rules = False  # type: ignore[misc]
+    rules = LogitRules.of(presence_penalty=0.5)
+    stream = orchestrator.generate("c", params(num_speculative_tokens=2, rules=rules), Deadline(60))
+    next(stream)
+    draft.sessions.clear()  # reopened mid-request
+    chunks = list(stream)
+    assert chunks[-1].stats.drafted > 0 and len(draft.outputs) == 2
+    assert all(o.rules is None and o.written == 0 for o in draft.outputs)
+    assert only.outputs[-1].rules == rules and only.outputs[-1].written == 0

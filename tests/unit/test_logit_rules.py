@@ -89,11 +89,14 @@ def test_min_tokens_keeps_an_end_id_where_it_is_the_only_token_left() -> None:
     assert logits[1, 0] == -math.inf and logits[1, 4] == 2.0
 
 
-def test_allowed_ids_that_a_grammar_refuses_everywhere_are_the_requests_error() -> None:
+def test_positions_allowed_ids_leave_without_a_token_are_zeroed_and_reported() -> None:
+    """A structured output's grammar past a draft can allow none of the ids: the position is finite for the verifier
+    and reported, so that only a round that reaches it fails its request (the target's `_check_reached`)."""
     logits = torch.zeros(2, VOCAB)
     logits[1, :5] = -math.inf  # position 1's grammar refuses ids 0-4
-    with pytest.raises(InvalidField, match="allowed_token_ids"):
-        SessionRules(LogitRules.of(allowed_token_ids=[1, 2]), [], VOCAB, CPU).apply(logits, [], [1], 0.0)
+    empty = SessionRules(LogitRules.of(allowed_token_ids=[1, 2]), [], VOCAB, CPU).apply(logits, [], [1], 0.0)
+    assert empty is not None and empty.tolist() == [False, True] and (logits[1] == 0).all()
+    assert SessionRules(LogitRules.of(presence_penalty=1.0), [], VOCAB, CPU).apply(logits, [], [1], 0.0) is None
 
 
 @pytest.mark.parametrize(
@@ -102,6 +105,7 @@ def test_allowed_ids_that_a_grammar_refuses_everywhere_are_the_requests_error() 
         (LogitRules.of(presence_penalty=2.5), "presence_penalty"),
         (LogitRules.of(frequency_penalty=float("nan")), "frequency_penalty"),
         (LogitRules.of(repetition_penalty=0.0), "repetition_penalty"),
+        (LogitRules.of(repetition_penalty=1e-38), "repetition_penalty"),  # z / 1e-38 overflows to +inf
         (LogitRules.of(repetition_penalty=2.5), "repetition_penalty"),
         (LogitRules.of(min_p=1.5), "min_p"),
         (LogitRules.of(min_tokens=-1), "min_tokens"),

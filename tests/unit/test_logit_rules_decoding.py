@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import torch
 
-from calispec_core.generation import FinishReason, GenerationParams, Mode, SessionOutput
+from calispec_core.errors import InvalidField
+from calispec_core.generation import FinishReason, GenerationParams, Mode, OutputConstraint, SessionOutput
 from calispec_core.logit_rules import LogitRules
 from calispec_core.modeling import ModelRunner
 from calispec_core.sampling import SamplingConfig
@@ -105,3 +107,46 @@ def test_the_drafts_proposals_follow_the_rules(draft_runner: ModelRunner) -> Non
     finally:
         proposer.stop()
     assert len(drafted) == 12 and set(drafted) <= set(allowed)
+
+
+def test_allowed_ids_a_rejected_drafts_grammar_state_leaves_empty_do_not_fail_the_round(draft_runner, target_runner):
+    """A choice of "yes" or "no" whose allowed ids spell "no" (and "y" alone): the draft writes "y", the target "n".
+    Past the rejected "y" the grammar allows only "es", which the ids refuse: a position the round never reaches had
+    no token, and `sd` failed INVALID_ARGUMENT where `ar` wrote "no" (found by review)."""
+    tokenizer, prompt = target_runner.tokenizer, "Answer:"
+    y, n, o = (tokenizer.convert_tokens_to_ids(t) for t in "yno")
+    ids = tokenizer.encode(prompt)
+    with torch.inference_mode():
+        gaps = [
+            (m.model(torch.tensor([ids])).logits[0, -1, [y, n]].float()).tolist() for m in (target_runner, draft_runner)
+        ]
+    bias = sum(zy - zn for zy, zn in gaps) / 2  # on "n": the target's pick, not the draft's
+    assert (gaps[0][0] - gaps[0][1] - bias) * (gaps[1][0] - gaps[1][1] - bias) < 0
+    rules = LogitRules.of(allowed_token_ids=[y, n, o, tokenizer.eos_token_id], logit_bias={n: bias})
+    written = {}
+    for mode in (Mode.AR, Mode.SD):
+        backend = InProcessTarget(target_runner)
+        params = GenerationParams(8, SamplingConfig(), (), None if mode == Mode.AR else 3, mode, 0.01, 6,
+                                  constraint=OutputConstraint.of(choice=["yes", "no"]), rules=rules)  # fmt: skip
+        try:
+            chunks = list(in_process_orchestrator(draft_runner, backend).generate(prompt, params, Deadline(60)))
+        finally:
+            backend.stop()
+        written[mode] = "".join(c.text for c in chunks)
+    assert written[Mode.AR] == written[Mode.SD] == "no"
+
+
+@pytest.mark.parametrize("mode", [Mode.AR, Mode.SD])
+def test_allowed_ids_the_structured_output_never_allows_are_the_requests_error(draft_runner, target_runner, mode):
+    """A choice of "yes" with the ids of "no" only: the first position has no token (a greedy argmax over -inf, the
+    model blamed for non-finite logits)."""
+    tokenizer = target_runner.tokenizer
+    rules = LogitRules.of(allowed_token_ids=[tokenizer.convert_tokens_to_ids(t) for t in "no"])
+    backend = InProcessTarget(target_runner)
+    params = GenerationParams(8, SamplingConfig(), (), None if mode == Mode.AR else 3, mode, 0.01, 6,
+                              constraint=OutputConstraint.of(choice=["yes"]), rules=rules)  # fmt: skip
+    try:
+        with pytest.raises(InvalidField, match="allowed_token_ids leave no token"):
+            list(in_process_orchestrator(draft_runner, backend).generate(PROMPT, params, Deadline(60)))
+    finally:
+        backend.stop()

@@ -62,6 +62,7 @@ def test_a_request_id_grpc_cannot_send_is_refused_on_the_callers_side() -> None:
         ("logit_bias", {-1: 2.0}, ValueError),
         ("allowed_token_ids", [2**32], ValueError),
         ("min_tokens", -1, ValueError),
+        ("repetition_penalty", 0.0, ValueError),  # the wire's "unset": it was sent as off (review)
     ],
 )
 def test_an_argument_the_request_cannot_carry_is_named(argument: str, value: object, error: type[Exception]) -> None:

@@ -22,10 +22,10 @@ RULES = {
 def main() -> None:
     torch.set_num_threads(2)
     g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, V, (300,), generator=g).tolist()
-    for name, rules in RULES.items():
+    for (name, rules), prompt_len in [(r, n) for r in RULES.items() for n in (300, 16000)]:
+        prompt = torch.randint(0, V, (prompt_len,), generator=g).tolist()
         session = SessionRules(rules, prompt, V, torch.device("cpu"))
-        for out_len in (100, 1000):
+        for out_len in (100, 4000):
             output = torch.randint(0, V, (out_len,), generator=g).tolist()
             for width in (1, 7):
                 logits = torch.randn(width, V, generator=g)
@@ -41,7 +41,7 @@ def main() -> None:
                     logits.clone()
                 copied = time.perf_counter()
                 ms = ((applied - start) - (copied - applied)) / n * 1e3
-                print(f"{name:40s} output {out_len:5d} positions {width}: {ms:.2f} ms")
+                print(f"{name:40s} prompt {prompt_len:5d} output {out_len:5d} positions {width}: {ms:.2f} ms")
 
 
 if __name__ == "__main__":
