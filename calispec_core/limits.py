@@ -95,6 +95,28 @@ def check_sampling(
     require_field(seed is None or 0 <= seed < SEED_BOUND, "seed", f"must be in [0, 2**63), got {seed}")
 
 
+MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's range)
+MIN_REPETITION_PENALTY = 0.01  # a smaller one overflows float32 logits (z / penalty: +inf)
+MAX_REPETITION_PENALTY = 2.0
+
+
+def check_logit_rules(
+    presence_penalty: float | None = None,
+    frequency_penalty: float | None = None,
+    repetition_penalty: float | None = None,
+    min_p: float | None = None,
+    min_tokens: int | None = None,
+) -> None:
+    """The scalar logit rules' ranges (calispec_core/logit_rules.py), for requests and flags alike."""
+    for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
+        require_field(value is None or -MAX_PENALTY <= value <= MAX_PENALTY, name, f"must be in [-2, 2], got {value}")
+    rp, low, high = repetition_penalty, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY
+    require_field(rp is None or low <= rp <= high, "repetition_penalty", f"must be in [{low}, {high}], got {rp}")
+    require_field(min_p is None or 0 <= min_p <= 1, "min_p", f"must be in [0, 1], got {min_p}")
+    reason = f"must be in [0, {MAX_NEW_TOKENS}], got {min_tokens}"
+    require_field(min_tokens is None or 0 <= min_tokens <= MAX_NEW_TOKENS, "min_tokens", reason)
+
+
 def check_stop_strings(stop: Sequence[str]) -> None:
     """At most MAX_STOP_STRINGS stop strings of 1 to MAX_STOP_STRING_CHARS characters each."""
     require(len(stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}")

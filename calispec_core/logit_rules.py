@@ -21,12 +21,9 @@ import torch
 
 from calispec.v1 import common_pb2
 from calispec_core.errors import require_field
-from calispec_core.limits import MAX_NEW_TOKENS
+from calispec_core.limits import check_logit_rules
 from calispec_core.vocab_pruning import LogitColumns
 
-MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's range)
-MIN_REPETITION_PENALTY = 0.01  # a smaller one overflows float32 logits (z / penalty: +inf)
-MAX_REPETITION_PENALTY = 2.0
 MAX_LOGIT_BIAS = 100.0  # a bias lies in [-100, 100] (OpenAI's range)
 MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_ALLOWED_TOKEN_IDS = 1 << 18  # more than any vocabulary served here
@@ -51,7 +48,7 @@ class LogitRules:
     def active(self) -> bool:
         """Whether the rules change any logit."""
         fixed = bool(self.logit_bias or self.allowed_token_ids)
-        return self.penalises or fixed or self.min_p > 0 or self.min_tokens > 0
+        return self.penalises or fixed or self.min_p != 0 or self.min_tokens != 0
 
     @property
     def penalises(self) -> bool:
@@ -76,13 +73,9 @@ class LogitRules:
 
     def validate(self, vocab_size: int | None = None) -> LogitRules:
         """InvalidField (naming vLLM's field) for a value out of range; ids must lie in `vocab_size` when given."""
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            require_field(-MAX_PENALTY <= value <= MAX_PENALTY, name, f"must be in [-2, 2], got {value}")
-        rp = self.repetition_penalty
-        reason = f"must be in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY}], got {rp}"
-        require_field(MIN_REPETITION_PENALTY <= rp <= MAX_REPETITION_PENALTY, "repetition_penalty", reason)
-        require_field(0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p}")
+        check_logit_rules(
+            self.presence_penalty, self.frequency_penalty, self.repetition_penalty, self.min_p, self.min_tokens
+        )
         count = len(self.logit_bias)
         require_field(
             count <= MAX_LOGIT_BIAS_ENTRIES, "logit_bias", f"at most {MAX_LOGIT_BIAS_ENTRIES} tokens, got {count}"
@@ -93,8 +86,6 @@ class LogitRules:
         count = len(self.allowed_token_ids)
         reason = f"at most {MAX_ALLOWED_TOKEN_IDS} ids, got {count}"
         require_field(count <= MAX_ALLOWED_TOKEN_IDS, "allowed_token_ids", reason)
-        reason = f"must be in [0, {MAX_NEW_TOKENS}], got {self.min_tokens}"
-        require_field(0 <= self.min_tokens <= MAX_NEW_TOKENS, "min_tokens", reason)
         count = len(self.end_token_ids)
         require_field(count <= MAX_END_TOKEN_IDS, "end_token_ids", f"at most {MAX_END_TOKEN_IDS} ids, got {count}")
         self._check_ids(vocab_size if vocab_size is not None else TOKEN_ID_BOUND)
@@ -149,7 +140,8 @@ def rules_from_wire(msg: common_pb2.LogitRules, present: bool, from_client: bool
     rules = LogitRules.from_pb(msg)
     if from_client:
         rules = replace(rules, end_token_ids=())
-    return rules.validate() if rules.active else None
+    rules.validate()  # inactive rules too: a min_p of -0.1 is a refusal, not "off"
+    return rules if rules.active else None
 
 
 class SessionRules:

@@ -22,6 +22,7 @@ from calispec_core.limits import (
     MAX_NEW_TOKENS,
     as_float32,
     check_csd_thresholds,
+    check_logit_rules,
     check_sampling,
     check_stop_strings,
     flag_checked,
@@ -103,6 +104,31 @@ def temperature(text: str) -> float:
 def top_p(text: str) -> float:
     """A request's top-p, in [0, 1] (0 or 1: off)."""
     return _float32_field(text, lambda p: check_sampling(top_p=p))
+
+
+def presence_penalty(text: str) -> float:
+    """A request's presence penalty, in [-2, 2]."""
+    return _float32_field(text, lambda v: check_logit_rules(presence_penalty=v))
+
+
+def frequency_penalty(text: str) -> float:
+    """A request's frequency penalty, in [-2, 2]."""
+    return _float32_field(text, lambda v: check_logit_rules(frequency_penalty=v))
+
+
+def repetition_penalty(text: str) -> float:
+    """A request's repetition penalty, in [0.01, 2] (1: off)."""
+    return _float32_field(text, lambda v: check_logit_rules(repetition_penalty=v))
+
+
+def min_p(text: str) -> float:
+    """A request's min_p, in [0, 1] (0: off)."""
+    return _float32_field(text, lambda v: check_logit_rules(min_p=v))
+
+
+def min_tokens(text: str) -> int:
+    """A request's min_tokens, in [0, MAX_NEW_TOKENS]."""
+    return flag_checked(int(text), lambda n: check_logit_rules(min_tokens=n))
 
 
 def request_tau(text: str) -> float:

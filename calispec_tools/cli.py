@@ -316,6 +316,14 @@ def add_request_args(parser: argparse.ArgumentParser, prompt_required: bool, wit
     parser.add_argument("--tau", type=at.request_tau, default=None)
     parser.add_argument("--lambda", dest="lambda_", metavar="LAMBDA", type=at.lambda_, default=None)
     parser.add_argument("--ignore-eos", action="store_true", help="go on past EOS to the token limit")
+    for flag, kind, default, off in (  # vLLM's logit rules (docs/api.md "Logit rules")
+        ("--presence-penalty", at.presence_penalty, 0.0, "0"),
+        ("--frequency-penalty", at.frequency_penalty, 0.0, "0"),
+        ("--repetition-penalty", at.repetition_penalty, 1.0, "1"),
+        ("--min-p", at.min_p, 0.0, "0"),
+        ("--min-tokens", at.min_tokens, 0, "0"),
+    ):
+        parser.add_argument(flag, type=kind, default=default, help=f"{off} (default): off")
     parser.add_argument("--timeout", type=at.positive_float, default=120.0, help="request deadline, seconds")
     if with_prompt:  # `chat` prints text only: it took --logprobs and never showed them (found by probing)
         likeliest = "each token's log-probability and the K likeliest (printed with --json)"
@@ -338,6 +346,11 @@ def request_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "tau": args.tau,
         "lambda_": args.lambda_,
         "ignore_eos": args.ignore_eos,
+        "presence_penalty": args.presence_penalty,
+        "frequency_penalty": args.frequency_penalty,
+        "repetition_penalty": args.repetition_penalty,
+        "min_p": args.min_p,
+        "min_tokens": args.min_tokens,
         "logprobs": getattr(args, "logprobs", None),  # not `chat`'s
         "prompt_logprobs": getattr(args, "prompt_logprobs", None),
     }

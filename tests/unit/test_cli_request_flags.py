@@ -44,7 +44,14 @@ EDGES: dict[str, tuple[str, list[str]]] = {
     "--max-new-tokens": ("max_new_tokens", ["0", "1", "8192", "8193", "-1", str(2**31)]),
     "--logprobs": ("logprobs", ["-1", "0", "20", "21", str(2**32)]),
     "--prompt-logprobs": ("prompt_logprobs", ["-1", "0", "20", "21", str(2**32)]),
+    # logit rules (wave 60); min_tokens' bound by max_tokens is the server's (its default is not the CLI's to know)
+    "--presence-penalty": ("presence_penalty", ["0", "2", "2.0000001", "2.01", "-2", "-2.01", "nan", "inf"]),
+    "--frequency-penalty": ("frequency_penalty", ["-1.5", "-2.0000001", "-2.001", "1e39", "nan"]),
+    "--repetition-penalty": ("repetition_penalty", ["1", "0.01", "0.0099", "2", "2.01", "0", "-1", "1e-40", "nan"]),
+    "--min-p": ("min_p", ["0", "1", "1.0001", "-0.1", "0.5", "1e-46", "nan"]),
+    "--min-tokens": ("min_tokens", ["0", "1", "100", "-1", "8193", str(2**32)]),
 }
+FLOATS = ("temperature", "top_p", "tau", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
 CASES = [(flag, value) for flag, (_, values) in EDGES.items() for value in values]
 
 
@@ -71,7 +78,7 @@ def test_a_request_flag_takes_what_the_coordinator_takes(
     flag: str, value: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     keyword, _ = EDGES[flag]
-    convert = float if keyword in ("temperature", "top_p", "tau") else int
+    convert = float if keyword in FLOATS else int
     assert cli_accepts(f"{flag}={value}") == server_accepts(**{keyword: convert(value)})  # "=": -1e-50 is no flag
 
 
