@@ -128,6 +128,7 @@ def build_params(
     min_tokens: int = 0,
     logit_bias: Mapping[int, float] | None = None,
     allowed_token_ids: Sequence[int] | None = None,
+    bad_words: Sequence[str] | None = None,
 ) -> coordinator_pb2.GenerationParams:
     """Request parameters; None / 0 leaves a field to the server's default. `ignore_eos`: go on past EOS to
     `max_new_tokens` (outputs of a fixed length, for load tests). `logprobs=k`: each new token's log-probability
@@ -136,7 +137,7 @@ def build_params(
     the request (kept in the output; finish reason "stop"), as vLLM's. `constraint`: structured output, the grammar
     the new tokens follow (`OutputConstraint.of(json=schema)`, `regex=`, `choice=`, `grammar=`, `json_object=True`).
     `presence_penalty`, `frequency_penalty`, `repetition_penalty`, `min_p`, `min_tokens`, `logit_bias` (token id ->
-    bias) and `allowed_token_ids`: vLLM's sampling parameters of those names (their defaults are off)."""
+    bias), `allowed_token_ids` and `bad_words`: vLLM's sampling parameters of those names (their defaults are off)."""
     msg = coordinator_pb2.GenerationParams()
     for name, value in (
         ("max_new_tokens", max_new_tokens),
@@ -171,7 +172,7 @@ def build_params(
         "min_p": min_p,
         "min_tokens": min_tokens,
     }
-    if any(rules.values()) or logit_bias or allowed_token_ids:
+    if any(rules.values()) or logit_bias or allowed_token_ids or bad_words:
         for name, value in rules.items():
             with _naming(name):
                 setattr(msg.rules, name, value)
@@ -179,6 +180,8 @@ def build_params(
             msg.rules.logit_bias.update(logit_bias or {})
         with _naming("allowed_token_ids"):
             msg.rules.allowed_token_ids.extend(allowed_token_ids or ())
+        with _naming("bad_words"):
+            msg.rules.bad_words.extend([bad_words] if isinstance(bad_words, str) else bad_words or ())
     return msg
 
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
 from calispec.v1 import common_pb2
 from calispec_core.errors import require_field
-from calispec_core.limits import check_logit_rules
+from calispec_core.limits import check_logit_rules, require_unicode
 from calispec_core.vocab_pruning import LogitColumns
 
 MAX_LOGIT_BIAS = 100.0  # a bias lies in [-100, 100] (OpenAI's range)
@@ -29,6 +30,9 @@ MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_ALLOWED_TOKEN_IDS = 1 << 18  # more than any vocabulary served here
 MAX_END_TOKEN_IDS = 64  # EOS ids and stop token ids (at most 16)
 TOKEN_ID_BOUND = 2**32  # the wire's uint32, for ids checked before the vocabulary is known
+MAX_BAD_WORDS = 64
+MAX_BAD_WORD_CHARS = 256
+MAX_BAD_WORD_TOKENS = 64  # a tokenized bad word's length
 
 
 @dataclass(frozen=True)
@@ -43,11 +47,13 @@ class LogitRules:
     allowed_token_ids: tuple[int, ...] = ()  # empty: every token
     min_tokens: int = 0
     end_token_ids: tuple[int, ...] = ()  # what min_tokens holds back: the ids that would end the output
+    bad_words: tuple[str, ...] = ()  # vLLM's: words the output never writes (the coordinator tokenizes them)
+    bad_word_ids: tuple[tuple[int, ...], ...] = ()  # token sequences the output never ends with (from bad_words)
 
     @property
     def active(self) -> bool:
         """Whether the rules change any logit."""
-        fixed = bool(self.logit_bias or self.allowed_token_ids)
+        fixed = bool(self.logit_bias or self.allowed_token_ids or self.bad_words or self.bad_word_ids)
         return self.penalises or fixed or self.min_p != 0 or self.min_tokens != 0
 
     @property
@@ -65,11 +71,13 @@ class LogitRules:
         logit_bias: dict[int, float] | None = None,
         allowed_token_ids: Sequence[int] | None = None,
         min_tokens: int = 0,
+        bad_words: Sequence[str] | None = None,
     ) -> LogitRules:
         """vLLM's SamplingParams names; `logit_bias` maps token ids to biases."""
         bias = tuple(sorted((int(k), float(v)) for k, v in (logit_bias or {}).items()))
         allowed = tuple(sorted({int(i) for i in allowed_token_ids or ()}))
-        return cls(presence_penalty, frequency_penalty, repetition_penalty, min_p, bias, allowed, min_tokens)
+        words = tuple(bad_words or ())
+        return cls(presence_penalty, frequency_penalty, repetition_penalty, min_p, bias, allowed, min_tokens, (), words)
 
     def validate(self, vocab_size: int | None = None) -> LogitRules:
         """InvalidField (naming vLLM's field) for a value out of range; ids must lie in `vocab_size` when given."""
@@ -88,6 +96,7 @@ class LogitRules:
         require_field(count <= MAX_ALLOWED_TOKEN_IDS, "allowed_token_ids", reason)
         count = len(self.end_token_ids)
         require_field(count <= MAX_END_TOKEN_IDS, "end_token_ids", f"at most {MAX_END_TOKEN_IDS} ids, got {count}")
+        self._check_bad_words()
         self._check_ids(vocab_size if vocab_size is not None else TOKEN_ID_BOUND)
         return self
 
@@ -95,10 +104,28 @@ class LogitRules:
         for name, ids in (
             ("logit_bias", [t for t, _ in self.logit_bias]),
             ("allowed_token_ids", self.allowed_token_ids),
+            ("bad_word_ids", [t for seq in self.bad_word_ids for t in seq]),
         ):
             outside = [i for i in ids if not 0 <= i < vocab_size]
             reason = f"token ids must be in [0, {vocab_size}), got {outside[:3]}"
             require_field(not outside, name, reason)
+
+    def _check_bad_words(self) -> None:
+        count = len(self.bad_words)
+        require_field(count <= MAX_BAD_WORDS, "bad_words", f"at most {MAX_BAD_WORDS} words, got {count}")
+        for i, word in enumerate(self.bad_words):
+            reason = f"must be 1 to {MAX_BAD_WORD_CHARS} characters, word {i} has {len(word)}"
+            require_field(0 < len(word) <= MAX_BAD_WORD_CHARS, "bad_words", reason)
+            require_unicode(word, f"bad word {i}")
+        count = len(self.bad_word_ids)
+        require_field(count <= 2 * MAX_BAD_WORDS, "bad_word_ids", f"at most {2 * MAX_BAD_WORDS} sequences, got {count}")
+        for ids in self.bad_word_ids:
+            reason = f"a sequence holds 1 to {MAX_BAD_WORD_TOKENS} ids, got {len(ids)}"
+            require_field(0 < len(ids) <= MAX_BAD_WORD_TOKENS, "bad_word_ids", reason)
+
+    def with_bad_word_ids(self, sequences: Sequence[Sequence[int]]) -> LogitRules:
+        """These rules with their bad words' token sequences (the coordinator tokenizes the words)."""
+        return replace(self, bad_word_ids=tuple(tuple(ids) for ids in sequences if ids))
 
     def ending(self, end_token_ids: Sequence[int]) -> LogitRules:
         """These rules with the ids that would end the output (what min_tokens holds back), when min_tokens asks."""
@@ -117,6 +144,8 @@ class LogitRules:
             tuple(msg.allowed_token_ids),
             msg.min_tokens,
             tuple(msg.end_token_ids),
+            tuple(msg.bad_words),
+            tuple(tuple(seq.ids) for seq in msg.bad_word_ids),
         )
 
     def to_pb(self) -> common_pb2.LogitRules:
@@ -129,17 +158,32 @@ class LogitRules:
             allowed_token_ids=self.allowed_token_ids,
             min_tokens=self.min_tokens,
             end_token_ids=self.end_token_ids,
+            bad_words=self.bad_words,
+            bad_word_ids=[common_pb2.TokenIds(ids=ids) for ids in self.bad_word_ids],
         )
+
+
+def tokenize_bad_words(tokenizer: Any, words: Sequence[str]) -> list[list[int]]:
+    """vLLM's tokenization of bad words: each as written (leading spaces stripped) and, where that makes other tokens
+    of the same count, after a space (a word inside the text, not at its start)."""
+    sequences = []
+    for word in words:
+        plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        sequences.append(plain)
+        if plain and spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+            sequences.append(spaced)
+    return [ids[:MAX_BAD_WORD_TOKENS] for ids in sequences if ids]
 
 
 def rules_from_wire(msg: common_pb2.LogitRules, present: bool, from_client: bool = False) -> LogitRules | None:
     """The proto message (`present`: the field is set), checked; rules that change nothing are None. A client's
-    end_token_ids are dropped: the coordinator knows what ends its output."""
+    end_token_ids and bad_word_ids are dropped: the coordinator knows what ends its output and tokenizes the words."""
     if not present:
         return None
     rules = LogitRules.from_pb(msg)
     if from_client:
-        rules = replace(rules, end_token_ids=())
+        rules = replace(rules, end_token_ids=(), bad_word_ids=())
     rules.validate()  # inactive rules too: a min_p of -0.1 is a refusal, not "off"
     return rules if rules.active else None
 
@@ -153,6 +197,9 @@ class SessionRules:
         self.rules = rules
         self.device = device
         self.fixed = _fixed_row(rules, vocab_size, device)  # [V] float32 or None
+        # bad words of several tokens: (the tokens before the last, the last), refused where the output ends with those
+        self.sequences = [(ids[:-1], ids[-1]) for ids in rules.bad_word_ids if len(ids) > 1]
+        self.banned_tail = max((len(prefix) for prefix, _ in self.sequences), default=0)
         self.end_ids = torch.tensor(rules.end_token_ids, dtype=torch.long, device=device)  # [E]
         self.end_ids = self.end_ids[self.end_ids < vocab_size]
         repeats = rules.repetition_penalty != 1
@@ -180,13 +227,15 @@ class SessionRules:
             self._prune(pruned)
         if self.fixed is not None:
             logits += self.fixed if pruned is None else self._pruned_fixed
+        if self.sequences:
+            self._ban_sequences(logits, output, drafts, pruned)
         self._hold_back_end(logits, len(output), pruned)
         if self.rules.penalises:
             self._penalise(logits, output, drafts, pruned)
         if self.rules.min_p > 0 and temperature > 0:
             top = logits.max(dim=-1, keepdim=True).values  # [S, 1]
             logits.masked_fill_(logits < top + temperature * math.log(self.rules.min_p), float("-inf"))
-        if not self.rules.allowed_token_ids:
+        if not self.rules.allowed_token_ids and not self.rules.bad_word_ids:
             return None
         empty = ~torch.isfinite(logits).any(dim=-1)  # [S]
         logits.masked_fill_(empty.unsqueeze(-1), 0.0)
@@ -196,6 +245,28 @@ class SessionRules:
         self._pruned = pruned
         self._pruned_fixed = self.fixed[pruned.kept] if self.fixed is not None else None
         self._pruned_prompt = _columns_of(self.prompt_ids, pruned)
+
+    def _ban_sequences(
+        self, logits: torch.Tensor, output: Sequence[int], drafts: Sequence[int], pruned: LogitColumns | None
+    ) -> None:
+        """vLLM's bad words of several tokens: at a position whose context ends with a word's first tokens, its last."""
+        recent = [*output[max(0, len(output) - self.banned_tail) :], *drafts]  # every position's context ends so
+        before = min(len(output), self.banned_tail)  # tokens of `recent` that precede position 0
+        rows, banned = [], []
+        for i in range(logits.shape[0]):
+            context = recent[: before + i]
+            for prefix, last in self.sequences:
+                if len(context) >= len(prefix) and tuple(context[len(context) - len(prefix) :]) == prefix:
+                    rows.append(i)
+                    banned.append(last)
+        if not rows:
+            return
+        ids = torch.tensor(banned, dtype=torch.long, device=logits.device)  # [N]
+        at = torch.tensor(rows, dtype=torch.long, device=logits.device)  # [N]
+        if pruned is not None:
+            kept = _kept(ids, pruned)
+            ids, at = _columns_of(ids, pruned), at[kept]
+        logits[at, ids] = float("-inf")
 
     def _hold_back_end(self, logits: torch.Tensor, written: int, pruned: LogitColumns | None) -> None:
         """The end ids' logits to -inf at positions whose token would be among the output's first min_tokens."""
@@ -248,7 +319,8 @@ def _repetition(z: torch.Tensor, penalty: float) -> torch.Tensor:
 
 def _fixed_row(rules: LogitRules, vocab_size: int, device: torch.device) -> torch.Tensor | None:
     """[V] float32: -inf off the allowed ids, plus each token's bias; None when there are neither."""
-    if not rules.logit_bias and not rules.allowed_token_ids:
+    single = [ids[0] for ids in rules.bad_word_ids if len(ids) == 1]  # bad words of one token: refused everywhere
+    if not rules.logit_bias and not rules.allowed_token_ids and not single:
         return None
     row = torch.zeros(vocab_size, dtype=torch.float32, device=device)
     if rules.allowed_token_ids:
@@ -257,6 +329,8 @@ def _fixed_row(rules: LogitRules, vocab_size: int, device: torch.device) -> torc
     if rules.logit_bias:
         ids, biases = zip(*rules.logit_bias, strict=True)
         row[torch.tensor(ids, dtype=torch.long, device=device)] += torch.tensor(biases, device=device)
+    if single:
+        row[torch.tensor(single, dtype=torch.long, device=device)] = float("-inf")
     return row
 
 

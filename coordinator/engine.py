@@ -54,6 +54,7 @@ from calispec_core.generation import (
     validate_prompt,
 )
 from calispec_core.limits import DEFAULT_LOCKSTEP_PHASE, LockstepPhase, require_lockstep_phase
+from calispec_core.logit_rules import tokenize_bad_words
 from calispec_core.timing import Deadline, Stopwatch, now_ns, ns_to_ms
 from coordinator.backends import DraftBackend, Proposal, SessionLost, TargetBackend, Verdict
 from coordinator.chat import InvalidParam
@@ -440,6 +441,8 @@ class Orchestrator:
         rules = p.rules
         if rules is not None:
             rules = rules.ending([*p.stop_token_ids, *(() if p.ignore_eos else self.eos_token_ids)])
+            if rules.bad_words:
+                rules = rules.with_bad_word_ids(tokenize_bad_words(self.tokenizer, rules.bad_words))
         return SessionOutput(p.constraint, rules, len(request.generated))
 
     def _draft_output(self, request: _Request) -> SessionOutput:

@@ -29,6 +29,7 @@ from pydantic import (
     Field,
     SerializerFunctionWrapHandler,
     StrictInt,
+    StrictStr,
     ValidationInfo,
     field_validator,
     model_serializer,
@@ -132,7 +133,6 @@ NOT_IMPLEMENTED: dict[str, Any] = {
     # vLLM's output and prompt controls (ignored as unknown fields until wave 54: a 200 with other text)
     "include_stop_str_in_output": False,
     "skip_special_tokens": True,
-    "bad_words": [],
     "truncate_prompt_tokens": None,
     "logits_processors": None,
     "prompt_logprobs": None,  # vLLM's per-choice prompt log-probabilities (here: `echo` with `logprobs`)
@@ -237,6 +237,7 @@ class CalispecParams(OpenAIModel):
     min_tokens: StrictInt = 0
     logit_bias: dict[str, float] | None = None  # token ids (as strings) -> bias
     allowed_token_ids: list[StrictInt] | None = None
+    bad_words: list[StrictStr] | None = None
     # Structured output (`output_constraint`): OpenAI's JSON mode and schemas, vLLM's `structured_outputs` and its
     # older `guided_*` fields; one of them a request. Each becomes an OutputConstraint here (or None: free text).
     response_format: Any = None
@@ -252,7 +253,6 @@ class CalispecParams(OpenAIModel):
     guided_whitespace_pattern: Any = None
     include_stop_str_in_output: Any = None
     skip_special_tokens: Any = None
-    bad_words: Any = None
     truncate_prompt_tokens: Any = None
     logits_processors: Any = None
     prompt_logprobs: Any = None
@@ -390,6 +390,13 @@ class CalispecParams(OpenAIModel):
             LogitRules.of(allowed_token_ids=value).validate()
         return value
 
+    @field_validator("bad_words")
+    @classmethod
+    def _bad_words(cls, value: list[str] | None) -> list[str] | None:
+        with domain_checked():
+            LogitRules.of(bad_words=value).validate()
+        return value
+
     def logit_rules(self) -> LogitRules | None:
         """The request's penalties, logit bias, min_p, allowed ids and min_tokens; None when they change nothing."""
         rules = LogitRules.of(
@@ -400,6 +407,7 @@ class CalispecParams(OpenAIModel):
             logit_bias=_token_biases(self.logit_bias),
             allowed_token_ids=self.allowed_token_ids,
             min_tokens=self.min_tokens,
+            bad_words=self.bad_words,
         )
         return rules if rules.active else None
 

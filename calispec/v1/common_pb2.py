@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x63\x61lispec/v1/common.proto\x12\x0b\x63\x61lispec.v1\"_\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\",\n\x0cRescueParams\x12\x0b\n\x03tau\x18\x01 \x01(\x02\x12\x0f\n\x07lambda_\x18\x02 \x01(\r\"\xf9\x01\n\x10OutputConstraint\x12\x30\n\x04kind\x18\x01 \x01(\x0e\x32\".calispec.v1.OutputConstraint.Kind\x12\x0c\n\x04spec\x18\x02 \x01(\t\x12\x0f\n\x07\x63hoices\x18\x03 \x03(\t\x12\x1e\n\x16\x64isable_any_whitespace\x18\x04 \x01(\x08\"t\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\r\n\tKIND_JSON\x10\x01\x12\x14\n\x10KIND_JSON_OBJECT\x10\x02\x12\x0e\n\nKIND_REGEX\x10\x03\x12\x0f\n\x0bKIND_CHOICE\x10\x04\x12\x10\n\x0cKIND_GRAMMAR\x10\x05\"\xa0\x02\n\nLogitRules\x12\x18\n\x10presence_penalty\x18\x01 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x02 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x03 \x01(\x02\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12:\n\nlogit_bias\x18\x05 \x03(\x0b\x32&.calispec.v1.LogitRules.LogitBiasEntry\x12\x19\n\x11\x61llowed_token_ids\x18\x06 \x03(\r\x12\x12\n\nmin_tokens\x18\x07 \x01(\r\x12\x15\n\rend_token_ids\x18\x08 \x03(\r\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"M\n\rTokenLogprobs\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x02 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x03 \x03(\x02\"h\n\x06Timing\x12\x10\n\x08total_ns\x18\x01 \x01(\x03\x12\x12\n\nforward_ns\x18\x02 \x01(\x03\x12\x11\n\tverify_ns\x18\x03 \x01(\x03\x12\x11\n\tmemory_ns\x18\x04 \x01(\x03\x12\x12\n\nprefill_ns\x18\x05 \x01(\x03\"J\n\x13SparseDistributions\x12\x11\n\trow_sizes\x18\x01 \x03(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\r\n\x05probs\x18\x03 \x03(\x02\"\x91\x02\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\x13\n\x0bmax_context\x18\x04 \x01(\r\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\x15\n\reos_token_ids\x18\x07 \x03(\r\x12/\n\rforward_costs\x18\x08 \x03(\x0b\x32\x18.calispec.v1.ForwardCost\x12\x13\n\x0b\x66p32_linear\x18\t \x01(\t\x12\x19\n\x11structured_output\x18\n \x01(\x08\x12\x13\n\x0blogit_rules\x18\x0b \x01(\x08\"-\n\x0b\x46orwardCost\x12\x12\n\nnew_tokens\x18\x01 \x01(\r\x12\n\n\x02ms\x18\x02 \x01(\x01\"h\n\x0cSessionStats\x12\x15\n\ropen_sessions\x18\x01 \x01(\r\x12\x14\n\x0cmax_sessions\x18\x02 \x01(\r\x12\x12\n\nidle_ttl_s\x18\x03 \x01(\x01\x12\x17\n\x0freaped_sessions\x18\x04 \x01(\x04*j\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x0b\n\x07MODE_AR\x10\x01\x12\x0b\n\x07MODE_SD\x10\x02\x12\x0c\n\x08MODE_CSD\x10\x03\x12\x11\n\rMODE_OCM_ONLY\x10\x04\x12\x11\n\rMODE_SCG_ONLY\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x63\x61lispec/v1/common.proto\x12\x0b\x63\x61lispec.v1\"_\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\",\n\x0cRescueParams\x12\x0b\n\x03tau\x18\x01 \x01(\x02\x12\x0f\n\x07lambda_\x18\x02 \x01(\r\"\xf9\x01\n\x10OutputConstraint\x12\x30\n\x04kind\x18\x01 \x01(\x0e\x32\".calispec.v1.OutputConstraint.Kind\x12\x0c\n\x04spec\x18\x02 \x01(\t\x12\x0f\n\x07\x63hoices\x18\x03 \x03(\t\x12\x1e\n\x16\x64isable_any_whitespace\x18\x04 \x01(\x08\"t\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\r\n\tKIND_JSON\x10\x01\x12\x14\n\x10KIND_JSON_OBJECT\x10\x02\x12\x0e\n\nKIND_REGEX\x10\x03\x12\x0f\n\x0bKIND_CHOICE\x10\x04\x12\x10\n\x0cKIND_GRAMMAR\x10\x05\"\xe0\x02\n\nLogitRules\x12\x18\n\x10presence_penalty\x18\x01 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x02 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x03 \x01(\x02\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12:\n\nlogit_bias\x18\x05 \x03(\x0b\x32&.calispec.v1.LogitRules.LogitBiasEntry\x12\x19\n\x11\x61llowed_token_ids\x18\x06 \x03(\r\x12\x12\n\nmin_tokens\x18\x07 \x01(\r\x12\x15\n\rend_token_ids\x18\x08 \x03(\r\x12\x11\n\tbad_words\x18\t \x03(\t\x12+\n\x0c\x62\x61\x64_word_ids\x18\n \x03(\x0b\x32\x15.calispec.v1.TokenIds\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"M\n\rTokenLogprobs\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x02 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x03 \x03(\x02\"h\n\x06Timing\x12\x10\n\x08total_ns\x18\x01 \x01(\x03\x12\x12\n\nforward_ns\x18\x02 \x01(\x03\x12\x11\n\tverify_ns\x18\x03 \x01(\x03\x12\x11\n\tmemory_ns\x18\x04 \x01(\x03\x12\x12\n\nprefill_ns\x18\x05 \x01(\x03\"J\n\x13SparseDistributions\x12\x11\n\trow_sizes\x18\x01 \x03(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\r\n\x05probs\x18\x03 \x03(\x02\"\x91\x02\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\x13\n\x0bmax_context\x18\x04 \x01(\r\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\x15\n\reos_token_ids\x18\x07 \x03(\r\x12/\n\rforward_costs\x18\x08 \x03(\x0b\x32\x18.calispec.v1.ForwardCost\x12\x13\n\x0b\x66p32_linear\x18\t \x01(\t\x12\x19\n\x11structured_output\x18\n \x01(\x08\x12\x13\n\x0blogit_rules\x18\x0b \x01(\x08\"-\n\x0b\x46orwardCost\x12\x12\n\nnew_tokens\x18\x01 \x01(\r\x12\n\n\x02ms\x18\x02 \x01(\x01\"h\n\x0cSessionStats\x12\x15\n\ropen_sessions\x18\x01 \x01(\r\x12\x14\n\x0cmax_sessions\x18\x02 \x01(\r\x12\x12\n\nidle_ttl_s\x18\x03 \x01(\x01\x12\x17\n\x0freaped_sessions\x18\x04 \x01(\x04*j\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x0b\n\x07MODE_AR\x10\x01\x12\x0b\n\x07MODE_SD\x10\x02\x12\x0c\n\x08MODE_CSD\x10\x03\x12\x11\n\rMODE_OCM_ONLY\x10\x04\x12\x11\n\rMODE_SCG_ONLY\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_LOGITRULES_LOGITBIASENTRY']._loaded_options = None
   _globals['_LOGITRULES_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_MODE']._serialized_start=1417
-  _globals['_MODE']._serialized_end=1523
+  _globals['_MODE']._serialized_start=1506
+  _globals['_MODE']._serialized_end=1612
   _globals['_SAMPLINGPARAMS']._serialized_start=41
   _globals['_SAMPLINGPARAMS']._serialized_end=136
   _globals['_RESCUEPARAMS']._serialized_start=138
@@ -44,19 +44,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OUTPUTCONSTRAINT_KIND']._serialized_start=318
   _globals['_OUTPUTCONSTRAINT_KIND']._serialized_end=434
   _globals['_LOGITRULES']._serialized_start=437
-  _globals['_LOGITRULES']._serialized_end=725
-  _globals['_LOGITRULES_LOGITBIASENTRY']._serialized_start=677
-  _globals['_LOGITRULES_LOGITBIASENTRY']._serialized_end=725
-  _globals['_TOKENLOGPROBS']._serialized_start=727
-  _globals['_TOKENLOGPROBS']._serialized_end=804
-  _globals['_TIMING']._serialized_start=806
-  _globals['_TIMING']._serialized_end=910
-  _globals['_SPARSEDISTRIBUTIONS']._serialized_start=912
-  _globals['_SPARSEDISTRIBUTIONS']._serialized_end=986
-  _globals['_MODELINFO']._serialized_start=989
-  _globals['_MODELINFO']._serialized_end=1262
-  _globals['_FORWARDCOST']._serialized_start=1264
-  _globals['_FORWARDCOST']._serialized_end=1309
-  _globals['_SESSIONSTATS']._serialized_start=1311
-  _globals['_SESSIONSTATS']._serialized_end=1415
+  _globals['_LOGITRULES']._serialized_end=789
+  _globals['_LOGITRULES_LOGITBIASENTRY']._serialized_start=741
+  _globals['_LOGITRULES_LOGITBIASENTRY']._serialized_end=789
+  _globals['_TOKENIDS']._serialized_start=791
+  _globals['_TOKENIDS']._serialized_end=814
+  _globals['_TOKENLOGPROBS']._serialized_start=816
+  _globals['_TOKENLOGPROBS']._serialized_end=893
+  _globals['_TIMING']._serialized_start=895
+  _globals['_TIMING']._serialized_end=999
+  _globals['_SPARSEDISTRIBUTIONS']._serialized_start=1001
+  _globals['_SPARSEDISTRIBUTIONS']._serialized_end=1075
+  _globals['_MODELINFO']._serialized_start=1078
+  _globals['_MODELINFO']._serialized_end=1351
+  _globals['_FORWARDCOST']._serialized_start=1353
+  _globals['_FORWARDCOST']._serialized_end=1398
+  _globals['_SESSIONSTATS']._serialized_start=1400
+  _globals['_SESSIONSTATS']._serialized_end=1504
 # @@protoc_insertion_point(module_scope)

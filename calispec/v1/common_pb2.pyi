@@ -69,7 +69,7 @@ class OutputConstraint(_message.Message):
     def __init__(self, kind: _Optional[_Union[OutputConstraint.Kind, str]] = ..., spec: _Optional[str] = ..., choices: _Optional[_Iterable[str]] = ..., disable_any_whitespace: _Optional[bool] = ...) -> None: ...
 
 class LogitRules(_message.Message):
-    __slots__ = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "logit_bias", "allowed_token_ids", "min_tokens", "end_token_ids")
+    __slots__ = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "logit_bias", "allowed_token_ids", "min_tokens", "end_token_ids", "bad_words", "bad_word_ids")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,8 @@ class LogitRules(_message.Message):
     ALLOWED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     END_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    BAD_WORDS_FIELD_NUMBER: _ClassVar[int]
+    BAD_WORD_IDS_FIELD_NUMBER: _ClassVar[int]
     presence_penalty: float
     frequency_penalty: float
     repetition_penalty: float
@@ -93,7 +95,15 @@ class LogitRules(_message.Message):
     allowed_token_ids: _containers.RepeatedScalarFieldContainer[int]
     min_tokens: int
     end_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., min_tokens: _Optional[int] = ..., end_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    bad_words: _containers.RepeatedScalarFieldContainer[str]
+    bad_word_ids: _containers.RepeatedCompositeFieldContainer[TokenIds]
+    def __init__(self, presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., min_tokens: _Optional[int] = ..., end_token_ids: _Optional[_Iterable[int]] = ..., bad_words: _Optional[_Iterable[str]] = ..., bad_word_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ...) -> None: ...
+
+class TokenIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TokenLogprobs(_message.Message):
     __slots__ = ("logprob", "top_token_ids", "top_logprobs")

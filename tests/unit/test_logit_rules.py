@@ -24,9 +24,12 @@ def reference(
     out = logits.clone()
     for i in range(out.shape[0]):
         written = [*output, *drafts[:i]]
+        banned = {seq[-1] for seq in rules.bad_word_ids if tuple(written[len(written) - len(seq) + 1 :]) == seq[:-1]}
         for token in range(VOCAB):
             z = out[i, token].item()
             if rules.allowed_token_ids and token not in rules.allowed_token_ids:
+                z = -math.inf
+            if token in banned:
                 z = -math.inf
             if len(written) < rules.min_tokens and token in rules.end_token_ids:
                 z = -math.inf
@@ -48,6 +51,7 @@ RULES = [
     LogitRules.of(repetition_penalty=0.5, frequency_penalty=0.25, logit_bias={3: 2.5, 7: -100.0}),
     LogitRules.of(allowed_token_ids=[1, 2, 3, 5, 8, 13, 21, 34], logit_bias={8: 1.0}),
     LogitRules.of(min_tokens=5).ending([0, 9]),
+    LogitRules(bad_word_ids=((13,), (9, 3), (3, 11), (11, 7, 2), (5, 5, 11)), frequency_penalty=0.5),
     LogitRules.of(min_p=0.2, presence_penalty=-1.0),
 ]
 

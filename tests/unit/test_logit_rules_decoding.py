@@ -10,7 +10,7 @@ import torch
 
 from calispec_core.errors import InvalidField
 from calispec_core.generation import FinishReason, GenerationParams, Mode, OutputConstraint, SessionOutput
-from calispec_core.logit_rules import LogitRules
+from calispec_core.logit_rules import LogitRules, tokenize_bad_words
 from calispec_core.modeling import ModelRunner
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Deadline, Stopwatch
@@ -150,3 +150,16 @@ def test_allowed_ids_the_structured_output_never_allows_are_the_requests_error(d
             list(in_process_orchestrator(draft_runner, backend).generate(PROMPT, params, Deadline(60)))
     finally:
         backend.stop()
+
+
+def test_bad_words_are_never_written_and_greedy_sd_stays_exact(draft_runner, target_runner) -> None:
+    """vLLM's bad_words (a 400 until wave 60): "a" (one token, as written and after a space) and "+ b" (" +" then " b"
+    never follow each other); the tiny pair's free reply is "return a + b"."""
+    tokenizer = target_runner.tokenizer
+    free, _ = generate(draft_runner, target_runner, Mode.AR, None)
+    a, plus, b = (tokenizer.encode(t, add_special_tokens=False)[0] for t in (" a", " +", " b"))
+    assert a in free and [plus, b] == free[free.index(plus) : free.index(plus) + 2]
+    rules = LogitRules.of(bad_words=["a", "+ b"]).with_bad_word_ids(tokenize_bad_words(tokenizer, ["a", "+ b"]))
+    ruled, _ = generate(draft_runner, target_runner, Mode.AR, rules)
+    assert a not in ruled and all(ruled[i : i + 2] != [plus, b] for i in range(len(ruled)))
+    assert generate(draft_runner, target_runner, Mode.SD, rules)[0] == ruled

@@ -101,3 +101,4 @@ def test_logit_rules_arrive_as_given_and_leave_none_when_off() -> None:
     assert params.HasField("rules") and params.rules.min_tokens == 3 and dict(params.rules.logit_bias) == {7: -2.0}
     assert (params.rules.presence_penalty, params.rules.repetition_penalty) == (0.5, 1.25)
     assert not build_params(repetition_penalty=1.0, logit_bias={}, allowed_token_ids=[]).HasField("rules")
+    assert list(build_params(bad_words="abc").rules.bad_words) == ["abc"]  # one word: not its letters
