@@ -1284,7 +1284,7 @@ def test_logit_bias_and_min_tokens_shape_the_reply(oai: openai.OpenAI, chat_coor
 def test_bad_words_are_not_written(oai: openai.OpenAI) -> None:
     """vLLM's bad_words (a 400 until wave 60): the tiny pair's reply "return a + b" loses its "a"."""
     free = oai.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0).choices[0].text
-    ruled = oai.completions.create(
-        model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"bad_words": ["a"], **SD}
-    ).choices[0].text
+    extra = {"bad_words": ["a"], **SD}
+    ruled = oai.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, extra_body=extra)
+    ruled = ruled.choices[0].text
     assert " a " in free and " a " not in ruled and ruled != free
