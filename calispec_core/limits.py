@@ -111,7 +111,8 @@ def check_logit_rules(
     for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
         require_field(value is None or -MAX_PENALTY <= value <= MAX_PENALTY, name, f"must be in [-2, 2], got {value}")
     rp, low, high = repetition_penalty, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY
-    require_field(rp is None or low <= rp <= high, "repetition_penalty", f"must be in [{low}, {high}], got {rp}")
+    reason = f"must be in [{low}, {high}], got {rp}"  # the floor as its float32 carries it (0.0099999998)
+    require_field(rp is None or as_float32(low) <= rp <= high, "repetition_penalty", reason)
     require_field(min_p is None or 0 <= min_p <= 1, "min_p", f"must be in [0, 1], got {min_p}")
     reason = f"must be in [0, {MAX_NEW_TOKENS}], got {min_tokens}"
     require_field(min_tokens is None or 0 <= min_tokens <= MAX_NEW_TOKENS, "min_tokens", reason)

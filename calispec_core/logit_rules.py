@@ -32,7 +32,7 @@ MAX_END_TOKEN_IDS = 64  # EOS ids and stop token ids (at most 16)
 TOKEN_ID_BOUND = 2**32  # the wire's uint32, for ids checked before the vocabulary is known
 MAX_BAD_WORDS = 64
 MAX_BAD_WORD_CHARS = 256
-MAX_BAD_WORD_TOKENS = 64  # a tokenized bad word's length
+MAX_BAD_WORD_TOKENS = 1024  # a tokenized bad word's length (256 characters of 4 bytes: byte-level tokens)
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,7 @@ class LogitRules:
         for i, word in enumerate(self.bad_words):
             reason = f"must be 1 to {MAX_BAD_WORD_CHARS} characters, word {i} has {len(word)}"
             require_field(0 < len(word) <= MAX_BAD_WORD_CHARS, "bad_words", reason)
+            require_field(bool(word.strip()), "bad_words", f"word {i} is only whitespace (it bans nothing)")
             require_unicode(word, f"bad word {i}")
         count = len(self.bad_word_ids)
         require_field(count <= 2 * MAX_BAD_WORDS, "bad_word_ids", f"at most {2 * MAX_BAD_WORDS} sequences, got {count}")
@@ -128,9 +129,8 @@ class LogitRules:
         return replace(self, bad_word_ids=tuple(tuple(ids) for ids in sequences if ids))
 
     def ending(self, end_token_ids: Sequence[int]) -> LogitRules:
-        """These rules with the ids that would end the output (what min_tokens holds back), when min_tokens asks."""
-        if not self.min_tokens:
-            return self
+        """These rules with the ids that would end the output: what min_tokens holds back, and where a round's
+        positions past a kept one are never reached (`SessionRules.apply`)."""
         return replace(self, end_token_ids=tuple(sorted(set(end_token_ids))))
 
     @classmethod
@@ -173,7 +173,7 @@ def tokenize_bad_words(tokenizer: Any, words: Sequence[str]) -> list[list[int]]:
         sequences.append(plain)
         if plain and spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
             sequences.append(spaced)
-    return [ids[:MAX_BAD_WORD_TOKENS] for ids in sequences if ids]
+    return [ids for ids in sequences if ids]
 
 
 def rules_from_wire(msg: common_pb2.LogitRules, present: bool, from_client: bool = False) -> LogitRules | None:
@@ -202,8 +202,11 @@ class SessionRules:
         self.banned_tail = max((len(prefix) for prefix, _ in self.sequences), default=0)
         self.end_ids = torch.tensor(rules.end_token_ids, dtype=torch.long, device=device)  # [E]
         self.end_ids = self.end_ids[self.end_ids < vocab_size]
+        self.end_set = frozenset(rules.end_token_ids)
         repeats = rules.repetition_penalty != 1
-        self.prompt_ids = torch.tensor(sorted(set(prompt)) if repeats else [], dtype=torch.long, device=device)  # [P]
+        # ids outside the vocabulary are left out here: the prompt's own check refuses them (an index, not a 500)
+        distinct = sorted({t for t in prompt if 0 <= t < vocab_size}) if repeats else []
+        self.prompt_ids = torch.tensor(distinct, dtype=torch.long, device=device)  # [P]
         self.in_prompt = torch.zeros(vocab_size if repeats else 0, dtype=torch.bool, device=device)  # [V]
         self.in_prompt[self.prompt_ids] = True
         self._pruned: LogitColumns | None = None  # the pruned layer the next two were computed for
@@ -239,6 +242,9 @@ class SessionRules:
             return None
         empty = ~torch.isfinite(logits).any(dim=-1)  # [S]
         logits.masked_fill_(empty.unsqueeze(-1), 0.0)
+        ended = next((i for i, token in enumerate(drafts) if token in self.end_set), None)
+        if ended is not None:  # past a draft that ends the output, no position is ever reached (nor written)
+            empty[ended + 1 :] = False
         return empty
 
     def _prune(self, pruned: LogitColumns) -> None:

@@ -418,7 +418,7 @@ class Orchestrator:
                 p.constraint is not None,
                 {r.address for r in replicas if not r.structured_output},
             ),
-            "applies logit rules (penalties, logit_bias, min_p, min_tokens, allowed_token_ids; each is older)": (
+            "applies logit rules (penalties, logit_bias, min_p, min_tokens, allowed ids, bad_words; each is older)": (
                 p.rules is not None,
                 {r.address for r in replicas if not r.logit_rules},
             ),

@@ -254,7 +254,7 @@ class TargetEngine:
                     ]
                 ).tolist()  # the one device sync of the round, after the math
                 self._check_finite(rows, outcome.pop())
-                self._check_reached(outcome.pop())
+                self._check_reached(rows, outcome.pop())
                 rescued = out.rescued.tolist()  # [B][G]
                 self._check_emitted(rows, outcome[1])
                 logprobs = self._logprobs(rows, batch.target_logits, outcome[0], outcome[1])
@@ -317,12 +317,16 @@ class TargetEngine:
         return (empty & (positions <= accepted.view(-1, 1))).any(dim=-1).long()
 
     @staticmethod
-    def _check_reached(reached: list[int]) -> None:
+    def _check_reached(rows: Sequence[_Row], reached: list[int]) -> None:
         """A row that reached a position without a token fails the round, which then reruns its rows one by one: so
-        only that row's request fails (its allowed ids and its structured output leave nothing to write)."""
-        if any(reached):
-            reason = "leave no token the structured output allows here (none of these ids is one)"
-            raise InvalidField("allowed_token_ids", reason)
+        only that row's request fails (its allowed ids or bad words, with its grammar, leave nothing to write)."""
+        row = next((row for row, hit in zip(rows, reached, strict=True) if hit), None)
+        if row is None:
+            return
+        rules = row.state.rules.rules if row.state.rules is not None else None
+        field = "allowed_token_ids" if rules is None or rules.allowed_token_ids else "bad_words"
+        grammar = " with the structured output" if row.state.grammar is not None else ""
+        raise InvalidField(field, f"leave no token to write{grammar} at some position")
 
     @staticmethod
     def _logprobs(

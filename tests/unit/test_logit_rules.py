@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from calispec_core.errors import InvalidField
+from calispec_core.limits import as_float32
 from calispec_core.logit_rules import LogitRules, SessionRules, rules_from_wire
 from calispec_core.vocab_pruning import LogitColumns
 from target_service.verifier import Mode, VerifyInput, verify
@@ -118,6 +119,8 @@ def test_positions_allowed_ids_leave_without_a_token_are_zeroed_and_reported() -
         (LogitRules.of(logit_bias={-1: 1.0}), "logit_bias"),
         (LogitRules.of(logit_bias={i: 1.0 for i in range(1025)}), "logit_bias"),
         (LogitRules.of(allowed_token_ids=[VOCAB]), "allowed_token_ids"),
+        (LogitRules.of(bad_words=[" \t"]), "bad_words"),  # bans nothing, yet made the request a shaped one
+        (LogitRules.of(bad_words=["x" * 257]), "bad_words"),
     ],
 )
 def test_out_of_range_rules_name_their_field(rules: LogitRules, field: str) -> None:
@@ -161,3 +164,10 @@ def test_a_shaped_row_records_no_events_and_still_rescues() -> None:
     out = verify(inp, lambda d, t: torch.full_like(d, 9))
     assert out.rescued[:, 0].tolist() == [True, True]
     assert out.event_mask[:, 0].tolist() == [True, False]
+
+
+def test_the_repetition_penaltys_floor_is_taken_as_its_float32_carries_it() -> None:
+    """0.01 travels as 0.0099999998: the documented bound was refused by the SDK, the CLI and the services."""
+    LogitRules.of(repetition_penalty=as_float32(0.01)).validate()
+    with pytest.raises(InvalidField):
+        LogitRules.of(repetition_penalty=0.0099).validate()

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from calispec_core.errors import InvalidField
+from calispec_core.errors import InvalidArgument, InvalidField
 from calispec_core.generation import FinishReason, GenerationParams, Mode, OutputConstraint, SessionOutput
 from calispec_core.logit_rules import LogitRules, tokenize_bad_words
 from calispec_core.modeling import ModelRunner
@@ -137,16 +137,20 @@ def test_allowed_ids_a_rejected_drafts_grammar_state_leaves_empty_do_not_fail_th
 
 
 @pytest.mark.parametrize("mode", [Mode.AR, Mode.SD])
-def test_allowed_ids_the_structured_output_never_allows_are_the_requests_error(draft_runner, target_runner, mode):
-    """A choice of "yes" with the ids of "no" only: the first position has no token (a greedy argmax over -inf, the
-    model blamed for non-finite logits)."""
+@pytest.mark.parametrize("field", ["allowed_token_ids", "bad_words"])
+def test_rules_the_structured_output_never_allows_are_the_requests_error(draft_runner, target_runner, mode, field):
+    """A choice of "yes" with the ids of "no" only, or with "yes" a bad word: the first position has no token (a
+    greedy argmax over -inf, the model blamed for non-finite logits); the refusal names the field."""
     tokenizer = target_runner.tokenizer
-    rules = LogitRules.of(allowed_token_ids=[tokenizer.convert_tokens_to_ids(t) for t in "no"])
+    if field == "bad_words":
+        rules = LogitRules.of(bad_words=["yes"])
+    else:
+        rules = LogitRules.of(allowed_token_ids=[tokenizer.convert_tokens_to_ids(t) for t in "no"])
     backend = InProcessTarget(target_runner)
     params = GenerationParams(8, SamplingConfig(), (), None if mode == Mode.AR else 3, mode, 0.01, 6,
                               constraint=OutputConstraint.of(choice=["yes"]), rules=rules)  # fmt: skip
     try:
-        with pytest.raises(InvalidField, match="allowed_token_ids leave no token"):
+        with pytest.raises(InvalidField, match=f"^{field} leave no token to write with the structured output"):
             list(in_process_orchestrator(draft_runner, backend).generate(PROMPT, params, Deadline(60)))
     finally:
         backend.stop()
@@ -163,3 +167,35 @@ def test_bad_words_are_never_written_and_greedy_sd_stays_exact(draft_runner, tar
     ruled, _ = generate(draft_runner, target_runner, Mode.AR, rules)
     assert a not in ruled and all(ruled[i : i + 2] != [plus, b] for i in range(len(ruled)))
     assert generate(draft_runner, target_runner, Mode.SD, rules)[0] == ruled
+
+
+@pytest.mark.parametrize("mode", [Mode.AR, Mode.SD])
+def test_positions_past_a_token_that_ends_the_output_are_never_reached(draft_runner, target_runner, mode) -> None:
+    """After stop token 11 nothing is allowed (allowed ids, bad words): `ar` stops there, `sd` failed INVALID_ARGUMENT
+    for a position past the kept stop token, which the output never reaches (found by review)."""
+    rules = LogitRules(
+        logit_bias=((11, 100.0),), allowed_token_ids=(5, 9, 11), bad_word_ids=((11, 5), (11, 9), (11, 11))
+    )
+    backend = InProcessTarget(target_runner)
+    params = GenerationParams(8, SamplingConfig(), (), None if mode == Mode.AR else 3, mode, 0.01, 6,
+                              stop_token_ids=(11,), rules=rules)  # fmt: skip
+    try:
+        chunks = list(in_process_orchestrator(draft_runner, backend).generate(PROMPT, params, Deadline(60)))
+    finally:
+        backend.stop()
+    assert [t for c in chunks for t in c.token_ids] == [11] and chunks[-1].finish_reason == FinishReason.STOP
+
+
+def test_a_prompt_id_outside_the_vocabulary_is_refused_with_rules_too(engine: TargetEngine, draft_runner) -> None:
+    """The repetition penalty's prompt mask indexed it before the prompt's own check: an IndexError (INTERNAL), and
+    on a GPU a device-side assert (found by review)."""
+    prompt = [1, 2, engine.runner.vocab_size + 5]
+    output = SessionOutput(rules=LogitRules.of(repetition_penalty=1.5))
+    with pytest.raises(InvalidArgument, match="outside the vocabulary"):
+        engine.prefill("s", prompt, SamplingConfig(), RescueConfig(Mode.AR), Stopwatch(), None, output)
+    proposer = Proposer(draft_runner, 8)
+    try:
+        with pytest.raises(InvalidArgument, match="outside the vocabulary"):
+            proposer.prefill("s", prompt, SamplingConfig(), Stopwatch(), output)
+    finally:
+        proposer.stop()
