@@ -1,13 +1,14 @@
 """vLLM's logits processors that change the output: presence, frequency and repetition penalties, logit bias, min_p,
-allowed token ids and min_tokens, as one request's `LogitRules`, applied to its session's logits by `SessionRules`.
+allowed token ids, bad words and min_tokens, as one request's `LogitRules`, applied to its session's logits by
+`SessionRules`.
 
 The target applies them to every position of a round (position i under the output so far plus the round's first i
 drafts), after a structured output's mask and before temperature, top-k and top-p, so that greedy `sd` under them
 equals target-only decoding under them and sampling stays lossless; the draft applies them while drafting (acceptance
-only). The order and the formulas are vLLM's (v1 sampler): allowed token ids, min_tokens, logit bias, then the
-repetition penalty (a token of the prompt or the output: its logit divided by the penalty when positive, multiplied
-when negative), the frequency penalty (times the token's count in the output) and the presence penalty (once it is
-there); min_p last (it keeps tokens whose probability after temperature is at least min_p times the top one's:
+only). The order and the formulas are vLLM's (v1 sampler): allowed token ids and bad words, min_tokens, logit bias,
+then the repetition penalty (a token of the prompt or the output: its logit divided by the penalty when positive,
+multiplied when negative), the frequency penalty (times the token's count in the output) and the presence penalty
+(once it is there); min_p last (it keeps tokens whose probability after temperature is at least min_p times the top one's:
 z >= max z + T log min_p, so it only matters when sampling).
 """
 
