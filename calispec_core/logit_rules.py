@@ -8,8 +8,8 @@ equals target-only decoding under them and sampling stays lossless; the draft ap
 only). The order and the formulas are vLLM's (v1 sampler): allowed token ids and bad words, min_tokens, logit bias,
 then the repetition penalty (a token of the prompt or the output: its logit divided by the penalty when positive,
 multiplied when negative), the frequency penalty (times the token's count in the output) and the presence penalty
-(once it is there); min_p last (it keeps tokens whose probability after temperature is at least min_p times the top one's:
-z >= max z + T log min_p, so it only matters when sampling).
+(once it is there); min_p last (it keeps tokens whose probability after temperature is at least min_p times the top
+one's: z >= max z + T log min_p, so it only matters when sampling).
 """
 
 from __future__ import annotations
