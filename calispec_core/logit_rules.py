@@ -190,8 +190,8 @@ def rules_from_wire(msg: common_pb2.LogitRules, present: bool, from_client: bool
 
 
 class SessionRules:
-    """A session's rules on its model's device: the fixed part (bias, allowed ids) as one [V] additive row, the
-    prompt's distinct ids (and a [V] mask of them) for the repetition penalty."""
+    """A session's rules on its model's device: the fixed part (bias, allowed ids, one-token bad words) as one [V]
+    additive row, the prompt's distinct ids (and a [V] mask of them) for the repetition penalty."""
 
     def __init__(self, rules: LogitRules, prompt: Sequence[int], vocab_size: int, device: torch.device) -> None:
         rules.validate(vocab_size)
@@ -214,6 +214,13 @@ class SessionRules:
         self._pruned_fixed: torch.Tensor | None = None  # [C] the fixed row over its columns
         self._pruned_prompt: torch.Tensor | None = None  # [P'] the prompt ids' columns
 
+    @classmethod
+    def of(
+        cls, rules: LogitRules | None, prompt: Sequence[int], vocab_size: int, device: torch.device
+    ) -> SessionRules | None:
+        """A session's rules, or None when it has none that change a logit."""
+        return cls(rules, prompt, vocab_size, device) if rules is not None and rules.active else None
+
     @torch.inference_mode()
     def apply(
         self,
@@ -223,9 +230,10 @@ class SessionRules:
         temperature: float,
         columns: LogitColumns | None = None,  # a pruned layer's columns (None: column i is token i)
     ) -> torch.Tensor | None:  # [S] bool: positions left without a token (their logits zeroed); None: none can be
-        """Apply the rules in place. Allowed ids and a structured output's grammar can leave a position no token: past
-        a rejected draft that is a grammar state the output never takes (the round ends before it), so such a position
-        is zeroed (finite, for the verifier) and reported: the caller fails the request only if the round reaches it."""
+        """Apply the rules in place. Allowed ids and bad words (with a structured output's grammar) can leave a position
+        no token: past a rejected draft, or past a kept one that ends the output, that is a state the output never
+        takes, so such a position is zeroed (finite, for the verifier) and reported only where the round can reach it:
+        the caller fails the request if it does."""
         pruned = columns if columns is not None and columns.kept is not None else None
         if pruned is not None and pruned is not self._pruned:  # once: a session's model never changes its columns
             self._prune(pruned)
@@ -270,10 +278,8 @@ class SessionRules:
             return
         ids = torch.tensor(banned, dtype=torch.long, device=logits.device)  # [N]
         at = torch.tensor(rows, dtype=torch.long, device=logits.device)  # [N]
-        if pruned is not None:
-            kept = _kept(ids, pruned)
-            ids, at = _columns_of(ids, pruned), at[kept]
-        logits[at, ids] = float("-inf")
+        kept, columns = _kept_columns(ids, pruned)  # [N] or None, [N']
+        logits[at if kept is None else at[kept], columns] = float("-inf")
 
     def _hold_back_end(self, logits: torch.Tensor, written: int, pruned: LogitColumns | None) -> None:
         """The end ids' logits to -inf at positions whose token would be among the output's first min_tokens."""
@@ -308,10 +314,9 @@ class SessionRules:
             prompt = self.prompt_ids if pruned is None else self._pruned_prompt  # [P'] columns
             logits[:, prompt] = _repetition(logits[:, prompt], rules.repetition_penalty)
             fresh = ~self.in_prompt[ids]  # [U] written tokens the prompt does not hold (those took it above)
-        if pruned is not None:
-            kept = _kept(ids, pruned)
-            ids, counts, fresh = ids[kept], counts[:, kept], fresh[kept]
-        columns = _columns_of(ids, pruned) if pruned is not None else ids  # [U'] the ids' columns
+        kept, columns = _kept_columns(ids, pruned)  # [U] or None, [U'] the ids' columns
+        if kept is not None:
+            counts, fresh = counts[:, kept], fresh[kept]
         z = logits[:, columns]  # [S, U']
         if repeats:
             z = torch.where((counts > 0) & fresh, _repetition(z, rules.repetition_penalty), z)
@@ -325,7 +330,7 @@ def _repetition(z: torch.Tensor, penalty: float) -> torch.Tensor:
 
 
 def _fixed_row(rules: LogitRules, vocab_size: int, device: torch.device) -> torch.Tensor | None:
-    """[V] float32: -inf off the allowed ids, plus each token's bias; None when there are neither."""
+    """[V] float32: -inf off the allowed ids and at one-token bad words, plus each token's bias; None without any."""
     single = [ids[0] for ids in rules.bad_word_ids if len(ids) == 1]  # bad words of one token: refused everywhere
     if not rules.logit_bias and not rules.allowed_token_ids and not single:
         return None
@@ -349,10 +354,15 @@ def _kept(ids: torch.Tensor, pruned: LogitColumns) -> torch.Tensor:
     return kept[place] == ids
 
 
+def _kept_columns(ids: torch.Tensor, pruned: LogitColumns | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(which of the token ids [U] a pruned layer has, None for a whole one; the logit columns [U'] of those)."""
+    if pruned is None:
+        return None, ids
+    kept = _kept(ids, pruned)
+    assert pruned.kept is not None
+    return kept, torch.searchsorted(pruned.kept, ids[kept])
+
+
 def _columns_of(ids: torch.Tensor, pruned: LogitColumns | None) -> torch.Tensor:
     """The logit columns of token ids ([U] -> [U']): the ids themselves, or a pruned layer's columns of those it has."""
-    if pruned is None:
-        return ids
-    kept = pruned.kept
-    assert kept is not None
-    return torch.searchsorted(kept, ids[_kept(ids, pruned)])
+    return _kept_columns(ids, pruned)[1]

@@ -12,7 +12,7 @@ from calispec_core.argmax import argmax_last
 from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
-from calispec_core.constraints import ConstraintCompiler, SessionGrammar, wants_grammar
+from calispec_core.constraints import ConstraintCompiler, SessionGrammar
 from calispec_core.errors import FailedPrecondition, require
 from calispec_core.generation import FREE_OUTPUT, SessionOutput
 from calispec_core.limits import DEFAULT_RIDE_PREFILL_TOKENS, INT8, check_speculative_tokens
@@ -37,6 +37,10 @@ class DraftSession:
     grammar: SessionGrammar | None = None
     output_start: int = 0  # where the output begins in session.tokens (the grammar follows tokens from there)
     rules: SessionRules | None = None  # the request's logit rules (penalties, bias, ...), followed while drafting
+
+    @property
+    def output(self) -> list[int]:
+        return self.session.tokens[self.output_start :]
 
 
 @dataclass(frozen=True)
@@ -116,8 +120,7 @@ class _Job:
         grammar), the logits as they were: the target decides, drafting only moves acceptance."""
         assert state.rules is not None
         ruled = logits.clone()  # the forward's is read-only
-        output = state.session.tokens[state.output_start :]
-        empty = state.rules.apply(ruled[0, -1:], output, [], state.sampling.temperature, self.columns)
+        empty = state.rules.apply(ruled[0, -1:], state.output, [], state.sampling.temperature, self.columns)
         return logits if empty is not None and bool(empty.any()) else ruled  # empty: the target's to report
 
     def _follows_to_the_end(self, token: int) -> bool:
@@ -213,9 +216,7 @@ class Proposer:
         sampling.validate(self.runner.vocab_size)
         output.check(token_ids)
         grammar = self._grammar(token_ids, output)
-        rules = None
-        if output.rules is not None and output.rules.active:
-            rules = SessionRules(output.rules, output.prompt(token_ids), self.runner.vocab_size, self.runner.device)
+        rules = SessionRules.of(output.rules, output.prompt(token_ids), self.runner.vocab_size, self.runner.device)
         with self.sessions.opening(session_id) as open_session:
             with watch.phase("forward"):
                 cache = None if self._isolated(sampling) else self.prefix_cache  # its KV: its own calls' only
@@ -228,7 +229,7 @@ class Proposer:
 
     def _grammar(self, token_ids: list[int], output: SessionOutput) -> SessionGrammar | None:
         """Without structured output here the session drafts freely (the target still masks what it emits)."""
-        if not wants_grammar(output.constraint) or self.constraints is None:
+        if output.constraint is None or self.constraints is None:
             return None
         return self.constraints.open(token_ids, output.constraint, output.written)
 

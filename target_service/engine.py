@@ -19,7 +19,7 @@ import torch
 from calispec_core.batch_forward import forward_rows
 from calispec_core.batch_scheduler import DEFAULT_GATHER_S, BatchScheduler
 from calispec_core.compute import on_compute_thread
-from calispec_core.constraints import ConstraintCompiler, SessionGrammar, apply_masks, wants_grammar
+from calispec_core.constraints import ConstraintCompiler, SessionGrammar, apply_masks
 from calispec_core.errors import CalispecError, FailedPrecondition, InvalidArgument, InvalidField, require
 from calispec_core.generation import FREE_OUTPUT, Mode, SessionOutput, TokenLogprob
 from calispec_core.limits import (
@@ -164,7 +164,7 @@ class TargetEngine:
         check_logprobs(prompt_logprobs, "prompt_logprobs")
         output.check(token_ids)
         grammar = self._grammar(token_ids, output)
-        rules = self._rules(token_ids, output)
+        rules = SessionRules.of(output.rules, output.prompt(token_ids), self.runner.vocab_size, self.runner.device)
         report = PromptLogprobs(token_ids, prompt_logprobs) if prompt_logprobs is not None else None
         with self.sessions.opening(session_id) as open_session:
             with watch.phase("forward"):
@@ -178,16 +178,11 @@ class TargetEngine:
 
     def _grammar(self, token_ids: list[int], output: SessionOutput) -> SessionGrammar | None:
         """The session's grammar state, past the output already written; checked before any session opens."""
-        if not wants_grammar(output.constraint):
+        if output.constraint is None:
             return None
         if self.constraints is None:
             raise FailedPrecondition("this target serves no structured output (it runs with --no-structured-output)")
         return self.constraints.open(token_ids, output.constraint, output.written)
-
-    def _rules(self, token_ids: list[int], output: SessionOutput) -> SessionRules | None:
-        if output.rules is None or not output.rules.active:
-            return None
-        return SessionRules(output.rules, output.prompt(token_ids), self.runner.vocab_size, self.runner.device)
 
     def close(self, session_id: str) -> None:
         self.sessions.remove(session_id)
