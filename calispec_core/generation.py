@@ -140,6 +140,11 @@ class SessionOutput:
     rules: LogitRules | None = None  # the logit rules it follows
     written: int = 0  # the session's last `written` tokens are output already written (a reopened session)
 
+    @classmethod
+    def of(cls, constraint: OutputConstraint | None, rules: LogitRules | None, written: int) -> SessionOutput:
+        """`written` only where a grammar or rules need it: a model service of wave 59 refuses it without a grammar."""
+        return cls(constraint, rules, written if constraint is not None or rules is not None else 0)
+
     def check(self, token_ids: Sequence[int]) -> None:
         reason = f"{self.written} exceeds the {len(token_ids)} tokens sent"
         require_field(0 <= self.written <= len(token_ids), "output_written", reason)

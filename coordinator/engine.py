@@ -54,7 +54,7 @@ from calispec_core.generation import (
     validate_prompt,
 )
 from calispec_core.limits import DEFAULT_LOCKSTEP_PHASE, LockstepPhase, require_lockstep_phase
-from calispec_core.logit_rules import tokenize_bad_words
+from calispec_core.logit_rules import LogitRules, tokenize_bad_words
 from calispec_core.timing import Deadline, Stopwatch, now_ns, ns_to_ms
 from coordinator.backends import DraftBackend, Proposal, SessionLost, TargetBackend, Verdict
 from coordinator.chat import InvalidParam
@@ -166,6 +166,7 @@ class _Request:
     start_wait_ns: int = 0  # the part of it at the round's start (the others' previous rounds still ending)
     gammas: int = 0  # sum of the γ asked for, for stats.mean_gamma
     prompt_logprobs: list[TokenLogprob] | None = None  # from the first target session's prefill, when asked for
+    rules: LogitRules | None = None  # params.rules as the model services take them (Orchestrator._session_rules)
 
     draft_refused: bool = False  # the draft refused this request: it runs target-only from then on
 
@@ -337,6 +338,7 @@ class Orchestrator:
                 f"prompt of {len(prompt_ids)} tokens leaves no room in the context ({self.context_length} tokens)"
             )
         request = _Request(uuid.uuid4().hex, prompt_ids, params, min(params.max_new_tokens, room), deadline)
+        request.rules = self._session_rules(params)
         request.stats.prompt_tokens = len(prompt_ids)
         if request.use_draft and adaptive_gamma(params):
             request.policy = GammaPolicy(self.costs, self.speculation.max_gamma)
@@ -432,18 +434,22 @@ class Orchestrator:
             raise FailedPrecondition("no target replica serves both structured output and logit rules")
         return unfit
 
-    def _output(self, request: _Request) -> SessionOutput:
-        """What a session's output follows (the request's grammar and logit rules, min_tokens holding back what
-        would end the output), and how much of it is written (a reopened session replays it)."""
-        p = request.params
-        if p.constraint is None and p.rules is None:
-            return SessionOutput()  # `written` too: a model service of wave 59 refuses it without a constraint
-        rules = p.rules
-        if rules is not None:
-            rules = rules.ending([*p.stop_token_ids, *(() if p.ignore_eos else self.eos_token_ids)])
-            if rules.bad_words:
-                rules = rules.with_bad_word_ids(tokenize_bad_words(self.tokenizer, rules.bad_words))
-        return SessionOutput(p.constraint, rules, len(request.generated))
+    def _session_rules(self, params: GenerationParams) -> LogitRules | None:
+        """The request's logit rules as the model services take them, once a request: with the ids that would end
+        its output (min_tokens holds them back), its bad words tokenized."""
+        rules = params.rules
+        if rules is None:
+            return None
+        rules = rules.ending([*params.stop_token_ids, *(() if params.ignore_eos else self.eos_token_ids)])
+        if rules.bad_words:
+            rules = rules.with_bad_word_ids(tokenize_bad_words(self.tokenizer, rules.bad_words))
+        return rules
+
+    @staticmethod
+    def _output(request: _Request) -> SessionOutput:
+        """What a session's output follows (the request's grammar and logit rules), and how much of it is written
+        (a reopened session replays it)."""
+        return SessionOutput.of(request.params.constraint, request.rules, len(request.generated))
 
     def _draft_output(self, request: _Request) -> SessionOutput:
         """The session output for the draft: without the rules where the draft is older than them (it would refuse
@@ -451,7 +457,7 @@ class Orchestrator:
         output = self._output(request)
         if output.rules is None or self.draft.logit_rules:
             return output
-        return SessionOutput(output.constraint, None, output.written if output.constraint is not None else 0)
+        return SessionOutput.of(output.constraint, None, output.written)
 
     def _target_failed(self, request: _Request, target: TargetBackend, exc: Exception, kind: TargetFailure) -> None:
         """`target` failed the request (`kind`: its "session", or a "placement"): never again for this request."""
