@@ -398,7 +398,8 @@ class CalispecParams(OpenAIModel):
         return value
 
     def logit_rules(self) -> LogitRules | None:
-        """The request's penalties, logit bias, min_p, allowed ids and min_tokens; None when they change nothing."""
+        """The request's penalties, logit bias, min_p, allowed ids, bad words and min_tokens; None when they change
+        nothing."""
         rules = LogitRules.of(
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
