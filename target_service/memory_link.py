@@ -150,8 +150,9 @@ class MemoryLink:
     def report_health(self, health_servicer: health.HealthServicer) -> None:
         """Publish `connected` as the health of MEMORY_HEALTH_SERVICE (NOT_SERVING until the first table)."""
         serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
-        self._on_status = lambda ok: health_servicer.set(MEMORY_HEALTH_SERVICE, serving if ok else not_serving)
-        self._on_status(self.connected)
+        with self._state_lock:  # not between an update's publication and its `connected`
+            self._on_status = lambda ok: health_servicer.set(MEMORY_HEALTH_SERVICE, serving if ok else not_serving)
+            self._on_status(self.connected)
 
     def start(self) -> None:
         for thread in self._threads:
@@ -363,10 +364,10 @@ class MemoryLink:
         with self._state_lock:
             if ok == self.connected and (self._announced or not (ok or failed)):
                 return
+            if self._on_status is not None:  # published first: whoever sees `connected` change sees the health too
+                self._on_status(ok)
             self.connected, self._announced = ok, True
         if ok:
             self._refusal = None
         state = "in use" if ok else NOT_IN_USE
         log.log(logging.INFO if ok else logging.WARNING, "memory service %s %s", self.address, state)
-        if self._on_status is not None:
-            self._on_status(ok)

@@ -505,3 +505,16 @@ def test_a_writer_token_for_other_namespaces_is_an_error_naming_the_refusal(
         store.close()
     errors = [m for level, m in _link_lines(caplog) if level == logging.ERROR]
     assert len(errors) == 1 and "PERMISSION_DENIED" in errors[0], errors  # once, not an ERROR a resend (review)
+
+
+def test_the_health_is_published_before_connected_turns() -> None:
+    """`connected` turned before the health said so: a caller that saw the outage found the health still SERVING
+    (the outage test above failed once in six full runs)."""
+    link = MemoryLink("127.0.0.1:1", "ns", PairTable(vocab_size=100), writer_token=TOKEN, writer_id="t1")  # not started
+    seen: list[tuple[bool, bool]] = []  # (published, `connected` while it was published)
+    link._on_status = lambda ok: seen.append((ok, link.connected))
+    link._watch_ok = True
+    link._update_connected()
+    link._watch_ok = False
+    link._update_connected(failed=True)
+    assert seen == [(True, False), (False, True)]  # each state published while `connected` still held the previous
