@@ -235,6 +235,7 @@ class TargetEngine:
             with watch.phase("verify"):
                 batch = self._verify_input(rows, logits)
                 apply_masks(batch.target_logits, masks)
+                raw = self._raw_logits(rows, batch.target_logits)
                 empty = self._apply_rules(rows, batch.target_logits)
                 out = verify(batch, self.table.counts, self.meaning_keys)
                 outcome = torch.stack(
@@ -252,7 +253,7 @@ class TargetEngine:
                 self._check_reached(rows, outcome.pop())
                 rescued = out.rescued.tolist()  # [B][G]
                 self._check_emitted(rows, outcome[1])
-                logprobs = self._logprobs(rows, batch.target_logits, outcome[0], outcome[1])
+                logprobs = self._logprobs(rows, batch.target_logits, raw, outcome[0], outcome[1])
             with watch.phase("memory"):
                 self._record_events(*out.events(batch.draft_tokens))
         except BaseException:
@@ -324,17 +325,38 @@ class TargetEngine:
         raise InvalidField(field, f"leave no token to write{grammar} at some position")
 
     @staticmethod
+    def _raw_logits(rows: Sequence[_Row], logits: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Row b -> its [G+1, V] logits before its logit rules, for rows that ask for log-probabilities under rules:
+        those are reported from the raw logits (a structured output's mask applied), as vLLM's `raw_logprobs`."""
+        return {
+            b: logits[b].clone()
+            for b, row in enumerate(rows)
+            if row.logprobs is not None and row.state.rules is not None
+        }
+
+    @staticmethod
     def _logprobs(
-        rows: Sequence[_Row], logits: torch.Tensor, accepted: list[int], next_tokens: list[int]
+        rows: Sequence[_Row],
+        logits: torch.Tensor,
+        raw: dict[int, torch.Tensor],
+        accepted: list[int],
+        next_tokens: list[int],
     ) -> list[list[TokenLogprob] | None]:
-        """Per row that asks: its emitted tokens' log-probabilities, from the round's [B, G+1, V] logits (position i
-        emitted the i-th token: the kept drafts, then the next token); None for the others."""
-        asking = [b for b, row in enumerate(rows) if row.logprobs is not None]
-        if not asking:
-            return [None] * len(rows)
-        emitted = [[*rows[b].draft[: accepted[b]], next_tokens[b]] for b in asking]
-        tops = [rows[b].logprobs or 0 for b in asking]
-        reports = dict(zip(asking, emitted_logprobs(logits, asking, emitted, tops), strict=True))
+        """Per row that asks: its emitted tokens' log-probabilities, from the round's [B, G+1, V] logits, or from its
+        logits before its rules in `raw` (position i emitted the i-th token: the kept drafts, then the next token);
+        None for the others."""
+
+        def report(source: torch.Tensor, places: Sequence[int], asking: list[int]) -> None:
+            """Rows `asking`, whose logits are `source`[places]."""
+            emitted = [[*rows[b].draft[: accepted[b]], next_tokens[b]] for b in asking]
+            tops = [rows[b].logprobs or 0 for b in asking]
+            reports.update(zip(asking, emitted_logprobs(source, places, emitted, tops), strict=True))
+
+        reports: dict[int, list[TokenLogprob]] = {}
+        if shaped := [b for b, row in enumerate(rows) if row.logprobs is not None and b not in raw]:
+            report(logits, shaped, shaped)
+        if raw:
+            report(torch.stack(list(raw.values())), range(len(raw)), list(raw))  # [R, G+1, V]
         return [reports.get(b) for b in range(len(rows))]
 
     def _check_finite(self, rows: Sequence[_Row], finite: list[int]) -> None:

@@ -22,7 +22,8 @@ def emitted_logprobs(
     then the next token). The log-softmax is taken in float32, before temperature, top-k and top-p (vLLM's default:
     what the model thinks, not what the sampler drew from); a rescued token (CSD) gets its own log-probability: how
     far from the target's choice it was. A structured output's logits are masked first (its forbidden tokens: -inf),
-    so the distribution is the one the tokens were chosen from."""
+    as vLLM masks them before its sampler; a request's logit rules are not applied (the engine passes the logits
+    from before them: vLLM's `raw_logprobs`)."""
     device = logits.device
     batch_rows = torch.tensor([b for b, tokens in zip(rows, emitted, strict=True) for _ in tokens], device=device)
     positions = torch.tensor([i for tokens in emitted for i in range(len(tokens))], device=device)  # [N]
