@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP API, served from the coordinator process (FastAPI + uvicorn).
 
-`/v1/models`, `/v1/models/{id}`, `/v1/completions`, `/v1/chat/completions`, streaming by server-sent
+`/v1/models`, `/v1/models/{id}`, `/v1/completions`, `/v1/chat/completions`, `/v1/responses`, streaming by server-sent
 events, and an unauthenticated `/health`. Requests drive the same Orchestrator as the gRPC servicer (no
 second loop, no extra hop); the blocking generator runs in Starlette's thread pool. Errors use OpenAI's
 shape and HTTP statuses. Each request gets the gRPC path's bookkeeping (`coordinator.request_log`:
@@ -40,7 +40,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import calispec
-from calispec.types import Mode
+from calispec.types import FinishReason, Mode
 from calispec_core.access import ApiKeys, QuotaBook, anonymous_caller, parse_bearer
 from calispec_core.credentials import TlsConfig
 from calispec_core.errors import CalispecError, InvalidField, NotFound, Unauthenticated, Unavailable
@@ -109,6 +109,7 @@ from coordinator.openai_protocol import (
     openai_finish_reason,
     validation_error,
 )
+from coordinator.openai_responses import ResponseEvents, ResponseObject, ResponsesRequest, output_items, response_sse
 from coordinator.openai_tokenizer import (
     DETOKENIZE_PATH,
     TOKENIZE_PATH,
@@ -153,7 +154,8 @@ COMPLETIONS_PATH = "/v1/completions"
 METRICS_PATH = "/metrics"  # the coordinator's registry, as its --metrics-port serves it: vLLM serves it here
 VERSION_PATH = "/version"  # vLLM's: {"version": ...}, what dashboards and clients probe a server for
 CHAT_PATH = "/v1/chat/completions"
-JSON_BODY_PATHS = frozenset({COMPLETIONS_PATH, CHAT_PATH, TOKENIZE_PATH, DETOKENIZE_PATH})
+RESPONSES_PATH = "/v1/responses"  # OpenAI's Responses API (coordinator.openai_responses)
+JSON_BODY_PATHS = frozenset({COMPLETIONS_PATH, CHAT_PATH, RESPONSES_PATH, TOKENIZE_PATH, DETOKENIZE_PATH})
 CALLER_SCOPE_KEY = "calispec.caller"  # the caller's name, as RequestGuard found it
 T = TypeVar("T")
 TOKENIZER_THREADS = 4  # /tokenize and /detokenize calls computing at once (their own threads)
@@ -267,6 +269,11 @@ def generation_params(
 def sse(payload: BaseModel | str) -> str:
     data = payload if isinstance(payload, str) else payload.model_dump_json()
     return f"data: {data}\n\n"
+
+
+def as_sse(payload: BaseModel | str) -> str:
+    """A stream's event: a model as one event, text as the events it already is."""
+    return payload if isinstance(payload, str) else sse(payload)
 
 
 class OpenAIApi:
@@ -545,6 +552,58 @@ class OpenAIApi:
         usage = usage_event if req.include_usage_chunk else None
         return await stream(generations, req.n, held, opening, event, usage, request, self.bounds)
 
+    async def response(self, req: ResponsesRequest, held: ExitStack, request: Request):
+        """A Responses API request, served as the chat completion it asks for (coordinator.openai_responses)."""
+        form = req.chat_request()
+        chat = form.chat
+        self.check_tools(chat)
+
+        @cache  # rendered once
+        def prompt() -> str:
+            try:
+                return self.chat_prompt(chat)
+            except InvalidParam as exc:  # it names the chat request's messages: name the input items instead
+                raise InvalidParam(str(exc), form.param(exc.param)) from None
+
+        generations = self.generations([prompt], chat)
+        opened = ResponseObject.opened(req, chat, self.settings.model_name)
+        if not req.stream:
+            with held:
+                done = await self.whole_choices(generations, held, request)
+
+            def response() -> ResponseObject:  # on a worker thread: log-probabilities can be many objects
+                message, cut_short = self.chat_choice(chat, 0, done[0]).message, cut_short_by(done[0].finish)
+                logprobs = self.chat_logprobs(done[0].token_ids, done[0].logprobs)
+                status = "incomplete" if cut_short else "completed"
+                items = output_items(message.content, message.tool_calls or [], logprobs, status)
+                return opened.finished(items, usage_of(done, 1), cut_short)
+
+            return await run_in_threadpool(response)
+
+        events, call_stream = ResponseEvents(opened), self.call_stream(chat) if chat.calls_tools() else None
+        written = [0]  # the reply's tokens so far
+
+        def event(index: int, chunk: Chunk) -> str:
+            written[0] += len(chunk.token_ids)
+            delta, _ = chat_delta(chunk, call_stream)
+            sent = events.text(delta.content or "", self.chat_logprobs(chunk.token_ids, chunk.logprobs))
+            if chunk.finish_reason is not None and chunk.stats is not None:
+                usage = Usage.of(chunk.stats.prompt_tokens, written[0])
+                sent += events.closing(delta.tool_calls or [], usage, cut_short_by(chunk))
+            return response_sse(sent)
+
+        def failure(exc: CalispecError) -> str:
+            return response_sse([events.event("error", code=exc.code.lower(), message=str(exc), param=None)])
+
+        opening = [response_sse(events.opening())]
+        ending = StreamEnding(failure, "")  # OpenAI ends a Response's stream with its last event: no [DONE]
+        return await stream(generations, 1, held, opening, event, None, request, self.bounds, ending)
+
+
+def cut_short_by(chunk: Chunk) -> bool:
+    """The reply ran into its token limit (or the context's end): a Response is then "incomplete"."""
+    return chunk.finish_reason == FinishReason.LENGTH
+
 
 def tool_call(call: ParsedCall) -> ToolCall:
     return ToolCall(id=call.id, function=FunctionCall(name=call.name, arguments=call.arguments))
@@ -587,15 +646,33 @@ class ModelNotFound(NotFound):
     param = "model"
 
 
+@dataclass(frozen=True)
+class StreamEnding:
+    """How a stream ends: a failure's event, and the text after the last event (chat and completions: OpenAI's error
+    body, then `data: [DONE]`)."""
+
+    failure: Callable[[CalispecError], str]
+    done: str
+
+
+def failure_event(exc: CalispecError) -> str:
+    kind = HTTP_ERRORS.get(exc.code, (500, "internal_error"))[1]
+    return sse(ErrorResponse(error=ErrorBody(message=str(exc), type=kind, code=exc.code.lower())))
+
+
+CHOICES_ENDING = StreamEnding(failure_event, sse("[DONE]"))
+
+
 async def stream(
     generations: Sequence[HttpGeneration],
     n: int,
     held: ExitStack,
-    opening: list[BaseModel],
-    event: Callable[[int, Chunk], BaseModel],
+    opening: Sequence[BaseModel | str],
+    event: Callable[[int, Chunk], BaseModel | str],
     usage_event: Callable[[Usage], BaseModel] | None,
     request: Request | None = None,
     bounds: StreamBounds | None = None,
+    ending: StreamEnding = CHOICES_ENDING,
 ) -> StreamingResponse | JSONResponse:
     """Server-sent events, each choice's as its rounds end. Every choice's first round runs before the response
     starts, so that a bad request still gets its HTTP error status; a failure later arrives as an `error` event
@@ -605,7 +682,8 @@ async def stream(
     the timeout (+ CANCEL_GRACE_S) also bounds the stream: a client that stops reading without leaving held its
     generation slots, quota slots and drain count for as long as its connection lived; once `stopping` is set (the
     server shuts down after its drain), the stream ends at its next chunk with an UNAVAILABLE error event: it was cut
-    mid-body when the server's grace ran out."""
+    mid-body when the server's grace ran out. `opening` and `event` give models (each one event) or server-sent
+    events' text as it is sent; `ending` how the stream ends."""
     for generation in generations:
         held.callback(generation.abandon)  # however the response ends (a no-op once the generation finished)
     try:
@@ -622,19 +700,19 @@ async def stream(
                 yield event_text
 
     def event_text(index: int, chunk: Chunk) -> str:
-        return sse(event(index, chunk))
+        return as_sse(event(index, chunk))
 
     async def _events() -> AsyncIterator[str]:
         for message in opening:
-            yield sse(message)
+            yield as_sse(message)
         prompt_tokens = completion_tokens = 0
         try:
             async for index, chunk in merged(firsts, generations):
                 completion_tokens += len(chunk.token_ids)
                 if chunk.prompt_logprobs:  # an echoed prompt's entries, maybe thousands: built off the event loop
                     yield await run_in_threadpool(event_text, index, chunk)
-                else:
-                    yield event_text(index, chunk)
+                elif text := event_text(index, chunk):  # a Response's chunk of held-back text has no event
+                    yield text
                 if chunk.finish_reason is not None and chunk.stats is not None and index % n == 0:
                     prompt_tokens += chunk.stats.prompt_tokens
                 if bounds is not None and bounds.stopping.is_set() and chunk.finish_reason is None:  # none lost
@@ -642,9 +720,9 @@ async def stream(
             if usage_event is not None:
                 yield sse(usage_event(Usage.of(prompt_tokens, completion_tokens)))
         except CalispecError as exc:
-            kind = HTTP_ERRORS.get(exc.code, (500, "internal_error"))[1]
-            yield sse(ErrorResponse(error=ErrorBody(message=str(exc), type=kind, code=exc.code.lower())))
-        yield sse("[DONE]")
+            yield ending.failure(exc)
+        if ending.done:
+            yield ending.done
 
     let_go_s = None if bounds is None else bounds.timeout_s + CANCEL_GRACE_S
     return OwnedStream(events(), held.close, let_go_s, media_type="text/event-stream", headers=SSE_HEADERS)
@@ -858,6 +936,15 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
         held = api.admit(request, body.model, body.choice_count())
         try:
             return await api.chat_completion(body, held, request)
+        except BaseException:
+            held.close()
+            raise
+
+    @app.post(RESPONSES_PATH, response_model=None, max_body_size=settings.max_body_bytes)
+    async def responses(body: ResponsesRequest, request: Request):
+        held = api.admit(request, body.model)
+        try:
+            return await api.response(body, held, request)
         except BaseException:
             held.close()
             raise

@@ -114,6 +114,35 @@ def test_chat_matches_grpc_chat_streaming_and_not(oai: openai.OpenAI, grpc_clien
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
 
 
+@pytest.mark.parametrize("mode", ["ar", "sd", "csd"])
+def test_a_response_is_the_chat_completion_it_asks_for(oai: openai.OpenAI, mode: str) -> None:
+    """The Responses API (wave 61) on the tiny pair: chat's reply, tokens and log-probabilities, streamed or not."""
+    extra = {"mode": mode, "gamma": 3}
+    chat = oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "system", "content": "Be brief."}, *MESSAGES], max_tokens=10, temperature=0,
+        logprobs=True, top_logprobs=2, extra_body=extra,
+    )  # fmt: skip
+    asked = {"model": MODEL, "instructions": "Be brief.", "input": PROMPT, "max_output_tokens": 10, "temperature": 0}
+    logprobs = {"include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    done = oai.responses.create(**asked, **logprobs, extra_body=extra)  # type: ignore[call-overload]
+    choice = chat.choices[0]
+    assert done.output_text == choice.message.content and done.usage is not None and chat.usage is not None
+    assert (done.usage.input_tokens, done.usage.output_tokens) == (
+        chat.usage.prompt_tokens,
+        chat.usage.completion_tokens,
+    )
+    assert done.status == ("incomplete" if choice.finish_reason == "length" else "completed")
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    entries = done.output[0].content[0].logprobs  # type: ignore[union-attr]
+    assert [e.token for e in entries] == [e.token for e in choice.logprobs.content]
+    assert [e.logprob for e in entries] == pytest.approx([e.logprob for e in choice.logprobs.content], abs=1e-5)
+    streamed = list(oai.responses.create(**asked, stream=True, extra_body=extra))  # type: ignore[call-overload]
+    deltas = [e.delta for e in streamed if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == done.output_text and len(deltas) > 1  # chunk by chunk
+    last = streamed[-1]
+    assert last.type == f"response.{done.status}" and last.response.output_text == done.output_text
+
+
 SAMPLED = {"max_tokens": 10, "temperature": 5.0, "extra_body": {"mode": "ar"}}  # hot: the tiny pair is peaked
 
 
@@ -1279,6 +1308,21 @@ def test_logit_bias_and_min_tokens_shape_the_reply(oai: openai.OpenAI, chat_coor
     )  # fmt: skip
     token_ids = (held.choices[0].model_extra or {})["token_ids"]
     assert len(token_ids) == 6 and token_ids[-1] == eos and held.choices[0].finish_reason == "stop", token_ids
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd"])
+def test_log_probabilities_under_logit_rules_are_the_raw_ones(oai: openai.OpenAI, mode: str) -> None:
+    """As vLLM's default (`raw_logprobs`): what the model thinks, before the rules. A +100 bias forces token 7, whose
+    reported log-probability stays its raw one, and the first position's top tokens are the unbiased request's (the
+    same prompt before it); they were the biased logits' (token 7 at ~0.0) until wave 61."""
+    asked = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "logprobs": 5}
+    free = oai.completions.create(**asked, extra_body={"mode": mode, "gamma": 3}).choices[0].logprobs
+    ruled = oai.completions.create(**asked, logit_bias={"7": 100}, extra_body={"mode": mode, "gamma": 3})
+    logprobs = ruled.choices[0].logprobs
+    assert free is not None and logprobs is not None and free.top_logprobs and logprobs.top_logprobs
+    first = logprobs.top_logprobs[0]  # the 5 likeliest, and the token written (vLLM's form)
+    assert {text: first[text] for text in free.top_logprobs[0]} == pytest.approx(free.top_logprobs[0], abs=1e-5)
+    assert logprobs.token_logprobs is not None and logprobs.token_logprobs[0] < -1.0  # token 7 is not the model's pick
 
 
 def test_bad_words_are_not_written(oai: openai.OpenAI) -> None:

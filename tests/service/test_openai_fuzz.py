@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+import openai
+import pydantic
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -45,6 +47,23 @@ PROMPTS = st.one_of(
 )
 COMPLETION = ({"prompt": PROMPTS}, {**COMMON, "logprobs": st.integers(0, 20), "echo": st.booleans()})
 CHAT = ({"messages": st.just(MESSAGES)}, {**COMMON, "logprobs": st.booleans(), "top_logprobs": st.integers(0, 20)})
+ITEMS = [{"role": "user", "content": [{"type": "input_text", "text": PROMPT}]}]
+RESPONSES = (  # OpenAI's Responses API (wave 61): its own fields, chat's extensions passed through
+    {"input": st.sampled_from([PROMPT, MESSAGES, ITEMS])},
+    {
+        "instructions": st.text(max_size=8),
+        "max_output_tokens": st.integers(1, 3),
+        **{key: COMMON[key] for key in ("temperature", "top_p", "seed", "stream", "mode", "gamma", "stop")},
+        "include": st.just(["message.output_text.logprobs"]),
+        "top_logprobs": st.integers(0, 20),
+        "text": st.sampled_from([{"format": {"type": "text"}}, {"format": {"type": "json_object"}}]),
+        "metadata": st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+        "store": st.booleans(),
+        "truncation": st.just("disabled"),
+    },
+)
+RESPONSE = pydantic.TypeAdapter(openai.types.responses.Response)
+RESPONSE_EVENT = pydantic.TypeAdapter(openai.types.responses.ResponseStreamEvent)
 
 
 @st.composite
@@ -93,6 +112,24 @@ def _check(base_url: str, path: str, body: dict[str, Any]) -> None:
     assert all((c.get("logprobs") is not None) == asked for c in ends), "log-probabilities exactly when asked for"
 
 
+def _check_response(base_url: str, body: dict[str, Any]) -> None:
+    """A Response the SDK's types read, or its stream's events ending with the whole Response; or a 400."""
+    with httpx.stream("POST", f"{base_url}/responses", content=json.dumps(body), timeout=60,
+                      headers={"content-type": "application/json"}) as response:  # fmt: skip
+        text, status = response.read().decode(), response.status_code
+        streamed = response.headers.get("content-type", "").startswith("text/event-stream")
+    assert status in (200, 400), f"/responses answered {status}: {text}"
+    if status == 400:
+        assert json.loads(text)["error"]["code"] in ("invalid_argument", "failed_precondition"), text
+        return
+    if not streamed:
+        assert RESPONSE.validate_json(text).status in ("completed", "incomplete")
+        return
+    events = [RESPONSE_EVENT.validate_json(block.split("\ndata: ", 1)[1]) for block in text.strip().split("\n\n")]
+    assert events[-1].type in ("response.completed", "response.incomplete"), events[-1]
+    assert not [e for e in events if e.type == "error"]
+
+
 def _fuzz(examples: int) -> Callable:
     @settings(
         max_examples=examples,
@@ -102,8 +139,12 @@ def _fuzz(examples: int) -> Callable:
     )
     @given(data=st.data())
     def run(base_url: str, path: str, data: st.DataObject) -> None:
-        body = data.draw(_bodies(COMPLETION if path == "/completions" else CHAT), label="body")
-        _check(base_url, path, body)
+        fields = {"/completions": COMPLETION, "/chat/completions": CHAT, "/responses": RESPONSES}[path]
+        body = data.draw(_bodies(fields), label="body")
+        if path == "/responses":
+            _check_response(base_url, body)
+        else:
+            _check(base_url, path, body)
 
     return run
 
@@ -112,12 +153,12 @@ _fuzz_default = _fuzz(DEFAULT_EXAMPLES)
 _fuzz_slow = _fuzz(SLOW_EXAMPLES)
 
 
-@pytest.mark.parametrize("path", ["/completions", "/chat/completions"])
+@pytest.mark.parametrize("path", ["/completions", "/chat/completions", "/responses"])
 def test_random_bodies_get_a_success_of_their_shape_or_a_400(base_url: str, path: str) -> None:
     _fuzz_default(base_url, path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", ["/completions", "/chat/completions"])
+@pytest.mark.parametrize("path", ["/completions", "/chat/completions", "/responses"])
 def test_random_bodies_bigger_profile(base_url: str, path: str) -> None:
     _fuzz_slow(base_url, path)

@@ -1,0 +1,234 @@
+"""OpenAI's Responses API (`/v1/responses`) end to end over a scripted orchestrator, read by the official `openai`
+client: the request as the chat completion it becomes, the reply as output items and as OpenAI's stream events."""
+
+from __future__ import annotations
+
+import json
+import typing
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+from starlette.testclient import TestClient
+
+from calispec_core.errors import Unavailable
+from calispec_core.generation import ConstraintKind, Defaults, FinishReason
+from coordinator.engine import Chunk
+from coordinator.openai_api import ApiSettings, create_app
+from tests.unit.test_tool_calls_http import CALL, Scripted
+
+TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+CHAT_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+# the SDK's event types by their `type` (its union is discriminated by a marker pydantic does not read)
+EVENT_TYPES = {
+    kind.model_fields["type"].annotation.__args__[0]: kind
+    for kind in typing.get_args(typing.get_args(openai.types.responses.ResponseStreamEvent)[0])
+}
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Scripted, TestClient, openai.OpenAI]]:
+    scripted = Scripted()
+    app = create_app(scripted, ApiSettings("m", Defaults(), 60.0, tool_call_parser="hermes"))  # type: ignore[arg-type]
+    with TestClient(app) as client:
+        yield scripted, client, openai.OpenAI(base_url="http://testserver/v1", api_key="k", http_client=client)
+
+
+def events(client: TestClient, **body: Any) -> list[dict[str, Any]]:
+    """A streamed Response's events, each checked: its `event:` line names its type, the SDK's types read it."""
+    with client.stream("POST", "/v1/responses", json={"model": "m", "stream": True, **body}) as response:
+        assert response.status_code == 200, response.read()
+        text = "".join(response.iter_text())
+    found = []
+    for block in text.strip().split("\n\n"):
+        name, data = block.split("\n")
+        event = json.loads(data.removeprefix("data: "))
+        assert name == f"event: {event['type']}"
+        EVENT_TYPES[event["type"]].model_validate(event)
+        found.append(event)
+    assert [e["sequence_number"] for e in found] == list(range(len(found)))
+    return found
+
+
+def refusal(client: TestClient, **body: Any) -> dict[str, Any]:
+    response = client.post("/v1/responses", json={"model": "m", "input": "Hi", **body})
+    assert response.status_code == 400, response.text
+    return response.json()["error"]
+
+
+def test_a_text_input_is_a_user_message_after_the_instructions(served) -> None:
+    scripted, _, oai = served
+    scripted.reply = "Hello there, friend."
+    done = oai.responses.create(model="m", input="Hi", instructions="Be brief.", max_output_tokens=50)
+    sent = json.loads(scripted.prompts[0])["messages"]
+    assert [(m["role"], m["content"]) for m in sent] == [("system", "Be brief."), ("user", "Hi")]
+    assert scripted.params[0].max_new_tokens == 50
+    assert done.output_text == "Hello there, friend." and done.status == "completed" and done.store is False
+    [message] = done.output
+    assert message.type == "message" and message.role == "assistant" and message.id.startswith("msg_")
+    assert done.id.startswith("resp_") and done.instructions == "Be brief." and done.max_output_tokens == 50
+    assert done.usage is not None and (done.usage.input_tokens, done.usage.output_tokens) == (7, 20)
+    assert done.usage.total_tokens == 27
+
+
+def test_items_become_the_conversation_chat_renders(served) -> None:
+    """Messages with typed parts, the assistant's earlier output sent back, its calls and their results."""
+    scripted, _, oai = served
+    scripted.reply = "Sunny."
+    oai.responses.create(
+        model="m",
+        tools=TOOLS,  # type: ignore[list-item]
+        input=[
+            {"role": "developer", "content": "Answer in one word."},
+            {"role": "user", "content": [{"type": "input_text", "text": t} for t in ("Weather", "?")]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "18 C"},
+        ],
+    )  # fmt: skip
+    rendered = json.loads(scripted.prompts[0])
+    assert rendered["tools"] == CHAT_TOOLS
+    system, user, assistant, tool = rendered["messages"]
+    assert (system["role"], system["content"]) == ("system", "Answer in one word.")
+    assert user["content"] == "Weather\n?" and assistant["content"] == "Checking."
+    [call] = assistant["tool_calls"]  # the call joined the assistant's message that came just before it
+    assert call["function"]["name"] == "get_weather" and call["id"] == "c1"
+    assert (tool["role"], tool["tool_call_id"], tool["content"]) == ("tool", "c1", "18 C")
+
+
+def test_a_reply_cut_by_its_token_limit_is_incomplete(served) -> None:
+    scripted, client, oai = served
+    scripted.reply, scripted.finish = "It was a dark", FinishReason.LENGTH
+    done = oai.responses.create(model="m", input="Tell a story", max_output_tokens=13)
+    assert done.status == "incomplete" and done.incomplete_details is not None
+    assert done.incomplete_details.reason == "max_output_tokens" and done.output[0].status == "incomplete"
+    last = events(client, input="Tell a story", max_output_tokens=13)[-1]
+    assert last["type"] == "response.incomplete" and last["response"]["status"] == "incomplete"
+
+
+def test_a_stream_sends_openais_events_and_the_unary_response(served) -> None:
+    scripted, client, oai = served
+    scripted.reply, scripted.piece = "Hello there, friend.", 4
+    unary = oai.responses.create(model="m", input="Hi")
+    found = events(client, input="Hi")
+    kinds = [e["type"] for e in found]
+    deltas = kinds.count("response.output_text.delta")
+    assert kinds == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        *["response.output_text.delta"] * deltas, "response.output_text.done", "response.content_part.done",
+        "response.output_item.done", "response.completed",
+    ]  # fmt: skip
+    assert deltas == 5 and "".join(e["delta"] for e in found if "delta" in e) == unary.output_text
+    assert found[0]["response"]["status"] == "in_progress" and found[0]["response"]["output"] == []
+    final = found[-1]["response"]
+    assert final["output"][0]["content"][0]["text"] == unary.output_text and final["usage"] == unary.usage.model_dump(exclude_none=True)
+    with oai.responses.stream(model="m", input="Hi") as stream:  # the SDK's helper checks the events' order
+        assert stream.get_final_response().output_text == unary.output_text
+
+
+def test_tool_calls_are_function_call_items(served) -> None:
+    scripted, client, oai = served
+    scripted.reply = f"Checking.\n{CALL}"
+    done = oai.responses.create(model="m", input="Weather in Paris?", tools=TOOLS)  # type: ignore[arg-type]
+    message, call = done.output
+    assert message.type == "message" and message.content[0].text == "Checking.\n"  # type: ignore[union-attr]
+    assert call.type == "function_call" and call.id.startswith("fc_") and call.call_id  # type: ignore[union-attr]
+    assert (call.name, call.arguments) == ("get_weather", '{"city": "Paris"}')  # type: ignore[union-attr]
+    found = events(client, input="Weather in Paris?", tools=TOOLS)
+    text = "".join(e["delta"] for e in found if e["type"] == "response.output_text.delta")
+    assert text == "Checking.\n"  # nothing of the call's tags went out as text
+    [done_call] = [e for e in found if e["type"] == "response.function_call_arguments.done"]
+    assert (done_call["output_index"], done_call["arguments"]) == (1, '{"city": "Paris"}')
+    with oai.responses.stream(model="m", input="Weather in Paris?", tools=TOOLS) as stream:  # type: ignore[arg-type]
+        assert [item.type for item in stream.get_final_response().output] == ["message", "function_call"]
+
+
+def test_a_forced_call_is_the_only_item(served) -> None:
+    scripted, client, oai = served
+    scripted.reply = '{"city": "Paris"}'
+    choice = {"type": "function", "name": "get_weather"}
+    done = oai.responses.create(model="m", input="Weather?", tools=TOOLS, tool_choice=choice)  # type: ignore[arg-type]
+    assert scripted.params[0].constraint.kind == ConstraintKind.JSON
+    [call] = done.output
+    assert call.type == "function_call" and call.arguments == '{"city": "Paris"}'  # type: ignore[union-attr]
+    kinds = [e["type"] for e in events(client, input="Weather?", tools=TOOLS, tool_choice=choice)]
+    assert "response.output_text.delta" not in kinds and kinds[-1] == "response.completed"
+
+
+def test_text_format_is_the_structured_output(served) -> None:
+    scripted, _, oai = served
+    scripted.reply = '{"ok": true}'
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    form = {"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}}
+    done = oai.responses.create(model="m", input="Fine?", text=form)  # type: ignore[arg-type]
+    constraint = scripted.params[0].constraint
+    assert constraint.kind == ConstraintKind.JSON and json.loads(constraint.spec) == schema
+    assert done.output_text == '{"ok": true}' and done.text.format.type == "json_schema"  # type: ignore[union-attr]
+
+
+def test_logprobs_are_included_when_asked(served) -> None:
+    scripted, _, oai = served
+    scripted.reply = "Hi"
+    oai.responses.create(model="m", input="Hi", include=["message.output_text.logprobs"], top_logprobs=3)
+    oai.responses.create(model="m", input="Hi")
+    assert [p.logprobs for p in scripted.params] == [3, None]
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "fragment"),
+    [
+        ({"previous_response_id": "resp_1"}, "previous_response_id", "nothing is stored"),
+        ({"conversation": "conv_1"}, "conversation", "nothing is stored"),
+        ({"input": []}, "input", "at least one item"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type", "'reasoning' are not supported"),
+        ({"input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id", "needs call_id"),
+        ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id", "the call_id it answers"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input[0].content",
+            "'input_image'",
+        ),
+        ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role", "robot"),
+        ({"instructions": "Be brief.", "input": [{"role": "user"}]}, "input[0].content", "must be a string"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0]", "'web_search' are not supported"),
+        ({"tool_choice": {"type": "file_search"}}, "tool_choice", '{"type": "function", "name": ...}'),
+        ({"max_output_tokens": 0}, "max_output_tokens", "must be in [1, "),
+        ({"text": {"format": {"type": "yaml"}}}, "text.format", "yaml"),
+        ({"top_logprobs": 21}, "top_logprobs", "must be in [0, 20]"),
+        ({"truncation": "auto"}, "truncation", 'send "disabled"'),
+        ({"background": True}, "background", "send false"),
+        ({"max_tool_calls": 3}, "max_tool_calls", "max_tool_calls is not supported: leave it out"),
+        ({"temperature": -1}, "temperature", "temperature"),
+    ],
+)
+def test_what_cannot_be_served_is_a_400_naming_the_field(served, body: dict, param: str, fragment: str) -> None:
+    _, client, _ = served
+    error = refusal(client, **body)
+    assert error["param"] == param and fragment in error["message"], error
+
+
+def test_a_call_in_the_input_without_a_parser_names_its_item() -> None:
+    """Rendering refuses calls where none are parsed: the refusal names the input item, not chat's message."""
+    app = create_app(Scripted(), ApiSettings("m", Defaults(), 60.0))  # type: ignore[arg-type]
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    with TestClient(app) as client:
+        response = client.post("/v1/responses", json={"model": "m", "instructions": "x", "input": [call]})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "input[0].tool_calls"
+
+
+class Failing(Scripted):
+    """Its first chunk arrives, then its replica goes away."""
+
+    def generate(self, *args: Any) -> Iterator[Chunk]:
+        yield Chunk([1], "Hel", "r")
+        raise Unavailable("the target replica went away")
+
+
+def test_a_failure_mid_stream_is_an_error_event_last() -> None:
+    app = create_app(Failing(), ApiSettings("m", Defaults(), 60.0))  # type: ignore[arg-type]
+    with TestClient(app) as client:
+        found = events(client, input="Hi")
+    assert [e["type"] for e in found][-2:] == ["response.output_text.delta", "error"]
+    assert (found[-1]["code"], found[-1]["message"]) == ("unavailable", "the target replica went away")
