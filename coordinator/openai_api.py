@@ -109,7 +109,15 @@ from coordinator.openai_protocol import (
     openai_finish_reason,
     validation_error,
 )
-from coordinator.openai_responses import ResponseEvents, ResponseObject, ResponsesRequest, output_items, response_sse
+from coordinator.openai_responses import (
+    KEEP_ALIVE,
+    ChatForm,
+    ResponseEvents,
+    ResponseObject,
+    ResponsesRequest,
+    output_items,
+    response_sse,
+)
 from coordinator.openai_tokenizer import (
     DETOKENIZE_PATH,
     TOKENIZE_PATH,
@@ -552,9 +560,8 @@ class OpenAIApi:
         usage = usage_event if req.include_usage_chunk else None
         return await stream(generations, req.n, held, opening, event, usage, request, self.bounds)
 
-    async def response(self, req: ResponsesRequest, held: ExitStack, request: Request):
-        """A Responses API request, served as the chat completion it asks for (coordinator.openai_responses)."""
-        form = req.chat_request()
+    async def response(self, req: ResponsesRequest, form: ChatForm, held: ExitStack, request: Request):
+        """A Responses API request, served as the chat completion `form` it asks for (coordinator.openai_responses)."""
         chat = form.chat
         self.check_tools(chat)
 
@@ -563,7 +570,7 @@ class OpenAIApi:
             try:
                 return self.chat_prompt(chat)
             except InvalidParam as exc:  # it names the chat request's messages: name the input items instead
-                raise InvalidParam(str(exc), form.param(exc.param)) from None
+                raise form.refusal(exc) from None
 
         generations = self.generations([prompt], chat)
         opened = ResponseObject.opened(req, chat, self.settings.model_name)
@@ -590,10 +597,10 @@ class OpenAIApi:
             if chunk.finish_reason is not None and chunk.stats is not None:
                 usage = Usage.of(chunk.stats.prompt_tokens, written[0])
                 sent += events.closing(delta.tool_calls or [], usage, cut_short_by(chunk))
-            return response_sse(sent)
+            return response_sse(sent) or KEEP_ALIVE  # proxies and clients time out silent streams
 
         def failure(exc: CalispecError) -> str:
-            return response_sse([events.event("error", code=exc.code.lower(), message=str(exc), param=None)])
+            return response_sse(events.failure(exc.code.lower(), str(exc)))
 
         opening = [response_sse(events.opening())]
         ending = StreamEnding(failure, "")  # OpenAI ends a Response's stream with its last event: no [DONE]
@@ -942,9 +949,10 @@ def create_app(orchestrator: Orchestrator, settings: ApiSettings) -> FastAPI:
 
     @app.post(RESPONSES_PATH, response_model=None, max_body_size=settings.max_body_bytes)
     async def responses(body: ResponsesRequest, request: Request):
+        form = body.chat_request()  # its refusals before admission, as a chat request's schema refusals are
         held = api.admit(request, body.model)
         try:
-            return await api.response(body, held, request)
+            return await api.response(body, form, held, request)
         except BaseException:
             held.close()
             raise

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from coordinator.chat import InvalidParam
 from coordinator.openai_protocol import (
     NOT_IMPLEMENTED,
     ChatCompletionRequest,
@@ -161,19 +162,33 @@ class ChatForm:
     chat: ChatCompletionRequest
     sources: Sequence[tuple[str | int, ...]]
 
-    def param(self, chat_param: str) -> str:
-        """A chat refusal's `param` (`messages[2].tool_calls`) as the Responses request names it (`input[1]...`)."""
-        match = re.fullmatch(r"messages\[(\d+)\](.*)", chat_param)
+    def refusal(self, exc: InvalidParam) -> InvalidParam:
+        """A chat refusal (`messages[2].tool_calls`, in its param and its message) as the Responses request names
+        the field (`input[1].tool_calls`); `messages` as a whole is the input."""
+        match = re.fullmatch(r"messages\[(\d+)\]((?:\.\w+)*)", exc.param)
+        if exc.param == "messages":
+            return InvalidParam(str(exc), "input")
         if match is None or int(match[1]) >= len(self.sources):
-            return chat_param
-        return (openai_param(self.sources[int(match[1])]) or "input") + match[2]
+            return exc
+        param = openai_param(("body", *item_loc(self.sources[int(match[1])], match[2].split(".")[1:])))
+        return InvalidParam(str(exc).replace(exc.param, param or "input"), param or "input")
+
+
+def item_loc(source: tuple[str | int, ...], rest: Sequence[str | int]) -> tuple[str | int, ...]:
+    """Where in the Responses request a place in chat message `source` is: in the item it came from, or, for a
+    message that is a field's text (`instructions`, a string `input`), that field itself for its content."""
+    if len(source) == 1 and list(rest[:1]) == ["content"]:
+        return (*source, *rest[1:])
+    return (*source, *rest)
 
 
 def renamed(error: Any, sources: Sequence[tuple[str | int, ...]]) -> dict[str, Any]:
     """A chat request's refusal located in the Responses request: messages[i] is the item it came from."""
     loc = list(error.get("loc", ()))
     if loc[:1] == ["messages"] and len(loc) > 1 and isinstance(loc[1], int) and loc[1] < len(sources):
-        loc = [*sources[loc[1]], *loc[2:]]
+        loc = list(item_loc(sources[loc[1]], loc[2:]))
+    elif loc[:1] == ["messages"]:
+        loc = ["input", *loc[1:]]
     elif loc and loc[0] in RESPONSES_NAMES:
         loc = [*RESPONSES_NAMES[loc[0]], *loc[1:]]
     return {**error, "loc": ("body", *loc)}
@@ -267,6 +282,8 @@ def chat_response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     form = (text or {}).get("format")
     if not isinstance(form, dict) or form.get("type") != "json_schema":
         return form
+    if not isinstance(form.get("name"), str):  # OpenAI's and vLLM's rule
+        raise refused(("text", "format", "name"), 'a json_schema format needs a "name" (a string)')
     schema = {key: value for key, value in form.items() if key != "type"}
     return {"type": "json_schema", "json_schema": schema}
 
@@ -323,7 +340,13 @@ class IncompleteDetails(BaseModel):
 
 
 OutputItem = OutputMessage | FunctionCallItem
-ResponseStatus = Literal["in_progress", "completed", "incomplete"]
+ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed"]
+KEEP_ALIVE = ": keep-alive\n\n"  # an SSE comment (clients skip it): a round whose text is held back still sends
+
+
+class ResponseError(BaseModel):
+    code: Literal["server_error"] = "server_error"  # OpenAI's codes are its own; the `error` event carries ours
+    message: str
 
 
 class ResponseObject(BaseModel):
@@ -331,7 +354,7 @@ class ResponseObject(BaseModel):
     object: Literal["response"] = "response"
     created_at: int = Field(default_factory=now)
     status: ResponseStatus = "in_progress"
-    error: None = None
+    error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
     instructions: str | None = None
     max_output_tokens: int | None = None
@@ -400,7 +423,8 @@ class ResponseEvents:
     `output_item.added` and `content_part.added` at its first text, an `output_text.delta` per chunk of text, then
     its `output_text.done`, `content_part.done` and `output_item.done`; each tool call's item added, its arguments
     (one delta, whole: calls are read once the reply ends) and done; last `response.completed` (or
-    `response.incomplete`) with the whole Response. Every event carries its `sequence_number`."""
+    `response.incomplete`) with the whole Response; a failure is an `error` event, then `response.failed`. Every event
+    carries its `sequence_number`."""
 
     def __init__(self, response: ResponseObject) -> None:
         self.response = response
@@ -408,6 +432,7 @@ class ResponseEvents:
         self.message: OutputMessage | None = None
         self.texts: list[str] = []
         self.logprobs: list[ChatTokenLogprob] = []
+        self.unsent = 0  # entries of `logprobs` whose text is held back: they go with the next delta
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         self.sequence += 1
@@ -422,17 +447,19 @@ class ResponseEvents:
 
     def text(self, delta: str, logprobs: ChatLogprobs | None) -> list[dict[str, Any]]:
         """A chunk's text (and its tokens' log-probabilities), opening the message at its first; no event for a
-        chunk whose text is held back (it may start a tool call), its log-probabilities kept for the message."""
-        entries = logprobs.content if logprobs is not None else []
-        self.logprobs += entries
+        chunk whose text is held back (it may start a tool call): its log-probabilities go with the delta that
+        releases its text, so that the deltas' add up to the message's."""
+        self.logprobs += logprobs.content if logprobs is not None else []
+        self.unsent += len(logprobs.content) if logprobs is not None else 0
         if not delta:
             return []
         events = self.open_message() if self.message is None else []
         assert self.message is not None
         self.texts.append(delta)
         where = {"item_id": self.message.id, "output_index": 0, "content_index": 0}
-        dumped = [entry.model_dump() for entry in entries]
-        return [*events, self.event("response.output_text.delta", **where, delta=delta, logprobs=dumped)]
+        sent = [entry.model_dump() for entry in self.logprobs[len(self.logprobs) - self.unsent :]]
+        self.unsent = 0
+        return [*events, self.event("response.output_text.delta", **where, delta=delta, logprobs=sent)]
 
     def open_message(self) -> list[dict[str, Any]]:
         self.message = OutputMessage(id=new_item_id("msg"), status="in_progress")
@@ -468,6 +495,20 @@ class ResponseEvents:
         finished = self.response.finished(output, usage, cut_short)
         kind = "response.incomplete" if cut_short else "response.completed"
         return [*events, self.event(kind, response=finished.model_dump())]
+
+    def failure(self, code: str, message: str) -> list[dict[str, Any]]:
+        """A failure after the stream started: OpenAI's `error` event, then `response.failed` with what was written."""
+        output: list[OutputItem] = []
+        if self.message is not None:
+            text = OutputText(text="".join(self.texts), logprobs=self.logprobs)
+            output.append(self.message.model_copy(update={"status": "incomplete", "content": [text]}))
+        failed = self.response.model_copy(
+            update={"status": "failed", "error": ResponseError(message=message), "output": output}
+        )
+        return [
+            self.event("error", code=code, message=message, param=None),
+            self.event("response.failed", response=failed.model_dump()),
+        ]
 
     def call_events(self, call: FunctionCallItem, index: int) -> list[dict[str, Any]]:
         opened = call.model_copy(update={"status": "in_progress", "arguments": ""})

@@ -106,6 +106,14 @@ class _Row:
     logprobs: int | None = None  # None: no log-probabilities; k: the emitted tokens' and the k most likely
 
 
+@dataclass(frozen=True)
+class _RawLogits:
+    """A round's logits before logit rules, of the rows (indices into the batch) that report log-probabilities."""
+
+    rows: list[int]
+    logits: torch.Tensor | None  # [len(rows), G+1, V]; None: no such row
+
+
 def check_draft_count(count: int) -> None:
     """At most MAX_SPECULATIVE_TOKENS drafted tokens a Verify. The servicer checks the repeated field's length (O(1))
     before converting it: a 64 MiB field became tens of millions of Python ints only to be refused."""
@@ -325,20 +333,20 @@ class TargetEngine:
         raise InvalidField(field, f"leave no token to write{grammar} at some position")
 
     @staticmethod
-    def _raw_logits(rows: Sequence[_Row], logits: torch.Tensor) -> dict[int, torch.Tensor]:
-        """Row b -> its [G+1, V] logits before its logit rules, for rows that ask for log-probabilities under rules:
-        those are reported from the raw logits (a structured output's mask applied), as vLLM's `raw_logprobs`."""
-        return {
-            b: logits[b].clone()
-            for b, row in enumerate(rows)
-            if row.logprobs is not None and row.state.rules is not None
-        }
+    def _raw_logits(rows: Sequence[_Row], logits: torch.Tensor) -> _RawLogits:
+        """The logits before their logit rules of the rows that ask for log-probabilities under rules: those are
+        reported from the raw logits (a structured output's mask applied), as vLLM's `raw_logprobs`. One copy (a row
+        at γ = 6 and 151,936 tokens: 4 MB)."""
+        ruled = [b for b, row in enumerate(rows) if row.logprobs is not None and row.state.rules is not None]
+        if not ruled:
+            return _RawLogits([], None)
+        return _RawLogits(ruled, logits.index_select(0, torch.tensor(ruled, device=logits.device)))  # [R, G+1, V]
 
     @staticmethod
     def _logprobs(
         rows: Sequence[_Row],
         logits: torch.Tensor,
-        raw: dict[int, torch.Tensor],
+        raw: _RawLogits,
         accepted: list[int],
         next_tokens: list[int],
     ) -> list[list[TokenLogprob] | None]:
@@ -353,10 +361,10 @@ class TargetEngine:
             reports.update(zip(asking, emitted_logprobs(source, places, emitted, tops), strict=True))
 
         reports: dict[int, list[TokenLogprob]] = {}
-        if shaped := [b for b, row in enumerate(rows) if row.logprobs is not None and b not in raw]:
+        if shaped := [b for b, row in enumerate(rows) if row.logprobs is not None and b not in raw.rows]:
             report(logits, shaped, shaped)
-        if raw:
-            report(torch.stack(list(raw.values())), range(len(raw)), list(raw))  # [R, G+1, V]
+        if raw.logits is not None:
+            report(raw.logits, range(len(raw.rows)), raw.rows)
         return [reports.get(b) for b in range(len(rows))]
 
     def _check_finite(self, rows: Sequence[_Row], finite: list[int]) -> None:

@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from calispec_core.errors import InvalidArgument
-from calispec_core.generation import Mode
+from calispec_core.generation import Mode, SessionOutput
+from calispec_core.logit_rules import LogitRules
 from calispec_core.modeling import ModelRunner
 from calispec_core.sampling import SamplingConfig
 from calispec_core.timing import Stopwatch
-from target_service.engine import RescueConfig, TargetEngine
+from target_service.engine import RescueConfig, TargetEngine, _Row
 from target_service.logprobs import emitted_logprobs
 from target_service.pair_table import PairTable
 
@@ -81,6 +82,35 @@ def test_a_sampling_rows_logprobs_are_the_raw_distributions_not_the_warped_one(t
         assert lp.top_token_ids == (int(raw.argmax()),)
         warped = torch.log_softmax(logits.float() / 5.0, dim=-1)[result.next_token].item()
         assert abs(lp.logprob - warped) > 1e-2  # not what the sampler drew from
+    finally:
+        engine.stop()
+
+
+def test_a_round_mixing_rows_with_and_without_rules_reports_each_rows_raw_logprobs(target_runner: ModelRunner) -> None:
+    """One batched round of four rows: logit rules with log-probabilities (twice, different biases), the same
+    prompt without rules, rules without log-probabilities. Each reporting row's numbers are the raw logits' (vLLM's
+    `raw_logprobs`: before its rules), under its own index (wave 61: the raw copies are a batch of their own)."""
+    engine = TargetEngine(target_runner, 4, PairTable(target_runner.vocab_size))
+    prompt = target_runner.tokenizer("def add(a, b):")["input_ids"]
+    rescue = RescueConfig(Mode.AR, 0.01, 6)
+    biases = {"a": ((7, 100.0),), "b": None, "c": ((9, 100.0),), "d": ((11, 100.0),)}
+    try:
+        for name, bias in biases.items():
+            output = SessionOutput.of(None, LogitRules(logit_bias=bias) if bias else None, 0)
+            engine.prefill(name, prompt, SamplingConfig(), rescue, Stopwatch(), output=output)
+        asks = {"a": 3, "b": 3, "c": None, "d": 3}
+        rows = [_Row(engine.sessions.get(name), [], None, Stopwatch(), asks[name]) for name in biases]
+        results = dict(zip(biases, engine._round(rows), strict=True))
+        with torch.no_grad():
+            raw = torch.log_softmax(target_runner.model(input_ids=torch.tensor([prompt])).logits[0, -1].float(), -1)
+        assert [results[name].next_token for name in biases] == [7, int(raw.argmax()), 9, 11]  # the rules held
+        assert results["c"].logprobs is None
+        for name in ("a", "b", "d"):
+            logprobs = results[name].logprobs
+            assert logprobs is not None
+            (lp,) = logprobs
+            assert lp.logprob == pytest.approx(raw[results[name].next_token].item(), abs=1e-4), name
+            assert lp.top_token_ids == tuple(raw.topk(3).indices.tolist()), name
     finally:
         engine.stop()
 

@@ -12,8 +12,9 @@ import openai
 import pytest
 from starlette.testclient import TestClient
 
+from calispec_core.access import Quota, QuotaBook
 from calispec_core.errors import Unavailable
-from calispec_core.generation import ConstraintKind, Defaults, FinishReason
+from calispec_core.generation import ConstraintKind, Defaults, FinishReason, TokenLogprob
 from coordinator.engine import Chunk
 from coordinator.openai_api import ApiSettings, create_app
 from tests.unit.test_tool_calls_http import CALL, Scripted
@@ -35,13 +36,19 @@ def served() -> Iterator[tuple[Scripted, TestClient, openai.OpenAI]]:
         yield scripted, client, openai.OpenAI(base_url="http://testserver/v1", api_key="k", http_client=client)
 
 
-def events(client: TestClient, **body: Any) -> list[dict[str, Any]]:
-    """A streamed Response's events, each checked: its `event:` line names its type, the SDK's types read it."""
+def blocks(client: TestClient, **body: Any) -> list[str]:
+    """A streamed Response's server-sent blocks, as sent: events and keep-alive comments."""
     with client.stream("POST", "/v1/responses", json={"model": "m", "stream": True, **body}) as response:
         assert response.status_code == 200, response.read()
-        text = "".join(response.iter_text())
+        return "".join(response.iter_text()).strip().split("\n\n")
+
+
+def events(client: TestClient, **body: Any) -> list[dict[str, Any]]:
+    """A streamed Response's events, each checked: its `event:` line names its type, the SDK's types read it."""
     found = []
-    for block in text.strip().split("\n\n"):
+    for block in blocks(client, **body):
+        if block == ": keep-alive":
+            continue
         name, data = block.split("\n")
         event = json.loads(data.removeprefix("data: "))
         assert name == f"event: {event['type']}"
@@ -122,7 +129,9 @@ def test_a_stream_sends_openais_events_and_the_unary_response(served) -> None:
     assert deltas == 5 and "".join(e["delta"] for e in found if "delta" in e) == unary.output_text
     assert found[0]["response"]["status"] == "in_progress" and found[0]["response"]["output"] == []
     final = found[-1]["response"]
-    assert final["output"][0]["content"][0]["text"] == unary.output_text and final["usage"] == unary.usage.model_dump(exclude_none=True)
+    assert final["output"][0]["content"][0]["text"] == unary.output_text and final["usage"] == unary.usage.model_dump(
+        exclude_none=True
+    )
     with oai.responses.stream(model="m", input="Hi") as stream:  # the SDK's helper checks the events' order
         assert stream.get_final_response().output_text == unary.output_text
 
@@ -142,6 +151,9 @@ def test_tool_calls_are_function_call_items(served) -> None:
     assert (done_call["output_index"], done_call["arguments"]) == (1, '{"city": "Paris"}')
     with oai.responses.stream(model="m", input="Weather in Paris?", tools=TOOLS) as stream:  # type: ignore[arg-type]
         assert [item.type for item in stream.get_final_response().output] == ["message", "function_call"]
+    scripted.piece = 3  # every chunk sends something while the call's text is held back (a silent stream times out)
+    sent = blocks(client, input="Weather in Paris?", tools=TOOLS)
+    assert sent.count(": keep-alive") >= len(CALL) // 3 - 2 and len(sent) > len(scripted.reply) // 3
 
 
 def test_a_forced_call_is_the_only_item(served) -> None:
@@ -218,6 +230,70 @@ def test_a_call_in_the_input_without_a_parser_names_its_item() -> None:
     assert response.json()["error"]["param"] == "input[0].tool_calls"
 
 
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"instructions": "\ud800", "input": "Hi"}, "instructions"),  # the field is the message's text
+        ({"input": "\ud800"}, "input"),
+        ({"input": [{"role": "user", "content": "Hi"}, {"role": "user", "content": "x\ud800"}]}, "input[1].content"),
+    ],
+)
+def test_refusals_of_the_messages_name_the_responses_fields(served, body: dict, param: str) -> None:
+    """Found by review: `instructions.content` and `input.content`, and messages[1] in the text."""
+    _, client, _ = served
+    sent = json.dumps({"model": "m", **body})  # ASCII escapes: the lone surrogate reaches the server
+    response = client.post("/v1/responses", content=sent, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and "messages" not in error["message"], error
+
+
+def test_a_json_schema_format_needs_a_name(served) -> None:
+    """OpenAI's and vLLM's rule; it was served, echoing a format the SDK's types refuse (found by review)."""
+    _, client, _ = served
+    error = refusal(client, text={"format": {"type": "json_schema", "schema": {"type": "object"}}})
+    assert error["param"] == "text.format.name", error
+
+
+def test_a_malformed_request_costs_no_quota(served) -> None:
+    """Refused before admission, as chat's schema refusals are: a bad item spent the caller's only request."""
+    scripted = Scripted()
+    scripted.reply = "Hi"
+    quotas = QuotaBook(Quota(requests_per_minute=1, burst=1))
+    app = create_app(scripted, ApiSettings("m", Defaults(), 60.0, quotas=quotas))  # type: ignore[arg-type]
+    with TestClient(app) as client:
+        bad = client.post("/v1/responses", json={"model": "m", "input": [{"type": "reasoning"}]})
+        good = client.post("/v1/responses", json={"model": "m", "input": "Hi"})
+    assert (bad.status_code, good.status_code) == (400, 200), good.text
+
+
+class Scored(Scripted):
+    """Its chunks carry a log-probability per token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokenizer.decode = lambda ids, **kwargs: "t"  # type: ignore[attr-defined]
+
+    def generate(self, *args: Any) -> Iterator[Chunk]:
+        for chunk in super().generate(*args):
+            chunk.logprobs = [TokenLogprob(-0.5, (1,), (-0.5,)) for _ in chunk.token_ids]
+            yield chunk
+
+
+def test_streamed_log_probabilities_go_with_their_text() -> None:
+    """Text held back (it may start a call) sends its entries with the delta that releases it: the deltas' entries
+    are the message's (found by review: they were dropped from the deltas)."""
+    scored = Scored()
+    scored.reply, scored.piece = "It is sunny <tools> maybe.", 3
+    app = create_app(scored, ApiSettings("m", Defaults(), 60.0, tool_call_parser="hermes"))  # type: ignore[arg-type]
+    with TestClient(app) as client:
+        found = events(client, input="Hi", tools=TOOLS, include=["message.output_text.logprobs"])
+    deltas = [e for e in found if e["type"] == "response.output_text.delta"]
+    [done] = [e for e in found if e["type"] == "response.output_text.done"]
+    assert "".join(d["delta"] for d in deltas) == scored.reply and len(done["logprobs"]) == len(scored.reply)
+    assert sum(len(d["logprobs"]) for d in deltas) == len(done["logprobs"])
+
+
 class Failing(Scripted):
     """Its first chunk arrives, then its replica goes away."""
 
@@ -230,5 +306,8 @@ def test_a_failure_mid_stream_is_an_error_event_last() -> None:
     app = create_app(Failing(), ApiSettings("m", Defaults(), 60.0))  # type: ignore[arg-type]
     with TestClient(app) as client:
         found = events(client, input="Hi")
-    assert [e["type"] for e in found][-2:] == ["response.output_text.delta", "error"]
-    assert (found[-1]["code"], found[-1]["message"]) == ("unavailable", "the target replica went away")
+    assert [e["type"] for e in found][-3:] == ["response.output_text.delta", "error", "response.failed"]
+    assert (found[-2]["code"], found[-2]["message"]) == ("unavailable", "the target replica went away")
+    failed = found[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["message"] == "the target replica went away"
+    assert failed["output"][0]["content"][0]["text"] == "Hel"  # what was written before
