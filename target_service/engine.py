@@ -361,8 +361,8 @@ class TargetEngine:
             reports.update(zip(asking, emitted_logprobs(source, places, emitted, tops), strict=True))
 
         reports: dict[int, list[TokenLogprob]] = {}
-        if shaped := [b for b, row in enumerate(rows) if row.logprobs is not None and b not in raw.rows]:
-            report(logits, shaped, shaped)
+        if without_rules := [b for b, row in enumerate(rows) if row.logprobs is not None and b not in raw.rows]:
+            report(logits, without_rules, without_rules)
         if raw.logits is not None:
             report(raw.logits, range(len(raw.rows)), raw.rows)
         return [reports.get(b) for b in range(len(rows))]
