@@ -15,7 +15,7 @@ import json
 import re
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from fastapi.exceptions import RequestValidationError
@@ -160,33 +160,62 @@ class ChatForm:
     """A Responses request as a chat completion, and where each of its messages came from."""
 
     chat: ChatCompletionRequest
-    sources: Sequence[tuple[str | int, ...]]
+    sources: Sequence[MessageSource]
 
     def refusal(self, exc: InvalidParam) -> InvalidParam:
-        """A chat refusal (`messages[2].tool_calls`, in its param and its message) as the Responses request names
-        the field (`input[1].tool_calls`); `messages` as a whole is the input."""
-        match = re.fullmatch(r"messages\[(\d+)\]((?:\.\w+)*)", exc.param)
+        """A chat refusal (`messages[2].tool_calls[1].function.arguments`, in its param and its message) as the
+        Responses request names the field (`input[4].arguments`); `messages` as a whole is the input."""
         if exc.param == "messages":
             return InvalidParam(str(exc), "input")
-        if match is None or int(match[1]) >= len(self.sources):
-            return exc
-        param = openai_param(("body", *item_loc(self.sources[int(match[1])], match[2].split(".")[1:])))
-        return InvalidParam(str(exc).replace(exc.param, param or "input"), param or "input")
+        message = str(exc)  # it may name a place under the param (one call of the message's calls): that is the param
+        deeper = next((m for m in CHAT_PLACE.finditer(message) if m[0].startswith(exc.param)), None)
+        param = self._renamed(deeper) if deeper is not None else CHAT_PLACE.sub(self._renamed, exc.param)
+        return InvalidParam(CHAT_PLACE.sub(self._renamed, message), param)
+
+    def _renamed(self, match: re.Match[str]) -> str:
+        index = int(match[1])
+        if index >= len(self.sources):
+            return match[0]
+        rest = [int(i) if i else name for name, i in re.findall(r"\.(\w+)|\[(\d+)\]", match[2])]
+        return openai_param(("body", *self.sources[index].place(rest))) or "input"
 
 
-def item_loc(source: tuple[str | int, ...], rest: Sequence[str | int]) -> tuple[str | int, ...]:
-    """Where in the Responses request a place in chat message `source` is: in the item it came from, or, for a
-    message that is a field's text (`instructions`, a string `input`), that field itself for its content."""
-    if len(source) == 1 and list(rest[:1]) == ["content"]:
-        return (*source, *rest[1:])
-    return (*source, *rest)
+CHAT_PLACE = re.compile(r"messages\[(\d+)\]((?:\.\w+|\[\d+\])*)")  # a place in chat's messages, as refusals name it
+TOOL_MESSAGE_FIELDS = {"content": ("output",), "tool_call_id": ("call_id",), "role": ()}  # function_call_output's
 
 
-def renamed(error: Any, sources: Sequence[tuple[str | int, ...]]) -> dict[str, Any]:
+@dataclass
+class MessageSource:
+    """Where a chat message came from: a field whose text it is (`instructions`, a string `input`) or an input item
+    (a `function_call_output` is a tool message), and the input items of its tool calls."""
+
+    loc: tuple[str | int, ...]
+    kind: str = "message"
+    calls: list[int] = field(default_factory=list)
+
+    def place(self, rest: Sequence[str | int]) -> tuple[str | int, ...]:
+        """The Responses request's place of `rest` (a path under the chat message) in what it came from."""
+        head = rest[0] if rest else None
+        if len(self.loc) == 1 and head == "content":
+            return (*self.loc, *rest[1:])
+        if head == "tool_calls" and self.calls:
+            k = rest[1] if len(rest) > 1 and isinstance(rest[1], int) and rest[1] < len(self.calls) else 0
+            under = list(rest[2:])
+            if under[:1] == ["function"]:
+                under = under[1:]
+            elif under[:1] == ["id"]:
+                under = ["call_id", *under[1:]]
+            return ("input", self.calls[k], *under)
+        if self.kind == "function_call_output" and head in TOOL_MESSAGE_FIELDS:
+            return (*self.loc, *TOOL_MESSAGE_FIELDS[str(head)], *rest[1:])
+        return (*self.loc, *rest)
+
+
+def renamed(error: Any, sources: Sequence[MessageSource]) -> dict[str, Any]:
     """A chat request's refusal located in the Responses request: messages[i] is the item it came from."""
     loc = list(error.get("loc", ()))
     if loc[:1] == ["messages"] and len(loc) > 1 and isinstance(loc[1], int) and loc[1] < len(sources):
-        loc = list(item_loc(sources[loc[1]], loc[2:]))
+        loc = list(sources[loc[1]].place(loc[2:]))
     elif loc[:1] == ["messages"]:
         loc = ["input", *loc[1:]]
     elif loc and loc[0] in RESPONSES_NAMES:
@@ -196,32 +225,35 @@ def renamed(error: Any, sources: Sequence[tuple[str | int, ...]]) -> dict[str, A
 
 def chat_messages(
     instructions: str | None, items: str | list[dict[str, Any]]
-) -> tuple[list[dict[str, Any]], list[tuple[str | int, ...]]]:
+) -> tuple[list[dict[str, Any]], list[MessageSource]]:
     """The chat messages of `instructions` and `input`, and where each came from (for refusals): a run of
     `function_call` items is one assistant message's calls (after the assistant's text, when it came just before)."""
     messages: list[dict[str, Any]] = []
-    sources: list[tuple[str | int, ...]] = []
+    sources: list[MessageSource] = []
     if instructions is not None:
         messages.append({"role": "system", "content": instructions})
-        sources.append(("instructions",))
+        sources.append(MessageSource(("instructions",)))
     if isinstance(items, str):
-        return [*messages, {"role": "user", "content": items}], [*sources, ("input",)]
+        return [*messages, {"role": "user", "content": items}], [*sources, MessageSource(("input",))]
     for i, item in enumerate(items):
         kind = item.get("type", "message")
         if kind == "function_call":
             call = tool_call_of(item, i)
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and sources[-1][:1] == ("input",):
+            if last is not None and last["role"] == "assistant" and sources[-1].loc[:1] == ("input",):
                 last.setdefault("tool_calls", []).append(call)
+                sources[-1].calls.append(i)
                 continue
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
+            sources.append(MessageSource(("input", i), kind, [i]))
+            continue
+        if kind == "function_call_output":
             messages.append(tool_message_of(item, i))
         elif kind == "message":
             messages.append({"role": item.get("role"), "content": chat_content(item.get("content"))})
         else:
             raise item_refused(i, "type", f"items of type {kind!r} are not supported (messages and function calls)")
-        sources.append(("input", i))
+        sources.append(MessageSource(("input", i), kind))
     return messages, sources
 
 
@@ -235,9 +267,9 @@ def chat_content(content: Any) -> Any:
 
 
 def tool_call_of(item: dict[str, Any], index: int) -> dict[str, Any]:
-    for field in ("call_id", "name", "arguments"):
-        if not isinstance(item.get(field), str):
-            raise item_refused(index, field, "a function_call item needs call_id, name and arguments as strings")
+    for name in ("call_id", "name", "arguments"):
+        if not isinstance(item.get(name), str):
+            raise item_refused(index, name, "a function_call item needs call_id, name and arguments as strings")
     return {
         "id": item["call_id"],
         "type": "function",
@@ -447,8 +479,9 @@ class ResponseEvents:
 
     def text(self, delta: str, logprobs: ChatLogprobs | None) -> list[dict[str, Any]]:
         """A chunk's text (and its tokens' log-probabilities), opening the message at its first; no event for a
-        chunk whose text is held back (it may start a tool call): its log-probabilities go with the delta that
-        releases its text, so that the deltas' add up to the message's."""
+        chunk whose text is held back (it may start a tool call): its log-probabilities go with the next delta (by
+        chunk, not by character). The deltas' add up to the message's unless the reply holds tool calls: their
+        tokens count in the message's log-probabilities (as in a unary Response) and go in no delta."""
         self.logprobs += logprobs.content if logprobs is not None else []
         self.unsent += len(logprobs.content) if logprobs is not None else 0
         if not delta:
@@ -499,8 +532,9 @@ class ResponseEvents:
     def failure(self, code: str, message: str) -> list[dict[str, Any]]:
         """A failure after the stream started: OpenAI's `error` event, then `response.failed` with what was written."""
         output: list[OutputItem] = []
-        if self.message is not None:
-            text = OutputText(text="".join(self.texts), logprobs=self.logprobs)
+        if self.message is not None:  # its text so far, and the log-probabilities of that text (not of held-back text)
+            logprobs = self.logprobs[: len(self.logprobs) - self.unsent]
+            text = OutputText(text="".join(self.texts), logprobs=logprobs)
             output.append(self.message.model_copy(update={"status": "incomplete", "content": [text]}))
         failed = self.response.model_copy(
             update={"status": "failed", "error": ResponseError(message=message), "output": output}

@@ -340,7 +340,7 @@ class TargetEngine:
         ruled = [b for b, row in enumerate(rows) if row.logprobs is not None and row.state.rules is not None]
         if not ruled:
             return _RawLogits([], None)
-        return _RawLogits(ruled, logits.index_select(0, torch.tensor(ruled, device=logits.device)))  # [R, G+1, V]
+        return _RawLogits(ruled, torch.stack([logits[b] for b in ruled]))  # [R, G+1, V]; no index tensor: no sync
 
     @staticmethod
     def _logprobs(

@@ -227,7 +227,7 @@ def test_a_call_in_the_input_without_a_parser_names_its_item() -> None:
     with TestClient(app) as client:
         response = client.post("/v1/responses", json={"model": "m", "instructions": "x", "input": [call]})
     assert response.status_code == 400, response.text
-    assert response.json()["error"]["param"] == "input[0].tool_calls"
+    assert response.json()["error"]["param"] == "input[0]"  # the item is the call
 
 
 @pytest.mark.parametrize(
@@ -246,6 +246,36 @@ def test_refusals_of_the_messages_name_the_responses_fields(served, body: dict, 
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and "messages" not in error["message"], error
+
+
+USER = {"role": "user", "content": "Weather?"}
+
+
+def call(call_id: str, arguments: str = "{}") -> dict[str, Any]:
+    return {"type": "function_call", "call_id": call_id, "name": "get_weather", "arguments": arguments}
+
+
+@pytest.mark.parametrize(
+    ("parser", "items", "param", "fragment"),
+    [
+        (None, [USER, {"role": "assistant", "content": "x"}, call("c1")], "input[2]", "tool"),
+        ("hermes", [USER, call("c1"), call("c2", "not json")], "input[2].arguments", "input[2].arguments"),
+        ("hermes", [USER, call("c1"), {"type": "function_call_output", "call_id": "c1", "output": {"a": 1}}],
+         "input[2].output", "input[2].output"),
+        (None, [USER, {"type": "function_call_output", "call_id": "c1", "output": "18 C"}], "input[1]", "input[1]"),
+    ],
+)  # fmt: skip
+def test_refusals_of_calls_and_their_outputs_name_their_items(
+    parser: str | None, items: list, param: str, fragment: str
+) -> None:
+    """A call merged into the message before it, and a tool message's fields, are named as the items that made them
+    (found by the second review: `input[1].tool_calls`, `input[2].content`, `input[1].role`)."""
+    app = create_app(Scripted(), ApiSettings("m", Defaults(), 60.0, tool_call_parser=parser))  # type: ignore[arg-type]
+    with TestClient(app) as client:
+        response = client.post("/v1/responses", json={"model": "m", "input": items})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and fragment in error["message"] and "messages" not in error["message"], error
 
 
 def test_a_json_schema_format_needs_a_name(served) -> None:
@@ -311,3 +341,21 @@ def test_a_failure_mid_stream_is_an_error_event_last() -> None:
     failed = found[-1]["response"]
     assert failed["status"] == "failed" and failed["error"]["message"] == "the target replica went away"
     assert failed["output"][0]["content"][0]["text"] == "Hel"  # what was written before
+
+
+class FailingAfterHeldText(Scored):
+    """Text, then text held back (it may start a call), then its replica goes away."""
+
+    def generate(self, *args: Any) -> Iterator[Chunk]:
+        yield Chunk([1, 1], "Hi", "r", logprobs=[TokenLogprob(-0.5, (1,), (-0.5,))] * 2)
+        yield Chunk([1, 1], "<tool", "r", logprobs=[TokenLogprob(-0.5, (1,), (-0.5,))] * 2)
+        raise Unavailable("the target replica went away")
+
+
+def test_a_failed_response_holds_the_log_probabilities_of_its_text_only() -> None:
+    """Found by the second review: the held-back text's entries were in the failed Response's message."""
+    app = create_app(FailingAfterHeldText(), ApiSettings("m", Defaults(), 60.0, tool_call_parser="hermes"))  # type: ignore[arg-type]
+    with TestClient(app) as client:
+        found = events(client, input="Hi", tools=TOOLS, include=["message.output_text.logprobs"])
+    [text] = found[-1]["response"]["output"][0]["content"]
+    assert (text["text"], len(text["logprobs"])) == ("Hi", 2), text
