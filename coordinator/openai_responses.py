@@ -4,7 +4,7 @@ A request becomes a chat completion's (`ResponsesRequest.chat_request`): `instru
 `input` the messages (a string is one user message; `function_call` and `function_call_output` items are an
 assistant's tool calls and the tool messages answering them), `max_output_tokens` the token limit, `text.format` the
 response format, the flat function tools chat's nested ones. The reply becomes the Response's output items: a
-`message` with one `output_text` part, then a `function_call` item per tool call (`response_object`); a stream sends
+`message` with one `output_text` part, then a `function_call` item per tool call (`output_items`); a stream sends
 OpenAI's semantic events (`ResponseEvents`). Nothing is stored (vLLM's default): `previous_response_id` and
 `conversation` are refused (send the conversation in `input`), and every Response says `store: false`.
 """
@@ -49,7 +49,6 @@ PASSED_THROUGH = frozenset({
 RESPONSES_NAMES: dict[str, tuple[str, ...]] = {
     "max_completion_tokens": ("max_output_tokens",),
     "response_format": ("text", "format"),
-    "top_logprobs": ("top_logprobs",),
 }
 
 
@@ -283,8 +282,9 @@ def tool_message_of(item: dict[str, Any], index: int) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": item["call_id"], "content": chat_content(item.get("output"))}
 
 
-def item_refused(index: int, field: str, message: str) -> RequestValidationError:
-    return RequestValidationError([{"type": "invalid_value", "loc": ("body", "input", index, field), "msg": message}])
+def item_refused(index: int, name: str, message: str) -> RequestValidationError:
+    """A refusal of input item `index`'s field `name`."""
+    return refused(("input", index, name), message)
 
 
 def refused(loc: tuple[str | int, ...], message: str) -> RequestValidationError:
