@@ -579,10 +579,10 @@ class OpenAIApi:
                 done = await self.whole_choices(generations, held, request)
 
             def response() -> ResponseObject:  # on a worker thread: log-probabilities can be many objects
-                message, cut_short = self.chat_choice(chat, 0, done[0]).message, cut_short_by(done[0].finish)
-                logprobs = self.chat_logprobs(done[0].token_ids, done[0].logprobs)
+                choice, cut_short = self.chat_choice(chat, 0, done[0]), cut_short_by(done[0].finish)
                 status = "incomplete" if cut_short else "completed"
-                items = output_items(message.content, message.tool_calls or [], logprobs, status)
+                calls = choice.message.tool_calls or []
+                items = output_items(choice.message.content, calls, choice.logprobs, status)
                 return opened.finished(items, usage_of(done, 1), cut_short)
 
             return await run_in_threadpool(response)

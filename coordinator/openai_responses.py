@@ -487,20 +487,28 @@ class ResponseEvents:
         if not delta:
             return []
         events = self.open_message() if self.message is None else []
-        assert self.message is not None
         self.texts.append(delta)
-        where = {"item_id": self.message.id, "output_index": 0, "content_index": 0}
         sent = [entry.model_dump() for entry in self.logprobs[len(self.logprobs) - self.unsent :]]
         self.unsent = 0
-        return [*events, self.event("response.output_text.delta", **where, delta=delta, logprobs=sent)]
+        return [*events, self.event("response.output_text.delta", **self.text_place(), delta=delta, logprobs=sent)]
 
     def open_message(self) -> list[dict[str, Any]]:
         self.message = OutputMessage(id=new_item_id("msg"), status="in_progress")
-        where = {"item_id": self.message.id, "output_index": 0, "content_index": 0}
         return [
             self.event("response.output_item.added", output_index=0, item=self.message.model_dump()),
-            self.event("response.content_part.added", **where, part=OutputText(text="").model_dump()),
+            self.event("response.content_part.added", **self.text_place(), part=OutputText(text="").model_dump()),
         ]
+
+    def text_place(self) -> dict[str, Any]:
+        """Where the message's text is: its item (the first output) and its one part."""
+        assert self.message is not None
+        return {"item_id": self.message.id, "output_index": 0, "content_index": 0}
+
+    def written(self, status: ResponseStatus, logprobs: list[ChatTokenLogprob]) -> OutputMessage:
+        """The message as written so far, in `status`, with `logprobs`."""
+        assert self.message is not None
+        text = OutputText(text="".join(self.texts), logprobs=logprobs)
+        return self.message.model_copy(update={"status": status, "content": [text]})
 
     def closing(self, calls: Sequence[ToolCall], usage: Usage, cut_short: bool) -> list[dict[str, Any]]:
         """The reply's end: its message closed (opened first when the reply is neither text nor calls), its calls,
@@ -511,14 +519,14 @@ class ResponseEvents:
         status: ResponseStatus = "incomplete" if cut_short else "completed"
         output: list[OutputItem] = []
         if self.message is not None:
-            text = OutputText(text="".join(self.texts), logprobs=self.logprobs)
-            message = self.message.model_copy(update={"status": status, "content": [text]})
+            message = self.written(status, self.logprobs)
             output.append(message)
-            where = {"item_id": message.id, "output_index": 0, "content_index": 0}
-            dumped_text = text.model_dump()
+            text = message.content[0].model_dump()
             events += [
-                self.event("response.output_text.done", **where, text=text.text, logprobs=dumped_text["logprobs"]),
-                self.event("response.content_part.done", **where, part=dumped_text),
+                self.event(
+                    "response.output_text.done", **self.text_place(), text=text["text"], logprobs=text["logprobs"]
+                ),
+                self.event("response.content_part.done", **self.text_place(), part=text),
                 self.event("response.output_item.done", output_index=0, item=message.model_dump()),
             ]
         for call in output_items(None, calls, None, status):
@@ -533,9 +541,7 @@ class ResponseEvents:
         """A failure after the stream started: OpenAI's `error` event, then `response.failed` with what was written."""
         output: list[OutputItem] = []
         if self.message is not None:  # its text so far, and the log-probabilities of that text (not of held-back text)
-            logprobs = self.logprobs[: len(self.logprobs) - self.unsent]
-            text = OutputText(text="".join(self.texts), logprobs=logprobs)
-            output.append(self.message.model_copy(update={"status": "incomplete", "content": [text]}))
+            output.append(self.written("incomplete", self.logprobs[: len(self.logprobs) - self.unsent]))
         failed = self.response.model_copy(
             update={"status": "failed", "error": ResponseError(message=message), "output": output}
         )
